@@ -1,0 +1,59 @@
+"""Exception types raised by attnquery.
+
+Every error the library raises on purpose derives from :class:`AttnQueryError`, so a caller can
+catch the library's documented failures without also catching programming errors.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AttnQueryError",
+    "NotIdentifiableError",
+    "BudgetExceededError",
+    "QueryError",
+    "AnswerError",
+    "OracleFailure",
+    "ConfigError",
+    "ModelError",
+    "AssumptionViolation",
+]
+
+
+class AttnQueryError(Exception):
+    """Base class of every error attnquery raises on purpose."""
+
+
+class NotIdentifiableError(AttnQueryError):
+    """The parameters asked for are not determined by the oracle's answers.
+
+    Raised, for example, when v = 0 (every answer is 0, so W is not identifiable), or when two heads
+    of a multi-head model share W (only their merged head is identifiable).
+    """
+
+
+class BudgetExceededError(AttnQueryError):
+    """An oracle's query budget would be exceeded (raised before the queries are spent)."""
+
+
+class QueryError(AttnQueryError, ValueError):
+    """A query sent to an oracle is malformed (shape, dtype, length N < 1, non-finite values)."""
+
+
+class AnswerError(AttnQueryError, ValueError):
+    """The black box behind an oracle answered with something unusable (shape, NaN, inf)."""
+
+
+class OracleFailure(AttnQueryError, RuntimeError):
+    """The black box behind an oracle raised an exception while answering."""
+
+
+class ConfigError(AttnQueryError, ValueError):
+    """A study configuration or a learner parameter is invalid."""
+
+
+class ModelError(AttnQueryError, ValueError):
+    """A ground-truth model was given inconsistent or invalid parameters."""
+
+
+class AssumptionViolation(AttnQueryError):
+    """The oracle's answers contradict an assumption the learner was given (e.g. a norm bound)."""

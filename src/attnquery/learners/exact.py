@@ -1,0 +1,295 @@
+"""Exact recovery of a single attention head from value queries (paper Theorem 4.1).
+
+Phase 1 reads v from the d one-row queries ``[e_i]``. Phase 2 reads column ``w_j = W e_j`` from
+d two-row probes. The paper's probe is ``[(u + e_j); e_j]``; here it is scaled,
+``[(c u + s e_j); s e_j]``, which gives the same linear equation with a controlled logit:
+
+    alpha = sigma(c s u^T w_j),     y = s v_j + alpha c (u^T v),
+
+so ``u^T w_j = logit(alpha) / (c s)``. The product ``kappa = c s`` sets the logit scale and is
+chosen from the answers themselves (the learner does not know the model's scale): columns are
+queried in blocks, each block's kappa comes from the logits measured in the blocks before it, and
+only a probe whose logit is saturated (|logit| > ``max_logit``, where float64 would lose digits)
+is asked again at a smaller scale. The ratio ``c / s`` keeps ``s v_j`` from swamping
+``c u^T v`` (cancellation). On ordinary heads no probe is asked twice and the count is exactly
+``d^2 + d``; the learner reports every extra query in ``n_requeried_``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.linalg
+
+from ..errors import AssumptionViolation, ConfigError, NotIdentifiableError
+from ._base import BaseLearner, check_budget, check_oracle
+
+__all__ = ["ExactValueQueryLearner", "read_v", "probe_logits", "PROBE_DESIGNS"]
+
+PROBE_DESIGNS = ("gaussian", "basis")
+
+
+def read_v(oracle, d: int) -> np.ndarray:
+    """Read v from the d one-row queries ``[e_i]`` (Theorem 4.1, phase 1)."""
+    return oracle(np.eye(d)[:, None, :].copy())
+
+
+def probe_logits(oracle, U, cols, c, s, v):
+    """Ask the two-row probes ``[(c_k U[l_k] + s_k e_j); s_k e_j]`` and return their logits.
+
+    Parameters
+    ----------
+    oracle : value oracle
+    U : ndarray (n, d)
+        The probe directions, one per query.
+    cols : ndarray (n,) of int
+        The column j of each probe.
+    c, s : ndarray (n,)
+        Scale of the probe direction and of the last token.
+    v : ndarray (d,)
+        The value vector (already read).
+
+    Returns
+    -------
+    logit : ndarray (n,)
+        ``c s u^T w_j`` measured (NaN where alpha was not strictly inside (0, 1)).
+    alpha : ndarray (n,)
+        The attention weight on the first row.
+    """
+    n, d = U.shape
+    X = np.zeros((n, 2, d))
+    X[:, 0, :] = c[:, None] * U
+    idx = np.arange(n)
+    X[idx, 0, cols] += s
+    X[idx, 1, cols] = s
+    y = oracle(X)
+    base = s * v[cols]
+    uv = c * (U @ v)
+    num1 = y - base  # = alpha * c u^T v
+    num0 = uv - num1  # = (1 - alpha) * c u^T v
+    r1 = num1 / uv
+    r0 = num0 / uv
+    ok = (r1 > 0) & (r0 > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logit = np.where(ok, np.log(np.where(ok, r1, 1.0)) - np.log(np.where(ok, r0, 1.0)), np.nan)
+    return logit, r1
+
+
+class ExactValueQueryLearner(BaseLearner):
+    """Exact recovery of (W, v) from d^2 + d value queries (Theorem 4.1).
+
+    Parameters
+    ----------
+    probes : {"gaussian", "basis"}
+        Probe directions u_1..u_d. "gaussian": i.i.d. standard Gaussian directions (normalised;
+        a direction with ``|u^T v|`` far below its typical size is redrawn, which costs no
+        query). "basis": the paper's deterministic set, ``u_l = e_l``, or ``e_l + e_p`` where
+        ``v_l = 0`` (also where ``|v_l|`` is below ``zero_tol * max|v|``, since a tiny
+        ``u^T v`` costs precision), with ``p = argmax |v_i|``.
+    random_state : int, sequence of ints, Generator or None
+        Seed of the Gaussian probes.
+    max_logit : float
+        Largest |logit| accepted before a probe is asked again at a smaller scale.
+    zero_tol : float
+        Relative threshold below which ``v_l`` is treated as zero by the basis design.
+    initial_logit_scale : float
+        Scale ``c s`` of the first column's probes, before any answer has shown the model's
+        scale. The first column is accepted without re-asking when its largest
+        ``|u^T w_1|`` lies in ``[min_logit, max_logit] / initial_logit_scale``, i.e. in
+        [1e-3, 1e3] with the defaults.
+    min_logit : float
+        A column whose largest |logit| is below this is asked again at a larger scale (its
+        logits would carry too few significant digits).
+    block_bytes : int
+        Memory bound on one batch of queries (the learner works in column blocks).
+
+    Attributes
+    ----------
+    W_ : ndarray (d, d)
+    v_ : ndarray (d,)
+    n_queries_ : int
+        Queries counted by the oracle during ``fit``.
+    n_requeried_ : int
+        Probes asked again because their first answer was saturated (0 on ordinary heads).
+    probe_matrix_ : ndarray (d, d)
+        The probe directions, one per row.
+    logit_scale_ : ndarray (d,)
+        The scale ``c s`` used for each column's probes.
+    """
+
+    def __init__(
+        self,
+        probes: str = "gaussian",
+        random_state=None,
+        max_logit: float = 10.0,
+        zero_tol: float = 1e-3,
+        min_logit: float = 1e-5,
+        initial_logit_scale: float = 1e-2,
+        block_bytes: int = 64 * 2**20,
+    ):
+        self.probes = probes
+        self.random_state = random_state
+        self.max_logit = max_logit
+        self.zero_tol = zero_tol
+        self.min_logit = min_logit
+        self.initial_logit_scale = initial_logit_scale
+        self.block_bytes = block_bytes
+
+    # ------------------------------------------------------------------------------------------
+    def _probe_matrix(self, v: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        d = v.size
+        vmax = np.max(np.abs(v))
+        if self.probes == "basis":
+            U = np.eye(d)
+            p = int(np.argmax(np.abs(v)))
+            small = np.abs(v) < self.zero_tol * vmax
+            U[small, p] += 1.0
+            return U
+        U = rng.standard_normal((d, d))
+        U /= np.linalg.norm(U, axis=1, keepdims=True)
+        vn = v / np.linalg.norm(v)
+        # |u^T v| for a random unit u is about ||v|| / sqrt(d); redraw the rare tiny ones.
+        floor = 0.05 / np.sqrt(d)
+        for _ in range(100):
+            bad = np.abs(U @ vn) < floor
+            if not bad.any():
+                break
+            G = rng.standard_normal((int(bad.sum()), d))
+            U[bad] = G / np.linalg.norm(G, axis=1, keepdims=True)
+        return U
+
+    def _validate_params(self):
+        if self.probes not in PROBE_DESIGNS:
+            raise ConfigError(f"probes must be one of {PROBE_DESIGNS}; got {self.probes!r}")
+        if not (np.isfinite(self.max_logit) and 1.0 <= self.max_logit <= 30.0):
+            raise ConfigError(f"max_logit must be in [1, 30]; got {self.max_logit}")
+        if not (0.0 < self.min_logit < self.max_logit):
+            raise ConfigError(f"min_logit must be in (0, max_logit); got {self.min_logit}")
+        if not (np.isfinite(self.initial_logit_scale) and self.initial_logit_scale > 0):
+            raise ConfigError(
+                f"initial_logit_scale must be positive; got {self.initial_logit_scale}"
+            )
+        if not 0.0 <= self.zero_tol < 1.0:
+            raise ConfigError(f"zero_tol must be in [0, 1); got {self.zero_tol}")
+
+    def fit(self, oracle):
+        """Recover (W, v) from ``oracle``; returns self.
+
+        Raises
+        ------
+        NotIdentifiableError
+            If every answer to the one-row queries is 0 (v = 0): W is then not identifiable.
+        AssumptionViolation
+            If the answers cannot come from a single attention head (an attention weight outside
+            (0, 1) that no rescaling resolves).
+        """
+        self._validate_params()
+        d = check_oracle(oracle)
+        rng = self._rng()
+        n0 = oracle.n_queries
+        check_budget(oracle, d * d + d, "exact recovery (d^2 + d queries)")
+
+        v = read_v(oracle, d)
+        vmax = float(np.max(np.abs(v)))
+        if vmax == 0.0:
+            raise NotIdentifiableError(
+                "v = 0: every answer is 0, so W is not identifiable from value queries"
+            )
+        U = self._probe_matrix(v, rng)
+        uv = U @ v
+        uv_min = float(np.min(np.abs(uv)))
+
+        T = np.empty((d, d))  # T[l, j] = u_l^T w_j
+        kappa_col = np.empty(d)
+        n_requeried = 0
+        max_cols = max(1, int(self.block_bytes // (16 * d * d)))
+        scale_ref = None  # largest rms of u^T w_j seen so far
+        j0, block = 0, 1
+        while j0 < d:
+            cols = np.arange(j0, min(j0 + block, d))
+            if scale_ref is None:
+                kappa = self.initial_logit_scale
+            elif scale_ref == 0.0:  # columns so far are zero: keep the last scale
+                kappa = kappa_col[j0 - 1]
+            else:
+                kappa = 0.1 / scale_ref  # a column 100x larger still fits
+            Tb, kap, nre = self._measure_block(
+                oracle, U, uv_min, v, cols, kappa, scale_known=bool(scale_ref)
+            )
+            n_requeried += nre
+            T[:, cols] = Tb
+            kappa_col[cols] = kap
+            rms = float(np.sqrt(np.mean(Tb**2, axis=0)).max())
+            scale_ref = rms if scale_ref is None else max(scale_ref, rms)
+            j0 += cols.size
+            block = min(2 * block, max_cols)
+
+        lu = scipy.linalg.lu_factor(U)
+        self.W_ = scipy.linalg.lu_solve(lu, T)
+        self.v_ = v
+        self.probe_matrix_ = U
+        self.logit_scale_ = kappa_col
+        self.n_requeried_ = int(n_requeried)
+        self.n_queries_ = int(oracle.n_queries - n0)
+        return self
+
+    def _measure_block(self, oracle, U, uv_min, v, cols, kappa, scale_known):
+        """Measure ``u_l^T w_j`` for every l and every j in ``cols`` at logit scale ``kappa``.
+
+        Saturated probes are asked again with kappa divided by 1e2 (at most 8 times). While the
+        model's scale is unknown (no nonzero column measured yet), a column whose logits are all
+        tiny (|logit| < min_logit, so that float64 rounding would dominate) is asked again once
+        at the scale its answers suggest. Once the scale is known, kappa is set from the largest
+        column so far, so a small column's absolute error is already below rounding level of W.
+        """
+        d = U.shape[0]
+        k = cols.size
+        jj = np.repeat(cols, d)
+        ll = np.tile(np.arange(d), k)
+        kap = np.full(d * k, float(kappa))
+        # c / s = rho keeps the s v_j term from swamping c u^T v.
+        rho = np.maximum(1.0, np.abs(v[jj]) / uv_min)
+        logit, _ = probe_logits(oracle, U[ll], jj, np.sqrt(kap * rho), np.sqrt(kap / rho), v)
+        n_re = 0
+        for _ in range(8):
+            bad = ~(np.abs(logit) <= self.max_logit)
+            if not bad.any():
+                break
+            kap[bad] *= 1e-2
+            sub = np.flatnonzero(bad)
+            logit[sub], _ = probe_logits(
+                oracle,
+                U[ll[sub]],
+                jj[sub],
+                np.sqrt(kap[sub] * rho[sub]),
+                np.sqrt(kap[sub] / rho[sub]),
+                v,
+            )
+            n_re += sub.size
+        if not np.all(np.isfinite(logit)):
+            raise AssumptionViolation(
+                "the answers are not those of a single attention head: some attention weights "
+                "fall outside (0, 1) at every probe scale"
+            )
+        # Too small a scale: the logits carry few significant digits. Ask once more, larger.
+        L = logit.reshape(k, d)
+        peak = np.max(np.abs(L), axis=1)
+        tiny = (peak < self.min_logit) & (peak > 0) & (not scale_known)
+        if tiny.any():
+            sub = np.flatnonzero(np.repeat(tiny, d))
+            kap[sub] *= np.repeat(1.0 / peak[tiny], d)
+            new, _ = probe_logits(
+                oracle,
+                U[ll[sub]],
+                jj[sub],
+                np.sqrt(kap[sub] * rho[sub]),
+                np.sqrt(kap[sub] / rho[sub]),
+                v,
+            )
+            n_re += sub.size
+            if np.all(np.abs(new) <= self.max_logit):
+                logit[sub] = new
+            else:  # keep the first, unsaturated answers
+                kap[sub] /= np.repeat(1.0 / peak[tiny], d)
+        T = (logit / kap).reshape(k, d).T
+        kap_col = kap.reshape(k, d).min(axis=1)
+        return T, kap_col, n_re

@@ -1,0 +1,366 @@
+"""Ground-truth models: single-head attention, multi-head attention, one-layer transformers.
+
+All models map a batch of inputs ``X`` of shape ``(B, N, d)`` (float64, the last row of each input
+is the query token) to outputs of shape ``(B,)``. They are plain callables, so any of them can be
+wrapped by an oracle from :mod:`attnquery.oracles`; a learner never sees the model object itself.
+
+Every generator is a pure function of its parameters and a seed (an int, a sequence of ints, or a
+``numpy.random.Generator``).
+
+Notation follows the paper (SPEC section 1): scores ``s_i = x_i^T W x_N``, attention weights
+``alpha = softmax(s)``, output ``f(X) = alpha^T (X v)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+import numpy as np
+import scipy.sparse
+
+from .errors import ModelError
+
+__all__ = [
+    "AttentionHead",
+    "MultiHeadAttention",
+    "OneLayerTransformer",
+    "softmax_last",
+    "check_input",
+    "random_head",
+    "random_v",
+    "as_rng",
+]
+
+
+def as_rng(seed) -> np.random.Generator:
+    """Return a ``numpy.random.Generator`` from an int, a sequence of ints, None or a Generator."""
+    if isinstance(seed, np.random.Generator):
+        return seed
+    return np.random.default_rng(seed)
+
+
+def check_input(X, d: int) -> np.ndarray:
+    """Validate a batch of model inputs and return it as a float64 array of shape (B, N, d)."""
+    X = np.asarray(X)
+    if X.ndim == 2:
+        X = X[None]
+    if X.ndim != 3 or X.shape[-1] != d:
+        raise ModelError(f"input must have shape (B, N, {d}); got {X.shape}")
+    if X.shape[1] < 1:
+        raise ModelError("input sequences must have at least one row (N >= 1)")
+    return np.asarray(X, dtype=np.float64)
+
+
+def sparse_aware_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b``, computed through a sparse ``a`` when at most 5% of its entries are nonzero."""
+    if a.shape[0] * a.shape[1] >= 4096:
+        nnz = np.count_nonzero(a)
+        if nnz <= 0.05 * a.size:
+            return np.asarray(scipy.sparse.csr_matrix(a) @ b)
+    return a @ b
+
+
+def softmax_last(s: np.ndarray) -> np.ndarray:
+    """Numerically stable softmax over the last axis (max-shifted, float64)."""
+    s = s - s.max(axis=-1, keepdims=True)
+    e = np.exp(s)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+class AttentionHead:
+    """Single-head attention ``f(X) = softmax(X W x_N)^T (X v)``.
+
+    Give either a dense ``W`` (d x d) or the factors ``K`` and ``Q`` (each r x d) with
+    ``W = K^T Q``. With factors, evaluation costs O(N d r) per query and W is never formed
+    (use :attr:`W` to get it densely on request).
+
+    Parameters
+    ----------
+    v : array_like, shape (d,)
+        Value vector (value projection merged with the output projection).
+    W : array_like, shape (d, d), optional
+        Dense score matrix.
+    K, Q : array_like, shape (r, d), optional
+        Factors of a low-rank score matrix ``W = K^T Q``.
+    """
+
+    def __init__(self, v, W=None, K=None, Q=None):
+        v = np.asarray(v, dtype=np.float64)
+        if v.ndim != 1 or v.size < 1:
+            raise ModelError(f"v must be a non-empty vector; got shape {v.shape}")
+        d = v.size
+        if (W is None) == (K is None and Q is None):
+            raise ModelError("give either a dense W or both factors K and Q")
+        if W is not None:
+            W = np.asarray(W, dtype=np.float64)
+            if W.shape != (d, d):
+                raise ModelError(f"W must have shape ({d}, {d}) to match v; got {W.shape}")
+            arrays = [v, W]
+        else:
+            if K is None or Q is None:
+                raise ModelError("low-rank heads need both K and Q")
+            K = np.atleast_2d(np.asarray(K, dtype=np.float64))
+            Q = np.atleast_2d(np.asarray(Q, dtype=np.float64))
+            if K.shape != Q.shape or K.shape[1] != d:
+                raise ModelError(
+                    f"K and Q must both have shape (r, {d}); got {K.shape} and {Q.shape}"
+                )
+            arrays = [v, K, Q]
+        if not all(np.all(np.isfinite(a)) for a in arrays):
+            raise ModelError("model parameters must be finite")
+        self.v = v
+        self.W_dense = W
+        self.K = K
+        self.Q = Q
+
+    @property
+    def d(self) -> int:
+        """Token dimension."""
+        return self.v.size
+
+    @property
+    def is_lowrank(self) -> bool:
+        """Whether W is stored as factors."""
+        return self.W_dense is None
+
+    @property
+    def rank(self) -> int:
+        """Numerical rank of W (from the factors' inner dimension when factored)."""
+        if self.is_lowrank:
+            return int(np.linalg.matrix_rank(self.K @ self.Q.T)) if self.K.shape[0] else 0
+        return int(np.linalg.matrix_rank(self.W_dense))
+
+    @property
+    def W(self) -> np.ndarray:
+        """The score matrix, formed densely (d x d) on request."""
+        if self.W_dense is not None:
+            return self.W_dense
+        return self.K.T @ self.Q
+
+    def W_times(self, q: np.ndarray) -> np.ndarray:
+        """Return ``q @ W^T`` for a batch of query tokens ``q`` (B, d), i.e. each ``W q_b``.
+
+        Costs O(B d r) with factors. With a dense W and mostly-zero query tokens (as in
+        coordinate probes), a sparse product costs O(nnz(q) d) instead of O(B d^2).
+        """
+        if self.W_dense is None:
+            return (q @ self.Q.T) @ self.K
+        return sparse_aware_matmul(q, self.W_dense.T)
+
+    def scores(self, X) -> np.ndarray:
+        """Attention scores ``s_i = x_i^T W x_N``, shape (B, N)."""
+        X = check_input(X, self.d)
+        Wq = self.W_times(X[:, -1, :])
+        return np.einsum("bnd,bd->bn", X, Wq)
+
+    def attention(self, X) -> np.ndarray:
+        """Attention weights ``alpha = softmax(s)``, shape (B, N)."""
+        return softmax_last(self.scores(X))
+
+    def __call__(self, X) -> np.ndarray:
+        X = check_input(X, self.d)
+        alpha = softmax_last(np.einsum("bnd,bd->bn", X, self.W_times(X[:, -1, :])))
+        return np.einsum("bn,bn->b", alpha, X @ self.v)
+
+
+class MultiHeadAttention:
+    """Sum of single-head attentions, ``f(X) = sum_h alpha_h^T (X v_h)`` (paper Sec. 7)."""
+
+    def __init__(self, heads: Sequence[AttentionHead]):
+        heads = tuple(heads)
+        if not heads:
+            raise ModelError("a multi-head model needs at least one head")
+        d = heads[0].d
+        if any(not isinstance(h, AttentionHead) or h.d != d for h in heads):
+            raise ModelError("every head must be an AttentionHead of the same dimension d")
+        self.heads = heads
+
+    @property
+    def d(self) -> int:
+        return self.heads[0].d
+
+    @property
+    def n_heads(self) -> int:
+        return len(self.heads)
+
+    def __call__(self, X) -> np.ndarray:
+        X = check_input(X, self.d)
+        return sum(h(X) for h in self.heads)
+
+
+class OneLayerTransformer:
+    """One-layer transformer ``TF(X) = w_o^T ReLU(A^T X^T alpha)`` without biases (Sec. 4.1).
+
+    Parameters
+    ----------
+    W : array_like, shape (d, d)
+        Score matrix of the single attention head.
+    A : array_like, shape (d, m)
+        Value projection merged with the FFN's first layer.
+    w_o : array_like, shape (m,)
+        FFN output weights.
+    """
+
+    def __init__(self, W, A, w_o):
+        W = np.asarray(W, dtype=np.float64)
+        A = np.atleast_2d(np.asarray(A, dtype=np.float64))
+        w_o = np.atleast_1d(np.asarray(w_o, dtype=np.float64))
+        d = W.shape[0]
+        if W.shape != (d, d):
+            raise ModelError(f"W must be square; got {W.shape}")
+        if A.shape[0] != d or A.shape[1] != w_o.size:
+            raise ModelError(
+                f"A must have shape ({d}, m) and w_o shape (m,); got {A.shape} and {w_o.shape}"
+            )
+        if not all(np.all(np.isfinite(a)) for a in (W, A, w_o)):
+            raise ModelError("model parameters must be finite")
+        self.W = W
+        self.A = A
+        self.w_o = w_o
+
+    @property
+    def d(self) -> int:
+        return self.W.shape[0]
+
+    @property
+    def width(self) -> int:
+        return self.w_o.size
+
+    @property
+    def v(self) -> np.ndarray:
+        """The attention-equivalent value vector ``A w_o``."""
+        return self.A @ self.w_o
+
+    def ffn(self, z) -> np.ndarray:
+        """The FFN alone on vectors ``z`` (B, d): ``w_o^T ReLU(A^T z)``."""
+        return np.maximum(np.asarray(z, dtype=np.float64) @ self.A, 0.0) @ self.w_o
+
+    def __call__(self, X) -> np.ndarray:
+        X = check_input(X, self.d)
+        alpha = softmax_last(np.einsum("bnd,bd->bn", X, X[:, -1, :] @ self.W.T))
+        z = np.einsum("bn,bnd->bd", alpha, X)
+        return self.ffn(z)
+
+
+# ----------------------------------------------------------------------------------------------
+# Seeded generators
+# ----------------------------------------------------------------------------------------------
+
+
+def random_v(
+    d: int,
+    rng,
+    *,
+    mu: float | None = None,
+    zero_frac: float = 0.0,
+    v_norm: float | None = None,
+) -> np.ndarray:
+    """Draw a value vector.
+
+    Parameters
+    ----------
+    d : int
+        Dimension.
+    rng : seed or Generator
+    mu : float in (0, 1], optional
+        Margin: the nonzero entries have ``|v_i|`` in ``[mu, 1]`` and the smallest equals ``mu``
+        exactly. Without it, entries are standard Gaussian.
+    zero_frac : float in [0, 1]
+        Fraction of entries set to exactly 0 (rounded down; ``zero_frac=1`` gives ``v = 0``).
+    v_norm : float, optional
+        Rescale v to this Euclidean norm (applied before ``mu`` is enforced only when ``mu`` is
+        None).
+    """
+    rng = as_rng(rng)
+    if d < 1:
+        raise ModelError(f"d must be >= 1; got {d}")
+    if not 0.0 <= zero_frac <= 1.0:
+        raise ModelError(f"zero_frac must be in [0, 1]; got {zero_frac}")
+    n_zero = d if zero_frac >= 1.0 else int(np.floor(zero_frac * d))
+    if mu is None:
+        v = rng.standard_normal(d)
+        if v_norm is not None:
+            v *= v_norm / np.linalg.norm(v)
+    else:
+        if not 0.0 < mu <= 1.0:
+            raise ModelError(f"mu must be in (0, 1]; got {mu}")
+        signs = rng.choice([-1.0, 1.0], size=d)
+        v = signs * (mu + (1.0 - mu) * rng.random(d))
+    zeros = rng.permutation(d)[:n_zero]
+    v[zeros] = 0.0
+    if mu is not None and n_zero < d:
+        nonzero = np.flatnonzero(v)
+        k = nonzero[rng.integers(nonzero.size)]
+        v[k] = np.sign(v[k]) * mu
+    return v
+
+
+def random_head(
+    d: int,
+    seed=None,
+    *,
+    rank: int | None = None,
+    W_fro: float | None = None,
+    W_spectral: float | None = None,
+    logit_scale: float | None = None,
+    mu: float | None = None,
+    zero_frac: float = 0.0,
+    factored: bool | None = None,
+) -> AttentionHead:
+    """Draw a random single-head attention model.
+
+    W has i.i.d. Gaussian entries (or ``K, Q`` with i.i.d. Gaussian entries when ``rank`` is
+    given) and is then rescaled by at most one of the scale knobs.
+
+    Parameters
+    ----------
+    d : int
+        Token dimension.
+    seed : int, sequence of ints or Generator
+    rank : int, optional
+        Rank r of W (the head dimension). ``None`` means full rank and a dense W.
+    W_fro : float, optional
+        Frobenius norm of W. This is also the standard deviation of a score ``x^T W y`` for
+        independent standard Gaussian tokens x, y.
+    W_spectral : float, optional
+        Spectral norm of W.
+    logit_scale : float, optional
+        Standard deviation of a score for tokens drawn from N(0, I/d) (roughly unit norm), that
+        is ``||W||_F / d``. Default (no knob): W entries N(0, 1/d), logit scale 1/sqrt(d).
+    mu, zero_frac : see :func:`random_v`.
+    factored : bool, optional
+        Store W as factors. Defaults to True exactly when ``rank`` is given.
+    """
+    rng = as_rng(seed)
+    if d < 1:
+        raise ModelError(f"d must be >= 1; got {d}")
+    knobs = [k for k in (W_fro, W_spectral, logit_scale) if k is not None]
+    if len(knobs) > 1:
+        raise ModelError("give at most one of W_fro, W_spectral, logit_scale")
+    if any(k < 0 for k in knobs):
+        raise ModelError("scale knobs must be non-negative")
+    if rank is not None and not 0 <= rank <= d:
+        raise ModelError(f"rank must be in [0, d={d}]; got {rank}")
+    factored = (rank is not None) if factored is None else factored
+    r = d if rank is None else rank
+    K = rng.standard_normal((r, d)) / np.sqrt(d)
+    Q = rng.standard_normal((r, d)) / np.sqrt(max(r, 1))
+    if rank is None and not factored:
+        W = rng.standard_normal((d, d)) / np.sqrt(d)
+    else:
+        W = K.T @ Q
+    fro = np.linalg.norm(W)
+    if W_fro is not None:
+        target = W_fro
+    elif logit_scale is not None:
+        target = logit_scale * d
+    elif W_spectral is not None:
+        spec = np.linalg.norm(W, 2)
+        target = W_spectral * fro / spec if spec > 0 else 0.0
+    else:
+        target = None
+    scale = 1.0 if target is None or fro == 0 else target / fro
+    v = random_v(d, rng, mu=mu, zero_frac=zero_frac)
+    if factored:
+        s = np.sqrt(scale)
+        return AttentionHead(v, K=K * s, Q=Q * s)
+    return AttentionHead(v, W=W * scale)
