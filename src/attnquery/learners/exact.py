@@ -232,6 +232,12 @@ class ExactValueQueryLearner(BaseLearner):
         self.n_queries_ = int(oracle.n_queries - n0)
         return self
 
+    def predict(self, X) -> np.ndarray:
+        """Evaluate the recovered head on inputs X (B, N, d)."""
+        from ..models import AttentionHead
+
+        return AttentionHead(self.v_, W=self.W_)(X)
+
     def _measure_block(self, oracle, U, uv_min, v, cols, kappa, scale_known):
         """Measure ``u_l^T w_j`` for every l and every j in ``cols`` at logit scale ``kappa``.
 

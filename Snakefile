@@ -1,0 +1,35 @@
+# attnquery: the study's workflow. `snakemake --cores 8` reproduces every figure; see README.md.
+import os
+import sys
+
+# One BLAS thread per job: jobs run in parallel, and results stay bit-identical whatever the
+# number of cores.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = "1"
+# The library is imported from this source tree, by the workflow and by its scripts.
+_SRC = os.path.join(workflow.basedir, "src")
+sys.path.insert(0, _SRC)
+os.environ["PYTHONPATH"] = os.pathsep.join([_SRC, os.environ.get("PYTHONPATH", "")]).rstrip(
+    os.pathsep
+)
+
+from snakemake.utils import min_version, validate
+
+min_version("9.20")
+
+
+configfile: "config/config.yaml"
+
+
+validate(config, "config/schema.yaml")
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/study.smk"
+include: "workflow/rules/exact.smk"
+
+
+rule all:
+    input:
+        final_outputs(),
+    default_target: True

@@ -1,0 +1,205 @@
+"""The study's experiments: grids of cells, and how one cell is run.
+
+An experiment is registered with :func:`register` and provides two pure functions:
+
+* ``cells(cfg) -> list[dict]``: expand the experiment's config section into cells. A cell is a
+  dict of parameters (every key registered in :data:`attnquery.results.PARAM_COLUMNS`) plus
+  ``learner`` and ``seed`` (the seed index within the grid point).
+* ``run(cell, rng) -> dict``: build the ground truth, run the learner against an oracle, and
+  return metrics (keys registered in ``METRIC_COLUMNS`` / ``TIMING_COLUMNS``).
+
+:func:`run_cells` runs cells one after another and turns each into a result row, whatever
+happens: a cell that raises becomes a row with status ``error`` (or ``not_identifiable``), one
+that runs past the time limit a row with status ``timeout``.
+
+Randomness: a cell's generator is ``numpy.random.default_rng([cell_hash, study_seed])`` where
+``cell_hash`` is a stable hash of the cell's own parameters, so a cell's result depends on
+nothing but its parameters and the study seed (not on its position in the grid, the shard it
+lands in, or the number of cores).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import signal
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ConfigError, NotIdentifiableError
+
+__all__ = [
+    "Experiment",
+    "register",
+    "get_experiment",
+    "EXPERIMENTS",
+    "cell_id",
+    "cell_rng",
+    "expand_cells",
+    "shard_cells",
+    "n_shards",
+    "run_cells",
+    "grid",
+    "CellTimeout",
+]
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """An experiment family: how to expand its grid and how to run one cell."""
+
+    name: str
+    cells: Callable[[Mapping], list[dict]]
+    run: Callable[[dict, np.random.Generator], dict]
+    description: str = ""
+
+
+EXPERIMENTS: dict[str, Experiment] = {}
+
+
+def register(exp: Experiment) -> Experiment:
+    """Add an experiment to the registry (names are unique)."""
+    if exp.name in EXPERIMENTS and EXPERIMENTS[exp.name] is not exp:
+        raise ConfigError(f"experiment {exp.name!r} is registered twice")
+    EXPERIMENTS[exp.name] = exp
+    return exp
+
+
+def _load_all() -> None:
+    # importing the modules registers their experiments
+    from . import exact  # noqa: F401
+
+
+def get_experiment(name: str) -> Experiment:
+    """The registered experiment called ``name``."""
+    _load_all()
+    if name not in EXPERIMENTS:
+        raise ConfigError(f"unknown experiment {name!r}; known: {sorted(EXPERIMENTS)}")
+    return EXPERIMENTS[name]
+
+
+def grid(**axes) -> list[dict]:
+    """Cartesian product of the given axes, as a list of dicts (axes order kept)."""
+    keys = list(axes)
+    for k, vals in axes.items():
+        if not isinstance(vals, list | tuple) or len(vals) == 0:
+            raise ConfigError(f"grid axis {k!r} must be a non-empty list; got {vals!r}")
+    return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*axes.values())]
+
+
+def _canonical(cell: Mapping) -> str:
+    clean = {k: v for k, v in cell.items() if k != "cell_id"}
+    return json.dumps(clean, sort_keys=True, separators=(",", ":"), default=float)
+
+
+def cell_id(cell: Mapping) -> str:
+    """A stable 16-hex-digit hash of a cell's parameters (independent of key order)."""
+    return hashlib.sha256(_canonical(cell).encode()).hexdigest()[:16]
+
+
+def cell_rng(cell: Mapping, study_seed: int) -> np.random.Generator:
+    """``default_rng([cell_hash, study_seed])`` for this cell."""
+    h = int(cell.get("cell_id") or cell_id(cell), 16)
+    return np.random.default_rng([h, int(study_seed)])
+
+
+def expand_cells(name: str, cfg: Mapping) -> list[dict]:
+    """The cells of experiment ``name`` for its config section, sorted by cell id."""
+    exp = get_experiment(name)
+    cells = []
+    seen = set()
+    for c in exp.cells(cfg):
+        c = {"experiment": name, **c}
+        c["cell_id"] = cell_id(c)
+        if c["cell_id"] in seen:
+            continue  # the same parameters twice in a grid describe one cell
+        seen.add(c["cell_id"])
+        cells.append(c)
+    if not cells:
+        raise ConfigError(f"experiments.{name}: the grid is empty")
+    return sorted(cells, key=lambda c: c["cell_id"])
+
+
+def n_shards(n_cells: int, cells_per_shard: int) -> int:
+    """Number of shards of at most ``cells_per_shard`` cells."""
+    if cells_per_shard < 1:
+        raise ConfigError(f"cells_per_shard must be >= 1; got {cells_per_shard}")
+    return max(1, math.ceil(n_cells / cells_per_shard))
+
+
+def shard_cells(cells: list[dict], shard: int, shards: int) -> list[dict]:
+    """Shard ``shard`` of ``shards``: every ``shards``-th cell (balances cheap and costly)."""
+    if not 0 <= shard < shards:
+        raise ConfigError(f"shard must be in [0, {shards}); got {shard}")
+    return cells[shard::shards]
+
+
+class CellTimeout(Exception):
+    """A cell ran past its time limit."""
+
+
+def _alarm(signum, frame):
+    raise CellTimeout()
+
+
+def run_cells(cells, study_seed: int, time_limit: float | None = None, provenance=None,
+              log=None):
+    """Run cells and return (result rows, timing rows): one row per cell, whatever happens.
+
+    Parameters
+    ----------
+    cells : list of dict
+        Cells from :func:`expand_cells`.
+    study_seed : int
+    time_limit : float, optional
+        Seconds per cell; a cell past it is stopped and recorded with status ``timeout``.
+    provenance : dict, optional
+        Provenance columns added to every row.
+    log : callable, optional
+        Called with a line of text for progress and failures.
+    """
+    from ..results import make_row
+
+    log = log or (lambda s: None)
+    rows, timings = [], []
+    use_alarm = time_limit is not None and time_limit > 0 and hasattr(signal, "SIGALRM")
+    for i, cell in enumerate(cells):
+        exp = get_experiment(cell["experiment"])
+        rng = cell_rng(cell, study_seed)
+        t0 = time.perf_counter()
+        metrics, status, message = {}, "ok", ""
+        old = signal.signal(signal.SIGALRM, _alarm) if use_alarm else None
+        try:
+            if use_alarm:
+                signal.setitimer(signal.ITIMER_REAL, float(time_limit))
+            metrics = dict(exp.run(dict(cell), rng))
+        except CellTimeout:
+            status, message = "timeout", f"cell ran past its time limit of {time_limit} s"
+        except NotIdentifiableError as exc:
+            status, message = "not_identifiable", str(exc)
+        except Exception as exc:  # a failed cell is a row, never a crashed study
+            status = "error"
+            message = f"{type(exc).__name__}: {exc}"
+            log(traceback.format_exc())
+        finally:
+            if use_alarm:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, old)
+        wall = time.perf_counter() - t0
+        metrics["wall_time_s"] = wall
+        row, timing = make_row(cell, metrics, status, message, provenance)
+        rows.append(row)
+        timings.append(timing)
+        log(f"[{i + 1}/{len(cells)}] {cell['experiment']} {cell['cell_id']} "
+            f"{_describe(cell)} -> {status} ({wall:.2f} s){' ' + message if message else ''}")
+    return rows, timings
+
+
+def _describe(cell: Mapping) -> str:
+    return " ".join(f"{k}={v}" for k, v in cell.items() if k not in ("experiment", "cell_id"))

@@ -1,0 +1,69 @@
+"""Figures of the study: one function per figure, each rendered from result tables only.
+
+Every figure function takes a pandas DataFrame of result rows (see :mod:`attnquery.results`)
+and returns ``(figure, claims)``, where ``claims`` is a list of :class:`attnquery.claims.Claim`
+the figure states. :func:`render` applies the shared style and writes PDF and PNG with fixed
+metadata, so identical results give identical bytes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from ..errors import ConfigError  # noqa: E402
+from ..results import atomic_path  # noqa: E402
+
+__all__ = ["STYLE", "FIGURES", "register_figure", "render", "save_figure", "get_figure"]
+
+STYLE = str(Path(__file__).with_name("attnquery.mplstyle"))
+
+#: figure name -> function(DataFrame) -> (Figure, list of claims)
+FIGURES: dict[str, Callable] = {}
+
+
+def register_figure(name: str):
+    """Decorator registering a figure function under ``name``."""
+
+    def deco(fn):
+        FIGURES[name] = fn
+        return fn
+
+    return deco
+
+
+def _load_all() -> None:
+    from . import exact  # noqa: F401
+
+
+def get_figure(name: str) -> Callable:
+    _load_all()
+    if name not in FIGURES:
+        raise ConfigError(f"unknown figure {name!r}; known: {sorted(FIGURES)}")
+    return FIGURES[name]
+
+
+def save_figure(fig, pdf_path, png_path=None) -> None:
+    """Write ``fig`` as PDF (and PNG) atomically, without timestamps or varying metadata."""
+    os.environ.setdefault("SOURCE_DATE_EPOCH", "0")
+    with atomic_path(pdf_path) as tmp:
+        fig.savefig(tmp, format="pdf", metadata={"CreationDate": None, "ModDate": None})
+    if png_path is not None:
+        with atomic_path(png_path) as tmp:
+            fig.savefig(tmp, format="png", metadata={"Software": None})
+
+
+def render(name: str, df, pdf_path, png_path=None):
+    """Render figure ``name`` from ``df`` to files; returns the claims it states."""
+    fn = get_figure(name)
+    with plt.style.context(STYLE):
+        fig, claims = fn(df)
+        save_figure(fig, pdf_path, png_path)
+        plt.close(fig)
+    return claims

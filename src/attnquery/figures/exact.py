@@ -1,0 +1,80 @@
+"""Figure exact_queries: counted queries and recovery error of Theorem 4.1 against d."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from ..claims import Claim, ok_rows
+from ..experiments.exact import EXACT_TOL
+from ..metrics import fit_power_law
+from . import register_figure
+
+#: exponent interval the claim accepts
+EXPONENT_RANGE = (1.95, 2.05)
+#: the exponent is fitted on d >= this (the d term of d^2 + d bends the curve below it)
+FIT_MIN_D = 16
+
+
+def exact_claims(df) -> list[Claim]:
+    """The claims of the exact experiment, checked on its rows."""
+    ok = ok_rows(df, "exact")
+    all_rows = df[df["experiment"] == "exact"]
+    claims = []
+    fit_rows = ok[ok["d"] >= FIT_MIN_D]
+    if len(fit_rows["d"].unique()) >= 2 and len(fit_rows) >= 3:
+        fit = fit_power_law(fit_rows["d"], fit_rows["n_queries"])
+        claims.append(Claim(
+            "exact_exponent",
+            f"queries grow as d^2 (fitted exponent in [{EXPONENT_RANGE[0]}, {EXPONENT_RANGE[1]}])",
+            bool(EXPONENT_RANGE[0] <= fit.slope <= EXPONENT_RANGE[1]),
+            f"exponent {fit} on d >= {FIT_MIN_D}",
+        ))
+    else:
+        claims.append(Claim("exact_exponent", "queries grow as d^2", False,
+                            f"too few grid points with d >= {FIT_MIN_D} to fit"))
+    exact_count = (ok["n_queries"] == ok["d"] ** 2 + ok["d"])
+    claims.append(Claim(
+        "exact_count", "every run uses exactly d^2 + d queries (as counted by the oracle)",
+        bool(len(ok) > 0 and exact_count.all()),
+        f"{int(exact_count.sum())}/{len(ok)} runs",
+    ))
+    succ = ok["success"].fillna(False).astype(bool)
+    claims.append(Claim(
+        "exact_error", f"every head is recovered to relative error <= {EXACT_TOL:g}",
+        bool(len(ok) > 0 and succ.all() and len(ok) == len(all_rows)),
+        f"{int(succ.sum())}/{len(all_rows)} runs; worst {ok['rel_err_W'].max():.2e}",
+    ))
+    return claims
+
+
+@register_figure("exact_queries")
+def exact_queries(df):
+    """Queries against d (log-log, fitted exponent) and relative error of W against d."""
+    ok = ok_rows(df, "exact")
+    claims = exact_claims(df)
+    fig, (ax1, ax2) = plt.subplots(1, 2)
+    ds = np.sort(ok["d"].unique())
+    for probes, g in ok.groupby("probes", sort=True):
+        ax1.plot(g["d"], g["n_queries"], "o", alpha=0.6, label=f"counted, {probes} probes")
+    if ds.size:
+        xx = np.geomspace(ds.min(), ds.max(), 100)
+        ax1.plot(xx, xx**2 + xx, "k--", lw=0.8, label="$d^2 + d$")
+    fit_claim = claims[0]
+    ax1.set(xscale="log", yscale="log", xlabel="dimension $d$",
+            ylabel="queries counted by the oracle")
+    ax1.set_title("Queries against $d$")
+    ax1.text(0.03, 0.97, f"fitted exponent ({fit_claim.detail})", transform=ax1.transAxes,
+             va="top", fontsize=6.5, wrap=True)
+    ax1.legend(loc="lower right")
+    floor = 1e-17
+    for probes, g in ok.groupby("probes", sort=True):
+        agg = g.groupby("d")["rel_err_W"].agg(["median", "max"])
+        ax2.plot(agg.index, np.maximum(agg["median"], floor), "o-", label=f"{probes}: median")
+        ax2.plot(agg.index, np.maximum(agg["max"], floor), "^:", label=f"{probes}: max")
+    ax2.axhline(EXACT_TOL, color="k", lw=0.8, ls="--", label=f"target {EXACT_TOL:g}")
+    ax2.set(xscale="log", yscale="log", xlabel="dimension $d$",
+            ylabel=r"$\|\hat W - W\|_F / \|W\|_F$")
+    ax2.set_title("Relative error of $W$ (over seeds and head scales)")
+    ax2.legend(loc="upper left", ncol=2)
+    return fig, claims

@@ -1,0 +1,301 @@
+"""Tidy result rows and their Parquet storage.
+
+One row per cell (experiment, learner, model parameters, seed). Every experiment writes the same
+explicit pyarrow schema, so the tables of all experiments concatenate into ``results/all.parquet``
+without conversion. A column a cell does not use is null.
+
+Columns come in groups:
+
+* identity: ``experiment``, ``cell_id`` (a stable hash of the cell's parameters), ``learner``,
+  ``seed``;
+* parameters (:data:`PARAM_COLUMNS`), one typed column each;
+* metrics (:data:`METRIC_COLUMNS`): queries counted by the oracle, errors, success flag;
+* outcome: ``status`` (one of :data:`STATUSES`) and ``message``;
+* provenance: package version, git commit, library versions, config hash, schema version.
+
+Timings (wall time, solver time) are not deterministic, so they are stored in a separate table
+with the schema :data:`TIMING_SCHEMA` (``results/<experiment>.timing.parquet``), keyed by
+``cell_id``; :func:`read_results` joins them back on request. The result tables themselves are
+bit-identical for the same configuration and seed.
+
+Files are written atomically (temporary file in the same folder, then ``os.replace``) with fixed
+Parquet settings, so identical rows give identical bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .errors import ConfigError
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "STATUSES",
+    "PARAM_COLUMNS",
+    "METRIC_COLUMNS",
+    "TIMING_COLUMNS",
+    "PROVENANCE_COLUMNS",
+    "RESULT_SCHEMA",
+    "TIMING_SCHEMA",
+    "make_row",
+    "rows_to_table",
+    "write_table",
+    "write_rows",
+    "read_results",
+    "atomic_write_bytes",
+    "atomic_path",
+]
+
+SCHEMA_VERSION = 1
+
+#: every status a row can have
+STATUSES = ("ok", "not_identifiable", "error", "timeout", "skipped")
+
+#: cell parameters: name -> arrow type. Every key of a cell must be listed here (or be one of
+#: the identity columns); add new parameters here, in one place.
+PARAM_COLUMNS: dict[str, pa.DataType] = {
+    "d": pa.int64(),
+    "rank": pa.int64(),
+    "n_heads": pa.int64(),
+    "width": pa.int64(),
+    "probes": pa.string(),
+    "W_spectral": pa.float64(),
+    "W_fro": pa.float64(),
+    "logit_scale": pa.float64(),
+    "W_bound": pa.float64(),
+    "mu": pa.float64(),
+    "zero_frac": pa.float64(),
+    "tau": pa.float64(),
+    "noise": pa.string(),
+    "rounding": pa.string(),
+    "oversample": pa.int64(),
+    "eps": pa.float64(),
+    "v_method": pa.string(),
+    "c": pa.float64(),
+    "n_measurements": pa.int64(),
+    "solver": pa.string(),
+    "separation": pa.float64(),
+    "fd_step": pa.float64(),
+    "family": pa.string(),
+    "variant": pa.string(),
+    "layer": pa.int64(),
+    "head": pa.int64(),
+}
+
+#: metrics: name -> arrow type (deterministic values only; timings go to TIMING_COLUMNS)
+METRIC_COLUMNS: dict[str, pa.DataType] = {
+    "n_queries": pa.int64(),
+    "n_queries_attention": pa.int64(),
+    "n_queries_ffn": pa.int64(),
+    "queries_computed": pa.bool_(),
+    "rel_err_W": pa.float64(),
+    "abs_err_W": pa.float64(),
+    "rel_err_v": pa.float64(),
+    "err_v": pa.float64(),
+    "func_err": pa.float64(),
+    "success": pa.bool_(),
+    "rank_found": pa.int64(),
+    "n_heads_found": pa.int64(),
+    "solver_status": pa.string(),
+    "solver_iterations": pa.int64(),
+    "required_tau": pa.float64(),
+    "bound_W": pa.float64(),
+    "bound_v": pa.float64(),
+    "within_bound": pa.bool_(),
+    "param_distance": pa.float64(),
+    "output_difference": pa.float64(),
+    "head_separation": pa.float64(),
+    "extra": pa.string(),
+}
+
+#: non-deterministic measurements, stored apart from the result rows
+TIMING_COLUMNS: dict[str, pa.DataType] = {
+    "wall_time_s": pa.float64(),
+    "solve_time_s": pa.float64(),
+}
+
+PROVENANCE_COLUMNS: dict[str, pa.DataType] = {
+    "package_version": pa.string(),
+    "git_commit": pa.string(),
+    "python_version": pa.string(),
+    "numpy_version": pa.string(),
+    "scipy_version": pa.string(),
+    "cvxpy_version": pa.string(),
+    "config_hash": pa.string(),
+    "schema_version": pa.int64(),
+}
+
+IDENTITY_COLUMNS: dict[str, pa.DataType] = {
+    "experiment": pa.string(),
+    "cell_id": pa.string(),
+    "learner": pa.string(),
+    "seed": pa.int64(),
+}
+
+OUTCOME_COLUMNS: dict[str, pa.DataType] = {
+    "status": pa.string(),
+    "message": pa.string(),
+}
+
+
+def _schema(*groups: Mapping[str, pa.DataType], version: int = SCHEMA_VERSION) -> pa.Schema:
+    fields = [pa.field(k, t) for g in groups for k, t in g.items()]
+    return pa.schema(fields, metadata={b"attnquery_schema_version": str(version).encode()})
+
+
+RESULT_SCHEMA = _schema(
+    IDENTITY_COLUMNS, PARAM_COLUMNS, METRIC_COLUMNS, OUTCOME_COLUMNS, PROVENANCE_COLUMNS
+)
+TIMING_SCHEMA = _schema(
+    {"experiment": pa.string(), "cell_id": pa.string()}, TIMING_COLUMNS
+)
+
+
+def _clean(value):
+    """Convert numpy scalars to Python values and non-finite floats to None-safe values."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    return value
+
+
+def make_row(cell: Mapping, metrics: Mapping | None, status: str, message: str = "",
+             provenance: Mapping | None = None) -> tuple[dict, dict]:
+    """Build a result row and a timing row from a cell, its metrics and its outcome.
+
+    ``cell`` holds the identity and parameter columns (``experiment``, ``cell_id``,
+    ``learner``, ``seed`` and parameters); ``metrics`` may hold metric and timing columns.
+    Unknown keys raise :class:`ConfigError`, so nothing is silently dropped.
+    """
+    if status not in STATUSES:
+        raise ConfigError(f"status must be one of {STATUSES}; got {status!r}")
+    metrics = dict(metrics or {})
+    row: dict = {}
+    timing: dict = {"experiment": cell["experiment"], "cell_id": cell["cell_id"]}
+    for k, val in cell.items():
+        if k not in IDENTITY_COLUMNS and k not in PARAM_COLUMNS:
+            raise ConfigError(
+                f"cell parameter {k!r} is not a registered result column; add it to "
+                "attnquery.results.PARAM_COLUMNS"
+            )
+        row[k] = _clean(val)
+    for k, val in metrics.items():
+        if k in TIMING_COLUMNS:
+            timing[k] = _clean(val)
+        elif k in METRIC_COLUMNS:
+            val = _clean(val)
+            if k == "extra" and not isinstance(val, str | type(None)):
+                val = json.dumps(val, sort_keys=True, default=float)
+            row[k] = val
+        else:
+            raise ConfigError(
+                f"metric {k!r} is not a registered result column; add it to "
+                "attnquery.results.METRIC_COLUMNS or TIMING_COLUMNS"
+            )
+    row["status"] = status
+    row["message"] = message
+    row.update(provenance or {})
+    row["schema_version"] = SCHEMA_VERSION
+    return row, timing
+
+
+def rows_to_table(rows: Iterable[Mapping], schema: pa.Schema = RESULT_SCHEMA) -> pa.Table:
+    """Rows (dicts) to a table with exactly ``schema``, sorted by (experiment, cell_id)."""
+    rows = sorted(rows, key=lambda r: (r.get("experiment", ""), r.get("cell_id", "")))
+    cols = {}
+    for f in schema:
+        vals = [r.get(f.name) for r in rows]
+        cols[f.name] = pa.array(vals, type=f.type)
+    return pa.table(cols, schema=schema)
+
+
+def atomic_path(path: str | os.PathLike):
+    """Context manager yielding a temporary path next to ``path``, renamed onto it on success."""
+    return _AtomicPath(Path(path))
+
+
+class _AtomicPath:
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self) -> Path:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp",
+                                   dir=self.path.parent)
+        os.close(fd)
+        self.tmp = Path(tmp)
+        return self.tmp
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(self.tmp, 0o666 & ~umask)
+            os.replace(self.tmp, self.path)
+        else:
+            self.tmp.unlink(missing_ok=True)
+        return False
+
+
+def atomic_write_bytes(path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def write_table(table: pa.Table, path) -> None:
+    """Write a table as Parquet, atomically and byte-reproducibly."""
+    with atomic_path(path) as tmp:
+        pq.write_table(
+            table,
+            tmp,
+            compression="zstd",
+            compression_level=3,
+            use_dictionary=False,
+            write_statistics=False,
+            store_schema=True,
+        )
+
+
+def write_rows(rows, timings, path, timing_path) -> None:
+    """Write result rows and their timing rows to two Parquet files."""
+    write_table(rows_to_table(rows, RESULT_SCHEMA), path)
+    write_table(rows_to_table(timings, TIMING_SCHEMA), timing_path)
+
+
+def read_results(path, with_timing: bool = False):
+    """Read one or several result files (a file, a folder, or a list) into a pandas DataFrame.
+
+    With ``with_timing``, the matching ``*.timing.parquet`` files are joined on
+    (experiment, cell_id).
+    """
+    import pandas as pd
+
+    paths = _result_paths(path)
+    if not paths:
+        return rows_to_table([], RESULT_SCHEMA).to_pandas()
+    df = pd.concat([pq.read_table(p).to_pandas() for p in paths], ignore_index=True)
+    if with_timing:
+        tpaths = [p.with_name(p.name.replace(".parquet", ".timing.parquet")) for p in paths]  # noqa
+        tpaths = [p for p in tpaths if p.exists()]
+        if tpaths:
+            t = pd.concat([pq.read_table(p).to_pandas() for p in tpaths], ignore_index=True)
+            df = df.merge(t, on=["experiment", "cell_id"], how="left")
+    return df
+
+
+def _result_paths(path) -> list[Path]:
+    if isinstance(path, list | tuple):
+        return [Path(p) for p in path]
+    p = Path(path)
+    if p.is_dir():
+        return sorted(q for q in p.rglob("*.parquet") if not q.name.endswith(".timing.parquet")
+                      and "shards" not in q.parts and q.name != "all.parquet")
+    return [p]

@@ -1,0 +1,44 @@
+# Running every experiment: one job per shard of cells, then one table per experiment.
+
+
+rule run_shard:
+    input:
+        LIBRARY_SOURCES,
+    output:
+        rows="results/{experiment}/shards/{shard}.parquet",
+        timing="results/{experiment}/shards/{shard}.timing.parquet",
+    params:
+        section=lambda w: section(w.experiment),
+        shards=lambda w: shards_of(w.experiment),
+        seed=config["seed"],
+        time_limit=config["cell_time_limit_s"],
+    log:
+        "logs/{experiment}/shard_{shard}.log",
+    resources:
+        runtime=lambda w: int(config["cell_time_limit_s"] * section(w.experiment)["cells_per_shard"] / 60) + 10,
+        mem_mb=4000,
+    script:
+        "../scripts/run_shard.py"
+
+
+rule aggregate_results:
+    input:
+        shard_files,
+    output:
+        rows="results/{experiment}.parquet",
+        timing="results/{experiment}.timing.parquet",
+    log:
+        "logs/{experiment}/aggregate.log",
+    script:
+        "../scripts/aggregate_results.py"
+
+
+rule merge_results:
+    input:
+        [f"results/{name}.parquet" for name in ENABLED],
+    output:
+        "results/all.parquet",
+    log:
+        "logs/merge_results.log",
+    script:
+        "../scripts/merge_results.py"

@@ -1,0 +1,10 @@
+"""Render one figure from result tables (thin shim around attnquery.pipeline.render_figure)."""
+from attnquery.pipeline import render_figure
+
+render_figure(
+    snakemake.params.figure,
+    [p for p in snakemake.input if not p.endswith(".timing.parquet")],
+    snakemake.output.pdf,
+    snakemake.output.png,
+    log=snakemake.log[0],
+)
