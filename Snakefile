@@ -33,3 +33,13 @@ rule all:
     input:
         final_outputs(),
     default_target: True
+
+
+# On a cluster (profiles/slurm) only the compute jobs are submitted: aggregation, merging and
+# every plot_* rule run in the Snakemake process. This is what a `localrules:` directive does,
+# with the names computed from the rules defined above.
+workflow.localrules(
+    "aggregate_results",
+    "merge_results",
+    *(r.name for r in workflow.rules if r.name.startswith("plot_")),
+)

@@ -18,6 +18,7 @@ __all__ = [
     "fit_power_law",
     "fit_linear",
     "head_errors",
+    "match_heads",
 ]
 
 
@@ -113,3 +114,66 @@ def fit_power_law(x, y, level: float = 0.95) -> PowerLawFit:
     y = np.asarray(y, dtype=float)
     ok = (x > 0) & (y > 0)
     return fit_linear(np.log(x[ok]), np.log(y[ok]), level=level)
+
+
+def match_heads(W_hat, v_hat, W, v) -> dict:
+    """Match recovered heads to true heads up to permutation (Hungarian algorithm).
+
+    The cost of pairing recovered head i with true head j is
+    ``||W_hat_i - W_j||_F^2 + ||v_hat_i - v_j||^2``, so the optimal assignment minimises the
+    total squared parameter distance (scipy.optimize.linear_sum_assignment). Unequal numbers of
+    heads are allowed: unmatched true heads are compared with a zero head.
+
+    Parameters
+    ----------
+    W_hat, v_hat : sequences of arrays (d, d) and (d,)
+        Recovered heads, in any order.
+    W, v : sequences of arrays (d, d) and (d,)
+        True heads.
+
+    Returns
+    -------
+    dict
+        ``perm``: array (H,), ``perm[j]`` is the index of the recovered head matched to true
+        head j (-1 when none is left); ``rel_err_W``, ``rel_err_v``, ``abs_err_W``, ``err_v``:
+        per-true-head error arrays; ``max_rel_err_W``, ``max_rel_err_v``: their maxima;
+        ``param_distance``: ``sqrt(sum of squared distances) / sqrt(sum ||W_j||^2 + ||v_j||^2)``,
+        the relative distance of the stacked parameters after matching.
+    """
+    import scipy.optimize
+
+    W_hat = [np.asarray(x, dtype=float) for x in W_hat]
+    v_hat = [np.asarray(x, dtype=float) for x in v_hat]
+    W = [np.asarray(x, dtype=float) for x in W]
+    v = [np.asarray(x, dtype=float) for x in v]
+    if len(W_hat) != len(v_hat) or len(W) != len(v):
+        raise ConfigError("match_heads needs as many W's as v's on each side")
+    if not W:
+        raise ConfigError("match_heads needs at least one true head")
+    H, K = len(W), len(W_hat)
+    cost = np.empty((H, K))
+    for j in range(H):
+        for i in range(K):
+            cost[j, i] = np.sum((W_hat[i] - W[j]) ** 2) + np.sum((v_hat[i] - v[j]) ** 2)
+    perm = -np.ones(H, dtype=int)
+    if K:
+        rows, cols = scipy.optimize.linear_sum_assignment(cost)
+        perm[rows] = cols
+    d = W[0].shape[0]
+    zW, zv = np.zeros((d, d)), np.zeros(d)
+    out = {k: np.empty(H) for k in ("rel_err_W", "rel_err_v", "abs_err_W", "err_v")}
+    num = den = 0.0
+    for j in range(H):
+        Wh = W_hat[perm[j]] if perm[j] >= 0 else zW
+        vh = v_hat[perm[j]] if perm[j] >= 0 else zv
+        out["rel_err_W"][j] = relative_error(Wh, W[j])
+        out["rel_err_v"][j] = relative_error(vh, v[j])
+        out["abs_err_W"][j] = absolute_error(Wh, W[j])
+        out["err_v"][j] = absolute_error(vh, v[j])
+        num += out["abs_err_W"][j] ** 2 + out["err_v"][j] ** 2
+        den += float(np.sum(W[j] ** 2) + np.sum(v[j] ** 2))
+    out["perm"] = perm
+    out["max_rel_err_W"] = float(out["rel_err_W"].max())
+    out["max_rel_err_v"] = float(out["rel_err_v"].max())
+    out["param_distance"] = float(np.sqrt(num / den)) if den > 0 else float(np.sqrt(num))
+    return out

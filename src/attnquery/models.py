@@ -28,6 +28,10 @@ __all__ = [
     "random_head",
     "random_v",
     "as_rng",
+    "random_transformer",
+    "random_multihead",
+    "random_orthogonal_split",
+    "orthogonal_subspace_multihead",
 ]
 
 
@@ -364,3 +368,175 @@ def random_head(
         s = np.sqrt(scale)
         return AttentionHead(v, K=K * s, Q=Q * s)
     return AttentionHead(v, W=W * scale)
+
+
+def random_transformer(
+    d: int,
+    m: int,
+    seed=None,
+    *,
+    logit_scale: float | None = None,
+    W_fro: float | None = None,
+    even: bool = False,
+) -> OneLayerTransformer:
+    """Draw a random one-layer transformer ``TF(X) = w_o^T ReLU(A^T X^T alpha)`` (no biases).
+
+    W is drawn as by :func:`random_head` (dense, full rank), ``A`` has i.i.d. ``N(0, 1/d)``
+    entries (unit-norm columns on average) and ``w_o`` i.i.d. ``N(0, 1)`` entries.
+
+    Parameters
+    ----------
+    d : int
+        Token dimension.
+    m : int
+        Hidden width of the FFN (m >= 1).
+    seed : int, sequence of ints or Generator
+    logit_scale, W_fro : float, optional
+        Scale of W, as in :func:`random_head` (at most one).
+    even : bool
+        Build an even FFN whose attention-equivalent vector ``v = A w_o`` is exactly 0: the
+        neurons come in pairs ``(a, w), (-a, w)``, so the FFN is ``sum w |a^T z|``. W is then not
+        identifiable from antisymmetric queries (the paper's ``v = 0`` case). ``m`` must be even.
+    """
+    rng = as_rng(seed)
+    if m < 1:
+        raise ModelError(f"the FFN width m must be >= 1; got {m}")
+    if even and m % 2:
+        raise ModelError(f"an even FFN needs an even width m; got {m}")
+    r_head, r_ffn = rng.spawn(2)
+    W = random_head(d, r_head, logit_scale=logit_scale, W_fro=W_fro).W
+    if even:
+        half = r_ffn.standard_normal((d, m // 2)) / np.sqrt(d)
+        w_half = r_ffn.standard_normal(m // 2)
+        A = np.concatenate([half, -half], axis=1)
+        w_o = np.concatenate([w_half, w_half])
+    else:
+        A = r_ffn.standard_normal((d, m)) / np.sqrt(d)
+        w_o = r_ffn.standard_normal(m)
+    return OneLayerTransformer(W, A, w_o)
+
+
+def random_multihead(
+    d: int,
+    H: int,
+    seed=None,
+    *,
+    rank: int | None = None,
+    logit_scale: float | None = None,
+    W_fro: float | None = None,
+    mu: float | None = None,
+    shared_W: bool = False,
+) -> MultiHeadAttention:
+    """Draw a generic multi-head attention model (no structural assumption between heads).
+
+    Each head is an independent :func:`random_head` (its own seed stream spawned from ``seed``),
+    so the model is a pure function of ``(d, H, seed, knobs)``.
+
+    Parameters
+    ----------
+    d : int
+        Token dimension.
+    H : int
+        Number of heads (H >= 1).
+    seed : int, sequence of ints or Generator
+    rank, logit_scale, W_fro, mu : optional
+        Passed to :func:`random_head` for every head (dense W is stored either way).
+    shared_W : bool
+        Give every head the W of the first head (Prop. 7.1's setting: the heads' value vectors
+        are then not identifiable, only their sum is).
+
+    Returns
+    -------
+    MultiHeadAttention
+    """
+    rng = as_rng(seed)
+    if H < 1:
+        raise ModelError(f"a multi-head model needs H >= 1 heads; got {H}")
+    heads = []
+    for r in rng.spawn(H):
+        h = random_head(d, r, rank=rank, logit_scale=logit_scale, W_fro=W_fro, mu=mu,
+                        factored=False)
+        heads.append(h)
+    if shared_W:
+        heads = [AttentionHead(h.v, W=heads[0].W.copy()) for h in heads]
+    return MultiHeadAttention(heads)
+
+
+def random_orthogonal_split(d: int, H: int, seed=None, dims=None) -> list[np.ndarray]:
+    """A random orthogonal split of R^d into H subspaces (Assumption C.1).
+
+    Parameters
+    ----------
+    d, H : int
+    seed : int, sequence of ints or Generator
+    dims : sequence of H positive ints summing to d, optional
+        Subspace dimensions d_h. Default: as equal as possible (the first ``d % H`` get one more).
+
+    Returns
+    -------
+    list of ndarray
+        ``E_h`` of shape (d, d_h) with orthonormal columns; ``[E_1 ... E_H]`` is a Haar-random
+        orthogonal matrix.
+    """
+    rng = as_rng(seed)
+    if H < 1 or H > d:
+        raise ModelError(f"the number of heads must be in [1, d={d}]; got H={H}")
+    if dims is None:
+        dims = [d // H + (1 if h < d % H else 0) for h in range(H)]
+    dims = [int(x) for x in dims]
+    if len(dims) != H or any(x < 1 for x in dims) or sum(dims) != d:
+        raise ModelError(f"dims must be H={H} positive ints summing to d={d}; got {dims}")
+    G = rng.standard_normal((d, d))
+    Qm, R = np.linalg.qr(G)
+    Qm = Qm * np.sign(np.diag(R))  # Haar measure
+    bounds = np.cumsum([0, *dims])
+    return [Qm[:, bounds[h]: bounds[h + 1]].copy() for h in range(H)]
+
+
+def orthogonal_subspace_multihead(
+    d: int,
+    H: int,
+    seed=None,
+    dims=None,
+    *,
+    logit_scale: float = 1.0,
+    mu: float | None = None,
+    return_bases: bool = False,
+):
+    """Draw a multi-head model satisfying the orthogonal-subspace Assumption C.1.
+
+    R^d is split at random into orthogonal subspaces ``U_h = range(E_h)``
+    (:func:`random_orthogonal_split`); head h has ``W_h = E_h B_h E_h^T`` and ``v_h = E_h c_h``
+    with ``B_h`` i.i.d. Gaussian, scaled so that a score between independent standard Gaussian
+    tokens has standard deviation ``logit_scale``, and ``c_h`` from :func:`random_v`.
+
+    Parameters
+    ----------
+    d, H : int
+        Token dimension and number of heads.
+    seed : int, sequence of ints or Generator
+    dims : sequence of ints, optional
+        Subspace dimensions (default: as equal as possible).
+    logit_scale : float
+        ``||W_h||_F`` (the standard deviation of ``x^T W_h y`` for x, y ~ N(0, I)).
+    mu : float, optional
+        Margin of each reduced value vector ``c_h`` (see :func:`random_v`).
+    return_bases : bool
+        Also return the bases ``[E_1, ..., E_H]``.
+
+    Returns
+    -------
+    MultiHeadAttention, or (MultiHeadAttention, list of ndarray) with ``return_bases``.
+    """
+    rng = as_rng(seed)
+    r_split, r_heads = rng.spawn(2)
+    bases = random_orthogonal_split(d, H, r_split, dims)
+    heads = []
+    for E, r in zip(bases, r_heads.spawn(H), strict=True):
+        dh = E.shape[1]
+        B = r.standard_normal((dh, dh))
+        B *= logit_scale / np.linalg.norm(B)
+        c = random_v(dh, r, mu=mu)
+        heads.append(AttentionHead(E @ c, W=E @ B @ E.T))
+    model = MultiHeadAttention(heads)
+    return (model, bases) if return_bases else model

@@ -95,6 +95,8 @@ METRIC_COLUMNS: dict[str, pa.DataType] = {
     "n_queries": pa.int64(),
     "n_queries_attention": pa.int64(),
     "n_queries_ffn": pa.int64(),
+    "n_queries_v": pa.int64(),
+    "n_queries_W": pa.int64(),
     "queries_computed": pa.bool_(),
     "rel_err_W": pa.float64(),
     "abs_err_W": pa.float64(),

@@ -74,6 +74,7 @@ def register(exp: Experiment) -> Experiment:
 def _load_all() -> None:
     # importing the modules registers their experiments
     from . import exact  # noqa: F401
+    from . import membership, noise  # noqa: F401
 
 
 def get_experiment(name: str) -> Experiment:

@@ -20,19 +20,29 @@ import matplotlib.pyplot as plt  # noqa: E402
 from ..errors import ConfigError  # noqa: E402
 from ..results import atomic_path  # noqa: E402
 
-__all__ = ["STYLE", "FIGURES", "register_figure", "render", "save_figure", "get_figure"]
+__all__ = ["STYLE", "FIGURES", "TIMING_FIGURES", "register_figure", "render", "save_figure",
+           "get_figure"]
 
 STYLE = str(Path(__file__).with_name("attnquery.mplstyle"))
 
 #: figure name -> function(DataFrame) -> (Figure, list of claims)
 FIGURES: dict[str, Callable] = {}
 
+#: figures drawn from wall-clock timings: not expected to be byte-identical across runs
+TIMING_FIGURES = {"lowrank_time"}
 
-def register_figure(name: str):
-    """Decorator registering a figure function under ``name``."""
+
+def register_figure(name: str, uses_timing: bool = False):
+    """Decorator registering a figure function under ``name``.
+
+    Pass ``uses_timing=True`` for a figure drawn from wall-clock timings (it is then excluded
+    from the byte-for-byte reproducibility check).
+    """
 
     def deco(fn):
         FIGURES[name] = fn
+        if uses_timing:
+            TIMING_FIGURES.add(name)
         return fn
 
     return deco
@@ -40,6 +50,7 @@ def register_figure(name: str):
 
 def _load_all() -> None:
     from . import exact  # noqa: F401
+    from . import membership, noise  # noqa: F401
 
 
 def get_figure(name: str) -> Callable:

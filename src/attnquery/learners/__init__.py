@@ -5,5 +5,14 @@ Every learner follows the scikit-learn convention: parameters in ``__init__``,
 """
 
 from .exact import ExactValueQueryLearner
+from .lowrank import NuclearNormROPLearner, SketchLowRankLearner
+from .membership import MembershipLearner
+from .noisy import NoisyValueQueryLearner
 
-__all__ = ["ExactValueQueryLearner"]
+__all__ = [
+    "ExactValueQueryLearner",
+    "NuclearNormROPLearner",
+    "SketchLowRankLearner",
+    "NoisyValueQueryLearner",
+    "MembershipLearner",
+]

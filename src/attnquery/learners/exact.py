@@ -33,7 +33,7 @@ def read_v(oracle, d: int) -> np.ndarray:
     return oracle(np.eye(d)[:, None, :].copy())
 
 
-def probe_logits(oracle, U, cols, c, s, v):
+def probe_logits(oracle, U, cols, c, s, v, last=None):
     """Ask the two-row probes ``[(c_k U[l_k] + s_k e_j); s_k e_j]`` and return their logits.
 
     Parameters
@@ -47,6 +47,9 @@ def probe_logits(oracle, U, cols, c, s, v):
         Scale of the probe direction and of the last token.
     v : ndarray (d,)
         The value vector (already read).
+    last : ndarray (n, d), optional
+        General last tokens ``b_k`` in place of ``e_j``: the probes are then
+        ``[(c_k U[k] + s_k b_k); s_k b_k]`` with logit ``c s u^T W b`` (``cols`` is ignored).
 
     Returns
     -------
@@ -57,12 +60,18 @@ def probe_logits(oracle, U, cols, c, s, v):
     """
     n, d = U.shape
     X = np.zeros((n, 2, d))
-    X[:, 0, :] = c[:, None] * U
-    idx = np.arange(n)
-    X[idx, 0, cols] += s
-    X[idx, 1, cols] = s
+    if last is None:
+        X[:, 0, :] = c[:, None] * U
+        idx = np.arange(n)
+        X[idx, 0, cols] += s
+        X[idx, 1, cols] = s
+        base = s * v[cols]
+    else:
+        np.multiply(s[:, None], last, out=X[:, 1, :])
+        X[:, 0, :] = X[:, 1, :]
+        X[:, 0, :] += c[:, None] * U
+        base = s * (last @ v)
     y = oracle(X)
-    base = s * v[cols]
     uv = c * (U @ v)
     num1 = y - base  # = alpha * c u^T v
     num0 = uv - num1  # = (1 - alpha) * c u^T v

@@ -1,0 +1,57 @@
+# attnquery: one command per task. `make reproduce` and `make test` are the quick start.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+CORES ?= 8
+CONFIG ?= config/config.yaml
+
+.PHONY: reproduce test figures report bench check-reproducible lint clean install help
+
+help:
+	@echo "make reproduce           create $(VENV) if missing, install, run the default study (every figure, table, report.html)"
+	@echo "make test                run the test suite (installs into $(VENV) first)"
+	@echo "make figures             re-render every figure and table from stored results"
+	@echo "make report              build report.html and report.zip from the last run"
+	@echo "make bench               run the benchmarks (counted queries, errors, wall time)"
+	@echo "make check-reproducible  run config/quick.yaml twice (1 core, all cores) and compare bytes"
+	@echo "make cluster-test        start a one-node SLURM cluster and run config/quick.yaml on it"
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+reproduce: install
+	$(BIN)/snakemake --cores $(CORES) --configfile $(CONFIG)
+	$(BIN)/snakemake --cores 1 --configfile $(CONFIG) --report report.html
+	$(BIN)/snakemake --cores 1 --configfile $(CONFIG) --report report.zip
+
+test: install
+	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=15
+
+figures: install
+	$(BIN)/snakemake --cores $(CORES) --configfile $(CONFIG) figures
+
+report: install
+	$(BIN)/snakemake --cores 1 --configfile $(CONFIG) --report report.html
+	$(BIN)/snakemake --cores 1 --configfile $(CONFIG) --report report.zip
+
+bench: install
+	$(BIN)/python -m attnquery.bench all
+
+check-reproducible: install
+	$(BIN)/python -m attnquery.reproducible --config config/quick.yaml --cores $(CORES)
+
+lint: install
+	$(BIN)/ruff check src tests workflow
+	$(BIN)/snakemake --lint
+
+clean:
+	rm -rf results figures logs report.html report.zip .snakemake
+
+-include mk/*.mk

@@ -1,0 +1,92 @@
+"""Benchmarks: pinned configurations, queries counted by the oracle, errors and wall time.
+
+Run ``python -m attnquery.bench NAME`` (or ``all``); ``make bench`` runs them all. Each benchmark
+prints a table; the README reproduces the tables measured on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+__all__ = ["BENCHMARKS", "register_benchmark", "main", "print_table"]
+
+#: benchmark name -> function() -> list of row dicts
+BENCHMARKS: dict[str, Callable[[], list[dict]]] = {}
+
+
+def register_benchmark(name: str):
+    """Decorator registering a benchmark."""
+
+    def deco(fn):
+        BENCHMARKS[name] = fn
+        return fn
+
+    return deco
+
+
+def print_table(name: str, rows: list[dict], file=sys.stdout) -> None:
+    """Print rows as a Markdown table."""
+    if not rows:
+        print(f"{name}: no rows", file=file)
+        return
+    cols = list(rows[0])
+    fmt = {
+        float: lambda x: f"{x:.3g}",
+    }
+    print(f"\n### {name}\n", file=file)
+    print("| " + " | ".join(cols) + " |", file=file)
+    print("|" + "|".join("---" for _ in cols) + "|", file=file)
+    for r in rows:
+        cells = [fmt.get(type(r[c]), str)(r[c]) for c in cols]
+        print("| " + " | ".join(cells) + " |", file=file)
+    file.flush()
+
+
+@register_benchmark("exact")
+def bench_exact() -> list[dict]:
+    """Theorem 4.1 at d in {64, 256, 1024}, both probe designs, default-scale dense heads."""
+    from .learners import ExactValueQueryLearner
+    from .metrics import relative_error
+    from .models import random_head
+    from .oracles import ValueOracle
+
+    rows = []
+    for d in (64, 256, 1024):
+        for probes in ("gaussian", "basis"):
+            head = random_head(d, np.random.default_rng([d, 2026]), zero_frac=0.25)
+            oracle = ValueOracle(head, d)
+            t0 = time.perf_counter()
+            est = ExactValueQueryLearner(probes=probes, random_state=0).fit(oracle)
+            wall = time.perf_counter() - t0
+            rows.append({
+                "d": d,
+                "probes": probes,
+                "queries (counted)": oracle.n_queries,
+                "d^2 + d": d * d + d,
+                "rel. error W": relative_error(est.W_, head.W),
+                "rel. error v": relative_error(est.v_, head.v),
+                "wall time (s)": round(wall, 2),
+            })
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m attnquery.bench", description=__doc__)
+    parser.add_argument("name", nargs="?", default="all",
+                        help=f"benchmark to run: all, {', '.join(sorted(BENCHMARKS))}")
+    args = parser.parse_args(argv)
+    names = sorted(BENCHMARKS) if args.name == "all" else [args.name]
+    for n in names:
+        if n not in BENCHMARKS:
+            parser.error(f"unknown benchmark {n!r}; known: {', '.join(sorted(BENCHMARKS))}")
+        print_table(n, BENCHMARKS[n]())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

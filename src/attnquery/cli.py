@@ -1,0 +1,647 @@
+"""The ``attnquery`` command line.
+
+Subcommands:
+
+* ``attnquery extract``: learn the parameters of a black box (``--oracle MODULE:FUNCTION``) or of
+  a saved head in simulation (``--model head.npz``) with one of the learners, and save them;
+* ``attnquery heads``: build a ground-truth head from a BERT- or GPT-2-style checkpoint;
+* ``attnquery validate``: check a results folder against the schema and the configured grid;
+* ``attnquery info``: versions, learners available, configured experiments.
+
+Learners are looked up in :data:`METHODS` and imported only when used, so a method whose learner
+is not installed fails with a clear message while the others work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import inspect
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import AttnQueryError, ConfigError
+
+__all__ = ["main", "METHODS", "Method", "load_black_box", "make_oracle", "make_learner",
+           "ProgressOracle", "run_extraction"]
+
+
+@dataclass(frozen=True)
+class Method:
+    """A learner reachable from ``--method``: where its class lives and what oracle it needs."""
+
+    module: str
+    cls: str
+    oracle: str  # "value", "approximate value" or "membership"
+    description: str
+
+    def load(self):
+        """Import and return the learner class (ConfigError if it is not available)."""
+        try:
+            mod = importlib.import_module(self.module)
+            return getattr(mod, self.cls)
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError(
+                f"learner {self.cls} ({self.module}) is not available in this installation: "
+                f"{exc}"
+            ) from None
+
+    @property
+    def available(self) -> bool:
+        try:
+            self.load()
+        except ConfigError:
+            return False
+        return True
+
+
+#: --method name -> learner
+METHODS: dict[str, Method] = {
+    "exact": Method("attnquery.learners.exact", "ExactValueQueryLearner", "value",
+                    "exact value queries, d^2 + d queries (Theorem 4.1)"),
+    "sketch": Method("attnquery.learners.lowrank", "SketchLowRankLearner", "value",
+                     "low-rank sketch, r(2d - r) + d queries"),
+    "nuclear": Method("attnquery.learners.lowrank", "NuclearNormROPLearner", "value",
+                      "nuclear-norm minimisation from rank-one projections (Theorem 5.1)"),
+    "noisy": Method("attnquery.learners.noisy", "NoisyValueQueryLearner", "approximate value",
+                    "approximate value queries within +-tau (Theorem 6.1)"),
+    "membership": Method("attnquery.learners.membership", "MembershipLearner", "membership",
+                         "membership queries 1[f(X) > 0] (Appendix B)"),
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# Building blocks (also used by the realheads experiment)
+# ----------------------------------------------------------------------------------------------
+
+
+def _accepts(cls) -> tuple[set[str], bool]:
+    params = inspect.signature(cls).parameters
+    names = {n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    var_kw = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    return names, var_kw
+
+
+def construct(cls, *args, optional=None, required=None):
+    """Call ``cls(*args, **kwargs)`` with the ``optional`` keywords its signature accepts.
+
+    ``required`` keywords must all be accepted (ConfigError naming the unaccepted ones);
+    ``optional`` keywords the class does not take are left out. None values are never passed.
+    """
+    names, var_kw = _accepts(cls)
+    kwargs = {}
+    for k, val in (optional or {}).items():
+        if val is not None and (var_kw or k in names):
+            kwargs[k] = val
+    bad = []
+    for k, val in (required or {}).items():
+        if val is None:
+            continue
+        if var_kw or k in names:
+            kwargs[k] = val
+        else:
+            bad.append(k)
+    if bad:
+        raise ConfigError(
+            f"{cls.__name__} takes no parameter {', '.join(repr(b) for b in bad)}; "
+            f"its parameters: {sorted(names)}"
+        )
+    return cls(*args, **kwargs)
+
+
+def make_learner(method: str, *, seed=None, rank=None, tau=None, eps=None, probes=None,
+                 params=None):
+    """The learner of ``method`` with the given options.
+
+    Parameters
+    ----------
+    method : str
+        A key of :data:`METHODS`.
+    seed : int or Generator, optional
+        The learner's ``random_state``.
+    rank, tau, eps, probes : optional
+        Passed when given; an option the learner does not take raises ConfigError.
+    params : dict, optional
+        Further constructor parameters, by name.
+    """
+    if method not in METHODS:
+        raise ConfigError(f"unknown method {method!r}; choose from {sorted(METHODS)}")
+    cls = METHODS[method].load()
+    required = {"rank": rank, "tau": tau, "eps": eps, "probes": probes, **(params or {})}
+    return construct(cls, optional={"random_state": seed}, required=required)
+
+
+class DeclaredApproximateOracle:
+    """A user's black box taken as an approximate value oracle with a declared tolerance.
+
+    Used when ``--method noisy`` is run against a real black box: its answers are already
+    approximate, so no noise is added; ``tau`` is the tolerance the user declares.
+    """
+
+    kind = "approximate value"
+
+    def __init__(self, fn, d: int, tau: float, budget: int | None = None):
+        from .oracles import ValueOracle
+
+        self._inner = ValueOracle(fn, d, budget=budget)
+        self.tau = float(tau)
+
+    def __call__(self, X):
+        return self._inner(X)
+
+    query = __call__
+
+    def __getattr__(self, name):
+        if name == "_inner":
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+def make_oracle(method: str, fn, d: int, *, budget=None, tau=None, noise=None, seed=None,
+                simulated: bool = False):
+    """The oracle ``method``'s learner needs, around the callable ``fn``.
+
+    For a simulated head (``simulated=True``) the approximate value oracle adds noise of size
+    ``tau`` (noise model ``noise``); for a user's black box its answers are taken as they are.
+    """
+    from . import oracles
+
+    kind = METHODS[method].oracle
+    if kind == "value":
+        return oracles.ValueOracle(fn, d, budget=budget)
+    if kind == "approximate value":
+        if tau is None:
+            raise ConfigError(f"--method {method} needs --tau (the answers' tolerance)")
+        if not simulated:
+            return DeclaredApproximateOracle(fn, d, tau, budget=budget)
+        cls = getattr(oracles, "ApproximateValueOracle", None)
+        if cls is None:
+            raise ConfigError("ApproximateValueOracle is not available in this installation")
+        return construct(cls, fn, d, optional={"budget": budget, "seed": seed,
+                                                "random_state": seed},
+                         required={"tau": tau, "noise": noise})
+    cls = getattr(oracles, "MembershipOracle", None)
+    if cls is None:
+        raise ConfigError("MembershipOracle is not available in this installation")
+    return construct(cls, fn, d, optional={"budget": budget})
+
+
+def expected_queries(method: str, d: int, rank: int | None = None) -> int | None:
+    """Queries a method is expected to ask (for the progress bar), or None if unknown."""
+    if method == "exact":
+        return d * d + d
+    if method == "sketch" and rank is not None:
+        return rank * (2 * d - rank) + d
+    return None
+
+
+class ProgressOracle:
+    """A thin wrapper with the oracle interface that advances a progress bar on every batch.
+
+    Everything but ``__call__`` is delegated to the wrapped oracle, so the counts and the budget
+    are the wrapped oracle's own.
+    """
+
+    def __init__(self, oracle, bar):
+        self._oracle = oracle
+        self._bar = bar
+
+    def __call__(self, X):
+        y = self._oracle(X)
+        self._bar.update(int(np.shape(X)[0]))
+        return y
+
+    query = __call__
+
+    def __getattr__(self, name):
+        if name in ("_oracle", "_bar"):
+            raise AttributeError(name)
+        return getattr(self._oracle, name)
+
+
+def load_black_box(spec: str):
+    """Import ``MODULE:FUNCTION`` (or ``path/to/file.py:FUNCTION``) and return the callable.
+
+    The current directory is searched first, so ``tests.fixtures:some_head`` works from the
+    repository root.
+    """
+    if ":" not in spec:
+        raise ConfigError("--oracle must be MODULE:FUNCTION (e.g. "
+                          f"examples.black_boxes:some_head); got {spec!r}")
+    mod_name, _, attr = spec.rpartition(":")
+    if not mod_name or not attr:
+        raise ConfigError(f"--oracle must be MODULE:FUNCTION; got {spec!r}")
+    if mod_name.endswith(".py"):
+        path = Path(mod_name)
+        if not path.exists():
+            raise ConfigError(f"--oracle: file {path} does not exist")
+        mspec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(mspec)
+        try:
+            mspec.loader.exec_module(module)
+        except Exception as exc:
+            raise ConfigError(f"--oracle: importing {path} failed: {type(exc).__name__}: {exc}") \
+                from None
+    else:
+        cwd = os.getcwd()
+        if cwd not in sys.path:
+            sys.path.insert(0, cwd)
+        try:
+            module = importlib.import_module(mod_name)
+        except ImportError as exc:
+            raise ConfigError(f"--oracle: cannot import module {mod_name!r}: {exc}") from None
+        except Exception as exc:
+            raise ConfigError(f"--oracle: importing {mod_name!r} failed: "
+                              f"{type(exc).__name__}: {exc}") from None
+    try:
+        fn = getattr(module, attr)
+    except AttributeError:
+        raise ConfigError(f"--oracle: module {mod_name!r} has no attribute {attr!r}") from None
+    if not callable(fn):
+        raise ConfigError(f"--oracle: {spec} is not callable (it is a {type(fn).__name__})")
+    return fn
+
+
+def _learned_head(est, d: int):
+    from .models import AttentionHead
+
+    W = getattr(est, "W_", None)
+    v = getattr(est, "v_", None)
+    if W is None or v is None:
+        raise ConfigError(f"{type(est).__name__} did not produce W_ and v_")
+    return AttentionHead(np.asarray(v, dtype=float).reshape(d), W=np.asarray(W, dtype=float))
+
+
+def run_extraction(method: str, fn, d: int, *, truth=None, budget=None, seed=None, rank=None,
+                   tau=None, eps=None, probes=None, noise=None, params=None,
+                   progress: bool = False) -> tuple[dict, object]:
+    """Run one extraction and return ``(summary, learned head)``.
+
+    ``truth`` (an :class:`~attnquery.models.AttentionHead`) turns the run into a simulation whose
+    summary also holds the errors. The query count is the oracle's own; a run that reports 0
+    queries raises an error rather than printing 0.
+    """
+    from .errors import BudgetExceededError
+
+    simulated = truth is not None
+    oracle = make_oracle(method, fn, d, budget=budget, tau=tau, noise=noise, seed=seed,
+                         simulated=simulated)
+    learner = make_learner(method, seed=seed, rank=rank,
+                           tau=tau if METHODS[method].oracle == "approximate value" else None,
+                           eps=eps, probes=probes, params=params)
+    from tqdm import tqdm
+
+    total = expected_queries(method, d, rank)
+    bar = tqdm(total=total, unit="query", unit_scale=True, file=sys.stderr, delay=2.0,
+               disable=not progress, desc=f"{method} d={d}", leave=False)
+    t0 = time.perf_counter()
+    try:
+        learner.fit(ProgressOracle(oracle, bar))
+    except BudgetExceededError as exc:
+        raise BudgetExceededError(f"{exc} (raise --budget, or leave it out)") from None
+    finally:
+        bar.close()
+    elapsed = time.perf_counter() - t0
+    n = int(oracle.n_queries)
+    if n <= 0:
+        raise AttnQueryError(
+            f"the oracle counted {n} queries for a completed {method} run; the count is wrong"
+        )
+    reported = getattr(learner, "n_queries_", None)
+    if reported is not None and int(reported) != n:
+        raise AttnQueryError(
+            f"the learner reports {reported} queries but the oracle counted {n}"
+        )
+    head = _learned_head(learner, d)
+    W = head.W
+    sv = np.linalg.svd(W, compute_uv=False)
+    rank_found = getattr(learner, "rank_", None)
+    if rank_found is None:
+        tol = sv.max() * max(W.shape) * np.finfo(float).eps * 1e3 if sv.size and sv.max() else 0
+        rank_found = int(np.sum(sv > tol))
+    summary = {
+        "method": method,
+        "learner": repr(learner),
+        "d": d,
+        "n_queries": n,
+        "n_calls": int(getattr(oracle, "n_calls", 0)),
+        "time_s": elapsed,
+        "rank_found": int(rank_found),
+        "W_fro": float(np.linalg.norm(W)),
+        "budget": budget,
+    }
+    if simulated:
+        from .metrics import functional_error, head_errors
+
+        summary.update(head_errors(W, head.v, truth.W, truth.v))
+        summary["func_err"] = functional_error(truth, head, d, np.random.default_rng(0), n=64)
+    return summary, head
+
+
+# ----------------------------------------------------------------------------------------------
+# Subcommands
+# ----------------------------------------------------------------------------------------------
+
+
+def _parse_params(items) -> dict:
+    import yaml
+
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ConfigError(f"--param must be KEY=VALUE; got {item!r}")
+        k, _, val = item.partition("=")
+        out[k.strip()] = yaml.safe_load(val)
+    return out
+
+
+def _print_json(obj) -> None:
+    print(json.dumps(obj, sort_keys=True, default=lambda o: o.item() if hasattr(o, "item")
+                     else str(o)))
+
+
+def cmd_extract(args) -> int:
+    from .realheads import load_head, save_head
+
+    truth = None
+    meta = {}
+    if args.model is not None:
+        truth, meta = load_head(args.model)
+        if args.d is not None and args.d != truth.d:
+            raise ConfigError(f"--d {args.d} does not match the head in {args.model} "
+                              f"(d = {truth.d})")
+        fn, d = truth, truth.d
+        source = str(args.model)
+    else:
+        if args.d is None:
+            raise ConfigError("--d is required with --oracle (the black box's token dimension)")
+        fn, d = load_black_box(args.oracle), args.d
+        source = args.oracle
+    progress = not args.no_progress and not args.json
+    summary, head = run_extraction(
+        args.method, fn, d, truth=truth, budget=args.budget, seed=args.seed, rank=args.rank,
+        tau=args.tau, eps=args.eps, probes=args.probes, noise=args.noise,
+        params=_parse_params(args.param), progress=progress,
+    )
+    summary["source"] = source
+    if args.out is not None:
+        save_head(args.out, head, method=args.method, n_queries=summary["n_queries"],
+                  source=source)
+        summary["out"] = str(args.out)
+    if args.json:
+        _print_json(summary)
+        return 0
+    lines = [
+        f"extracted a head of dimension d = {d} from {source} with --method {args.method}",
+        f"  queries        {summary['n_queries']} (counted by the oracle, "
+        f"{summary['n_calls']} batches)",
+        f"  time           {summary['time_s']:.2f} s",
+        f"  rank found     {summary['rank_found']}",
+        f"  ||W||_F        {summary['W_fro']:.6g}",
+    ]
+    if truth is not None:
+        lines += [
+            f"  rel. error W   {summary['rel_err_W']:.3e}",
+            f"  rel. error v   {summary['rel_err_v']:.3e}",
+            f"  func. error    {summary['func_err']:.3e} (held-out random inputs)",
+        ]
+        if meta:
+            lines.insert(1, "  ground truth   " + ", ".join(f"{k}={v}" for k, v in meta.items()))
+    if args.out is not None:
+        lines.append(f"  saved          {args.out} (v, W)")
+    print("\n".join(lines))
+    return 0
+
+
+def _readout(text: str) -> tuple[str, int | None]:
+    if text in ("gaussian", "ones"):
+        return text, None
+    try:
+        return "coordinate", int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--readout must be 'gaussian', 'ones' or a coordinate index; got {text!r}"
+        ) from None
+
+
+def cmd_heads(args) -> int:
+    from .realheads import (
+        build_head,
+        head_summary,
+        load_checkpoint,
+        readout_vector,
+        save_head,
+    )
+
+    ckpt = load_checkpoint(args.checkpoint, n_heads=args.n_heads)
+    kind, index = args.readout
+    seed = index if kind == "coordinate" else args.seed
+    r = readout_vector(ckpt.d, kind, seed)
+    head = build_head(ckpt, args.layer, args.head, r)
+    save_head(args.out, head, checkpoint=str(args.checkpoint), style=ckpt.style,
+              layer=args.layer, head=args.head, n_heads=ckpt.n_heads, readout=kind,
+              readout_seed=int(seed))
+    s = head_summary(head)
+    s.update({"checkpoint": str(args.checkpoint), "style": ckpt.style, "layer": args.layer,
+              "head": args.head, "n_layers": ckpt.n_layers, "n_heads": ckpt.n_heads,
+              "d_head": ckpt.d_head, "readout": kind, "readout_seed": int(seed),
+              "out": str(args.out)})
+    if args.json:
+        _print_json(s)
+        return 0
+    print(
+        f"head {args.head} of layer {args.layer} of {args.checkpoint} ({ckpt.style}-style, "
+        f"{ckpt.n_layers} layers x {ckpt.n_heads} heads, d = {ckpt.d}, head dimension "
+        f"{ckpt.d_head})\n"
+        f"  readout        {kind} (seed/index {seed})\n"
+        f"  rank of W      {s['rank']}\n"
+        f"  ||W||_F        {s['W_fro']:.6g}  (spectral {s['W_spectral']:.6g})\n"
+        f"  ||v||          {s['v_norm']:.6g}  (min |v_i| {s['min_abs_v']:.3g}, "
+        f"max {s['max_abs_v']:.3g})\n"
+        f"  saved          {args.out}"
+    )
+    return 0
+
+
+def cmd_validate(args) -> int:
+    from .config import load_config
+    from .validate import validate_results
+
+    cfg = load_config(args.config)
+    problems = validate_results(args.results_dir, cfg)
+    if args.json:
+        _print_json({"results_dir": str(args.results_dir), "config": str(args.config),
+                     "ok": not problems, "problems": problems})
+    elif problems:
+        print(f"{args.results_dir}: {len(problems)} problem(s):")
+        for p in problems:
+            print(f"  - {p}")
+    else:
+        print(f"{args.results_dir}: every table matches schema version and the grid of "
+              f"{args.config}")
+    return 1 if problems else 0
+
+
+def _versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from . import __version__
+
+    out = {"attnquery": __version__, "python": sys.version.split()[0]}
+    for pkg in ("numpy", "scipy", "cvxpy", "pyarrow", "pandas", "safetensors", "snakemake",
+                "matplotlib"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+def cmd_info(args) -> int:
+    from .results import SCHEMA_VERSION
+
+    info = {
+        "versions": _versions(),
+        "schema_version": SCHEMA_VERSION,
+        "methods": {k: {"learner": m.cls, "oracle": m.oracle, "available": m.available,
+                        "description": m.description} for k, m in METHODS.items()},
+    }
+    cfg_path = Path(args.config)
+    if cfg_path.exists():
+        from .config import enabled_experiments, load_config
+
+        cfg = load_config(cfg_path)
+        from .config import check_config
+
+        cells = check_config(cfg)
+        enabled = enabled_experiments(cfg)
+        info["config"] = str(cfg_path)
+        info["experiments"] = {
+            name: {"enabled": name in enabled, "cells": len(cells.get(name, []))}
+            for name in cfg["experiments"]
+        }
+    else:
+        info["config"] = f"{cfg_path} (not found)"
+    if args.json:
+        _print_json(info)
+        return 0
+    v = info["versions"]
+    print("attnquery " + v["attnquery"] + f" (result schema version {SCHEMA_VERSION})")
+    print("  " + ", ".join(f"{k} {val}" for k, val in v.items() if k != "attnquery"))
+    print("methods:")
+    for k, m in info["methods"].items():
+        mark = "available" if m["available"] else "not available"
+        print(f"  {k:<11} {m['learner']} ({m['oracle']} oracle), {mark}: {m['description']}")
+    print(f"config: {info['config']}")
+    for name, e in info.get("experiments", {}).items():
+        state = "enabled" if e["enabled"] else "disabled"
+        print(f"  {name:<12} {state}, {e['cells']} cells")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    p = argparse.ArgumentParser(
+        prog="attnquery",
+        description="Learn attention heads from queries (Bhattamishra et al., ICML 2026).",
+    )
+    p.add_argument("--version", action="version", version=f"attnquery {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    e = sub.add_parser(
+        "extract", help="extract the parameters (W, v) of a black box or a saved head",
+        description="Extract the parameters (W, v) of a single attention head from queries. "
+        "The black box is a Python callable taking a float64 array (B, N, d) and returning (B,).",
+    )
+    src = e.add_mutually_exclusive_group(required=True)
+    src.add_argument("--oracle", metavar="MODULE:FUNCTION",
+                     help="the black box, e.g. examples.black_boxes:some_head (a path "
+                     "file.py:FUNCTION works too)")
+    src.add_argument("--model", metavar="HEAD.npz", type=Path,
+                     help="a head saved by 'attnquery heads': run in simulation and report errors")
+    e.add_argument("--d", type=int, help="token dimension of the black box (required with "
+                   "--oracle)")
+    e.add_argument("--method", choices=sorted(METHODS), default="exact",
+                   help="learner (default: exact)")
+    e.add_argument("--out", type=Path, help="write the learned head (v, W) to this .npz")
+    e.add_argument("--budget", type=int, help="maximum number of queries (checked before "
+                   "they are spent)")
+    e.add_argument("--seed", type=int, default=0, help="seed of the learner's random probes "
+                   "(default 0)")
+    e.add_argument("--rank", type=int, help="rank of W (sketch, nuclear)")
+    e.add_argument("--tau", type=float, help="answer tolerance (noisy)")
+    e.add_argument("--noise", help="noise model of the simulated approximate oracle (noisy with "
+                   "--model)")
+    e.add_argument("--eps", type=float, help="target accuracy (membership)")
+    e.add_argument("--probes", help="probe design (exact: gaussian or basis)")
+    e.add_argument("--param", action="append", metavar="KEY=VALUE",
+                   help="further learner parameter (repeatable)")
+    e.add_argument("--json", action="store_true", help="print one JSON object")
+    e.add_argument("--no-progress", action="store_true", help="no progress bar")
+    e.set_defaults(func=cmd_extract)
+
+    h = sub.add_parser(
+        "heads", help="build a ground-truth head from a safetensors checkpoint",
+        description="Build head H of layer L of a BERT- or GPT-2-style safetensors checkpoint: "
+        "W = W_K,h^T W_Q,h / sqrt(d_h), v = W_V,h^T u_h with u_h head h's slice of W_O^T r "
+        "for a readout vector r; biases dropped.",
+    )
+    h.add_argument("checkpoint", type=Path, help="a .safetensors file")
+    h.add_argument("--layer", type=int, required=True, help="layer index (from 0)")
+    h.add_argument("--head", type=int, required=True, help="head index within the layer")
+    h.add_argument("--out", type=Path, required=True, help="output .npz")
+    h.add_argument("--n-heads", type=int, help="heads per layer (default: config.json beside "
+                   "the checkpoint)")
+    h.add_argument("--readout", type=_readout, default=("gaussian", None),
+                   help="readout vector r: 'gaussian' (seeded unit vector, the default), 'ones' "
+                   "(normalised) or a coordinate index")
+    h.add_argument("--seed", type=int, default=0, help="seed of the Gaussian readout (default 0)")
+    h.add_argument("--json", action="store_true", help="print one JSON object")
+    h.set_defaults(func=cmd_heads)
+
+    v = sub.add_parser(
+        "validate", help="check a results folder against the schema and the configured grid",
+        description="Check every Parquet table of RESULTS_DIR against the result schema and its "
+        "version, that every cell of the configured grid has exactly one row, and that ok rows "
+        "have finite metrics. Exits 1 and lists the problems if any.",
+    )
+    v.add_argument("results_dir", type=Path, metavar="RESULTS_DIR")
+    v.add_argument("--config", type=Path, default=Path("config/config.yaml"),
+                   help="study configuration (default config/config.yaml)")
+    v.add_argument("--json", action="store_true", help="print one JSON object")
+    v.set_defaults(func=cmd_validate)
+
+    i = sub.add_parser("info", help="versions, available learners and configured experiments",
+                       description="Print versions, the learners available to --method and the "
+                       "experiments of a configuration.")
+    i.add_argument("--config", type=Path, default=Path("config/config.yaml"),
+                   help="study configuration (default config/config.yaml)")
+    i.add_argument("--json", action="store_true", help="print one JSON object")
+    i.set_defaults(func=cmd_info)
+    return p
+
+
+def main(argv=None) -> int:
+    """Entry point of the ``attnquery`` command; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except AttnQueryError as exc:
+        print(f"attnquery {args.command}: error: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ConfigError) else 1
+    except KeyboardInterrupt:  # pragma: no cover - interactive
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""Experiment "membership": recovery from sign-only answers (paper Appendix B).
+
+Two grids:
+
+* ``variant="count"``: the bisection learner over d, eps and seeds: queries counted by the
+  oracle against ``log2(1/eps)`` and d, and ``||W_hat - W||_F`` against eps.
+* ``variant="v_compare"``: the v stage by sphere sampling (the paper) against bisection, both
+  asked for ``||v_hat - v/||v|| ||_inf <= eps``. A sampling cell whose stated sample size
+  exceeds ``sample_budget`` is not run: its count is computed from the sample-size formula and
+  the row says so (``queries_computed``), with no errors.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import ModelError
+from ..learners import MembershipLearner
+from ..models import AttentionHead
+from ..oracles import MembershipOracle
+from . import Experiment, grid, register
+
+__all__ = ["membership_head", "target_queries"]
+
+
+def membership_head(d: int, rng, W_bound: float, mu: float, W_frac: float = 1.0
+                    ) -> AttentionHead:
+    """A head meeting Appendix B's assumptions: ``||v|| = 1``, ``min |v_i| = mu``,
+    ``||W||_F = W_frac * W_bound``.
+
+    One entry of v is ``+-mu``; the others are ``+-U[1, 2]`` rescaled to complete the unit norm
+    (which needs ``mu`` small enough that they stay ``>= mu``; else :class:`ModelError`).
+    """
+    rng = np.random.default_rng(rng)
+    W = rng.standard_normal((d, d))
+    W *= W_frac * W_bound / np.linalg.norm(W)
+    sgn = rng.choice([-1.0, 1.0], size=d)
+    if d == 1:
+        return AttentionHead(sgn.copy(), W=W)
+    k = int(rng.integers(d))
+    mag = rng.uniform(1.0, 2.0, size=d)
+    mag[k] = 0.0
+    mag *= math.sqrt(1.0 - mu**2) / np.linalg.norm(mag)
+    mag[k] = mu
+    if np.min(mag) < mu * (1 - 1e-12):
+        raise ModelError(f"mu = {mu} is too large for a unit v with margin mu at d = {d}")
+    return AttentionHead(sgn * mag, W=W)
+
+
+def target_queries(d: int, eps: float, W_bound: float) -> float:
+    """The SPEC's target ``d^2 log2(range / eps) + d log2(1 / eps)`` with range = 2 W d."""
+    return d * d * math.log2(2.0 * W_bound * d / eps) + d * math.log2(1.0 / eps)
+
+
+def cells(cfg) -> list[dict]:
+    out = []
+    for g in grid(d=cfg["d"], eps=cfg["eps"], seed=list(range(cfg["seeds"]))):
+        out.append({"learner": "membership", "v_method": "bisection", **g,
+                    "W_bound": float(cfg["W_bound"]), "mu": float(cfg["mu"]),
+                    "variant": "count"})
+    cmp_cfg = cfg.get("compare")
+    if cmp_cfg:
+        for g in grid(v_method=["sampling", "bisection"], d=cmp_cfg["d"], eps=cmp_cfg["eps"],
+                      seed=list(range(cmp_cfg.get("seeds", cfg["seeds"])))):
+            out.append({"learner": "membership", **g, "W_bound": float(cfg["W_bound"]),
+                        "mu": float(cfg["mu"]), "variant": "v_compare"})
+    return out
+
+
+def run(cell: dict, rng: np.random.Generator) -> dict:
+    model_rng, learner_rng = rng.spawn(2)
+    d, eps, Wb, mu = cell["d"], cell["eps"], cell["W_bound"], cell["mu"]
+    head = membership_head(d, model_rng, Wb, mu)
+    v_unit = head.v / np.linalg.norm(head.v)
+    compare = cell["variant"] == "v_compare"
+    learner = MembershipLearner(
+        eps=eps, v_method=cell["v_method"], W_bound=Wb, mu=mu, random_state=learner_rng,
+        eps_v=eps if compare else None, sample_budget=SAMPLE_BUDGET,
+    )
+    plan = learner.planned_queries(d)
+    target = target_queries(d, eps, Wb)
+    extra = {"target_queries": target, "planned_v": plan["v"], "planned_W": plan["W"]}
+    if cell["v_method"] == "sampling" and plan["v"] > learner.sample_budget:
+        return {
+            "n_queries": plan["total"], "n_queries_v": plan["v"], "n_queries_W": plan["W"],
+            "queries_computed": True, "extra": extra,
+        }
+    oracle = MembershipOracle(head, d)
+    learner.fit(oracle)
+    err_v_inf = float(np.max(np.abs(learner.v_ - v_unit)))
+    extra["err_v_inf"] = err_v_inf
+    extra["n_beyond_bound"] = learner.n_beyond_bound_
+    abs_W = float(np.linalg.norm(learner.W_ - head.W))
+    return {
+        "n_queries": oracle.n_queries,
+        "n_queries_v": learner.n_queries_v_,
+        "n_queries_W": learner.n_queries_W_,
+        "queries_computed": False,
+        "abs_err_W": abs_W,
+        "rel_err_W": abs_W / float(np.linalg.norm(head.W)),
+        "err_v": float(np.linalg.norm(learner.v_ - v_unit)),
+        "rel_err_v": float(np.linalg.norm(learner.v_ - v_unit)),
+        "success": bool(abs_W <= eps and (not compare or err_v_inf <= eps)),
+        "extra": extra,
+    }
+
+
+#: largest sphere sample a cell runs (larger ones are computed, not run)
+SAMPLE_BUDGET = 2_000_000
+
+EXPERIMENT = register(Experiment(
+    name="membership", cells=cells, run=run,
+    description="Recovery from membership queries (Appendix B): queries against eps and d",
+))

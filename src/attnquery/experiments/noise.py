@@ -1,0 +1,249 @@
+"""Experiments "noise" and "rounding": learning from approximate answers (paper Sec. 6).
+
+"noise": Theorem 6.1's learner (and two baselines: the same learner without clipping, and
+Theorem 4.1's exact learner) against :class:`~attnquery.oracles.ApproximateValueOracle` under
+uniform and adversarial noise, over tau, mu, W_bound, d and seeds; plus an oversampling grid.
+Every cell records Theorem 6.1's guarantee at its tau (``bound_W``, ``bound_v``), the tolerance
+the theorem asks for eps_W = eps_v = ``eps`` (``required_tau``) and whether the errors are within
+the guarantee (``within_bound``, only where the cell meets the theorem's assumptions; null
+elsewhere).
+
+"rounding": the output-rounding defence. The same heads behind a
+:class:`~attnquery.oracles.RoundingOracle` (2..12 significant digits, float16, bfloat16), attacked
+by the exact, the noisy and the low-rank sketch learner.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import AttnQueryError, ModelError
+from ..learners import (
+    ExactValueQueryLearner,
+    NoisyValueQueryLearner,
+    SketchLowRankLearner,
+)
+from ..learners.noisy import theorem61_guarantee, theorem61_required_tau
+from ..metrics import head_errors
+from ..models import AttentionHead
+from ..oracles import ApproximateValueOracle, RoundingOracle
+from . import Experiment, grid, register
+
+__all__ = ["theorem_head", "assumptions_met", "parse_rounding", "rounding_oracle",
+           "NOISE_LEARNERS", "ROUNDING_LEARNERS"]
+
+NOISE_LEARNERS = ("noisy", "unclipped", "exact")
+ROUNDING_LEARNERS = ("exact", "noisy", "lowrank")
+
+
+def theorem_head(d: int, rng, W_bound: float, mu: float, zero_frac: float = 0.0,
+                 W_frac: float = 1.0, rank: int | None = None) -> AttentionHead:
+    """A head meeting Theorem 6.1's assumptions (when ``mu <= 1 / sqrt(d)``).
+
+    W is Gaussian (or ``K^T Q`` of rank ``rank``) rescaled to ``||W||_F = W_frac * W_bound``;
+    the nonzero ``|v_i|`` are uniform in ``[mu, max(mu, 1/sqrt(d))]`` with one equal to ``mu``
+    (so ``||v|| <= 1``), and ``floor(zero_frac * d)`` entries (never all) are exactly 0.
+    """
+    rng = np.random.default_rng(rng)
+    if not 0 < mu <= 1:
+        raise ModelError(f"mu must be in (0, 1]; got {mu}")
+    if rank is None:
+        W = rng.standard_normal((d, d))
+    else:
+        W = rng.standard_normal((rank, d)).T @ rng.standard_normal((rank, d))
+    nrm = np.linalg.norm(W)
+    W = W * (W_frac * W_bound / nrm) if nrm > 0 else W
+    hi = max(mu, 1.0 / np.sqrt(d))
+    v = rng.choice([-1.0, 1.0], size=d) * rng.uniform(mu, hi, size=d)
+    n_zero = min(int(np.floor(zero_frac * d)), d - 1)
+    v[rng.permutation(d)[:n_zero]] = 0.0
+    k = int(rng.choice(np.flatnonzero(v)))
+    v[k] = np.sign(v[k]) * mu
+    return AttentionHead(v, W=W)
+
+
+def assumptions_met(head: AttentionHead, tau: float, W_bound: float, mu: float) -> bool:
+    """Whether (head, tau) meet Theorem 6.1's assumptions for (W_bound, mu)."""
+    v = head.v
+    nz = np.abs(v[v != 0])
+    return bool(
+        W_bound >= 2
+        and np.linalg.norm(head.W) <= W_bound * (1 + 1e-12)
+        and np.linalg.norm(v) <= 1 + 1e-12
+        and nz.size > 0
+        and nz.min() >= mu * (1 - 1e-12)
+        and tau <= mu / 2
+    )
+
+
+def _seed_int(rng: np.random.Generator) -> int:
+    return int(rng.integers(0, 2**62))
+
+
+def _failed(exc: Exception) -> dict:
+    return {
+        "rel_err_W": float("inf"), "abs_err_W": float("inf"), "rel_err_v": float("inf"),
+        "err_v": float("inf"), "success": False,
+        "extra": {"failure": f"{type(exc).__name__}: {exc}"},
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# noise
+# ---------------------------------------------------------------------------------------------
+def noise_cells(cfg) -> list[dict]:
+    out = []
+    for g in grid(
+        learner=list(cfg["learners"]),
+        noise=list(cfg["noise"]),
+        d=cfg["d"],
+        tau=cfg["tau"],
+        mu=cfg["mu"],
+        W_bound=cfg["W_bound"],
+        seed=list(range(cfg["seeds"])),
+    ):
+        out.append({**g, "oversample": 1, "zero_frac": float(cfg.get("zero_frac", 0.25)),
+                    "eps": float(cfg.get("eps", 1e-2)), "variant": "tau"})
+    ov = cfg.get("oversample") or []
+    if ov:
+        for g in grid(
+            noise=list(cfg["noise"]),
+            oversample=list(ov),
+            seed=list(range(cfg.get("oversample_seeds", cfg["seeds"]))),
+        ):
+            out.append({
+                "learner": "noisy", **g, "d": int(cfg["d"][0]),
+                "tau": float(cfg["oversample_tau"]), "mu": float(cfg["mu"][0]),
+                "W_bound": float(cfg["W_bound"][0]),
+                "zero_frac": float(cfg.get("zero_frac", 0.25)),
+                "eps": float(cfg.get("eps", 1e-2)), "variant": "oversample",
+            })
+    return out
+
+
+def noise_run(cell: dict, rng: np.random.Generator) -> dict:
+    model_rng, noise_rng, learner_rng = rng.spawn(3)
+    d, tau, mu, Wb = cell["d"], cell["tau"], cell["mu"], cell["W_bound"]
+    head = theorem_head(d, model_rng, Wb, mu, zero_frac=cell["zero_frac"])
+    oracle = ApproximateValueOracle(head, d, tau, noise=cell["noise"],
+                                    random_state=_seed_int(noise_rng))
+    met = assumptions_met(head, tau, Wb, mu)
+    eps = cell["eps"]
+    bound_W, bound_v = theorem61_guarantee(tau, d, Wb, mu)
+    m = {
+        "required_tau": theorem61_required_tau(d, Wb, mu, eps, eps),
+        "bound_W": bound_W if np.isfinite(bound_W) else None,
+        "bound_v": bound_v if np.isfinite(bound_v) else None,
+    }
+    extra = {"assumptions_met": met, "W_fro": float(np.linalg.norm(head.W)),
+             "v_norm": float(np.linalg.norm(head.v))}
+    learner = cell["learner"]
+    try:
+        if learner == "exact":
+            est = ExactValueQueryLearner(probes="basis", random_state=learner_rng).fit(oracle)
+        else:
+            est = NoisyValueQueryLearner(
+                Wb, mu, eps_W=eps, eps_v=eps, oversample=cell["oversample"],
+                random_state=learner_rng, clip=(learner == "noisy"),
+                strict=(learner == "noisy"),
+            ).fit(oracle)
+            extra["n_clipped"] = est.n_clipped_
+            extra["n_undefined"] = est.n_undefined_
+            extra["n_out_of_range"] = est.n_out_of_range_
+    except AttnQueryError as exc:
+        f = _failed(exc)
+        f["extra"].update(extra)
+        f.update(m)
+        f["n_queries"] = oracle.n_queries
+        f["within_bound"] = False if (met and learner == "noisy") else None
+        return f
+    W_hat = np.where(np.isfinite(est.W_), est.W_, np.inf)
+    e = head_errors(W_hat, est.v_, head.W, head.v)
+    for k in e:
+        if not np.isfinite(e[k]):
+            e[k] = float("inf")
+    m.update(e)
+    m["n_queries"] = oracle.n_queries
+    if met:
+        m["within_bound"] = bool(e["abs_err_W"] <= bound_W and e["err_v"] <= bound_v)
+    m["success"] = bool(np.isfinite(e["abs_err_W"]))
+    m["extra"] = extra
+    return m
+
+
+# ---------------------------------------------------------------------------------------------
+# rounding
+# ---------------------------------------------------------------------------------------------
+def parse_rounding(spec: str) -> dict:
+    """``"digits=4"`` -> {"digits": 4}; ``"float16"`` / ``"bfloat16"`` -> {"dtype": ...}."""
+    if spec in ("float16", "bfloat16"):
+        return {"dtype": spec}
+    if spec.startswith("digits="):
+        return {"digits": int(spec.split("=", 1)[1])}
+    raise ModelError(f"rounding must be 'digits=k', 'float16' or 'bfloat16'; got {spec!r}")
+
+
+def rounding_oracle(head, d: int, spec: str) -> RoundingOracle:
+    """The rounding oracle named by ``spec`` (see :func:`parse_rounding`)."""
+    return RoundingOracle(head, d, **parse_rounding(spec))
+
+
+def rounding_cells(cfg) -> list[dict]:
+    specs = [f"digits={k}" for k in cfg["digits"]] + list(cfg.get("dtypes", []))
+    out = []
+    for g in grid(
+        learner=list(cfg["learners"]),
+        rounding=specs,
+        d=cfg["d"],
+        seed=list(range(cfg["seeds"])),
+    ):
+        out.append({**g, "rank": int(cfg["rank"]), "mu": float(cfg["mu"]),
+                    "W_bound": float(cfg["W_bound"])})
+    return out
+
+
+def rounding_run(cell: dict, rng: np.random.Generator) -> dict:
+    model_rng, learner_rng = rng.spawn(2)
+    d, Wb, mu = cell["d"], cell["W_bound"], cell["mu"]
+    head = theorem_head(d, model_rng, Wb, mu, zero_frac=0.0, rank=cell["rank"])
+    oracle = rounding_oracle(head, d, cell["rounding"])
+    extra = {"effective_digits": oracle.effective_digits, "relative_tau": oracle.relative_tau}
+    learner = cell["learner"]
+    try:
+        if learner == "exact":
+            est = ExactValueQueryLearner(probes="basis", random_state=learner_rng).fit(oracle)
+        elif learner == "noisy":
+            # rounding error is relative, not a fixed tau: no assumption check
+            est = NoisyValueQueryLearner(Wb, mu, strict=False,
+                                         random_state=learner_rng).fit(oracle)
+        elif learner == "lowrank":
+            est = SketchLowRankLearner(rank=cell["rank"], random_state=learner_rng).fit(oracle)
+        else:
+            raise ModelError(f"unknown rounding learner {learner!r}")
+    except AttnQueryError as exc:
+        f = _failed(exc)
+        f["extra"].update(extra)
+        f["n_queries"] = oracle.n_queries
+        return f
+    W_hat = np.where(np.isfinite(est.W_), est.W_, np.inf)
+    m = head_errors(W_hat, est.v_, head.W, head.v)
+    for k in m:
+        if not np.isfinite(m[k]):
+            m[k] = float("inf")
+    m["n_queries"] = oracle.n_queries
+    m["success"] = bool(m["rel_err_W"] <= USEFUL_REL_ERR)
+    m["extra"] = extra
+    return m
+
+
+#: relative error of W below which an extraction counts as useful
+USEFUL_REL_ERR = 0.1
+
+NOISE = register(Experiment(
+    name="noise", cells=noise_cells, run=noise_run,
+    description="Theorem 6.1 under uniform and adversarial noise (error against tau)",
+))
+ROUNDING = register(Experiment(
+    name="rounding", cells=rounding_cells, run=rounding_run,
+    description="Output rounding as a defence (error against digits kept)",
+))

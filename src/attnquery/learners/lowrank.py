@@ -1,0 +1,692 @@
+"""Low-rank recovery of a single attention head from value queries (paper Section 5).
+
+Both learners read v from the d one-row queries ``[e_i]`` and then measure bilinear forms
+``u^T W b`` of the score matrix with scaled two-row probes ``[(c u + s b); s b]``: the attention
+weight on the first row is ``sigma(c s u^T W b)``, so one value query gives one number
+``u^T W b`` (see :func:`attnquery.learners.exact.probe_logits`). The scale ``kappa = c s`` is set
+from the answers (a pilot batch) so that logits stay where the sigmoid can be inverted; a probe
+whose logit is saturated is asked again at a smaller scale and counted in ``n_requeried_``.
+
+* :class:`NuclearNormROPLearner` is Theorem 5.1: m Gaussian rank-one projections
+  ``t_k = a_k^T W b_k`` and ``min ||W||_* s.t. <a_k b_k^T, W> = t_k`` in cvxpy, optionally
+  polished (truncation to the rank the spectrum shows, then Gauss-Newton on the factors against
+  the measurements).
+* :class:`SketchLowRankLearner` measures ``W B`` (a random right sketch, read in a coordinate
+  basis) and ``A^T W`` (a random left sketch, read against ``[B, e_j]`` so that the core
+  ``A^T W B`` is never measured twice), and returns ``W = (W B)(A^T W B)^+ (A^T W)`` as factors.
+  With ``k = r`` this is ``r (2d - r) + d`` queries, the degrees of freedom of (W, v).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import scipy.linalg
+
+from ..errors import AssumptionViolation, ConfigError, NotIdentifiableError
+from ._base import BaseLearner, check_budget, check_oracle, chunk_slices
+from .exact import probe_logits, read_v
+
+__all__ = ["NuclearNormROPLearner", "SketchLowRankLearner", "lowrank_floor", "SOLVERS"]
+
+SOLVERS = ("SCS", "CLARABEL")
+
+
+def lowrank_floor(d: int, r: int) -> int:
+    """Degrees of freedom of a rank-r ``W`` (d x d) plus ``v``: ``r (2d - r) + d``."""
+    return int(r * (2 * d - r) + d)
+
+
+def _check_v(v: np.ndarray) -> float:
+    vmax = float(np.max(np.abs(v)))
+    if vmax == 0.0:
+        raise NotIdentifiableError(
+            "v = 0: every answer is 0, so W is not identifiable from value queries"
+        )
+    return vmax
+
+
+def _unit_directions(n: int, v: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """``n`` random unit vectors ``a`` with ``|a^T v|`` not far below its typical size.
+
+    A probe direction with tiny ``a^T v`` divides the answer by a tiny number; such draws are
+    redrawn (this costs no query).
+    """
+    d = v.size
+    A = rng.standard_normal((n, d))
+    A /= np.linalg.norm(A, axis=1, keepdims=True)
+    vn = v / np.linalg.norm(v)
+    floor = 0.05 / np.sqrt(d)
+    for _ in range(100):
+        bad = np.abs(A @ vn) < floor
+        if not bad.any():
+            break
+        G = rng.standard_normal((int(bad.sum()), d))
+        A[bad] = G / np.linalg.norm(G, axis=1, keepdims=True)
+    return A
+
+
+class _Prober:
+    """Measure bilinear forms ``u^T W b`` through scaled two-row probes, in bounded chunks.
+
+    ``make(idx)`` returns the directions ``U`` (n, d) and last tokens ``B`` (n, d) of the probes
+    ``idx``; ``measure`` returns ``u^T W b`` for each of them. The logit scale ``kappa`` is
+    learnt from a pilot batch; saturated probes are asked again at ``kappa / 100``.
+    """
+
+    def __init__(self, oracle, v, *, initial_logit_scale, max_logit, min_logit, chunk):
+        self.oracle = oracle
+        self.v = v
+        self.kappa = None
+        self.initial = float(initial_logit_scale)
+        self.max_logit = float(max_logit)
+        self.min_logit = float(min_logit)
+        self.chunk = int(chunk)
+        self.n_requeried = 0
+        self.target = 0.1
+
+    def _ask(self, U, B, kap):
+        uv = U @ self.v
+        bv = B @ self.v
+        rho = np.maximum(1.0, np.abs(bv) / np.maximum(np.abs(uv), 1e-300))
+        c = np.sqrt(kap * rho)
+        s = np.sqrt(kap / rho)
+        logit, _ = probe_logits(self.oracle, U, None, c, s, self.v, last=B)
+        return logit
+
+    def _ask_checked(self, U, B, kap):
+        logit = self._ask(U, B, kap)
+        for _ in range(8):
+            bad = ~(np.abs(logit) <= self.max_logit)
+            if not bad.any():
+                break
+            kap[bad] *= 1e-2
+            logit[bad] = self._ask(U[bad], B[bad], kap[bad])
+            self.n_requeried += int(bad.sum())
+        if not np.all(np.isfinite(logit)):
+            raise AssumptionViolation(
+                "the answers are not those of a single attention head: some attention weights "
+                "fall outside (0, 1) at every probe scale"
+            )
+        return logit
+
+    def _pilot(self, U, B):
+        """First batch: find the model's scale and set ``kappa`` from it."""
+        kap = np.full(U.shape[0], self.initial)
+        logit = self._ask_checked(U, B, kap)
+        peak = float(np.max(np.abs(logit)))
+        if 0.0 < peak < self.min_logit:  # too few significant digits: ask again, larger
+            kap2 = kap * (1.0 / peak)
+            new = self._ask(U, B, kap2.copy())
+            self.n_requeried += U.shape[0]
+            if np.all(np.abs(new) <= self.max_logit):
+                logit, kap = new, kap2
+        vals = logit / kap
+        self._update(vals)
+        if self.kappa is None:  # every pilot value is 0: keep the initial scale
+            self.kappa = self.initial
+        return vals
+
+    def _update(self, vals):
+        # The largest value seen so far maps to logit ``target``, so a value max_logit / target
+        # times larger still fits; the scale only ever decreases.
+        big = float(np.max(np.abs(vals))) if vals.size else 0.0
+        if big > 0:
+            kap = self.target / big
+            self.kappa = kap if self.kappa is None else min(self.kappa, kap)
+
+    def measure(self, make, n: int) -> np.ndarray:
+        """``u^T W b`` for probes ``0..n-1`` described by ``make``."""
+        out = np.empty(n)
+        for sl in chunk_slices(n, self.chunk):
+            idx = np.arange(sl.start, sl.stop)
+            U, B = make(idx)
+            if self.kappa is None:
+                out[sl] = self._pilot(U, B)
+            else:
+                kap = np.full(idx.size, self.kappa)
+                out[sl] = self._ask_checked(U, B, kap) / kap
+                self._update(out[sl])
+        return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Nuclear-norm minimisation from rank-one projections (Theorem 5.1)
+# ----------------------------------------------------------------------------------------------
+
+
+class NuclearNormROPLearner(BaseLearner):
+    """Theorem 5.1: Gaussian rank-one projections and nuclear-norm minimisation.
+
+    v comes from the d one-row queries ``[e_i]``; then m probes ``[(c a + s b); s b]`` with
+    ``a, b ~ N(0, I)`` give ``t = a^T W b`` (``c s`` scaled from the answers), and
+    ``min ||W||_* s.t. <a_k b_k^T, W> = t_k`` is solved with cvxpy. A d x d convex program:
+    practical up to d of a few dozen.
+
+    Parameters
+    ----------
+    n_measurements : int, optional
+        Number m of rank-one measurements. Default: ``4 r (2d)`` (four times the scale of the
+        theorem), which needs ``rank``; without ``rank`` the default is ``d^2``.
+    rank : int, optional
+        Rank bound r, used for the default m and for the truncation of the polishing step
+        (the rank the spectrum shows otherwise). Must be at most d / 2.
+    solver : {"SCS", "CLARABEL"}
+        Conic solver. When ``m >= d^2`` the constraints are redundant (Clarabel then fails), so
+        W is solved by least squares instead and ``solver_status_`` says so.
+    polish : bool
+        Truncate the solution to the rank its spectrum shows (largest gap among singular values
+        above ``gap_floor`` of the largest) and refine the factors by Gauss-Newton on the
+        measurements, so that a success reaches rounding-level error rather than the solver's
+        tolerance. Skipped (and reported) when that rank's degrees of freedom exceed m.
+    random_state : int, sequence of ints, Generator or None
+        Seed of the Gaussian probes.
+    solver_eps : float
+        Relative tolerance asked of the solver.
+    max_iters : int
+        Iteration cap of SCS.
+    gap_floor : float
+        Singular values below ``gap_floor * sigma_1`` count as zero when reading the rank.
+    max_logit, min_logit, initial_logit_scale : float
+        Logit window of the probes (see :class:`SketchLowRankLearner`).
+
+    Attributes
+    ----------
+    W_ : ndarray (d, d)
+        Recovered W (polished when ``polish`` and the polish applied).
+    W_raw_ : ndarray (d, d)
+        The solver's solution, before polishing.
+    v_ : ndarray (d,)
+    rank_ : int
+        Rank read from the spectrum of the solution.
+    n_queries_ : int
+        Queries counted by the oracle during ``fit`` (``d + m`` without re-asked probes).
+    n_measurements_ : int
+    n_requeried_ : int
+    solver_status_ : str
+        cvxpy's status, or ``"least_squares"`` where the constraints determine W alone, or
+        ``"failed: <message>"`` when the solver raised (``W_`` is then the least-norm solution).
+    solve_time_s_ : float
+        Wall time of the solver (or of the least-squares fallback).
+    solver_iterations_ : int or None
+    polished_ : bool
+        Whether the polishing step was applied.
+    measurement_residual_ : float
+        Relative residual ``||A(W_) - t|| / ||t||``.
+    """
+
+    def __init__(
+        self,
+        n_measurements: int | None = None,
+        rank: int | None = None,
+        solver: str = "SCS",
+        polish: bool = True,
+        random_state=None,
+        solver_eps: float = 1e-9,
+        max_iters: int = 20000,
+        gap_floor: float = 1e-12,
+        max_logit: float = 10.0,
+        min_logit: float = 1e-5,
+        initial_logit_scale: float = 1e-2,
+    ):
+        self.n_measurements = n_measurements
+        self.rank = rank
+        self.solver = solver
+        self.polish = polish
+        self.random_state = random_state
+        self.solver_eps = solver_eps
+        self.max_iters = max_iters
+        self.gap_floor = gap_floor
+        self.max_logit = max_logit
+        self.min_logit = min_logit
+        self.initial_logit_scale = initial_logit_scale
+
+    def _validate(self, d: int) -> int:
+        if self.solver not in SOLVERS:
+            raise ConfigError(f"solver must be one of {SOLVERS}; got {self.solver!r}")
+        r = self.rank
+        if r is not None:
+            if isinstance(r, bool) or not isinstance(r, int | np.integer) or r < 1:
+                raise ConfigError(f"rank must be a positive integer or None; got {r!r}")
+            if 2 * r > d:
+                raise ConfigError(
+                    f"rank={r} is larger than d / 2 = {d / 2:g}: a low-rank learner needs "
+                    f"more queries than the exact learner's d^2 + d here; use "
+                    "ExactValueQueryLearner"
+                )
+        m = self.n_measurements
+        if m is None:
+            m = 4 * r * 2 * d if r is not None else d * d
+        elif isinstance(m, bool) or not isinstance(m, int | np.integer) or m < 1:
+            raise ConfigError(f"n_measurements must be a positive integer or None; got {m!r}")
+        return int(m)
+
+    def fit(self, oracle):
+        """Recover (W, v) from ``oracle``; returns self.
+
+        Raises
+        ------
+        ConfigError
+            Bad parameters (rank larger than d / 2, unknown solver).
+        BudgetExceededError
+            If the oracle's budget cannot pay for ``d + m`` queries (raised before any query).
+        NotIdentifiableError
+            If v = 0.
+        """
+        d = check_oracle(oracle)
+        m = self._validate(d)
+        check_budget(oracle, d + m, f"nuclear-norm recovery (d + m = {d} + {m} queries)")
+        rng = self._rng()
+        n0 = oracle.n_queries
+        v = read_v(oracle, d)
+        _check_v(v)
+        # a, b ~ N(0, I): the paper's measurement ensemble (unnormalised, as in Theorem A.2).
+        Aa = rng.standard_normal((m, d))
+        Bb = rng.standard_normal((m, d))
+        # redraw the rare a with tiny a^T v (the answer is divided by it); no query is spent
+        vn = v / np.linalg.norm(v)
+        for _ in range(100):
+            bad = np.abs(Aa @ vn) < 0.05
+            if not bad.any():
+                break
+            Aa[bad] = rng.standard_normal((int(bad.sum()), d))
+        prober = _Prober(
+            oracle, v, initial_logit_scale=self.initial_logit_scale, max_logit=self.max_logit,
+            min_logit=self.min_logit, chunk=max(1, (32 * 2**20) // (40 * d)),
+        )
+        t = prober.measure(lambda idx: (Aa[idx], Bb[idx]), m)
+        self.n_queries_ = int(oracle.n_queries - n0)
+        self.n_requeried_ = int(prober.n_requeried)
+        self.v_ = v
+        self.n_measurements_ = m
+        # M vec(W) = t with vec row-major: row k is kron(a_k, b_k)
+        M = (Aa[:, :, None] * Bb[:, None, :]).reshape(m, d * d)
+        W_raw, status, iters, t_solve = self._solve(M, t, d)
+        self.W_raw_ = W_raw
+        self.solver_status_ = status
+        self.solver_iterations_ = iters
+        self.solve_time_s_ = t_solve
+        W = W_raw
+        self.rank_ = self._spectral_rank(W_raw)
+        self.polished_ = False
+        if self.polish and np.all(np.isfinite(W_raw)):
+            r = self.rank_ if self.rank is None else min(self.rank_, int(self.rank))
+            if 0 < r and r * (2 * d - r) <= m:
+                W = _gauss_newton(Aa, Bb, t, W_raw, r)
+                self.polished_ = True
+                self.rank_ = r
+        self.W_ = W
+        tn = float(np.linalg.norm(t))
+        res = float(np.linalg.norm(np.einsum("ki,ij,kj->k", Aa, W, Bb) - t))
+        self.measurement_residual_ = res / tn if tn > 0 else res
+        return self
+
+    def _spectral_rank(self, W) -> int:
+        if not np.all(np.isfinite(W)):
+            return 0
+        s = np.linalg.svd(W, compute_uv=False)
+        if s[0] == 0:
+            return 0
+        s = s[s > self.gap_floor * s[0]]
+        if s.size <= 1:
+            return int(s.size)
+        # the largest drop between consecutive singular values (log scale) marks the rank;
+        # a spectrum without a drop of at least 1e3 is read as full
+        gaps = np.log10(s[:-1] / s[1:])
+        j = int(np.argmax(gaps))
+        return j + 1 if gaps[j] >= 3.0 else int(s.size)
+
+    def _solve(self, M, t, d):
+        import cvxpy as cp
+
+        m = M.shape[0]
+        t0 = time.perf_counter()
+        if m >= d * d:
+            # the measurements determine W alone; Clarabel fails on the redundant equalities
+            sol, *_ = scipy.linalg.lstsq(M, t, lapack_driver="gelsd")
+            return sol.reshape(d, d), "least_squares", None, time.perf_counter() - t0
+        W = cp.Variable((d, d))
+        # cp.vec is column-major: vec(W^T) is W row-major
+        prob = cp.Problem(cp.Minimize(cp.normNuc(W)), [M @ cp.vec(W.T, order="F") == t])
+        opts = {"eps": self.solver_eps, "max_iters": self.max_iters} if self.solver == "SCS" \
+            else {"tol_gap_abs": self.solver_eps, "tol_gap_rel": self.solver_eps,
+                  "tol_feas": self.solver_eps}
+        try:
+            prob.solve(solver=self.solver, **opts)
+            status = str(prob.status)
+            W_val = W.value
+        except Exception as exc:  # solver failure is a result, not a crash
+            status = f"failed: {type(exc).__name__}: {exc}"[:200]
+            W_val = None
+        elapsed = time.perf_counter() - t0
+        iters = None
+        stats = getattr(prob, "solver_stats", None)
+        if stats is not None and stats.num_iters is not None:
+            iters = int(stats.num_iters)
+        if W_val is None:
+            # the least-norm solution of the constraints stands in for a failed solve
+            sol, *_ = scipy.linalg.lstsq(M, t, lapack_driver="gelsd")
+            W_val = sol.reshape(d, d)
+            if not status.startswith("failed"):
+                status = f"failed: {status}"
+        return np.asarray(W_val, dtype=float), status, iters, elapsed
+
+    def predict(self, X) -> np.ndarray:
+        """Evaluate the recovered head on inputs X (B, N, d)."""
+        from ..models import AttentionHead
+
+        return AttentionHead(self.v_, W=self.W_)(X)
+
+
+def _gauss_newton(Aa, Bb, t, W0, r, iters: int = 20) -> np.ndarray:
+    """Refine a rank-r ``W = L R^T`` by Gauss-Newton on ``a_k^T L R^T b_k = t_k``.
+
+    Starts from the truncated SVD of ``W0``; each step solves the (rank-deficient, the factors'
+    gauge) linearised system by least squares. Stops when the residual stops decreasing.
+    """
+    m, d = Aa.shape
+    U, s, Vt = np.linalg.svd(W0)
+    L = U[:, :r] * np.sqrt(s[:r])
+    R = Vt[:r].T * np.sqrt(s[:r])
+
+    def resid(L, R):
+        return np.einsum("kr,kr->k", Aa @ L, Bb @ R) - t
+
+    res = resid(L, R)
+    best = float(np.linalg.norm(res))
+    for _ in range(iters):
+        AL, BR = Aa @ L, Bb @ R
+        J = np.concatenate(
+            [(Aa[:, :, None] * BR[:, None, :]).reshape(m, d * r),
+             (Bb[:, :, None] * AL[:, None, :]).reshape(m, d * r)], axis=1)
+        step, *_ = scipy.linalg.lstsq(J, -res, lapack_driver="gelsd")
+        L2 = L + step[: d * r].reshape(d, r)
+        R2 = R + step[d * r:].reshape(d, r)
+        res2 = resid(L2, R2)
+        n2 = float(np.linalg.norm(res2))
+        if not n2 < best:
+            break
+        L, R, res = L2, R2, res2
+        improved = n2 < 0.5 * best
+        best = n2
+        if not improved:
+            break
+    return L @ R.T
+
+
+# ----------------------------------------------------------------------------------------------
+# Sketch learner
+# ----------------------------------------------------------------------------------------------
+
+
+class SketchLowRankLearner(BaseLearner):
+    """Low-rank recovery from ``r (2d - r) + d`` value queries by a two-sided sketch.
+
+    1. v from the d one-row queries ``[e_i]``.
+    2. Right sketch ``Y = W B``: for each sketch vector ``b`` (Gaussian, unit norm), the d values
+       ``u_j^T W b`` with ``u_j = e_j`` (or ``e_j + e_p`` where ``v_j`` is near 0, ``p`` the
+       largest entry of v, so every probe has ``u^T v != 0``); then ``W b`` by a triangular
+       solve. With the rank unknown, each new sketch vector is first tested on a few rows
+       (``k + n_check`` values, the pivot rows of the current ``Y`` plus ``n_check`` more): when
+       ``W b`` already lies in the span of ``Y`` (relative residual below ``rank_tol``), the rank
+       is ``k`` and the sketch stops; otherwise the rest of the column is measured.
+    3. Left sketch ``Z = A^T W`` (k + oversample Gaussian unit directions): ``a^T W e_j`` for the
+       ``d - k`` coordinates j outside a well-conditioned pivot set P of B's rows; the values
+       ``A^T W B`` come from step 2, so the core is not measured twice, and ``Z[:, P]`` follows
+       from ``Z B = A^T Y``.
+    4. ``W = Y (A^T Y)^+ Z``, through a truncated SVD of the core, returned as factors
+       ``W = L R^T`` (d x k each); W is never formed unless ``W_`` is asked for.
+
+    Parameters
+    ----------
+    rank : int, optional
+        The rank r, if known (then exactly ``r (2d - r) + d`` queries on ordinary heads);
+        ``None`` finds it from the answers. Must be at most d / 2.
+    oversample : int, optional
+        Extra left sketch vectors (each costs ``d - r`` queries). Default: as many as fit in 2%
+        of the degrees-of-freedom floor, which keeps the count within ``1.05`` times the floor.
+    random_state : int, sequence of ints, Generator or None
+        Seed of the sketches.
+    rank_tol : float
+        Relative residual below which a new sketch column counts as in the span of the others.
+    n_check : int
+        Extra rows of the span test (rank unknown only).
+    zero_tol : float
+        ``|v_j| < zero_tol * max|v|`` counts as ``v_j = 0`` for the choice of probe directions.
+    max_logit, min_logit, initial_logit_scale : float
+        Logit window: a probe with ``|logit| > max_logit`` is asked again at a 100x smaller
+        scale; the pilot batch is asked at ``initial_logit_scale`` and once more at a larger
+        scale when its largest ``|logit|`` is below ``min_logit``.
+    block_bytes : int
+        Memory bound on one batch of probes.
+
+    Attributes
+    ----------
+    rank_ : int
+    v_ : ndarray (d,)
+    W_factors_ : tuple (L, R)
+        ``W = L @ R.T``, each d x rank_.
+    W_ : ndarray (d, d)
+        Dense W, computed on request.
+    n_queries_ : int
+        Queries counted by the oracle during ``fit``.
+    n_requeried_ : int
+        Probes asked again because their first answer was saturated (0 on ordinary heads).
+    n_sketch_ : int
+        Right sketch size k (= rank_); the left sketch has ``k + oversample_`` vectors.
+    oversample_ : int
+    """
+
+    def __init__(
+        self,
+        rank: int | None = None,
+        oversample: int | None = None,
+        random_state=None,
+        rank_tol: float = 1e-9,
+        n_check: int = 2,
+        zero_tol: float = 1e-3,
+        max_logit: float = 10.0,
+        min_logit: float = 1e-5,
+        initial_logit_scale: float = 1.0,
+        block_bytes: int = 8 * 2**20,
+    ):
+        self.rank = rank
+        self.oversample = oversample
+        self.random_state = random_state
+        self.rank_tol = rank_tol
+        self.n_check = n_check
+        self.zero_tol = zero_tol
+        self.max_logit = max_logit
+        self.min_logit = min_logit
+        self.initial_logit_scale = initial_logit_scale
+        self.block_bytes = block_bytes
+
+    # ------------------------------------------------------------------------------------------
+    def _validate(self, d: int):
+        r = self.rank
+        if r is not None:
+            if isinstance(r, bool) or not isinstance(r, int | np.integer) or r < 0:
+                raise ConfigError(f"rank must be a non-negative integer or None; got {r!r}")
+            if 2 * r > d:
+                raise ConfigError(
+                    f"rank={r} is larger than d / 2 = {d / 2:g}: the sketch would need more "
+                    "queries than the exact learner's d^2 + d; use ExactValueQueryLearner"
+                )
+        p = self.oversample
+        if p is not None and (isinstance(p, bool) or not isinstance(p, int | np.integer)
+                              or p < 0):
+            raise ConfigError(f"oversample must be a non-negative integer or None; got {p!r}")
+        if not (np.isfinite(self.rank_tol) and 0 < self.rank_tol < 1):
+            raise ConfigError(f"rank_tol must be in (0, 1); got {self.rank_tol}")
+        if isinstance(self.n_check, bool) or not isinstance(self.n_check, int | np.integer) \
+                or self.n_check < 1:
+            raise ConfigError(f"n_check must be a positive integer; got {self.n_check!r}")
+        if not (np.isfinite(self.max_logit) and 1.0 <= self.max_logit <= 30.0):
+            raise ConfigError(f"max_logit must be in [1, 30]; got {self.max_logit}")
+        if not (0.0 < self.min_logit < self.max_logit):
+            raise ConfigError(f"min_logit must be in (0, max_logit); got {self.min_logit}")
+        if not (np.isfinite(self.initial_logit_scale) and self.initial_logit_scale > 0):
+            raise ConfigError(
+                f"initial_logit_scale must be positive; got {self.initial_logit_scale}")
+        if not 0.0 <= self.zero_tol < 1.0:
+            raise ConfigError(f"zero_tol must be in [0, 1); got {self.zero_tol}")
+
+    def _default_oversample(self, d: int, r: int) -> int:
+        if self.oversample is not None:
+            return int(self.oversample)
+        if d - r <= 0:
+            return 0
+        return int(0.02 * lowrank_floor(d, r) // (d - r))
+
+    def fit(self, oracle):
+        """Recover (W, v) from ``oracle``; returns self.
+
+        Raises
+        ------
+        ConfigError
+            Bad parameters (a rank larger than d / 2, ...).
+        BudgetExceededError
+            If the budget cannot pay for a stage; with a known rank the whole count
+            ``r (2d - r) + d`` (plus oversampling) is checked before any query.
+        NotIdentifiableError
+            If v = 0.
+        AssumptionViolation
+            If the rank found exceeds d / 2, or the answers cannot come from one head.
+        """
+        self._validate(d := check_oracle(oracle))
+        rng = self._rng()
+        rng_b, rng_a, rng_check = rng.spawn(3)
+        n0 = oracle.n_queries
+        if self.rank is not None:
+            r = int(self.rank)
+            p = self._default_oversample(d, r)
+            check_budget(oracle, lowrank_floor(d, r) + p * (d - r),
+                         f"sketch recovery at rank {r} (r (2d - r) + d = {lowrank_floor(d, r)} "
+                         f"queries, plus {p} oversampled rows)")
+        else:
+            check_budget(oracle, d, "reading v (d queries)")
+        v = read_v(oracle, d)
+        vmax = _check_v(v)
+        pidx = int(np.argmax(np.abs(v)))
+        beta = (np.abs(v) < self.zero_tol * vmax).astype(float)  # u_j = e_j + beta_j e_p
+        beta[pidx] = 0.0
+        chunk = max(1, int(self.block_bytes // (32 * d)))
+        prober = _Prober(oracle, v, initial_logit_scale=self.initial_logit_scale,
+                         max_logit=self.max_logit, min_logit=self.min_logit, chunk=chunk)
+
+        def column_probes(b, rows):
+            def make(idx):
+                jj = rows[idx]
+                U = np.zeros((idx.size, d))
+                U[np.arange(idx.size), jj] = 1.0
+                U[:, pidx] += beta[jj]
+                return U, np.broadcast_to(b, (idx.size, d))
+            return make
+
+        def solve_column(tcol):
+            # t_j = y_j + beta_j y_p, and beta_p = 0
+            return tcol - beta * tcol[pidx]
+
+        # ---- right sketch: T = U W B (columns), Y = W B ------------------------------------
+        all_rows = np.arange(d)
+        Bs, Ts = [], []
+        while True:
+            k = len(Bs)
+            if self.rank is not None and k == int(self.rank):
+                break
+            b = rng_b.standard_normal(d)
+            b /= np.linalg.norm(b)
+            if self.rank is None and k > 0:
+                Tk = np.stack(Ts, axis=1)
+                piv = scipy.linalg.qr(Tk.T, pivoting=True, mode="r")[1][:k]
+                rest = np.setdiff1d(all_rows, piv)
+                extra = rng_check.choice(rest, size=min(self.n_check, rest.size),
+                                         replace=False)
+                test_rows = np.concatenate([piv, extra])
+                check_budget(oracle, test_rows.size, f"span test of sketch column {k + 1}")
+                t_test = prober.measure(column_probes(b, test_rows), test_rows.size)
+                c, *_ = scipy.linalg.lstsq(Tk[test_rows], t_test)
+                res = np.linalg.norm(Tk[test_rows] @ c - t_test)
+                scale = max(np.linalg.norm(t_test), 1e-300)
+                if res <= self.rank_tol * scale:
+                    break  # W b lies in span(W B): rank = k
+                if 2 * (k + 1) > d:
+                    raise AssumptionViolation(
+                        f"W has rank above d / 2 = {d / 2:g}: the sketch learner would need "
+                        "more queries than the exact learner; use ExactValueQueryLearner"
+                    )
+                other = np.setdiff1d(all_rows, test_rows)
+                check_budget(oracle, other.size, f"sketch column {k + 1}")
+                tcol = np.empty(d)
+                tcol[test_rows] = t_test
+                tcol[other] = prober.measure(column_probes(b, other), other.size)
+            else:
+                tcol = prober.measure(column_probes(b, all_rows), d)
+                if self.rank is None and k == 0 and np.max(np.abs(tcol)) == 0.0:
+                    break  # W b = 0 for a random b: W = 0
+            Bs.append(b)
+            Ts.append(tcol)
+        k = len(Bs)
+        self.v_ = v
+        self.n_sketch_ = k
+        if k == 0:
+            self.rank_ = 0
+            self.oversample_ = 0
+            self.W_factors_ = (np.zeros((d, 0)), np.zeros((d, 0)))
+            self.n_requeried_ = int(prober.n_requeried)
+            self.n_queries_ = int(oracle.n_queries - n0)
+            return self
+        B = np.stack(Bs, axis=1)  # d x k
+        Y = np.stack([solve_column(tc) for tc in Ts], axis=1)  # W B, d x k
+        del Ts
+
+        # ---- left sketch: Z = A^T W ----------------------------------------------------------
+        p = self._default_oversample(d, k)
+        kA = k + p
+        A = _unit_directions(kA, v, rng_a)  # kA x d, rows a_i
+        PB = scipy.linalg.qr(B.T, pivoting=True, mode="r")[1][:k]
+        CB = np.setdiff1d(all_rows, PB)
+        nC = CB.size
+        check_budget(oracle, kA * nC, f"left sketch ({kA} x {nC} queries)")
+        def row_probes(idx):
+            ii, jj = np.divmod(idx, nC)
+            last = np.zeros((idx.size, d))
+            last[np.arange(idx.size), CB[jj]] = 1.0
+            return A[ii], last
+
+        S = prober.measure(row_probes, kA * nC).reshape(kA, nC)
+        core = A @ Y  # kA x k = A^T W B, from the right sketch
+        Z = np.empty((kA, d))
+        Z[:, CB] = S
+        rhs = core - S @ B[CB]  # = Z[:, PB] B[PB]
+        Z[:, PB] = scipy.linalg.solve(B[PB].T, rhs.T).T
+        # ---- W = Y core^+ Z, through the truncated SVD of the core ---------------------------
+        Uc, sc, Vct = np.linalg.svd(core, full_matrices=False)
+        rk = int(np.sum(sc > sc[0] * max(self.rank_tol, np.finfo(float).eps * kA)))
+        rk = min(rk, k)
+        L = (Y @ Vct[:rk].T) / sc[:rk]
+        R = Z.T @ Uc[:, :rk]
+        self.rank_ = rk
+        self.oversample_ = p
+        self.W_factors_ = (L, R)
+        self.n_requeried_ = int(prober.n_requeried)
+        self.n_queries_ = int(oracle.n_queries - n0)
+        return self
+
+    @property
+    def W_(self) -> np.ndarray:
+        """Dense W (d x d), computed from the factors on request."""
+        if not hasattr(self, "W_factors_"):
+            raise AttributeError("W_ is available after fit()")
+        L, R = self.W_factors_
+        return L @ R.T
+
+    def predict(self, X) -> np.ndarray:
+        """Evaluate the recovered head on inputs X (B, N, d), from the factors."""
+        from ..models import AttentionHead
+
+        L, R = self.W_factors_
+        if L.shape[1] == 0:
+            return AttentionHead(self.v_, W=np.zeros((self.v_.size,) * 2))(X)
+        return AttentionHead(self.v_, K=L.T, Q=R.T)(X)

@@ -1,0 +1,357 @@
+"""Recovery of a single attention head from membership queries (paper Appendix B).
+
+The oracle only says whether ``f(X) > 0``. Only the direction of ``v`` is identifiable (the
+answers do not change when v is scaled by a positive number), so the learner returns a unit
+``v_`` and is scored against ``v / ||v||``. ``W`` is identifiable: the sign flips below depend on
+``v`` only through the ratios ``v_j / v_i``.
+
+**v** (two methods):
+
+* ``"sampling"`` (the paper): ``k`` one-row queries with ``x`` uniform on the sphere, and
+  ``v_hat = (1 / (R k)) sum_i (2 MQ(x_i) - 1) x_i`` with ``R = Gamma(d/2) / (sqrt(pi)
+  Gamma((d+1)/2))``; Hoeffding gives ``||v_hat - v||_inf <= eps_v`` with probability
+  ``1 - delta`` for ``k = ceil(2 / (eps_v^2 R^2) log(2 d / delta))`` (``O(d / eps_v^2)``).
+  Theorem B.1 asks ``eps_v = eps mu^3 / (40 W d)``. The count is computed first
+  (:meth:`MembershipLearner.sampling_queries`) and the learner refuses, before spending any
+  query, when it exceeds ``sample_budget`` or the oracle's budget.
+* ``"bisection"`` (beyond the paper): the signs of ``v_i`` from ``[e_i]`` (d queries), the
+  largest ``|v_p|`` by a knockout tournament on ``[s_i e_i - s_j e_j]`` (d - 1 queries), then
+  each ratio ``rho_i = |v_i| / |v_p|`` in ``[0, 1]`` by bisection on the sign of
+  ``[s_i e_i - t s_p e_p]``, which is positive exactly when ``t < rho_i``
+  (``O(d log(1/eps))`` queries in all).
+
+**W** (the paper): entry by entry over the one-parameter family
+``X(a) = [(s/a) e_i + a e_j; a e_j]`` with ``s = -sign(alpha) / (2 W)``, ``alpha = v_j / v_i``.
+Its logit is ``s W_ij`` (``|s W_ij| <= 1/2``) and ``f(X(a)) = v_i (a alpha + sigma(s W_ij) s / a)``
+changes sign exactly once, at ``a* = sqrt(sigma(s W_ij) / (2 W |alpha|))``. The bisection runs on
+the candidate value ``w`` of ``W_ij`` in ``[-W, W]`` and asks ``X(a(w))`` with
+``a(w) = sqrt(sigma(s w) / (2 W |alpha_hat|))``, a monotone reparametrisation of ``a``: the answer
+says on which side of ``W_ij`` the candidate lies. All d^2 entries are bisected together, one
+batch per step, ``ceil(log2(2 W d / eps))`` steps, so that each entry is within
+``eps / (2 d)`` of the point where the sign flips; the ratios are read precisely enough
+(``eps mu / (24 W d)``) that the error of ``alpha_hat`` moves that point by at most another
+``eps / (2 d)``, hence ``||W_hat - W||_F <= eps``.
+
+Query count of the bisection learner: ``d + (d - 1) + (d - 1) n_rho + d^2 n_W``
+(:meth:`MembershipLearner.planned_queries`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import scipy.special
+
+from ..errors import AssumptionViolation, BudgetExceededError, ConfigError, NotIdentifiableError
+from ._base import BaseLearner, check_budget, check_oracle, chunk_slices
+
+__all__ = ["MembershipLearner", "sphere_constant", "V_METHODS"]
+
+V_METHODS = ("sampling", "bisection")
+
+
+def sphere_constant(d: int) -> float:
+    """``R = E|x_1|`` for x uniform on the unit sphere of R^d (paper eq. (12))."""
+    return float(np.exp(scipy.special.gammaln(d / 2) - scipy.special.gammaln((d + 1) / 2))
+                 / np.sqrt(np.pi))
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, int | float | np.integer | np.floating) and not isinstance(x, bool)
+
+
+class MembershipLearner(BaseLearner):
+    """Recovery of (W, direction of v) from membership queries (Appendix B).
+
+    Parameters
+    ----------
+    eps : float in (0, 1)
+        Target ``||W_hat - W||_F`` (the paper's eps_W).
+    v_method : {"sampling", "bisection"}
+        How the direction of v is estimated (see the module docstring).
+    W_bound : float >= 2
+        Known bound on ``||W||_F``.
+    mu : float in (0, 1]
+        Margin: ``min_i |v_i| >= mu`` with ``||v|| = 1`` (every entry nonzero, App. B).
+    random_state : int, Generator or None
+        Seed of the sphere samples.
+    eps_v : float, optional
+        Target ``||v_hat - v/||v|| ||_inf`` of the v stage. Default: Theorem B.1's
+        ``eps mu^3 / (40 W d)`` for sampling; for bisection, whatever the W stage needs.
+        For bisection a given ``eps_v`` can only tighten the ratios' precision.
+    delta : float in (0, 1)
+        Failure probability of the sampling stage.
+    sample_budget : int
+        Largest sample the sampling stage will draw; a larger one raises
+        :class:`BudgetExceededError` naming the count, before any query.
+
+    Attributes
+    ----------
+    W_ : ndarray (d, d)
+    v_ : ndarray (d,)
+        Unit vector: the estimated direction of v.
+    n_queries_, n_queries_v_, n_queries_W_ : int
+        Queries counted by the oracle (in all, v stage, W stage).
+    n_bisection_steps_ : int
+        Steps per W entry.
+    n_ratio_steps_ : int
+        Bisection steps per ratio (v_method="bisection").
+    n_samples_ : int
+        Sphere samples (v_method="sampling").
+    n_beyond_bound_ : int
+        Entries whose sign flip lies beyond ``[-W_bound, W_bound]``; they raise
+        :class:`AssumptionViolation` unless ``eps_v`` was given (then the v stage may be less
+        precise than the W stage needs, the flip's position reflects that error, and the entry
+        is left at the bound).
+    """
+
+    def __init__(self, eps: float = 1e-3, v_method: str = "bisection", W_bound: float = 4.0,
+                 mu: float = 0.1, random_state=None, eps_v: float | None = None,
+                 delta: float = 0.05, sample_budget: int = 10**7):
+        self.eps = eps
+        self.v_method = v_method
+        self.W_bound = W_bound
+        self.mu = mu
+        self.random_state = random_state
+        self.eps_v = eps_v
+        self.delta = delta
+        self.sample_budget = sample_budget
+
+    # -- sizes, computable before any query --------------------------------------------------
+    def _validate_params(self):
+        if self.v_method not in V_METHODS:
+            raise ConfigError(f"v_method must be one of {V_METHODS}; got {self.v_method!r}")
+        if not (_is_number(self.eps) and 0 < self.eps < 1):
+            raise ConfigError(f"eps must be in (0, 1); got {self.eps!r}")
+        if not (_is_number(self.W_bound) and np.isfinite(self.W_bound) and self.W_bound >= 2):
+            raise ConfigError(f"W_bound must be a finite number >= 2 (App. B); got "
+                              f"{self.W_bound!r}")
+        if not (_is_number(self.mu) and 0 < self.mu <= 1):
+            raise ConfigError(f"mu must be in (0, 1]; got {self.mu!r}")
+        if self.eps_v is not None and not (_is_number(self.eps_v) and 0 < self.eps_v < 1):
+            raise ConfigError(f"eps_v must be in (0, 1) or None; got {self.eps_v!r}")
+        if not (_is_number(self.delta) and 0 < self.delta < 1):
+            raise ConfigError(f"delta must be in (0, 1); got {self.delta!r}")
+        if not (isinstance(self.sample_budget, int | np.integer) and self.sample_budget >= 1):
+            raise ConfigError(f"sample_budget must be a positive integer; got "
+                              f"{self.sample_budget!r}")
+
+    def _sampling_eps_v(self, d: int) -> float:
+        if self.eps_v is not None:
+            return float(self.eps_v)
+        return float(self.eps) * float(self.mu) ** 3 / (40.0 * float(self.W_bound) * d)
+
+    def sampling_queries(self, d: int) -> int:
+        """Sphere samples the sampling stage needs at dimension ``d`` (Hoeffding, App. B).
+
+        ``ceil(2 / (eps_v^2 R^2) log(2 d / delta))``, with ``eps_v`` as in the parameters.
+        """
+        self._validate_params()
+        eps_v = self._sampling_eps_v(d)
+        R = sphere_constant(d)
+        return int(math.ceil(2.0 / (eps_v**2 * R**2) * math.log(2.0 * d / self.delta)))
+
+    def _steps(self, d: int) -> tuple[int, int]:
+        """(steps per W entry, steps per ratio) of the bisection stages."""
+        W, mu, eps = float(self.W_bound), float(self.mu), float(self.eps)
+        eta = eps / d  # per-entry target
+        n_W = int(math.ceil(math.log2(2.0 * W / eta)))
+        delta_rho = eta * mu / (24.0 * W)
+        if self.eps_v is not None:
+            delta_rho = min(delta_rho, float(self.eps_v) / (1.0 + math.sqrt(d)))
+        n_rho = int(math.ceil(math.log2(1.0 / (2.0 * delta_rho))))
+        return n_W, n_rho
+
+    def planned_queries(self, d: int) -> dict:
+        """Queries each stage will ask at dimension ``d`` (before the rare boundary checks)."""
+        self._validate_params()
+        n_W, n_rho = self._steps(d)
+        if self.v_method == "bisection":
+            nv = d + (d - 1) + (d - 1) * n_rho
+        else:
+            nv = self.sampling_queries(d)
+        return {"v": int(nv), "W": int(d * d * n_W), "total": int(nv + d * d * n_W)}
+
+    # -- fit ------------------------------------------------------------------------------------
+    def fit(self, oracle):
+        """Recover W and the direction of v from a membership oracle; returns self.
+
+        Raises
+        ------
+        NotIdentifiableError
+            The oracle never answers 1 (v = 0): nothing is identifiable.
+        BudgetExceededError
+            The sampling stage would need more than ``sample_budget`` queries, or the oracle's
+            budget is too small (raised before any query, with the count needed).
+        AssumptionViolation
+            An entry of W lies outside ``[-W_bound, W_bound]`` (``||W||_F > W_bound``).
+        """
+        self._validate_params()
+        d = check_oracle(oracle, kinds=("membership",))
+        n0 = oracle.n_queries
+        plan = self.planned_queries(d)
+        if self.v_method == "sampling" and plan["v"] > self.sample_budget:
+            raise BudgetExceededError(
+                f"the sampling stage for v needs k = {plan['v']} sphere queries (eps_v = "
+                f"{self._sampling_eps_v(d):.3g}, d = {d}, delta = {self.delta:g}) but "
+                f"sample_budget = {self.sample_budget}; no query was spent"
+            )
+        check_budget(oracle, plan["total"],
+                     f"membership recovery ({plan['v']} queries for v, {plan['W']} for W)")
+        if self.v_method == "bisection":
+            v_dir, sgn = self._v_bisection(oracle, d)
+        else:
+            v_dir, sgn = self._v_sampling(oracle, d, plan["v"])
+        n1 = oracle.n_queries
+        self.W_ = self._W_bisection(oracle, d, v_dir, sgn)
+        self.v_ = v_dir
+        self.n_queries_v_ = int(n1 - n0)
+        self.n_queries_W_ = int(oracle.n_queries - n1)
+        self.n_queries_ = int(oracle.n_queries - n0)
+        return self
+
+    @staticmethod
+    def _ask(oracle, X) -> np.ndarray:
+        return np.asarray(oracle(X), dtype=float) > 0.5
+
+    def _signs(self, oracle, d):
+        pos = self._ask(oracle, np.eye(d)[:, None, :].copy())
+        if not pos.any():
+            neg = self._ask(oracle, -np.eye(d)[:, None, :])
+            if not neg.any():
+                raise NotIdentifiableError(
+                    "the membership oracle never answers 1 (on e_i nor -e_i): v = 0, so "
+                    "neither v nor W is identifiable"
+                )
+        return np.where(pos, 1.0, -1.0)
+
+    def _v_bisection(self, oracle, d):
+        sgn = self._signs(oracle, d)
+        n_W, n_rho = self._steps(d)
+        self.n_bisection_steps_, self.n_ratio_steps_ = n_W, n_rho
+        self.n_samples_ = 0
+        # knockout tournament for p = argmax |v_i|: [s_i e_i - s_j e_j] -> 1 iff |v_i| > |v_j|
+        cand = np.arange(d)
+        while cand.size > 1:
+            m = cand.size // 2
+            A, B, rest = cand[0:2 * m:2], cand[1:2 * m:2], cand[2 * m:]
+            X = np.zeros((m, 1, d))
+            X[np.arange(m), 0, A] = sgn[A]
+            X[np.arange(m), 0, B] = -sgn[B]
+            win = np.where(self._ask(oracle, X), A, B)
+            cand = np.concatenate([win, rest])
+        p = int(cand[0])
+        others = np.array([i for i in range(d) if i != p], dtype=int)
+        lo = np.zeros(others.size)
+        hi = np.ones(others.size)
+        for _ in range(n_rho if others.size else 0):
+            t = 0.5 * (lo + hi)
+            X = np.zeros((others.size, 1, d))
+            X[np.arange(others.size), 0, others] = sgn[others]
+            X[np.arange(others.size), 0, p] = -t * sgn[p]
+            above = self._ask(oracle, X)  # |v_i| > t |v_p|  <=>  t < rho_i
+            lo = np.where(above, t, lo)
+            hi = np.where(above, hi, t)
+        rho = np.ones(d)
+        rho[others] = 0.5 * (lo + hi)
+        v = sgn * rho
+        self.ref_index_ = p
+        return v / np.linalg.norm(v), sgn
+
+    def _v_sampling(self, oracle, d, k):
+        self.n_bisection_steps_, self.n_ratio_steps_ = self._steps(d)[0], 0
+        self.n_samples_ = int(k)
+        rng = self._rng()
+        acc = np.zeros(d)
+        n_pos = 0
+        for sl in chunk_slices(k, max(1, (16 * 2**20) // (8 * d))):
+            G = rng.standard_normal((sl.stop - sl.start, d))
+            G /= np.linalg.norm(G, axis=1, keepdims=True)
+            ans = self._ask(oracle, G[:, None, :])
+            n_pos += int(ans.sum())
+            acc += np.where(ans, 1.0, -1.0) @ G
+        if n_pos == 0:
+            raise NotIdentifiableError(
+                f"the membership oracle answered 0 to all {k} sphere queries: v = 0 (or "
+                "indistinguishable from it), so nothing is identifiable"
+            )
+        v = acc / (sphere_constant(d) * k)
+        nrm = np.linalg.norm(v)
+        self.v_unnormalised_ = v
+        self.ref_index_ = int(np.argmax(np.abs(v)))
+        return v / nrm, np.where(v >= 0, 1.0, -1.0)
+
+    def _W_bisection(self, oracle, d, v_dir, sgn):
+        W = float(self.W_bound)
+        n_W = self.n_bisection_steps_
+        ii, jj = (g.ravel() for g in np.meshgrid(np.arange(d), np.arange(d), indexing="ij"))
+        vi, vj = v_dir[ii], v_dir[jj]
+        if np.any(vi == 0):
+            raise AssumptionViolation("an entry of the estimated v is exactly 0: the margin "
+                                      "assumption min |v_i| >= mu > 0 does not hold")
+        alpha = vj / vi
+        s = -np.where(alpha >= 0, 1.0, -1.0) / (2.0 * W)
+        abs_alpha = np.maximum(np.abs(alpha), 1e-300)
+        sign_vi = sgn[ii]
+        n = ii.size
+        ask = self._subset_asker(oracle, d, ii, jj, s, abs_alpha, sign_vi, W)
+        lo = np.full(n, -W)
+        hi = np.full(n, W)
+        moved_lo = np.zeros(n, dtype=bool)
+        moved_hi = np.zeros(n, dtype=bool)
+        self.n_beyond_bound_ = 0
+        for _ in range(n_W):
+            w = 0.5 * (lo + hi)
+            up = ask(w)
+            lo = np.where(up, w, lo)
+            hi = np.where(up, hi, w)
+            moved_lo |= up
+            moved_hi |= ~up
+        # an entry whose bisection never moved one end may lie beyond [-W, W]: ask the end
+        edge = ~(moved_lo & moved_hi)
+        if edge.any():
+            idx = np.flatnonzero(edge)
+            w_end = np.where(moved_lo[idx], W, -W)
+            sub = self._subset_asker(oracle, d, ii[idx], jj[idx], s[idx], abs_alpha[idx],
+                                     sign_vi[idx], W)
+            up = sub(w_end)
+            beyond = np.where(w_end > 0, up, ~up)
+            self.n_beyond_bound_ = int(beyond.sum())
+            # with a v stage less precise than the W stage needs (eps_v given), a flip beyond
+            # the range reflects alpha_hat's error, not W: the entry stays at the bound
+            if beyond.any() and self.eps_v is None:
+                k = idx[np.flatnonzero(beyond)[0]]
+                raise AssumptionViolation(
+                    f"W[{ii[k]}, {jj[k]}] lies outside [-W_bound, W_bound] = [{-W:g}, {W:g}]: "
+                    f"the membership answers imply ||W||_F > W_bound ({int(beyond.sum())} "
+                    "entries)"
+                )
+        return (0.5 * (lo + hi)).reshape(d, d)
+
+    def _subset_asker(self, oracle, d, ii, jj, s, abs_alpha, sign_vi, W):
+        """``ask(w)``: for each entry (ii, jj), whether W_ij > w (one query per entry)."""
+        n = ii.size
+        rows = np.arange(n)
+
+        def ask(w):
+            a = np.sqrt(_sigmoid(s * w) / (2.0 * W * abs_alpha))
+            X = np.zeros((n, 2, d))
+            X[rows, 0, ii] += s / a
+            X[rows, 0, jj] += a
+            X[rows, 1, jj] = a
+            ans = self._ask(oracle, X)
+            below = np.where(ans, 1.0, -1.0) * sign_vi == np.sign(s)
+            return np.where(s > 0, below, ~below)
+
+        return ask
+
+    def predict_sign(self, X) -> np.ndarray:
+        """Membership answers (0/1) of the recovered head on inputs X (B, N, d)."""
+        from ..models import AttentionHead
+
+        return (AttentionHead(self.v_, W=self.W_)(X) > 0).astype(float)

@@ -1,0 +1,288 @@
+"""Recovery of a single attention head from approximate value queries (paper Theorem 6.1).
+
+The oracle answers every query within ``+-tau`` of ``f(X)``. The learner is Theorem 4.1's with
+scaled probes, so that every attention weight it inverts lies where ``sigma^{-1}`` is Lipschitz:
+
+* ``v``: ``v_hat_i = AVQ([e_i])``; an entry with ``|v_hat_i| <= mu / 2`` is zero (the margin
+  assumption), and is set to 0.
+* ``W_ij``: the probe ``[(b u + a e_j); a e_j]`` with ``a = 1/2``, ``b = 1 / W_bound`` has logit
+  ``a b u^T W e_j`` in ``[-1/2, 1/2]``, so ``alpha = sigma(a b W_ij)`` (for ``u = e_i``) lies in
+  ``[sigma(-1/2), sigma(1/2)]``. The estimate
+  ``alpha_hat = (y - a v_hat_j) / (b v_hat_i)`` is clipped to that interval before the logit
+  (Lemma A.1: ``sigma^{-1}`` is then 1/(sigma(1/2) sigma(-1/2)) < 5 Lipschitz), and
+  ``W_hat_ij = sigma^{-1}(clip(alpha_hat)) / (a b)``.
+* Rows with ``v_i = 0`` use ``u = e_i + e_p`` (``p`` the largest ``|v_hat_p|``) and subtract
+  ``W_hat_pj``. Here the logit is ``a b (W_ij + W_pj)``, which ``||W||_F <= W_bound`` only bounds
+  by ``a b sqrt(2) W_bound = 0.71``, outside the clipping range; these probes therefore use
+  ``b / sqrt(2)``, which restores ``|logit| <= 1/2`` (the proof's step for this case needs it).
+
+Theorem 6.1's tolerance, with the final halving for sparse ``v``, is
+``tau <= min(mu / 2, eps_v / sqrt(d), mu eps_W / (160 W^2 d))``: the learner reports it as
+``required_tau_``. Inverting it gives the guarantee for a given ``tau <= mu / 2``:
+``||W_hat - W||_F <= 160 W^2 d tau / mu`` and ``||v_hat - v|| <= sqrt(d) tau``
+(:func:`theorem61_guarantee`).
+
+Beyond the paper, ``oversample = k > 1`` asks ``k`` distinct probes per unknown (the theorem's
+probe and ``k - 1`` probes with ``a`` (and the one-row scale) drawn in ``[1/2, 1]`` times the
+theorem's) and solves each unknown by least squares. Under independent noise the error falls
+like ``1 / sqrt(k)``; under adversarial noise it need not.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import AssumptionViolation, ConfigError, NotIdentifiableError
+from ._base import BaseLearner, check_budget, check_oracle, chunk_slices
+
+__all__ = [
+    "NoisyValueQueryLearner",
+    "theorem61_required_tau",
+    "theorem61_guarantee",
+    "TAU_CLIP",
+    "L_CLIP",
+]
+
+#: sigma(-1/2): the lower end of the clipping range
+TAU_CLIP = float(1.0 / (1.0 + np.exp(0.5)))
+#: Lipschitz constant of sigma^{-1} on [sigma(-1/2), sigma(1/2)] (Lemma A.1), about 4.26
+L_CLIP = float(1.0 / (TAU_CLIP * (1.0 - TAU_CLIP)))
+#: the theorem's constant in tau <= mu eps_W / (C W^2 d), after halving for sparse v
+THEOREM_CONSTANT = 160.0
+
+
+def theorem61_required_tau(d: int, W_bound: float, mu: float, eps_W: float, eps_v: float) -> float:
+    """Largest tolerance for which Theorem 6.1 guarantees ``(eps_W, eps_v)``.
+
+    ``min(mu / 2, eps_v / sqrt(d), mu eps_W / (160 W_bound^2 d))`` (the proof's constants,
+    with the tolerance halved for the rows where ``v_i = 0``).
+    """
+    return float(min(mu / 2.0, eps_v / np.sqrt(d),
+                     mu * eps_W / (THEOREM_CONSTANT * W_bound**2 * d)))
+
+
+def theorem61_guarantee(tau, d: int, W_bound: float, mu: float):
+    """Errors Theorem 6.1 guarantees at tolerance ``tau`` (valid where ``tau <= mu / 2``).
+
+    Returns ``(eps_W, eps_v)`` with ``eps_W = 160 W_bound^2 d tau / mu`` (Frobenius error of
+    W) and ``eps_v = sqrt(d) tau`` (Euclidean error of v); NaN where ``tau > mu / 2``.
+    """
+    tau = np.asarray(tau, dtype=float)
+    ok = tau <= mu / 2.0
+    eps_W = np.where(ok, THEOREM_CONSTANT * W_bound**2 * d * tau / mu, np.nan)
+    eps_v = np.where(ok, np.sqrt(d) * tau, np.nan)
+    if eps_W.ndim == 0:
+        return float(eps_W), float(eps_v)
+    return eps_W, eps_v
+
+
+def _logit(p):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.log(p) - np.log1p(-p)
+
+
+class NoisyValueQueryLearner(BaseLearner):
+    """Recovery of (W, v) from approximate value queries (Theorem 6.1).
+
+    Parameters
+    ----------
+    W_bound : float
+        Known bound ``W >= 2`` on ``||W||_F`` (the paper's norm).
+    mu : float in (0, 1]
+        Margin: every nonzero ``|v_i| >= mu``.
+    eps_W, eps_v : float > 0
+        Target errors; they only set :attr:`required_tau_`, the tolerance the theorem asks of
+        the oracle (the learner's queries do not depend on them).
+    oversample : int >= 1
+        Distinct probes per unknown, combined by least squares (1 = the theorem as written:
+        ``d + d^2`` queries; ``k``: ``k (d + d^2)``).
+    random_state : int, Generator or None
+        Seed of the extra probe scales (only used when ``oversample > 1``).
+    clip : bool
+        Clip the attention-weight estimate to ``[sigma(-1/2), sigma(1/2)]`` before the logit
+        (the theorem). ``False`` is the unclipped baseline: ``sigma^{-1}`` is applied to the raw
+        estimate, which has no Lipschitz bound and is undefined (NaN) outside (0, 1).
+    tau : float, optional
+        The oracle's tolerance, if known; by default ``oracle.tau`` when the oracle has one,
+        else :attr:`required_tau_` (the theorem's premise). Only the assumption check uses it.
+    strict : bool
+        Raise :class:`AssumptionViolation` when an attention-weight estimate lies outside the
+        clipping range by more than the tolerance allows (``||W||_F > W_bound``). With
+        ``False`` such weights are clipped silently and counted in ``n_out_of_range_``.
+
+    Attributes
+    ----------
+    W_ : ndarray (d, d)
+    v_ : ndarray (d,)
+        Estimates; entries judged zero (``|v_hat_i| <= mu / 2``) are exactly 0.
+    required_tau_ : float
+        Theorem 6.1's tolerance for ``(eps_W, eps_v)`` at this ``d``.
+    tau_ : float
+        Tolerance used by the assumption check.
+    zero_mask_ : ndarray of bool (d,)
+        Entries of v judged zero.
+    ref_index_ : int
+        The index p used for the rows where ``v_i = 0``.
+    n_clipped_ : int
+        Probes whose weight estimate was clipped.
+    n_out_of_range_ : int
+        Probes whose weight estimate was outside the clipping range by more than the tolerance
+        allows (0 unless ``strict=False``).
+    n_undefined_ : int
+        Unclipped baseline only: probes whose estimate fell outside (0, 1) (W_ is NaN there).
+    n_queries_ : int
+        Queries counted by the oracle during ``fit``.
+    """
+
+    def __init__(self, W_bound: float, mu: float, eps_W: float = 1e-2, eps_v: float = 1e-2,
+                 oversample: int = 1, random_state=None, clip: bool = True,
+                 tau: float | None = None, strict: bool = True):
+        self.W_bound = W_bound
+        self.mu = mu
+        self.eps_W = eps_W
+        self.eps_v = eps_v
+        self.oversample = oversample
+        self.random_state = random_state
+        self.clip = clip
+        self.tau = tau
+        self.strict = strict
+
+    # ------------------------------------------------------------------------------------------
+    def _validate_params(self):
+        W, mu = self.W_bound, self.mu
+        if not (isinstance(W, int | float | np.floating | np.integer) and np.isfinite(W)
+                and W >= 2):
+            raise ConfigError(f"W_bound must be a finite number >= 2 (Theorem 6.1); got {W!r}")
+        if not (isinstance(mu, int | float | np.floating | np.integer) and 0 < mu <= 1):
+            raise ConfigError(f"mu must be in (0, 1]; got {mu!r}")
+        for name in ("eps_W", "eps_v"):
+            e = getattr(self, name)
+            if not (isinstance(e, int | float | np.floating | np.integer) and np.isfinite(e)
+                    and e > 0):
+                raise ConfigError(f"{name} must be a positive number; got {e!r}")
+        k = self.oversample
+        if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
+            raise ConfigError(f"oversample must be an integer >= 1; got {k!r}")
+        if self.tau is not None and not (np.isfinite(self.tau) and self.tau > 0):
+            raise ConfigError(f"tau must be a positive number or None; got {self.tau!r}")
+
+    def fit(self, oracle):
+        """Recover (W, v) from ``oracle`` (any object with the value-oracle interface).
+
+        Raises
+        ------
+        ConfigError
+            Bad parameters (``W_bound < 2``, ``mu`` outside (0, 1], ...) or a membership oracle.
+        NotIdentifiableError
+            Every ``|v_hat_i| <= mu / 2``: under the margin assumption v = 0 and W is not
+            identifiable.
+        AssumptionViolation
+            (``strict``) an attention weight outside ``[sigma(-1/2), sigma(1/2)]`` by more than
+            the tolerance allows: ``||W||_F > W_bound``, or the oracle's error exceeds ``tau``.
+        """
+        self._validate_params()
+        d = check_oracle(oracle)
+        if getattr(oracle, "kind", "value") == "membership":
+            raise ConfigError("NoisyValueQueryLearner needs a value oracle; got a membership "
+                              "oracle (use MembershipLearner)")
+        W, mu, k = float(self.W_bound), float(self.mu), int(self.oversample)
+        n0 = oracle.n_queries
+        check_budget(oracle, k * (d + d * d),
+                     f"Theorem 6.1 recovery with oversample={k} ({k} (d + d^2) queries)")
+        self.required_tau_ = theorem61_required_tau(d, W, mu, self.eps_W, self.eps_v)
+        tau = self.tau if self.tau is not None else getattr(oracle, "tau", None)
+        self.tau_ = float(tau) if tau is not None else self.required_tau_
+        rng = self._rng()
+        # probe scales: the theorem's (1) first, then k - 1 draws in [1/2, 1]
+        scale = np.ones(k)
+        if k > 1:
+            scale[1:] = rng.uniform(0.5, 1.0, size=k - 1)
+
+        # -- v: one-row queries [c_m e_i], least squares over m --------------------------------
+        X = np.zeros((k * d, 1, d))
+        ii = np.tile(np.arange(d), k)
+        cm = np.repeat(scale, d)
+        X[np.arange(k * d), 0, ii] = cm
+        y = np.asarray(oracle(X), dtype=float).reshape(k, d)
+        v_hat = (scale @ y) / float(scale @ scale)
+        tau_v = self.tau_ * float(scale.sum() / (scale @ scale))  # worst case of the LS error
+        zero = np.abs(v_hat) <= mu / 2.0
+        if zero.all():
+            raise NotIdentifiableError(
+                f"every |v_hat_i| <= mu/2 = {mu / 2:g}: under the margin assumption v = 0, and "
+                "W is not identifiable from value queries"
+            )
+        v_hat = np.where(zero, 0.0, v_hat)
+        p = int(np.argmax(np.abs(v_hat)))
+
+        # -- W: two-row probes [(b_i u_i + a_m e_j); a_m e_j] ----------------------------------
+        a = 0.5 * scale  # (k,)
+        b_row = np.where(zero, 1.0 / (W * np.sqrt(2.0)), 1.0 / W)  # (d,) per row i
+        q_row = np.where(zero, p, np.arange(d))  # index whose v divides alpha
+        # enumerate (m, i, j)
+        mm, ii, jj = (g.ravel() for g in np.meshgrid(np.arange(k), np.arange(d), np.arange(d),
+                                                      indexing="ij"))
+        n = mm.size
+        am, bi, qi = a[mm], b_row[ii], q_row[ii]
+        yW = np.empty(n)
+        block = max(1, (32 * 2**20) // (16 * d))
+        for sl in chunk_slices(n, block):
+            m = sl.stop - sl.start
+            Xb = np.zeros((m, 2, d))
+            r = np.arange(m)
+            Xb[r, 0, ii[sl]] += bi[sl]
+            zr = zero[ii[sl]]
+            Xb[r[zr], 0, p] += bi[sl][zr]
+            Xb[r, 0, jj[sl]] += am[sl]
+            Xb[r, 1, jj[sl]] = am[sl]
+            yW[sl] = oracle(Xb)
+        den = bi * v_hat[qi]
+        alpha = (yW - am * v_hat[jj]) / den
+        # worst-case |alpha_hat - alpha| allowed by the tolerance (proof of Thm 6.1, eq. (6))
+        slack = (self.tau_ + am * tau_v + bi * tau_v) / np.abs(den)
+        lo, hi = TAU_CLIP, 1.0 - TAU_CLIP
+        out = (alpha < lo - slack) | (alpha > hi + slack)
+        self.n_out_of_range_ = int(out.sum())
+        if out.any() and self.strict:
+            worst = int(np.argmax(np.maximum(lo - alpha, alpha - hi) - slack))
+            raise AssumptionViolation(
+                f"an attention weight estimate of {alpha[worst]:.6g} lies outside the clipping "
+                f"range [{lo:.4f}, {hi:.4f}] by more than the tolerance tau = {self.tau_:.3g} "
+                f"allows ({slack[worst]:.3g}), at entry ({ii[worst]}, {jj[worst]}) of W: the "
+                f"answers imply ||W||_F > W_bound = {W:g} (or an oracle error larger than tau); "
+                f"{self.n_out_of_range_} of {n} probes are affected"
+            )
+        if self.clip:
+            clipped = np.clip(alpha, lo, hi)
+            self.n_clipped_ = int(np.count_nonzero(clipped != alpha))
+            self.n_undefined_ = 0
+            logit = _logit(clipped)
+        else:
+            self.n_clipped_ = 0
+            logit = _logit(alpha)
+            self.n_undefined_ = int(np.count_nonzero(~np.isfinite(logit)))
+        # least squares over m of (a_m b_i) t_ij = logit
+        g = am * bi
+        num = np.zeros((d, d))
+        nrm = np.zeros((d, d))
+        np.add.at(num, (ii, jj), g * logit)
+        np.add.at(nrm, (ii, jj), g * g)
+        T = num / nrm  # T_ij = u_i^T W e_j
+        W_hat = T.copy()
+        W_hat[zero, :] = T[zero, :] - T[p, :][None, :]
+        self.W_ = W_hat
+        self.v_ = v_hat
+        self.zero_mask_ = zero
+        self.ref_index_ = p
+        self.n_queries_ = int(oracle.n_queries - n0)
+        return self
+
+    def guarantee(self, tau: float, d: int):
+        """``(eps_W, eps_v)`` that Theorem 6.1 guarantees at tolerance ``tau`` for this learner."""
+        return theorem61_guarantee(tau, d, float(self.W_bound), float(self.mu))
+
+    def predict(self, X) -> np.ndarray:
+        """Evaluate the recovered head on inputs X (B, N, d)."""
+        from ..models import AttentionHead
+
+        return AttentionHead(self.v_, W=self.W_)(X)

@@ -1,0 +1,380 @@
+"""Ground-truth heads built from pretrained checkpoints (SPEC section 1, "Real heads").
+
+Head ``h`` of layer ``L`` of a BERT- or GPT-2-style checkpoint (safetensors) gives the
+single-head model of the paper, in its convention ``s_i = x_i^T W x_N``:
+
+* the score of token ``i`` seen from the last token is
+  ``(W_Q,h x_N) . (W_K,h x_i) / sqrt(d_h) = x_i^T W_K,h^T W_Q,h x_N / sqrt(d_h)``, so
+  ``W = W_K,h^T W_Q,h / sqrt(d_h)``, stored as the factors ``K = W_K,h / d_h^(1/4)`` and
+  ``Q = W_Q,h / d_h^(1/4)`` (``W = K^T Q``, rank ``d_h``; W is never formed to evaluate);
+* the layer's attention output read out along a fixed vector ``r`` is
+  ``r^T W_O concat_h(sum_i alpha_i W_V,h x_i) = sum_h sum_i alpha_i x_i^T (W_V,h^T u_h)`` with
+  ``u_h`` head h's slice of ``W_O^T r``, so head h's value vector is ``v = W_V,h^T u_h``.
+
+Biases are dropped. ``W_Q,h`` etc. are in PyTorch ``Linear`` orientation (``out x in``): rows
+``h d_h : (h + 1) d_h`` of the layer's query, key and value weights. GPT-2's ``Conv1D`` stores its
+weights transposed (``in x out``, ``y = x W``) and packs Q, K and V in ``c_attn``; both are
+handled.
+
+Checkpoints are read with :func:`safetensors.numpy.load_file` (nothing is unpickled), and head
+files are ``.npz`` archives of plain arrays read with ``allow_pickle=False``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ModelError
+from .models import AttentionHead
+
+__all__ = [
+    "Checkpoint",
+    "load_checkpoint",
+    "cached_checkpoint",
+    "readout_vector",
+    "build_head",
+    "head_from_checkpoint",
+    "save_head",
+    "load_head",
+    "head_summary",
+    "READOUTS",
+    "write_test_checkpoint",
+]
+
+#: readout choices: a seeded Gaussian unit vector, the normalised all-ones vector, or a coordinate
+READOUTS = ("gaussian", "ones", "coordinate")
+
+_BERT = re.compile(
+    r"^(?P<prefix>.*?)encoder\.layer\.(?P<layer>\d+)\.attention\.self\.query\.weight$"
+)
+_GPT2 = re.compile(r"^(?P<prefix>.*?)h\.(?P<layer>\d+)\.attn\.c_attn\.weight$")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The attention weights of a checkpoint, per layer, in ``Linear`` orientation (out x in).
+
+    Attributes
+    ----------
+    path : str
+        The file read.
+    style : {"bert", "gpt2"}
+        The key layout detected.
+    n_layers, n_heads, d, d_head : int
+        Layers, heads per layer, model width and head dimension (``d = n_heads * d_head``).
+    layers : tuple of dict
+        Per layer, float64 arrays ``q``, ``k``, ``v`` (d x d, rows = outputs) and ``o``
+        (the output projection, d x d, ``out = o @ concat``).
+    """
+
+    path: str
+    style: str
+    n_layers: int
+    n_heads: int
+    d: int
+    d_head: int
+    layers: tuple
+
+
+def _n_heads_from_config(path: Path) -> int | None:
+    cfg = path.parent / "config.json"
+    if not cfg.exists():
+        return None
+    with open(cfg, encoding="utf-8") as fh:
+        data = json.load(fh)
+    for key in ("num_attention_heads", "n_head", "num_heads"):
+        if key in data:
+            return int(data[key])
+    return None
+
+
+def _detect(keys) -> tuple[str, str, list[int]]:
+    for style, pattern in (("bert", _BERT), ("gpt2", _GPT2)):
+        found = {}
+        for k in keys:
+            m = pattern.match(k)
+            if m:
+                found.setdefault(m["prefix"], set()).add(int(m["layer"]))
+        if found:
+            if len(found) > 1:
+                raise ModelError(
+                    f"the checkpoint holds {style}-style attention weights under several "
+                    f"prefixes {sorted(found)}; cannot tell which model to use"
+                )
+            prefix, layers = next(iter(found.items()))
+            layers = sorted(layers)
+            if layers != list(range(len(layers))):
+                raise ModelError(f"the checkpoint's layers are not numbered 0..n-1: {layers}")
+            return style, prefix, layers
+    sample = ", ".join(sorted(keys)[:5])
+    raise ModelError(
+        "no BERT-style (encoder.layer.L.attention.self.query.weight) or GPT-2-style "
+        f"(h.L.attn.c_attn.weight) attention weights found in the checkpoint; keys start: {sample}"
+    )
+
+
+def _get(tensors, key, path):
+    if key not in tensors:
+        raise ModelError(f"{path}: tensor {key!r} is missing from the checkpoint")
+    return np.asarray(tensors[key], dtype=np.float64)
+
+
+def load_checkpoint(path, n_heads: int | None = None) -> Checkpoint:
+    """Read the attention weights of every layer of a BERT- or GPT-2-style checkpoint.
+
+    Parameters
+    ----------
+    path : str or Path
+        A ``.safetensors`` file. Key names may carry a prefix (``bert.``, ``transformer.``).
+    n_heads : int, optional
+        Heads per layer. Default: from ``config.json`` beside the file
+        (``num_attention_heads`` or ``n_head``). If both are given they must agree.
+
+    Returns
+    -------
+    Checkpoint
+    """
+    from safetensors.numpy import load_file
+
+    p = Path(path)
+    if not p.exists():
+        raise ModelError(f"checkpoint {p} does not exist")
+    try:
+        tensors = load_file(str(p))
+    except Exception as exc:  # safetensors raises its own error types on a malformed file
+        raise ModelError(f"{p} is not a readable safetensors file: {exc}") from None
+    style, prefix, layer_ids = _detect(tensors.keys())
+    from_cfg = _n_heads_from_config(p)
+    if n_heads is None:
+        n_heads = from_cfg
+    elif from_cfg is not None and from_cfg != n_heads:
+        raise ModelError(
+            f"n_heads={n_heads} disagrees with {p.parent / 'config.json'} ({from_cfg} heads)"
+        )
+    if n_heads is None:
+        raise ModelError(
+            f"the number of heads of {p} is unknown: no config.json beside it; give n_heads"
+        )
+    if isinstance(n_heads, bool) or int(n_heads) != n_heads or n_heads < 1:
+        raise ModelError(f"n_heads must be a positive integer; got {n_heads!r}")
+    n_heads = int(n_heads)
+    layers = []
+    for L in layer_ids:
+        if style == "bert":
+            base = f"{prefix}encoder.layer.{L}.attention."
+            q = _get(tensors, base + "self.query.weight", p)
+            k = _get(tensors, base + "self.key.weight", p)
+            v = _get(tensors, base + "self.value.weight", p)
+            o = _get(tensors, base + "output.dense.weight", p)
+        else:
+            base = f"{prefix}h.{L}.attn."
+            qkv = _get(tensors, base + "c_attn.weight", p)  # Conv1D: (in, 3 out)
+            d_in = qkv.shape[0]
+            if qkv.ndim != 2 or qkv.shape[1] != 3 * d_in:
+                raise ModelError(f"{base}c_attn.weight must have shape (d, 3d); got {qkv.shape}")
+            q, k, v = (qkv[:, i * d_in:(i + 1) * d_in].T for i in range(3))
+            o = _get(tensors, base + "c_proj.weight", p).T  # Conv1D stores (in, out)
+        d = q.shape[1]
+        for name, a in (("query", q), ("key", k), ("value", v), ("output", o)):
+            if a.shape != (d, d):
+                raise ModelError(
+                    f"layer {L}: the {name} weight must be square ({d} x {d}); got {a.shape}"
+                )
+        layers.append({"q": q, "k": k, "v": v, "o": o})
+    d = layers[0]["q"].shape[1]
+    if d % n_heads:
+        raise ModelError(f"the model width d={d} is not a multiple of n_heads={n_heads}")
+    return Checkpoint(str(p), style, len(layers), n_heads, d, d // n_heads, tuple(layers))
+
+
+@functools.lru_cache(maxsize=2)
+def _cached(path: str, mtime_ns: int, size: int, n_heads):
+    return load_checkpoint(path, n_heads)
+
+
+def cached_checkpoint(path, n_heads: int | None = None) -> Checkpoint:
+    """:func:`load_checkpoint`, cached per process (keyed by path, size and modification time)."""
+    st = os.stat(path)
+    return _cached(str(path), st.st_mtime_ns, st.st_size, n_heads)
+
+
+def readout_vector(d: int, readout: str = "gaussian", seed: int = 0) -> np.ndarray:
+    """The fixed readout vector ``r`` (unit norm).
+
+    Parameters
+    ----------
+    d : int
+        Model width.
+    readout : {"gaussian", "ones", "coordinate"}
+        "gaussian": a standard Gaussian vector drawn from ``default_rng(seed)``, normalised;
+        "ones": ``1 / sqrt(d)`` in every entry; "coordinate": the basis vector ``e_seed``.
+    seed : int
+        Seed of the Gaussian readout, or the coordinate's index.
+    """
+    if readout == "gaussian":
+        r = np.random.default_rng(seed).standard_normal(d)
+        return r / np.linalg.norm(r)
+    if readout == "ones":
+        return np.full(d, 1.0 / np.sqrt(d))
+    if readout == "coordinate":
+        if not 0 <= int(seed) < d:
+            raise ModelError(f"the readout coordinate must be in [0, {d}); got {seed}")
+        r = np.zeros(d)
+        r[int(seed)] = 1.0
+        return r
+    raise ModelError(f"readout must be one of {READOUTS}; got {readout!r}")
+
+
+def build_head(ckpt: Checkpoint, layer: int, head: int, r: np.ndarray) -> AttentionHead:
+    """Head ``head`` of layer ``layer`` as an :class:`AttentionHead` with factors K, Q.
+
+    ``W = W_K,h^T W_Q,h / sqrt(d_h) = K^T Q`` with ``K = W_K,h / d_h^(1/4)``,
+    ``Q = W_Q,h / d_h^(1/4)``; ``v = W_V,h^T u_h`` with ``u_h = (W_O^T r)[h d_h:(h + 1) d_h]``.
+    """
+    if not 0 <= layer < ckpt.n_layers:
+        raise ModelError(f"layer must be in [0, {ckpt.n_layers}); got {layer}")
+    if not 0 <= head < ckpt.n_heads:
+        raise ModelError(f"head must be in [0, {ckpt.n_heads}); got {head}")
+    r = np.asarray(r, dtype=np.float64)
+    if r.shape != (ckpt.d,):
+        raise ModelError(f"the readout vector must have shape ({ckpt.d},); got {r.shape}")
+    w = ckpt.layers[layer]
+    dh = ckpt.d_head
+    rows = slice(head * dh, (head + 1) * dh)
+    scale = dh**-0.25
+    K = w["k"][rows] * scale
+    Q = w["q"][rows] * scale
+    u = (w["o"].T @ r)[rows]
+    v = w["v"][rows].T @ u
+    return AttentionHead(v, K=K, Q=Q)
+
+
+def head_from_checkpoint(path, layer: int, head: int, *, n_heads: int | None = None,
+                         readout: str = "gaussian", readout_seed: int = 0) -> AttentionHead:
+    """Read a checkpoint (cached per process) and build one head; see :func:`build_head`."""
+    ckpt = cached_checkpoint(path, n_heads)
+    return build_head(ckpt, layer, head, readout_vector(ckpt.d, readout, readout_seed))
+
+
+def save_head(path, head: AttentionHead, **meta) -> None:
+    """Write a head to ``path`` (.npz of plain arrays): v and either W or the factors K, Q.
+
+    Extra keyword arguments (ints, floats, strings) are stored as metadata arrays ``meta_<key>``.
+    """
+    arrays = {"v": head.v}
+    if head.is_lowrank:
+        arrays["K"] = head.K
+        arrays["Q"] = head.Q
+    else:
+        arrays["W"] = head.W
+    for k, val in meta.items():
+        if not isinstance(val, str | int | float | np.integer | np.floating):
+            raise ModelError(f"metadata {k!r} must be a string or a number; got {type(val)}")
+        arrays[f"meta_{k}"] = np.asarray(val)
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with open(p, "wb") as fh:
+        np.savez(fh, **arrays)
+
+
+def load_head(path) -> tuple[AttentionHead, dict]:
+    """Read a head written by :func:`save_head`; returns ``(head, metadata)``."""
+    p = Path(path)
+    if not p.exists():
+        raise ModelError(f"head file {p} does not exist")
+    try:
+        with np.load(p, allow_pickle=False) as z:
+            data = {k: z[k] for k in z.files}
+    except ValueError as exc:
+        raise ModelError(f"{p} is not a head file of plain arrays: {exc}") from None
+    if "v" not in data:
+        raise ModelError(f"{p} holds no value vector 'v'; arrays: {sorted(data)}")
+    if "W" in data:
+        head = AttentionHead(data["v"], W=data["W"])
+    elif "K" in data and "Q" in data:
+        head = AttentionHead(data["v"], K=data["K"], Q=data["Q"])
+    else:
+        raise ModelError(f"{p} holds neither 'W' nor the factors 'K' and 'Q'")
+    meta = {k[5:]: data[k].item() for k in data if k.startswith("meta_")}
+    return head, meta
+
+
+def head_summary(head: AttentionHead) -> dict:
+    """Scale facts about a head that the learners' assumptions refer to."""
+    W = head.W
+    av = np.abs(head.v)
+    return {
+        "d": head.d,
+        "rank": int(head.K.shape[0]) if head.is_lowrank else int(np.linalg.matrix_rank(W)),
+        "W_fro": float(np.linalg.norm(W)),
+        "W_spectral": float(np.linalg.norm(W, 2)),
+        "v_norm": float(np.linalg.norm(head.v)),
+        "min_abs_v": float(av.min()),
+        "max_abs_v": float(av.max()),
+    }
+
+
+def write_test_checkpoint(path, *, style: str = "bert", n_layers: int = 2, n_heads: int = 4,
+                          d: int = 32, seed: int = 0, prefix: str = "",
+                          write_config: bool = True) -> Path:
+    """Write a small checkpoint with seeded random weights, laid out like BERT or GPT-2.
+
+    The file holds the attention weights and biases of every layer under the real models' key
+    names (plus a LayerNorm, to be ignored), as float32; with ``write_config`` a ``config.json``
+    with the number of heads is written beside it. Used by the tests and by the quick study, so
+    that the real-heads code path runs without downloading anything.
+
+    Parameters
+    ----------
+    path : str or Path
+        Output ``.safetensors`` file.
+    style : {"bert", "gpt2"}
+    n_layers, n_heads, d : int
+        Layers, heads per layer and model width (a multiple of ``n_heads``).
+    seed : int
+        Seed of the weights (entries ``N(0, 1/d)``).
+    prefix : str
+        Prefix of every key (e.g. ``"bert."``, ``"transformer."``).
+    """
+    from safetensors.numpy import save_file
+
+    if style not in ("bert", "gpt2"):
+        raise ModelError(f"style must be 'bert' or 'gpt2'; got {style!r}")
+    if d % n_heads:
+        raise ModelError(f"d={d} must be a multiple of n_heads={n_heads}")
+    rng = np.random.default_rng(seed)
+
+    def w(*shape):
+        return (rng.standard_normal(shape) / np.sqrt(d)).astype(np.float32)
+
+    t = {}
+    for L in range(n_layers):
+        if style == "bert":
+            b = f"{prefix}encoder.layer.{L}.attention."
+            for name in ("self.query", "self.key", "self.value", "output.dense"):
+                t[f"{b}{name}.weight"] = w(d, d)
+                t[f"{b}{name}.bias"] = w(d)
+            t[f"{b}output.LayerNorm.weight"] = np.ones(d, np.float32)
+        else:
+            b = f"{prefix}h.{L}.attn."
+            t[f"{b}c_attn.weight"] = w(d, 3 * d)
+            t[f"{b}c_attn.bias"] = w(3 * d)
+            t[f"{b}c_proj.weight"] = w(d, d)
+            t[f"{b}c_proj.bias"] = w(d)
+            t[f"{prefix}h.{L}.ln_1.weight"] = np.ones(d, np.float32)
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    save_file(t, str(p))
+    if write_config:
+        key = "num_attention_heads" if style == "bert" else "n_head"
+        cfg = {key: n_heads, "hidden_size" if style == "bert" else "n_embd": d,
+               "num_hidden_layers" if style == "bert" else "n_layer": n_layers}
+        (p.parent / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
+    return p

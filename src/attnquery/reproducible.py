@@ -1,0 +1,102 @@
+"""Reproducibility check: run a study twice and compare every output byte for byte.
+
+``python -m attnquery.reproducible --config config/quick.yaml`` (``make check-reproducible``) runs
+the workflow once on 1 core and once on all cores, into two fresh folders, and compares every
+result table and every figure. Timing tables (``*.timing.parquet``) and the figures drawn from
+them (:data:`attnquery.figures.TIMING_FIGURES`) hold wall-clock measurements and are excluded;
+everything else must be identical.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+__all__ = ["snakemake_command", "run_study", "compared_files", "compare_dirs", "main"]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def snakemake_command(config, directory, cores: int, *extra: str) -> list[str]:
+    """The command line that runs the workflow with ``config`` into ``directory``."""
+    return [
+        sys.executable, "-m", "snakemake",
+        "-s", str(REPO / "Snakefile"),
+        "--configfile", str(Path(config).resolve()),
+        "--directory", str(directory),
+        "--cores", str(cores),
+        "--quiet", "progress",
+        *extra,
+    ]
+
+
+def run_study(config, directory, cores: int, *extra: str, log=None) -> None:
+    """Run the workflow to completion; raise CalledProcessError on failure."""
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    subprocess.run(snakemake_command(config, directory, cores, *extra), check=True,
+                   stdout=log, stderr=subprocess.STDOUT if log else None)
+
+
+def compared_files(directory) -> list[str]:
+    """Result tables and figures under ``directory`` that must be bit-identical."""
+    from .figures import TIMING_FIGURES
+
+    d = Path(directory)
+    out = []
+    for p in sorted((d / "results").rglob("*")) + sorted((d / "figures").rglob("*")):
+        if not p.is_file() or p.name.startswith("."):
+            continue
+        if p.name.endswith(".timing.parquet"):
+            continue
+        if p.parent.name == "figures" and p.stem in TIMING_FIGURES:
+            continue
+        out.append(str(p.relative_to(d)))
+    return out
+
+
+def _digest(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def compare_dirs(a, b) -> list[str]:
+    """Differences between the outputs of two runs (empty when identical)."""
+    fa, fb = compared_files(a), compared_files(b)
+    problems = [f"only in {a}: {f}" for f in sorted(set(fa) - set(fb))]
+    problems += [f"only in {b}: {f}" for f in sorted(set(fb) - set(fa))]
+    for f in sorted(set(fa) & set(fb)):
+        if _digest(Path(a, f)) != _digest(Path(b, f)):
+            problems.append(f"differs: {f}")
+    return problems
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m attnquery.reproducible",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="config/quick.yaml", help="study config")
+    parser.add_argument("--cores", type=int, default=os.cpu_count() or 2,
+                        help="cores of the second run (the first uses 1)")
+    parser.add_argument("--workdir", default=None,
+                        help="folder for the two runs (default: a temporary folder)")
+    args = parser.parse_args(argv)
+    base = Path(args.workdir or tempfile.mkdtemp(prefix="attnquery-repro-"))
+    one, many = base / "cores1", base / f"cores{args.cores}"
+    print(f"run 1: {args.config} on 1 core into {one}", flush=True)
+    run_study(args.config, one, 1)
+    print(f"run 2: {args.config} on {args.cores} cores into {many}", flush=True)
+    run_study(args.config, many, args.cores)
+    files = compared_files(one)
+    problems = compare_dirs(one, many)
+    if problems:
+        print("NOT reproducible:\n  " + "\n  ".join(problems))
+        return 1
+    print(f"reproducible: {len(files)} result tables and figures are byte-identical")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

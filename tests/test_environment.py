@@ -1,0 +1,42 @@
+"""pyproject.toml and environment.yml pin the same packages at the same versions."""
+
+import re
+import tomllib
+
+import yaml
+
+
+def _pyproject_pins(repo):
+    data = tomllib.loads((repo / "pyproject.toml").read_text())
+    reqs = list(data["project"]["dependencies"])
+    for extra in data["project"].get("optional-dependencies", {}).values():
+        reqs += extra
+    pins = {}
+    for r in reqs:
+        m = re.fullmatch(r"([A-Za-z0-9_.\-]+)==([^;\s]+)", r.strip())
+        assert m, f"pyproject.toml: {r!r} is not pinned with =="
+        pins[m.group(1).lower().replace("_", "-")] = m.group(2)
+    return pins
+
+
+def _conda_pins(repo):
+    env = yaml.safe_load((repo / "environment.yml").read_text())
+    pins = {}
+    for dep in env["dependencies"]:
+        if isinstance(dep, str) and "=" in dep:
+            name, ver = dep.split("=", 1)
+            pins[name.lower().replace("_", "-")] = ver
+    return pins
+
+
+def test_every_pyproject_pin_is_in_environment_yml_at_the_same_version(repo):
+    py, conda = _pyproject_pins(repo), _conda_pins(repo)
+    missing = sorted(set(py) - set(conda))
+    assert not missing, f"environment.yml lacks {missing}"
+    differ = {k: (py[k], conda[k]) for k in py if conda[k] != py[k]}
+    assert not differ, f"versions differ (pyproject, environment.yml): {differ}"
+
+
+def test_environment_yml_has_nothing_pyproject_lacks(repo):
+    extra = sorted(set(_conda_pins(repo)) - set(_pyproject_pins(repo)) - {"python"})
+    assert not extra, f"environment.yml pins packages pyproject.toml does not: {extra}"

@@ -1,0 +1,145 @@
+"""Theorem 4.1: exact recovery from d^2 + d value queries."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from attnquery.errors import BudgetExceededError, ConfigError, NotIdentifiableError
+from attnquery.learners import ExactValueQueryLearner
+from attnquery.metrics import relative_error
+from attnquery.models import AttentionHead, random_head
+from attnquery.oracles import ValueOracle
+
+
+def fit(head, **kw):
+    oracle = ValueOracle(head, head.d)
+    est = ExactValueQueryLearner(**kw).fit(oracle)
+    return est, oracle
+
+
+@pytest.mark.parametrize("probes", ["gaussian", "basis"])
+@pytest.mark.parametrize("d", [1, 2, 3, 16, 64])
+def test_recovers_W_and_v_exactly_with_d2_plus_d_queries(d, probes):
+    head = random_head(d, seed=[d, 7])
+    est, oracle = fit(head, probes=probes, random_state=0)
+    assert oracle.n_queries == est.n_queries_ == d * d + d
+    assert relative_error(est.W_, head.W) <= 1e-10
+    np.testing.assert_allclose(est.v_, head.v, rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize("probes", ["gaussian", "basis"])
+def test_v_with_zero_entries(probes):
+    head = random_head(24, seed=1, zero_frac=0.5)
+    assert np.sum(head.v == 0) == 12
+    est, oracle = fit(head, probes=probes, random_state=1)
+    assert oracle.n_queries == 24 * 24 + 24
+    assert relative_error(est.W_, head.W) <= 1e-10
+    if probes == "basis":  # the paper's fix: u_l = e_l + e_p where v_l = 0
+        U = est.probe_matrix_
+        zero = np.flatnonzero(head.v == 0)
+        p = int(np.argmax(np.abs(head.v)))
+        np.testing.assert_array_equal(U[zero, p], 1.0)
+
+
+@pytest.mark.parametrize("probes", ["gaussian", "basis"])
+@pytest.mark.parametrize("d", [8, 128])
+def test_large_logits_spectral_norm_500(d, probes):
+    head = random_head(d, seed=[d, 3], W_spectral=500.0, zero_frac=0.25)
+    assert np.isclose(np.linalg.norm(head.W, 2), 500.0)
+    # unscaled Gaussian probes would saturate the sigmoid: |u^T w_j| is in the hundreds
+    u = np.random.default_rng(0).standard_normal(d)
+    assert np.max(np.abs(u @ head.W)) > 40
+    est, oracle = fit(head, probes=probes, random_state=2)
+    assert oracle.n_queries == d * d + d
+    assert relative_error(est.W_, head.W) <= 1e-10
+
+
+@pytest.mark.parametrize("probes", ["gaussian", "basis"])
+def test_d512_spectral_norm_500(probes):
+    head = random_head(512, seed=9, W_spectral=500.0)
+    est, oracle = fit(head, probes=probes, random_state=3)
+    assert oracle.n_queries == 512 * 512 + 512
+    assert relative_error(est.W_, head.W) <= 1e-10
+
+
+def test_v_zero_is_not_identifiable():
+    head = AttentionHead(np.zeros(5), W=np.eye(5))
+    with pytest.raises(NotIdentifiableError, match="v = 0"):
+        fit(head)
+
+
+def test_low_rank_and_zero_W():
+    head = random_head(20, seed=2, rank=3)
+    est, _ = fit(head, random_state=0)
+    assert relative_error(est.W_, head.W) <= 1e-10
+    zero = AttentionHead(np.ones(4), W=np.zeros((4, 4)))
+    est, oracle = fit(zero)
+    assert np.abs(est.W_).max() <= 1e-14
+    # W = 0 cannot be told from a tiny W: the first column is asked once more, at a larger scale
+    assert oracle.n_queries == 20 + est.n_requeried_ and est.n_requeried_ <= 4
+
+
+def test_works_against_a_plain_function():
+    rng = np.random.default_rng(5)
+    W, v = rng.standard_normal((6, 6)), rng.standard_normal(6)
+
+    def black_box(X):
+        s = np.einsum("bnd,de,be->bn", X, W, X[:, -1])
+        a = np.exp(s - s.max(axis=1, keepdims=True))
+        return np.einsum("bn,bn->b", a / a.sum(axis=1, keepdims=True), X @ v)
+
+    est = ExactValueQueryLearner(random_state=0).fit(ValueOracle(black_box, 6))
+    assert relative_error(est.W_, W) <= 1e-10
+    np.testing.assert_allclose(est.predict(np.ones((2, 3, 6))), black_box(np.ones((2, 3, 6))))
+
+
+def test_same_seed_same_result_and_fit_returns_self():
+    head = random_head(10, seed=0)
+    a, _ = fit(head, random_state=42)
+    b, _ = fit(head, random_state=42)
+    np.testing.assert_array_equal(a.W_, b.W_)
+    est = ExactValueQueryLearner()
+    assert est.fit(ValueOracle(head, 10)) is est
+
+
+def test_budget_too_small_fails_before_any_query():
+    oracle = ValueOracle(random_head(5, seed=0), 5, budget=29)
+    with pytest.raises(BudgetExceededError, match="needs 30 queries"):
+        ExactValueQueryLearner().fit(oracle)
+    assert oracle.n_queries == 0
+
+
+@pytest.mark.parametrize("kw", [{"probes": "sobol"}, {"max_logit": 0.1}, {"zero_tol": 2.0}])
+def test_bad_parameters(kw):
+    with pytest.raises(ConfigError):
+        ExactValueQueryLearner(**kw).fit(ValueOracle(random_head(3, seed=0), 3))
+
+
+def test_fit_needs_an_oracle():
+    with pytest.raises(ConfigError, match="oracle"):
+        ExactValueQueryLearner().fit(random_head(3, seed=0).W)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    d=st.integers(1, 12),
+    log_scale=st.floats(-3, 3),
+    rank=st.one_of(st.none(), st.integers(0, 12)),
+    zero_frac=st.sampled_from([0.0, 0.3, 0.9, 1.0]),
+    probes=st.sampled_from(["gaussian", "basis"]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_property_random_heads(d, log_scale, rank, zero_frac, probes, seed):
+    rank = None if rank is None else min(rank, d)
+    head = random_head(d, seed=seed, rank=rank, W_fro=10.0**log_scale, zero_frac=zero_frac)
+    oracle = ValueOracle(head, d)
+    if not np.any(head.v):
+        with pytest.raises(NotIdentifiableError):
+            ExactValueQueryLearner(probes=probes, random_state=seed).fit(oracle)
+        return
+    est = ExactValueQueryLearner(probes=probes, random_state=seed).fit(oracle)
+    assert np.all(np.isfinite(est.W_)) and np.all(np.isfinite(est.v_))
+    assert oracle.n_queries == d * d + d + est.n_requeried_
+    scale = max(np.linalg.norm(head.W), 1e-300)
+    assert np.linalg.norm(est.W_ - head.W) <= 1e-9 * scale + 1e-12

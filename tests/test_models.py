@@ -1,0 +1,127 @@
+"""Ground-truth models: evaluation against a direct computation, factors, generators."""
+
+import numpy as np
+import pytest
+
+from attnquery.errors import ModelError
+from attnquery.models import AttentionHead, MultiHeadAttention, OneLayerTransformer, random_head
+
+
+def direct(W, v, X):
+    """Reference: f(X) = softmax(X W x_N)^T (X v), one input at a time."""
+    out = []
+    for x in X:
+        s = x @ W @ x[-1]
+        a = np.exp(s - s.max())
+        a /= a.sum()
+        out.append(a @ (x @ v))
+    return np.array(out)
+
+
+def test_dense_head_matches_direct_computation():
+    rng = np.random.default_rng(0)
+    d = 6
+    W, v = rng.standard_normal((d, d)), rng.standard_normal(d)
+    X = rng.standard_normal((5, 4, d))
+    np.testing.assert_allclose(AttentionHead(v, W=W)(X), direct(W, v, X), rtol=1e-13)
+
+
+def test_factored_head_equals_dense_and_never_needs_W():
+    rng = np.random.default_rng(1)
+    d, r = 10, 3
+    K, Q, v = rng.standard_normal((r, d)), rng.standard_normal((r, d)), rng.standard_normal(d)
+    X = rng.standard_normal((7, 3, d))
+    fac = AttentionHead(v, K=K, Q=Q)
+    assert fac.is_lowrank and fac.rank == r
+    np.testing.assert_allclose(fac(X), AttentionHead(v, W=K.T @ Q)(X), rtol=1e-12)
+
+
+def test_one_row_query_returns_x_dot_v():
+    head = random_head(5, seed=3)
+    X = np.eye(5)[:, None, :]
+    np.testing.assert_allclose(head(X), head.v, rtol=0, atol=1e-15)
+
+
+def test_softmax_is_stable_for_huge_logits():
+    d = 4
+    head = AttentionHead(np.ones(d), W=1e6 * np.eye(d))
+    X = np.random.default_rng(2).standard_normal((50, 5, d))
+    y = head(X)
+    assert np.all(np.isfinite(y))
+
+
+def test_sparse_query_tokens_give_the_same_answers():
+    head = random_head(128, seed=4)
+    X = np.zeros((64, 2, 128))
+    X[:, 0, :] = np.random.default_rng(5).standard_normal((64, 128))
+    X[np.arange(64), 1, np.arange(64)] = 1.0  # one-hot last tokens take the sparse path
+    np.testing.assert_allclose(head(X), direct(head.W, head.v, X), rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize(
+    "kw, check",
+    [
+        ({"W_fro": 3.0}, lambda h: np.isclose(np.linalg.norm(h.W), 3.0)),
+        ({"W_spectral": 500.0}, lambda h: np.isclose(np.linalg.norm(h.W, 2), 500.0)),
+        ({"logit_scale": 0.5}, lambda h: np.isclose(np.linalg.norm(h.W) / h.d, 0.5)),
+        ({"rank": 2}, lambda h: h.rank == 2 and h.is_lowrank),
+        ({"rank": 2, "W_spectral": 7.0}, lambda h: np.isclose(np.linalg.norm(h.W, 2), 7.0)),
+    ],
+)
+def test_generator_scale_knobs(kw, check):
+    assert check(random_head(8, seed=0, **kw))
+
+
+def test_generator_margin_and_zero_fraction():
+    h = random_head(20, seed=1, mu=0.1, zero_frac=0.25)
+    nz = h.v[h.v != 0]
+    assert np.sum(h.v == 0) == 5
+    assert np.isclose(np.min(np.abs(nz)), 0.1) and np.all(np.abs(nz) <= 1.0)
+
+
+def test_generators_are_pure_functions_of_the_seed():
+    a, b = random_head(6, seed=[1, 2], rank=3), random_head(6, seed=[1, 2], rank=3)
+    np.testing.assert_array_equal(a.W, b.W)
+    np.testing.assert_array_equal(a.v, b.v)
+    assert not np.array_equal(random_head(6, seed=[1, 3]).W, a.W)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: AttentionHead(np.ones(3), W=np.ones((3, 4))),
+        lambda: AttentionHead(np.ones(3)),
+        lambda: AttentionHead(np.ones(3), W=np.eye(3), K=np.eye(3), Q=np.eye(3)),
+        lambda: AttentionHead(np.ones(3), K=np.ones((2, 3)), Q=np.ones((1, 3))),
+        lambda: AttentionHead(np.array([1.0, np.nan]), W=np.eye(2)),
+        lambda: random_head(0),
+        lambda: random_head(4, rank=5),
+        lambda: random_head(4, W_fro=1.0, W_spectral=1.0),
+        lambda: random_head(4, mu=0.0),
+        lambda: random_head(4, mu=1.5),
+        lambda: MultiHeadAttention([]),
+        lambda: OneLayerTransformer(np.eye(3), np.ones((3, 2)), np.ones(3)),
+    ],
+)
+def test_bad_model_parameters_are_rejected(make):
+    with pytest.raises(ModelError):
+        make()
+
+
+def test_head_rejects_inputs_of_the_wrong_width():
+    with pytest.raises(ModelError, match="shape"):
+        random_head(4, seed=0)(np.ones((2, 3, 5)))
+
+
+def test_multihead_is_the_sum_of_its_heads():
+    heads = [random_head(5, seed=i) for i in range(3)]
+    X = np.random.default_rng(0).standard_normal((4, 3, 5))
+    np.testing.assert_allclose(MultiHeadAttention(heads)(X), sum(h(X) for h in heads))
+
+
+def test_transformer_on_one_row_is_the_ffn():
+    rng = np.random.default_rng(0)
+    tf = OneLayerTransformer(rng.standard_normal((4, 4)), rng.standard_normal((4, 6)),
+                             rng.standard_normal(6))
+    x = rng.standard_normal((9, 4))
+    np.testing.assert_allclose(tf(x[:, None, :]), np.maximum(x @ tf.A, 0) @ tf.w_o)

@@ -1,0 +1,161 @@
+"""Heads built from BERT- and GPT-2-style checkpoints match a direct attention computation."""
+
+import json
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from attnquery.errors import ModelError
+from attnquery.learners import ExactValueQueryLearner
+from attnquery.oracles import ValueOracle
+from attnquery.realheads import (
+    build_head,
+    head_from_checkpoint,
+    load_checkpoint,
+    load_head,
+    readout_vector,
+    save_head,
+    write_test_checkpoint,
+)
+
+D, H, LAYERS = 24, 3, 2
+DH = D // H
+
+
+def raw_attention_readout(tensors, style, prefix, layer, X, r):
+    """``r^T`` (multi-head attention layer output at the last token), biases dropped.
+
+    Written from the frameworks' own conventions: ``Linear`` computes ``x W^T``, GPT-2's
+    ``Conv1D`` computes ``x W`` with Q, K, V packed along the output axis.
+    """
+    X = X.astype(np.float64)
+    if style == "bert":
+        b = f"{prefix}encoder.layer.{layer}.attention."
+        Wq, Wk, Wv, Wo = (tensors[b + n].astype(np.float64) for n in (
+            "self.query.weight", "self.key.weight", "self.value.weight", "output.dense.weight"))
+        q, k, v = X @ Wq.T, X @ Wk.T, X @ Wv.T
+        proj = lambda z: z @ Wo.T  # noqa: E731
+    else:
+        b = f"{prefix}h.{layer}.attn."
+        qkv = X @ tensors[b + "c_attn.weight"].astype(np.float64)
+        q, k, v = qkv[..., :D], qkv[..., D:2 * D], qkv[..., 2 * D:]
+        Wp = tensors[b + "c_proj.weight"].astype(np.float64)
+        proj = lambda z: z @ Wp  # noqa: E731
+    outs = []
+    for h in range(H):
+        sl = slice(h * DH, (h + 1) * DH)
+        scores = np.einsum("bnk,bk->bn", k[..., sl], q[:, -1, sl]) / np.sqrt(DH)
+        a = np.exp(scores - scores.max(axis=1, keepdims=True))
+        a /= a.sum(axis=1, keepdims=True)
+        outs.append(np.einsum("bn,bnk->bk", a, v[..., sl]))
+    return proj(np.concatenate(outs, axis=1)) @ r
+
+
+@pytest.fixture(params=[("bert", ""), ("bert", "bert."), ("gpt2", ""), ("gpt2", "transformer.")])
+def checkpoint(request, tmp_path):
+    style, prefix = request.param
+    path = write_test_checkpoint(tmp_path / "model.safetensors", style=style, n_layers=LAYERS,
+                                 n_heads=H, d=D, seed=11, prefix=prefix)
+    return path, style, prefix
+
+
+def test_heads_sum_to_the_layer_readout(checkpoint):
+    path, style, prefix = checkpoint
+    ckpt = load_checkpoint(path)
+    assert (ckpt.style, ckpt.n_layers, ckpt.n_heads, ckpt.d, ckpt.d_head) == (style, LAYERS, H,
+                                                                               D, DH)
+    tensors = load_file(str(path))
+    r = readout_vector(D, "gaussian", 3)
+    X = np.random.default_rng(0).standard_normal((16, 5, D))
+    for layer in range(LAYERS):
+        heads = [build_head(ckpt, layer, h, r) for h in range(H)]
+        direct = raw_attention_readout(tensors, style, prefix, layer, X, r)
+        np.testing.assert_allclose(sum(hd(X) for hd in heads), direct, rtol=1e-10, atol=1e-12)
+        for h, hd in enumerate(heads):
+            assert hd.is_lowrank and hd.K.shape == (DH, D)
+            # single head: the score matrix reproduces (W_Q x_N).(W_K x_i) / sqrt(d_h)
+            sl = slice(h * DH, (h + 1) * DH)
+            if style == "bert":
+                b = f"{prefix}encoder.layer.{layer}.attention.self."
+                Wq = tensors[b + "query.weight"][sl].astype(float)
+                Wk = tensors[b + "key.weight"][sl].astype(float)
+            else:
+                qkv = tensors[f"{prefix}h.{layer}.attn.c_attn.weight"].astype(float)
+                Wq, Wk = qkv[:, :D][:, sl].T, qkv[:, D:2 * D][:, sl].T
+            s_direct = np.einsum("bnk,bk->bn", X @ Wk.T, X[:, -1] @ Wq.T) / np.sqrt(DH)
+            np.testing.assert_allclose(hd.scores(X), s_direct, rtol=1e-10, atol=1e-12)
+
+
+def test_exact_learner_recovers_a_checkpoint_head(checkpoint):
+    path, _, _ = checkpoint
+    hd = head_from_checkpoint(path, 1, 2, readout="gaussian", readout_seed=0)
+    oracle = ValueOracle(hd, D)
+    est = ExactValueQueryLearner(random_state=0).fit(oracle)
+    assert oracle.n_queries == D * D + D
+    W = hd.W
+    assert np.linalg.matrix_rank(W) == DH
+    assert np.linalg.norm(est.W_ - W) / np.linalg.norm(W) < 1e-10
+    assert np.linalg.norm(est.v_ - hd.v) / np.linalg.norm(hd.v) < 1e-12
+
+
+def test_readouts():
+    rng_r = readout_vector(10, "gaussian", 5)
+    assert np.isclose(np.linalg.norm(rng_r), 1.0)
+    np.testing.assert_array_equal(rng_r, readout_vector(10, "gaussian", 5))
+    assert not np.allclose(rng_r, readout_vector(10, "gaussian", 6))
+    np.testing.assert_allclose(readout_vector(4, "ones"), np.full(4, 0.5))
+    np.testing.assert_array_equal(readout_vector(3, "coordinate", 1), [0.0, 1.0, 0.0])
+    with pytest.raises(ModelError, match="coordinate"):
+        readout_vector(3, "coordinate", 3)
+    with pytest.raises(ModelError, match="readout must be"):
+        readout_vector(3, "uniform")
+
+
+def test_coordinate_readout_selects_one_output(tmp_path):
+    path = write_test_checkpoint(tmp_path / "m.safetensors", d=D, n_heads=H, n_layers=1)
+    ckpt = load_checkpoint(path)
+    hd = build_head(ckpt, 0, 1, readout_vector(D, "coordinate", 4))
+    Wo, Wv = ckpt.layers[0]["o"], ckpt.layers[0]["v"]
+    np.testing.assert_allclose(hd.v, Wv[DH:2 * DH].T @ Wo[4, DH:2 * DH], rtol=1e-12)
+
+
+def test_save_load_roundtrip_without_pickle(tmp_path):
+    path = write_test_checkpoint(tmp_path / "m.safetensors", d=D, n_heads=H, n_layers=1)
+    hd = head_from_checkpoint(path, 0, 0)
+    save_head(tmp_path / "h.npz", hd, layer=0, readout="gaussian")
+    back, meta = load_head(tmp_path / "h.npz")
+    np.testing.assert_array_equal(back.K, hd.K)
+    np.testing.assert_array_equal(back.v, hd.v)
+    assert meta == {"layer": 0, "readout": "gaussian"}
+    np.savez(tmp_path / "obj.npz", v=np.array([object()], dtype=object))
+    with pytest.raises(ModelError, match="plain arrays"):
+        load_head(tmp_path / "obj.npz")
+
+
+def test_bad_checkpoints_are_named(tmp_path):
+    with pytest.raises(ModelError, match="does not exist"):
+        load_checkpoint(tmp_path / "missing.safetensors")
+    (tmp_path / "junk.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ModelError, match="not a readable safetensors"):
+        load_checkpoint(tmp_path / "junk.safetensors")
+    save_file({"embeddings.weight": np.zeros((4, 4), np.float32)},
+              str(tmp_path / "other.safetensors"))
+    with pytest.raises(ModelError, match="no BERT-style"):
+        load_checkpoint(tmp_path / "other.safetensors", n_heads=2)
+    p = write_test_checkpoint(tmp_path / "nocfg" / "m.safetensors", d=D, n_heads=H,
+                              write_config=False)
+    with pytest.raises(ModelError, match="number of heads"):
+        load_checkpoint(p)
+    assert load_checkpoint(p, n_heads=4).d_head == D // 4
+    with pytest.raises(ModelError, match="not a multiple"):
+        load_checkpoint(p, n_heads=5)
+    p2 = write_test_checkpoint(tmp_path / "cfg" / "m.safetensors", d=D, n_heads=H)
+    assert json.loads((p2.parent / "config.json").read_text())["num_attention_heads"] == H
+    with pytest.raises(ModelError, match="disagrees"):
+        load_checkpoint(p2, n_heads=4)
+    ckpt = load_checkpoint(p2)
+    with pytest.raises(ModelError, match="layer must be"):
+        build_head(ckpt, 5, 0, readout_vector(D))
+    with pytest.raises(ModelError, match="head must be"):
+        build_head(ckpt, 0, H, readout_vector(D))
