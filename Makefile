@@ -34,8 +34,12 @@ reproduce: install
 test: install
 	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=15
 
+# Re-render every figure and table from the stored results, recomputing nothing: only the
+# `figures` target, the plot rules and the table rule are allowed to run, and they are forced.
+RENDER_RULES = make_tables $$($(BIN)/snakemake --configfile $(CONFIG) --list-target-rules 2>/dev/null | grep '^plot_')
 figures: install
-	$(BIN)/snakemake --cores $(CORES) --configfile $(CONFIG) figures
+	$(BIN)/snakemake figures --cores $(CORES) --configfile $(CONFIG) \
+	  --forcerun $(RENDER_RULES) --allowed-rules figures $(RENDER_RULES)
 
 report: install
 	$(BIN)/snakemake --cores 1 --configfile $(CONFIG) --report report.html

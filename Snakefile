@@ -9,9 +9,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 # The library is imported from this source tree, by the workflow and by its scripts.
 _SRC = os.path.join(workflow.basedir, "src")
 sys.path.insert(0, _SRC)
-os.environ["PYTHONPATH"] = os.pathsep.join([_SRC, os.environ.get("PYTHONPATH", "")]).rstrip(
-    os.pathsep
-)
+os.environ.update(PYTHONPATH=_SRC)
 
 from snakemake.utils import min_version, validate
 
@@ -21,12 +19,18 @@ min_version("9.20")
 configfile: "config/config.yaml"
 
 
+report: "workflow/report/workflow.rst"
+
+
 validate(config, "config/schema.yaml")
 
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/study.smk"
 include: "workflow/rules/exact.smk"
+include: "workflow/rules/noise.smk"
+include: "workflow/rules/membership.smk"
+include: "workflow/rules/realheads.smk"
 
 
 rule all:
@@ -41,5 +45,7 @@ rule all:
 workflow.localrules(
     "aggregate_results",
     "merge_results",
+    "make_tables",
+    "validate_results",
     *(r.name for r in workflow.rules if r.name.startswith("plot_")),
 )

@@ -40,3 +40,16 @@ def test_every_pyproject_pin_is_in_environment_yml_at_the_same_version(repo):
 def test_environment_yml_has_nothing_pyproject_lacks(repo):
     extra = sorted(set(_conda_pins(repo)) - set(_pyproject_pins(repo)) - {"python"})
     assert not extra, f"environment.yml pins packages pyproject.toml does not: {extra}"
+
+
+def test_workflow_conda_env_uses_the_same_versions(repo):
+    env = yaml.safe_load((repo / "workflow" / "envs" / "attnquery.yaml").read_text())
+    py = _pyproject_pins(repo)
+    for dep in env["dependencies"]:
+        name, ver = dep.split("=", 1)
+        if name != "python":
+            assert py.get(name.lower()) == ver, f"workflow/envs/attnquery.yaml: {dep}"
+    runtime = {k for k in py if k not in ("pytest", "pytest-xdist", "hypothesis", "ruff",
+                                          "snakemake", "snakemake-executor-plugin-slurm")}
+    listed = {d.split("=", 1)[0].lower() for d in env["dependencies"]}
+    assert runtime <= listed, f"missing from the rule environment: {sorted(runtime - listed)}"

@@ -19,7 +19,8 @@ from .results import (
     write_table,
 )
 
-__all__ = ["run_shard", "aggregate", "render_figure", "merge_all", "timing_path", "Logger"]
+__all__ = ["run_shard", "aggregate", "render_figure", "merge_all", "timing_path", "Logger",
+           "ClaimsText", "claims_path", "claims_rst", "validate_study", "make_tables"]
 
 
 class Logger:
@@ -100,9 +101,91 @@ def merge_all(inputs, out) -> int:
     return table.num_rows
 
 
+def make_tables(inputs, outputs, log=None) -> None:
+    """Write ``results/tables/<experiment>.tex`` for each experiment table in ``inputs``."""
+    from .tables import write_table_tex
+
+    logger = Logger(log)
+    try:
+        for src, out in zip(inputs, outputs, strict=True):
+            df = read_results(src)
+            name = Path(src).stem
+            write_table_tex(df, name, out)
+            logger(f"wrote {out} ({len(df)} rows of {name})")
+    finally:
+        logger.close()
+
+
+def validate_study(results_dir, config, out, log=None) -> None:
+    """Validate a study's results (:func:`attnquery.validate.validate_results`).
+
+    Writes a summary to ``out`` when the results are valid; raises
+    :class:`~attnquery.errors.AttnQueryError` listing every problem otherwise (so the workflow
+    fails), without writing ``out``.
+    """
+    from .errors import AttnQueryError
+    from .results import atomic_write_bytes
+    from .validate import validate_results
+
+    logger = Logger(log)
+    try:
+        problems = validate_results(results_dir, config)
+        if problems:
+            for p in problems:
+                logger(f"violation: {p}")
+            raise AttnQueryError(
+                f"{len(problems)} problems in {results_dir}:\n  " + "\n  ".join(problems)
+            )
+        tables = sorted(p.name for p in Path(results_dir).glob("*.parquet"))
+        text = f"valid: {len(tables)} tables checked ({', '.join(tables)})\n"
+        logger(text.strip())
+        atomic_write_bytes(out, text.encode())
+    finally:
+        logger.close()
+
+
+def claims_path(pdf) -> Path:
+    """Where the claims of the figure written to ``pdf`` are stored (``figures/claims/*.rst``)."""
+    p = Path(pdf)
+    return p.parent / "claims" / f"{p.stem}.rst"
+
+
+def claims_rst(claims) -> str:
+    """The claims of a figure as a reStructuredText bullet list, with their verdicts."""
+    if not claims:
+        return "- (this figure states no claim)\n"
+    lines = []
+    for c in claims:
+        verdict = "**supported**" if c.passed else "**NOT supported**"
+        lines.append(f"- {verdict}: {c.statement} ({c.detail})")
+    return "\n".join(lines) + "\n"
+
+
+class ClaimsText:
+    """A figure's checked claims, read when a report caption is rendered.
+
+    Used as a rule parameter (``params: claims=ClaimsText("figures/claims/x.rst")``) and
+    written into a caption with ``{{ snakemake.params.claims }}``; the file is read only when
+    the report is built, after the figure was rendered.
+    """
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __str__(self) -> str:
+        p = Path(self.path)
+        if not p.exists():
+            return "- (claims not checked yet: the figure has not been rendered)"
+        return p.read_text(encoding="utf-8")
+
+    def __repr__(self) -> str:
+        return f"ClaimsText({self.path!r})"
+
+
 def render_figure(name: str, inputs, pdf, png, log=None):
-    """Render figure ``name`` from result files; logs the claims it checks."""
+    """Render figure ``name`` from result files; log its claims and store them beside it."""
     from .figures import render
+    from .results import atomic_write_bytes
 
     logger = Logger(log)
     try:
@@ -110,6 +193,7 @@ def render_figure(name: str, inputs, pdf, png, log=None):
         claims = render(name, df, pdf, png)
         for c in claims:
             logger(f"claim {c.name}: {c}")
+        atomic_write_bytes(claims_path(pdf), claims_rst(claims).encode())
         return claims
     finally:
         logger.close()

@@ -5,6 +5,7 @@ from pathlib import Path
 from attnquery.config import check_config, enabled_experiments
 from attnquery.errors import ConfigError
 from attnquery.experiments import n_shards
+from attnquery.pipeline import ClaimsText
 
 # Semantic checks beyond the JSON schema: every enabled grid is expanded before any job starts.
 try:
@@ -66,5 +67,15 @@ def figure_files():
     ]
 
 
+def claims_text(figure):
+    """The checked claims of ``figure``, for its report caption (``{{ snakemake.params.claims }}``)."""
+    return ClaimsText(f"figures/claims/{figure}.rst")
+
+
 def final_outputs():
-    return ["results/all.parquet", *figure_files()]
+    return [
+        "results/all.parquet",
+        "results/validation.txt",
+        *figure_files(),
+        *[f"results/tables/{name}.tex" for name in ENABLED],
+    ]

@@ -15,6 +15,7 @@ rule plot_exact_queries:
         png="figures/exact_queries.png",
     params:
         figure="exact_queries",
+        claims=claims_text("exact_queries"),
     log:
         "logs/figures/exact_queries.log",
     script:

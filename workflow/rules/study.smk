@@ -42,3 +42,34 @@ rule merge_results:
         "logs/merge_results.log",
     script:
         "../scripts/merge_results.py"
+
+
+rule validate_results:
+    input:
+        tables=[f"results/{name}{suffix}" for name in ENABLED
+                for suffix in (".parquet", ".timing.parquet")],
+        merged="results/all.parquet",
+    output:
+        "results/validation.txt",
+    log:
+        "logs/validate_results.log",
+    script:
+        "../scripts/validate_results.py"
+
+
+rule make_tables:
+    input:
+        [f"results/{name}.parquet" for name in ENABLED],
+    output:
+        [f"results/tables/{name}.tex" for name in ENABLED],
+    log:
+        "logs/make_tables.log",
+    script:
+        "../scripts/make_tables.py"
+
+
+rule figures:
+    """Target: every figure and table, re-rendered from stored results by `make figures`."""
+    input:
+        figure_files(),
+        [f"results/tables/{name}.tex" for name in ENABLED],

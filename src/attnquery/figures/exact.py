@@ -8,7 +8,7 @@ import numpy as np
 from ..claims import Claim, ok_rows
 from ..experiments.exact import EXACT_TOL
 from ..metrics import fit_power_law
-from . import register_figure
+from . import log2_ticks, register_figure
 
 #: exponent interval the claim accepts
 EXPONENT_RANGE = (1.95, 2.05)
@@ -55,8 +55,9 @@ def exact_queries(df):
     claims = exact_claims(df)
     fig, (ax1, ax2) = plt.subplots(1, 2)
     ds = np.sort(ok["d"].unique())
-    for probes, g in ok.groupby("probes", sort=True):
-        ax1.plot(g["d"], g["n_queries"], "o", alpha=0.6, label=f"counted, {probes} probes")
+    for k, (probes, g) in enumerate(ok.groupby("probes", sort=True)):
+        ax1.plot(g["d"], g["n_queries"], "o" if k == 0 else "x", color=f"C{k}", alpha=0.7,
+                 label=f"counted, {probes} probes")
     if ds.size:
         xx = np.geomspace(ds.min(), ds.max(), 100)
         ax1.plot(xx, xx**2 + xx, "k--", lw=0.8, label="$d^2 + d$")
@@ -64,17 +65,23 @@ def exact_queries(df):
     ax1.set(xscale="log", yscale="log", xlabel="dimension $d$",
             ylabel="queries counted by the oracle")
     ax1.set_title("Queries against $d$")
-    ax1.text(0.03, 0.97, f"fitted exponent ({fit_claim.detail})", transform=ax1.transAxes,
-             va="top", fontsize=6.5, wrap=True)
-    ax1.legend(loc="lower right")
+    ax1.text(0.97, 0.04, "fitted " + fit_claim.detail.replace(" (95% CI", "\n(95% CI"),
+             transform=ax1.transAxes, ha="right", va="bottom", fontsize=6.5)
+    ax1.legend(loc="upper left")
     floor = 1e-17
-    for probes, g in ok.groupby("probes", sort=True):
+    for k, (probes, g) in enumerate(ok.groupby("probes", sort=True)):
         agg = g.groupby("d")["rel_err_W"].agg(["median", "max"])
-        ax2.plot(agg.index, np.maximum(agg["median"], floor), "o-", label=f"{probes}: median")
-        ax2.plot(agg.index, np.maximum(agg["max"], floor), "^:", label=f"{probes}: max")
+        col = f"C{k}"
+        ax2.plot(agg.index, np.maximum(agg["median"], floor), "o-", color=col,
+                 label=f"{probes}: median")
+        ax2.plot(agg.index, np.maximum(agg["max"], floor), "^:", color=col,
+                 label=f"{probes}: max")
     ax2.axhline(EXACT_TOL, color="k", lw=0.8, ls="--", label=f"target {EXACT_TOL:g}")
     ax2.set(xscale="log", yscale="log", xlabel="dimension $d$",
             ylabel=r"$\|\hat W - W\|_F / \|W\|_F$")
+    for ax in (ax1, ax2):
+        log2_ticks(ax, ds)
     ax2.set_title("Relative error of $W$ (over seeds and head scales)")
-    ax2.legend(loc="upper left", ncol=2)
+    ax2.set_ylim(top=1e-8)
+    ax2.legend(loc="upper left", ncol=3, fontsize=6)
     return fig, claims
