@@ -28,9 +28,12 @@ validate(config, "config/schema.yaml")
 include: "workflow/rules/common.smk"
 include: "workflow/rules/study.smk"
 include: "workflow/rules/exact.smk"
+include: "workflow/rules/lowrank.smk"
 include: "workflow/rules/noise.smk"
 include: "workflow/rules/membership.smk"
 include: "workflow/rules/realheads.smk"
+include: "workflow/rules/multihead.smk"
+include: "workflow/rules/transformer.smk"
 
 
 rule all:
@@ -39,13 +42,9 @@ rule all:
     default_target: True
 
 
-# On a cluster (profiles/slurm) only the compute jobs are submitted: aggregation, merging and
-# every plot_* rule run in the Snakemake process. This is what a `localrules:` directive does,
-# with the names computed from the rules defined above.
-workflow.localrules(
-    "aggregate_results",
-    "merge_results",
-    "make_tables",
-    "validate_results",
-    *(r.name for r in workflow.rules if r.name.startswith("plot_")),
-)
+# On a cluster (profiles/slurm) only the compute jobs, the run_shard* rules (one shard of an
+# experiment's cells each), are submitted. Every other rule (fetching a checkpoint, which needs
+# the network, aggregation, merging, validation, tables, plot_*) is light and runs in the
+# Snakemake process. This is what a `localrules:` directive does, with the names computed from
+# the rules defined above.
+workflow.localrules(*(r.name for r in workflow.rules if not r.name.startswith("run_shard")))

@@ -2,8 +2,9 @@
 #   make cluster-test        the full test: install SLURM (Debian packages), start a one-node
 #                            cluster on 127.0.0.1, run config/quick.yaml through profiles/slurm,
 #                            compare with a local run, stop the daemons (needs root)
-#   make cluster-test-light  what CI runs: the profile checked and the workflow dry-run through it,
-#                            without SLURM (tests/test_cluster_profile.py)
+#   make cluster-test-light  its light form, part of `make test`: the profile linted, and a
+#                            two-cell study run through the SLURM executor plugin with stand-ins
+#                            for sbatch/squeue/srun, no SLURM needed (tests/test_cluster_profile.py)
 VENV ?= .venv
 
 .PHONY: cluster-test cluster-test-light

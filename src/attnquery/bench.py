@@ -75,6 +75,73 @@ def bench_exact() -> list[dict]:
     return rows
 
 
+@register_benchmark("sketch")
+def bench_sketch() -> list[dict]:
+    """Sketch learner (rank found from the answers) on factored heads up to d = 4096, r = 128."""
+    from .experiments.lowrank import factored_error
+    from .learners import SketchLowRankLearner
+    from .learners.lowrank import lowrank_floor
+    from .models import random_head
+    from .oracles import ValueOracle
+
+    rows = []
+    for d, r in ((1024, 32), (1024, 128), (4096, 128)):
+        head = random_head(d, np.random.default_rng([d, r, 2026]), rank=r)
+        oracle = ValueOracle(head, d)
+        t0 = time.perf_counter()
+        est = SketchLowRankLearner(random_state=0).fit(oracle)
+        wall = time.perf_counter() - t0
+        L, R = est.W_factors_
+        floor = lowrank_floor(d, r)
+        rows.append({
+            "d": d,
+            "r": r,
+            "rank found": est.rank_,
+            "queries (counted)": oracle.n_queries,
+            "floor r(2d-r)+d": floor,
+            "queries / floor": round(oracle.n_queries / floor, 4),
+            "rel. error W": factored_error(L, R, head.K, head.Q)[1],
+            "wall time (s)": round(wall, 2),
+        })
+    return rows
+
+
+@register_benchmark("nuclear")
+def bench_nuclear() -> list[dict]:
+    """Nuclear-norm learner (Theorem 5.1) at r = 1, m = 4 r (2d): SCS for d from 8 to 64,
+    Clarabel (an interior-point method, minutes per solve beyond d = 32 here) up to d = 32."""
+    from .learners import NuclearNormROPLearner
+    from .learners.lowrank import lowrank_floor
+    from .metrics import relative_error
+    from .models import random_head
+    from .oracles import ValueOracle
+
+    rows = []
+    r = 1
+    for solver, dims in (("SCS", (8, 16, 24, 32, 48, 64)), ("CLARABEL", (8, 16, 24, 32))):
+        for d in dims:
+            head = random_head(d, np.random.default_rng([d, r, 2026]), rank=r)
+            oracle = ValueOracle(head, d)
+            m = 4 * r * 2 * d
+            t0 = time.perf_counter()
+            est = NuclearNormROPLearner(n_measurements=m, rank=r, solver=solver,
+                                        random_state=0).fit(oracle)
+            wall = time.perf_counter() - t0
+            rows.append({
+                "solver": solver,
+                "d": d,
+                "r": r,
+                "queries (counted)": oracle.n_queries,
+                "floor r(2d-r)+d": lowrank_floor(d, r),
+                "status": est.solver_status_,
+                "rel. error W (raw)": relative_error(est.W_raw_, head.W),
+                "rel. error W": relative_error(est.W_, head.W),
+                "solve time (s)": round(est.solve_time_s_, 2),
+                "wall time (s)": round(wall, 2),
+            })
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m attnquery.bench", description=__doc__)
     parser.add_argument("name", nargs="?", default="all",

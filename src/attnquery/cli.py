@@ -299,8 +299,10 @@ def run_extraction(method: str, fn, d: int, *, truth=None, budget=None, seed=Non
     from tqdm import tqdm
 
     total = expected_queries(method, d, rank)
+    # a bar only when stderr is a terminal (never in logs or pipes), after 2 s
+    show = progress and hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
     bar = tqdm(total=total, unit="query", unit_scale=True, file=sys.stderr, delay=2.0,
-               disable=not progress, desc=f"{method} d={d}", leave=False)
+               disable=not show, desc=f"{method} d={d}", leave=False)
     t0 = time.perf_counter()
     try:
         learner.fit(ProgressOracle(oracle, bar))
@@ -339,7 +341,13 @@ def run_extraction(method: str, fn, d: int, *, truth=None, budget=None, seed=Non
     }
     if simulated:
         from .metrics import functional_error, head_errors
+        from .models import AttentionHead
 
+        if METHODS[method].oracle == "membership":
+            # membership answers fix v only up to a positive scale: compare directions
+            norm = float(np.linalg.norm(truth.v))
+            truth = AttentionHead(truth.v / norm, W=truth.W) if norm > 0 else truth
+            summary["v_compared"] = "direction (v / ||v||)"
         summary.update(head_errors(W, head.v, truth.W, truth.v))
         summary["func_err"] = functional_error(truth, head, d, np.random.default_rng(0), n=64)
     return summary, head
@@ -384,7 +392,7 @@ def cmd_extract(args) -> int:
             raise ConfigError("--d is required with --oracle (the black box's token dimension)")
         fn, d = load_black_box(args.oracle), args.d
         source = args.oracle
-    progress = not args.no_progress and not args.json
+    progress = not args.no_progress
     summary, head = run_extraction(
         args.method, fn, d, truth=truth, budget=args.budget, seed=args.seed, rank=args.rank,
         tau=args.tau, eps=args.eps, probes=args.probes, noise=args.noise,

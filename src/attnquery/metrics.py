@@ -19,6 +19,7 @@ __all__ = [
     "fit_linear",
     "head_errors",
     "match_heads",
+    "match_neurons",
 ]
 
 
@@ -177,3 +178,42 @@ def match_heads(W_hat, v_hat, W, v) -> dict:
     out["max_rel_err_v"] = float(out["rel_err_v"].max())
     out["param_distance"] = float(np.sqrt(num / den)) if den > 0 else float(np.sqrt(num))
     return out
+
+
+def match_neurons(A_hat, w_hat, A, w) -> dict:
+    """Match the neurons of two bias-free ReLU layers up to permutation and positive scale.
+
+    A neuron ``w ReLU(a^T x)`` is unchanged by ``(w, a) -> (w / c, c a)`` for ``c > 0``; its
+    invariant is the vector ``w a``. Neurons are paired by the Hungarian algorithm on the
+    squared distances of these vectors.
+
+    Parameters
+    ----------
+    A_hat, w_hat : arrays (d, m_hat), (m_hat,)
+    A, w : arrays (d, m), (m,)
+
+    Returns
+    -------
+    dict
+        ``same_width`` (m_hat == m), ``perm`` (``perm[j]`` matched to true neuron j, -1 if
+        none), ``rel_err`` (relative Frobenius error of the stacked ``w_j a_j`` after matching,
+        unmatched true neurons compared with 0) and ``max_rel_err`` (worst neuron).
+    """
+    import scipy.optimize
+
+    P_hat = np.asarray(A_hat, dtype=float) * np.asarray(w_hat, dtype=float)[None, :]
+    P = np.asarray(A, dtype=float) * np.asarray(w, dtype=float)[None, :]
+    m, m_hat = P.shape[1], P_hat.shape[1]
+    cost = np.sum((P[:, :, None] - P_hat[:, None, :]) ** 2, axis=0)
+    perm = -np.ones(m, dtype=int)
+    if m and m_hat:
+        rows, cols = scipy.optimize.linear_sum_assignment(cost)
+        perm[rows] = cols
+    matched = np.where(perm[None, :] >= 0, P_hat[:, np.maximum(perm, 0)], 0.0)
+    per = np.linalg.norm(matched - P, axis=0) / np.maximum(np.linalg.norm(P, axis=0), 1e-300)
+    return {
+        "same_width": bool(m == m_hat),
+        "perm": perm,
+        "rel_err": relative_error(matched, P),
+        "max_rel_err": float(per.max()) if m else 0.0,
+    }

@@ -14,6 +14,7 @@ Notation follows the paper (SPEC section 1): scores ``s_i = x_i^T W x_N``, atten
 from __future__ import annotations
 
 from collections.abc import Sequence
+
 import numpy as np
 import scipy.sparse
 

@@ -12,10 +12,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import AnswerError, BudgetExceededError, OracleFailure, QueryError
+from .errors import (
+    AnswerError,
+    AssumptionViolation,
+    BudgetExceededError,
+    OracleFailure,
+    QueryError,
+)
 
 __all__ = ["Oracle", "ValueOracle", "AntisymmetricOracle", "ApproximateValueOracle",
-           "RoundingOracle", "MembershipOracle", "query_hash"]
+           "RoundingOracle", "MembershipOracle", "ToleranceError", "query_hash"]
 
 
 class Oracle:
@@ -226,7 +232,7 @@ class AntisymmetricOracle(Oracle):
         self._inner = oracle
 
     @property
-    def inner(self) -> "Oracle":
+    def inner(self) -> Oracle:
         """The wrapped oracle."""
         return self._inner
 
@@ -286,6 +292,14 @@ def query_hash(X: np.ndarray, seed: int) -> np.ndarray:
         acc = _splitmix64(words ^ pos).sum(axis=1, dtype=np.uint64)
         acc = acc + _splitmix64(np.array([N * 0x100000001B3 + d], dtype=np.uint64))[0]
     return _splitmix64(acc ^ salt)
+
+
+class ToleranceError(QueryError, AssumptionViolation):
+    """An approximate oracle was given a tolerance that is not a positive number.
+
+    Both a :class:`QueryError` (bad oracle parameter) and an :class:`AssumptionViolation`
+    (Theorem 6.1 assumes ``tau > 0``), so either can catch it.
+    """
 
 
 def _seed_from(random_state) -> int:
@@ -366,9 +380,9 @@ class ApproximateValueOracle(Oracle):
         try:
             tau_f = float(tau)
         except (TypeError, ValueError):
-            raise QueryError(f"tau must be a positive number; got {tau!r}") from None
+            raise ToleranceError(f"tau must be a positive number; got {tau!r}") from None
         if not (np.isfinite(tau_f) and tau_f > 0):
-            raise QueryError(f"tau must be a positive finite number (tau > 0); got {tau!r}")
+            raise ToleranceError(f"tau must be a positive finite number (tau > 0); got {tau!r}")
         if noise not in self.NOISE_MODELS:
             raise QueryError(f"noise must be one of {self.NOISE_MODELS}; got {noise!r}")
         super().__init__(d, budget)

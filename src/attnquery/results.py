@@ -88,6 +88,8 @@ PARAM_COLUMNS: dict[str, pa.DataType] = {
     "variant": pa.string(),
     "layer": pa.int64(),
     "head": pa.int64(),
+    "checkpoint": pa.string(),
+    "readout": pa.string(),
 }
 
 #: metrics: name -> arrow type (deterministic values only; timings go to TIMING_COLUMNS)
@@ -115,6 +117,12 @@ METRIC_COLUMNS: dict[str, pa.DataType] = {
     "param_distance": pa.float64(),
     "output_difference": pa.float64(),
     "head_separation": pa.float64(),
+    "func_err_max": pa.float64(),
+    "func_err_median": pa.float64(),
+    "func_err_ffn": pa.float64(),
+    "neuron_err": pa.float64(),
+    "width_found": pa.int64(),
+    "basis_err": pa.float64(),
     "extra": pa.string(),
 }
 

@@ -12,9 +12,9 @@ final rule, the tests and ``attnquery validate`` call it. The checks:
   ``all.parquet`` when it exists; every row has a timing row;
 * statuses are known, and a row whose status is not ok carries a message;
 * metrics: in rows with status ``ok``, ``n_queries`` is present and non-negative, and no float
-  metric is NaN or infinite. A null metric means "does not apply" and is accepted, unless the
-  same column holds a value in other ok rows of the same experiment and learner (then the metric
-  applies and is missing). Rows whose status is not ok may hold anything.
+  metric is NaN or infinite. A null metric means "does not apply" and is accepted, except for
+  the :data:`CORE_METRICS` (errors, queries, success): one that an experiment's learner reports
+  in some ok rows must be in all of them. Rows whose status is not ok may hold anything.
 """
 
 from __future__ import annotations
@@ -35,9 +35,15 @@ from .results import (
     TIMING_SCHEMA,
 )
 
-__all__ = ["validate_results", "check_table_schema", "check_metrics", "table_to_frame"]
+__all__ = ["validate_results", "check_table_schema", "check_metrics", "table_to_frame",
+           "CORE_METRICS"]
 
 _VERSION_KEY = b"attnquery_schema_version"
+
+#: metrics that, once a learner's ok rows report them, every ok row of that learner must report
+#: (other metrics, such as a theorem's bound, may be undefined in some rows: null there)
+CORE_METRICS = ("n_queries", "rel_err_W", "abs_err_W", "rel_err_v", "err_v", "func_err",
+                "success")
 
 
 def check_table_schema(schema: pa.Schema, expected: pa.Schema, name: str) -> list[str]:
@@ -98,8 +104,8 @@ def check_metrics(df, name: str) -> list[str]:
         for cid, x in zip(ok["cell_id"], ok[col], strict=True):
             if x is not None and x is not pd.NA and not np.isfinite(float(x)):
                 problems.append(f"{name}: cell {cid} has status ok but {col} = {x}")
-    # a metric present in some ok rows of an (experiment, learner) must be in all of them
-    metric_cols = [c for c in METRIC_COLUMNS if c in df.columns and c != "extra"]
+    # a core metric present in some ok rows of an (experiment, learner) must be in all of them
+    metric_cols = [c for c in CORE_METRICS if c in df.columns]
     for (exp, learner), g in ok.groupby(["experiment", "learner"], dropna=False, sort=True):
         for col in metric_cols:
             present = _present(g[col])

@@ -5,8 +5,9 @@
 #
 # STATE_DIR (default $ATTNQ_SLURM_DIR, else /tmp/attnquery-slurm) receives slurm.conf, the munge
 # key and socket, the daemons' PID, state and log files, and env.sh, which sets SLURM_CONF for
-# the client commands (sinfo, sbatch, squeue, ...). Each daemon writes a PID file there;
-# tests/cluster/slurm_down.sh STATE_DIR stops exactly those daemons. Must be run as root (the
+# the client commands (sinfo, sbatch, squeue, ...) and puts an srun shim first on PATH. Each
+# daemon writes a PID file there; tests/cluster/slurm_down.sh STATE_DIR stops exactly those
+# daemons. No cgroup.conf is needed: no cgroup plugin is used (the machine may lack systemd). Must be run as root (the
 # daemons run as root, munged as the munge user). The partition is named $ATTNQ_SLURM_PARTITION
 # (default "batch", the partition of profiles/slurm). Returns once the node is idle.
 set -euo pipefail
@@ -35,9 +36,16 @@ if ls "$STATE"/*.pid "$STATE"/munge/munged.pid >/dev/null 2>&1; then
     "$HERE/slurm_down.sh" "$STATE"
 fi
 
+# The state directory is emptied, so it must be one this script created (marker file) or a new
+# or empty one: never a directory holding anything else.
+MARKER="$STATE/.attnquery-slurm-state"
+if [ -e "$STATE" ] && [ ! -e "$MARKER" ] && [ -n "$(ls -A "$STATE" 2>/dev/null)" ]; then
+    die "$STATE exists and was not created by slurm_up.sh; choose another ATTNQ_SLURM_DIR"
+fi
 rm -rf "$STATE"
 mkdir -p "$STATE"/{slurmctld,slurmd,log,munge}
 chmod 755 "$STATE"
+touch "$MARKER"
 
 HOST="$(hostname -s)"
 CPUS="$(nproc)"
@@ -48,15 +56,19 @@ sed -e "s|@STATE@|$STATE|g" -e "s|@HOST@|$HOST|g" -e "s|@CTLD_PORT@|$CTLD_PORT|g
     -e "s|@SLURMD_PORT@|$SLURMD_PORT|g" -e "s|@NODE@|$NODE|g" -e "s|@CPUS@|$CPUS|g" \
     -e "s|@MEM_MB@|$MEM_MB|g" -e "s|@PARTITION@|$PARTITION|g" \
     "$HERE/slurm.conf.in" >"$STATE/slurm.conf"
-# cgroup.conf: read by slurmd even though no cgroup plugin is configured; keep it inert.
-printf '# No cgroup plugin is used by the test cluster (ProctrackType=proctrack/linuxproc).\nCgroupPlugin=autodetect\nIgnoreSystemd=yes\n' >"$STATE/cgroup.conf"
 export SLURM_CONF="$STATE/slurm.conf"
-echo "export SLURM_CONF=$SLURM_CONF" >"$STATE/env.sh"
+# srun shim: the SLURM executor plugin runs each job's command through `srun` with every SLURM_*
+# variable removed from the environment, SLURM_CONF included, so srun inside a job would look
+# for /etc/slurm/slurm.conf. The shim, first on PATH, points srun at this cluster's slurm.conf
+# instead, which leaves /etc alone.
+mkdir -p "$STATE/bin"
+printf '#!/bin/sh\nSLURM_CONF=%s exec %s "$@"\n' "$SLURM_CONF" "$(command -v srun)" >"$STATE/bin/srun"
+chmod 755 "$STATE/bin/srun"
+printf 'export SLURM_CONF=%s\nexport PATH=%s:"$PATH"\n' "$SLURM_CONF" "$STATE/bin" >"$STATE/env.sh"
 
 # munged, as the munge user, with its own key and socket in the state directory.
 dd if=/dev/urandom of="$STATE/munge/munge.key" bs=1024 count=1 status=none
 chown -R munge:munge "$STATE/munge"
-chmod 700 "$STATE/munge"
 chmod 400 "$STATE/munge/munge.key"
 chmod 711 "$STATE/munge"   # others may reach the socket, not list the directory
 runuser -u munge -- munged \

@@ -74,7 +74,11 @@ def register(exp: Experiment) -> Experiment:
 def _load_all() -> None:
     # importing the modules registers their experiments
     from . import exact  # noqa: F401
+    from . import lowrank  # noqa: F401
     from . import membership, noise  # noqa: F401
+    from . import realheads  # noqa: F401
+    from . import multihead_generic  # noqa: F401
+    from . import multihead, transformer  # noqa: F401
 
 
 def get_experiment(name: str) -> Experiment:

@@ -4,10 +4,12 @@ Two grids:
 
 * ``variant="count"``: the bisection learner over d, eps and seeds: queries counted by the
   oracle against ``log2(1/eps)`` and d, and ``||W_hat - W||_F`` against eps.
-* ``variant="v_compare"``: the v stage by sphere sampling (the paper) against bisection, both
+* ``variant="v_compare"``: the v stage by sphere sampling (the paper, learner ``mq_sampling``)
+  against bisection (``mq_bisection``), both
   asked for ``||v_hat - v/||v|| ||_inf <= eps``. A sampling cell whose stated sample size
-  exceeds ``sample_budget`` is not run: its count is computed from the sample-size formula and
-  the row says so (``queries_computed``), with no errors.
+  exceeds :data:`SAMPLE_BUDGET` is not run: its count is computed from the sample-size formula
+  and the row says so (``queries_computed``), with no errors. The sampling rows keep their
+  errors in ``extra`` (the error columns are null for every sampling row).
 """
 
 from __future__ import annotations
@@ -55,21 +57,23 @@ def target_queries(d: int, eps: float, W_bound: float) -> float:
 
 
 def cells(cfg) -> list[dict]:
+    """Cells of "membership": the count grid and the v-comparison grid."""
     out = []
     for g in grid(d=cfg["d"], eps=cfg["eps"], seed=list(range(cfg["seeds"]))):
-        out.append({"learner": "membership", "v_method": "bisection", **g,
+        out.append({"learner": "mq_bisection", "v_method": "bisection", **g,
                     "W_bound": float(cfg["W_bound"]), "mu": float(cfg["mu"]),
                     "variant": "count"})
     cmp_cfg = cfg.get("compare")
     if cmp_cfg:
         for g in grid(v_method=["sampling", "bisection"], d=cmp_cfg["d"], eps=cmp_cfg["eps"],
                       seed=list(range(cmp_cfg.get("seeds", cfg["seeds"])))):
-            out.append({"learner": "membership", **g, "W_bound": float(cfg["W_bound"]),
+            out.append({"learner": f"mq_{g['v_method']}", **g, "W_bound": float(cfg["W_bound"]),
                         "mu": float(cfg["mu"]), "variant": "v_compare"})
     return out
 
 
 def run(cell: dict, rng: np.random.Generator) -> dict:
+    """Run one "membership" cell (or compute its count when the sample is too large to run)."""
     model_rng, learner_rng = rng.spawn(2)
     d, eps, Wb, mu = cell["d"], cell["eps"], cell["W_bound"], cell["mu"]
     head = membership_head(d, model_rng, Wb, mu)
@@ -92,19 +96,29 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     err_v_inf = float(np.max(np.abs(learner.v_ - v_unit)))
     extra["err_v_inf"] = err_v_inf
     extra["n_beyond_bound"] = learner.n_beyond_bound_
+    extra["n_extra_queries"] = learner.n_extra_queries_
     abs_W = float(np.linalg.norm(learner.W_ - head.W))
-    return {
+    m = {
         "n_queries": oracle.n_queries,
         "n_queries_v": learner.n_queries_v_,
         "n_queries_W": learner.n_queries_W_,
         "queries_computed": False,
+        "extra": extra,
+    }
+    errs = {
         "abs_err_W": abs_W,
         "rel_err_W": abs_W / float(np.linalg.norm(head.W)),
         "err_v": float(np.linalg.norm(learner.v_ - v_unit)),
         "rel_err_v": float(np.linalg.norm(learner.v_ - v_unit)),
         "success": bool(abs_W <= eps and (not compare or err_v_inf <= eps)),
-        "extra": extra,
     }
+    if cell["v_method"] == "sampling":
+        # sampling rows whose count is computed have no errors: keep the run ones' in extra so
+        # the error columns mean the same thing (present in every row) for each learner
+        extra.update(errs)
+    else:
+        m.update(errs)
+    return m
 
 
 #: largest sphere sample a cell runs (larger ones are computed, not run)

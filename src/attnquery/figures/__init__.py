@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -21,7 +22,7 @@ from ..errors import ConfigError  # noqa: E402
 from ..results import atomic_path  # noqa: E402
 
 __all__ = ["STYLE", "FIGURES", "TIMING_FIGURES", "register_figure", "render", "save_figure",
-           "get_figure"]
+           "get_figure", "log2_ticks"]
 
 STYLE = str(Path(__file__).with_name("attnquery.mplstyle"))
 
@@ -50,7 +51,11 @@ def register_figure(name: str, uses_timing: bool = False):
 
 def _load_all() -> None:
     from . import exact  # noqa: F401
+    from . import lowrank  # noqa: F401
     from . import membership, noise  # noqa: F401
+    from . import realheads  # noqa: F401
+    from . import multihead_generic  # noqa: F401
+    from . import multihead, transformer  # noqa: F401
 
 
 def get_figure(name: str) -> Callable:
@@ -58,6 +63,23 @@ def get_figure(name: str) -> Callable:
     if name not in FIGURES:
         raise ConfigError(f"unknown figure {name!r}; known: {sorted(FIGURES)}")
     return FIGURES[name]
+
+
+def log2_ticks(ax, values, axis: str = "x") -> None:
+    """Put ticks at ``values`` (e.g. the grid's d) on a log axis, labelled as plain integers."""
+    import numpy as np
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    vals = np.unique(np.asarray(values, dtype=float))
+    vals = vals[vals > 0]
+    if vals.size == 0:
+        return
+    if vals.size > 8:  # keep every other tick when the grid is dense
+        vals = vals[:: int(np.ceil(vals.size / 8))]
+    a = ax.xaxis if axis == "x" else ax.yaxis
+    a.set_major_locator(FixedLocator(vals))
+    a.set_minor_locator(NullLocator())
+    a.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}"))
 
 
 def save_figure(fig, pdf_path, png_path=None) -> None:

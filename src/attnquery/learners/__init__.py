@@ -8,6 +8,9 @@ from .exact import ExactValueQueryLearner
 from .lowrank import NuclearNormROPLearner, SketchLowRankLearner
 from .membership import MembershipLearner
 from .noisy import NoisyValueQueryLearner
+from .transformer import ReLUNetworkLearner, TransformerLearner
+from .multihead import OrthogonalSubspaceLearner, non_identifiability_demo
+from .multihead_generic import MultiHeadLearner
 
 __all__ = [
     "ExactValueQueryLearner",
@@ -15,4 +18,9 @@ __all__ = [
     "SketchLowRankLearner",
     "NoisyValueQueryLearner",
     "MembershipLearner",
+    "TransformerLearner",
+    "ReLUNetworkLearner",
+    "OrthogonalSubspaceLearner",
+    "non_identifiability_demo",
+    "MultiHeadLearner",
 ]

@@ -20,6 +20,7 @@ whose logit is saturated is asked again at a smaller scale and counted in ``n_re
 from __future__ import annotations
 
 import time
+import warnings
 
 import numpy as np
 import scipy.linalg
@@ -31,6 +32,8 @@ from .exact import probe_logits, read_v
 __all__ = ["NuclearNormROPLearner", "SketchLowRankLearner", "lowrank_floor", "SOLVERS"]
 
 SOLVERS = ("SCS", "CLARABEL")
+#: logits at or below this are rounding noise of alpha = 1/2 (a zero bilinear form)
+_ZERO_LOGIT = 1e-12
 
 
 def lowrank_floor(d: int, r: int) -> int:
@@ -116,14 +119,15 @@ class _Prober:
         kap = np.full(U.shape[0], self.initial)
         logit = self._ask_checked(U, B, kap)
         peak = float(np.max(np.abs(logit)))
-        if 0.0 < peak < self.min_logit:  # too few significant digits: ask again, larger
+        if _ZERO_LOGIT < peak < self.min_logit:  # too few digits: ask again, larger
             kap2 = kap * (1.0 / peak)
             new = self._ask(U, B, kap2.copy())
             self.n_requeried += U.shape[0]
             if np.all(np.abs(new) <= self.max_logit):
                 logit, kap = new, kap2
         vals = logit / kap
-        self._update(vals)
+        if peak > _ZERO_LOGIT:  # rounding noise shows no scale
+            self._update(vals)
         if self.kappa is None:  # every pilot value is 0: keep the initial scale
             self.kappa = self.initial
         return vals
@@ -187,7 +191,10 @@ class NuclearNormROPLearner(BaseLearner):
     max_iters : int
         Iteration cap of SCS.
     gap_floor : float
-        Singular values below ``gap_floor * sigma_1`` count as zero when reading the rank.
+        Singular values are floored at ``gap_floor * sigma_1`` when reading the rank.
+    min_gap : float
+        Smallest ratio ``sigma_r / sigma_{r+1}`` that counts as the spectrum showing rank r;
+        without such a drop the solution is not polished.
     max_logit, min_logit, initial_logit_scale : float
         Logit window of the probes (see :class:`SketchLowRankLearner`).
 
@@ -199,7 +206,9 @@ class NuclearNormROPLearner(BaseLearner):
         The solver's solution, before polishing.
     v_ : ndarray (d,)
     rank_ : int
-        Rank read from the spectrum of the solution.
+        Rank read from the spectrum of the solver's solution.
+    gap_ : bool
+        Whether that spectrum shows a drop of at least ``min_gap``.
     n_queries_ : int
         Queries counted by the oracle during ``fit`` (``d + m`` without re-asked probes).
     n_measurements_ : int
@@ -223,9 +232,10 @@ class NuclearNormROPLearner(BaseLearner):
         solver: str = "SCS",
         polish: bool = True,
         random_state=None,
-        solver_eps: float = 1e-9,
-        max_iters: int = 20000,
+        solver_eps: float = 1e-7,
+        max_iters: int = 5000,
         gap_floor: float = 1e-12,
+        min_gap: float = 1e3,
         max_logit: float = 10.0,
         min_logit: float = 1e-5,
         initial_logit_scale: float = 1e-2,
@@ -238,6 +248,7 @@ class NuclearNormROPLearner(BaseLearner):
         self.solver_eps = solver_eps
         self.max_iters = max_iters
         self.gap_floor = gap_floor
+        self.min_gap = min_gap
         self.max_logit = max_logit
         self.min_logit = min_logit
         self.initial_logit_scale = initial_logit_scale
@@ -310,12 +321,12 @@ class NuclearNormROPLearner(BaseLearner):
         W = W_raw
         self.rank_ = self._spectral_rank(W_raw)
         self.polished_ = False
-        if self.polish and np.all(np.isfinite(W_raw)):
-            r = self.rank_ if self.rank is None else min(self.rank_, int(self.rank))
-            if 0 < r and r * (2 * d - r) <= m:
-                W = _gauss_newton(Aa, Bb, t, W_raw, r)
-                self.polished_ = True
-                self.rank_ = r
+        r = self.rank_
+        if (self.polish and self.gap_ and 0 < r and r * (2 * d - r) <= m
+                and (self.rank is None or r <= int(self.rank))):
+            # the spectrum shows rank r and r's degrees of freedom are determined by m
+            W = _gauss_newton(Aa, Bb, t, W_raw, r)
+            self.polished_ = True
         self.W_ = W
         tn = float(np.linalg.norm(t))
         res = float(np.linalg.norm(np.einsum("ki,ij,kj->k", Aa, W, Bb) - t))
@@ -323,19 +334,20 @@ class NuclearNormROPLearner(BaseLearner):
         return self
 
     def _spectral_rank(self, W) -> int:
+        """Rank at the largest drop of the spectrum; sets ``gap_`` (a drop >= ``min_gap``)."""
+        self.gap_ = False
         if not np.all(np.isfinite(W)):
             return 0
         s = np.linalg.svd(W, compute_uv=False)
         if s[0] == 0:
             return 0
-        s = s[s > self.gap_floor * s[0]]
-        if s.size <= 1:
-            return int(s.size)
-        # the largest drop between consecutive singular values (log scale) marks the rank;
-        # a spectrum without a drop of at least 1e3 is read as full
-        gaps = np.log10(s[:-1] / s[1:])
+        s = np.maximum(s, self.gap_floor * s[0])
+        gaps = s[:-1] / s[1:]
+        if gaps.size == 0:
+            return 1
         j = int(np.argmax(gaps))
-        return j + 1 if gaps[j] >= 3.0 else int(s.size)
+        self.gap_ = bool(gaps[j] >= self.min_gap)
+        return j + 1 if self.gap_ else int(s.size)
 
     def _solve(self, M, t, d):
         import cvxpy as cp
@@ -349,11 +361,16 @@ class NuclearNormROPLearner(BaseLearner):
         W = cp.Variable((d, d))
         # cp.vec is column-major: vec(W^T) is W row-major
         prob = cp.Problem(cp.Minimize(cp.normNuc(W)), [M @ cp.vec(W.T, order="F") == t])
-        opts = {"eps": self.solver_eps, "max_iters": self.max_iters} if self.solver == "SCS" \
-            else {"tol_gap_abs": self.solver_eps, "tol_gap_rel": self.solver_eps,
-                  "tol_feas": self.solver_eps}
+        if self.solver == "SCS":
+            opts = {"eps_abs": self.solver_eps, "eps_rel": self.solver_eps,
+                    "max_iters": self.max_iters}
+        else:
+            opts = {"tol_gap_abs": self.solver_eps, "tol_gap_rel": self.solver_eps,
+                    "tol_feas": self.solver_eps}
         try:
-            prob.solve(solver=self.solver, **opts)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "inaccurate" is reported in the status
+                prob.solve(solver=self.solver, **opts)
             status = str(prob.status)
             W_val = W.value
         except Exception as exc:  # solver failure is a result, not a crash
@@ -400,7 +417,7 @@ def _gauss_newton(Aa, Bb, t, W0, r, iters: int = 20) -> np.ndarray:
         J = np.concatenate(
             [(Aa[:, :, None] * BR[:, None, :]).reshape(m, d * r),
              (Bb[:, :, None] * AL[:, None, :]).reshape(m, d * r)], axis=1)
-        step, *_ = scipy.linalg.lstsq(J, -res, lapack_driver="gelsd")
+        step, *_ = scipy.linalg.lstsq(J, -res, cond=1e-10, lapack_driver="gelsd")
         L2 = L + step[: d * r].reshape(d, r)
         R2 = R + step[d * r:].reshape(d, r)
         res2 = resid(L2, R2)
@@ -591,6 +608,7 @@ class SketchLowRankLearner(BaseLearner):
         # ---- right sketch: T = U W B (columns), Y = W B ------------------------------------
         all_rows = np.arange(d)
         Bs, Ts = [], []
+        piv: list[int] = []  # pivot rows of T (greedy, as in LU with partial pivoting)
         while True:
             k = len(Bs)
             if self.rank is not None and k == int(self.rank):
@@ -599,16 +617,17 @@ class SketchLowRankLearner(BaseLearner):
             b /= np.linalg.norm(b)
             if self.rank is None and k > 0:
                 Tk = np.stack(Ts, axis=1)
-                piv = scipy.linalg.qr(Tk.T, pivoting=True, mode="r")[1][:k]
-                rest = np.setdiff1d(all_rows, piv)
+                P = np.asarray(piv)
+                rest = np.setdiff1d(all_rows, P)
                 extra = rng_check.choice(rest, size=min(self.n_check, rest.size),
                                          replace=False)
-                test_rows = np.concatenate([piv, extra])
+                test_rows = np.concatenate([P, extra])
                 check_budget(oracle, test_rows.size, f"span test of sketch column {k + 1}")
                 t_test = prober.measure(column_probes(b, test_rows), test_rows.size)
-                c, *_ = scipy.linalg.lstsq(Tk[test_rows], t_test)
-                res = np.linalg.norm(Tk[test_rows] @ c - t_test)
-                scale = max(np.linalg.norm(t_test), 1e-300)
+                # interpolate the new column from the pivot rows; check it on the extra rows
+                c = scipy.linalg.solve(Tk[P], t_test[:k])
+                res = np.linalg.norm(Tk[extra] @ c - t_test[k:])
+                scale = max(float(np.linalg.norm(t_test)), 1e-300)
                 if res <= self.rank_tol * scale:
                     break  # W b lies in span(W B): rank = k
                 if 2 * (k + 1) > d:
@@ -621,10 +640,21 @@ class SketchLowRankLearner(BaseLearner):
                 tcol = np.empty(d)
                 tcol[test_rows] = t_test
                 tcol[other] = prober.measure(column_probes(b, other), other.size)
+                e = tcol - Tk @ c
             else:
                 tcol = prober.measure(column_probes(b, all_rows), d)
-                if self.rank is None and k == 0 and np.max(np.abs(tcol)) == 0.0:
-                    break  # W b = 0 for a random b: W = 0
+                if self.rank is None and k == 0 and \
+                        np.max(np.abs(tcol)) * prober.kappa <= _ZERO_LOGIT:
+                    break  # every logit is at rounding level: W b = 0 for a random b, W = 0
+                if k == 0:
+                    e = tcol.copy()
+                else:
+                    Tk = np.stack(Ts, axis=1)
+                    P = np.asarray(piv)
+                    e = tcol - Tk @ scipy.linalg.solve(Tk[P], tcol[P])
+            if piv:
+                e[np.asarray(piv)] = 0.0
+            piv.append(int(np.argmax(np.abs(e))))
             Bs.append(b)
             Ts.append(tcol)
         k = len(Bs)

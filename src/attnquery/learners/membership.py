@@ -45,6 +45,7 @@ import scipy.special
 
 from ..errors import AssumptionViolation, BudgetExceededError, ConfigError, NotIdentifiableError
 from ._base import BaseLearner, check_budget, check_oracle, chunk_slices
+from .noisy import AssumptionParameterError
 
 __all__ = ["MembershipLearner", "sphere_constant", "V_METHODS"]
 
@@ -103,6 +104,10 @@ class MembershipLearner(BaseLearner):
         Bisection steps per ratio (v_method="bisection").
     n_samples_ : int
         Sphere samples (v_method="sampling").
+    n_extra_queries_ : int
+        Queries beyond :meth:`planned_queries`: d more when every ``[e_i]`` answers 0 (to tell
+        ``v < 0`` from ``v = 0``), and one per W entry whose bisection never moved one end
+        (to check it against the bound). Usually 0.
     n_beyond_bound_ : int
         Entries whose sign flip lies beyond ``[-W_bound, W_bound]``; they raise
         :class:`AssumptionViolation` unless ``eps_v`` was given (then the v stage may be less
@@ -129,10 +134,10 @@ class MembershipLearner(BaseLearner):
         if not (_is_number(self.eps) and 0 < self.eps < 1):
             raise ConfigError(f"eps must be in (0, 1); got {self.eps!r}")
         if not (_is_number(self.W_bound) and np.isfinite(self.W_bound) and self.W_bound >= 2):
-            raise ConfigError(f"W_bound must be a finite number >= 2 (App. B); got "
-                              f"{self.W_bound!r}")
+            raise AssumptionParameterError(
+                f"W_bound must be a finite number >= 2 (App. B); got {self.W_bound!r}")
         if not (_is_number(self.mu) and 0 < self.mu <= 1):
-            raise ConfigError(f"mu must be in (0, 1]; got {self.mu!r}")
+            raise AssumptionParameterError(f"mu must be in (0, 1]; got {self.mu!r}")
         if self.eps_v is not None and not (_is_number(self.eps_v) and 0 < self.eps_v < 1):
             raise ConfigError(f"eps_v must be in (0, 1) or None; got {self.eps_v!r}")
         if not (_is_number(self.delta) and 0 < self.delta < 1):
@@ -168,7 +173,7 @@ class MembershipLearner(BaseLearner):
         return n_W, n_rho
 
     def planned_queries(self, d: int) -> dict:
-        """Queries each stage will ask at dimension ``d`` (before the rare boundary checks)."""
+        """Queries each stage will ask at dimension ``d`` (``n_extra_queries_`` come on top)."""
         self._validate_params()
         n_W, n_rho = self._steps(d)
         if self.v_method == "bisection":
@@ -194,6 +199,7 @@ class MembershipLearner(BaseLearner):
         self._validate_params()
         d = check_oracle(oracle, kinds=("membership",))
         n0 = oracle.n_queries
+        self.n_extra_queries_ = 0
         plan = self.planned_queries(d)
         if self.v_method == "sampling" and plan["v"] > self.sample_budget:
             raise BudgetExceededError(
@@ -222,6 +228,7 @@ class MembershipLearner(BaseLearner):
     def _signs(self, oracle, d):
         pos = self._ask(oracle, np.eye(d)[:, None, :].copy())
         if not pos.any():
+            self.n_extra_queries_ += d
             neg = self._ask(oracle, -np.eye(d)[:, None, :])
             if not neg.any():
                 raise NotIdentifiableError(
@@ -320,6 +327,7 @@ class MembershipLearner(BaseLearner):
             sub = self._subset_asker(oracle, d, ii[idx], jj[idx], s[idx], abs_alpha[idx],
                                      sign_vi[idx], W)
             up = sub(w_end)
+            self.n_extra_queries_ += int(idx.size)
             beyond = np.where(w_end > 0, up, ~up)
             self.n_beyond_bound_ = int(beyond.sum())
             # with a v stage less precise than the W stage needs (eps_v given), a flip beyond

@@ -20,7 +20,7 @@ from ..metrics import functional_error, match_heads
 from ..models import AttentionHead, MultiHeadAttention, as_rng, random_multihead
 from ..oracles import ValueOracle
 from ._base import BaseLearner, check_budget, check_oracle
-from .exact import ExactValueQueryLearner
+from .exact import ExactValueQueryLearner, read_v
 
 __all__ = ["non_identifiability_demo", "CONSTRUCTIONS", "OrthogonalSubspaceLearner"]
 
@@ -133,8 +133,9 @@ def non_identifiability_demo(
         (the same, for v's and W's alone), ``max_abs_diff`` and ``max_rel_diff``
         (``max |f_a - f_b|`` and that over ``max |f_a|`` on the random inputs).
         ``"single_head"``: ``status`` ("ok" or the error type), ``functional_error`` (relative
-        RMS on held-out inputs; NaN when the learner failed), ``n_queries``, ``message`` and
-        ``model`` (the multi-head model used).
+        RMS on held-out inputs; NaN when the learner failed), ``param_distance`` (of the one
+        recovered head to the H true heads, unmatched heads compared with 0), ``n_queries``,
+        ``message`` and ``model`` (the multi-head model used).
     """
     if not isinstance(d, int | np.integer) or d < 2:
         raise ConfigError(f"d must be an integer >= 2; got {d!r}")
@@ -182,13 +183,295 @@ def non_identifiability_demo(
     if single_head:
         model = random_multihead(int(d), int(H), r_single)
         oracle = ValueOracle(model, int(d))
-        rec = {"model": model, "status": "ok", "message": "", "functional_error": np.nan}
+        rec = {"model": model, "status": "ok", "message": "", "functional_error": np.nan,
+               "param_distance": np.nan}
         try:
             est = ExactValueQueryLearner(random_state=r_single).fit(oracle)
             rec["functional_error"] = functional_error(model, est.predict, int(d), r_eval)
+            W, v = _heads_params(model)
+            rec["param_distance"] = match_heads([est.W_], [est.v_], W, v)["param_distance"]
         except (AssumptionViolation, NotIdentifiableError) as exc:
             rec["status"] = type(exc).__name__
             rec["message"] = str(exc)
         rec["n_queries"] = int(oracle.n_queries)
         out["single_head"] = rec
     return out
+
+
+class _SubspaceOracle:
+    """A value oracle in reduced coordinates: ``Z (B, N, d_h) -> oracle(Z E^T)``.
+
+    Every row of a query lies in ``range(E)``; the wrapped oracle counts the queries.
+    """
+
+    kind = "value"
+
+    def __init__(self, oracle, E):
+        self._inner = oracle
+        self._E = E
+
+    @property
+    def d(self) -> int:
+        return int(self._E.shape[1])
+
+    @property
+    def n_queries(self) -> int:
+        return int(self._inner.n_queries)
+
+    @property
+    def remaining(self):
+        return getattr(self._inner, "remaining", None)
+
+    def check_budget(self, n, what="this step"):
+        check_budget(self._inner, n, what)
+
+    def __call__(self, Z):
+        Z = np.asarray(Z, dtype=np.float64)
+        return self._inner(np.ascontiguousarray(Z @ self._E.T))
+
+
+def _check_bases(bases, d: int, H: int) -> list[np.ndarray]:
+    if not isinstance(bases, list | tuple) or len(bases) != H:
+        raise ConfigError(f"bases must be a list of n_heads={H} arrays (d, d_h); got {bases!r:.80}")
+    out = []
+    for h, E in enumerate(bases):
+        E = np.asarray(E, dtype=np.float64)
+        if E.ndim != 2 or E.shape[0] != d or not 1 <= E.shape[1] <= d:
+            raise ConfigError(f"bases[{h}] must have shape ({d}, d_h); got {E.shape}")
+        out.append(E)
+    allE = np.concatenate(out, axis=1)
+    if allE.shape[1] > d:
+        raise ConfigError(f"the subspace dimensions sum to {allE.shape[1]} > d = {d}")
+    G = allE.T @ allE
+    err = float(np.max(np.abs(G - np.eye(G.shape[0]))))
+    if err > 1e-8:
+        raise ConfigError(
+            "the bases must be orthonormal and mutually orthogonal (Assumption C.1); "
+            f"max |E^T E - I| = {err:.2e}"
+        )
+    return out
+
+
+class OrthogonalSubspaceLearner(BaseLearner):
+    """Multi-head attention under the orthogonal-subspace Assumption C.1, from value queries.
+
+    With ``bases`` given (orthonormal ``E_h`` of shape (d, d_h)), this is Prop. C.2: on queries
+    whose rows lie in ``U_h = range(E_h)`` only head h answers, and the single-head exact learner
+    in reduced coordinates (``d_h + d_h^2`` queries) recovers ``W_h = E_h W~_h E_h^T`` and
+    ``v_h = E_h v~_h``.
+
+    With ``bases=None`` the subspaces are discovered first (the paper's conjecture, App. C):
+
+    1. For random unit anchors ``y_k``, the Hessian at ``z = 0`` of
+       ``g(z) = f([y + z; y]) - f([y; y])`` is ``M(y) = (1/4) sum_h (W_h y v_h^T + v_h y^T W_h^T)``
+       (each term supported on one ``U_h``). It is read from the even part
+       ``(g(z) + g(-z)) / 2 = (1/2) z^T M z + O(|z|^4)`` at ``z = h e_i`` and
+       ``h (e_i + e_j)``, with two Richardson extrapolation steps (steps h, 2h, 4h).
+    2. Each ``M(y)`` has rank <= 2 per block, so no single one separates the blocks; but the
+       symmetric matrices X commuting with every ``M(y_k)`` form ``span{P_h}`` (H dimensions).
+       The commutant is the null space of the stacked commutator map (SVD); a random element's
+       eigenvalues fall in H clusters, whose eigenvectors are the bases.
+    3. Each head then as in Prop. C.2 in the discovered bases.
+
+    Parameters
+    ----------
+    n_heads : int
+        Number of heads H.
+    bases : None or list of H arrays (d, d_h)
+        Known orthonormal bases of the subspaces.
+    n_anchors : int or None
+        Number of anchors ``y_k`` (Hessians) used to discover the subspaces. The Hessians of
+        K anchors restricted to a block span at most ``K + 1`` directions of it, so a block of
+        dimension d_h needs ``K >= d_h - 1``; None means ``ceil(d / H) + 2`` (equal blocks).
+    fd_step : float
+        Finite-difference step h of the Hessians (tokens have unit norm).
+    probes : {"basis", "gaussian"}
+        Probe design of the per-head exact learner (default: the paper's deterministic set,
+        well conditioned in the small reduced dimensions d_h).
+    random_state : int, sequence of ints, Generator or None
+
+    Attributes
+    ----------
+    W_, v_ : lists of H arrays (d, d) and (d,)
+        The heads, in the order of the (given or discovered) subspaces.
+    bases_ : list of H arrays (d, d_h)
+    commutant_gap_ : float
+        (Discovery only) ratio of the (H+1)-th smallest to the H-th smallest singular value of
+        the commutator map: large when the commutant is cleanly H-dimensional.
+    cluster_gap_ : float
+        (Discovery only) smallest gap between eigenvalue clusters over the largest spread within
+        a cluster, for the chosen commutant element.
+    n_queries_, n_queries_bases_ : int
+        Queries counted by the oracle during ``fit``, and those spent on discovering the bases.
+    """
+
+    def __init__(self, n_heads: int, bases=None, random_state=None, n_anchors: int | None = None,
+                 fd_step: float = 1e-2, probes: str = "basis"):
+        self.n_heads = n_heads
+        self.bases = bases
+        self.random_state = random_state
+        self.n_anchors = n_anchors
+        self.fd_step = fd_step
+        self.probes = probes
+
+    def fit(self, oracle):
+        """Recover every head (up to permutation); returns self.
+
+        Raises
+        ------
+        NotIdentifiableError
+            If a head's value vector is 0 (its W cannot be read).
+        ConfigError
+            On invalid parameters or bases.
+        """
+        d = check_oracle(oracle)
+        H = self.n_heads
+        if isinstance(H, bool) or not isinstance(H, int | np.integer) or not 1 <= H <= d:
+            raise ConfigError(f"n_heads must be an integer in [1, d={d}]; got {H!r}")
+        H = int(H)
+        if not (np.isfinite(self.fd_step) and 0 < self.fd_step < 1):
+            raise ConfigError(f"fd_step must be in (0, 1); got {self.fd_step}")
+        if self.n_anchors is not None and int(self.n_anchors) < 1:
+            raise ConfigError(f"n_anchors must be None or >= 1; got {self.n_anchors}")
+        rng = self._rng()
+        r_disc, r_heads = rng.spawn(2)
+        n0 = oracle.n_queries
+        self.commutant_gap_ = np.nan
+        self.cluster_gap_ = np.nan
+        if self.bases is not None:
+            bases = _check_bases(list(self.bases), d, H)
+        else:
+            bases = self._discover(oracle, d, H, r_disc)
+        n1 = oracle.n_queries
+        W, v = [], []
+        for h, (E, r) in enumerate(zip(bases, r_heads.spawn(H), strict=True)):
+            sub = _SubspaceOracle(oracle, E)
+            try:
+                est = ExactValueQueryLearner(probes=self.probes, random_state=r).fit(sub)
+            except (NotIdentifiableError, AssumptionViolation) as exc:
+                # v_h = 0 reads as exact zeros, or as rounding noise from the other heads
+                # (their v's are orthogonal to the queries only up to rounding)
+                vt = read_v(sub, E.shape[1])
+                others = [np.linalg.norm(read_v(_SubspaceOracle(oracle, F), F.shape[1]))
+                          for g, F in enumerate(bases) if g != h]
+                scale = max([*others, 1e-300])
+                if isinstance(exc, NotIdentifiableError) or np.linalg.norm(vt) <= 1e-10 * scale:
+                    raise NotIdentifiableError(
+                        f"head {h}: its value vector is 0 on its subspace (|v~| = "
+                        f"{np.linalg.norm(vt):.1e}), so its W is not identifiable"
+                    ) from None
+                raise
+            W.append(E @ est.W_ @ E.T)
+            v.append(E @ est.v_)
+        self.W_ = W
+        self.v_ = v
+        self.bases_ = bases
+        self.n_queries_bases_ = int(n1 - n0)
+        self.n_queries_ = int(oracle.n_queries - n0)
+        return self
+
+    def predict(self, X) -> np.ndarray:
+        """Evaluate the recovered multi-head model on inputs X (B, N, d)."""
+        return MultiHeadAttention(
+            [AttentionHead(v, W=W) for W, v in zip(self.W_, self.v_, strict=True)]
+        )(X)
+
+    # ------------------------------------------------------------------------------------------
+    def hessians(self, oracle, d: int, Y: np.ndarray) -> np.ndarray:
+        """Finite-difference Hessians ``M(y_k)`` at ``z = 0`` for anchors Y (K, d).
+
+        One batch of ``K (1 + 3 d (d + 1))`` queries (3 step sizes, +-z, the
+        ``d (d + 1) / 2`` directions ``e_i`` and ``e_i + e_j``).
+        """
+        K = Y.shape[0]
+        iu, ju = np.triu_indices(d)
+        Zdir = np.zeros((iu.size, d))
+        Zdir[np.arange(iu.size), iu] += 1.0
+        Zdir[np.arange(iu.size), ju] += 1.0
+        Zdir[iu == ju] *= 0.5  # e_i itself
+        steps = self.fd_step * np.array([1.0, 2.0, 4.0])
+        P = Zdir.shape[0]
+        # queries: for each anchor, [y; y] and [y +- s z; y]
+        n_per = 1 + 2 * steps.size * P
+        X = np.empty((K, n_per, 2, d))
+        X[:, :, 1, :] = Y[:, None, :]
+        X[:, 0, 0, :] = Y
+        sz = (steps[:, None, None] * Zdir[None, :, :]).reshape(-1, d)  # (3P, d)
+        X[:, 1: 1 + sz.shape[0], 0, :] = Y[:, None, :] + sz[None]
+        X[:, 1 + sz.shape[0]:, 0, :] = Y[:, None, :] - sz[None]
+        check_budget(oracle, K * n_per, "the Hessians for subspace discovery")
+        vals = oracle(X.reshape(K * n_per, 2, d)).reshape(K, n_per)
+        f0 = vals[:, :1]
+        fp = vals[:, 1: 1 + sz.shape[0]].reshape(K, steps.size, P)
+        fm = vals[:, 1 + sz.shape[0]:].reshape(K, steps.size, P)
+        # q(s) = 2 * even part / s^2 = z^T M z + c2 s^2 + c4 s^4 + ...
+        q = (fp + fm - 2 * f0[:, :, None]) / steps[None, :, None] ** 2
+        q1 = (4 * q[:, 0] - q[:, 1]) / 3  # O(s^4)
+        q2 = (4 * q[:, 1] - q[:, 2]) / 3
+        qz = (16 * q1 - q2) / 15  # O(s^6)
+        M = np.zeros((K, d, d))
+        diag = iu == ju
+        M[:, iu[diag], iu[diag]] = qz[:, diag]
+        off = ~diag
+        # z = e_i + e_j: q = M_ii + M_jj + 2 M_ij
+        mij = 0.5 * (qz[:, off] - M[:, iu[off], iu[off]] - M[:, ju[off], ju[off]])
+        M[:, iu[off], ju[off]] = mij
+        M[:, ju[off], iu[off]] = mij
+        return M
+
+    def _n_anchors(self, d: int, H: int) -> int:
+        if self.n_anchors is not None:
+            return int(self.n_anchors)
+        return -(-d // H) + 2
+
+    def _discover(self, oracle, d, H, rng):
+        if H == 1:
+            return [np.eye(d)]
+        K = self._n_anchors(d, H)
+        Y = rng.standard_normal((K, d))
+        Y /= np.linalg.norm(Y, axis=1, keepdims=True)
+        M = self.hessians(oracle, d, Y)
+        # commutator map on symmetric matrices: X -> [M_k, X] for every k
+        iu, ju = np.triu_indices(d)
+        p = iu.size
+        # column (i, j) of the map applied to X = E_ij + E_ji: M X - X M
+        rows = []
+        for Mk in M:
+            C = np.zeros((d, d, p))
+            ar = np.arange(p)
+            C[:, ju, ar] += Mk[:, iu]
+            C[:, iu, ar] += Mk[:, ju]
+            C[iu, :, ar] -= Mk[ju, :]
+            C[ju, :, ar] -= Mk[iu, :]
+            diag = iu == ju
+            C[:, :, diag] *= 0.5  # E_ii counted twice above
+            rows.append(C.reshape(d * d, p))
+        # Gram matrix of the stacked map (p x p): its eigenvectors are L's right singular
+        # vectors, its eigenvalues the squared singular values
+        G = sum(C.T @ C for C in rows)
+        G /= max(np.trace(G), 1e-300)
+        ev, Vg = np.linalg.eigh(G)
+        sv = np.sqrt(np.maximum(ev[::-1], 1e-32))  # descending, as from an SVD
+        Vt = Vg[:, ::-1].T
+        null = Vt[-H:]  # the H smallest singular directions
+        self.commutant_gap_ = float(sv[-H - 1] / max(sv[-H], 1e-300))
+        self.commutant_singular_values_ = sv[-min(sv.size, H + 3):]
+        # a random element of the commutant: H eigenvalue clusters
+        best = None
+        for _ in range(8):
+            g = rng.standard_normal(H)
+            Xv = g @ null
+            Xm = np.zeros((d, d))
+            Xm[iu, ju] = Xv
+            Xm[ju, iu] = Xv
+            lam, V = np.linalg.eigh(Xm)
+            gaps = np.diff(lam)
+            cut = np.sort(np.argsort(gaps)[-(H - 1):])
+            groups = np.split(np.arange(d), cut + 1)
+            spread = max(float(np.ptp(lam[gr])) for gr in groups)
+            score = float(np.min(gaps[cut])) / max(spread, 1e-300)
+            if best is None or score > best[0]:
+                best = (score, V, groups)
+        self.cluster_gap_ = best[0]
+        V, groups = best[1], best[2]
+        return [V[:, gr].copy() for gr in groups]

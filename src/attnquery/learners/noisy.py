@@ -18,7 +18,7 @@ scaled probes, so that every attention weight it inverts lies where ``sigma^{-1}
 
 Theorem 6.1's tolerance, with the final halving for sparse ``v``, is
 ``tau <= min(mu / 2, eps_v / sqrt(d), mu eps_W / (160 W^2 d))``: the learner reports it as
-``required_tau_``. Inverting it gives the guarantee for a given ``tau <= mu / 2``:
+``required_tau_``. Inverting it gives the guarantee for a given ``tau < mu / 2``:
 ``||W_hat - W||_F <= 160 W^2 d tau / mu`` and ``||v_hat - v|| <= sqrt(d) tau``
 (:func:`theorem61_guarantee`).
 
@@ -37,6 +37,7 @@ from ._base import BaseLearner, check_budget, check_oracle, chunk_slices
 
 __all__ = [
     "NoisyValueQueryLearner",
+    "AssumptionParameterError",
     "theorem61_required_tau",
     "theorem61_guarantee",
     "TAU_CLIP",
@@ -51,6 +52,12 @@ L_CLIP = float(1.0 / (TAU_CLIP * (1.0 - TAU_CLIP)))
 THEOREM_CONSTANT = 160.0
 
 
+class AssumptionParameterError(ConfigError, AssumptionViolation):
+    """A learner parameter that states a theorem's assumption is out of its range (``mu``
+    outside (0, 1], ``W_bound < 2``, ``tau <= 0``); both a :class:`ConfigError` and an
+    :class:`AssumptionViolation`."""
+
+
 def theorem61_required_tau(d: int, W_bound: float, mu: float, eps_W: float, eps_v: float) -> float:
     """Largest tolerance for which Theorem 6.1 guarantees ``(eps_W, eps_v)``.
 
@@ -62,13 +69,14 @@ def theorem61_required_tau(d: int, W_bound: float, mu: float, eps_W: float, eps_
 
 
 def theorem61_guarantee(tau, d: int, W_bound: float, mu: float):
-    """Errors Theorem 6.1 guarantees at tolerance ``tau`` (valid where ``tau <= mu / 2``).
+    """Errors Theorem 6.1 guarantees at tolerance ``tau`` (valid where ``tau < mu / 2``).
 
     Returns ``(eps_W, eps_v)`` with ``eps_W = 160 W_bound^2 d tau / mu`` (Frobenius error of
-    W) and ``eps_v = sqrt(d) tau`` (Euclidean error of v); NaN where ``tau > mu / 2``.
+    W) and ``eps_v = sqrt(d) tau`` (Euclidean error of v); NaN where ``tau >= mu / 2`` (at
+    equality the proof's zero test ``|v_hat_i| <= mu / 2`` can take ``|v_i| = mu`` for a zero).
     """
     tau = np.asarray(tau, dtype=float)
-    ok = tau <= mu / 2.0
+    ok = tau < mu / 2.0
     eps_W = np.where(ok, THEOREM_CONSTANT * W_bound**2 * d * tau / mu, np.nan)
     eps_v = np.where(ok, np.sqrt(d) * tau, np.nan)
     if eps_W.ndim == 0:
@@ -152,9 +160,10 @@ class NoisyValueQueryLearner(BaseLearner):
         W, mu = self.W_bound, self.mu
         if not (isinstance(W, int | float | np.floating | np.integer) and np.isfinite(W)
                 and W >= 2):
-            raise ConfigError(f"W_bound must be a finite number >= 2 (Theorem 6.1); got {W!r}")
+            raise AssumptionParameterError(
+                f"W_bound must be a finite number >= 2 (Theorem 6.1); got {W!r}")
         if not (isinstance(mu, int | float | np.floating | np.integer) and 0 < mu <= 1):
-            raise ConfigError(f"mu must be in (0, 1]; got {mu!r}")
+            raise AssumptionParameterError(f"mu must be in (0, 1]; got {mu!r}")
         for name in ("eps_W", "eps_v"):
             e = getattr(self, name)
             if not (isinstance(e, int | float | np.floating | np.integer) and np.isfinite(e)
@@ -164,7 +173,8 @@ class NoisyValueQueryLearner(BaseLearner):
         if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
             raise ConfigError(f"oversample must be an integer >= 1; got {k!r}")
         if self.tau is not None and not (np.isfinite(self.tau) and self.tau > 0):
-            raise ConfigError(f"tau must be a positive number or None; got {self.tau!r}")
+            raise AssumptionParameterError(
+                f"tau must be a positive number or None; got {self.tau!r}")
 
     def fit(self, oracle):
         """Recover (W, v) from ``oracle`` (any object with the value-oracle interface).

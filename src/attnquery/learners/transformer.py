@@ -15,17 +15,24 @@ network is piecewise linear with kinks on the hyperplanes ``a_i^T x = 0``:
    crosses one of the pair within ``|t| <= 1.25``), a grid of values is refined by bisection:
    an interval whose midpoint lies on the chord is linear; a kink interval between two linear
    neighbours is located exactly as the intersection of the neighbours' lines, and accepted when
-   the value there agrees (one more query), otherwise it is split.
+   the values at the kink and just beside it lie on those lines and both halves pass the chord
+   test (otherwise it is split).
 2. At each kink, the gradients on both sides (forward finite differences, exact for a piecewise
-   linear function up to rounding) differ by ``J = +-w_i a_i``; ``s = sign(J^T q)`` is
-   ``sign(w_i)`` and ``u = s J = +-|w_i| a_i``.
-3. Kinks on the same hyperplane (from different lines) are merged; each hyperplane gives a unit
-   neuron ``s ReLU(u^T x)``. The function then equals ``sum_i s_i ReLU(u_i^T x) + b^T x``, where
-   ``b`` (read from the gradient at a few generic points) collects the neurons whose orientation
-   came out flipped (``s ReLU(-u^T x) = s ReLU(u^T x) - s u^T x``). When ``b`` is a combination
-   of the ``u_i`` with coefficients in ``{0, -s_i}`` (always so when the neurons are linearly
-   independent, e.g. ``m <= d``), those neurons are flipped and the width is the true width;
-   otherwise ``b^T x`` is kept as the two neurons ``ReLU(b^T x) - ReLU(-b^T x)``.
+   linear function up to rounding) differ by ``+-w_i a_i``: a first estimate of the normal.
+3. Kinks on the same hyperplane (from different lines) are merged. Each normal is then refined
+   from ``d - 1`` points located exactly on its hyperplane (kinks along short lines across it,
+   inside a ball that meets no other hyperplane), which removes the finite-difference error.
+4. With the normals ``n_i`` fixed, ``f(x) = sum_i c_i ReLU(n_i^T x) + b^T x`` is linear in
+   ``(c, b)``: a least-squares fit on random points gives both (hyperplanes with ``c = 0``, i.e.
+   spurious kinks, are dropped). ``b`` collects the neurons whose orientation came out flipped
+   (``c ReLU(-n^T x) = c ReLU(n^T x) - c n^T x``); when ``b`` is a combination of the ``n_i``
+   with coefficients in ``{0, -c_i}`` (always so when the neurons are linearly independent, e.g.
+   ``m <= d``), those neurons are flipped and the width is the true width; otherwise ``b^T x``
+   is kept as two neurons ``|b| (ReLU(u^T x) - ReLU(-u^T x))``, ``u = b / |b|``.
+
+The output computes the same function as the target (to rounding); its neurons are the target's
+up to permutation and positive scale whenever the width is recovered and the target's
+hyperplanes are distinct.
 """
 
 from __future__ import annotations
@@ -108,13 +115,17 @@ class ReLUNetworkLearner(BaseLearner):
     n_verify : int
         Random points on which the returned network is compared with the oracle
         (``verify_error_``; these queries are counted). 0 skips the check.
+    refine : bool
+        Refine each hyperplane's normal from ``d - 1`` points located on it exactly (4 queries
+        each); without it the normals carry the finite-difference error (about 1e-8).
     random_state : int, sequence of ints, Generator or None
 
     Attributes
     ----------
     A_ : ndarray (d, m_hat)
     w_o_ : ndarray (m_hat,)
-        A network computing the oracle's function (``w_o_`` entries are +-1).
+        A network computing the oracle's function (``w_o_`` is +-1 on the neurons, whose
+        scale ``A_`` carries; the two linear units, when present, come last).
     n_neurons_ : int
         Number of hyperplanes found (``m_hat`` minus the 2 linear neurons when they were added).
     width_recovered_ : bool
@@ -141,6 +152,7 @@ class ReLUNetworkLearner(BaseLearner):
         n_fit_factor: float = 2.0,
         linear_tol: float = 1e-9,
         n_verify: int = 64,
+        refine: bool = True,
         random_state=None,
     ):
         self.n_line_pairs = n_line_pairs
@@ -152,6 +164,7 @@ class ReLUNetworkLearner(BaseLearner):
         self.n_fit_factor = n_fit_factor
         self.linear_tol = linear_tol
         self.n_verify = n_verify
+        self.refine = refine
         self.random_state = random_state
 
     def _validate_params(self):
@@ -184,9 +197,11 @@ class ReLUNetworkLearner(BaseLearner):
             return oracle(np.ascontiguousarray(Z, dtype=np.float64)[:, None, :])
 
         lines = self._search_lines(f, d, rng)
-        U, S, n_kinks = self._jumps(f, lines, d)
-        U, S = self._merge(U, S)
-        A, w_o, recovered = self._linear_part(f, U, S, d, rng)
+        U, _, n_kinks, Xk = self._jumps(f, lines, d)
+        N, groups = self._merge(U, Xk)
+        if self.refine:
+            N = self._refine_normals(f, N, groups, Xk, d, rng)
+        A, w_o, recovered = self._linear_part(f, N, d, rng)
         self.A_ = A
         self.w_o_ = w_o
         self.n_neurons_ = int(A.shape[1] - (0 if recovered else 2))
@@ -353,10 +368,13 @@ class ReLUNetworkLearner(BaseLearner):
         return lines
 
     def _jumps(self, f, lines, d):
-        """Gradient jumps at every accepted kink: returns u (d, k), s (k,), kink count."""
+        """Gradient jumps at every accepted kink.
+
+        Returns u (d, k), s (k,), the number of kinks and the kink points (k, d).
+        """
         rows = [(ln, kk) for ln in lines for kk in ln.kinks]
         if not rows:
-            return np.zeros((d, 0)), np.zeros(0), 0
+            return np.zeros((d, 0)), np.zeros(0), 0, np.zeros((0, d))
         Y = []
         h = []
         for ln, (t, _sl, _sr, delta) in rows:
@@ -374,34 +392,87 @@ class ReLUNetworkLearner(BaseLearner):
         ok &= np.linalg.norm(J, axis=1) > 0
         s = np.sign(along[ok])
         U = (J[ok] * s[:, None]).T
-        return U, s, len(rows)
+        Xk = np.array([ln.base + kk[0] * ln.dirn for ln, kk in rows])[ok]
+        return U, s, len(rows), Xk
 
-    def _merge(self, U, S):
-        """Merge the kinks that lie on one hyperplane; returns unit neurons (u, s)."""
+    def _merge(self, U, Xk):
+        """Group the kinks that lie on one hyperplane; returns unit normals and the groups."""
         k = U.shape[1]
         if k == 0:
-            return U, S
+            return U, []
         N = U / np.linalg.norm(U, axis=0, keepdims=True)
         C = np.abs(N.T @ N)
         label = -np.ones(k, dtype=int)
-        reps = []
+        groups = []
         for i in range(k):
             if label[i] >= 0:
                 continue
             members = np.flatnonzero((C[i] > 1 - self.merge_tol) & (label < 0))
-            label[members] = len(reps)
-            reps.append(members)
-        out_u, out_s = [], []
-        for members in reps:
-            ref = U[:, members[0]]
-            orient = np.sign(U[:, members].T @ ref)
-            vecs = U[:, members] * orient
-            out_u.append(vecs.mean(axis=1))
-            # s is sign(w), independent of the orientation of u
-            out_s.append(np.sign(np.sum(S[members])) or S[members[0]])
-        return np.array(out_u).T, np.array(out_s, dtype=float)
+            label[members] = len(groups)
+            groups.append(members)
+        out = []
+        for members in groups:
+            orient = np.sign(N[:, members].T @ N[:, members[0]])
+            n = (N[:, members] * orient).mean(axis=1)
+            out.append(n / np.linalg.norm(n))
+        return np.array(out).T, groups
 
-    def _linear_part(self, f, U, S, d, rng):
+    def _refine_normals(self, f, N, groups, Xk, d, rng):
+        """Refine each hyperplane's normal from d - 1 extra points located on it exactly.
+
+        Around a kink point x* (the one of the group farthest from every other hyperplane, at
+        distance D), the ball of radius D meets only its own hyperplane. Along the short lines
+        ``x* + r_j + t n`` (r_j random, orthogonal to the current normal n, ``|r_j| = D / 2``)
+        f has one kink, located as the intersection of the two lines through two points on
+        either side (4 queries). The hyperplane passes through the origin, x* and these
+        points: its normal is their common null vector. The finite-difference normal is
+        accurate to about ``1e-16 / h`` (h the step); these points to rounding.
+        """
+        k = N.shape[1]
+        if k == 0 or d < 2:
+            return N
+        anchors = np.empty((k, d))
+        radius = np.empty(k)
+        for g, members in enumerate(groups):
+            P = Xk[members]
+            dist = np.abs(P @ N) / np.linalg.norm(P, axis=1, keepdims=True)
+            dist[:, g] = np.inf
+            far = np.min(dist * np.linalg.norm(P, axis=1, keepdims=True), axis=1) if k > 1 \
+                else np.linalg.norm(P, axis=1)
+            j = int(np.argmax(far))
+            anchors[g] = P[j]
+            radius[g] = far[j]
+        # offsets orthogonal to each normal
+        R = rng.standard_normal((k, d - 1, d))
+        R -= np.einsum("kjd,dk->kj", R, N)[:, :, None] * N.T[:, None, :]
+        R /= np.linalg.norm(R, axis=2, keepdims=True)
+        R *= 0.5 * radius[:, None, None]
+        tau = 0.5 * radius  # the points stay within 0.71 radius of x*
+        tq = np.array([-1.0, -0.5, 0.5, 1.0])
+        T = tau[:, None] * tq[None, :]  # (k, 4)
+        pts = (anchors[:, None, None, :] + R[:, :, None, :]
+               + T[:, None, :, None] * N.T[:, None, None, :])
+        vals = f(pts.reshape(-1, d)).reshape(k, d - 1, 4)
+        sl = (vals[..., 1] - vals[..., 0]) / (T[:, None, 1] - T[:, None, 0])
+        sr = (vals[..., 3] - vals[..., 2]) / (T[:, None, 3] - T[:, None, 2])
+        fl = vals[..., 1] + sl * (0.0 - T[:, None, 1])  # left line at t = 0
+        fr = vals[..., 2] + sr * (0.0 - T[:, None, 2])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t_star = (fr - fl) / (sl - sr)
+        N_new = N.copy()
+        for g in range(k):
+            ok = np.isfinite(t_star[g]) & (np.abs(t_star[g]) < 0.5 * tau[g])
+            if ok.sum() < d - 1:
+                continue  # keep the finite-difference normal
+            Pts = anchors[g] + R[g] + t_star[g][:, None] * N[:, g][None, :]
+            M = np.concatenate([anchors[g][None, :], Pts])
+            M /= np.linalg.norm(M, axis=1, keepdims=True)
+            _, _, Vt = np.linalg.svd(M)
+            n = Vt[-1]
+            N_new[:, g] = n if n @ N[:, g] > 0 else -n
+        return N_new
+
+    def _linear_part(self, f, N, d, rng):
         """Refit magnitudes and the linear remainder; flip neurons to absorb it when possible.
 
         With the hyperplane normals ``n_i`` known, ``f(x) = sum_i c_i ReLU(n_i^T x) + b^T x``
@@ -410,18 +481,21 @@ class ReLUNetworkLearner(BaseLearner):
         ``b`` is then a combination ``sum_i beta_i n_i`` with ``beta_i in {0, -c_i}`` when the
         neurons are independent; ``c ReLU(n^T x) - c n^T x = c ReLU(-n^T x)`` flips those.
         """
-        k = U.shape[1]
-        N = U / np.linalg.norm(U, axis=0, keepdims=True) if k else U
+        k = N.shape[1]
         n_fit = int(self.n_fit_factor * (k + d)) + 8
         Z = rng.standard_normal((n_fit, d))
         y = f(Z)
-        F = np.concatenate([np.maximum(Z @ N, 0.0), Z], axis=1)
-        coef, *_ = np.linalg.lstsq(F, y, rcond=None)
-        c, b = coef[:k], coef[k:]
+        for _ in range(2):
+            F = np.concatenate([np.maximum(Z @ N, 0.0), Z], axis=1)
+            coef, *_ = np.linalg.lstsq(F, y, rcond=None)
+            c, b = coef[: N.shape[1]], coef[N.shape[1]:]
+            scale = max(float(np.max(np.abs(c), initial=0.0)), float(np.linalg.norm(b)), 1e-300)
+            # a hyperplane without a jump (a spurious kink) is no neuron: drop it and refit
+            keep_nz = np.abs(c) > self.linear_tol * scale
+            if keep_nz.all():
+                break
+            N = N[:, keep_nz]
         self.fit_residual_ = float(np.linalg.norm(F @ coef - y) / max(np.linalg.norm(y), 1e-300))
-        scale = max(float(np.max(np.abs(c))) if k else 0.0, float(np.linalg.norm(b)), 1e-300)
-        keep_nz = np.abs(c) > 1e-12 * scale  # a hyperplane with no jump is no neuron
-        N, c = N[:, keep_nz], c[keep_nz]
         if np.linalg.norm(b) > self.linear_tol * scale and c.size:
             beta, *_ = np.linalg.lstsq(N, b, rcond=None)
             resid = np.linalg.norm(N @ beta - b)
@@ -454,8 +528,8 @@ class TransformerLearner(BaseLearner):
     ffn : {"kinks"}
         The FFN learner.
     random_state : int, sequence of ints, Generator or None
-    probes : {"gaussian", "basis"}
-        Probe design of the exact learner.
+    probes : {"basis", "gaussian"}
+        Probe design of the exact learner (default: the paper's deterministic set).
     ffn_params : dict, optional
         Extra parameters of :class:`ReLUNetworkLearner`.
 
@@ -476,7 +550,7 @@ class TransformerLearner(BaseLearner):
         All value queries counted by the oracle during ``fit``.
     """
 
-    def __init__(self, ffn: str = "kinks", random_state=None, probes: str = "gaussian",
+    def __init__(self, ffn: str = "kinks", random_state=None, probes: str = "basis",
                  ffn_params: dict | None = None):
         self.ffn = ffn
         self.random_state = random_state

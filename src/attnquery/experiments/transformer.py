@@ -1,0 +1,99 @@
+"""Experiment "transformer": one-layer transformers (Sec. 4.1) over d, FFN width m and seeds.
+
+Each cell draws a random transformer (:func:`~attnquery.models.random_transformer`), fits
+:class:`~attnquery.learners.TransformerLearner` on a value oracle and scores:
+
+- W and ``v = A w_o`` against the truth (relative Frobenius errors);
+- the FFN alone: worst relative difference on random unit inputs (``func_err_ffn``), and, when
+  the width is recovered, the error of the neurons after matching them up to permutation and
+  positive scale (``neuron_err``);
+- the whole transformer: relative difference per held-out input (inputs of lengths 1, 2, 4, 8),
+  normalised by the RMS output; worst (``func_err_max``) and median (``func_err_median``);
+- the queries used by the attention part (two per antisymmetric query) and by the FFN part.
+
+Claims checked: W to relative error <= 1e-10; FFN functional error <= 1e-8 for m <= d; the
+attention part uses exactly 2 (d^2 + d) value queries.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..learners import TransformerLearner
+from ..metrics import match_neurons, random_inputs, relative_error
+from ..models import random_transformer
+from ..oracles import ValueOracle
+from . import Experiment, grid, register
+
+#: relative error of W at or below which the attention part counts as exact
+W_TOL = 1e-10
+#: relative functional error of the FFN at or below which it counts as exact
+FFN_TOL = 1e-8
+
+
+def cells(cfg) -> list[dict]:
+    out = []
+    for g in grid(d=cfg["d"], width=cfg["width"], seed=list(range(cfg["seeds"]))):
+        out.append({"learner": "transformer", **g})
+    return out
+
+
+def transformer_functional_errors(f_true, f_hat, d, rng, n=64, lengths=(1, 2, 4, 8)):
+    """Per-input relative differences ``|f_hat - f| / rms(f)`` (rms over inputs of that length).
+
+    Returns (worst, median).
+    """
+    rel = []
+    for X in random_inputs(d, rng, n=n, lengths=lengths):
+        a = np.asarray(f_true(X), dtype=float)
+        b = np.asarray(f_hat(X), dtype=float)
+        rms = float(np.sqrt(np.mean(a**2)))
+        rel.append(np.abs(a - b) / (rms if rms > 0 else 1.0))
+    rel = np.concatenate(rel)
+    return float(rel.max()), float(np.median(rel))
+
+
+def ffn_error(tf, predict, d, rng, n=512) -> float:
+    """Worst ``|FFN_hat - FFN|`` over the largest ``|FFN|`` on random unit inputs."""
+    Z = rng.standard_normal((n, d))
+    Z /= np.linalg.norm(Z, axis=1, keepdims=True)
+    y = tf.ffn(Z)
+    scale = float(np.max(np.abs(y)))
+    err = float(np.max(np.abs(predict(Z) - y)))
+    return err / scale if scale > 0 else err
+
+
+def run(cell: dict, rng: np.random.Generator) -> dict:
+    model_rng, learner_rng, eval_rng = rng.spawn(3)
+    d, m = cell["d"], cell["width"]
+    tf = random_transformer(d, m, model_rng)
+    oracle = ValueOracle(tf, d)
+    est = TransformerLearner(random_state=learner_rng).fit(oracle)
+    r_ffn, r_tf = eval_rng.spawn(2)
+    out = {
+        "rel_err_W": relative_error(est.W_, tf.W),
+        "rel_err_v": relative_error(est.v_, tf.v),
+        "n_queries": oracle.n_queries,
+        "n_queries_attention": est.n_queries_attention_,
+        "n_queries_ffn": est.n_queries_ffn_,
+        "func_err_ffn": ffn_error(tf, est.ffn_.predict, d, r_ffn),
+        "width_found": int(est.A_.shape[1]),
+    }
+    match = match_neurons(est.A_, est.w_o_, tf.A, tf.w_o)
+    out["neuron_err"] = match["rel_err"] if match["same_width"] else None  # does not apply
+    out["func_err_max"], out["func_err_median"] = transformer_functional_errors(
+        tf, est.predict, d, r_tf
+    )
+    out["func_err"] = out["func_err_max"]
+    out["success"] = bool(out["rel_err_W"] <= W_TOL and out["func_err_ffn"] <= FFN_TOL)
+    return out
+
+
+EXPERIMENT = register(
+    Experiment(
+        name="transformer",
+        cells=cells,
+        run=run,
+        description="One-layer transformers: antisymmetric queries + bias-free ReLU FFN learner",
+    )
+)

@@ -1,0 +1,231 @@
+"""Figures of the low-rank experiments: phase transition, query counts, wall time."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from ..claims import Claim, ok_rows
+from ..experiments.lowrank import PHASE_TOL, SKETCH_TOL
+from ..metrics import fit_power_law
+from . import register_figure
+
+#: interval the fitted exponent of the smallest successful m against r d must fall in
+LINEAR_RANGE = (0.85, 1.15)
+#: the sketch learner must use at most this multiple of r (2d - r) + d queries for d >= SKETCH_MIN_D
+SKETCH_FACTOR = 1.05
+SKETCH_MIN_D = 256
+
+
+def _phase_rows(df):
+    rows = df[df["experiment"] == "lowrank_phase"]
+    return rows[rows["status"] == "ok"]
+
+
+def success_table(df) -> pd.DataFrame:
+    """Success rate per (d, rank, c): columns d, rank, c, rate, n (over seeds and solvers)."""
+    rows = _phase_rows(df)
+    if rows.empty:
+        return pd.DataFrame(columns=["d", "rank", "c", "rate", "n"])
+    g = rows.assign(s=rows["success"].fillna(False).astype(float))
+    t = g.groupby(["d", "rank", "c"])["s"].agg(["mean", "size"]).reset_index()
+    return t.rename(columns={"mean": "rate", "size": "n"})
+
+
+def transition_points(df) -> pd.DataFrame:
+    """The empirical 50% point of each (d, r): ``c_50`` and ``m_50 = c_50 r (2d)``.
+
+    ``c_50`` interpolates linearly between the last grid value of c with success rate below 1/2
+    and the first at or above it. Rows where the rate never reaches 1/2 get NaN; rows where it
+    is already reached at the smallest c are flagged ``censored``.
+    """
+    out = []
+    for (d, r), g in success_table(df).groupby(["d", "rank"]):
+        g = g.sort_values("c")
+        c, p = g["c"].to_numpy(float), g["rate"].to_numpy(float)
+        above = np.flatnonzero(p >= 0.5)
+        censored = False
+        if above.size == 0:
+            c50 = np.nan
+        elif above[0] == 0:
+            c50, censored = c[0], True
+        else:
+            i = above[0]
+            c0, c1, p0, p1 = c[i - 1], c[i], p[i - 1], p[i]
+            c50 = c0 + (0.5 - p0) * (c1 - c0) / (p1 - p0)
+        out.append({"d": int(d), "rank": int(r), "c50": c50, "m50": c50 * r * 2 * d,
+                    "censored": censored})
+    cols = {"d": int, "rank": int, "c50": float, "m50": float, "censored": bool}
+    return pd.DataFrame(out, columns=list(cols)).astype(cols)
+
+
+def lowrank_claims(df) -> list[Claim]:
+    """Every claim of the low-rank figures, checked on the rows."""
+    claims = []
+    tp = transition_points(df)
+    fit_rows = tp[np.isfinite(tp["m50"]) & ~tp["censored"]]
+    rd = fit_rows["d"] * fit_rows["rank"]
+    if len(fit_rows) >= 3 and rd.nunique() >= 2:
+        fit = fit_power_law(rd, fit_rows["m50"])
+        claims.append(Claim(
+            "nuclear_linear",
+            "the smallest successful m of the nuclear-norm learner grows linearly in r d "
+            f"(fitted exponent in [{LINEAR_RANGE[0]}, {LINEAR_RANGE[1]}])",
+            bool(LINEAR_RANGE[0] <= fit.slope <= LINEAR_RANGE[1]),
+            f"exponent {fit} over {len(fit_rows)} (d, r) points; "
+            f"C = m_50 / (r (2d)) from {fit_rows['c50'].min():.2f} to "
+            f"{fit_rows['c50'].max():.2f}",
+        ))
+    else:
+        claims.append(Claim(
+            "nuclear_linear", "the smallest successful m grows linearly in r d", False,
+            f"only {len(fit_rows)} (d, r) points with a 50% crossing inside the c grid",
+        ))
+    st = success_table(df)
+    if not st.empty:
+        lo = st.loc[st.groupby(["d", "rank"])["c"].idxmin()]
+        hi = st.loc[st.groupby(["d", "rank"])["c"].idxmax()]
+        ok = bool((lo["rate"] <= 0.1).all() and (hi["rate"] >= 0.9).all())
+        claims.append(Claim(
+            "nuclear_transition",
+            "for every (d, r) the success rate rises from <= 10% at the smallest c to >= 90% "
+            "at the largest",
+            ok,
+            f"smallest c: max rate {lo['rate'].max():.2f}; largest c: min rate "
+            f"{hi['rate'].min():.2f}",
+        ))
+    sk_all = df[(df["experiment"] == "lowrank_scale") & (df["learner"] == "sketch")]
+    sk = sk_all[sk_all["status"] == "ok"]
+    if len(sk_all):
+        succ = sk["success"].fillna(False).astype(bool)
+        claims.append(Claim(
+            "sketch_success",
+            f"the sketch learner recovers every head to relative error <= {SKETCH_TOL:g}",
+            bool(len(sk) == len(sk_all) and succ.all()),
+            f"{int(succ.sum())}/{len(sk_all)} runs; worst {sk['rel_err_W'].max():.2e}",
+        ))
+        big = sk[sk["d"] >= SKETCH_MIN_D]
+        floor = big["rank"] * (2 * big["d"] - big["rank"]) + big["d"]
+        ratio = big["n_queries"] / floor
+        claims.append(Claim(
+            "sketch_floor",
+            f"the sketch learner uses <= {SKETCH_FACTOR} (r (2d - r) + d) queries whenever "
+            f"d >= {SKETCH_MIN_D}",
+            bool(len(big) > 0 and (ratio <= SKETCH_FACTOR).all()),
+            f"{int((ratio <= SKETCH_FACTOR).sum())}/{len(big)} runs; largest ratio "
+            f"{ratio.max() if len(big) else float('nan'):.4f}",
+        ))
+    return claims
+
+
+@register_figure("lowrank_phase")
+def lowrank_phase(df):
+    """Success probability of the nuclear-norm learner over c = m / (r 2d) and (d, r)."""
+    st = success_table(df)
+    tp = transition_points(df)
+    claims = [c for c in lowrank_claims(df) if c.name.startswith("nuclear")]
+    fig, ax = plt.subplots(figsize=(6.75, 3.4))
+    if st.empty:
+        ax.text(0.5, 0.5, "no lowrank_phase rows", ha="center", transform=ax.transAxes)
+        return fig, claims
+    pairs = sorted({(int(d), int(r)) for d, r in zip(st["d"], st["rank"], strict=True)},
+                   key=lambda p: (p[1], p[0]))
+    cs = np.sort(st["c"].unique())
+    grid = np.full((len(pairs), cs.size), np.nan)
+    for i, (d, r) in enumerate(pairs):
+        g = st[(st["d"] == d) & (st["rank"] == r)]
+        for c, p in zip(g["c"], g["rate"], strict=True):
+            grid[i, np.searchsorted(cs, c)] = p
+    im = ax.imshow(grid, aspect="auto", origin="lower", cmap="viridis", vmin=0, vmax=1,
+                   extent=(-0.5, cs.size - 0.5, -0.5, len(pairs) - 0.5))
+    # the empirical 50% line, in grid coordinates (c interpolated between columns), per r
+    first = True
+    for r_val in sorted({r for _, r in pairs}):
+        xs, ys = [], []
+        for i, (d, r) in enumerate(pairs):
+            row = tp[(tp["d"] == d) & (tp["rank"] == r)]
+            if r == r_val and len(row) and np.isfinite(row["c50"].iloc[0]):
+                xs.append(np.interp(row["c50"].iloc[0], cs, np.arange(cs.size)))
+                ys.append(i)
+        ax.plot(xs, ys, "w-o", ms=3, lw=1.2, label="empirical 50% success" if first else None)
+        first = False
+    ax.set_xticks(np.arange(cs.size), [f"{c:g}" for c in cs])
+    ax.set_yticks(np.arange(len(pairs)), [f"d={d}, r={r}" for d, r in pairs])
+    ax.set_xlabel(r"$c = m / (r \cdot 2d)$, $m$ = number of rank-one measurements")
+    ax.set_ylabel("head (d, r)")
+    n = int(st["n"].max())
+    ax.set_title("Nuclear-norm learner (Thm 5.1): success = rel. Frobenius error of $W$ "
+                 f"$\\leq$ {PHASE_TOL:g} after polishing (up to {n} runs per cell)",
+                 fontsize=7)
+    fig.colorbar(im, ax=ax, label="success probability")
+    ax.legend(loc="upper right", fontsize=6.5, framealpha=0.6)
+    return fig, claims
+
+
+@register_figure("lowrank_queries")
+def lowrank_queries(df):
+    """Queries against r d: nuclear (smallest successful m + d), sketch, exact, the floor."""
+    claims = lowrank_claims(df)
+    fig, ax = plt.subplots(figsize=(6.75, 3.6))
+    tp = transition_points(df)
+    tp = tp[np.isfinite(tp["m50"]) & ~tp["censored"]]
+    series = []  # (label, x, y, marker, values the exponent is fitted on or None)
+    if len(tp):
+        x = tp["d"] * tp["rank"]
+        series.append(("nuclear norm at its 50% point: $m_{50} + d$", x, tp["m50"] + tp["d"],
+                       "o", tp["m50"]))
+    sc = ok_rows(df, "lowrank_scale")
+    g = sc[sc["learner"] == "sketch"]
+    if len(g):
+        series.append(("sketch, rank found", g["d"] * g["rank"], g["n_queries"], "s",
+                       g["n_queries"]))
+    g = sc[sc["learner"] == "exact"]
+    if len(g):
+        series.append(("exact (Thm 4.1), $d^2 + d$", g["d"] * g["rank"], g["n_queries"], "^",
+                       None))
+    pts = pd.concat([tp[["d", "rank"]], sc[["d", "rank"]]]).drop_duplicates()
+    for label, x, y, mk, fit_y in series:
+        txt = ""
+        if fit_y is not None and pd.Series(x).nunique() >= 2 and len(x) >= 3:
+            fit = fit_power_law(x, fit_y)
+            what = "$m_{50}$ " if mk == "o" else ""
+            txt = f"\n  {what}exponent {fit.slope:.2f} [{fit.lo:.2f}, {fit.hi:.2f}]"
+        ax.plot(x, y, mk, alpha=0.7, label=label + txt)
+    if len(pts):
+        pts = pts.assign(rd=pts["d"] * pts["rank"]).sort_values("rd")
+        fl = pts["rank"] * (2 * pts["d"] - pts["rank"]) + pts["d"]
+        ax.plot(pts["rd"], fl, "k_", ms=10, mew=1.2, label="floor $r(2d - r) + d$")
+    ax.set(xscale="log", yscale="log", xlabel=r"$r \cdot d$ (rank $\times$ width)",
+           ylabel="queries (counted by the oracle)")
+    ax.set_title("Queries against $r d$ (exponents: log-log fits with 95% intervals)",
+                 fontsize=8)
+    ax.legend(loc="upper left", fontsize=6.5)
+    return fig, claims
+
+
+@register_figure("lowrank_time")
+def lowrank_time(df):
+    """Wall time against d: nuclear norm (per solver) and sketch (per r)."""
+    claims = []
+    fig, ax = plt.subplots(figsize=(6.75, 3.4))
+    ph = _phase_rows(df)
+    if "wall_time_s" in df.columns and len(ph):
+        for (solver, g), mk in zip(ph.groupby("solver"), ("o-", "D-"), strict=False):
+            agg = g.groupby("d")["wall_time_s"].median()
+            ax.plot(agg.index, agg.values, mk, color="k",
+                    label=f"nuclear norm, {solver} (median over c)")
+    sc = ok_rows(df, "lowrank_scale")
+    if "wall_time_s" in df.columns and len(sc):
+        colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        ranks = sorted(sc["rank"].unique())
+        for (learner, r), g in sc.groupby(["learner", "rank"]):
+            agg = g.groupby("d")["wall_time_s"].median()
+            ls = "s--" if learner == "sketch" else "^:"
+            ax.plot(agg.index, agg.values, ls, color=colors[ranks.index(r) % len(colors)],
+                    label=f"{learner}, r = {r}")
+    ax.set(xscale="log", yscale="log", xlabel="dimension $d$",
+           ylabel="wall time per run (s), oracle included")
+    ax.set_title("Wall time against $d$ (shared CPU: times are upper bounds)", fontsize=8)
+    ax.legend(loc="upper left", fontsize=6, ncol=2)
+    return fig, claims

@@ -1,0 +1,177 @@
+"""Figure multihead_generic: where generic multi-head recovery from value queries works.
+
+Panels: success rate over (d, H); error against the separation eps of two heads
+(``W_2 = W_1 + eps D``, eps = 0 being Prop. 7.1's non-identifiable shared-W construction);
+queries counted by the oracle against d for each H (with the orthogonal-subspace comparison);
+wall time per run against d.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from ..claims import Claim
+from ..experiments.multihead_generic import SUCCESS_TOL
+from . import register_figure
+
+#: the claim on random heads covers grid points with d and H up to these
+SMALL_D, SMALL_H = 12, 3
+#: separations at or above this are claimed to be recovered
+SEPARATION_CLAIM = 1e-2
+
+
+def _rows(df, variant):
+    return df[(df["experiment"] == "multihead_generic") & (df["variant"] == variant)]
+
+
+def _succ(rows):
+    return (rows["status"] == "ok") & rows["success"].fillna(False).astype(bool)
+
+
+def multihead_generic_claims(df) -> list[Claim]:
+    """The claims of the multihead_generic experiment, checked on its rows."""
+    claims = []
+    g = _rows(df, "grid")
+    small = g[(g["d"] <= SMALL_D) & (g["n_heads"] <= SMALL_H)]
+    s = _succ(small)
+    claims.append(Claim(
+        "multihead_generic_small",
+        f"random heads with d <= {SMALL_D}, H <= {SMALL_H} are all recovered to "
+        f"{SUCCESS_TOL:g} (relative, after matching)",
+        bool(len(small) > 0 and s.all()),
+        f"{int(s.sum())}/{len(small)} runs",
+    ))
+    sep = _rows(df, "separation")
+    zero = sep[sep["separation"] == 0]
+    claims.append(Claim(
+        "multihead_generic_shared_w",
+        "shared W (eps = 0, Prop. 7.1) is reported as not identifiable",
+        bool(len(zero) > 0 and (zero["status"] == "not_identifiable").all()),
+        f"{int((zero['status'] == 'not_identifiable').sum())}/{len(zero)} runs",
+    ))
+    far = sep[sep["separation"] >= SEPARATION_CLAIM]
+    sf = _succ(far)
+    claims.append(Claim(
+        "multihead_generic_separation",
+        f"two heads with separation eps >= {SEPARATION_CLAIM:g} are recovered",
+        bool(len(far) > 0 and sf.all()),
+        f"{int(sf.sum())}/{len(far)} runs",
+    ))
+    neg = _rows(df, "negated")
+    three = neg[neg["learner"] == "multihead_generic"]
+    two = neg[neg["learner"] == "multihead_generic_2row"]
+    ok3 = _succ(three)
+    fail2 = ~_succ(two)
+    claims.append(Claim(
+        "multihead_generic_negated",
+        "W_2 = -W_1 is recovered with three-row queries and not with two-row queries only",
+        bool(len(three) > 0 and len(two) > 0 and ok3.all() and fail2.all()),
+        f"three-row {int(ok3.sum())}/{len(three)} recovered; two-row only "
+        f"{int(fail2.sum())}/{len(two)} not recovered",
+    ))
+    return claims
+
+
+@register_figure("multihead_generic")
+def multihead_generic(df):
+    """Success heatmap over (d, H), error against separation, queries and wall time against d."""
+    claims = multihead_generic_claims(df)
+    fig, axes = plt.subplots(2, 2, figsize=(6.75, 5.0), layout="constrained")
+    (ax1, ax2), (ax3, ax4) = axes
+
+    # (a) success rate over (d, H)
+    g = _rows(df, "grid")
+    ds = np.sort(g["d"].unique())
+    Hs = np.sort(g["n_heads"].unique())
+    rate = np.full((Hs.size, ds.size), np.nan)
+    for i, H in enumerate(Hs):
+        for j, d in enumerate(ds):
+            cell = g[(g["d"] == d) & (g["n_heads"] == H)]
+            if len(cell):
+                rate[i, j] = _succ(cell).mean()
+                ax1.text(j, i, f"{int(_succ(cell).sum())}/{len(cell)}", ha="center",
+                         va="center", fontsize=6,
+                         color="white" if rate[i, j] < 0.5 else "black")
+    im = ax1.imshow(np.ma.masked_invalid(rate), origin="lower", cmap="cividis", vmin=0,
+                    vmax=1, aspect="auto")
+    ax1.set_xticks(range(ds.size), [str(int(x)) for x in ds])
+    ax1.set_yticks(range(Hs.size), [str(int(x)) for x in Hs])
+    ax1.set(xlabel="dimension $d$", ylabel="heads $H$")
+    ax1.set_title(f"Success rate (error $\\leq$ {SUCCESS_TOL:g})")
+    ax1.grid(False)
+    fig.colorbar(im, ax=ax1, fraction=0.06, pad=0.02, label="success rate")
+
+    # (b) error against separation eps
+    sep = _rows(df, "separation")
+    pos = sep[sep["separation"] > 0]
+    floor = 1e-17
+    if len(pos):
+        emin = float(pos["separation"].min())
+        x0 = emin / 10
+        ok = pos[pos["status"] == "ok"]
+        err = np.maximum(np.maximum(ok["rel_err_W"], ok["rel_err_v"]), floor)
+        ax2.plot(ok["separation"], err, "o", alpha=0.7, label="recovered (max rel. error)")
+        bad = pos[pos["status"] != "ok"]
+        if len(bad):
+            ax2.plot(bad["separation"], np.full(len(bad), 1.0), "x", color="C3",
+                     label="learner refused (too close)")
+        zero = sep[sep["separation"] == 0]
+        if len(zero):
+            ax2.plot(np.full(len(zero), x0), np.full(len(zero), 1.0), "s", color="k",
+                     label=r"$\varepsilon = 0$: NotIdentifiableError")
+        ax2.axvline(x0, color="k", ls=":", lw=0.8)
+        ax2.text(x0 * 1.3, 1e-7, "non-identifiable\nlimit (shared W)", fontsize=6,
+                 rotation=90, va="bottom")
+        ax2.axhline(SUCCESS_TOL, color="k", ls="--", lw=0.8)
+        ax2.set_xscale("log")
+        ax2.set_xlim(x0 / 3, float(pos["separation"].max()) * 3)
+        ticks = [x0, *[10.0**k for k in range(int(np.ceil(np.log10(emin))),
+                                              int(np.floor(np.log10(pos["separation"].max())))
+                                              + 1)]]
+        ax2.set_xticks(ticks, ["0", *[f"$10^{{{int(np.log10(x))}}}$" for x in ticks[1:]]])
+        ax2.minorticks_off()
+    ax2.set(yscale="log", xlabel=r"separation $\varepsilon$ ($W_2 = W_1 + \varepsilon D$)",
+            ylabel="max rel. error of $W_h$, $v_h$")
+    ax2.set_ylim(1e-17, 10)
+    ax2.set_title("Two heads: error vs separation")
+    ax2.legend(loc="lower left", bbox_to_anchor=(0.12, 0.0), fontsize=5.5)
+
+    # (c) queries against d for each H
+    okg = g[g["status"] == "ok"]
+    for H, gh in okg.groupby("n_heads", sort=True):
+        agg = gh.groupby("d")["n_queries"].median()
+        ax3.plot(agg.index, agg.values, "o-", label=f"$H = {int(H)}$")
+    orth = _rows(df, "orthogonal")
+    orth = orth[orth["status"] == "ok"]
+    for learner, marker, name in (("multihead_generic", "D", "orthogonal family, generic"),
+                                  ("orthogonal_subspace", "v", "orthogonal family, C.1 learner")):
+        o = orth[orth["learner"] == learner]
+        if len(o):
+            ax3.plot(o["d"], o["n_queries"], marker, mfc="none", color="0.3", label=name)
+    if len(okg):
+        xx = np.geomspace(okg["d"].min(), okg["d"].max(), 50)
+        first = okg[okg["d"] == okg["d"].min()]
+        c2 = float(first["n_queries"].min()) / float(okg["d"].min()) ** 2
+        ax3.plot(xx, c2 * xx**2, "k--", lw=0.8, label=r"$\propto d^2$ (guide)")
+    ax3.set(xscale="log", yscale="log", xlabel="dimension $d$",
+            ylabel="queries (counted)")
+    if len(g):
+        ax3.set_xticks(ds, [str(int(x)) for x in ds])
+        ax3.minorticks_off()
+    ax3.set_title("Queries against $d$")
+    ax3.legend(loc="upper left", fontsize=5.5)
+
+    # (d) wall time against d for each H
+    if "wall_time_s" in okg:
+        for H, gh in okg.groupby("n_heads", sort=True):
+            agg = gh.groupby("d")["wall_time_s"].median()
+            ax4.plot(agg.index, agg.values, "o-", label=f"$H = {int(H)}$")
+    ax4.set(xscale="log", yscale="log", xlabel="dimension $d$",
+            ylabel="wall time per run (s)")
+    if len(g):
+        ax4.set_xticks(ds, [str(int(x)) for x in ds])
+    ax4.minorticks_off()
+    ax4.set_title("Wall time against $d$ (median; shared CPU)")
+    ax4.legend(loc="upper left", fontsize=5.5)
+    return fig, claims

@@ -1,0 +1,317 @@
+"""Figures noise_scaling and defence_rounding: learning from approximate answers (Sec. 6)."""
+
+from __future__ import annotations
+
+import json
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from ..claims import Claim, ok_rows
+from ..experiments.noise import USEFUL_REL_ERR, cell_meets_assumptions, parse_rounding
+from ..learners.noisy import theorem61_guarantee
+from ..metrics import fit_linear
+from ..oracles import RoundingOracle
+from . import register_figure
+
+#: interval the fitted slope of error against tau must fall in
+SLOPE_RANGE = (0.9, 1.1)
+#: interval the fitted exponent of error against oversampling (uniform noise) must fall in
+OVERSAMPLE_RANGE = (-0.65, -0.35)
+NOISE_MODELS = ("uniform", "adversarial")
+
+
+def _extra(df, key, default=None):
+    return df["extra"].map(lambda s: json.loads(s).get(key, default) if s else default)
+
+
+def _tau_rows(df, ok_only=True):
+    rows = ok_rows(df, "noise") if ok_only else df[df["experiment"] == "noise"]
+    return rows[rows["variant"] == "tau"]
+
+
+def _met(rows):
+    """Rows whose cell meets Theorem 6.1's assumptions (from the cell's parameters)."""
+    return rows[[cell_meets_assumptions(d, t, m, w) for d, t, m, w in
+                 zip(rows["d"], rows["tau"], rows["mu"], rows["W_bound"], strict=True)]]
+
+
+def _centered_slope(g, x="tau", y="abs_err_W", by=("noise", "mu", "W_bound", "d", "seed")):
+    """Slope of log y against log x with a fixed effect per group (demeaned within groups)."""
+    g = g[(g[y] > 0) & np.isfinite(g[y])]
+    lx, ly = np.log(g[x].astype(float)), np.log(g[y].astype(float))
+    keys = [g[k] for k in by]
+    cx = lx - lx.groupby(keys).transform("mean")
+    cy = ly - ly.groupby(keys).transform("mean")
+    return fit_linear(cx, cy)
+
+
+def noise_claims(df) -> list[Claim]:
+    """Claims of the noise experiment, checked on its rows."""
+    claims = []
+    rows = _tau_rows(df)
+    every = _tau_rows(df, ok_only=False)
+    noisy = rows[(rows["learner"] == "noisy") & (rows["oversample"] == 1)]
+    met = noisy[_extra(noisy, "assumptions_met", False).astype(bool)]
+    for model in NOISE_MODELS:
+        g = met[met["noise"] == model]
+        # every cell meeting the assumptions (any status) must be an ok row within the bound
+        cells = _met(every[(every["learner"] == "noisy") & (every["noise"] == model)])
+        wb = g["within_bound"].fillna(False).astype(bool)
+        claims.append(Claim(
+            f"noise_bound_{model}",
+            f"{model} noise: every run meeting Theorem 6.1's assumptions is within its guarantee",
+            bool(len(g) > 0 and wb.all() and len(g) == len(cells)),
+            f"{int(wb.sum())}/{len(cells)} runs; largest error / guarantee "
+            f"{(g['abs_err_W'] / g['bound_W']).max():.3g}" if len(g) else "no runs",
+        ))
+    for model in NOISE_MODELS:
+        g = met[met["noise"] == model]
+        g = g[_extra(g, "n_clipped", 0).astype(int) == 0]
+        try:
+            fit = _centered_slope(g)
+            ok = SLOPE_RANGE[0] <= fit.slope <= SLOPE_RANGE[1]
+            detail = f"slope {fit} (runs with no clipped weight, per-cell intercepts)"
+        except Exception as exc:  # too few points
+            ok, detail = False, f"no fit: {exc}"
+        claims.append(Claim(
+            f"noise_slope_{model}",
+            f"{model} noise: ||W_hat - W||_F grows linearly in tau (log-log slope in "
+            f"[{SLOPE_RANGE[0]}, {SLOPE_RANGE[1]}])", bool(ok), detail))
+    unc = _met(every[every["learner"] == "unclipped"])
+    und = unc["status"] != "ok"
+    claims.append(Claim(
+        "noise_unclipped_fails",
+        "without clipping the estimate is undefined (sigma^-1 outside (0, 1)) in some runs that "
+        "meet the theorem's assumptions",
+        bool(len(unc) > 0 and und.any()),
+        f"unclipped undefined in {int(und.sum())}/{len(unc)} such runs, at tau >= "
+        f"{unc[und]['tau'].min() if und.any() else float('nan'):g}",
+    ))
+    ov = ok_rows(df, "noise")
+    ov = ov[(ov["variant"] == "oversample") & (ov["noise"] == "uniform")]
+    if ov["oversample"].nunique() >= 2:
+        fit = _centered_slope(ov, x="oversample", by=("seed",))
+        claims.append(Claim(
+            "noise_oversample",
+            "uniform noise: error falls like oversample^(-1/2) (fitted exponent in "
+            f"[{OVERSAMPLE_RANGE[0]}, {OVERSAMPLE_RANGE[1]}])",
+            bool(OVERSAMPLE_RANGE[0] <= fit.slope <= OVERSAMPLE_RANGE[1]), f"exponent {fit}"))
+    return claims
+
+
+def _inf_to(y, top):
+    y = np.asarray(y, dtype=float)
+    return np.where(np.isfinite(y), y, top)
+
+
+@register_figure("noise_scaling")
+def noise_scaling(df):
+    """Error against tau (with Theorem 6.1's guarantee), baselines, and oversampling."""
+    claims = noise_claims(df)
+    rows = _tau_rows(df)
+    noisy = rows[(rows["learner"] == "noisy") & (rows["oversample"] == 1)]
+    fig, axes = plt.subplots(2, 2, figsize=(6.75, 5.6))
+    (ax1, ax2), (ax3, ax4) = axes
+    dmax = int(noisy["d"].max()) if len(noisy) else 0
+    sub = noisy[noisy["d"] == dmax]
+    combos = sorted(set(zip(sub["mu"], sub["W_bound"], strict=True)))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    marks = {"uniform": "o", "adversarial": "^"}
+    for c, (mu, Wb) in enumerate(combos):
+        col = colors[c % len(colors)]
+        g = sub[(sub["mu"] == mu) & (sub["W_bound"] == Wb)]
+        for model in NOISE_MODELS:
+            h = g[g["noise"] == model]
+            if h.empty:
+                continue
+            agg = h.groupby("tau")[["abs_err_W", "err_v"]].max()
+            lab = rf"$\mu$={mu:g}, W={Wb:g}" if model == "uniform" else None
+            ax1.plot(agg.index, agg["abs_err_W"], marks[model] + "-", color=col, ms=3.5,
+                     label=lab, lw=0.9, mfc="none" if model == "adversarial" else col)
+            ax2.plot(agg.index, agg["err_v"], marks[model] + "-", color=col, ms=3.5, lw=0.9,
+                     mfc="none" if model == "adversarial" else col)
+        taus = np.sort(g["tau"].unique())
+        bW, _ = theorem61_guarantee(taus, dmax, Wb, mu)
+        ax1.plot(taus, bW, "--", color=col, lw=0.8)
+    if len(sub):
+        taus = np.sort(sub["tau"].unique())
+        ax2.plot(taus, np.sqrt(dmax) * taus, "k--", lw=0.8, label=r"guarantee $\sqrt{d}\,\tau$")
+    ax1.plot([], [], "k--", lw=0.8, label="Thm 6.1 guarantee")
+    ax1.plot([], [], "ko", ms=3.5, label="uniform (max over seeds)")
+    ax1.plot([], [], "k^", ms=3.5, mfc="none", label="adversarial")
+    slopes = "; ".join(c.detail.split(" (")[0] for c in claims if c.name.startswith("noise_slope"))
+    ax1.set(xscale="log", yscale="log", xlabel=r"tolerance $\tau$",
+            ylabel=r"$\|\hat W - W\|_F$")
+    ax1.set_title(f"(a) W error, d = {dmax}")
+    ax1.text(0.98, 0.03, f"fitted slopes (uniform; adversarial):\n{slopes}",
+             transform=ax1.transAxes, ha="right", va="bottom", fontsize=6)
+    ax1.legend(fontsize=5.5, loc="upper left", ncol=2)
+    ax2.set(xscale="log", yscale="log", xlabel=r"tolerance $\tau$",
+            ylabel=r"$\|\hat v - v\|_2$")
+    ax2.set_title(f"(b) v error, d = {dmax}")
+    ax2.legend(fontsize=6, loc="upper left")
+
+    # (c) baselines at one (mu, W_bound), all d pooled
+    every = _tau_rows(df, ok_only=False)
+    if len(rows):
+        mu0, W0 = float(rows["mu"].min()), float(rows["W_bound"].max())
+        base = every[(every["mu"] == mu0) & (every["W_bound"] == W0) & (every["d"] == dmax)]
+        finite = base["abs_err_W"][np.isfinite(base["abs_err_W"].astype(float))]
+        top = float(finite.max()) * 30 if len(finite) else 1.0
+        for c, (lname, label) in enumerate([("noisy", "Thm 6.1 (clipped)"),
+                                            ("unclipped", "no clipping"),
+                                            ("exact", "Thm 4.1 exact learner")]):
+            h = base[base["learner"] == lname]
+            if h.empty:
+                continue
+            agg = h[h["status"] == "ok"].groupby("tau")["abs_err_W"].median()
+            ax3.plot(agg.index, agg.values, "o-", ms=3, color=colors[c],
+                     label=label + " (median of ok runs)")
+            bad = h.groupby("tau")["status"].apply(lambda s: (s != "ok").mean())
+            for t, frac in bad.items():
+                if frac > 0:
+                    y_x = top / 4.0**c  # one row of crosses per learner
+                    ax3.plot([t], [y_x], "x", color=colors[c], ms=6)
+                    ax3.annotate(f"{frac:.0%}", (t, y_x), textcoords="offset points",
+                                 xytext=(-4, 0), ha="right", va="center", fontsize=5.5,
+                                 color=colors[c])
+        ax3.axhline(top, color="0.5", lw=0.5, ls=":")
+        ax3.text(0.02, 0.97, "x: share of runs failed or undefined (top rows)",
+                 transform=ax3.transAxes, va="top", fontsize=6)
+        ax3.set(xscale="log", yscale="log", xlabel=r"tolerance $\tau$",
+                ylabel=r"$\|\hat W - W\|_F$")
+        ax3.set_title(rf"(c) baselines, $\mu$={mu0:g}, W={W0:g}, d={dmax}")
+        ax3.legend(fontsize=6, loc="lower right")
+
+    # (d) oversampling
+    ov = ok_rows(df, "noise")
+    ov = ov[ov["variant"] == "oversample"]
+    for c, model in enumerate(NOISE_MODELS):
+        h = ov[ov["noise"] == model]
+        if h.empty:
+            continue
+        agg = h.groupby("oversample")["abs_err_W"].agg(["median", "min", "max"])
+        ax4.errorbar(agg.index, agg["median"], yerr=[agg["median"] - agg["min"],
+                                                      agg["max"] - agg["median"]],
+                     fmt=marks[model] + "-", ms=3.5, capsize=2, color=colors[c],
+                     label=f"{model} (median, range)")
+    if len(ov):
+        ks = np.sort(ov["oversample"].unique()).astype(float)
+        ref = ov[(ov["noise"] == "uniform") & (ov["oversample"] == ks[0])]["abs_err_W"]
+        if len(ref):
+            ax4.plot(ks, float(ref.median()) * (ks / ks[0]) ** -0.5, "k--", lw=0.8,
+                     label=r"$\propto k^{-1/2}$")
+        oc = [c for c in claims if c.name == "noise_oversample"]
+        t = ov.iloc[0]
+        ax4.set_title(rf"(d) oversampling, $\tau$={t['tau']:g}, d={int(t['d'])}"
+                      + (f"\nexponent {oc[0].detail.split(' (')[0].replace('exponent ', '')}"
+                         if oc else ""), fontsize=7)
+    ax4.set(xscale="log", yscale="log", xlabel="distinct probes per unknown $k$",
+            ylabel=r"$\|\hat W - W\|_F$")
+    ax4.legend(fontsize=6)
+    fig.tight_layout()
+    return fig, claims
+
+
+# ---------------------------------------------------------------------------------------------
+def _rounding_rows(df):
+    """Every rounding row; a failed run (status not ok) counts as an infinite error."""
+    rows = df[df["experiment"] == "rounding"].copy()
+    err = rows["rel_err_W"].astype(float)
+    rows["rel_err_W"] = np.where(rows["status"] == "ok", err, np.inf)
+    return rows
+
+
+def useful_digits(df) -> dict:
+    """Per learner: the fewest digits from which every median relative error of W is <= 0.1
+    (failed runs count as infinite errors)."""
+    rows = _rounding_rows(df)
+    rows = rows[rows["rounding"].str.startswith("digits=")]
+    out = {}
+    for lname, g in rows.groupby("learner", sort=True):
+        k = g["rounding"].str.split("=").str[1].astype(int)
+        med = g.assign(k=k).groupby("k")["rel_err_W"].median().sort_index()
+        good = med <= USEFUL_REL_ERR
+        first = None
+        for kk in med.index[::-1]:
+            if good[kk]:
+                first = int(kk)
+            else:
+                break
+        out[lname] = first
+    return out
+
+
+def rounding_claims(df) -> list[Claim]:
+    rows = ok_rows(df, "rounding")
+    dig = rows[rows["rounding"].str.startswith("digits=")]
+    claims = []
+    useful = useful_digits(df)
+    for lname, g in dig.groupby("learner", sort=True):
+        k = g["rounding"].str.split("=").str[1].astype(float)
+        y = np.log10(np.clip(g["rel_err_W"].astype(float), 1e-300, 1e300))
+        try:
+            fit = fit_linear(k, y)
+            ok = fit.hi < 0
+            detail = (f"log10 error per digit {fit}; useful (median rel. error <= "
+                      f"{USEFUL_REL_ERR:g}) from {useful.get(lname)} digits")
+        except Exception as exc:
+            ok, detail = False, f"no fit: {exc}"
+        claims.append(Claim(
+            f"rounding_{lname}",
+            f"{lname}: the error of W falls as more digits are kept (slope of log10 error "
+            "against digits < 0)", bool(ok), detail))
+    return claims
+
+
+@register_figure("defence_rounding")
+def defence_rounding(df):
+    """Relative error of W against digits kept, per learner, with the usefulness threshold."""
+    rows = _rounding_rows(df)
+    claims = rounding_claims(df)
+    useful = useful_digits(df)
+    fig, ax = plt.subplots(1, 1, figsize=(6.75, 3.2))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    finite = rows["rel_err_W"][np.isfinite(rows["rel_err_W"].astype(float))]
+    top = max(float(finite.max()) * 10, 10.0) if len(finite) else 10.0
+    labels = {"exact": "exact (Thm 4.1)", "noisy": "noisy (Thm 6.1)",
+              "lowrank": "low-rank sketch"}
+    for c, (lname, g) in enumerate(rows.groupby("learner", sort=True)):
+        col = colors[c % len(colors)]
+        spec = g["rounding"].map(parse_rounding)
+        eff = spec.map(lambda s: s["digits"] if "digits" in s else
+                       RoundingOracle(abs, 1, dtype=s["dtype"]).effective_digits)
+        g = g.assign(eff=eff.astype(float))
+        dg = g[g["rounding"].str.startswith("digits=")]
+        agg = dg.groupby("eff")["rel_err_W"].median().sort_index()
+        k = useful.get(lname)
+        ax.plot(agg.index, _inf_to(agg.values, top), "o-", color=col, ms=3.5,
+                label=labels.get(lname, lname) + " (median); useful from "
+                + (f"{k} digits (dotted)" if k is not None else "no digits kept"))
+        for fmt, mk in (("float16", "s"), ("bfloat16", "D")):
+            h = g[g["rounding"] == fmt]
+            if len(h):
+                ax.plot([h["eff"].iloc[0]], [_inf_to([h["rel_err_W"].median()], top)[0]], mk,
+                        color=col, ms=5, mfc="none")
+        if k is not None:
+            ax.axvline(k + 0.04 * (c - 1), color=col, ls=":", lw=1)
+    ax.plot([], [], "ks", mfc="none", label="float16 (at its equivalent digits)")
+    ax.plot([], [], "kD", mfc="none", label="bfloat16")
+    ax.axhline(USEFUL_REL_ERR, color="k", lw=0.8, ls="--",
+               label=f"useful: rel. error <= {USEFUL_REL_ERR:g}")
+    ax.set(yscale="log", xlabel="significant decimal digits kept by the API",
+           ylabel=r"$\|\hat W - W\|_F / \|W\|_F$")
+    if len(rows):
+        r0 = rows.iloc[0]
+        dl = ", ".join(str(int(x)) for x in sorted(rows["d"].unique()))
+        ax.set_title(f"Output rounding as a defence (d = {dl}, "
+                     f"rank {int(r0['rank'])}, " + r"$\|W\|_F$" + f" = {r0['W_bound']:g}); "
+                     "failed runs count as infinite error")
+    ax.legend(fontsize=6, loc="lower left", ncol=2)
+    fig.tight_layout()
+    return fig, claims
+
+
+__all__ = ["noise_claims", "rounding_claims", "useful_digits", "noise_scaling",
+           "defence_rounding"]

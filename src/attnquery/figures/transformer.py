@@ -1,0 +1,94 @@
+"""Figure transformer_recovery: one-layer transformers (Sec. 4.1) against d and FFN width m."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from ..claims import Claim, ok_rows
+from ..experiments.transformer import FFN_TOL, W_TOL
+from . import log2_ticks, register_figure
+
+FLOOR = 1e-17  # errors of exactly 0 are drawn here on log axes
+
+
+def transformer_claims(df) -> list[Claim]:
+    """The claims of the transformer experiment, checked on its rows."""
+    all_rows = df[df["experiment"] == "transformer"]
+    ok = ok_rows(df, "transformer")
+    n = len(all_rows)
+    claims = [Claim(
+        "transformer_runs", "every cell ran to completion (status ok)",
+        bool(n > 0 and len(ok) == n), f"{len(ok)}/{n} ok",
+    )]
+    w_ok = ok["rel_err_W"] <= W_TOL
+    claims.append(Claim(
+        "transformer_W",
+        f"W is recovered from antisymmetric queries to relative error <= {W_TOL:g}",
+        bool(len(ok) > 0 and w_ok.all()),
+        f"{int(w_ok.sum())}/{len(ok)} runs; worst {ok['rel_err_W'].max():.2e}",
+    ))
+    le = ok[ok["width"] <= ok["d"]]
+    f_ok = le["func_err_ffn"] <= FFN_TOL
+    claims.append(Claim(
+        "transformer_ffn",
+        f"the FFN is recovered to relative functional error <= {FFN_TOL:g} for m <= d",
+        bool(len(le) > 0 and f_ok.all()),
+        f"{int(f_ok.sum())}/{len(le)} runs with m <= d; worst {le['func_err_ffn'].max():.2e}",
+    ))
+    q_ok = ok["n_queries_attention"] == 2 * (ok["d"] ** 2 + ok["d"])
+    claims.append(Claim(
+        "transformer_attention_queries",
+        "the attention part uses exactly 2 (d^2 + d) value queries (two per antisymmetric query)",
+        bool(len(ok) > 0 and q_ok.all()), f"{int(q_ok.sum())}/{len(ok)} runs",
+    ))
+    return claims
+
+
+@register_figure("transformer_recovery")
+def transformer_recovery(df):
+    """Error of W and of the FFN, and the queries of both parts, against d and m."""
+    ok = ok_rows(df, "transformer")
+    claims = transformer_claims(df)
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(6.75, 3.0), layout="constrained")
+    ds = np.sort(ok["d"].unique())
+    ms = np.sort(ok["width"].unique())
+    # (a) error of W against d, one line per width
+    for k, m in enumerate(ms):
+        g = ok[ok["width"] == m].groupby("d")["rel_err_W"].max()
+        ax1.plot(g.index, np.maximum(g.values, FLOOR), "o-", color=f"C{k % 10}", label=f"m = {m}")
+    ax1.axhline(W_TOL, color="k", ls="--", lw=0.8, label=f"target {W_TOL:g}")
+    ax1.set(xscale="log", yscale="log", xlabel="dimension $d$",
+            ylabel=r"worst $\|\hat W - W\|_F / \|W\|_F$")
+    ax1.set_title("(a) Attention: error of $W$")
+    ax1.legend(fontsize=5.5, ncol=2, loc="lower right")
+    # (b) FFN functional error against m, one line per d; m > d open markers
+    for k, d in enumerate(ds):
+        g = ok[ok["d"] == d].groupby("width")
+        worst = g["func_err_ffn"].max()
+        ax2.plot(worst.index, np.maximum(worst.values, FLOOR), "o-", color=f"C{k % 10}",
+                 label=f"d = {d}")
+        wide = worst[worst.index > d]
+        ax2.plot(wide.index, np.maximum(wide.values, FLOOR), "o", mfc="white",
+                 color=f"C{k % 10}")
+    ax2.axhline(FFN_TOL, color="k", ls="--", lw=0.8, label=f"target {FFN_TOL:g}")
+    ax2.set(xscale="log", yscale="log", xlabel="FFN width $m$",
+            ylabel="worst relative error of the FFN")
+    ax2.plot([], [], "o", mfc="white", color="0.4", label="$m > d$ (2 linear units)")
+    ax2.set_title("(b) FFN: functional error")
+    ax2.legend(fontsize=5.5, ncol=2, loc="lower right")
+    # (c) queries of each part against d (median over seeds), per width
+    for k, m in enumerate(ms):
+        g = ok[ok["width"] == m].groupby("d")
+        ax3.plot(g["n_queries_ffn"].median().index, g["n_queries_ffn"].median().values, "o-",
+                 color=f"C{k % 10}", label=f"FFN, m = {m}")
+    att = ok.groupby("d")["n_queries_attention"].median()
+    ax3.plot(att.index, att.values, "ks--", label="attention, $2(d^2 + d)$")
+    ax3.set(xscale="log", yscale="log", xlabel="dimension $d$",
+            ylabel="value queries (counted)")
+    ax3.set_title("(c) Queries per part")
+    ax3.legend(fontsize=5.5, loc="upper left")
+    for ax in (ax1, ax3):
+        log2_ticks(ax, ds)
+    log2_ticks(ax2, ms)
+    return fig, claims

@@ -1,0 +1,217 @@
+"""The attnquery command line: extract, heads, validate, info."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from attnquery.cli import METHODS, ProgressOracle, main
+from attnquery.oracles import ValueOracle
+from attnquery.realheads import load_head, write_test_checkpoint
+from tests.fixtures import LOW_RANK_HEAD, SOME_HEAD
+
+
+def rel(a, b):
+    return np.linalg.norm(a - b) / np.linalg.norm(b)
+
+
+def run_json(argv, capsys):
+    assert main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_extract_exact_recovers_the_fixture(tmp_path, capsys, monkeypatch, repo):
+    monkeypatch.chdir(repo)
+    out = tmp_path / "head.npz"
+    assert main(["extract", "--oracle", "tests.fixtures:some_head", "--d", "16", "--method",
+                 "exact", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "queries        272 (counted by the oracle" in text
+    assert "rank found     16" in text
+    head, meta = load_head(out)
+    assert rel(head.W, SOME_HEAD.W) < 1e-10
+    assert rel(head.v, SOME_HEAD.v) < 1e-12
+    assert meta["method"] == "exact" and meta["n_queries"] == 16 * 16 + 16
+
+
+def test_extract_json_and_budget(capsys, monkeypatch, repo):
+    monkeypatch.chdir(repo)
+    s = run_json(["extract", "--oracle", "examples.black_boxes:some_head", "--d", "16"], capsys)
+    assert s["n_queries"] == 272 and s["method"] == "exact" and s["rank_found"] == 16
+    assert main(["extract", "--oracle", "tests.fixtures:some_head", "--d", "16",
+                 "--budget", "271"]) == 1
+    err = capsys.readouterr().err
+    assert "needs 272 queries" in err and "--budget" in err
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("tests.fixtures", "must be MODULE:FUNCTION"),
+    ("tests.nonexistent_module:f", "cannot import module 'tests.nonexistent_module'"),
+    ("tests.fixtures:missing", "has no attribute 'missing'"),
+    ("tests.fixtures:NOT_CALLABLE", "is not callable"),
+])
+def test_bad_oracle_is_named(spec, message, capsys, monkeypatch, repo):
+    monkeypatch.chdir(repo)
+    assert main(["extract", "--oracle", spec, "--d", "16"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_black_box_failures_are_reported(capsys, monkeypatch, repo):
+    monkeypatch.chdir(repo)
+    assert main(["extract", "--oracle", "tests.fixtures:failing_head", "--d", "4"]) == 1
+    assert "the black box raised RuntimeError" in capsys.readouterr().err
+    # the wrong d: the black box answers with an error that names the shape
+    assert main(["extract", "--oracle", "tests.fixtures:some_head", "--d", "8"]) == 1
+    assert "black box raised" in capsys.readouterr().err
+    assert main(["extract", "--oracle", "tests.fixtures:some_head"]) == 2
+    assert "--d is required" in capsys.readouterr().err
+
+
+def test_extract_file_path_oracle(tmp_path, capsys, repo):
+    s = run_json(["extract", "--oracle", f"{repo / 'examples' / 'black_boxes.py'}:some_head",
+                  "--d", "16"], capsys)
+    assert s["n_queries"] == 272
+
+
+def test_heads_then_extract_model(tmp_path, capsys):
+    ckpt = write_test_checkpoint(tmp_path / "m.safetensors", style="gpt2", n_layers=2,
+                                 n_heads=4, d=32, seed=3, prefix="transformer.")
+    h = run_json(["heads", str(ckpt), "--layer", "1", "--head", "2", "--out",
+                  str(tmp_path / "h.npz"), "--readout", "ones"], capsys)
+    assert (h["style"], h["d"], h["rank"], h["d_head"], h["readout"]) == ("gpt2", 32, 8, 8,
+                                                                         "ones")
+    s = run_json(["extract", "--model", str(tmp_path / "h.npz"), "--method", "exact",
+                  "--out", str(tmp_path / "learned.npz")], capsys)
+    assert s["n_queries"] == 32 * 32 + 32
+    assert s["rel_err_W"] < 1e-10 and s["rel_err_v"] < 1e-12 and s["func_err"] < 1e-10
+    truth, _ = load_head(tmp_path / "h.npz")
+    learned, _ = load_head(tmp_path / "learned.npz")
+    assert rel(learned.W, truth.W) == pytest.approx(s["rel_err_W"])
+    assert main(["extract", "--model", str(tmp_path / "h.npz"), "--d", "16"]) == 2
+    assert "does not match" in capsys.readouterr().err
+    # human-readable summaries
+    assert main(["heads", str(ckpt), "--layer", "0", "--head", "0", "--out",
+                 str(tmp_path / "h0.npz"), "--readout", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "gpt2-style, 2 layers x 4 heads, d = 32" in out and "coordinate" in out
+    assert main(["extract", "--model", str(tmp_path / "h0.npz")]) == 0
+    assert "rel. error W" in capsys.readouterr().out
+    assert main(["heads", str(ckpt), "--layer", "2", "--head", "0", "--out",
+                 str(tmp_path / "x.npz")]) == 1
+    assert "layer must be in [0, 2)" in capsys.readouterr().err
+
+
+def test_sketch_and_noisy_methods(capsys, monkeypatch, repo, tmp_path):
+    monkeypatch.chdir(repo)
+    d, r = LOW_RANK_HEAD.d, LOW_RANK_HEAD.rank
+    s = run_json(["extract", "--oracle", "tests.fixtures:low_rank_head", "--d", str(d),
+                  "--method", "sketch", "--rank", str(r), "--out", str(tmp_path / "s.npz")],
+                 capsys)
+    assert s["rank_found"] == r
+    assert s["n_queries"] <= 1.05 * (r * (2 * d - r) + d)
+    head, _ = load_head(tmp_path / "s.npz")
+    assert rel(head.W, LOW_RANK_HEAD.W) < 1e-8
+    # noisy, simulated against a saved head (uniform noise of size tau)
+    from attnquery.realheads import save_head
+
+    save_head(tmp_path / "t.npz", SOME_HEAD)
+    w_fro = float(np.linalg.norm(SOME_HEAD.W))
+    mu = float(np.abs(SOME_HEAD.v).min())
+    args = ["extract", "--model", str(tmp_path / "t.npz"), "--method", "noisy",
+            "--param", f"W_bound={max(2.0, w_fro)}", "--param", f"mu={mu}"]
+    errs = [run_json([*args, "--tau", str(tau)], capsys)["rel_err_W"] for tau in (1e-9, 1e-6)]
+    assert errs[0] < 1e-5 and errs[1] > 10 * errs[0]
+    assert main(args) == 2
+    assert "needs --tau" in capsys.readouterr().err
+    # noisy against a user's black box: its answers are taken as within +-tau, nothing is added
+    s = run_json(["extract", "--oracle", "tests.fixtures:some_head", "--d", "16", "--method",
+                  "noisy", "--tau", "1e-9", "--param", f"W_bound={max(2.0, w_fro)}",
+                  "--param", f"mu={mu}", "--out", str(tmp_path / "n.npz")], capsys)
+    assert s["n_queries"] == 16 * 16 + 16
+    assert rel(load_head(tmp_path / "n.npz")[0].W, SOME_HEAD.W) < 1e-5
+    assert main(["extract", "--oracle", "tests.fixtures:some_head", "--d", "16", "--method",
+                 "exact", "--rank", "3"]) == 2
+    assert "takes no parameter 'rank'" in capsys.readouterr().err
+
+
+def test_nuclear_method(tmp_path, capsys):
+    from attnquery.models import random_head
+    from attnquery.realheads import save_head
+
+    truth = random_head(10, seed=1, rank=2)
+    save_head(tmp_path / "lr.npz", truth)
+    s = run_json(["extract", "--model", str(tmp_path / "lr.npz"), "--method", "nuclear",
+                  "--rank", "2", "--param", "n_measurements=70"], capsys)
+    assert s["rank_found"] == 2 and s["rel_err_W"] < 1e-8
+    assert s["n_queries"] == 10 + 70  # fewer than the exact learner's 110
+
+
+def test_membership_method(tmp_path, capsys):
+    from attnquery.models import AttentionHead, random_head, random_v
+    from attnquery.realheads import save_head
+
+    v = random_v(8, 5, mu=0.5)
+    v /= np.linalg.norm(v)
+    truth = AttentionHead(v, W=random_head(8, seed=5, W_fro=1.5).W)
+    save_head(tmp_path / "m.npz", truth)
+    s = run_json(["extract", "--model", str(tmp_path / "m.npz"), "--method", "membership",
+                  "--eps", "1e-4", "--param", "W_bound=2", "--param",
+                  f"mu={np.abs(v).min() * 0.9}"], capsys)
+    assert s["v_compared"].startswith("direction")
+    assert s["abs_err_W"] < 1e-4 and s["err_v"] < 1e-3
+    assert s["n_queries"] > 8 * 8
+
+
+def test_query_count_cannot_silently_read_zero(monkeypatch):
+    from attnquery.cli import Method, run_extraction
+    from attnquery.errors import AttnQueryError
+
+    monkeypatch.setitem(METHODS, "fake", Method("tests.fixtures", "NoQueryLearner", "value", ""))
+    with pytest.raises(AttnQueryError, match="counted 0 queries"):
+        run_extraction("fake", SOME_HEAD, 16)
+    with pytest.raises(AttnQueryError, match="reports 5 queries but the oracle counted 1"):
+        run_extraction("fake", SOME_HEAD, 16, params={"n_queries_": 5})
+
+
+def test_progress_oracle_delegates_and_counts():
+    class Bar:
+        n = 0
+
+        def update(self, k):
+            self.n += k
+
+    bar = Bar()
+    inner = ValueOracle(SOME_HEAD, 16, budget=10)
+    o = ProgressOracle(inner, bar)
+    o(np.zeros((3, 2, 16)))
+    assert (bar.n, o.n_queries, o.remaining, o.d, o.kind) == (3, 3, 7, 16, "value")
+
+
+def test_info(capsys, repo, monkeypatch):
+    monkeypatch.chdir(repo)
+    info = run_json(["info"], capsys)
+    assert info["versions"]["numpy"] == np.__version__
+    assert info["methods"]["exact"]["available"] is True
+    assert "exact" in info["experiments"] and info["experiments"]["exact"]["cells"] > 0
+    assert set(info["methods"]) == set(METHODS)
+    assert main(["info"]) == 0
+    assert "methods:" in capsys.readouterr().out
+
+
+def test_every_command_has_help(capsys):
+    for cmd in ([], ["extract"], ["heads"], ["validate"], ["info"]):
+        with pytest.raises(SystemExit) as exc:
+            main([*cmd, "--help"])
+        assert exc.value.code == 0
+        assert "usage: attnquery" in capsys.readouterr().out
+
+
+def test_console_script_runs_from_the_repo_root(repo):
+    exe = os.path.join(os.path.dirname(sys.executable), "attnquery")
+    out = subprocess.run([exe, "extract", "--oracle", "tests.fixtures:some_head", "--d", "16",
+                          "--method", "exact", "--json"], cwd=repo, capture_output=True,
+                         text=True, check=True)
+    assert json.loads(out.stdout)["n_queries"] == 272

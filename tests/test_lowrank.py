@@ -1,0 +1,169 @@
+"""Low-rank learners (Section 5): the nuclear-norm learner and the sketch learner."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from attnquery.errors import (
+    AssumptionViolation,
+    BudgetExceededError,
+    ConfigError,
+    NotIdentifiableError,
+)
+from attnquery.learners import NuclearNormROPLearner, SketchLowRankLearner
+from attnquery.learners.lowrank import lowrank_floor
+from attnquery.metrics import relative_error
+from attnquery.models import AttentionHead, random_head
+from attnquery.oracles import ValueOracle
+
+
+def _oracle(head, budget=None):
+    return ValueOracle(head, head.d, budget=budget)
+
+
+# ---------------------------------------------------------------------------------------------
+# sketch learner
+# ---------------------------------------------------------------------------------------------
+
+
+def test_sketch_known_rank_uses_exactly_the_floor():
+    d, r = 64, 4
+    head = random_head(d, 3, rank=r)
+    oracle = _oracle(head)
+    est = SketchLowRankLearner(rank=r, oversample=0, random_state=0).fit(oracle)
+    assert oracle.n_queries == est.n_queries_ == lowrank_floor(d, r)
+    assert est.n_requeried_ == 0
+    L, R = est.W_factors_
+    assert L.shape == (d, r) and R.shape == (d, r)
+    assert relative_error(L @ R.T, head.W) <= 1e-10
+    assert relative_error(est.W_, head.W) <= 1e-10
+    assert relative_error(est.v_, head.v) == 0.0
+    X = np.random.default_rng(0).standard_normal((16, 3, d)) / np.sqrt(d)
+    np.testing.assert_allclose(est.predict(X), head(X), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("r", [1, 3, 16])
+def test_sketch_finds_rank_within_105_percent_of_floor(r):
+    d = 256
+    head = random_head(d, 10 + r, rank=r, zero_frac=0.25)
+    oracle = _oracle(head)
+    est = SketchLowRankLearner(random_state=1).fit(oracle)
+    assert est.rank_ == r
+    assert oracle.n_queries <= 1.05 * lowrank_floor(d, r)
+    assert oracle.n_queries >= lowrank_floor(d, r)
+    L, R = est.W_factors_
+    assert relative_error(L @ R.T, head.W) <= 1e-8
+    assert relative_error(est.v_, head.v) <= 1e-12
+
+
+def test_sketch_rank_half_d_and_large_scale_head():
+    d, r = 64, 32  # r = d / 2 is still allowed
+    head = random_head(d, 4, rank=r, W_spectral=200.0)
+    oracle = _oracle(head)
+    est = SketchLowRankLearner(random_state=2).fit(oracle)
+    assert est.rank_ == r
+    assert relative_error(est.W_, head.W) <= 1e-8
+    # saturated probes were asked again and counted by the oracle
+    assert est.n_queries_ == oracle.n_queries
+
+
+def test_sketch_rank_zero_head():
+    d = 16
+    v = np.random.default_rng(0).standard_normal(d)
+    head = AttentionHead(v, K=np.zeros((1, d)), Q=np.zeros((1, d)))
+    est = SketchLowRankLearner(random_state=0).fit(_oracle(head))
+    assert est.rank_ == 0
+    assert np.all(est.W_ == 0.0)
+    assert est.n_queries_ == 2 * d
+
+
+def test_sketch_full_rank_head_is_rejected():
+    d = 16
+    head = random_head(d, 0)  # dense, full rank
+    with pytest.raises(AssumptionViolation, match="rank above d / 2"):
+        SketchLowRankLearner(random_state=0).fit(_oracle(head))
+
+
+def test_sketch_bad_input():
+    d = 16
+    head = random_head(d, 1, rank=2)
+    with pytest.raises(ConfigError, match="larger than d / 2"):
+        SketchLowRankLearner(rank=9).fit(_oracle(head))
+    with pytest.raises(ConfigError, match="oversample"):
+        SketchLowRankLearner(oversample=-1).fit(_oracle(head))
+    zero_v = AttentionHead(np.zeros(d), K=head.K, Q=head.Q)
+    with pytest.raises(NotIdentifiableError):
+        SketchLowRankLearner().fit(_oracle(zero_v))
+    oracle = _oracle(head, budget=lowrank_floor(d, 2) - 1)
+    with pytest.raises(BudgetExceededError):
+        SketchLowRankLearner(rank=2, oversample=0).fit(oracle)
+    assert oracle.n_queries == 0
+
+
+def test_sketch_default_oversampling_keeps_bound_and_error():
+    d, r = 384, 24
+    head = random_head(d, 7, rank=r)
+    oracle = _oracle(head)
+    est = SketchLowRankLearner(rank=r, random_state=3).fit(oracle)
+    assert est.oversample_ >= 1
+    assert oracle.n_queries == lowrank_floor(d, r) + est.oversample_ * (d - r)
+    assert oracle.n_queries <= 1.05 * lowrank_floor(d, r)
+    assert relative_error(est.W_, head.W) <= 1e-8
+
+
+# ---------------------------------------------------------------------------------------------
+# nuclear-norm learner
+# ---------------------------------------------------------------------------------------------
+
+
+def test_nuclear_recovers_above_the_transition():
+    d, r = 10, 1  # m = 80 < d^2: the convex program is solved
+    head = random_head(d, 5, rank=r)
+    oracle = _oracle(head)
+    m = 4 * r * 2 * d
+    est = NuclearNormROPLearner(n_measurements=m, rank=r, random_state=0).fit(oracle)
+    assert oracle.n_queries == d + m == est.n_queries_
+    assert est.solver_status_ == "optimal"
+    assert est.polished_ and est.rank_ == r
+    assert relative_error(est.W_, head.W) <= 1e-9
+    # polishing takes the solver's tolerance down to rounding level
+    assert relative_error(est.W_, head.W) < relative_error(est.W_raw_, head.W)
+    assert est.solve_time_s_ > 0 and est.solver_iterations_ >= 1
+
+
+def test_nuclear_fails_below_the_transition():
+    d, r = 10, 1
+    head = random_head(d, 6, rank=r)
+    est = NuclearNormROPLearner(n_measurements=10, rank=r, random_state=0).fit(_oracle(head))
+    assert not est.polished_
+    assert relative_error(est.W_, head.W) > 1e-2
+
+
+def test_nuclear_clarabel_and_redundant_constraints():
+    d, r = 6, 1
+    head = random_head(d, 8, rank=r)
+    est = NuclearNormROPLearner(n_measurements=36, rank=r, solver="CLARABEL",
+                                random_state=0).fit(_oracle(head))
+    assert est.solver_status_ == "least_squares"  # m >= d^2: W is determined alone
+    assert relative_error(est.W_, head.W) <= 1e-9
+    est = NuclearNormROPLearner(n_measurements=30, rank=r, solver="CLARABEL",
+                                random_state=0).fit(_oracle(head))
+    assert est.solver_status_.startswith("optimal")
+    assert relative_error(est.W_, head.W) <= 1e-9
+
+
+def test_nuclear_bad_input():
+    d = 8
+    head = random_head(d, 1, rank=1)
+    with pytest.raises(ConfigError, match="larger than d / 2"):
+        NuclearNormROPLearner(rank=5).fit(_oracle(head))
+    with pytest.raises(ConfigError, match="solver"):
+        NuclearNormROPLearner(rank=1, solver="MOSEK").fit(_oracle(head))
+    oracle = _oracle(head, budget=d + 40)
+    with pytest.raises(BudgetExceededError):
+        NuclearNormROPLearner(n_measurements=41, rank=1).fit(oracle)
+    assert oracle.n_queries == 0
+    zero_v = AttentionHead(np.zeros(d), K=head.K, Q=head.Q)
+    with pytest.raises(NotIdentifiableError):
+        NuclearNormROPLearner(rank=1).fit(_oracle(zero_v))

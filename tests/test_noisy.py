@@ -1,0 +1,174 @@
+"""NoisyValueQueryLearner (Theorem 6.1) and the noise / rounding experiments' claims."""
+
+import numpy as np
+import pytest
+
+from attnquery.errors import AssumptionViolation, ConfigError, NotIdentifiableError
+from attnquery.experiments import expand_cells, run_cells
+from attnquery.experiments.noise import assumptions_met, theorem_head, within
+from attnquery.figures.noise import noise_claims, rounding_claims, useful_digits
+from attnquery.learners import NoisyValueQueryLearner
+from attnquery.learners.noisy import L_CLIP, TAU_CLIP, theorem61_guarantee
+from attnquery.models import AttentionHead
+from attnquery.oracles import ApproximateValueOracle, MembershipOracle, ValueOracle
+from attnquery.results import rows_to_table
+
+
+def test_clip_constants_match_lemma_a1():
+    assert TAU_CLIP == pytest.approx(1 / (1 + np.exp(0.5)))
+    assert L_CLIP <= 5 and L_CLIP == pytest.approx(4.2553, abs=1e-3)
+
+
+def test_exact_answers_give_exact_recovery():
+    head = theorem_head(6, 0, 4.0, 0.1, zero_frac=0.34)
+    est = NoisyValueQueryLearner(4.0, 0.1).fit(ValueOracle(head, 6))
+    assert np.max(np.abs(est.W_ - head.W)) < 1e-12
+    assert np.array_equal(est.v_ == 0, head.v == 0)
+    assert est.n_queries_ == 6 + 36
+
+
+@pytest.mark.parametrize("noise", ["uniform", "adversarial"])
+@pytest.mark.parametrize("d,W_bound,mu", [(3, 2.0, 0.2), (6, 8.0, 0.05), (8, 4.0, 0.1)])
+def test_error_within_theorem_guarantee(noise, d, W_bound, mu):
+    for seed in range(3):
+        head = theorem_head(d, seed, W_bound, mu, zero_frac=0.25)
+        for tau in (1e-8, 1e-5, 1e-3, 0.49 * mu):
+            assert assumptions_met(head, tau, W_bound, mu)
+            o = ApproximateValueOracle(head, d, tau, noise=noise, random_state=seed)
+            est = NoisyValueQueryLearner(W_bound, mu).fit(o)
+            bW, bv = theorem61_guarantee(tau, d, W_bound, mu)
+            assert np.linalg.norm(est.W_ - head.W) <= bW
+            # adversarial noise meets the v bound with equality (up to float64 rounding)
+            assert within(np.linalg.norm(est.v_ - head.v), bv)
+            assert o.n_queries == d + d * d
+
+
+def test_error_is_linear_in_tau():
+    head = theorem_head(5, 1, 4.0, 0.1, zero_frac=0.2)
+    taus = np.geomspace(1e-9, 1e-5, 5)
+    errs = [np.linalg.norm(NoisyValueQueryLearner(4.0, 0.1).fit(
+        ApproximateValueOracle(head, 5, t, noise="adversarial", random_state=0)).W_ - head.W)
+        for t in taus]
+    slope = np.polyfit(np.log(taus), np.log(errs), 1)[0]
+    assert 0.95 <= slope <= 1.05
+
+
+def test_required_tau_is_the_theorems():
+    est = NoisyValueQueryLearner(4.0, 0.1, eps_W=1e-2, eps_v=1e-2).fit(
+        ValueOracle(theorem_head(4, 0, 4.0, 0.1), 4))
+    assert est.required_tau_ == pytest.approx(min(0.05, 1e-2 / 2, 0.1 * 1e-2 / (160 * 16 * 4)))
+
+
+def test_a_value_oracle_around_a_noisy_function_works():
+    head = theorem_head(5, 2, 4.0, 0.1, zero_frac=0.2)
+    tau = 1e-6
+    rng = np.random.default_rng(0)
+
+    def noisy(X):  # a black box that is noisy by itself (not deterministic even)
+        return head(X) + tau * rng.uniform(-1, 1, size=X.shape[0])
+
+    est = NoisyValueQueryLearner(4.0, 0.1, tau=tau).fit(ValueOracle(noisy, 5))
+    bW, bv = theorem61_guarantee(tau, 5, 4.0, 0.1)
+    assert np.linalg.norm(est.W_ - head.W) <= bW and np.linalg.norm(est.v_ - head.v) <= bv
+
+
+def test_oversampling_reduces_random_error_and_counts_queries():
+    head = theorem_head(4, 3, 2.0, 0.1, zero_frac=0.25)
+    med = {}
+    for k in (1, 16):
+        errs = []
+        for s in range(6):
+            o = ApproximateValueOracle(head, 4, 1e-4, random_state=s)
+            est = NoisyValueQueryLearner(2.0, 0.1, oversample=k, random_state=s).fit(o)
+            assert o.n_queries == k * (4 + 16)
+            errs.append(np.linalg.norm(est.W_ - head.W))
+        med[k] = np.median(errs)
+    assert med[16] < med[1] / 2.5  # 1/sqrt(16) = 1/4, with the smaller probes' loss
+
+
+def test_unclipped_baseline_is_undefined_under_large_noise():
+    head = theorem_head(6, 0, 8.0, 0.05, zero_frac=0.0)
+    o = ApproximateValueOracle(head, 6, 1e-2, noise="adversarial")
+    unc = NoisyValueQueryLearner(8.0, 0.05, clip=False, strict=False).fit(o)
+    clipped = NoisyValueQueryLearner(8.0, 0.05).fit(o)
+    assert unc.n_undefined_ > 0 and np.isnan(unc.W_).any()
+    assert np.all(np.isfinite(clipped.W_)) and clipped.n_clipped_ > 0
+
+
+def test_norm_bound_violation_is_detected():
+    head = theorem_head(4, 0, 4.0, 0.1)
+    big = AttentionHead(head.v, W=head.W * 6)  # ||W||_F = 24 > W_bound = 4
+    with pytest.raises(AssumptionViolation, match="W_bound"):
+        NoisyValueQueryLearner(4.0, 0.1).fit(ApproximateValueOracle(big, 4, 1e-6))
+    # non-strict: clipped and counted
+    est = NoisyValueQueryLearner(4.0, 0.1, strict=False).fit(ApproximateValueOracle(big, 4, 1e-6))
+    assert est.n_out_of_range_ > 0
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"mu": 0.0}, "mu"), ({"mu": 1.5}, "mu"), ({"W_bound": 1.0}, "W_bound"),
+    ({"eps_W": -1.0}, "eps_W"), ({"oversample": 0}, "oversample"),
+])
+def test_bad_parameters(kw, match):
+    params = {"W_bound": 4.0, "mu": 0.1, **kw}
+    with pytest.raises(ConfigError, match=match):
+        NoisyValueQueryLearner(**params).fit(ValueOracle(theorem_head(3, 0, 4.0, 0.1), 3))
+
+
+@pytest.mark.parametrize("kw", [{"mu": 0.0}, {"mu": 1.5}, {"W_bound": 1.0}, {"tau": -1.0}])
+def test_assumption_parameters_are_also_assumption_violations(kw):
+    params = {"W_bound": 4.0, "mu": 0.1, **kw}
+    with pytest.raises(AssumptionViolation):
+        NoisyValueQueryLearner(**params).fit(ValueOracle(theorem_head(3, 0, 4.0, 0.1), 3))
+
+
+def test_zero_v_is_not_identifiable_and_membership_oracles_are_refused():
+    zero = AttentionHead(np.zeros(3), W=np.eye(3))
+    with pytest.raises(NotIdentifiableError, match="v = 0"):
+        NoisyValueQueryLearner(4.0, 0.1).fit(ApproximateValueOracle(zero, 3, 1e-4))
+    with pytest.raises(ConfigError, match="membership"):
+        NoisyValueQueryLearner(4.0, 0.1).fit(MembershipOracle(zero, 3))
+
+
+def _rows(name, cfg):
+    rows, _ = run_cells(expand_cells(name, cfg), 20260122)
+    return rows_to_table(rows).to_pandas()
+
+
+def test_noise_experiment_claims_hold():
+    df = _rows("noise", {
+        "learners": ["noisy", "unclipped"], "noise": ["uniform", "adversarial"], "d": [4, 6],
+        "tau": [1e-9, 1e-7, 1e-5, 1e-3, 1e-2], "mu": [0.05, 0.2], "W_bound": [2.0, 8.0],
+        "seeds": 2, "oversample": [1, 4, 16, 64], "oversample_tau": 1e-4,
+        "oversample_seeds": 5,
+    })
+    # the clipped learner never fails; the unclipped one fails (status error) at large tau
+    assert (df[df["learner"] == "noisy"]["status"] == "ok").all()
+    failed = df[df["status"] != "ok"]
+    assert set(failed["learner"]) == {"unclipped"}
+    assert failed["message"].str.contains("undefined").all()
+    claims = {c.name: c for c in noise_claims(df)}
+    for name in ("noise_bound_uniform", "noise_bound_adversarial", "noise_slope_uniform",
+                 "noise_slope_adversarial", "noise_unclipped_fails", "noise_oversample"):
+        assert claims[name].passed, claims[name]
+    # a broken guarantee makes the claim fail (the claim can fail)
+    bad = df.copy()
+    bad.loc[bad["learner"] == "noisy", "within_bound"] = False
+    assert not {c.name: c for c in noise_claims(bad)}["noise_bound_uniform"].passed
+
+
+def test_rounding_experiment_claims_hold():
+    df = _rows("rounding", {
+        "learners": ["exact", "noisy", "lowrank"], "digits": [2, 4, 6, 8, 10, 12],
+        "dtypes": ["float16", "bfloat16"], "d": [8], "seeds": 2, "rank": 2, "mu": 0.1,
+        "W_bound": 4.0,
+    })
+    assert (df["status"] == "ok").all()
+    for c in rounding_claims(df):
+        assert c.passed, c
+    useful = useful_digits(df)
+    assert set(useful) == {"exact", "noisy", "lowrank"}
+    assert all(k is not None and 3 <= k <= 8 for k in useful.values())
+    # 12 digits: every learner essentially exact
+    twelve = df[df["rounding"] == "digits=12"]
+    assert (twelve["rel_err_W"] < 1e-6).all()
