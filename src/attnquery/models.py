@@ -163,8 +163,8 @@ class AttentionHead:
 
     def __call__(self, X) -> np.ndarray:
         X = check_input(X, self.d)
-        alpha = softmax_last(np.einsum("bnd,bd->bn", X, self.W_times(X[:, -1, :])))
-        return np.einsum("bn,bn->b", alpha, X @ self.v)
+        scores = np.matmul(X, self.W_times(X[:, -1, :])[:, :, None])[:, :, 0]
+        return np.einsum("bn,bn->b", softmax_last(scores), X @ self.v)
 
 
 class MultiHeadAttention:

@@ -39,6 +39,10 @@ die() { echo "cluster-test: FAILED: $*" >&2; exit 1; }
 [ "$(id -u)" -eq 0 ] || die "must run as root (it installs packages and starts SLURM daemons)"
 
 T0=$(date +%s)
+# Results record the commit they were computed at (column git_commit): a commit made while the
+# test runs makes the two runs differ, which is reported as such.
+head_commit() { git -C "$REPO" rev-parse HEAD 2>/dev/null || echo none; }
+HEAD_BEFORE="$(head_commit)"
 "$HERE/slurm_install.sh"
 
 WORK="$(mktemp -d /tmp/attnquery-cluster-test.XXXXXX)"
@@ -103,8 +107,13 @@ n_submitted=$(grep -c "submitted with SLURM jobid" "$WORK/slurm.log" || true)
     || die "$n_submitted jobs submitted to SLURM, expected one per shard ($n_shards)"
 log "$n_submitted run_shard jobs ran under SLURM; aggregation, merging and plots ran locally"
 
-"$PYTHON" "$HERE/compare_results.py" "$WORK/local" "$WORK/slurm" \
-    || die "results of the SLURM run differ from the local run's"
+if ! "$PYTHON" "$HERE/compare_results.py" "$WORK/local" "$WORK/slurm"; then
+    if [ "$(head_commit)" != "$HEAD_BEFORE" ]; then
+        die "results of the SLURM run differ from the local run's; the repository's HEAD moved" \
+            "from $HEAD_BEFORE to $(head_commit) during the test (see column git_commit): rerun"
+    fi
+    die "results of the SLURM run differ from the local run's"
+fi
 
 status=0
 log "PASSED (cluster start $((T1 - T0)) s, local run $((T2 - T1)) s, SLURM run $((T3 - T2)) s, total $(($(date +%s) - T0)) s)"

@@ -18,5 +18,7 @@ rule plot_exact_queries:
         claims=claims_text("exact_queries"),
     log:
         "logs/figures/exact_queries.log",
+    conda:
+        "../envs/attnquery.yaml"
     script:
         "../scripts/plot_figure.py"

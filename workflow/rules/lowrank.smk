@@ -22,6 +22,8 @@ rule plot_lowrank_phase:
         figure="lowrank_phase",
     log:
         "logs/figures/lowrank_phase.log",
+    conda:
+        "../envs/attnquery.yaml"
     script:
         "../scripts/plot_figure.py"
 
@@ -41,6 +43,8 @@ rule plot_lowrank_queries:
         figure="lowrank_queries",
     log:
         "logs/figures/lowrank_queries.log",
+    conda:
+        "../envs/attnquery.yaml"
     script:
         "../scripts/plot_figure.py"
 
@@ -60,5 +64,7 @@ rule plot_lowrank_time:
         figure="lowrank_time",
     log:
         "logs/figures/lowrank_time.log",
+    conda:
+        "../envs/attnquery.yaml"
     script:
         "../scripts/plot_figure.py"

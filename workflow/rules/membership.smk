@@ -19,5 +19,7 @@ rule plot_membership_cost:
         claims=claims_text("membership_cost"),
     log:
         "logs/figures/membership_cost.log",
+    conda:
+        "../envs/attnquery.yaml"
     script:
         "../scripts/plot_figure.py"

@@ -19,6 +19,8 @@ rule plot_multihead:
         claims=claims_text("multihead"),
     log:
         "logs/figures/multihead.log",
+    conda:
+        "../envs/attnquery.yaml"
     script:
         "../scripts/plot_figure.py"
 
@@ -44,5 +46,7 @@ rule plot_multihead_generic:
         claims=claims_text("multihead_generic"),
     log:
         "logs/figures/multihead_generic.log",
+    conda:
+        "../envs/attnquery.yaml"
     script:
         "../scripts/plot_figure.py"

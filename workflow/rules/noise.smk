@@ -20,6 +20,8 @@ rule plot_noise_scaling:
         claims=claims_text("noise_scaling"),
     log:
         "logs/figures/noise_scaling.log",
+    conda:
+        "../envs/attnquery.yaml"
     script:
         "../scripts/plot_figure.py"
 
@@ -40,5 +42,7 @@ rule plot_defence_rounding:
         claims=claims_text("defence_rounding"),
     log:
         "logs/figures/defence_rounding.log",
+    conda:
+        "../envs/attnquery.yaml"
     script:
         "../scripts/plot_figure.py"

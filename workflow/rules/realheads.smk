@@ -15,6 +15,8 @@ if "realheads" in ENABLED:
                 fetch=_RH["fetch"],
             log:
                 "logs/realheads/fetch_checkpoint.log",
+            conda:
+                "../envs/attnquery.yaml"
             script:
                 "../scripts/fetch_checkpoint.py"
 
@@ -33,6 +35,8 @@ if "realheads" in ENABLED:
                 n_heads=_RH["n_heads"],
             log:
                 "logs/realheads/make_test_checkpoint.log",
+            conda:
+                "../envs/attnquery.yaml"
             script:
                 "../scripts/make_test_checkpoint.py"
 
@@ -56,6 +60,8 @@ if "realheads" in ENABLED:
         resources:
             runtime=int(config["cell_time_limit_s"] * _RH["cells_per_shard"] / 60) + 10,
             mem_mb=4000,
+        conda:
+            "../envs/attnquery.yaml"
         script:
             "../scripts/run_shard.py"
 
@@ -78,5 +84,7 @@ rule plot_realheads:
         claims=claims_text("realheads"),
     log:
         "logs/figures/realheads.log",
+    conda:
+        "../envs/attnquery.yaml"
     script:
         "../scripts/plot_figure.py"

@@ -17,6 +17,8 @@ rule run_shard:
     resources:
         runtime=lambda w: int(config["cell_time_limit_s"] * section(w.experiment)["cells_per_shard"] / 60) + 10,
         mem_mb=4000,
+    conda:
+        "../envs/attnquery.yaml"
     script:
         "../scripts/run_shard.py"
 
@@ -29,6 +31,8 @@ rule aggregate_results:
         timing="results/{experiment}.timing.parquet",
     log:
         "logs/{experiment}/aggregate.log",
+    conda:
+        "../envs/attnquery.yaml"
     script:
         "../scripts/aggregate_results.py"
 
@@ -40,6 +44,8 @@ rule merge_results:
         "results/all.parquet",
     log:
         "logs/merge_results.log",
+    conda:
+        "../envs/attnquery.yaml"
     script:
         "../scripts/merge_results.py"
 
@@ -53,6 +59,8 @@ rule validate_results:
         "results/validation.txt",
     log:
         "logs/validate_results.log",
+    conda:
+        "../envs/attnquery.yaml"
     script:
         "../scripts/validate_results.py"
 
@@ -64,6 +72,8 @@ rule make_tables:
         [f"results/tables/{name}.tex" for name in ENABLED],
     log:
         "logs/make_tables.log",
+    conda:
+        "../envs/attnquery.yaml"
     script:
         "../scripts/make_tables.py"
 

@@ -18,5 +18,7 @@ rule plot_transformer_recovery:
         claims=claims_text("transformer_recovery"),
     log:
         "logs/figures/transformer_recovery.log",
+    conda:
+        "../envs/attnquery.yaml"
     script:
         "../scripts/plot_figure.py"

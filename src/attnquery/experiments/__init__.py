@@ -73,12 +73,16 @@ def register(exp: Experiment) -> Experiment:
 
 def _load_all() -> None:
     # importing the modules registers their experiments
-    from . import exact  # noqa: F401
-    from . import lowrank  # noqa: F401
-    from . import membership, noise  # noqa: F401
-    from . import realheads  # noqa: F401
-    from . import multihead_generic  # noqa: F401
-    from . import multihead, transformer  # noqa: F401
+    from . import (  # noqa: F401  # noqa: F401
+        exact,  # noqa: F401
+        lowrank,  # noqa: F401
+        membership,
+        multihead,
+        multihead_generic,  # noqa: F401
+        noise,
+        realheads,  # noqa: F401
+        transformer,
+    )
 
 
 def get_experiment(name: str) -> Experiment:

@@ -50,12 +50,16 @@ def register_figure(name: str, uses_timing: bool = False):
 
 
 def _load_all() -> None:
-    from . import exact  # noqa: F401
-    from . import lowrank  # noqa: F401
-    from . import membership, noise  # noqa: F401
-    from . import realheads  # noqa: F401
-    from . import multihead_generic  # noqa: F401
-    from . import multihead, transformer  # noqa: F401
+    from . import (  # noqa: F401  # noqa: F401
+        exact,  # noqa: F401
+        lowrank,  # noqa: F401
+        membership,
+        multihead,
+        multihead_generic,  # noqa: F401
+        noise,
+        realheads,  # noqa: F401
+        transformer,
+    )
 
 
 def get_figure(name: str) -> Callable:

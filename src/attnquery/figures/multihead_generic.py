@@ -90,8 +90,12 @@ def multihead_generic(df):
             cell = g[(g["d"] == d) & (g["n_heads"] == H)]
             if len(cell):
                 rate[i, j] = _succ(cell).mean()
-                ax1.text(j, i, f"{int(_succ(cell).sum())}/{len(cell)}", ha="center",
-                         va="center", fontsize=6,
+                label = f"{int(_succ(cell).sum())}/{len(cell)}"
+                for status, word in (("timeout", "timeout"), ("error", "refused")):
+                    n = int((cell["status"] == status).sum())
+                    if n:
+                        label += f"\n{n} {word}"
+                ax1.text(j, i, label, ha="center", va="center", fontsize=5.5,
                          color="white" if rate[i, j] < 0.5 else "black")
     im = ax1.imshow(np.ma.masked_invalid(rate), origin="lower", cmap="cividis", vmin=0,
                     vmax=1, aspect="auto")

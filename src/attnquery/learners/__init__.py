@@ -7,10 +7,10 @@ Every learner follows the scikit-learn convention: parameters in ``__init__``,
 from .exact import ExactValueQueryLearner
 from .lowrank import NuclearNormROPLearner, SketchLowRankLearner
 from .membership import MembershipLearner
-from .noisy import NoisyValueQueryLearner
-from .transformer import ReLUNetworkLearner, TransformerLearner
 from .multihead import OrthogonalSubspaceLearner, non_identifiability_demo
 from .multihead_generic import MultiHeadLearner
+from .noisy import NoisyValueQueryLearner
+from .transformer import ReLUNetworkLearner, TransformerLearner
 
 __all__ = [
     "ExactValueQueryLearner",

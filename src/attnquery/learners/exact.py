@@ -59,17 +59,17 @@ def probe_logits(oracle, U, cols, c, s, v, last=None):
         The attention weight on the first row.
     """
     n, d = U.shape
-    X = np.zeros((n, 2, d))
+    X = np.empty((n, 2, d))
+    np.multiply(c[:, None], U, out=X[:, 0, :])
     if last is None:
-        X[:, 0, :] = c[:, None] * U
+        X[:, 1, :] = 0.0
         idx = np.arange(n)
         X[idx, 0, cols] += s
         X[idx, 1, cols] = s
         base = s * v[cols]
     else:
         np.multiply(s[:, None], last, out=X[:, 1, :])
-        X[:, 0, :] = X[:, 1, :]
-        X[:, 0, :] += c[:, None] * U
+        X[:, 0, :] += X[:, 1, :]
         base = s * (last @ v)
     y = oracle(X)
     uv = c * (U @ v)
@@ -263,7 +263,12 @@ class ExactValueQueryLearner(BaseLearner):
         kap = np.full(d * k, float(kappa))
         # c / s = rho keeps the s v_j term from swamping c u^T v.
         rho = np.maximum(1.0, np.abs(v[jj]) / uv_min)
-        logit, _ = probe_logits(oracle, U[ll], jj, np.sqrt(kap * rho), np.sqrt(kap / rho), v)
+        def ask(sub):
+            """Logits of the probes ``sub`` at their current scales ``kap[sub]``."""
+            return probe_logits(oracle, U[ll[sub]], jj[sub], np.sqrt(kap[sub] * rho[sub]),
+                                np.sqrt(kap[sub] / rho[sub]), v)[0]
+
+        logit = ask(np.arange(d * k))
         n_re = 0
         for _ in range(8):
             bad = ~(np.abs(logit) <= self.max_logit)
@@ -271,14 +276,7 @@ class ExactValueQueryLearner(BaseLearner):
                 break
             kap[bad] *= 1e-2
             sub = np.flatnonzero(bad)
-            logit[sub], _ = probe_logits(
-                oracle,
-                U[ll[sub]],
-                jj[sub],
-                np.sqrt(kap[sub] * rho[sub]),
-                np.sqrt(kap[sub] / rho[sub]),
-                v,
-            )
+            logit[sub] = ask(sub)
             n_re += sub.size
         if not np.all(np.isfinite(logit)):
             raise AssumptionViolation(
@@ -286,25 +284,18 @@ class ExactValueQueryLearner(BaseLearner):
                 "fall outside (0, 1) at every probe scale"
             )
         # Too small a scale: the logits carry few significant digits. Ask once more, larger.
-        L = logit.reshape(k, d)
-        peak = np.max(np.abs(L), axis=1)
+        peak = np.max(np.abs(logit.reshape(k, d)), axis=1)
         tiny = (peak < self.min_logit) & (peak > 0) & (not scale_known)
         if tiny.any():
             sub = np.flatnonzero(np.repeat(tiny, d))
-            kap[sub] *= np.repeat(1.0 / peak[tiny], d)
-            new, _ = probe_logits(
-                oracle,
-                U[ll[sub]],
-                jj[sub],
-                np.sqrt(kap[sub] * rho[sub]),
-                np.sqrt(kap[sub] / rho[sub]),
-                v,
-            )
+            boost = np.repeat(1.0 / peak[tiny], d)
+            kap[sub] *= boost
+            new = ask(sub)
             n_re += sub.size
             if np.all(np.abs(new) <= self.max_logit):
                 logit[sub] = new
             else:  # keep the first, unsaturated answers
-                kap[sub] /= np.repeat(1.0 / peak[tiny], d)
+                kap[sub] /= boost
         T = (logit / kap).reshape(k, d).T
         kap_col = kap.reshape(k, d).min(axis=1)
         return T, kap_col, n_re

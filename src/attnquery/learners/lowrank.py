@@ -506,7 +506,7 @@ class SketchLowRankLearner(BaseLearner):
         max_logit: float = 10.0,
         min_logit: float = 1e-5,
         initial_logit_scale: float = 1.0,
-        block_bytes: int = 8 * 2**20,
+        block_bytes: int = 32 * 2**20,
     ):
         self.rank = rank
         self.oversample = oversample
