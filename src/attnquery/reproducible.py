@@ -3,7 +3,7 @@
 ``python -m attnquery.reproducible --config config/quick.yaml`` (``make check-reproducible``) runs
 the workflow once on 1 core and once on all cores, into two fresh folders, and compares every
 result table and every figure. Timing tables (``*.timing.parquet``) and the figures drawn from
-them (:data:`attnquery.figures.TIMING_FIGURES`) hold wall-clock measurements and are excluded;
+them (:func:`attnquery.figures.timing_figures`) hold wall-clock measurements and are excluded;
 everything else must be identical.
 """
 
@@ -44,8 +44,9 @@ def run_study(config, directory, cores: int, *extra: str, log=None) -> None:
 
 def compared_files(directory) -> list[str]:
     """Result tables and figures under ``directory`` that must be bit-identical."""
-    from .figures import TIMING_FIGURES
+    from .figures import timing_figures
 
+    timed = timing_figures()
     d = Path(directory)
     out = []
     for p in sorted((d / "results").rglob("*")) + sorted((d / "figures").rglob("*")):
@@ -53,7 +54,7 @@ def compared_files(directory) -> list[str]:
             continue
         if p.name.endswith(".timing.parquet"):
             continue
-        if p.parent.name == "figures" and p.stem in TIMING_FIGURES:
+        if p.parent.name in ("figures", "claims") and p.stem in timed:
             continue
         out.append(str(p.relative_to(d)))
     return out

@@ -22,7 +22,7 @@ from ..errors import ConfigError  # noqa: E402
 from ..results import atomic_path  # noqa: E402
 
 __all__ = ["STYLE", "FIGURES", "TIMING_FIGURES", "register_figure", "render", "save_figure",
-           "get_figure", "log2_ticks"]
+           "get_figure", "log2_ticks", "timing_figures"]
 
 STYLE = str(Path(__file__).with_name("attnquery.mplstyle"))
 
@@ -30,7 +30,7 @@ STYLE = str(Path(__file__).with_name("attnquery.mplstyle"))
 FIGURES: dict[str, Callable] = {}
 
 #: figures drawn from wall-clock timings: not expected to be byte-identical across runs
-TIMING_FIGURES = {"lowrank_time"}
+TIMING_FIGURES: set[str] = set()
 
 
 def register_figure(name: str, uses_timing: bool = False):
@@ -60,6 +60,12 @@ def _load_all() -> None:
         realheads,  # noqa: F401
         transformer,
     )
+
+
+def timing_figures() -> set[str]:
+    """Names of the figures drawn from wall-clock timings (all figure modules loaded)."""
+    _load_all()
+    return set(TIMING_FIGURES)
 
 
 def get_figure(name: str) -> Callable:

@@ -204,7 +204,7 @@ def lowrank_queries(df):
     return fig, claims
 
 
-@register_figure("lowrank_time")
+@register_figure("lowrank_time", uses_timing=True)
 def lowrank_time(df):
     """Wall time against d: nuclear norm (per solver) and sketch (per r)."""
     claims = []

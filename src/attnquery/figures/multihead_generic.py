@@ -73,7 +73,7 @@ def multihead_generic_claims(df) -> list[Claim]:
     return claims
 
 
-@register_figure("multihead_generic")
+@register_figure("multihead_generic", uses_timing=True)
 def multihead_generic(df):
     """Success heatmap over (d, H), error against separation, queries and wall time against d."""
     claims = multihead_generic_claims(df)
