@@ -39,6 +39,16 @@ def test_shipped_configs_are_valid(repo, name):
         (lambda c: c.update(seed=-1), "seed"),
         (lambda c: c.update(cell_time_limit_s=0), "cell_time_limit_s"),
         (lambda c: c["experiments"].update(nonsense={}), "nonsense"),
+        (lambda c: c["experiments"]["lowrank_scale"].update(rank=[300]),
+         "experiments.lowrank_scale.*rank"),
+        (lambda c: c["experiments"]["lowrank_phase"].update(rank=[9]),
+         "experiments.lowrank_phase.*rank"),
+        (lambda c: c["experiments"]["rounding"].update(rank=20), "experiments.rounding.rank"),
+        (lambda c: c["experiments"]["noise"].update(tau=[0.0]), "experiments.noise.tau"),
+        (lambda c: c["experiments"]["noise"].update(tau=[-1.0]), "experiments.noise.tau"),
+        (lambda c: c["experiments"]["noise"].update(mu=[1.5]), "experiments.noise.mu"),
+        (lambda c: c["experiments"]["membership"].update(mu=0.0), "experiments.membership.mu"),
+        (lambda c: c["experiments"]["noise"].update(d=[0]), "experiments.noise.d"),
     ],
 )
 def test_bad_values_are_named(repo, tmp_path, mutate, match):

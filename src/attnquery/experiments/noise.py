@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import AttnQueryError, ModelError
+from ..errors import AttnQueryError, ConfigError, ModelError
 from ..learners import (
     ExactValueQueryLearner,
     NoisyValueQueryLearner,
@@ -209,6 +209,12 @@ def rounding_oracle(head, d: int, spec: str) -> RoundingOracle:
 def rounding_cells(cfg) -> list[dict]:
     """Cells of "rounding": learner x rounding (digits, formats) x d x seed."""
     specs = [f"digits={k}" for k in cfg["digits"]] + list(cfg.get("dtypes", []))
+    bad = [d for d in cfg["d"] if 2 * int(cfg["rank"]) > d]
+    if "lowrank" in cfg["learners"] and bad:
+        raise ConfigError(
+            f"experiments.rounding.rank: {cfg['rank']} must be <= d / 2 for the low-rank learner; "
+            f"d = {bad} is too small"
+        )
     out = []
     for g in grid(
         learner=list(cfg["learners"]),
