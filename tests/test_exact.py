@@ -18,7 +18,7 @@ def fit(head, **kw):
     return est, oracle
 
 
-@pytest.mark.parametrize("probes", ["gaussian", "basis"])
+@pytest.mark.parametrize("probes", ["gaussian", "basis", "orthogonal"])
 @pytest.mark.parametrize("d", [1, 2, 3, 16, 64])
 def test_recovers_W_and_v_exactly_with_d2_plus_d_queries(d, probes):
     head = random_head(d, seed=[d, 7])
@@ -42,7 +42,7 @@ def test_v_with_zero_entries(probes):
         np.testing.assert_array_equal(U[zero, p], 1.0)
 
 
-@pytest.mark.parametrize("probes", ["gaussian", "basis"])
+@pytest.mark.parametrize("probes", ["gaussian", "basis", "orthogonal"])
 @pytest.mark.parametrize("d", [8, 128])
 def test_large_logits_spectral_norm_500(d, probes):
     head = random_head(d, seed=[d, 3], W_spectral=500.0, zero_frac=0.25)
@@ -127,7 +127,7 @@ def test_fit_needs_an_oracle():
     log_scale=st.floats(-3, 3),
     rank=st.one_of(st.none(), st.integers(0, 12)),
     zero_frac=st.sampled_from([0.0, 0.3, 0.9, 1.0]),
-    probes=st.sampled_from(["gaussian", "basis"]),
+    probes=st.sampled_from(["gaussian", "basis", "orthogonal"]),
     seed=st.integers(0, 2**32 - 1),
 )
 def test_property_random_heads(d, log_scale, rank, zero_frac, probes, seed):
@@ -143,3 +143,13 @@ def test_property_random_heads(d, log_scale, rank, zero_frac, probes, seed):
     assert oracle.n_queries == d * d + d + est.n_requeried_
     scale = max(np.linalg.norm(head.W), 1e-300)
     assert np.linalg.norm(est.W_ - head.W) <= 1e-9 * scale + 1e-12
+
+
+def test_orthogonal_probes_are_perfectly_conditioned_and_balanced():
+    head = random_head(40, seed=4, zero_frac=0.5)
+    est, _ = fit(head, probes="orthogonal", random_state=0)
+    U = est.probe_matrix_
+    np.testing.assert_allclose(U @ U.T, np.eye(40), atol=1e-12)
+    np.testing.assert_allclose(np.abs(U @ head.v), np.linalg.norm(head.v) / np.sqrt(40),
+                               rtol=1e-10)
+    assert relative_error(est.W_, head.W) <= 1e-12

@@ -25,7 +25,7 @@ from ._base import BaseLearner, check_budget, check_oracle
 
 __all__ = ["ExactValueQueryLearner", "read_v", "probe_logits", "PROBE_DESIGNS"]
 
-PROBE_DESIGNS = ("gaussian", "basis")
+PROBE_DESIGNS = ("gaussian", "basis", "orthogonal")
 
 
 def read_v(oracle, d: int) -> np.ndarray:
@@ -88,12 +88,15 @@ class ExactValueQueryLearner(BaseLearner):
 
     Parameters
     ----------
-    probes : {"gaussian", "basis"}
-        Probe directions u_1..u_d. "gaussian": i.i.d. standard Gaussian directions (normalised;
-        a direction with ``|u^T v|`` far below its typical size is redrawn, which costs no
-        query). "basis": the paper's deterministic set, ``u_l = e_l``, or ``e_l + e_p`` where
-        ``v_l = 0`` (also where ``|v_l|`` is below ``zero_tol * max|v|``, since a tiny
-        ``u^T v`` costs precision), with ``p = argmax |v_i|``.
+    probes : {"gaussian", "basis", "orthogonal"}
+        Probe directions u_1..u_d. "gaussian" (paper): i.i.d. standard Gaussian directions
+        (normalised; a direction with ``|u^T v|`` far below its typical size is redrawn, which
+        costs no query). "basis" (paper): the deterministic set ``u_l = e_l``, or
+        ``e_l + e_p`` where ``v_l = 0`` (also where ``|v_l|`` is below ``zero_tol * max|v|``,
+        since a tiny ``u^T v`` costs precision), with ``p = argmax |v_i|``. "orthogonal"
+        (beyond the paper): a random orthonormal basis (QR of a Gaussian matrix) reflected so
+        that every ``|u_l^T v| = ||v|| / sqrt(d)``; its probe matrix has condition number 1,
+        where a d x d Gaussian matrix has one of order d, which the error of W inherits.
     random_state : int, sequence of ints, Generator or None
         Seed of the Gaussian probes.
     max_logit : float
@@ -147,6 +150,18 @@ class ExactValueQueryLearner(BaseLearner):
     def _probe_matrix(self, v: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         d = v.size
         vmax = np.max(np.abs(v))
+        if self.probes == "orthogonal":
+            G = rng.standard_normal((d, d))
+            Qm, Rm = np.linalg.qr(G)
+            R = (Qm * np.sign(np.diag(Rm))).T  # Haar-distributed orthogonal rows
+            vn = v / np.linalg.norm(v)
+            w = rng.choice([-1.0, 1.0], size=d) / np.sqrt(d)
+            h = R @ vn - w  # Householder reflection taking R v to w
+            nh = np.linalg.norm(h)
+            if nh > 0:
+                h /= nh
+                R = R - 2.0 * np.outer(h, h @ R)
+            return R
         if self.probes == "basis":
             U = np.eye(d)
             p = int(np.argmax(np.abs(v)))
