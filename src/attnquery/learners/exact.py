@@ -23,7 +23,8 @@ import scipy.linalg
 from ..errors import AssumptionViolation, ConfigError, NotIdentifiableError
 from ._base import BaseLearner, check_budget, check_oracle
 
-__all__ = ["ExactValueQueryLearner", "read_v", "probe_logits", "PROBE_DESIGNS"]
+__all__ = ["ExactValueQueryLearner", "read_v", "probe_logits", "check_v", "unit_directions",
+           "PROBE_DESIGNS"]
 
 PROBE_DESIGNS = ("gaussian", "basis", "orthogonal")
 
@@ -31,6 +32,37 @@ PROBE_DESIGNS = ("gaussian", "basis", "orthogonal")
 def read_v(oracle, d: int) -> np.ndarray:
     """Read v from the d one-row queries ``[e_i]`` (Theorem 4.1, phase 1)."""
     return oracle(np.eye(d)[:, None, :].copy())
+
+
+def check_v(v: np.ndarray) -> float:
+    """Return ``max |v_i|``; raise :class:`NotIdentifiableError` when v = 0."""
+    vmax = float(np.max(np.abs(v)))
+    if vmax == 0.0:
+        raise NotIdentifiableError(
+            "v = 0: every answer is 0, so W is not identifiable from value queries"
+        )
+    return vmax
+
+
+def unit_directions(n: int, v: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """``n`` random unit vectors ``a`` with ``|a^T v|`` not far below its typical size.
+
+    ``|a^T v|`` for a random unit ``a`` is about ``||v|| / sqrt(d)``; a direction with a tiny
+    ``a^T v`` divides the answer by a tiny number, so such draws are redrawn (this costs no
+    query).
+    """
+    d = v.size
+    A = rng.standard_normal((n, d))
+    A /= np.linalg.norm(A, axis=1, keepdims=True)
+    vn = v / np.linalg.norm(v)
+    floor = 0.05 / np.sqrt(d)
+    for _ in range(100):
+        bad = np.abs(A @ vn) < floor
+        if not bad.any():
+            break
+        G = rng.standard_normal((int(bad.sum()), d))
+        A[bad] = G / np.linalg.norm(G, axis=1, keepdims=True)
+    return A
 
 
 def probe_logits(oracle, U, cols, c, s, v, last=None):
@@ -168,18 +200,7 @@ class ExactValueQueryLearner(BaseLearner):
             small = np.abs(v) < self.zero_tol * vmax
             U[small, p] += 1.0
             return U
-        U = rng.standard_normal((d, d))
-        U /= np.linalg.norm(U, axis=1, keepdims=True)
-        vn = v / np.linalg.norm(v)
-        # |u^T v| for a random unit u is about ||v|| / sqrt(d); redraw the rare tiny ones.
-        floor = 0.05 / np.sqrt(d)
-        for _ in range(100):
-            bad = np.abs(U @ vn) < floor
-            if not bad.any():
-                break
-            G = rng.standard_normal((int(bad.sum()), d))
-            U[bad] = G / np.linalg.norm(G, axis=1, keepdims=True)
-        return U
+        return unit_directions(d, v, rng)
 
     def _validate_params(self):
         if self.probes not in PROBE_DESIGNS:
@@ -213,11 +234,7 @@ class ExactValueQueryLearner(BaseLearner):
         check_budget(oracle, d * d + d, "exact recovery (d^2 + d queries)")
 
         v = read_v(oracle, d)
-        vmax = float(np.max(np.abs(v)))
-        if vmax == 0.0:
-            raise NotIdentifiableError(
-                "v = 0: every answer is 0, so W is not identifiable from value queries"
-            )
+        check_v(v)
         U = self._probe_matrix(v, rng)
         uv = U @ v
         uv_min = float(np.min(np.abs(uv)))

@@ -25,9 +25,11 @@ import warnings
 import numpy as np
 import scipy.linalg
 
-from ..errors import AssumptionViolation, ConfigError, NotIdentifiableError
+from ..errors import AssumptionViolation, ConfigError
 from ._base import BaseLearner, check_budget, check_oracle, chunk_slices
+from .exact import check_v as _check_v
 from .exact import probe_logits, read_v
+from .exact import unit_directions as _unit_directions
 
 __all__ = ["NuclearNormROPLearner", "SketchLowRankLearner", "lowrank_floor", "SOLVERS"]
 
@@ -41,33 +43,6 @@ def lowrank_floor(d: int, r: int) -> int:
     return int(r * (2 * d - r) + d)
 
 
-def _check_v(v: np.ndarray) -> float:
-    vmax = float(np.max(np.abs(v)))
-    if vmax == 0.0:
-        raise NotIdentifiableError(
-            "v = 0: every answer is 0, so W is not identifiable from value queries"
-        )
-    return vmax
-
-
-def _unit_directions(n: int, v: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """``n`` random unit vectors ``a`` with ``|a^T v|`` not far below its typical size.
-
-    A probe direction with tiny ``a^T v`` divides the answer by a tiny number; such draws are
-    redrawn (this costs no query).
-    """
-    d = v.size
-    A = rng.standard_normal((n, d))
-    A /= np.linalg.norm(A, axis=1, keepdims=True)
-    vn = v / np.linalg.norm(v)
-    floor = 0.05 / np.sqrt(d)
-    for _ in range(100):
-        bad = np.abs(A @ vn) < floor
-        if not bad.any():
-            break
-        G = rng.standard_normal((int(bad.sum()), d))
-        A[bad] = G / np.linalg.norm(G, axis=1, keepdims=True)
-    return A
 
 
 class _Prober:
