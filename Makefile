@@ -15,6 +15,7 @@ help:
 	@echo "make bench               run the benchmarks (counted queries, errors, wall time)"
 	@echo "make check-reproducible  run config/quick.yaml twice (1 core, all cores) and compare bytes"
 	@echo "make cluster-test        start a one-node SLURM cluster and run config/quick.yaml on it"
+	@echo "make cluster-test-light  check the SLURM profile without SLURM (part of make test)"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
