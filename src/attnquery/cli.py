@@ -589,7 +589,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--noise", help="noise model of the simulated approximate oracle (noisy with "
                    "--model)")
     e.add_argument("--eps", type=float, help="target accuracy (membership)")
-    e.add_argument("--probes", help="probe design (exact: gaussian or basis)")
+    e.add_argument("--probes", help="probe design (exact: gaussian, basis or orthogonal)")
     e.add_argument("--param", action="append", metavar="KEY=VALUE",
                    help="further learner parameter (repeatable)")
     e.add_argument("--json", action="store_true", help="print one JSON object")

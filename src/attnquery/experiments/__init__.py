@@ -21,6 +21,7 @@ lands in, or the number of cores).
 from __future__ import annotations
 
 import hashlib
+import importlib
 import itertools
 import json
 import math
@@ -39,6 +40,7 @@ __all__ = [
     "register",
     "get_experiment",
     "EXPERIMENTS",
+    "FAMILIES",
     "cell_id",
     "cell_rng",
     "expand_cells",
@@ -71,18 +73,15 @@ def register(exp: Experiment) -> Experiment:
     return exp
 
 
+#: the experiment families: each has a module here and one in attnquery.figures
+FAMILIES = ("exact", "lowrank", "membership", "multihead", "multihead_generic", "noise",
+            "realheads", "transformer")
+
+
 def _load_all() -> None:
     # importing the modules registers their experiments
-    from . import (  # noqa: F401  # noqa: F401
-        exact,  # noqa: F401
-        lowrank,  # noqa: F401
-        membership,
-        multihead,
-        multihead_generic,  # noqa: F401
-        noise,
-        realheads,  # noqa: F401
-        transformer,
-    )
+    for family in FAMILIES:
+        importlib.import_module(f"{__name__}.{family}")
 
 
 def get_experiment(name: str) -> Experiment:

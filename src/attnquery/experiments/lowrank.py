@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..learners import ExactValueQueryLearner, NuclearNormROPLearner, SketchLowRankLearner
 from ..learners.lowrank import lowrank_floor
-from ..metrics import functional_error, relative_error
+from ..metrics import functional_error, head_errors, relative_error
 from ..models import random_head
 from . import Experiment, grid, register
 
@@ -79,16 +79,12 @@ def phase_run(cell: dict, rng: np.random.Generator) -> dict:
     est = NuclearNormROPLearner(n_measurements=cell["n_measurements"], rank=r,
                                 solver=cell["solver"], random_state=learner_rng).fit(oracle)
     W = head.W
-    rel = relative_error(est.W_, W)
-    rel_v = relative_error(est.v_, head.v)
+    errors = head_errors(est.W_, est.v_, W, head.v)
     return {
         "n_queries": oracle.n_queries,
-        "rel_err_W": rel,
-        "abs_err_W": float(np.linalg.norm(est.W_ - W)),
-        "rel_err_v": rel_v,
-        "err_v": float(np.linalg.norm(est.v_ - head.v)),
+        **errors,
         "func_err": functional_error(head, est.predict, d, eval_rng, n=32),
-        "success": bool(rel <= PHASE_TOL and rel_v <= PHASE_TOL),
+        "success": bool(errors["rel_err_W"] <= PHASE_TOL and errors["rel_err_v"] <= PHASE_TOL),
         "rank_found": est.rank_,
         "solver_status": est.solver_status_,
         "solver_iterations": est.solver_iterations_,

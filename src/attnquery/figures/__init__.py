@@ -50,16 +50,13 @@ def register_figure(name: str, uses_timing: bool = False):
 
 
 def _load_all() -> None:
-    from . import (  # noqa: F401  # noqa: F401
-        exact,  # noqa: F401
-        lowrank,  # noqa: F401
-        membership,
-        multihead,
-        multihead_generic,  # noqa: F401
-        noise,
-        realheads,  # noqa: F401
-        transformer,
-    )
+    # importing the modules registers their figures (one module per experiment family)
+    import importlib
+
+    from ..experiments import FAMILIES
+
+    for family in FAMILIES:
+        importlib.import_module(f"{__name__}.{family}")
 
 
 def timing_figures() -> set[str]:
