@@ -7,6 +7,7 @@ import pytest
 
 from attnquery.errors import AssumptionViolation, ConfigError, NotIdentifiableError
 from attnquery.experiments import expand_cells, run_cells
+from attnquery.figures import render, timing_figures
 from attnquery.figures.multihead_generic import multihead_generic_claims
 from attnquery.learners import MultiHeadLearner
 from attnquery.learners.multihead_generic import (
@@ -153,14 +154,20 @@ def test_jacobian_matches_finite_differences():
         np.testing.assert_allclose(J[:, i], fd, atol=1e-7)
 
 
-def test_experiment_rows_support_the_figure_claims():
+@pytest.fixture(scope="module")
+def experiment_df():
+    """Rows of a small multihead_generic study, its timing columns joined (as the figures get)."""
+    import pandas as pd
+
     cfg = {"seeds": 1, "d": [4], "n_heads": [2], "separation_d": 4,
            "separation_eps": [0.0, 1.0], "negated_d": [4]}
     cells = expand_cells("multihead_generic", cfg)
-    rows, _ = run_cells(cells, study_seed=1)
-    import pandas as pd
+    rows, timings = run_cells(cells, study_seed=1)
+    return pd.DataFrame(rows).merge(pd.DataFrame(timings), on=["experiment", "cell_id"])
 
-    df = pd.DataFrame(rows)
+
+def test_experiment_rows_support_the_figure_claims(experiment_df):
+    df = experiment_df.copy()
     claims = {c.name: c for c in multihead_generic_claims(df)}
     assert set(claims) == {"multihead_generic_small", "multihead_generic_shared_w",
                            "multihead_generic_separation", "multihead_generic_negated"}
@@ -170,3 +177,26 @@ def test_experiment_rows_support_the_figure_claims():
     df.loc[:, "success"] = False
     assert not any(c.passed for c in multihead_generic_claims(df)
                    if c.name != "multihead_generic_shared_w")
+
+
+def test_wall_times_are_a_figure_of_their_own(experiment_df, tmp_path):
+    timed = timing_figures()
+    assert "multihead_generic_time" in timed
+    assert "multihead_generic" not in timed  # so it is in the byte-for-byte check
+    out = {}
+    for name in ("multihead_generic", "multihead_generic_time"):
+        for scale in (1.0, 1e3):
+            df = experiment_df.copy()
+            df["wall_time_s"] = df["wall_time_s"] * scale
+            pdf = tmp_path / f"{name}-{scale:g}.pdf"
+            claims = render(name, df, pdf)
+            out[name, scale] = (pdf.read_bytes(), claims)
+    # the deterministic figure keeps every claim and does not depend on the wall times
+    a, b = out["multihead_generic", 1.0], out["multihead_generic", 1e3]
+    assert a[0] == b[0]
+    assert {c.name for c in a[1]} == {"multihead_generic_small", "multihead_generic_shared_w",
+                                      "multihead_generic_separation", "multihead_generic_negated"}
+    # the timing figure draws the wall times (and states no claim)
+    t1, t2 = out["multihead_generic_time", 1.0], out["multihead_generic_time", 1e3]
+    assert t1[0] != t2[0]
+    assert t1[1] == []
