@@ -57,6 +57,55 @@ def test_sketch_finds_rank_within_105_percent_of_floor(r):
     assert relative_error(est.v_, head.v) <= 1e-12
 
 
+def test_sketch_probes_share_their_last_tokens():
+    """Probes are asked grouped by last token (one per right-sketch column, one per coordinate
+    of the left sketch), and each group asks its token identically, so a black box that caches
+    per-token work evaluates W x_N about r + d times, not once per query."""
+    d, r = 128, 6
+    head = random_head(d, 4, rank=r)
+    tokens = set()
+
+    def box(X):
+        tokens.update(row.tobytes() for row in X[:, -1, :])
+        return head(X)
+
+    oracle = ValueOracle(box, d)
+    est = SketchLowRankLearner(random_state=2).fit(oracle)
+    assert est.rank_ == r
+    # d one-row queries for v, k + 1 sketch vectors (the last one shows the rank), d - k
+    # coordinates for the left sketch
+    assert len(tokens) <= d + (r + 1) + d
+    assert oracle.n_queries > 10 * len(tokens)
+
+
+def test_sparse_rows_match_their_dense_form():
+    from attnquery.learners.exact import SparseRows, coordinate_rows, probe_logits
+
+    rng = np.random.default_rng(3)
+    d = 7
+    U = SparseRows((4, d), [2, 0, 3, 0, 1], [1, 4, 6, 2, 0], [0.5, 1.0, -2.0, 3.0, 1.5])
+    dense = np.zeros((4, d))
+    dense[[2, 0, 3, 0, 1], [1, 4, 6, 2, 0]] = [0.5, 1.0, -2.0, 3.0, 1.5]
+    np.testing.assert_array_equal(U.toarray(), dense)
+    v = rng.standard_normal(d)
+    np.testing.assert_allclose(U @ v, dense @ v, rtol=1e-15)
+    mask = np.array([True, False, True, True])
+    np.testing.assert_array_equal(U[mask].toarray(), dense[mask])
+    np.testing.assert_array_equal(coordinate_rows([3, 0], d).toarray(), np.eye(d)[[3, 0]])
+    # the probes built from sparse and broadcast rows are the dense ones
+    head = random_head(d, 5)
+    c, s = rng.uniform(0.5, 1.0, 4), rng.uniform(0.5, 1.0, 4)
+    b = rng.standard_normal(d)
+    for Uq, last in ((U, np.broadcast_to(b, (4, d))), (dense, coordinate_rows([1, 1, 2, 5], d))):
+        Ud = Uq if isinstance(Uq, np.ndarray) else Uq.toarray()
+        Ld = last if isinstance(last, np.ndarray) else last.toarray()
+        got = probe_logits(_oracle(head), Uq, None, c, s, head.v, last=last)[0]
+        want = probe_logits(_oracle(head), Ud, None, c, s, head.v, last=np.array(Ld))[0]
+        np.testing.assert_allclose(got, want, rtol=1e-9)
+        np.testing.assert_allclose(got, c * s * np.einsum("kd,de,ke->k", Ud, head.W, Ld),
+                                   rtol=1e-8)
+
+
 def test_sketch_rank_half_d_and_large_scale_head():
     d, r = 64, 32  # r = d / 2 is still allowed
     head = random_head(d, 4, rank=r, W_spectral=200.0)

@@ -23,7 +23,7 @@ def test_dense_head_matches_direct_computation():
     d = 6
     W, v = rng.standard_normal((d, d)), rng.standard_normal(d)
     X = rng.standard_normal((5, 4, d))
-    np.testing.assert_allclose(AttentionHead(v, W=W)(X), direct(W, v, X), rtol=1e-13)
+    np.testing.assert_allclose(AttentionHead(v, W=W)(X), direct(W, v, X), rtol=1e-13, atol=1e-14)
 
 
 def test_factored_head_equals_dense_and_never_needs_W():
@@ -125,3 +125,54 @@ def test_transformer_on_one_row_is_the_ffn():
                              rng.standard_normal(6))
     x = rng.standard_normal((9, 4))
     np.testing.assert_allclose(tf(x[:, None, :]), np.maximum(x @ tf.A, 0) @ tf.w_o)
+
+
+def _shared_last_token_batch(rng, d, n_runs, per_run, N=3):
+    """Queries whose last tokens come in runs of identical rows (as the learners' probes do)."""
+    X = rng.standard_normal((n_runs * per_run, N, d))
+    tokens = rng.standard_normal((n_runs, d))
+    X[:, -1, :] = np.repeat(tokens, per_run, axis=0)
+    return X
+
+
+@pytest.mark.parametrize("factored", [False, True])
+def test_runs_of_shared_last_tokens_are_evaluated_exactly(factored):
+    rng = np.random.default_rng(5)
+    d, r = 12, 3
+    K, Q, v = rng.standard_normal((r, d)), rng.standard_normal((r, d)), rng.standard_normal(d)
+    head = AttentionHead(v, K=K, Q=Q) if factored else AttentionHead(v, W=K.T @ Q)
+    X = _shared_last_token_batch(rng, d, n_runs=3, per_run=7)  # run by run, through the cache
+    np.testing.assert_allclose(head(X), direct(K.T @ Q, v, X), rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(head.scores(X), np.einsum("bnd,de,be->bn", X, K.T @ Q, X[:, -1]),
+                               rtol=1e-12, atol=1e-12)
+    # many runs: the whole-batch path; more distinct tokens than the cache holds
+    X = _shared_last_token_batch(rng, d, n_runs=150, per_run=2)
+    np.testing.assert_allclose(head(X), direct(K.T @ Q, v, X), rtol=1e-12, atol=1e-13)
+    for start in range(0, 300, 6):  # small batches: cache hits, misses and evictions
+        np.testing.assert_allclose(head(X[start:start + 6]), direct(K.T @ Q, v, X[start:start + 6]),
+                                   rtol=1e-12, atol=1e-13)
+
+
+def test_token_cache_returns_identical_answers_and_is_not_pickled():
+    import pickle
+
+    rng = np.random.default_rng(6)
+    head = random_head(16, rng, rank=2)
+    X = _shared_last_token_batch(rng, 16, n_runs=2, per_run=5)
+    first = head(X)
+    assert np.array_equal(head(X), first)  # same query, same answer, cached or not
+    clone = pickle.loads(pickle.dumps(head))
+    assert clone._cache == {} and len(head._cache) == 2
+    assert np.array_equal(clone(X), first)
+
+
+def test_run_starts():
+    from attnquery.models import run_starts
+
+    rows = np.array([[1.0, 2.0], [1.0, 2.0], [1.0, 3.0], [1.0, 2.0], [1.0, 2.0]])
+    assert run_starts(rows).tolist() == [0, 2, 3]
+    assert run_starts(rows[:1]).tolist() == [0]
+    assert run_starts(rows[:0]).tolist() == []
+    wide = np.zeros((4, 20))
+    wide[2, 15] = 1.0  # differs beyond the leading entries compared first
+    assert run_starts(wide).tolist() == [0, 2, 3]

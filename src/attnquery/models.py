@@ -25,6 +25,7 @@ __all__ = [
     "MultiHeadAttention",
     "OneLayerTransformer",
     "softmax_last",
+    "run_starts",
     "check_input",
     "random_head",
     "random_v",
@@ -69,6 +70,27 @@ def softmax_last(s: np.ndarray) -> np.ndarray:
     s = s - s.max(axis=-1, keepdims=True)
     e = np.exp(s)
     return e / e.sum(axis=-1, keepdims=True)
+
+
+#: a batch whose last tokens form at most this many runs of identical rows is evaluated run by
+#: run, with W x_N from a cache of the last _CACHE_TOKENS distinct tokens
+_FEW_RUNS = 8
+_CACHE_TOKENS = 64
+
+
+def run_starts(rows: np.ndarray) -> np.ndarray:
+    """Start index of every run of consecutive identical rows of ``rows`` (B, d)."""
+    n = rows.shape[0]
+    if n <= 1:
+        return np.zeros(min(1, n), dtype=np.intp)
+    # a few leading entries rule most distinct neighbours out before the full comparison
+    cand = np.flatnonzero((rows[1:, :8] == rows[:-1, :8]).all(axis=1))
+    if cand.size == n - 1:
+        same = (rows[1:] == rows[:-1]).all(axis=1)
+    else:
+        same = np.zeros(n - 1, dtype=bool)
+        same[cand] = (rows[cand + 1] == rows[cand]).all(axis=1)
+    return np.concatenate([[0], np.flatnonzero(~same) + 1])
 
 
 class AttentionHead:
@@ -116,6 +138,9 @@ class AttentionHead:
         self.W_dense = W
         self.K = K
         self.Q = Q
+        # the right operand of W_times, C-contiguous (a sparse product needs that layout)
+        self._right = np.ascontiguousarray((Q if W is None else W).T)
+        self._cache: dict[bytes, np.ndarray] = {}  # W x of recent last tokens, by their bytes
 
     @property
     def d(self) -> int:
@@ -144,27 +169,66 @@ class AttentionHead:
     def W_times(self, q: np.ndarray) -> np.ndarray:
         """Return ``q @ W^T`` for a batch of query tokens ``q`` (B, d), i.e. each ``W q_b``.
 
-        Costs O(B d r) with factors. With a dense W and mostly-zero query tokens (as in
-        coordinate probes), a sparse product costs O(nnz(q) d) instead of O(B d^2).
+        Costs O(B d r) with factors. With mostly-zero query tokens (as in coordinate probes), a
+        sparse product costs O(nnz(q) d) instead of O(B d^2) (dense W) or O(B d r) (factors,
+        first product).
         """
         if self.W_dense is None:
-            return (q @ self.Q.T) @ self.K
-        return sparse_aware_matmul(q, self.W_dense.T)
+            return sparse_aware_matmul(q, self._right) @ self.K
+        return sparse_aware_matmul(q, self._right)
 
     def scores(self, X) -> np.ndarray:
         """Attention scores ``s_i = x_i^T W x_N``, shape (B, N)."""
-        X = check_input(X, self.d)
-        Wq = self.W_times(X[:, -1, :])
-        return np.einsum("bnd,bd->bn", X, Wq)
+        return self._scores_values(check_input(X, self.d))[0]
 
     def attention(self, X) -> np.ndarray:
         """Attention weights ``alpha = softmax(s)``, shape (B, N)."""
         return softmax_last(self.scores(X))
 
     def __call__(self, X) -> np.ndarray:
-        X = check_input(X, self.d)
-        scores = np.matmul(X, self.W_times(X[:, -1, :])[:, :, None])[:, :, 0]
-        return np.einsum("bn,bn->b", softmax_last(scores), X @ self.v)
+        scores, values = self._scores_values(check_input(X, self.d))
+        return np.einsum("bn,bn->b", softmax_last(scores), values)
+
+    def _scores_values(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Scores ``X W x_N`` and values ``X v`` of a validated batch, each (B, N).
+
+        A batch whose last tokens come in a few runs of identical rows (probes that share their
+        query token) is evaluated run by run: ``W x_N`` once per run, taken from a small cache of
+        recently seen tokens (as a server caches per-token work), and one matrix-vector product
+        per run, so such a query costs O(N d) instead of O(N d + d r). Other batches are
+        evaluated as a whole.
+        """
+        B, N, d = X.shape
+        last = X[:, -1, :]
+        starts = run_starts(last)
+        nu = starts.size
+        if nu > _FEW_RUNS:
+            Wq = self.W_times(last[starts])
+            if nu < B:
+                Wq = np.repeat(Wq, np.diff(np.append(starts, B)), axis=0)
+            return np.einsum("bnd,bd->bn", X, Wq), X @ self.v
+        bounds = np.append(starts, B)
+        scores = np.empty((B, N))
+        for u in range(nu):
+            a, b = bounds[u], bounds[u + 1]
+            scores[a:b] = (X[a:b].reshape(-1, d) @ self._cached_W_times(last[a])).reshape(-1, N)
+        return scores, X @ self.v
+
+    def _cached_W_times(self, q: np.ndarray) -> np.ndarray:
+        """``W q`` for one token, from the cache of the last ``_CACHE_TOKENS`` tokens."""
+        key = q.tobytes()
+        Wq = self._cache.get(key)
+        if Wq is None:
+            Wq = self.W_times(q[None, :])[0]
+            if len(self._cache) >= _CACHE_TOKENS:
+                del self._cache[next(iter(self._cache))]  # the oldest entry
+            self._cache[key] = Wq
+        return Wq
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_cache"] = {}
+        return state
 
 
 class MultiHeadAttention:

@@ -24,7 +24,7 @@ from ..errors import AssumptionViolation, ConfigError, NotIdentifiableError
 from ._base import BaseLearner, check_budget, check_oracle
 
 __all__ = ["ExactValueQueryLearner", "read_v", "probe_logits", "check_v", "unit_directions",
-           "PROBE_DESIGNS"]
+           "SparseRows", "coordinate_rows", "rows_dot", "PROBE_DESIGNS"]
 
 PROBE_DESIGNS = ("gaussian", "basis", "orthogonal")
 
@@ -65,23 +65,77 @@ def unit_directions(n: int, v: np.ndarray, rng: np.random.Generator) -> np.ndarr
     return A
 
 
-def probe_logits(oracle, U, cols, c, s, v, last=None):
-    """Ask the two-row probes ``[(c_k U[l_k] + s_k e_j); s_k e_j]`` and return their logits.
+class SparseRows:
+    """``n`` rows of length ``d`` with a few nonzeros each, as (row, column, value) triplets.
+
+    The probes' coordinate directions and tokens (``e_j``, ``e_j + e_p``) in this form cost
+    O(nonzeros) to build, to multiply by a vector and to add into a batch of queries.
+    Triplets are sorted by row.
+    """
+
+    __slots__ = ("shape", "row", "col", "val")
+
+    def __init__(self, shape, row, col, val):
+        self.shape = (int(shape[0]), int(shape[1]))
+        order = np.argsort(row, kind="stable")
+        self.row = np.asarray(row, dtype=np.intp)[order]
+        self.col = np.asarray(col, dtype=np.intp)[order]
+        self.val = np.asarray(val, dtype=float)[order]
+
+    def __matmul__(self, v: np.ndarray) -> np.ndarray:
+        return np.bincount(self.row, weights=self.val * v[self.col], minlength=self.shape[0])
+
+    def __getitem__(self, mask) -> SparseRows:
+        """The rows selected by a boolean mask, in order."""
+        mask = np.asarray(mask, dtype=bool)
+        new_index = np.cumsum(mask) - 1
+        keep = mask[self.row]
+        return SparseRows((int(mask.sum()), self.shape[1]), new_index[self.row[keep]],
+                          self.col[keep], self.val[keep])
+
+    def add_to(self, out: np.ndarray, coef: np.ndarray) -> None:
+        """``out += coef[:, None] * self`` on a dense (n, d) array (touches the nonzeros)."""
+        np.add.at(out, (self.row, self.col), coef[self.row] * self.val)
+
+    def toarray(self) -> np.ndarray:
+        """The rows as a dense (n, d) array."""
+        out = np.zeros(self.shape)
+        self.add_to(out, np.ones(self.shape[0]))
+        return out
+
+
+def coordinate_rows(cols, d: int) -> SparseRows:
+    """The coordinate rows ``e_{cols[k]}`` (n, d)."""
+    cols = np.asarray(cols, dtype=np.intp)
+    return SparseRows((cols.size, d), np.arange(cols.size), cols, np.ones(cols.size))
+
+
+def rows_dot(M, v: np.ndarray) -> np.ndarray:
+    """``M @ v`` for rows given densely, as one broadcast row (stride 0) or sparse."""
+    if isinstance(M, np.ndarray) and M.shape[0] > 1 and M.strides[0] == 0:
+        return np.full(M.shape[0], M[0] @ v)
+    return M @ v
+
+
+def probe_logits(oracle, U, cols, c, s, v, last=None, uv=None, lastv=None):
+    """Ask the two-row probes ``[(c_k U[k] + s_k e_j); s_k e_j]`` and return their logits.
 
     Parameters
     ----------
     oracle : value oracle
-    U : ndarray (n, d)
-        The probe directions, one per query.
+    U : ndarray or SparseRows (n, d)
+        The probe directions, one per query (dense, a broadcast row or sparse).
     cols : ndarray (n,) of int
         The column j of each probe.
     c, s : ndarray (n,)
         Scale of the probe direction and of the last token.
     v : ndarray (d,)
         The value vector (already read).
-    last : ndarray (n, d), optional
+    last : ndarray or SparseRows (n, d), optional
         General last tokens ``b_k`` in place of ``e_j``: the probes are then
         ``[(c_k U[k] + s_k b_k); s_k b_k]`` with logit ``c s u^T W b`` (``cols`` is ignored).
+    uv, lastv : ndarray (n,), optional
+        ``U @ v`` and ``last @ v``, when the caller has them already.
 
     Returns
     -------
@@ -91,24 +145,36 @@ def probe_logits(oracle, U, cols, c, s, v, last=None):
         The attention weight on the first row.
     """
     n, d = U.shape
-    X = np.empty((n, 2, d))
-    np.multiply(c[:, None], U, out=X[:, 0, :])
     if last is None:
+        last = coordinate_rows(cols, d)
+    if uv is None:
+        uv = rows_dot(U, v)
+    if lastv is None:
+        lastv = rows_dot(last, v)
+    X = np.empty((n, 2, d))
+    if isinstance(last, SparseRows):
         X[:, 1, :] = 0.0
-        idx = np.arange(n)
-        X[idx, 0, cols] += s
-        X[idx, 1, cols] = s
-        base = s * v[cols]
+        if isinstance(U, SparseRows):
+            X[:, 0, :] = 0.0
+            U.add_to(X[:, 0, :], c)
+        else:
+            np.multiply(c[:, None], U, out=X[:, 0, :])
+        last.add_to(X[:, 0, :], s)
+        last.add_to(X[:, 1, :], s)
+    elif isinstance(U, SparseRows):
+        np.multiply(s[:, None, None], last[:, None, :], out=X)
+        U.add_to(X[:, 0, :], c)
     else:
         np.multiply(s[:, None], last, out=X[:, 1, :])
+        np.multiply(c[:, None], U, out=X[:, 0, :])
         X[:, 0, :] += X[:, 1, :]
-        base = s * (last @ v)
     y = oracle(X)
-    uv = c * (U @ v)
+    base = s * lastv
+    uvc = c * uv
     num1 = y - base  # = alpha * c u^T v
-    num0 = uv - num1  # = (1 - alpha) * c u^T v
-    r1 = num1 / uv
-    r0 = num0 / uv
+    num0 = uvc - num1  # = (1 - alpha) * c u^T v
+    r1 = num1 / uvc
+    r0 = num0 / uvc
     ok = (r1 > 0) & (r0 > 0)
     with np.errstate(divide="ignore", invalid="ignore"):
         logit = np.where(ok, np.log(np.where(ok, r1, 1.0)) - np.log(np.where(ok, r0, 1.0)), np.nan)

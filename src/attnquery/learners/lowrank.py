@@ -27,8 +27,8 @@ import scipy.linalg
 
 from ..errors import AssumptionViolation, ConfigError
 from ._base import BaseLearner, check_budget, check_oracle, chunk_slices
+from .exact import SparseRows, coordinate_rows, probe_logits, read_v, rows_dot
 from .exact import check_v as _check_v
-from .exact import probe_logits, read_v
 from .exact import unit_directions as _unit_directions
 
 __all__ = ["NuclearNormROPLearner", "SketchLowRankLearner", "lowrank_floor", "SOLVERS"]
@@ -63,14 +63,19 @@ class _Prober:
         self.chunk = int(chunk)
         self.n_requeried = 0
         self.target = 0.1
+        self.uv_floor = None
 
     def _ask(self, U, B, kap):
-        uv = U @ self.v
-        bv = B @ self.v
-        rho = np.maximum(1.0, np.abs(bv) / np.maximum(np.abs(uv), 1e-300))
-        c = np.sqrt(kap * rho)
+        uv = rows_dot(U, self.v)
+        bv = rows_dot(B, self.v)
+        # c / s = rho keeps the s b^T v term from swamping c u^T v. With a floor on |u^T v| known
+        # for the whole measurement, s depends on the last token only, so probes that share a
+        # last token ask it identically
+        floor = np.abs(uv) if self.uv_floor is None else self.uv_floor
+        rho = np.maximum(1.0, np.abs(bv) / np.maximum(floor, 1e-300))
         s = np.sqrt(kap / rho)
-        logit, _ = probe_logits(self.oracle, U, None, c, s, self.v, last=B)
+        logit, _ = probe_logits(self.oracle, U, None, kap / s, s, self.v, last=B, uv=uv,
+                                lastv=bv)
         return logit
 
     def _ask_checked(self, U, B, kap):
@@ -115,8 +120,13 @@ class _Prober:
             kap = self.target / big
             self.kappa = kap if self.kappa is None else min(self.kappa, kap)
 
-    def measure(self, make, n: int) -> np.ndarray:
-        """``u^T W b`` for probes ``0..n-1`` described by ``make``."""
+    def measure(self, make, n: int, uv_floor: float | None = None) -> np.ndarray:
+        """``u^T W b`` for probes ``0..n-1`` described by ``make``.
+
+        ``uv_floor``, a lower bound on ``|u^T v|`` over these probes, lets every probe with the
+        same last token use the same token scale.
+        """
+        self.uv_floor = uv_floor
         out = np.empty(n)
         for sl in chunk_slices(n, self.chunk):
             idx = np.arange(sl.start, sl.stop)
@@ -481,7 +491,7 @@ class SketchLowRankLearner(BaseLearner):
         max_logit: float = 10.0,
         min_logit: float = 1e-5,
         initial_logit_scale: float = 1.0,
-        block_bytes: int = 32 * 2**20,
+        block_bytes: int = 4 * 2**20,
     ):
         self.rank = rank
         self.oversample = oversample
@@ -570,11 +580,15 @@ class SketchLowRankLearner(BaseLearner):
         def column_probes(b, rows):
             def make(idx):
                 jj = rows[idx]
-                U = np.zeros((idx.size, d))
-                U[np.arange(idx.size), jj] = 1.0
-                U[:, pidx] += beta[jj]
-                return U, np.broadcast_to(b, (idx.size, d))
+                n = idx.size
+                extra = np.flatnonzero(beta[jj])  # u = e_j + e_p where v_j is near 0
+                U = SparseRows((n, d), np.concatenate([np.arange(n), extra]),
+                               np.concatenate([jj, np.full(extra.size, pidx)]),
+                               np.concatenate([np.ones(n), beta[jj[extra]]]))
+                return U, np.broadcast_to(b, (n, d))
             return make
+
+        uv_col = float(np.min(np.abs(v + beta * v[pidx])))  # min |u_j^T v| of the probes
 
         def solve_column(tcol):
             # t_j = y_j + beta_j y_p, and beta_p = 0
@@ -598,7 +612,8 @@ class SketchLowRankLearner(BaseLearner):
                                          replace=False)
                 test_rows = np.concatenate([P, extra])
                 check_budget(oracle, test_rows.size, f"span test of sketch column {k + 1}")
-                t_test = prober.measure(column_probes(b, test_rows), test_rows.size)
+                t_test = prober.measure(column_probes(b, test_rows), test_rows.size,
+                                       uv_col)
                 # interpolate the new column from the pivot rows; check it on the extra rows
                 c = scipy.linalg.solve(Tk[P], t_test[:k])
                 res = np.linalg.norm(Tk[extra] @ c - t_test[k:])
@@ -614,10 +629,10 @@ class SketchLowRankLearner(BaseLearner):
                 check_budget(oracle, other.size, f"sketch column {k + 1}")
                 tcol = np.empty(d)
                 tcol[test_rows] = t_test
-                tcol[other] = prober.measure(column_probes(b, other), other.size)
+                tcol[other] = prober.measure(column_probes(b, other), other.size, uv_col)
                 e = tcol - Tk @ c
             else:
-                tcol = prober.measure(column_probes(b, all_rows), d)
+                tcol = prober.measure(column_probes(b, all_rows), d, uv_col)
                 if self.rank is None and k == 0 and \
                         np.max(np.abs(tcol)) * prober.kappa <= _ZERO_LOGIT:
                     break  # every logit is at rounding level: W b = 0 for a random b, W = 0
@@ -655,12 +670,13 @@ class SketchLowRankLearner(BaseLearner):
         nC = CB.size
         check_budget(oracle, kA * nC, f"left sketch ({kA} x {nC} queries)")
         def row_probes(idx):
-            ii, jj = np.divmod(idx, nC)
-            last = np.zeros((idx.size, d))
-            last[np.arange(idx.size), CB[jj]] = 1.0
-            return A[ii], last
+            # probe (i, j) is number j kA + i: the kA probes of a coordinate j share their
+            # last token e_j
+            jj, ii = np.divmod(idx, kA)
+            return A[ii], coordinate_rows(CB[jj], d)
 
-        S = prober.measure(row_probes, kA * nC).reshape(kA, nC)
+        S = prober.measure(row_probes, kA * nC, float(np.min(np.abs(A @ v))))
+        S = S.reshape(nC, kA).T
         core = A @ Y  # kA x k = A^T W B, from the right sketch
         Z = np.empty((kA, d))
         Z[:, CB] = S
