@@ -75,11 +75,11 @@ def test_sketch_probes_share_their_last_tokens():
     # d one-row queries for v, k + 1 sketch vectors (the last one shows the rank), d - k
     # coordinates for the left sketch
     assert len(tokens) <= d + (r + 1) + d
-    assert oracle.n_queries > 10 * len(tokens)
+    assert oracle.n_queries > 6 * len(tokens)  # without the grouping: one token per query
 
 
 def test_sparse_rows_match_their_dense_form():
-    from attnquery.learners.exact import SparseRows, coordinate_rows, probe_logits
+    from attnquery.learners._probes import SparseRows, coordinate_rows, probe_logits
 
     rng = np.random.default_rng(3)
     d = 7

@@ -26,16 +26,20 @@ import numpy as np
 import scipy.linalg
 
 from ..errors import AssumptionViolation, ConfigError
-from ._base import BaseLearner, check_budget, check_oracle, chunk_slices
-from .exact import SparseRows, coordinate_rows, probe_logits, read_v, rows_dot
-from .exact import check_v as _check_v
-from .exact import unit_directions as _unit_directions
+from ._base import BaseLearner, check_budget, check_oracle
+from ._probes import (
+    ZERO_LOGIT,
+    Prober,
+    SparseRows,
+    check_v,
+    coordinate_rows,
+    read_v,
+    unit_directions,
+)
 
 __all__ = ["NuclearNormROPLearner", "SketchLowRankLearner", "lowrank_floor", "SOLVERS"]
 
 SOLVERS = ("SCS", "CLARABEL")
-#: logits at or below this are rounding noise of alpha = 1/2 (a zero bilinear form)
-_ZERO_LOGIT = 1e-12
 
 
 def lowrank_floor(d: int, r: int) -> int:
@@ -43,101 +47,6 @@ def lowrank_floor(d: int, r: int) -> int:
     return int(r * (2 * d - r) + d)
 
 
-
-
-class _Prober:
-    """Measure bilinear forms ``u^T W b`` through scaled two-row probes, in bounded chunks.
-
-    ``make(idx)`` returns the directions ``U`` (n, d) and last tokens ``B`` (n, d) of the probes
-    ``idx``; ``measure`` returns ``u^T W b`` for each of them. The logit scale ``kappa`` is
-    learnt from a pilot batch; saturated probes are asked again at ``kappa / 100``.
-    """
-
-    def __init__(self, oracle, v, *, initial_logit_scale, max_logit, min_logit, chunk):
-        self.oracle = oracle
-        self.v = v
-        self.kappa = None
-        self.initial = float(initial_logit_scale)
-        self.max_logit = float(max_logit)
-        self.min_logit = float(min_logit)
-        self.chunk = int(chunk)
-        self.n_requeried = 0
-        self.target = 0.1
-        self.uv_floor = None
-
-    def _ask(self, U, B, kap):
-        uv = rows_dot(U, self.v)
-        bv = rows_dot(B, self.v)
-        # c / s = rho keeps the s b^T v term from swamping c u^T v. With a floor on |u^T v| known
-        # for the whole measurement, s depends on the last token only, so probes that share a
-        # last token ask it identically
-        floor = np.abs(uv) if self.uv_floor is None else self.uv_floor
-        rho = np.maximum(1.0, np.abs(bv) / np.maximum(floor, 1e-300))
-        s = np.sqrt(kap / rho)
-        logit, _ = probe_logits(self.oracle, U, None, kap / s, s, self.v, last=B, uv=uv,
-                                lastv=bv)
-        return logit
-
-    def _ask_checked(self, U, B, kap):
-        logit = self._ask(U, B, kap)
-        for _ in range(8):
-            bad = ~(np.abs(logit) <= self.max_logit)
-            if not bad.any():
-                break
-            kap[bad] *= 1e-2
-            logit[bad] = self._ask(U[bad], B[bad], kap[bad])
-            self.n_requeried += int(bad.sum())
-        if not np.all(np.isfinite(logit)):
-            raise AssumptionViolation(
-                "the answers are not those of a single attention head: some attention weights "
-                "fall outside (0, 1) at every probe scale"
-            )
-        return logit
-
-    def _pilot(self, U, B):
-        """First batch: find the model's scale and set ``kappa`` from it."""
-        kap = np.full(U.shape[0], self.initial)
-        logit = self._ask_checked(U, B, kap)
-        peak = float(np.max(np.abs(logit)))
-        if _ZERO_LOGIT < peak < self.min_logit:  # too few digits: ask again, larger
-            kap2 = kap * (1.0 / peak)
-            new = self._ask(U, B, kap2.copy())
-            self.n_requeried += U.shape[0]
-            if np.all(np.abs(new) <= self.max_logit):
-                logit, kap = new, kap2
-        vals = logit / kap
-        if peak > _ZERO_LOGIT:  # rounding noise shows no scale
-            self._update(vals)
-        if self.kappa is None:  # every pilot value is 0: keep the initial scale
-            self.kappa = self.initial
-        return vals
-
-    def _update(self, vals):
-        # The largest value seen so far maps to logit ``target``, so a value max_logit / target
-        # times larger still fits; the scale only ever decreases.
-        big = float(np.max(np.abs(vals))) if vals.size else 0.0
-        if big > 0:
-            kap = self.target / big
-            self.kappa = kap if self.kappa is None else min(self.kappa, kap)
-
-    def measure(self, make, n: int, uv_floor: float | None = None) -> np.ndarray:
-        """``u^T W b`` for probes ``0..n-1`` described by ``make``.
-
-        ``uv_floor``, a lower bound on ``|u^T v|`` over these probes, lets every probe with the
-        same last token use the same token scale.
-        """
-        self.uv_floor = uv_floor
-        out = np.empty(n)
-        for sl in chunk_slices(n, self.chunk):
-            idx = np.arange(sl.start, sl.stop)
-            U, B = make(idx)
-            if self.kappa is None:
-                out[sl] = self._pilot(U, B)
-            else:
-                kap = np.full(idx.size, self.kappa)
-                out[sl] = self._ask_checked(U, B, kap) / kap
-                self._update(out[sl])
-        return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -276,7 +185,7 @@ class NuclearNormROPLearner(BaseLearner):
         rng = self._rng()
         n0 = oracle.n_queries
         v = read_v(oracle, d)
-        _check_v(v)
+        check_v(v)
         # a, b ~ N(0, I): the paper's measurement ensemble (unnormalised, as in Theorem A.2).
         Aa = rng.standard_normal((m, d))
         Bb = rng.standard_normal((m, d))
@@ -287,7 +196,7 @@ class NuclearNormROPLearner(BaseLearner):
             if not bad.any():
                 break
             Aa[bad] = rng.standard_normal((int(bad.sum()), d))
-        prober = _Prober(
+        prober = Prober(
             oracle, v, initial_logit_scale=self.initial_logit_scale, max_logit=self.max_logit,
             min_logit=self.min_logit, chunk=max(1, (32 * 2**20) // (40 * d)),
         )
@@ -569,12 +478,12 @@ class SketchLowRankLearner(BaseLearner):
         else:
             check_budget(oracle, d, "reading v (d queries)")
         v = read_v(oracle, d)
-        vmax = _check_v(v)
+        vmax = check_v(v)
         pidx = int(np.argmax(np.abs(v)))
         beta = (np.abs(v) < self.zero_tol * vmax).astype(float)  # u_j = e_j + beta_j e_p
         beta[pidx] = 0.0
         chunk = max(1, int(self.block_bytes // (32 * d)))
-        prober = _Prober(oracle, v, initial_logit_scale=self.initial_logit_scale,
+        prober = Prober(oracle, v, initial_logit_scale=self.initial_logit_scale,
                          max_logit=self.max_logit, min_logit=self.min_logit, chunk=chunk)
 
         def column_probes(b, rows):
@@ -634,7 +543,7 @@ class SketchLowRankLearner(BaseLearner):
             else:
                 tcol = prober.measure(column_probes(b, all_rows), d, uv_col)
                 if self.rank is None and k == 0 and \
-                        np.max(np.abs(tcol)) * prober.kappa <= _ZERO_LOGIT:
+                        np.max(np.abs(tcol)) * prober.kappa <= ZERO_LOGIT:
                     break  # every logit is at rounding level: W b = 0 for a random b, W = 0
                 if k == 0:
                     e = tcol.copy()
@@ -664,7 +573,7 @@ class SketchLowRankLearner(BaseLearner):
         # ---- left sketch: Z = A^T W ----------------------------------------------------------
         p = self._default_oversample(d, k)
         kA = k + p
-        A = _unit_directions(kA, v, rng_a)  # kA x d, rows a_i
+        A = unit_directions(kA, v, rng_a)  # kA x d, rows a_i
         PB = scipy.linalg.qr(B.T, pivoting=True, mode="r")[1][:k]
         CB = np.setdiff1d(all_rows, PB)
         nC = CB.size

@@ -363,6 +363,15 @@ class OrthogonalSubspaceLearner(BaseLearner):
                 raise
             W.append(E @ est.W_ @ E.T)
             v.append(E @ est.v_)
+        # a dead head can also answer consistently, with v~ at the rounding level of the others
+        norms = [float(np.linalg.norm(vh)) for vh in v]
+        for h, nh in enumerate(norms):
+            scale = max([*(n for g, n in enumerate(norms) if g != h), 1e-300])
+            if nh <= 1e-10 * scale:
+                raise NotIdentifiableError(
+                    f"head {h}: its value vector is 0 on its subspace (|v~| = {nh:.1e}), so its "
+                    "W is not identifiable"
+                )
         self.W_ = W
         self.v_ = v
         self.bases_ = bases

@@ -1,0 +1,273 @@
+"""Two-row probes: the measurement every value-query learner of a single head is built on.
+
+A probe ``[(c u + s b); s b]`` gives the attention weight ``alpha = sigma(c s u^T W b)`` on its
+first row, and its answer ``y = s b^T v + alpha c u^T v`` gives ``alpha`` once v is known; so one
+value query measures one bilinear form ``u^T W b`` (paper Theorem 4.1 with ``b = e_j``). The
+scale ``kappa = c s`` keeps logits where the sigmoid can be inverted and is learnt from the
+answers (:class:`Prober`); the ratio ``c / s`` keeps ``s b^T v`` from swamping ``c u^T v``.
+Probes that share a last token ask it identically, so a black box that caches per-token work
+evaluates it once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import AssumptionViolation, NotIdentifiableError
+from ._base import chunk_slices
+
+__all__ = ["read_v", "check_v", "unit_directions", "SparseRows", "coordinate_rows", "rows_dot",
+           "probe_logits", "Prober", "ZERO_LOGIT"]
+
+#: logits at or below this are rounding noise of alpha = 1/2 (a zero bilinear form)
+ZERO_LOGIT = 1e-12
+
+
+def read_v(oracle, d: int) -> np.ndarray:
+    """Read v from the d one-row queries ``[e_i]`` (Theorem 4.1, phase 1)."""
+    return oracle(np.eye(d)[:, None, :].copy())
+
+
+def check_v(v: np.ndarray) -> float:
+    """Return ``max |v_i|``; raise :class:`NotIdentifiableError` when v = 0."""
+    vmax = float(np.max(np.abs(v)))
+    if vmax == 0.0:
+        raise NotIdentifiableError(
+            "v = 0: every answer is 0, so W is not identifiable from value queries"
+        )
+    return vmax
+
+
+def unit_directions(n: int, v: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """``n`` random unit vectors ``a`` with ``|a^T v|`` not far below its typical size.
+
+    ``|a^T v|`` for a random unit ``a`` is about ``||v|| / sqrt(d)``; a direction with a tiny
+    ``a^T v`` divides the answer by a tiny number, so such draws are redrawn (this costs no
+    query).
+    """
+    d = v.size
+    A = rng.standard_normal((n, d))
+    A /= np.linalg.norm(A, axis=1, keepdims=True)
+    vn = v / np.linalg.norm(v)
+    floor = 0.05 / np.sqrt(d)
+    for _ in range(100):
+        bad = np.abs(A @ vn) < floor
+        if not bad.any():
+            break
+        G = rng.standard_normal((int(bad.sum()), d))
+        A[bad] = G / np.linalg.norm(G, axis=1, keepdims=True)
+    return A
+
+
+class SparseRows:
+    """``n`` rows of length ``d`` with a few nonzeros each, as (row, column, value) triplets.
+
+    The probes' coordinate directions and tokens (``e_j``, ``e_j + e_p``) in this form cost
+    O(nonzeros) to build, to multiply by a vector and to add into a batch of queries.
+    Triplets are sorted by row.
+    """
+
+    __slots__ = ("shape", "row", "col", "val")
+
+    def __init__(self, shape, row, col, val):
+        self.shape = (int(shape[0]), int(shape[1]))
+        order = np.argsort(row, kind="stable")
+        self.row = np.asarray(row, dtype=np.intp)[order]
+        self.col = np.asarray(col, dtype=np.intp)[order]
+        self.val = np.asarray(val, dtype=float)[order]
+
+    def __matmul__(self, v: np.ndarray) -> np.ndarray:
+        return np.bincount(self.row, weights=self.val * v[self.col], minlength=self.shape[0])
+
+    def __getitem__(self, mask) -> SparseRows:
+        """The rows selected by a boolean mask, in order."""
+        mask = np.asarray(mask, dtype=bool)
+        new_index = np.cumsum(mask) - 1
+        keep = mask[self.row]
+        return SparseRows((int(mask.sum()), self.shape[1]), new_index[self.row[keep]],
+                          self.col[keep], self.val[keep])
+
+    def add_to(self, out: np.ndarray, coef: np.ndarray) -> None:
+        """``out += coef[:, None] * self`` on a dense (n, d) array (touches the nonzeros)."""
+        np.add.at(out, (self.row, self.col), coef[self.row] * self.val)
+
+    def toarray(self) -> np.ndarray:
+        """The rows as a dense (n, d) array."""
+        out = np.zeros(self.shape)
+        self.add_to(out, np.ones(self.shape[0]))
+        return out
+
+
+def coordinate_rows(cols, d: int) -> SparseRows:
+    """The coordinate rows ``e_{cols[k]}`` (n, d)."""
+    cols = np.asarray(cols, dtype=np.intp)
+    return SparseRows((cols.size, d), np.arange(cols.size), cols, np.ones(cols.size))
+
+
+def rows_dot(M, v: np.ndarray) -> np.ndarray:
+    """``M @ v`` for rows given densely, as one broadcast row (stride 0) or sparse."""
+    if isinstance(M, np.ndarray) and M.shape[0] > 1 and M.strides[0] == 0:
+        return np.full(M.shape[0], M[0] @ v)
+    return M @ v
+
+
+def probe_logits(oracle, U, cols, c, s, v, last=None, uv=None, lastv=None):
+    """Ask the two-row probes ``[(c_k U[k] + s_k e_j); s_k e_j]`` and return their logits.
+
+    Parameters
+    ----------
+    oracle : value oracle
+    U : ndarray or SparseRows (n, d)
+        The probe directions, one per query (dense, a broadcast row or sparse).
+    cols : ndarray (n,) of int
+        The column j of each probe.
+    c, s : ndarray (n,)
+        Scale of the probe direction and of the last token.
+    v : ndarray (d,)
+        The value vector (already read).
+    last : ndarray or SparseRows (n, d), optional
+        General last tokens ``b_k`` in place of ``e_j``: the probes are then
+        ``[(c_k U[k] + s_k b_k); s_k b_k]`` with logit ``c s u^T W b`` (``cols`` is ignored).
+    uv, lastv : ndarray (n,), optional
+        ``U @ v`` and ``last @ v``, when the caller has them already.
+
+    Returns
+    -------
+    logit : ndarray (n,)
+        ``c s u^T w_j`` measured (NaN where alpha was not strictly inside (0, 1)).
+    alpha : ndarray (n,)
+        The attention weight on the first row.
+    """
+    n, d = U.shape
+    if last is None:
+        last = coordinate_rows(cols, d)
+    if uv is None:
+        uv = rows_dot(U, v)
+    if lastv is None:
+        lastv = rows_dot(last, v)
+    X = np.empty((n, 2, d))
+    if isinstance(last, SparseRows):
+        X[:, 1, :] = 0.0
+        if isinstance(U, SparseRows):
+            X[:, 0, :] = 0.0
+            U.add_to(X[:, 0, :], c)
+        else:
+            np.multiply(c[:, None], U, out=X[:, 0, :])
+        last.add_to(X[:, 0, :], s)
+        last.add_to(X[:, 1, :], s)
+    elif isinstance(U, SparseRows):
+        np.multiply(s[:, None, None], last[:, None, :], out=X)
+        U.add_to(X[:, 0, :], c)
+    else:
+        np.multiply(s[:, None], last, out=X[:, 1, :])
+        np.multiply(c[:, None], U, out=X[:, 0, :])
+        X[:, 0, :] += X[:, 1, :]
+    y = oracle(X)
+    base = s * lastv
+    uvc = c * uv
+    num1 = y - base  # = alpha * c u^T v
+    num0 = uvc - num1  # = (1 - alpha) * c u^T v
+    r1 = num1 / uvc
+    r0 = num0 / uvc
+    ok = (r1 > 0) & (r0 > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logit = np.where(ok, np.log(np.where(ok, r1, 1.0)) - np.log(np.where(ok, r0, 1.0)), np.nan)
+    return logit, r1
+
+
+class Prober:
+    """Measure bilinear forms ``u^T W b`` through scaled two-row probes, in bounded chunks.
+
+    ``make(idx)`` returns the directions ``U`` (n, d) and last tokens ``B`` (n, d) of the probes
+    ``idx``; ``measure`` returns ``u^T W b`` for each of them. The logit scale ``kappa`` is
+    learnt from a pilot batch; saturated probes are asked again at ``kappa / 100``.
+    """
+
+    def __init__(self, oracle, v, *, initial_logit_scale, max_logit, min_logit, chunk):
+        self.oracle = oracle
+        self.v = v
+        self.kappa = None
+        self.initial = float(initial_logit_scale)
+        self.max_logit = float(max_logit)
+        self.min_logit = float(min_logit)
+        self.chunk = int(chunk)
+        self.n_requeried = 0
+        self.target = 0.1
+        self.uv_floor = None
+
+    def _ask(self, U, B, kap):
+        uv = rows_dot(U, self.v)
+        bv = rows_dot(B, self.v)
+        # c / s = rho keeps the s b^T v term from swamping c u^T v. With a floor on |u^T v| known
+        # for the whole measurement, s depends on the last token only, so probes that share a
+        # last token ask it identically
+        floor = np.abs(uv) if self.uv_floor is None else self.uv_floor
+        rho = np.maximum(1.0, np.abs(bv) / np.maximum(floor, 1e-300))
+        s = np.sqrt(kap / rho)
+        logit, _ = probe_logits(self.oracle, U, None, kap / s, s, self.v, last=B, uv=uv,
+                                lastv=bv)
+        return logit
+
+    def _ask_checked(self, U, B, kap):
+        logit = self._ask(U, B, kap)
+        for _ in range(8):
+            bad = ~(np.abs(logit) <= self.max_logit)
+            if not bad.any():
+                break
+            kap[bad] *= 1e-2
+            logit[bad] = self._ask(U[bad], B[bad], kap[bad])
+            self.n_requeried += int(bad.sum())
+        if not np.all(np.isfinite(logit)):
+            raise AssumptionViolation(
+                "the answers are not those of a single attention head: some attention weights "
+                "fall outside (0, 1) at every probe scale"
+            )
+        return logit
+
+    def _pilot(self, U, B):
+        """First batch: find the model's scale and set ``kappa`` from it."""
+        kap = np.full(U.shape[0], self.initial)
+        logit = self._ask_checked(U, B, kap)
+        peak = float(np.max(np.abs(logit)))
+        if ZERO_LOGIT < peak < self.min_logit:  # too few digits: ask again, larger
+            kap2 = kap * (1.0 / peak)
+            new = self._ask(U, B, kap2.copy())
+            self.n_requeried += U.shape[0]
+            if np.all(np.abs(new) <= self.max_logit):
+                logit, kap = new, kap2
+        vals = logit / kap
+        if peak > ZERO_LOGIT:  # rounding noise shows no scale
+            self._update(vals)
+        if self.kappa is None:  # every pilot value is 0: keep the initial scale
+            self.kappa = self.initial
+        return vals, kap
+
+    def _update(self, vals):
+        # The largest value seen so far maps to logit ``target``, so a value max_logit / target
+        # times larger still fits; the scale only ever decreases.
+        big = float(np.max(np.abs(vals))) if vals.size else 0.0
+        if big > 0:
+            kap = self.target / big
+            self.kappa = kap if self.kappa is None else min(self.kappa, kap)
+
+    def measure(self, make, n: int, uv_floor: float | None = None, return_scale: bool = False):
+        """``u^T W b`` for probes ``0..n-1`` described by ``make``.
+
+        ``uv_floor``, a lower bound on ``|u^T v|`` over these probes, lets every probe with the
+        same last token use the same token scale. With ``return_scale``, also returns the logit
+        scale ``c s`` each probe was answered at.
+        """
+        self.uv_floor = uv_floor
+        out = np.empty(n)
+        scale = np.empty(n)
+        for sl in chunk_slices(n, self.chunk):
+            idx = np.arange(sl.start, sl.stop)
+            U, B = make(idx)
+            if self.kappa is None:
+                out[sl], scale[sl] = self._pilot(U, B)
+            else:
+                kap = np.full(idx.size, self.kappa)
+                out[sl] = self._ask_checked(U, B, kap) / kap
+                scale[sl] = kap
+                self._update(out[sl])
+        return (out, scale) if return_scale else out
