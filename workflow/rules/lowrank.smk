@@ -20,6 +20,7 @@ rule plot_lowrank_phase:
         png="figures/lowrank_phase.png",
     params:
         figure="lowrank_phase",
+        claims=claims_text("lowrank_phase"),
     log:
         "logs/figures/lowrank_phase.log",
     conda:
@@ -41,6 +42,7 @@ rule plot_lowrank_queries:
         png="figures/lowrank_queries.png",
     params:
         figure="lowrank_queries",
+        claims=claims_text("lowrank_queries"),
     log:
         "logs/figures/lowrank_queries.log",
     conda:
@@ -62,6 +64,7 @@ rule plot_lowrank_time:
         png="figures/lowrank_time.png",
     params:
         figure="lowrank_time",
+        claims=claims_text("lowrank_time"),
     log:
         "logs/figures/lowrank_time.log",
     conda:

@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+from functools import cache
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
 from ..claims import Claim, ok_rows
 from ..experiments.lowrank import PHASE_TOL, SKETCH_TOL
-from ..metrics import fit_power_law
+from ..metrics import fit_power_law, nuclear_statdim
 from . import register_figure
 
 #: interval the fitted exponent of the smallest successful m against r d must fall in
 LINEAR_RANGE = (0.85, 1.15)
+#: interval the fitted exponent of m_50 against the statistical dimension delta(d, r) must fall
+#: in, and the interval its 95% confidence interval must lie inside
+STATDIM_RANGE = (0.85, 1.15)
+STATDIM_CI_RANGE = (0.8, 1.2)
+#: largest c_50 = m_50 / (r 2d) allowed at any (d, r) (Theorem 5.1's O(r d), constant measured):
+#: 20 seeds give at most 2.93 (d = 32, r = 1) on d <= 32, r <= 4; 4 seeds scatter it by +-0.3
+C50_MAX = 3.5
 #: the sketch learner must use at most this multiple of r (2d - r) + d queries for d >= SKETCH_MIN_D
 SKETCH_FACTOR = 1.05
 SKETCH_MIN_D = 256
@@ -60,6 +69,75 @@ def transition_points(df) -> pd.DataFrame:
     return pd.DataFrame(out, columns=list(cols)).astype(cols)
 
 
+@cache
+def _statdim(d: int, r: int) -> float:
+    return nuclear_statdim(d, r)
+
+
+def statdim_table(pairs) -> pd.DataFrame:
+    """``delta(d, r)`` (:func:`attnquery.metrics.nuclear_statdim`) for each (d, r) in ``pairs``.
+
+    Columns d, rank, delta and ``c_delta = delta / (r 2d)``, the 50% point of Gaussian
+    measurements on the axis of the phase diagram.
+    """
+    pairs = sorted({(int(d), int(r)) for d, r in pairs})
+    delta = [_statdim(d, r) for d, r in pairs]
+    out = pd.DataFrame(pairs, columns=["d", "rank"]).astype(int)
+    out["delta"] = np.asarray(delta, dtype=float)
+    out["c_delta"] = out["delta"] / (2 * out["rank"] * out["d"])
+    return out
+
+
+def _statdim_claims(tp) -> list[Claim]:
+    """The claims on m_50 against delta(d, r) and on the constant c_50 of O(r d)."""
+    claims = []
+    fit_rows = tp[np.isfinite(tp["m50"]) & ~tp["censored"]]
+    delta = statdim_table(zip(fit_rows["d"], fit_rows["rank"], strict=True))
+    fit_rows = fit_rows.merge(delta, on=["d", "rank"], how="left")
+    statement = (
+        "m_50 follows the statistical dimension delta(d, r) of the nuclear-norm descent cone "
+        f"(exponent of m_50 against delta in [{STATDIM_RANGE[0]}, {STATDIM_RANGE[1]}], its "
+        f"95% interval inside [{STATDIM_CI_RANGE[0]}, {STATDIM_CI_RANGE[1]}])"
+    )
+    if len(fit_rows) >= 3 and fit_rows["delta"].nunique() >= 2:
+        fit = fit_power_law(fit_rows["delta"], fit_rows["m50"])
+        ratio = fit_rows["m50"] / fit_rows["delta"]
+        claims.append(Claim(
+            "nuclear_statdim", statement,
+            bool(STATDIM_RANGE[0] <= fit.slope <= STATDIM_RANGE[1]
+                 and STATDIM_CI_RANGE[0] <= fit.lo and fit.hi <= STATDIM_CI_RANGE[1]),
+            f"exponent {fit} over {len(fit_rows)} (d, r) points; m_50 / delta from "
+            f"{ratio.min():.2f} to {ratio.max():.2f}",
+        ))
+    else:
+        claims.append(Claim(
+            "nuclear_statdim", statement, False,
+            f"only {len(fit_rows)} (d, r) points with a 50% crossing inside the c grid",
+        ))
+    statement = (
+        f"c_50 = m_50 / (r 2d) <= {C50_MAX:g} at every (d, r), i.e. m_50 <= {2 * C50_MAX:g} r d "
+        "(Theorem 5.1's O(r d) with its constant measured)"
+    )
+    crossed = tp[np.isfinite(tp["c50"])]
+    missing = tp[~np.isfinite(tp["c50"])]
+    if len(crossed) and missing.empty:
+        worst = crossed.loc[crossed["c50"].idxmax()]
+        claims.append(Claim(
+            "nuclear_order_rd", statement, bool((crossed["c50"] <= C50_MAX).all()),
+            f"c_50 from {crossed['c50'].min():.2f} to {worst['c50']:.2f} (d = "
+            f"{int(worst['d'])}, r = {int(worst['rank'])}) over {len(crossed)} (d, r) points",
+        ))
+    else:
+        where = ", ".join(f"(d={int(d)}, r={int(r)})"
+                          for d, r in zip(missing["d"], missing["rank"], strict=True))
+        claims.append(Claim(
+            "nuclear_order_rd", statement, False,
+            f"no 50% crossing inside the c grid at {where}" if len(missing)
+            else "no lowrank_phase rows",
+        ))
+    return claims
+
+
 def lowrank_claims(df) -> list[Claim]:
     """Every claim of the low-rank figures, checked on the rows."""
     claims = []
@@ -82,6 +160,7 @@ def lowrank_claims(df) -> list[Claim]:
             "nuclear_linear", "the smallest successful m grows linearly in r d", False,
             f"only {len(fit_rows)} (d, r) points with a 50% crossing inside the c grid",
         ))
+    claims.extend(_statdim_claims(tp))
     st = success_table(df)
     if not st.empty:
         lo = st.loc[st.groupby(["d", "rank"])["c"].idxmin()]
@@ -150,6 +229,12 @@ def lowrank_phase(df):
                 ys.append(i)
         ax.plot(xs, ys, "w-o", ms=3, lw=1.2, label="empirical 50% success" if first else None)
         first = False
+    # the Gaussian-measurement 50% point delta(d, r) / (r 2d) of each row (inside the c grid)
+    cd = statdim_table(pairs).set_index(["d", "rank"]).loc[pairs, "c_delta"].to_numpy()
+    inside = (cd >= cs[0]) & (cd <= cs[-1])
+    ax.plot(np.interp(cd[inside], cs, np.arange(cs.size)), np.flatnonzero(inside), "x",
+            color="#ff3b30", ms=5, mew=1.5,
+            label=r"$\delta(d, r) / (r \cdot 2d)$: statistical dimension")
     ax.set_xticks(np.arange(cs.size), [f"{c:g}" for c in cs])
     ax.set_yticks(np.arange(len(pairs)), [f"d={d}, r={r}" for d, r in pairs])
     ax.set_xlabel(r"$c = m / (r \cdot 2d)$, $m$ = number of rank-one measurements")
@@ -159,7 +244,7 @@ def lowrank_phase(df):
                  f"$\\leq$ {PHASE_TOL:g} after polishing (up to {n} runs per cell)",
                  fontsize=7)
     fig.colorbar(im, ax=ax, label="success probability")
-    ax.legend(loc="upper right", fontsize=6.5, framealpha=0.6)
+    ax.legend(loc="upper right", fontsize=6.5, framealpha=0.8)
     return fig, claims
 
 
@@ -184,14 +269,35 @@ def lowrank_queries(df):
     if len(g):
         series.append(("exact (Thm 4.1), $d^2 + d$", g["d"] * g["rank"], g["n_queries"], "^",
                        None))
+    st = success_table(df)
+    sd = statdim_table(zip(st["d"], st["rank"], strict=True))
+    sd = sd.assign(rd=sd["d"] * sd["rank"])
+
+    def plot_statdim():
+        # delta(d, r) + d for every (d, r) of the phase grid, joined along fixed r
+        for i, (_, g) in enumerate(sd.sort_values(["rank", "d"]).groupby("rank")):
+            ax.plot(g["rd"], g["delta"] + g["d"], "k:", lw=0.9, marker="x", ms=4,
+                    label=(r"$\delta(d, r) + d$, $\delta$ = statistical dimension of the "
+                           "nuclear-norm cone (dotted: fixed r, r = 1 on top)")
+                    if i == 0 else None)
+
     pts = pd.concat([tp[["d", "rank"]], sc[["d", "rank"]]]).drop_duplicates()
     for label, x, y, mk, fit_y in series:
         txt = ""
         if fit_y is not None and pd.Series(x).nunique() >= 2 and len(x) >= 3:
             fit = fit_power_law(x, fit_y)
-            what = "$m_{50}$ " if mk == "o" else ""
-            txt = f"\n  {what}exponent {fit.slope:.2f} [{fit.lo:.2f}, {fit.hi:.2f}]"
+            txt = f"\n  exponent {fit.slope:.2f} [{fit.lo:.2f}, {fit.hi:.2f}]"
+            if mk == "o":
+                delta = tp.merge(sd, on=["d", "rank"], how="left")["delta"].to_numpy()
+                fd = fit_power_law(delta, fit_y)
+                txt = (f"\n  $m_{{50}}$ exponent {fit.slope:.2f} [{fit.lo:.2f}, {fit.hi:.2f}] "
+                       f"against $r d$, {fd.slope:.2f} [{fd.lo:.2f}, {fd.hi:.2f}] against "
+                       r"$\delta$")
         ax.plot(x, y, mk, alpha=0.7, label=label + txt)
+        if mk == "o":
+            plot_statdim()
+    if not any(mk == "o" for _, _, _, mk, _ in series):
+        plot_statdim()
     if len(pts):
         pts = pts.assign(rd=pts["d"] * pts["rank"]).sort_values("rd")
         fl = pts["rank"] * (2 * pts["d"] - pts["rank"]) + pts["d"]
