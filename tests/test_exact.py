@@ -28,6 +28,15 @@ def test_recovers_W_and_v_exactly_with_d2_plus_d_queries(d, probes):
     np.testing.assert_allclose(est.v_, head.v, rtol=0, atol=1e-15)
 
 
+def test_gaussian_design_at_d256_stays_well_below_the_target():
+    # the logit scale is set from the first column only: a pilot of many columns at the initial
+    # scale 1e-2 reads them with logits near 1e-3 and costs an order of magnitude of accuracy
+    head = random_head(256, seed=[256, 2026])
+    est, oracle = fit(head, probes="gaussian", random_state=0)
+    assert oracle.n_queries == 256 * 256 + 256
+    assert relative_error(est.W_, head.W) <= 1e-10
+
+
 @pytest.mark.parametrize("probes", ["gaussian", "basis"])
 def test_v_with_zero_entries(probes):
     head = random_head(24, seed=1, zero_frac=0.5)

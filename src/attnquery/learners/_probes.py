@@ -180,10 +180,13 @@ class Prober:
 
     ``make(idx)`` returns the directions ``U`` (n, d) and last tokens ``B`` (n, d) of the probes
     ``idx``; ``measure`` returns ``u^T W b`` for each of them. The logit scale ``kappa`` is
-    learnt from a pilot batch; saturated probes are asked again at ``kappa / 100``.
+    learnt from a pilot batch (the first ``pilot`` probes, asked at ``initial_logit_scale``) and
+    then maps the largest value seen so far to logit 0.1; saturated probes are asked again at
+    ``kappa / 100``.
     """
 
-    def __init__(self, oracle, v, *, initial_logit_scale, max_logit, min_logit, chunk):
+    def __init__(self, oracle, v, *, initial_logit_scale, max_logit, min_logit, chunk,
+                 pilot=None):
         self.oracle = oracle
         self.v = v
         self.kappa = None
@@ -191,6 +194,7 @@ class Prober:
         self.max_logit = float(max_logit)
         self.min_logit = float(min_logit)
         self.chunk = int(chunk)
+        self.pilot = self.chunk if pilot is None else max(1, min(int(pilot), self.chunk))
         self.n_requeried = 0
         self.target = 0.1
         self.uv_floor = None
@@ -260,10 +264,16 @@ class Prober:
         self.uv_floor = uv_floor
         out = np.empty(n)
         scale = np.empty(n)
-        for sl in chunk_slices(n, self.chunk):
+        start = 0
+        if self.kappa is None and n:  # the pilot batch, at the initial scale
+            sl = slice(0, min(n, self.pilot))
+            out[sl], scale[sl] = self._pilot(*make(np.arange(sl.stop)))
+            start = sl.stop
+        for sl in chunk_slices(n - start, self.chunk):
+            sl = slice(sl.start + start, sl.stop + start)
             idx = np.arange(sl.start, sl.stop)
             U, B = make(idx)
-            if self.kappa is None:
+            if self.kappa is None:  # the pilot saw only zeros
                 out[sl], scale[sl] = self._pilot(U, B)
             else:
                 kap = np.full(idx.size, self.kappa)

@@ -8,7 +8,7 @@ d two-row probes. The paper's probe is ``[(u + e_j); e_j]``; here it is scaled,
 
 so ``u^T w_j = logit(alpha) / (c s)``. The product ``kappa = c s`` sets the logit scale and is
 chosen from the answers themselves (the learner does not know the model's scale): the first
-batch of probes sets it, later batches use the largest value measured so far, and only a probe
+column's probes set it, later batches use the largest value measured so far, and only a probe
 whose logit is saturated (|logit| > ``max_logit``, where float64 would lose digits) is asked
 again at a smaller scale (:class:`attnquery.learners._probes.Prober`, shared with the low-rank
 learners). The d probes of a column share their last token. The ratio ``c / s`` keeps
@@ -53,12 +53,12 @@ class ExactValueQueryLearner(BaseLearner):
     zero_tol : float
         Relative threshold below which ``v_l`` is treated as zero by the basis design.
     initial_logit_scale : float
-        Scale ``c s`` of the first batch of probes, before any answer has shown the model's
-        scale. The first batch is accepted without re-asking when its largest
+        Scale ``c s`` of the first column's probes (the pilot), before any answer has shown the
+        model's scale. The pilot is accepted without re-asking when its largest
         ``|u^T w_j|`` lies in ``[min_logit, max_logit] / initial_logit_scale``, i.e. in
         [1e-3, 1e3] with the defaults.
     min_logit : float
-        A first batch whose largest |logit| is below this is asked again at a larger scale
+        A pilot whose largest |logit| is below this is asked again at a larger scale
         (its logits would carry too few significant digits).
     block_bytes : int
         Memory bound on one batch of queries.
@@ -157,7 +157,7 @@ class ExactValueQueryLearner(BaseLearner):
 
         prober = Prober(oracle, v, initial_logit_scale=self.initial_logit_scale,
                         max_logit=self.max_logit, min_logit=self.min_logit,
-                        chunk=max(1, int(self.block_bytes // (32 * d))))
+                        chunk=max(1, int(self.block_bytes // (32 * d))), pilot=d)
 
         def make(idx):
             # probe (l, j) is number j d + l: the d probes of column j share their last token
