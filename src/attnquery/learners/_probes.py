@@ -181,12 +181,14 @@ class Prober:
     ``make(idx)`` returns the directions ``U`` (n, d) and last tokens ``B`` (n, d) of the probes
     ``idx``; ``measure`` returns ``u^T W b`` for each of them. The logit scale ``kappa`` is
     learnt from a pilot batch (the first ``pilot`` probes, asked at ``initial_logit_scale``) and
-    then maps the largest value seen so far to logit 0.1; saturated probes are asked again at
-    ``kappa / 100``.
+    then maps the largest value seen so far to logit ``target`` (a value ``max_logit / target``
+    times larger still fits); saturated probes are asked again at ``kappa / 100``. A larger
+    target reads the logits with more significant digits; the exact learner, whose error is
+    amplified by the condition number of its probe matrix, uses 1, the low-rank learners 0.1.
     """
 
     def __init__(self, oracle, v, *, initial_logit_scale, max_logit, min_logit, chunk,
-                 pilot=None):
+                 pilot=None, target=0.1):
         self.oracle = oracle
         self.v = v
         self.kappa = None
@@ -196,7 +198,7 @@ class Prober:
         self.chunk = int(chunk)
         self.pilot = self.chunk if pilot is None else max(1, min(int(pilot), self.chunk))
         self.n_requeried = 0
-        self.target = 0.1
+        self.target = float(target)
         self.uv_floor = None
 
     def _ask(self, U, B, kap):

@@ -157,7 +157,8 @@ class ExactValueQueryLearner(BaseLearner):
 
         prober = Prober(oracle, v, initial_logit_scale=self.initial_logit_scale,
                         max_logit=self.max_logit, min_logit=self.min_logit,
-                        chunk=max(1, int(self.block_bytes // (32 * d))), pilot=d)
+                        chunk=max(1, int(self.block_bytes // (32 * d))), pilot=d,
+                        target=1.0)
 
         def make(idx):
             # probe (l, j) is number j d + l: the d probes of column j share their last token
