@@ -209,6 +209,12 @@ def test_nuclear_bad_input():
         NuclearNormROPLearner(rank=5).fit(_oracle(head))
     with pytest.raises(ConfigError, match="solver"):
         NuclearNormROPLearner(rank=1, solver="MOSEK").fit(_oracle(head))
+    for kw, what in (({"max_logit": 100.0}, "max_logit"), ({"min_logit": 20.0}, "min_logit"),
+                     ({"initial_logit_scale": 0.0}, "initial_logit_scale")):
+        oracle = _oracle(head)
+        with pytest.raises(ConfigError, match=what):
+            NuclearNormROPLearner(rank=1, **kw).fit(oracle)
+        assert oracle.n_queries == 0
     oracle = _oracle(head, budget=d + 40)
     with pytest.raises(BudgetExceededError):
         NuclearNormROPLearner(n_measurements=41, rank=1).fit(oracle)

@@ -13,14 +13,29 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import AssumptionViolation, NotIdentifiableError
+from ..errors import AssumptionViolation, ConfigError, NotIdentifiableError
 from ._base import chunk_slices
 
 __all__ = ["read_v", "check_v", "unit_directions", "SparseRows", "coordinate_rows", "rows_dot",
-           "probe_logits", "Prober", "ZERO_LOGIT"]
+           "probe_logits", "Prober", "check_probe_params", "ZERO_LOGIT"]
 
 #: logits at or below this are rounding noise of alpha = 1/2 (a zero bilinear form)
 ZERO_LOGIT = 1e-12
+
+
+def check_probe_params(learner) -> None:
+    """Check a learner's probe parameters (``max_logit``, ``min_logit``,
+    ``initial_logit_scale`` and, where it has one, ``zero_tol``); raise :class:`ConfigError`."""
+    if not (np.isfinite(learner.max_logit) and 1.0 <= learner.max_logit <= 30.0):
+        raise ConfigError(f"max_logit must be in [1, 30]; got {learner.max_logit}")
+    if not (0.0 < learner.min_logit < learner.max_logit):
+        raise ConfigError(f"min_logit must be in (0, max_logit); got {learner.min_logit}")
+    if not (np.isfinite(learner.initial_logit_scale) and learner.initial_logit_scale > 0):
+        raise ConfigError(
+            f"initial_logit_scale must be positive; got {learner.initial_logit_scale}")
+    zero_tol = getattr(learner, "zero_tol", 0.0)
+    if not 0.0 <= zero_tol < 1.0:
+        raise ConfigError(f"zero_tol must be in [0, 1); got {zero_tol}")
 
 
 def read_v(oracle, d: int) -> np.ndarray:
@@ -199,29 +214,28 @@ class Prober:
         self.pilot = self.chunk if pilot is None else max(1, min(int(pilot), self.chunk))
         self.n_requeried = 0
         self.target = float(target)
-        self.uv_floor = None
 
-    def _ask(self, U, B, kap):
+    def _ask(self, U, B, kap, uv_floor):
         uv = rows_dot(U, self.v)
         bv = rows_dot(B, self.v)
         # c / s = rho keeps the s b^T v term from swamping c u^T v. With a floor on |u^T v| known
         # for the whole measurement, s depends on the last token only, so probes that share a
         # last token ask it identically
-        floor = np.abs(uv) if self.uv_floor is None else self.uv_floor
+        floor = np.abs(uv) if uv_floor is None else uv_floor
         rho = np.maximum(1.0, np.abs(bv) / np.maximum(floor, 1e-300))
         s = np.sqrt(kap / rho)
         logit, _ = probe_logits(self.oracle, U, None, kap / s, s, self.v, last=B, uv=uv,
                                 lastv=bv)
         return logit
 
-    def _ask_checked(self, U, B, kap):
-        logit = self._ask(U, B, kap)
+    def _ask_checked(self, U, B, kap, uv_floor):
+        logit = self._ask(U, B, kap, uv_floor)
         for _ in range(8):
             bad = ~(np.abs(logit) <= self.max_logit)
             if not bad.any():
                 break
             kap[bad] *= 1e-2
-            logit[bad] = self._ask(U[bad], B[bad], kap[bad])
+            logit[bad] = self._ask(U[bad], B[bad], kap[bad], uv_floor)
             self.n_requeried += int(bad.sum())
         if not np.all(np.isfinite(logit)):
             raise AssumptionViolation(
@@ -230,14 +244,14 @@ class Prober:
             )
         return logit
 
-    def _pilot(self, U, B):
+    def _pilot(self, U, B, uv_floor):
         """First batch: find the model's scale and set ``kappa`` from it."""
         kap = np.full(U.shape[0], self.initial)
-        logit = self._ask_checked(U, B, kap)
+        logit = self._ask_checked(U, B, kap, uv_floor)
         peak = float(np.max(np.abs(logit)))
         if ZERO_LOGIT < peak < self.min_logit:  # too few digits: ask again, larger
             kap2 = kap * (1.0 / peak)
-            new = self._ask(U, B, kap2.copy())
+            new = self._ask(U, B, kap2.copy(), uv_floor)
             self.n_requeried += U.shape[0]
             if np.all(np.abs(new) <= self.max_logit):
                 logit, kap = new, kap2
@@ -263,23 +277,18 @@ class Prober:
         same last token use the same token scale. With ``return_scale``, also returns the logit
         scale ``c s`` each probe was answered at.
         """
-        self.uv_floor = uv_floor
         out = np.empty(n)
         scale = np.empty(n)
         start = 0
         if self.kappa is None and n:  # the pilot batch, at the initial scale
             sl = slice(0, min(n, self.pilot))
-            out[sl], scale[sl] = self._pilot(*make(np.arange(sl.stop)))
+            out[sl], scale[sl] = self._pilot(*make(np.arange(sl.stop)), uv_floor)
             start = sl.stop
-        for sl in chunk_slices(n - start, self.chunk):
+        for sl in chunk_slices(n - start, self.chunk):  # the pilot has set kappa
             sl = slice(sl.start + start, sl.stop + start)
-            idx = np.arange(sl.start, sl.stop)
-            U, B = make(idx)
-            if self.kappa is None:  # the pilot saw only zeros
-                out[sl], scale[sl] = self._pilot(U, B)
-            else:
-                kap = np.full(idx.size, self.kappa)
-                out[sl] = self._ask_checked(U, B, kap) / kap
-                scale[sl] = kap
-                self._update(out[sl])
+            U, B = make(np.arange(sl.start, sl.stop))
+            kap = np.full(U.shape[0], self.kappa)
+            out[sl] = self._ask_checked(U, B, kap, uv_floor) / kap
+            scale[sl] = kap
+            self._update(out[sl])
         return (out, scale) if return_scale else out

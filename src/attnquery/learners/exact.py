@@ -24,7 +24,15 @@ import scipy.linalg
 
 from ..errors import ConfigError
 from ._base import BaseLearner, check_budget, check_oracle
-from ._probes import Prober, check_v, coordinate_rows, probe_logits, read_v, unit_directions
+from ._probes import (
+    Prober,
+    check_probe_params,
+    check_v,
+    coordinate_rows,
+    probe_logits,
+    read_v,
+    unit_directions,
+)
 
 __all__ = ["ExactValueQueryLearner", "read_v", "probe_logits", "check_v", "unit_directions",
            "PROBE_DESIGNS"]
@@ -122,16 +130,7 @@ class ExactValueQueryLearner(BaseLearner):
     def _validate_params(self):
         if self.probes not in PROBE_DESIGNS:
             raise ConfigError(f"probes must be one of {PROBE_DESIGNS}; got {self.probes!r}")
-        if not (np.isfinite(self.max_logit) and 1.0 <= self.max_logit <= 30.0):
-            raise ConfigError(f"max_logit must be in [1, 30]; got {self.max_logit}")
-        if not (0.0 < self.min_logit < self.max_logit):
-            raise ConfigError(f"min_logit must be in (0, max_logit); got {self.min_logit}")
-        if not (np.isfinite(self.initial_logit_scale) and self.initial_logit_scale > 0):
-            raise ConfigError(
-                f"initial_logit_scale must be positive; got {self.initial_logit_scale}"
-            )
-        if not 0.0 <= self.zero_tol < 1.0:
-            raise ConfigError(f"zero_tol must be in [0, 1); got {self.zero_tol}")
+        check_probe_params(self)
 
     def fit(self, oracle):
         """Recover (W, v) from ``oracle``; returns self.

@@ -31,6 +31,7 @@ from ._probes import (
     ZERO_LOGIT,
     Prober,
     SparseRows,
+    check_probe_params,
     check_v,
     coordinate_rows,
     read_v,
@@ -150,6 +151,7 @@ class NuclearNormROPLearner(BaseLearner):
     def _validate(self, d: int) -> int:
         if self.solver not in SOLVERS:
             raise ConfigError(f"solver must be one of {SOLVERS}; got {self.solver!r}")
+        check_probe_params(self)
         r = self.rank
         if r is not None:
             if isinstance(r, bool) or not isinstance(r, int | np.integer) or r < 1:
@@ -433,15 +435,7 @@ class SketchLowRankLearner(BaseLearner):
         if isinstance(self.n_check, bool) or not isinstance(self.n_check, int | np.integer) \
                 or self.n_check < 1:
             raise ConfigError(f"n_check must be a positive integer; got {self.n_check!r}")
-        if not (np.isfinite(self.max_logit) and 1.0 <= self.max_logit <= 30.0):
-            raise ConfigError(f"max_logit must be in [1, 30]; got {self.max_logit}")
-        if not (0.0 < self.min_logit < self.max_logit):
-            raise ConfigError(f"min_logit must be in (0, max_logit); got {self.min_logit}")
-        if not (np.isfinite(self.initial_logit_scale) and self.initial_logit_scale > 0):
-            raise ConfigError(
-                f"initial_logit_scale must be positive; got {self.initial_logit_scale}")
-        if not 0.0 <= self.zero_tol < 1.0:
-            raise ConfigError(f"zero_tol must be in [0, 1); got {self.zero_tol}")
+        check_probe_params(self)
 
     def _default_oversample(self, d: int, r: int) -> int:
         if self.oversample is not None:
