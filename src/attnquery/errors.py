@@ -16,6 +16,8 @@ __all__ = [
     "ConfigError",
     "ModelError",
     "AssumptionViolation",
+    "ModelMismatchError",
+    "SearchLimitError",
 ]
 
 
@@ -57,3 +59,23 @@ class ModelError(AttnQueryError, ValueError):
 
 class AssumptionViolation(AttnQueryError):
     """The oracle's answers contradict an assumption the learner was given (e.g. a norm bound)."""
+
+
+class ModelMismatchError(AssumptionViolation):
+    """The oracle's answers disagree with the learner's estimate beyond the learner's error model.
+
+    Raised after fitting, when fresh check queries show that the black box is not what the learner
+    assumes (several heads, biases, noise or lower precision than the learner allows for). The
+    attributes ``error`` (relative disagreement), ``allowed`` and ``n_checks`` say what was seen.
+    """
+
+    def __init__(self, message: str, error: float = float("nan"), allowed: float = float("nan"),
+                 n_checks: int = 0):
+        super().__init__(message)
+        self.error = error
+        self.allowed = allowed
+        self.n_checks = n_checks
+
+
+class SearchLimitError(AttnQueryError):
+    """An adaptive loop (doubling, line search, retries) reached its cap in queries or rounds."""
