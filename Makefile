@@ -10,7 +10,7 @@ CONFIG ?= config/config.yaml
 help:
 	@echo "make reproduce           create $(VENV) if missing, install, run the default study (every figure, table, report.html)"
 	@echo "make test                run the test suite (installs into $(VENV) first)"
-	@echo "make figures             re-render every figure and table from stored results"
+	@echo "make figures             bring every figure and table up to date (redraws what changed)"
 	@echo "make report              build report.html and report.zip from the last run"
 	@echo "make bench               run the benchmarks (counted queries, errors, wall time)"
 	@echo "make check-reproducible  run config/quick.yaml twice (1 core, all cores) and compare bytes"
@@ -35,12 +35,10 @@ reproduce: install
 test: install
 	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=15
 
-# Re-render every figure and table from the stored results, recomputing nothing: only the
-# `figures` target, the plot rules and the table rule are allowed to run, and they are forced.
-RENDER_RULES = make_tables $$($(BIN)/snakemake --configfile $(CONFIG) --list-target-rules 2>/dev/null | grep '^plot_')
+# Every figure and table up to date: redrawn when their tables or the code that draws them
+# changed (cells are computed only when missing).
 figures: install
-	$(BIN)/snakemake figures --cores $(CORES) --configfile $(CONFIG) \
-	  --forcerun $(RENDER_RULES) --allowed-rules figures $(RENDER_RULES)
+	$(BIN)/snakemake figures --cores $(CORES) --configfile $(CONFIG)
 
 report: install
 	$(BIN)/snakemake --cores 1 --configfile $(CONFIG) --report report.html

@@ -16,7 +16,12 @@ from snakemake.utils import min_version, validate
 min_version("9.20")
 
 
-configfile: "config/config.yaml"
+# A config file given on the command line (--configfile) defines the whole study: an experiment
+# section it leaves out is not run. Without one, the default study config/config.yaml runs.
+# (A `configfile:` directive alone would be merged with the command line's file.)
+if not workflow.overwrite_configfiles:
+
+    configfile: "config/config.yaml"
 
 
 report: "workflow/report/workflow.rst"
@@ -26,14 +31,19 @@ validate(config, "config/schema.yaml")
 
 
 include: "workflow/rules/common.smk"
-include: "workflow/rules/study.smk"
-include: "workflow/rules/exact.smk"
-include: "workflow/rules/lowrank.smk"
-include: "workflow/rules/noise.smk"
-include: "workflow/rules/membership.smk"
+
+
+# Wildcards match exactly what is planned: the enabled experiments, the shards to compute (a
+# shard computed earlier is a stored table, not a job) and the figures drawn.
+wildcard_constraints:
+    experiment=alternatives(ENABLED),
+    shard=alternatives(NEW_SHARDS),
+    figure=alternatives(FIGURES),
+
+
 include: "workflow/rules/realheads.smk"
-include: "workflow/rules/multihead.smk"
-include: "workflow/rules/transformer.smk"
+include: "workflow/rules/study.smk"
+include: "workflow/rules/figures.smk"
 
 
 rule all:
@@ -42,9 +52,8 @@ rule all:
     default_target: True
 
 
-# On a cluster (profiles/slurm) only the compute jobs, the run_shard* rules (one shard of an
-# experiment's cells each), are submitted. Every other rule (fetching a checkpoint, which needs
-# the network, aggregation, merging, validation, tables, plot_*) is light and runs in the
-# Snakemake process. This is what a `localrules:` directive does, with the names computed from
-# the rules defined above.
-workflow.localrules(*(r.name for r in workflow.rules if not r.name.startswith("run_shard")))
+# On a cluster (profiles/slurm) only the compute jobs (run_shard: one shard of an experiment's
+# cells each) are submitted. Every other rule (fetching a checkpoint, which needs the network,
+# assembling, merging, validating, tables, figures) is light and runs in the Snakemake process.
+# This is what a `localrules:` directive does, with the names computed from the rules above.
+workflow.localrules(*(r.name for r in workflow.rules if r.name != "run_shard"))

@@ -237,9 +237,10 @@ def test_profile_submits_only_compute_jobs_through_sbatch(tmp_path):
         json.loads(line) for line in (state / "sbatch.jsonl").read_text().splitlines()
     ]
     comments = [s["argv"][s["argv"].index("--comment") + 1] for s in submissions]
-    assert comments == ["rule_run_shard_wildcards_exact_0"], comments
+    assert len(comments) == 1 and re.fullmatch(
+        r"rule_run_shard_wildcards_exact_[0-9a-f]{16}", comments[0]), comments
     sbatch = " ".join(submissions[0]["argv"])
-    for option in ("-p batch", "--mem 4000", "--cpus-per-task=1", "-t "):
+    for option in ("-p batch", "--mem 4000", "--cpus-per-task=1", "-t 1 "):
         assert option in sbatch, f"{option!r} missing from the sbatch call: {sbatch}"
     assert (state / "1.rc").read_text().strip() == "0"
 
@@ -249,9 +250,44 @@ def test_profile_submits_only_compute_jobs_through_sbatch(tmp_path):
     submitted = sorted(name for local, name in started if not local)
     local = {name for local, name in started if local}
     assert submitted == ["run_shard"], started
-    assert {"aggregate_results", "merge_results", "plot_exact_queries"} <= local, local
+    assert {"aggregate_results", "merge_results", "plot_figure"} <= local, local
     assert (workdir / "results" / "all.parquet").is_file()
     assert (workdir / "figures" / "exact_queries.png").is_file()
+
+
+@pytest.mark.slow  # a dry run of the cluster-sized study: about 20 s
+def test_every_job_of_the_paper_study_requests_sane_resources(tmp_path):
+    """A dry run of config/paper.yaml with the SLURM profile, from the root of a fresh clone: every
+    job asks for between 1 minute and the cap (24 h), the compute jobs for what the cost model
+    estimates (safety factor included) and the memory of the config."""
+    from attnquery.config import load_config
+    from attnquery.study import resource_settings, study_size
+
+    from .fresh import fresh_clone, planned_jobs, shell, user_env
+
+    clone = fresh_clone(tmp_path / "attnquery")
+    out = shell("snakemake -n --workflow-profile profiles/slurm --configfile config/paper.yaml",
+                clone, user_env(), timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    jobs = planned_jobs(out.stdout)
+    cfg = load_config(REPO / "config" / "paper.yaml")
+    res = resource_settings(cfg.get("resources"))
+    size = study_size(cfg)
+    shards = [f for r, f in jobs if r == "run_shard"]
+    assert len(shards) == sum(s["jobs"] for s in size.values())
+    for rule, fields in jobs:
+        runtime = int(fields["resources"]["runtime"])
+        assert 1 <= runtime <= res["max_runtime_min"] <= 24 * 60, (rule, fields)
+    for fields in shards:
+        assert int(fields["resources"]["mem_mb"]) == res["mem_mb"]
+    by_experiment = {}
+    for fields in shards:
+        name = fields["wildcards"]["experiment"]
+        by_experiment[name] = max(by_experiment.get(name, 0), int(fields["resources"]["runtime"]))
+    assert by_experiment == {n: s["max_request_min"] for n, s in size.items()}
+    # the requests are not the time limit times the cells (months), nor one flat value
+    assert max(by_experiment.values()) < cfg["cell_time_limit_s"] / 60 * 2
+    assert len(set(by_experiment.values())) > 2
 
 
 def test_cluster_scripts_are_valid_shell():

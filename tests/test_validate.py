@@ -8,7 +8,13 @@ import yaml
 from attnquery.cli import main
 from attnquery.config import check_config, load_config
 from attnquery.experiments import run_cells
-from attnquery.results import RESULT_SCHEMA, rows_to_table, write_rows, write_table
+from attnquery.results import (
+    RESULT_SCHEMA,
+    SCHEMA_VERSION,
+    rows_to_table,
+    write_rows,
+    write_table,
+)
 from attnquery.validate import validate_results
 
 CONFIG = {
@@ -26,7 +32,7 @@ def study(tmp_path_factory):
     cfg_path.write_text(yaml.safe_dump(CONFIG))
     cfg = load_config(cfg_path)
     cells = check_config(cfg)["exact"]
-    rows, timings = run_cells(cells, cfg["seed"], provenance={"config_hash": "x"})
+    rows, timings = run_cells(cells, cfg["seed"], provenance={"git_commit": "x"})
     assert [r["status"] for r in rows] == ["ok"] * 4
     return cfg, cfg_path, rows, timings
 
@@ -105,12 +111,12 @@ def test_wrong_schema_version_and_columns(study, tmp_path):
     old = RESULT_SCHEMA.with_metadata({b"attnquery_schema_version": b"0"})
     root = write(tmp_path / "results", rows, timings, schema=old)
     assert validate_results(root, cfg) == [
-        "exact.parquet: schema version 0 in the file's metadata, expected 1"
+        f"exact.parquet: schema version 0 in the file's metadata, expected {SCHEMA_VERSION}"
     ]
     rows2 = [{**r, "schema_version": 0} for r in rows]
     write_table(rows_to_table(rows2), root / "exact.parquet")
     assert validate_results(root, cfg) == [
-        "exact.parquet: rows with schema_version [0], expected 1"
+        f"exact.parquet: rows with schema_version [0], expected {SCHEMA_VERSION}"
     ]
     t = rows_to_table(rows)
     t = t.set_column(t.schema.get_field_index("n_queries"), pa.field("n_queries", pa.float64()),
@@ -130,3 +136,45 @@ def test_missing_table_and_stale_rows(study, tmp_path):
     write(root, rows, timings)
     problems = validate_results(root, smaller)
     assert len(problems) == 1 and "2 rows of experiment exact are not cells" in problems[0]
+
+
+def test_a_table_without_one_successful_cell_fails(study, tmp_path, capsys):
+    """No evidence, no success: every cell error or timeout is a violation, for the library, the
+    command line and the workflow's rule."""
+    from attnquery.pipeline import validate_study
+
+    cfg, cfg_path, rows, timings = study
+    failed = [dict(r, status="error" if i % 2 else "timeout", message="RuntimeError: boom")
+              for i, r in enumerate(rows)]
+    root = write(tmp_path / "results", failed, timings)
+    problems = validate_results(root, cfg)
+    assert problems == [
+        "exact.parquet: no cell of experiment exact ran to an answer (all 4 rows are error or "
+        "timeout; first: RuntimeError: boom)"]
+    assert main(["validate", str(root), "--config", str(cfg_path)]) == 1
+    assert "no cell of experiment exact ran to an answer" in capsys.readouterr().out
+    with pytest.raises(Exception, match="ran to an answer"):
+        validate_study([root / "exact.parquet", root / "exact.timing.parquet"], cfg,
+                       tmp_path / "validation.txt")
+    assert not (tmp_path / "validation.txt").exists()
+    # one cell that ran is evidence; the summary reports the share of failed cells
+    some = [dict(rows[0])] + failed[1:]
+    root = write(tmp_path / "results2", some, timings)
+    assert validate_results(root, cfg) == []
+    validate_study([root / "exact.parquet", root / "exact.timing.parquet"], cfg,
+                   tmp_path / "validation.txt")
+    text = (tmp_path / "validation.txt").read_text()
+    assert "exact: 3 of 4 cells failed (error or timeout), 75.0%" in text
+
+
+def test_the_rule_checks_exactly_the_files_it_declares(study, tmp_path):
+    cfg, _, rows, timings = study
+    root = write(tmp_path / "results", rows, timings)
+    (root / "exact.timing.parquet").unlink()
+    problems = validate_results(root, cfg, files=[root / "exact.parquet",
+                                                  root / "exact.timing.parquet"])
+    assert problems == ["exact.timing.parquet: missing"]
+    # a table beside them that the rule does not declare is not read
+    (root / "stray.parquet").write_bytes(b"not parquet")
+    assert validate_results(root, cfg, files=[root / "exact.parquet"]) == [
+        "exact.timing.parquet: missing"]

@@ -1,28 +1,54 @@
 """Claims the study's figures make, checked against the data.
 
 A :class:`Claim` is a statement with a verdict computed from result rows; figures print them,
-tests assert them, and the report's captions say whether the data support them.
+tests assert them, and the report's captions say whether the data support them. No evidence, no
+success: a claim that rests on no successful run (``n_runs=0``) is "not supported (no data)",
+whatever its check says.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Claim", "ok_rows"]
+__all__ = ["Claim", "ok_rows", "no_data"]
 
 
 @dataclass(frozen=True)
 class Claim:
-    """A statement checked against data: ``passed`` is the verdict, ``detail`` the evidence."""
+    """A statement checked against data: ``passed`` is the verdict, ``detail`` the evidence.
+
+    ``n_runs`` is the number of successful runs the verdict rests on, when the claim says; with
+    ``n_runs=0`` the claim never passes.
+    """
 
     name: str
     statement: str
     passed: bool
     detail: str
+    n_runs: int | None = None
+
+    def __post_init__(self):
+        if self.n_runs == 0 and self.passed:
+            object.__setattr__(self, "passed", False)
+
+    @property
+    def no_data(self) -> bool:
+        """True when the verdict rests on no successful run."""
+        return self.n_runs == 0
+
+    @property
+    def verdict(self) -> str:
+        if self.no_data:
+            return "not supported (no data)"
+        return "supported" if self.passed else "NOT supported"
 
     def __str__(self) -> str:
-        verdict = "supported" if self.passed else "NOT supported"
-        return f"{self.statement}: {verdict} ({self.detail})"
+        return f"{self.statement}: {self.verdict} ({self.detail})"
+
+
+def no_data(claim: Claim, why: str = "no successful run") -> Claim:
+    """``claim`` with its verdict replaced by "not supported (no data)"."""
+    return Claim(claim.name, claim.statement, False, why, n_runs=0)
 
 
 def ok_rows(df, experiment: str | None = None):

@@ -527,12 +527,15 @@ def cmd_info(args) -> int:
 
         cfg = load_config(cfg_path)
         from .config import check_config
+        from .study import study_size
 
         cells = check_config(cfg)
         enabled = enabled_experiments(cfg)
+        size = study_size(cfg, cells)
         info["config"] = str(cfg_path)
         info["experiments"] = {
-            name: {"enabled": name in enabled, "cells": len(cells.get(name, []))}
+            name: {"enabled": name in enabled, "cells": len(cells.get(name, [])),
+                   **size.get(name, {})}
             for name in cfg["experiments"]
         }
     else:
@@ -548,9 +551,23 @@ def cmd_info(args) -> int:
         mark = "available" if m["available"] else "not available"
         print(f"  {k:<11} {m['learner']} ({m['oracle']} oracle), {mark}: {m['description']}")
     print(f"config: {info['config']}")
-    for name, e in info.get("experiments", {}).items():
-        state = "enabled" if e["enabled"] else "disabled"
-        print(f"  {name:<12} {state}, {e['cells']} cells")
+    exps = info.get("experiments", {})
+    if exps:
+        print("  run from scratch: one job per shard; CPU-hours from each experiment's measured\n"
+              "  cost model; runtime requests include the safety factor (config key resources)")
+        print(f"  {'experiment':<18} {'state':<8} {'cells':>7} {'jobs':>5} {'CPU-hours':>10} "
+              f"{'largest request':>16}")
+    for name, e in exps.items():
+        if not e["enabled"]:
+            print(f"  {name:<18} {'disabled':<8} {e['cells']:>7}")
+            continue
+        print(f"  {name:<18} {'enabled':<8} {e['cells']:>7} {e['jobs']:>5} "
+              f"{e['cpu_hours']:>10.3f} {e['max_request_min']:>12} min")
+    if any(e["enabled"] for e in exps.values()):
+        on = [e for e in exps.values() if e["enabled"]]
+        print(f"  {'total':<18} {'':<8} {sum(e['cells'] for e in on):>7} "
+              f"{sum(e['jobs'] for e in on):>5} {sum(e['cpu_hours'] for e in on):>10.3f} "
+              f"{max(e['max_request_min'] for e in on):>12} min")
     return 0
 
 

@@ -6,10 +6,9 @@ The workflow's scripts are thin shims around these functions, which tests call d
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 
-from .experiments import expand_cells, run_cells, shard_cells
+from .experiments import run_cells
 from .provenance import provenance
 from .results import (
     RESULT_SCHEMA,
@@ -42,19 +41,31 @@ class Logger:
             self.fh.close()
 
 
-def run_shard(name: str, section: Mapping, shard: int, shards: int, seed: int,
-              time_limit: float | None, out, timing_out, log=None) -> int:
-    """Run shard ``shard`` of ``shards`` of experiment ``name`` and write its rows.
+def run_shard(name: str, cells, seed: int, time_limit: float | None, out, timing_out,
+              log=None) -> int:
+    """Compute the cells of one shard of experiment ``name`` and write their rows.
 
-    Returns the number of rows written. Every cell gives a row, including failed ones.
+    ``cells`` carry their keys (:func:`attnquery.study.keyed_cells`); the code version they were
+    planned with must still be the code's, or the shard stops before computing anything (the
+    sources changed while the workflow ran: run it again). Every cell gives a row, including
+    failed ones. Returns the number of rows written.
     """
+    from .errors import AttnQueryError
+    from .study import code_version
+
     logger = Logger(log)
     try:
-        cells = shard_cells(expand_cells(name, section), shard, shards)
-        logger(f"experiment {name}: shard {shard + 1}/{shards} with {len(cells)} cells, "
-               f"study seed {seed}, time limit {time_limit} s per cell")
-        rows, timings = run_cells(cells, seed, time_limit=time_limit,
-                                  provenance=provenance({"seed": seed, name: dict(section)}),
+        cells = [dict(c) for c in cells]
+        version = code_version(name)
+        planned = {c["code_version"] for c in cells}
+        if planned != {version}:
+            raise AttnQueryError(
+                f"experiment {name}: the code changed since the workflow planned this shard "
+                f"(planned with code version {sorted(planned)}, the sources now give {version}); "
+                "run the workflow again")
+        logger(f"experiment {name}: {len(cells)} cells, code version {version}, study seed "
+               f"{seed}, time limit {time_limit} s per cell")
+        rows, timings = run_cells(cells, seed, time_limit=time_limit, provenance=provenance(),
                                   log=logger)
         write_rows(rows, timings, out, timing_out)
         bad = [r for r in rows if r["status"] not in ("ok", "not_identifiable")]
@@ -79,17 +90,49 @@ def timing_path(path) -> Path:
     return p.with_name(p.name.replace(".parquet", ".timing.parquet"))
 
 
-def aggregate(inputs, out, timing_out, log=None) -> int:
-    """Concatenate shard tables into one result table and one timing table."""
+def aggregate(inputs, keys, out, timing_out, log=None) -> int:
+    """Assemble an experiment's table from the shard tables that hold its cells.
+
+    ``keys`` are the ``cell_key`` of every cell of the grid; each is taken from the first shard
+    in ``inputs`` that holds it (with its timing row from the same shard). Raises
+    :class:`~attnquery.errors.AttnQueryError` when a key is in no shard.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from .errors import AttnQueryError
+
     logger = Logger(log)
     try:
-        inputs = [Path(p) for p in inputs]
-        t = _concat(inputs, RESULT_SCHEMA)
-        write_table(t, out)
-        write_table(_concat([timing_path(p) for p in inputs], TIMING_SCHEMA), timing_out)
-        counts = t.group_by("status").aggregate([("cell_id", "count")]).to_pylist()
-        logger(f"aggregated {t.num_rows} rows from {len(inputs)} shards into {out}: {counts}")
-        return t.num_rows
+        wanted = set(keys)
+        taken: set[str] = set()
+        rows, timings = [], []
+        for p in sorted(Path(x) for x in inputs):
+            t = pq.read_table(p, schema=RESULT_SCHEMA)
+            shard_keys = t.column("cell_key").to_pylist()
+            mask = [k in wanted and k not in taken for k in shard_keys]
+            if not any(mask):
+                continue
+            t = t.filter(pa.array(mask))
+            taken.update(t.column("cell_key").to_pylist())
+            tt = pq.read_table(timing_path(p), schema=TIMING_SCHEMA)
+            tt = tt.filter(pc.is_in(tt.column("cell_id"), value_set=t.column("cell_id")))
+            rows.append(t)
+            timings.append(tt)
+        missing = wanted - taken
+        if missing:
+            raise AttnQueryError(f"{len(missing)} cells are in no shard table "
+                                 f"(e.g. {sorted(missing)[:3]}); run the workflow again")
+        order = [("experiment", "ascending"), ("cell_id", "ascending")]
+        table = (pa.concat_tables(rows) if rows else RESULT_SCHEMA.empty_table()).sort_by(order)
+        write_table(table, out)
+        timing = pa.concat_tables(timings) if timings else TIMING_SCHEMA.empty_table()
+        write_table(timing.sort_by(order), timing_out)
+        counts = table.group_by("status").aggregate([("cell_id", "count")]).to_pylist()
+        logger(f"assembled {table.num_rows} rows from {len(rows)} shard tables into {out}: "
+               f"{counts}")
+        return table.num_rows
     finally:
         logger.close()
 
@@ -116,29 +159,39 @@ def make_tables(inputs, outputs, log=None) -> None:
         logger.close()
 
 
-def validate_study(results_dir, config, out, log=None) -> None:
-    """Validate a study's results (:func:`attnquery.validate.validate_results`).
+def validate_study(inputs, config, out, log=None) -> None:
+    """Validate a study's result tables (:func:`attnquery.validate.validate_results`).
 
-    Writes a summary to ``out`` when the results are valid; raises
-    :class:`~attnquery.errors.AttnQueryError` listing every problem otherwise (so the workflow
-    fails), without writing ``out``.
+    ``inputs`` are the tables to check (``results/<experiment>.parquet``, their timing tables
+    and ``results/all.parquet``). Writes a summary with the share of failed cells per experiment
+    to ``out`` when the results are valid; raises :class:`~attnquery.errors.AttnQueryError`
+    listing every problem otherwise (so the workflow fails), without writing ``out``.
     """
     from .errors import AttnQueryError
     from .results import atomic_write_bytes
-    from .validate import validate_results
+    from .validate import error_shares, validate_results
 
     logger = Logger(log)
     try:
-        problems = validate_results(results_dir, config)
+        inputs = [Path(p) for p in inputs]
+        results_dir = inputs[0].parent if inputs else Path("results")
+        problems = validate_results(results_dir, config, files=inputs)
         if problems:
             for p in problems:
                 logger(f"violation: {p}")
             raise AttnQueryError(
                 f"{len(problems)} problems in {results_dir}:\n  " + "\n  ".join(problems)
             )
-        tables = sorted(p.name for p in Path(results_dir).glob("*.parquet"))
-        text = f"valid: {len(tables)} tables checked ({', '.join(tables)})\n"
-        logger(text.strip())
+        tables = [p for p in inputs if p.name != "all.parquet"
+                  and not p.name.endswith(".timing.parquet")]
+        shares = error_shares(read_results(tables))
+        lines = [f"valid: {len(inputs)} tables checked ({', '.join(p.name for p in inputs)})"]
+        for name, (failed, n) in shares.items():
+            lines.append(f"{name}: {failed} of {n} cells failed (error or timeout), "
+                         f"{100.0 * failed / n:.1f}%")
+        text = "\n".join(lines) + "\n"
+        for line in lines:
+            logger(line)
         atomic_write_bytes(out, text.encode())
     finally:
         logger.close()
@@ -150,14 +203,21 @@ def claims_path(pdf) -> Path:
     return p.parent / "claims" / f"{p.stem}.rst"
 
 
+def _rst_text(text: str) -> str:
+    """Plain text for reStructuredText: markup characters escaped (``|v_i|`` is not a
+    substitution, ``W_`` not a reference)."""
+    for ch in "\\|*`_":
+        text = text.replace(ch, "\\" + ch)
+    return text
+
+
 def claims_rst(claims) -> str:
     """The claims of a figure as a reStructuredText bullet list, with their verdicts."""
     if not claims:
         return "- (this figure states no claim)\n"
     lines = []
     for c in claims:
-        verdict = "**supported**" if c.passed else "**NOT supported**"
-        lines.append(f"- {verdict}: {c.statement} ({c.detail})")
+        lines.append(f"- **{c.verdict}**: {_rst_text(c.statement)} ({_rst_text(c.detail)})")
     return "\n".join(lines) + "\n"
 
 
@@ -182,8 +242,9 @@ class ClaimsText:
         return f"ClaimsText({self.path!r})"
 
 
-def render_figure(name: str, inputs, pdf, png, log=None):
-    """Render figure ``name`` from result files; log its claims and store them beside it."""
+def render_figure(name: str, inputs, pdf, png, claims_out=None, log=None):
+    """Render figure ``name`` from result files; log its claims and write them to
+    ``claims_out`` (by default ``figures/claims/<name>.rst`` beside the figure)."""
     from .figures import render
     from .results import atomic_write_bytes
 
@@ -193,7 +254,7 @@ def render_figure(name: str, inputs, pdf, png, log=None):
         claims = render(name, df, pdf, png)
         for c in claims:
             logger(f"claim {c.name}: {c}")
-        atomic_write_bytes(claims_path(pdf), claims_rst(claims).encode())
+        atomic_write_bytes(claims_out or claims_path(pdf), claims_rst(claims).encode())
         return claims
     finally:
         logger.close()

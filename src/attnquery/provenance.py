@@ -1,16 +1,18 @@
-"""Provenance recorded with every result row: versions, git commit, config hash."""
+"""Provenance recorded with every result row: versions and git commit.
+
+The per-cell provenance (``config_hash``, ``code_version``, ``cell_key``) is computed by
+:mod:`attnquery.study`.
+"""
 
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import platform
 import subprocess
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-__all__ = ["provenance", "config_hash", "git_commit", "library_versions"]
+__all__ = ["provenance", "git_commit", "library_versions"]
 
 
 def _version(pkg: str) -> str:
@@ -45,13 +47,6 @@ def library_versions() -> dict[str, str]:
     }
 
 
-def config_hash(obj) -> str:
-    """A stable hash of a JSON-serialisable configuration."""
-    blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def provenance(config_section) -> dict:
-    """Provenance columns for rows produced under ``config_section``."""
-    return {**library_versions(), "git_commit": git_commit(),
-            "config_hash": config_hash(config_section)}
+def provenance() -> dict:
+    """Provenance columns shared by the rows a process computes (versions, git commit)."""
+    return {**library_versions(), "git_commit": git_commit()}

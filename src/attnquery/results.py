@@ -11,7 +11,10 @@ Columns come in groups:
 * parameters (:data:`PARAM_COLUMNS`), one typed column each;
 * metrics (:data:`METRIC_COLUMNS`): queries counted by the oracle, errors, success flag;
 * outcome: ``status`` (one of :data:`STATUSES`) and ``message``;
-* provenance: package version, git commit, library versions, config hash, schema version.
+* provenance: package version, git commit, library versions, ``config_hash`` (the cell's
+  parameters, the study seed and the identity of the data it reads), ``code_version`` (the
+  code its experiment runs), ``cell_key`` (both: the cell's identity, the key of the cache, see
+  :mod:`attnquery.study`) and the schema version.
 
 Timings (wall time, solver time) are not deterministic, so they are stored in a separate table
 with the schema :data:`TIMING_SCHEMA` (``results/<experiment>.timing.parquet``), keyed by
@@ -54,7 +57,7 @@ __all__ = [
     "atomic_path",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 #: every status a row can have
 STATUSES = ("ok", "not_identifiable", "error", "timeout", "skipped")
@@ -140,6 +143,8 @@ PROVENANCE_COLUMNS: dict[str, pa.DataType] = {
     "scipy_version": pa.string(),
     "cvxpy_version": pa.string(),
     "config_hash": pa.string(),
+    "code_version": pa.string(),
+    "cell_key": pa.string(),
     "schema_version": pa.int64(),
 }
 

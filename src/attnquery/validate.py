@@ -11,6 +11,8 @@ final rule, the tests and ``attnquery validate`` call it. The checks:
   ``<experiment>.parquet`` (no missing, duplicated or unexpected cell ids), and in
   ``all.parquet`` when it exists; every row has a timing row;
 * statuses are known, and a row whose status is not ok carries a message;
+* evidence: an experiment none of whose cells succeeded (every row ``error`` or ``timeout``)
+  fails; :func:`error_shares` reports the share of failed cells per experiment;
 * metrics: in rows with status ``ok``, ``n_queries`` is present and non-negative, and no float
   metric is NaN or infinite. A null metric means "does not apply" and is accepted, except for
   the :data:`CORE_METRICS` (errors, queries, success): one that an experiment's learner reports
@@ -36,7 +38,10 @@ from .results import (
 )
 
 __all__ = ["validate_results", "check_table_schema", "check_metrics", "table_to_frame",
-           "CORE_METRICS"]
+           "error_shares", "CORE_METRICS", "FAILED_STATUSES"]
+
+#: statuses of cells that give no evidence (the cell did not run to an answer)
+FAILED_STATUSES = ("error", "timeout")
 
 _VERSION_KEY = b"attnquery_schema_version"
 
@@ -150,7 +155,7 @@ def table_to_frame(table: pa.Table):
     return df
 
 
-def validate_results(results_dir, config) -> list[str]:
+def validate_results(results_dir, config, files=None) -> list[str]:
     """Check the result tables in ``results_dir`` against the schema and ``config``'s grid.
 
     Parameters
@@ -160,6 +165,9 @@ def validate_results(results_dir, config) -> list[str]:
         and ``all.parquet``; shard folders are not checked).
     config : dict
         A validated study configuration (:func:`attnquery.config.load_config`).
+    files : list of paths, optional
+        Check exactly these tables (the workflow passes the files its rule declares as inputs);
+        by default every table in ``results_dir``.
 
     Returns
     -------
@@ -175,7 +183,10 @@ def validate_results(results_dir, config) -> list[str]:
     expected = {name: {c["cell_id"] for c in cells}
                 for name, cells in check_config(config).items()}
     tables = {}
-    for path in sorted(root.glob("*.parquet")):
+    paths = sorted(root.glob("*.parquet")) if files is None else sorted(Path(f) for f in files)
+    for path in paths:
+        if not path.exists():
+            continue  # reported below, as the table of its experiment
         timing = path.name.endswith(".timing.parquet")
         table = _read(path, TIMING_SCHEMA if timing else RESULT_SCHEMA, problems)
         if table is not None:
@@ -183,7 +194,7 @@ def validate_results(results_dir, config) -> list[str]:
     for name, ids in expected.items():
         fname = f"{name}.parquet"
         if fname not in tables:
-            if not (root / fname).exists():
+            if files is not None or not (root / fname).exists():
                 problems.append(f"{fname}: missing (experiment {name} is enabled)")
             continue
         table = tables[fname]
@@ -196,10 +207,12 @@ def validate_results(results_dir, config) -> list[str]:
             if lacking:
                 problems.append(f"{tname}: no timing row for {len(lacking)} cells "
                                 f"({', '.join(lacking[:5])})")
-        elif not (root / tname).exists():
+        elif files is not None or not (root / tname).exists():
             problems.append(f"{tname}: missing")
     if "all.parquet" in tables:
         problems += _check_rows(tables["all.parquet"], "all.parquet", expected, check=False)
+    own = {f"{n}{suffix}" for n in expected for suffix in (".parquet", ".timing.parquet")}
+    problems += [f"{p.name}: missing" for p in paths if not p.exists() and p.name not in own]
     return problems
 
 
@@ -229,9 +242,22 @@ def _check_rows(table: pa.Table, fname: str, expected: dict, check: bool = True)
             problems.append(f"{fname}: {len(extra)} rows of experiment {name} are not cells of "
                             f"the configured grid ({', '.join(extra[:5])}"
                             f"{' ...' if len(extra) > 5 else ''})")
+        failed = rows["status"].isin(FAILED_STATUSES)
+        if len(rows) and failed.all():
+            first = rows["message"].iloc[0]
+            problems.append(f"{fname}: no cell of experiment {name} ran to an answer (all "
+                            f"{len(rows)} rows are error or timeout; first: {first})")
     others = sorted(set(df["experiment"]) - set(expected))
     if others:
         problems.append(f"{fname}: rows of experiments that are not enabled: {others}")
     if check:
         problems += check_metrics(df, fname)
     return problems
+
+
+def error_shares(df) -> dict[str, tuple[int, int]]:
+    """``experiment -> (failed cells, cells)``: cells with status error or timeout."""
+    out = {}
+    for name, g in df.groupby("experiment", sort=True):
+        out[str(name)] = (int(g["status"].isin(FAILED_STATUSES).sum()), int(len(g)))
+    return out

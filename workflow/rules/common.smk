@@ -1,31 +1,52 @@
-# Helpers shared by every rule file (no rules here).
-import functools
-from pathlib import Path
+# Helpers shared by the other rule files (no rules here). The logic lives in the library;
+# attnquery.study plans the cells (what is computed already, what to compute, what to request),
+# attnquery.figures holds the figure registry.
+import json
 
 from attnquery.config import check_config, enabled_experiments
 from attnquery.errors import ConfigError
-from attnquery.experiments import n_shards
+from attnquery.experiments import get_experiment
+from attnquery.figures import figures_for, get_spec
 from attnquery.pipeline import ClaimsText
+from attnquery.study import (
+    figure_sources,
+    module_closure,
+    plan_experiment,
+    resource_settings,
+    shard_runtime_min,
+    source_digest,
+)
 
-# Semantic checks beyond the JSON schema: every enabled grid is expanded before any job starts.
+# Semantic checks beyond the JSON schema: every enabled grid is expanded, and the data each
+# experiment reads are checked, before any job starts.
 try:
     CELLS = check_config(config)
+    ENABLED = enabled_experiments(config)
+    RESOURCES = resource_settings(config.get("resources"))
+    # What every experiment's table is assembled from: the shards already computed that hold
+    # its cells (the cache, keyed by each cell's parameters, seed, data and code version) and
+    # new shards for the cells none holds.
+    PLANS = {
+        name: plan_experiment(name, CELLS[name], config["experiments"][name], config["seed"],
+                              config["cell_time_limit_s"], "results", RESOURCES)
+        for name in ENABLED
+    }
 except ConfigError as _exc:
     raise WorkflowError(f"invalid configuration: {_exc}")
 
-ENABLED = enabled_experiments(config)
-
-# Every rule that runs library code depends on the library's sources, so a change to src/
-# re-runs exactly the rules that use it.
-LIBRARY_SOURCES = sorted(
-    str(p.relative_to(workflow.basedir)) if not os.path.isabs(workflow.basedir) else str(p)
-    for p in Path(workflow.basedir, "src", "attnquery").rglob("*.py")
-)
+FIGURES = figures_for(ENABLED)
+NEW_SHARDS = sorted(s for plan in PLANS.values() for s in plan.new)
 
 
-wildcard_constraints:
-    experiment="|".join(ENABLED),
-    shard=r"\d+",
+def alternatives(names):
+    """A regular expression matching exactly ``names`` (and nothing when there are none)."""
+    return "|".join(names) if names else "(?!x)x"
+
+
+def canonical(obj):
+    """``obj`` as JSON with sorted keys: a parameter that does not change with the order of the
+    config file's keys (Snakemake reruns a job whose parameters change)."""
+    return json.dumps(obj, sort_keys=True, default=str)
 
 
 def section(name):
@@ -33,49 +54,44 @@ def section(name):
     return config["experiments"][name]
 
 
-def shards_of(name):
-    """Number of shards (jobs) of experiment ``name``."""
-    return n_shards(len(CELLS[name]), section(name)["cells_per_shard"])
+def shard_cells(wildcards):
+    """The cells of the shard in ``wildcards`` (with their keys)."""
+    return PLANS[wildcards.experiment].new[wildcards.shard]
 
 
-def shard_files(wildcards):
-    """The shard tables of the experiment in ``wildcards``."""
-    name = wildcards.experiment
-    return [f"results/{name}/shards/{i}.parquet" for i in range(shards_of(name))]
+def shard_runtime(wildcards):
+    """Runtime request (minutes) of the shard in ``wildcards``, from the cost model."""
+    return shard_runtime_min(wildcards.experiment, shard_cells(wildcards), RESOURCES)
 
 
-def result_files(*names):
-    """Result and timing tables of the given experiments (those enabled)."""
-    return [
-        f"results/{n}{suffix}"
-        for n in names
-        if n in ENABLED
-        for suffix in (".parquet", ".timing.parquet")
-    ]
+def shard_inputs(wildcards):
+    """Rows and timing tables of the shards experiment ``wildcards.experiment`` is built from."""
+    rows = PLANS[wildcards.experiment].inputs()
+    return rows + [p.replace(".parquet", ".timing.parquet") for p in rows]
 
 
-FIGURES = {}  # figure name -> experiments it reads; filled by the rule files
+def result_files(names):
+    """Result and timing tables of the given experiments."""
+    return [f"results/{n}{suffix}" for n in names for suffix in (".parquet", ".timing.parquet")]
 
 
-def figure_files():
-    """PDF and PNG of every figure whose experiments are all enabled."""
-    return [
-        f"figures/{fig}.{ext}"
-        for fig, exps in FIGURES.items()
-        if all(e in ENABLED for e in exps)
-        for ext in ("pdf", "png")
-    ]
+def figure_tables(wildcards):
+    """The tables figure ``wildcards.figure`` reads."""
+    return result_files(get_spec(wildcards.figure).reads(ENABLED))
 
 
-def claims_text(figure):
-    """The checked claims of ``figure``, for its report caption (``{{ snakemake.params.claims }}``)."""
-    return ClaimsText(f"figures/claims/{figure}.rst")
+def figure_code(wildcards):
+    """Digest of the code that draws figure ``wildcards.figure`` (a change re-renders it)."""
+    return source_digest(figure_sources(wildcards.figure))
+
+
+TABLE_CODE = source_digest(module_closure(["attnquery.tables"]))
 
 
 def final_outputs():
     return [
         "results/all.parquet",
         "results/validation.txt",
-        *figure_files(),
+        *[f"figures/{fig}.{ext}" for fig in FIGURES for ext in ("pdf", "png")],
         *[f"results/tables/{name}.tex" for name in ENABLED],
     ]

@@ -1,22 +1,24 @@
-# Running every experiment: one job per shard of cells, then one table per experiment.
+# Computing the study: one job per shard of cells not computed yet, then one table per
+# experiment assembled from the shards that hold its cells, the merged table and its validation.
 
 
 rule run_shard:
     input:
-        LIBRARY_SOURCES,
+        lambda w: get_experiment(w.experiment).inputs(section(w.experiment)),
     output:
         rows="results/{experiment}/shards/{shard}.parquet",
         timing="results/{experiment}/shards/{shard}.timing.parquet",
     params:
-        section=lambda w: section(w.experiment),
-        shards=lambda w: shards_of(w.experiment),
+        cells=shard_cells,
         seed=config["seed"],
         time_limit=config["cell_time_limit_s"],
     log:
         "logs/{experiment}/shard_{shard}.log",
     resources:
-        runtime=lambda w: int(config["cell_time_limit_s"] * section(w.experiment)["cells_per_shard"] / 60) + 10,
-        mem_mb=4000,
+        # minutes: the cells' estimated seconds (measured cost models) x a safety factor,
+        # within [1, resources.max_runtime_min]; the per-cell time limit stays a limit
+        runtime=shard_runtime,
+        mem_mb=RESOURCES["mem_mb"],
     conda:
         "../envs/attnquery.yaml"
     script:
@@ -25,10 +27,12 @@ rule run_shard:
 
 rule aggregate_results:
     input:
-        shard_files,
+        shard_inputs,
     output:
         rows="results/{experiment}.parquet",
         timing="results/{experiment}.timing.parquet",
+    params:
+        cell_keys=lambda w: PLANS[w.experiment].keys,
     log:
         "logs/{experiment}/aggregate.log",
     conda:
@@ -52,9 +56,7 @@ rule merge_results:
 
 rule validate_results:
     input:
-        tables=[f"results/{name}{suffix}" for name in ENABLED
-                for suffix in (".parquet", ".timing.parquet")],
-        merged="results/all.parquet",
+        result_files(ENABLED) + ["results/all.parquet"],
     output:
         "results/validation.txt",
     log:
@@ -65,21 +67,16 @@ rule validate_results:
         "../scripts/validate_results.py"
 
 
-rule make_tables:
+rule make_table:
     input:
-        [f"results/{name}.parquet" for name in ENABLED],
+        "results/{experiment}.parquet",
     output:
-        [f"results/tables/{name}.tex" for name in ENABLED],
+        "results/tables/{experiment}.tex",
+    params:
+        code=TABLE_CODE,
     log:
-        "logs/make_tables.log",
+        "logs/tables/{experiment}.log",
     conda:
         "../envs/attnquery.yaml"
     script:
         "../scripts/make_tables.py"
-
-
-rule figures:
-    """Target: every figure and table, re-rendered from stored results by `make figures`."""
-    input:
-        figure_files(),
-        [f"results/tables/{name}.tex" for name in ENABLED],

@@ -1,4 +1,10 @@
-"""Concatenate an experiment's shard tables (thin shim around attnquery.pipeline.aggregate)."""
+"""Assemble an experiment's table from its shards (shim around attnquery.pipeline.aggregate)."""
 from attnquery.pipeline import aggregate
 
-aggregate(snakemake.input, snakemake.output.rows, snakemake.output.timing, log=snakemake.log[0])
+aggregate(
+    [p for p in snakemake.input if not p.endswith(".timing.parquet")],
+    snakemake.params.cell_keys,
+    snakemake.output.rows,
+    snakemake.output.timing,
+    log=snakemake.log[0],
+)

@@ -2,9 +2,10 @@
 from attnquery.pipeline import render_figure
 
 render_figure(
-    snakemake.params.figure,
+    snakemake.wildcards.figure,
     [p for p in snakemake.input if not p.endswith(".timing.parquet")],
     snakemake.output.pdf,
     snakemake.output.png,
+    claims_out=snakemake.output.claims,
     log=snakemake.log[0],
 )

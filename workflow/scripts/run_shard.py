@@ -1,11 +1,9 @@
-"""Run one shard of one experiment (thin shim around attnquery.pipeline.run_shard)."""
+"""Compute one shard of one experiment (thin shim around attnquery.pipeline.run_shard)."""
 from attnquery.pipeline import run_shard
 
 run_shard(
     snakemake.wildcards.experiment,
-    snakemake.params.section,
-    int(snakemake.wildcards.shard),
-    snakemake.params.shards,
+    snakemake.params.cells,
     snakemake.params.seed,
     snakemake.params.time_limit,
     snakemake.output.rows,

@@ -52,14 +52,47 @@ __all__ = [
 ]
 
 
+def _one_second(cell: Mapping) -> float:
+    return 1.0
+
+
+def _no_data(section: Mapping) -> dict:
+    return {}
+
+
+def _no_inputs(section: Mapping) -> list[str]:
+    return []
+
+
 @dataclass(frozen=True)
 class Experiment:
-    """An experiment family: how to expand its grid and how to run one cell."""
+    """An experiment family: how to expand its grid and how to run one cell.
+
+    Attributes
+    ----------
+    name : str
+    cells : callable(section) -> list of dict
+        The grid's cells (see the module docstring).
+    run : callable(cell, rng) -> dict
+        Run one cell; return its metrics.
+    description : str
+    seconds : callable(cell) -> float
+        Estimated seconds one cell takes on one core (a cost model measured on the default study;
+        the cluster's runtime requests are made from it, see :mod:`attnquery.study`).
+    identity : callable(section) -> dict
+        What identifies the data the cells read (e.g. a checkpoint's sha256): part of every
+        cell's key, so that other data give other results.
+    inputs : callable(section) -> list of str
+        Files the cells read (e.g. a checkpoint), inputs of every compute job.
+    """
 
     name: str
     cells: Callable[[Mapping], list[dict]]
     run: Callable[[dict, np.random.Generator], dict]
     description: str = ""
+    seconds: Callable[[Mapping], float] = _one_second
+    identity: Callable[[Mapping], dict] = _no_data
+    inputs: Callable[[Mapping], list[str]] = _no_inputs
 
 
 EXPERIMENTS: dict[str, Experiment] = {}
@@ -148,6 +181,10 @@ def shard_cells(cells: list[dict], shard: int, shards: int) -> list[dict]:
     return cells[shard::shards]
 
 
+#: provenance keys a cell may carry into its row (see :func:`attnquery.study.keyed_cells`)
+CELL_PROVENANCE = ("config_hash", "code_version", "cell_key")
+
+
 class CellTimeout(Exception):
     """A cell ran past its time limit."""
 
@@ -163,7 +200,9 @@ def run_cells(cells, study_seed: int, time_limit: float | None = None, provenanc
     Parameters
     ----------
     cells : list of dict
-        Cells from :func:`expand_cells`.
+        Cells from :func:`expand_cells`, optionally with their provenance keys
+        (``config_hash``, ``code_version``, ``cell_key``: :func:`attnquery.study.keyed_cells`),
+        which go to the row's provenance columns.
     study_seed : int
     time_limit : float, optional
         Seconds per cell; a cell past it is stopped and recorded with status ``timeout``.
@@ -177,7 +216,10 @@ def run_cells(cells, study_seed: int, time_limit: float | None = None, provenanc
     log = log or (lambda s: None)
     rows, timings = [], []
     use_alarm = time_limit is not None and time_limit > 0 and hasattr(signal, "SIGALRM")
-    for i, cell in enumerate(cells):
+    for i, keyed in enumerate(cells):
+        cell = {k: v for k, v in keyed.items() if k not in CELL_PROVENANCE}
+        row_provenance = {**(provenance or {}),
+                          **{k: keyed[k] for k in CELL_PROVENANCE if k in keyed}}
         exp = get_experiment(cell["experiment"])
         rng = cell_rng(cell, study_seed)
         t0 = time.perf_counter()
@@ -201,7 +243,7 @@ def run_cells(cells, study_seed: int, time_limit: float | None = None, provenanc
                 signal.signal(signal.SIGALRM, old)
         wall = time.perf_counter() - t0
         metrics["wall_time_s"] = wall
-        row, timing = make_row(cell, metrics, status, message, provenance)
+        row, timing = make_row(cell, metrics, status, message, row_provenance)
         rows.append(row)
         timings.append(timing)
         log(f"[{i + 1}/{len(cells)}] {cell['experiment']} {cell['cell_id']} "

@@ -44,11 +44,20 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     return m
 
 
+# Estimated seconds per cell on one core (attnquery.study: the cluster's runtime requests), from
+# the wall times of the default study on a 2-core machine shared with other work, extrapolated
+# with the benchmarks (README) to the sizes of config/paper.yaml.
+def seconds(cell) -> float:
+    """3.3 s at d = 512 (default study), 15 s at d = 1024 (benchmark): d^2.2."""
+    return 0.01 + 3.3 * (cell["d"] / 512) ** 2.2
+
+
 EXPERIMENT = register(
     Experiment(
         name="exact",
         cells=cells,
         run=run,
         description="Exact recovery from d^2 + d value queries (Theorem 4.1)",
+        seconds=seconds,
     )
 )

@@ -124,7 +124,19 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
 #: largest sphere sample a cell runs (larger ones are computed, not run)
 SAMPLE_BUDGET = 2_000_000
 
+# Estimated seconds per cell on one core (attnquery.study: the cluster's runtime requests), from
+# the wall times of the default study on a 2-core machine shared with other work, extrapolated
+# with the benchmarks (README) to the sizes of config/paper.yaml.
+def seconds(cell) -> float:
+    """Bisection: 0.05 s at d = 32 (default study), d^2 log2(1/eps); sampling (up to 2e6
+    queries): 0.65 s at most."""
+    if cell["learner"] == "mq_sampling":
+        return 1.0
+    return 0.01 + 4e-6 * cell["d"] ** 2 * max(1.0, math.log2(1.0 / cell["eps"]))
+
+
 EXPERIMENT = register(Experiment(
     name="membership", cells=cells, run=run,
     description="Recovery from membership queries (Appendix B): queries against eps and d",
+    seconds=seconds,
 ))

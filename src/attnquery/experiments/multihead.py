@@ -130,11 +130,24 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     return out
 
 
+# Estimated seconds per cell on one core (attnquery.study: the cluster's runtime requests), from
+# the wall times of the default study on a 2-core machine shared with other work, extrapolated
+# with the benchmarks (README) to the sizes of config/paper.yaml.
+def seconds(cell) -> float:
+    """Discovery: 0.18 s at d = 24 (default study), d^3; known bases and the demonstration:
+    0.04 s at d = 64, d^2."""
+    d = cell["d"]
+    if cell.get("variant") == "discover":
+        return 0.02 + 0.2 * (d / 24) ** 3
+    return 0.02 + 0.05 * (d / 64) ** 2
+
+
 EXPERIMENT = register(
     Experiment(
         name="multihead",
         cells=cells,
         run=run,
         description="Multi-head attention: non-identifiability and orthogonal subspaces",
+        seconds=seconds,
     )
 )

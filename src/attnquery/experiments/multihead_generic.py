@@ -134,11 +134,20 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     return out
 
 
+# Estimated seconds per cell on one core (attnquery.study: the cluster's runtime requests), from
+# the wall times of the default study on a 2-core machine shared with other work, extrapolated
+# with the benchmarks (README) to the sizes of config/paper.yaml.
+def seconds(cell) -> float:
+    """1.2 s (1.9 s at most) at d = 12, H = 3 (default study): d^2 H^2."""
+    return 0.3 + 0.004 * cell["d"] ** 2 * cell["n_heads"] ** 2
+
+
 EXPERIMENT = register(
     Experiment(
         name="multihead_generic",
         cells=cells,
         run=run,
         description="Generic multi-head attention from value queries, up to a permutation",
+        seconds=seconds,
     )
 )

@@ -256,11 +256,26 @@ def rounding_run(cell: dict, rng: np.random.Generator) -> dict:
 #: relative error of W below which an extraction counts as useful
 USEFUL_REL_ERR = 0.1
 
+# Estimated seconds per cell on one core (attnquery.study: the cluster's runtime requests), from
+# the wall times of the default study on a 2-core machine shared with other work, extrapolated
+# with the benchmarks (README) to the sizes of config/paper.yaml.
+def noise_seconds(cell) -> float:
+    """2-3 ms per cell at d <= 16 (default study); d^2 and the oversampling factor."""
+    return 0.003 + 2e-5 * cell["d"] ** 2 * cell.get("oversample", 1)
+
+
+def rounding_seconds(cell) -> float:
+    """2-3 ms per cell at d <= 16 (default study), d^2."""
+    return 0.003 + 2e-5 * cell["d"] ** 2
+
+
 NOISE = register(Experiment(
     name="noise", cells=noise_cells, run=noise_run,
     description="Theorem 6.1 under uniform and adversarial noise (error against tau)",
+    seconds=noise_seconds,
 ))
 ROUNDING = register(Experiment(
     name="rounding", cells=rounding_cells, run=rounding_run,
     description="Output rounding as a defence (error against digits kept)",
+    seconds=rounding_seconds,
 ))

@@ -150,6 +150,50 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     return m
 
 
+def identity(cfg) -> dict:
+    """What identifies the checkpoint: the sha256 it is fetched with, the parameters of the
+    synthetic one, or the digest of the given file.
+
+    Raises
+    ------
+    ConfigError
+        When the checkpoint is neither fetched, nor written, nor present.
+    """
+    from pathlib import Path
+
+    from ..realheads import sha256_file
+
+    if cfg.get("fetch"):
+        return {"checkpoint_sha256": cfg["fetch"]["sha256"]}
+    if cfg.get("synthetic"):
+        return {"synthetic": dict(cfg["synthetic"]), "n_heads": cfg["n_heads"]}
+    path = Path(cfg["checkpoint"])
+    if not path.is_file():
+        raise ConfigError(
+            f"checkpoint: {path} does not exist. Either download all-MiniLM-L6-v2 by giving "
+            "experiments.realheads.fetch (as config/config.yaml does), or write a small seeded "
+            "test checkpoint by giving experiments.realheads.synthetic (as config/quick.yaml "
+            "does); or put a safetensors checkpoint at that path")
+    return {"checkpoint_sha256": sha256_file(path)}
+
+
+def inputs(cfg) -> list[str]:
+    """The checkpoint every cell reads."""
+    return [cfg["checkpoint"]]
+
+
+# Estimated seconds per cell on one core (attnquery.study: the cluster's runtime requests), from
+# the wall times of the default study on a 2-core machine shared with other work: a MiniLM head
+# (d = 384) takes 1.2 s (3.6 s at most) with the exact learner, 0.17 s (0.6 s) with the sketch
+# and 3.9 s (6.5 s) with the noisy learner.
+_SECONDS = {"exact": 2.0, "sketch": 0.4, "noisy": 6.0}
+
+
+def seconds(cell) -> float:
+    """Estimated seconds of a cell: per learner, at d = 384."""
+    return _SECONDS[cell["learner"]]
+
+
 EXPERIMENT = register(
     Experiment(
         name="realheads",
@@ -157,5 +201,8 @@ EXPERIMENT = register(
         run=run,
         description="Every head of a pretrained checkpoint, extracted by the exact, sketch and "
         "noisy learners",
+        seconds=seconds,
+        identity=identity,
+        inputs=inputs,
     )
 )

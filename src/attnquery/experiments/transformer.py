@@ -89,11 +89,20 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     return out
 
 
+# Estimated seconds per cell on one core (attnquery.study: the cluster's runtime requests), from
+# the wall times of the default study on a 2-core machine shared with other work, extrapolated
+# with the benchmarks (README) to the sizes of config/paper.yaml.
+def seconds(cell) -> float:
+    """0.14 s at d = 32, m = 32 (default study): d m."""
+    return 0.03 + 1e-4 * cell["d"] * cell["width"]
+
+
 EXPERIMENT = register(
     Experiment(
         name="transformer",
         cells=cells,
         run=run,
         description="One-layer transformers: antisymmetric queries + bias-free ReLU FFN learner",
+        seconds=seconds,
     )
 )

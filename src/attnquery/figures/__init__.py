@@ -4,12 +4,19 @@ Every figure function takes a pandas DataFrame of result rows (see :mod:`attnque
 and returns ``(figure, claims)``, where ``claims`` is a list of :class:`attnquery.claims.Claim`
 the figure states. :func:`render` applies the shared style and writes PDF and PNG with fixed
 metadata, so identical results give identical bytes.
+
+The registry (:func:`register_figure`, :data:`FIGURES`) is what the workflow is driven by: a
+figure's entry names the experiments whose tables it reads, its report category and caption, and
+whether it plots wall-clock timings. Figure modules import results, claims, metrics and
+:mod:`attnquery.theory`, never learners, oracles or experiments, so that editing a learner does
+not re-render figures and editing a figure recomputes nothing.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -21,29 +28,64 @@ import matplotlib.pyplot as plt  # noqa: E402
 from ..errors import ConfigError  # noqa: E402
 from ..results import atomic_path  # noqa: E402
 
-__all__ = ["STYLE", "FIGURES", "TIMING_FIGURES", "register_figure", "render", "save_figure",
-           "get_figure", "log2_ticks", "timing_figures"]
+__all__ = ["STYLE", "FIGURES", "Figure", "register_figure", "render", "save_figure",
+           "get_figure", "get_spec", "figures_for", "all_figures", "log2_ticks",
+           "timing_figures", "with_evidence"]
 
 STYLE = str(Path(__file__).with_name("attnquery.mplstyle"))
 
-#: figure name -> function(DataFrame) -> (Figure, list of claims)
-FIGURES: dict[str, Callable] = {}
+@dataclass(frozen=True)
+class Figure:
+    """A registered figure.
 
-#: figures drawn from wall-clock timings: not expected to be byte-identical across runs
-TIMING_FIGURES: set[str] = set()
-
-
-def register_figure(name: str, uses_timing: bool = False):
-    """Decorator registering a figure function under ``name``.
-
-    Pass ``uses_timing=True`` for a figure drawn from wall-clock timings (it is then excluded
-    from the byte-for-byte reproducibility check).
+    Attributes
+    ----------
+    name : str
+    function : callable(DataFrame) -> (Figure, list of Claim)
+    experiments : tuple of str
+        Experiments whose tables the figure needs (it is drawn when all are enabled).
+    optional : tuple of str
+        Experiments whose tables it also draws when they are enabled.
+    category : str
+        Section of the HTML report.
+    caption : str
+        reStructuredText caption (the checked claims are appended in the report).
+    uses_timing : bool
+        Drawn from wall-clock timings: not expected to be byte-identical across runs.
     """
 
+    name: str
+    function: Callable
+    experiments: tuple[str, ...]
+    optional: tuple[str, ...] = ()
+    category: str = ""
+    caption: str = ""
+    uses_timing: bool = False
+
+    def reads(self, enabled: Iterable[str]) -> list[str]:
+        """The experiments whose tables the figure reads when ``enabled`` are enabled."""
+        enabled = list(enabled)
+        return [e for e in (*self.experiments, *self.optional) if e in enabled]
+
+    def drawn(self, enabled: Iterable[str]) -> bool:
+        """Whether the figure is drawn when the experiments ``enabled`` are enabled."""
+        enabled = set(enabled)
+        return all(e in enabled for e in self.experiments)
+
+
+#: figure name -> its registry entry
+FIGURES: dict[str, Figure] = {}
+
+
+def register_figure(name: str, *, experiments: Iterable[str], category: str, caption: str,
+                    optional: Iterable[str] = (), uses_timing: bool = False):
+    """Decorator registering a figure function under ``name`` (see :class:`Figure`)."""
+
     def deco(fn):
-        FIGURES[name] = fn
-        if uses_timing:
-            TIMING_FIGURES.add(name)
+        if name in FIGURES and FIGURES[name].function is not fn:
+            raise ConfigError(f"figure {name!r} is registered twice")
+        FIGURES[name] = Figure(name, fn, tuple(experiments), tuple(optional), category,
+                               caption.strip(), bool(uses_timing))
         return fn
 
     return deco
@@ -59,17 +101,34 @@ def _load_all() -> None:
         importlib.import_module(f"{__name__}.{family}")
 
 
+def all_figures() -> dict[str, Figure]:
+    """Every registered figure (all figure modules loaded)."""
+    _load_all()
+    return dict(FIGURES)
+
+
 def timing_figures() -> set[str]:
     """Names of the figures drawn from wall-clock timings (all figure modules loaded)."""
-    _load_all()
-    return set(TIMING_FIGURES)
+    return {name for name, f in all_figures().items() if f.uses_timing}
 
 
-def get_figure(name: str) -> Callable:
+def figures_for(enabled: Iterable[str]) -> list[str]:
+    """Names of the figures drawn when the experiments ``enabled`` are enabled, sorted."""
+    enabled = list(enabled)
+    return sorted(name for name, f in all_figures().items() if f.drawn(enabled))
+
+
+def get_spec(name: str) -> Figure:
+    """The registry entry of figure ``name``."""
     _load_all()
     if name not in FIGURES:
         raise ConfigError(f"unknown figure {name!r}; known: {sorted(FIGURES)}")
     return FIGURES[name]
+
+
+def get_figure(name: str) -> Callable:
+    """The function that draws figure ``name``."""
+    return get_spec(name).function
 
 
 def log2_ticks(ax, values, axis: str = "x") -> None:
@@ -99,11 +158,26 @@ def save_figure(fig, pdf_path, png_path=None) -> None:
             fig.savefig(tmp, format="png", metadata={"Software": None})
 
 
+def with_evidence(name: str, df, claims) -> list:
+    """``claims`` of figure ``name``, each "not supported (no data)" when no cell of the
+    experiments the figure needs ran to an answer (no evidence, no success)."""
+    from ..claims import no_data
+
+    spec = get_spec(name)
+    rows = df[df["experiment"].isin(spec.experiments)]
+    if (rows["status"] == "ok").any():
+        return list(claims)
+    why = (f"no successful run of {', '.join(spec.experiments)}: "
+           f"{len(rows)} rows, none with status ok")
+    return [no_data(c, why) for c in claims]
+
+
 def render(name: str, df, pdf_path, png_path=None):
-    """Render figure ``name`` from ``df`` to files; returns the claims it states."""
+    """Render figure ``name`` from ``df`` to files; returns the claims it states (see
+    :func:`with_evidence`)."""
     fn = get_figure(name)
     with plt.style.context(STYLE):
         fig, claims = fn(df)
         save_figure(fig, pdf_path, png_path)
         plt.close(fig)
-    return claims
+    return with_evidence(name, df, claims)

@@ -89,7 +89,27 @@ def _computed(g) -> bool:
     return bool(g["queries_computed"].fillna(False).astype(bool).any())
 
 
-@register_figure("membership_cost")
+MEMBERSHIP_COST_CAPTION = """\
+**Membership queries (Appendix B).** The oracle says only whether f(X) > 0, so only the direction
+of v is identifiable: v_hat has unit norm and is scored against ``v / ||v||``. W is found entry by
+entry by bisection over the family X(a) = [(s/a) e_i + a e_j; a e_j] of Appendix B (all d^2 entries
+in one batch per step), after the direction of v by bisection on the ratios ``|v_i| / |v_p|`` (sign
+flips of ``s_i e_i - t s_p e_p``). (a) Queries counted by the oracle, divided by d^2, against
+log2(1/eps) (thin lines: linear fits; dashed: the target ``d^2 log2(2 W d / eps) + d log2(1/eps)``,
+divided by d^2). (b) The same against d. (c) The error of W reached against the target eps (dashed:
+equality). (d) The v stage: the paper's sphere sampling, with its Hoeffding sample size ceil(2 /
+(eps^2 R^2) log(2 d / delta)) for ``||v_hat - v||_inf <= eps``, against bisection. Sampling points
+whose sample size exceeds the run budget are open: their counts are computed from the stated sample
+size, not run.
+"""
+
+
+@register_figure(
+    "membership_cost",
+    experiments=["membership"],
+    category="Noisy and sign-only oracles",
+    caption=MEMBERSHIP_COST_CAPTION,
+)
 def membership_cost(df):
     """Queries against log2(1/eps) and d; error against eps; sampling vs bisection for v."""
     claims = membership_claims(df)

@@ -105,7 +105,41 @@ def _inf_to(y, top):
     return np.where(np.isfinite(y), y, top)
 
 
-@register_figure("noise_scaling")
+NOISE_SCALING_CAPTION = """\
+**Approximate value queries (Theorem 6.1).** Every answer is within +-tau of f(X) and deterministic
+(uniform noise derived from a hash of the query and a seed; or the adversarial oracle, which moves
+every answer by exactly tau: one-row answers towards 0, two-row answers in the direction that
+pushes the learner's attention-weight estimate away from 1/2). Heads meet the theorem's
+assumptions: ``||W||_F = W_bound``, ``||v|| <= 1``, ``min nonzero |v_i| = mu``, a quarter of v
+exactly 0. (a) ``||W_hat - W||_F`` against tau (log-log, largest over seeds; filled: uniform, open:
+adversarial) for several mu and W_bound, with the theorem's guarantee 160 W^2 d tau / mu (dashed,
+same colour; valid for tau < mu / 2) and the slopes fitted with an intercept per cell on the runs
+where no weight was clipped. (b) ``||v_hat - v||`` against its guarantee ``sqrt(d) tau`` (met with
+equality by the adversary). (c) The clipped learner against two baselines, the same probes without
+clipping (sigma^{-1} of an estimate outside (0, 1) is undefined) and Theorem 4.1's exact learner; a
+cross at the top marks a tau where some runs failed. (d) Oversampling: k distinct probes per
+unknown and least squares; under uniform noise the error falls about like k^(-1/2) (the extra
+probes are smaller than the theorem's, so somewhat less), under adversarial noise it does not fall.
+"""
+
+DEFENCE_ROUNDING_CAPTION = """\
+**Output rounding as a defence.** The API returns f(X) rounded to k significant decimal digits, or
+cast to float16 or bfloat16 (open markers, placed at the digits with the same worst-case relative
+error: about 4.0 and 3.1). Median relative Frobenius error of the recovered W over seeds against
+the digits kept, for Theorem 4.1's exact learner, Theorem 6.1's noisy learner (given ``W_bound =
+||W||_F`` and ``mu = min |v_i|``, assumption check off because rounding error is relative) and the
+low-rank sketch learner (rank known). The heads have rank ``rank`` so that all three apply. Dotted
+vertical lines: the fewest digits from which every median error is <= 0.1 ("useful" extraction). A
+learner that fails (an answer no single head can give) is drawn at the top.
+"""
+
+
+@register_figure(
+    "noise_scaling",
+    experiments=["noise"],
+    category="Noisy and sign-only oracles",
+    caption=NOISE_SCALING_CAPTION,
+)
 def noise_scaling(df):
     """Error against tau (with Theorem 6.1's guarantee), baselines, and oversampling."""
     claims = noise_claims(df)
@@ -265,7 +299,12 @@ def rounding_claims(df) -> list[Claim]:
     return claims
 
 
-@register_figure("defence_rounding")
+@register_figure(
+    "defence_rounding",
+    experiments=["rounding"],
+    category="Noisy and sign-only oracles",
+    caption=DEFENCE_ROUNDING_CAPTION,
+)
 def defence_rounding(df):
     """Relative error of W against digits kept, per learner, with the usefulness threshold."""
     rows = _rounding_rows(df)

@@ -45,7 +45,25 @@ def transformer_claims(df) -> list[Claim]:
     return claims
 
 
-@register_figure("transformer_recovery")
+TRANSFORMER_RECOVERY_CAPTION = """\
+**One-layer transformers (Sec. 4.1).** W and v = A w_o are read from antisymmetric queries
+VQ(X) - VQ(-X) (two value queries each) with the exact single-head learner; the bias-free ReLU
+FFN from one-row queries, by locating its kinks along random lines, reading the gradient jumps,
+refining each hyperplane from points located on it, and refitting the output weights and the
+linear remainder. Left: worst relative error of W against d, one line per FFN width m. Middle:
+worst relative error of the recovered FFN on random unit inputs against m, one line per d (open
+markers: m > d, where the orientation of the neurons is not decided and two linear units carry
+the remainder; the function is still recovered). Right: the value queries counted by the oracle
+for the attention part (exactly 2 (d^2 + d)) and for the FFN part (median over seeds).
+"""
+
+
+@register_figure(
+    "transformer_recovery",
+    experiments=["transformer"],
+    category="One-layer transformers and multi-head attention",
+    caption=TRANSFORMER_RECOVERY_CAPTION,
+)
 def transformer_recovery(df):
     """Error of W and of the FFN, and the queries of both parts, against d and m."""
     ok = ok_rows(df, "transformer")

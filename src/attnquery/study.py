@@ -1,0 +1,395 @@
+"""The study's bookkeeping: what a cell's result depends on, which cells are computed already, and
+what to ask a cluster for.
+
+**Identity of a cell.** A cell's result is a pure function of its parameters, the study seed, the
+data it reads (a checkpoint) and the code that computes it. :func:`code_version` hashes that
+code: the experiment's module and every module of the package it imports, followed import by
+import (:func:`module_closure`), plus the versions of the numerical libraries. So editing a
+learner changes the code version of exactly the experiments that import it, and editing a figure
+changes none. A cell's ``cell_key`` hashes all four.
+
+**Cache.** Every computed cell is stored in a shard table ``results/<experiment>/shards/<digest>``
+named by the keys of its cells. :func:`plan_experiment` reads the keys stored in the shard tables
+already there and plans new shards for the cells that no table holds, so a rerun computes only
+the cells whose identity changed, and adding a grid value computes only the new cells. The
+experiment's table ``results/<experiment>.parquet`` is assembled from the shards that hold its
+cells. A cell's row does not depend on which run computed it.
+
+**Resources.** Each experiment carries a cost model (``Experiment.seconds``, seconds per cell,
+measured); a shard's runtime request is its cells' estimated seconds times a safety factor,
+within ``[1 minute, resources.max_runtime_min]``, and shards are cut so that no request exceeds
+the cap (:func:`shard_runtime_min`, :func:`study_size`).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import ConfigError
+
+__all__ = [
+    "PACKAGE_DIR",
+    "module_closure",
+    "code_version",
+    "experiment_module",
+    "figure_sources",
+    "cell_config_hash",
+    "cell_key",
+    "keyed_cells",
+    "ShardPlan",
+    "plan_experiment",
+    "read_shard_keys",
+    "shard_runtime_min",
+    "resource_settings",
+    "study_size",
+    "RESOURCE_DEFAULTS",
+]
+
+PACKAGE = "attnquery"
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+#: libraries whose version is part of every code version (their arithmetic is in every result)
+LIBRARIES = ("numpy", "scipy", "cvxpy", "scs", "clarabel")
+
+#: resources of the compute jobs when the config's ``resources`` section leaves a key out
+RESOURCE_DEFAULTS = {"runtime_safety": 3.0, "max_runtime_min": 1440, "mem_mb": 4000}
+
+_TIMEOUT_LIMIT = re.compile(r"time limit of ([0-9.eE+-]+) s")
+
+
+# ---------------------------------------------------------------------------------------------
+# code versions
+# ---------------------------------------------------------------------------------------------
+def _module_path(modname: str) -> Path | None:
+    """The source file of module ``modname`` of this package (None if it is not one)."""
+    parts = modname.split(".")
+    if parts[0] != PACKAGE:
+        return None
+    base = PACKAGE_DIR.joinpath(*parts[1:])
+    if base.with_suffix(".py").is_file():
+        return base.with_suffix(".py")
+    if (base / "__init__.py").is_file():
+        return base / "__init__.py"
+    return None
+
+
+def _is_package(modname: str) -> bool:
+    p = _module_path(modname)
+    return p is not None and p.name == "__init__.py"
+
+
+@functools.cache
+def _parsed(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+def _absolute(modname: str, node: ast.ImportFrom) -> str:
+    """The absolute module named by a (possibly relative) ``from ... import`` in ``modname``."""
+    if node.level == 0:
+        return node.module or ""
+    package = modname if _is_package(modname) else modname.rsplit(".", 1)[0]
+    base = package.split(".")
+    if node.level > 1:
+        base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _binding(package: str, name: str, seen: frozenset = frozenset()) -> str | None:
+    """The module that defines ``name`` re-exported by ``package``'s ``__init__`` (or None)."""
+    if (package, name) in seen:
+        return None
+    path = _module_path(package)
+    for node in _parsed(path).body:
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if (alias.asname or alias.name) == name:
+                    source = _absolute(package, node)
+                    if _module_path(f"{source}.{alias.name}") is not None:
+                        return f"{source}.{alias.name}"
+                    if _is_package(source):
+                        deeper = _binding(source, alias.name, seen | {(package, name)})
+                        return deeper or source
+                    return source if _module_path(source) else None
+    return None
+
+
+def _dependencies(modname: str) -> set[str]:
+    """Modules of this package that ``modname`` imports (anywhere in its source).
+
+    ``from package import name`` depends on the module that defines ``name``: a submodule, or
+    the module an ``__init__`` re-exports it from, so importing a class through
+    ``attnquery.learners`` depends on that class's module only; a name defined in the
+    ``__init__`` itself depends on the ``__init__``.
+    """
+    deps: set[str] = set()
+    for node in ast.walk(_parsed(_module_path(modname))):
+        if isinstance(node, ast.Import):
+            deps.update(a.name for a in node.names if _module_path(a.name))
+        elif isinstance(node, ast.ImportFrom):
+            source = _absolute(modname, node)
+            if _module_path(source) is None:
+                continue
+            for alias in node.names:
+                if _module_path(f"{source}.{alias.name}") is not None:
+                    deps.add(f"{source}.{alias.name}")
+                elif _is_package(source):
+                    deps.add(_binding(source, alias.name) or source)
+                else:
+                    deps.add(source)
+    deps.discard(modname)
+    return deps
+
+
+def module_closure(modnames: Iterable[str]) -> list[Path]:
+    """Source files of ``modnames`` and of every module of the package they import, transitively.
+
+    Imports inside functions count too. Sorted, as absolute paths.
+    """
+    todo = [m for m in modnames]
+    seen: set[str] = set()
+    while todo:
+        m = todo.pop()
+        if m in seen or _module_path(m) is None:
+            continue
+        seen.add(m)
+        todo.extend(_dependencies(m) - seen)
+    return sorted(_module_path(m) for m in seen)
+
+
+def _library_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for lib in LIBRARIES:
+        try:
+            out[lib] = version(lib)
+        except PackageNotFoundError:
+            out[lib] = "not installed"
+    return out
+
+
+def source_digest(files: Iterable[Path], extra: Mapping | None = None) -> str:
+    """A 16-hex-digit digest of files' names (relative to the package) and contents."""
+    h = hashlib.sha256()
+    for f in sorted(Path(p) for p in files):
+        h.update(str(f.relative_to(PACKAGE_DIR)).encode() + b"\0")
+        h.update(f.read_bytes() + b"\0")
+    if extra:
+        h.update(json.dumps(extra, sort_keys=True).encode())
+    return h.hexdigest()[:16]
+
+
+def experiment_module(name: str) -> str:
+    """The module that defines experiment ``name`` (``attnquery.experiments.<family>``)."""
+    from .experiments import get_experiment
+
+    return get_experiment(name).run.__module__
+
+
+def code_version(name: str) -> str:
+    """The version of the code that experiment ``name``'s cells run: a digest of its module
+    closure and of the numerical libraries' versions."""
+    return source_digest(module_closure([experiment_module(name)]), _library_versions())
+
+
+def figure_sources(name: str) -> list[Path]:
+    """Source files figure ``name`` is drawn by: its module's closure and the style sheet."""
+    from .figures import STYLE, get_figure
+
+    return [*module_closure([get_figure(name).__module__]), Path(STYLE)]
+
+
+# ---------------------------------------------------------------------------------------------
+# identities and the cache
+# ---------------------------------------------------------------------------------------------
+def _digest(obj) -> str:
+    blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=float)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def cell_config_hash(cell: Mapping, study_seed: int, data: Mapping | None = None) -> str:
+    """Hash of what configures a cell: its parameters, the study seed and its data's identity."""
+    params = {k: v for k, v in cell.items() if k != "cell_id"}
+    return _digest({"cell": params, "seed": int(study_seed), "data": dict(data or {})})
+
+
+def cell_key(config_hash: str, version: str) -> str:
+    """A cell's identity: its configuration and the version of the code that computes it."""
+    return _digest({"config": config_hash, "code": version})
+
+
+def keyed_cells(name: str, cells: list[dict], section: Mapping, study_seed: int,
+                version: str | None = None) -> list[dict]:
+    """``cells`` with their provenance keys ``config_hash``, ``code_version`` and ``cell_key``
+    (new dicts; the cells keep their order)."""
+    from .experiments import get_experiment
+
+    version = version or code_version(name)
+    data = get_experiment(name).identity(section)
+    out = []
+    for c in cells:
+        ch = cell_config_hash(c, study_seed, data)
+        out.append({**c, "config_hash": ch, "code_version": version,
+                    "cell_key": cell_key(ch, version)})
+    return out
+
+
+def read_shard_keys(path) -> dict[str, tuple[str, str]] | None:
+    """``cell_key -> (status, message)`` of a shard table, or None when the table cannot serve as
+    a cache (unreadable, without keys, or without its timing table)."""
+    import pyarrow.parquet as pq
+
+    from .pipeline import timing_path
+
+    p = Path(path)
+    if not timing_path(p).is_file():
+        return None
+    try:
+        t = pq.read_table(p, columns=["cell_key", "status", "message"])
+    except Exception:  # an old schema or a damaged file is not a cache: its cells are recomputed
+        return None
+    keys = t.column("cell_key").to_pylist()
+    if any(k is None for k in keys):
+        return None
+    return dict(zip(keys, zip(t.column("status").to_pylist(), t.column("message").to_pylist(),
+                              strict=True), strict=True))
+
+
+def _reusable(status: str, message: str | None, time_limit: float | None) -> bool:
+    """Whether a stored row can stand for its cell now: every outcome is deterministic except a
+    timeout, which is recomputed when the time limit has been raised since."""
+    if status != "timeout":
+        return True
+    m = _TIMEOUT_LIMIT.search(message or "")
+    return bool(m) and time_limit is not None and float(m.group(1)) >= float(time_limit)
+
+
+@dataclass
+class ShardPlan:
+    """How experiment ``name``'s table is assembled: stored shards and shards to compute."""
+
+    name: str
+    #: every cell of the grid, with its keys, sorted by cell id
+    cells: list[dict]
+    #: stored shard tables that hold some of the cells (paths)
+    stored: list[str] = field(default_factory=list)
+    #: shards to compute: digest -> cells
+    new: dict[str, list[dict]] = field(default_factory=dict)
+
+    @property
+    def keys(self) -> list[str]:
+        return sorted(c["cell_key"] for c in self.cells)
+
+    @property
+    def n_new_cells(self) -> int:
+        return sum(len(v) for v in self.new.values())
+
+    def shard_path(self, digest: str, results_dir="results") -> str:
+        return f"{results_dir}/{self.name}/shards/{digest}.parquet"
+
+    def inputs(self, results_dir="results") -> list[str]:
+        """The shard tables the experiment's table is assembled from."""
+        return sorted(self.stored + [self.shard_path(s, results_dir) for s in self.new])
+
+
+def _chunks(cells: list[dict], per_shard: int, seconds, budget_s: float) -> list[list[dict]]:
+    """Consecutive groups of at most ``per_shard`` cells whose estimated seconds stay within
+    ``budget_s`` (a cell costlier than that alone is a group of its own)."""
+    out, cur, cur_s = [], [], 0.0
+    for c in cells:
+        s = float(seconds(c))
+        if cur and (len(cur) >= per_shard or cur_s + s > budget_s):
+            out.append(cur)
+            cur, cur_s = [], 0.0
+        cur.append(c)
+        cur_s += s
+    if cur:
+        out.append(cur)
+    return out
+
+
+def plan_experiment(name: str, cells: list[dict], section: Mapping, study_seed: int,
+                    time_limit: float | None = None, results_dir="results",
+                    resources: Mapping | None = None) -> ShardPlan:
+    """Plan experiment ``name``: which stored shards hold its cells, which cells to compute.
+
+    ``cells`` are the experiment's cells (:func:`attnquery.experiments.expand_cells`). Cells no
+    stored shard holds are cut into new shards of at most ``cells_per_shard`` cells, in cell-id
+    order, each within the runtime cap; a new shard is named by the digest of its cells' keys.
+    """
+    from .experiments import get_experiment
+
+    exp = get_experiment(name)
+    keyed = sorted(keyed_cells(name, cells, section, study_seed), key=lambda c: c["cell_id"])
+    wanted = {c["cell_key"] for c in keyed}
+    holder: dict[str, str] = {}
+    for p in sorted(Path(results_dir, name, "shards").glob("*.parquet")):
+        if p.name.endswith(".timing.parquet"):
+            continue
+        stored = read_shard_keys(p)
+        for k, (status, message) in (stored or {}).items():
+            if k in wanted and k not in holder and _reusable(status, message, time_limit):
+                holder[k] = f"{results_dir}/{name}/shards/{p.name}"
+    plan = ShardPlan(name, keyed, stored=sorted(set(holder.values())))
+    missing = [c for c in keyed if c["cell_key"] not in holder]
+    res = resource_settings(resources)
+    budget_s = 60.0 * res["max_runtime_min"] / res["runtime_safety"]
+    for group in _chunks(missing, int(section["cells_per_shard"]), exp.seconds, budget_s):
+        plan.new[_digest(sorted(c["cell_key"] for c in group))] = group
+    return plan
+
+
+# ---------------------------------------------------------------------------------------------
+# resources
+# ---------------------------------------------------------------------------------------------
+def resource_settings(resources: Mapping | None) -> dict:
+    """The config's ``resources`` section with defaults filled in, checked."""
+    res = {**RESOURCE_DEFAULTS, **dict(resources or {})}
+    if not res["runtime_safety"] >= 1:
+        raise ConfigError(f"resources.runtime_safety must be >= 1; got {res['runtime_safety']}")
+    if not res["max_runtime_min"] >= 1:
+        raise ConfigError(f"resources.max_runtime_min must be >= 1; got {res['max_runtime_min']}")
+    return res
+
+
+def shard_runtime_min(name: str, cells: list[dict], resources: Mapping | None = None) -> int:
+    """Runtime request in minutes of a shard of ``cells``: the estimated seconds times the safety
+    factor, within [1, ``max_runtime_min``]."""
+    from .experiments import get_experiment
+
+    res = resource_settings(resources)
+    seconds = sum(float(get_experiment(name).seconds(c)) for c in cells)
+    minutes = math.ceil(res["runtime_safety"] * seconds / 60.0)
+    return int(min(max(minutes, 1), res["max_runtime_min"]))
+
+
+def study_size(config: Mapping, cells_by_experiment: Mapping[str, list[dict]] | None = None
+               ) -> dict[str, dict]:
+    """Jobs, estimated CPU-hours and the largest runtime request of each experiment of a study
+    run from scratch (``attnquery info --config``)."""
+    from .config import check_config
+    from .experiments import get_experiment
+
+    cells_by_experiment = cells_by_experiment or check_config(dict(config))
+    res = resource_settings(config.get("resources"))
+    budget_s = 60.0 * res["max_runtime_min"] / res["runtime_safety"]
+    out = {}
+    for name, cells in cells_by_experiment.items():
+        section = config["experiments"][name]
+        exp = get_experiment(name)
+        ordered = sorted(cells, key=lambda c: c["cell_id"])
+        shards = _chunks(ordered, int(section["cells_per_shard"]), exp.seconds, budget_s)
+        seconds = sum(float(exp.seconds(c)) for c in ordered)
+        requests = [shard_runtime_min(name, s, res) for s in shards]
+        out[name] = {"cells": len(cells), "jobs": len(shards), "cpu_hours": seconds / 3600.0,
+                     "max_request_min": max(requests), "min_request_min": min(requests),
+                     "request_hours": sum(requests) / 60.0}
+    return out
