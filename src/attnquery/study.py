@@ -16,9 +16,10 @@ experiment's table ``results/<experiment>.parquet`` is assembled from the shards
 cells. A cell's row does not depend on which run computed it.
 
 **Resources.** Each experiment carries a cost model (``Experiment.seconds``, seconds per cell,
-measured); a shard's runtime request is its cells' estimated seconds times a safety factor,
-within ``[1 minute, resources.max_runtime_min]``, and shards are cut so that no request exceeds
-the cap (:func:`shard_runtime_min`, :func:`study_size`).
+measured); a shard's runtime request is the start-up of a job (``resources.job_overhead_s``:
+Snakemake parses the workflow again inside each cluster job) plus its cells' estimated seconds
+times a safety factor, within ``[1 minute, resources.max_runtime_min]``, and shards are cut so
+that no request exceeds the cap (:func:`shard_runtime_min`, :func:`study_size`).
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 LIBRARIES = ("numpy", "scipy", "cvxpy", "scs", "clarabel")
 
 #: resources of the compute jobs when the config's ``resources`` section leaves a key out
-RESOURCE_DEFAULTS = {"runtime_safety": 3.0, "max_runtime_min": 1440, "mem_mb": 4000}
+RESOURCE_DEFAULTS = {"runtime_safety": 3.0, "max_runtime_min": 1440, "mem_mb": 4000,
+                     "job_overhead_s": 300}
 
 _TIMEOUT_LIMIT = re.compile(r"time limit of ([0-9.eE+-]+) s")
 
@@ -341,7 +343,7 @@ def plan_experiment(name: str, cells: list[dict], section: Mapping, study_seed: 
     plan = ShardPlan(name, keyed, stored=sorted(set(holder.values())))
     missing = [c for c in keyed if c["cell_key"] not in holder]
     res = resource_settings(resources)
-    budget_s = 60.0 * res["max_runtime_min"] / res["runtime_safety"]
+    budget_s = _cell_budget_s(res)
     for group in _chunks(missing, int(section["cells_per_shard"]), exp.seconds, budget_s):
         plan.new[_digest(sorted(c["cell_key"] for c in group))] = group
     return plan
@@ -357,17 +359,25 @@ def resource_settings(resources: Mapping | None) -> dict:
         raise ConfigError(f"resources.runtime_safety must be >= 1; got {res['runtime_safety']}")
     if not res["max_runtime_min"] >= 1:
         raise ConfigError(f"resources.max_runtime_min must be >= 1; got {res['max_runtime_min']}")
+    if not 0 <= res["job_overhead_s"] < 60 * res["max_runtime_min"]:
+        raise ConfigError("resources.job_overhead_s must be >= 0 and below max_runtime_min; got "
+                          f"{res['job_overhead_s']}")
     return res
 
 
+def _cell_budget_s(res: Mapping) -> float:
+    """Estimated seconds of cells that one job may hold within the runtime cap."""
+    return (60.0 * res["max_runtime_min"] - res["job_overhead_s"]) / res["runtime_safety"]
+
+
 def shard_runtime_min(name: str, cells: list[dict], resources: Mapping | None = None) -> int:
-    """Runtime request in minutes of a shard of ``cells``: the estimated seconds times the safety
-    factor, within [1, ``max_runtime_min``]."""
+    """Runtime request in minutes of a shard of ``cells``: a job's start-up plus the estimated
+    seconds times the safety factor, within [1, ``max_runtime_min``]."""
     from .experiments import get_experiment
 
     res = resource_settings(resources)
     seconds = sum(float(get_experiment(name).seconds(c)) for c in cells)
-    minutes = math.ceil(res["runtime_safety"] * seconds / 60.0)
+    minutes = math.ceil((res["job_overhead_s"] + res["runtime_safety"] * seconds) / 60.0)
     return int(min(max(minutes, 1), res["max_runtime_min"]))
 
 
@@ -380,7 +390,7 @@ def study_size(config: Mapping, cells_by_experiment: Mapping[str, list[dict]] | 
 
     cells_by_experiment = cells_by_experiment or check_config(dict(config))
     res = resource_settings(config.get("resources"))
-    budget_s = 60.0 * res["max_runtime_min"] / res["runtime_safety"]
+    budget_s = _cell_budget_s(res)
     out = {}
     for name, cells in cells_by_experiment.items():
         section = config["experiments"][name]
