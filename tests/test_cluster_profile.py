@@ -240,7 +240,8 @@ def test_profile_submits_only_compute_jobs_through_sbatch(tmp_path):
     assert len(comments) == 1 and re.fullmatch(
         r"rule_run_shard_wildcards_exact_[0-9a-f]{16}", comments[0]), comments
     sbatch = " ".join(submissions[0]["argv"])
-    for option in ("-p batch", "--mem 4000", "--cpus-per-task=1", "-t 1 "):
+    # two exact cells at d <= 4: the request is a job's start-up (5 min) plus seconds, rounded up
+    for option in ("-p batch", "--mem 4000", "--cpus-per-task=1", "-t 6 "):
         assert option in sbatch, f"{option!r} missing from the sbatch call: {sbatch}"
     assert (state / "1.rc").read_text().strip() == "0"
 
