@@ -8,7 +8,13 @@ import yaml
 from attnquery.cli import main
 from attnquery.config import check_config, load_config
 from attnquery.experiments import run_cells
-from attnquery.results import RESULT_SCHEMA, rows_to_table, write_rows, write_table
+from attnquery.results import (
+    RESULT_SCHEMA,
+    SCHEMA_VERSION,
+    rows_to_table,
+    write_rows,
+    write_table,
+)
 from attnquery.validate import validate_results
 
 CONFIG = {
@@ -105,12 +111,12 @@ def test_wrong_schema_version_and_columns(study, tmp_path):
     old = RESULT_SCHEMA.with_metadata({b"attnquery_schema_version": b"0"})
     root = write(tmp_path / "results", rows, timings, schema=old)
     assert validate_results(root, cfg) == [
-        "exact.parquet: schema version 0 in the file's metadata, expected 1"
+        f"exact.parquet: schema version 0 in the file's metadata, expected {SCHEMA_VERSION}"
     ]
     rows2 = [{**r, "schema_version": 0} for r in rows]
     write_table(rows_to_table(rows2), root / "exact.parquet")
     assert validate_results(root, cfg) == [
-        "exact.parquet: rows with schema_version [0], expected 1"
+        f"exact.parquet: rows with schema_version [0], expected {SCHEMA_VERSION}"
     ]
     t = rows_to_table(rows)
     t = t.set_column(t.schema.get_field_index("n_queries"), pa.field("n_queries", pa.float64()),

@@ -19,6 +19,7 @@ from .errors import (
     OracleFailure,
     QueryError,
 )
+from .rng import seed_int
 
 __all__ = ["Oracle", "ValueOracle", "AntisymmetricOracle", "ApproximateValueOracle",
            "RoundingOracle", "MembershipOracle", "ToleranceError", "query_hash"]
@@ -304,24 +305,6 @@ class ToleranceError(QueryError, AssumptionViolation):
     """
 
 
-def _seed_from(random_state) -> int:
-    """A fixed 63-bit seed from an int, a Generator, a SeedSequence or None (fresh entropy)."""
-    if isinstance(random_state, bool):
-        raise QueryError(f"random_state must be an int, a Generator or None; got {random_state!r}")
-    if isinstance(random_state, int | np.integer):
-        return int(random_state) & 0x7FFFFFFFFFFFFFFF
-    if isinstance(random_state, np.random.Generator):
-        return int(random_state.integers(0, 2**63 - 1))
-    if random_state is None:
-        return int(np.random.SeedSequence().generate_state(1, dtype=np.uint64)[0]) >> 1
-    if isinstance(random_state, np.random.SeedSequence):
-        return int(random_state.generate_state(1, dtype=np.uint64)[0]) >> 1
-    raise QueryError(
-        f"random_state must be an int, a Generator, a SeedSequence or None; got "
-        f"{type(random_state).__name__}"
-    )
-
-
 class ApproximateValueOracle(Oracle):
     """Approximate value queries ``AVQ(X; tau)``: every answer within ``+-tau`` of ``f(X)``.
 
@@ -391,7 +374,7 @@ class ApproximateValueOracle(Oracle):
         self.__fn = fn
         self._tau = tau_f
         self._noise = noise
-        self._seed = _seed_from(random_state)
+        self._seed = seed_int(random_state)
 
     @property
     def tau(self) -> float:
