@@ -141,7 +141,22 @@ class Oracle:
 
     def _validate_answer(self, y, B: int) -> np.ndarray:
         try:
-            y = np.asarray(y, dtype=np.float64)
+            raw = np.asarray(y)
+        except (TypeError, ValueError) as exc:
+            raise AnswerError(f"the black box returned a non-numeric answer: {exc}") from None
+        if raw.dtype.kind == "O":  # Python objects: only real numbers pass
+            kinds = {np.asarray(x).dtype.kind for x in raw.ravel()}
+            kind = "c" if "c" in kinds else ("f" if kinds <= set("biuf") else "U")
+        else:
+            kind = raw.dtype.kind
+        if kind == "c":
+            raise AnswerError("the black box returned complex answers; answers must be real "
+                              "numbers (the imaginary part is not dropped silently)")
+        if kind not in "biuf":
+            raise AnswerError(f"the black box returned answers that are not real numbers "
+                              f"(dtype {raw.dtype})")
+        try:
+            y = raw.astype(np.float64)
         except (TypeError, ValueError) as exc:
             raise AnswerError(f"the black box returned a non-numeric answer: {exc}") from None
         if y.shape != (B,):
@@ -163,9 +178,11 @@ def _call_black_box(fn, X: np.ndarray) -> np.ndarray:
     view.flags.writeable = False
     try:
         return fn(view)
-    except Exception as exc:  # the black box is foreign code: report whatever it raised
+    except (Exception, SystemExit) as exc:  # foreign code: report whatever it raised
+        what = f"SystemExit({exc.code!r})" if isinstance(exc, SystemExit) else \
+            f"{type(exc).__name__}"
         raise OracleFailure(
-            f"the black box raised {type(exc).__name__} on a batch of shape {X.shape}: {exc}"
+            f"the black box raised {what} on a batch of shape {X.shape}: {exc}"
         ) from exc
 
 

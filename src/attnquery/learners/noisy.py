@@ -122,8 +122,10 @@ class NoisyValueQueryLearner(BaseLearner):
         clipping range by more than the tolerance allows (``||W||_F > W_bound``). With
         ``False`` such weights are clipped silently and counted in ``n_out_of_range_``.
     verify : int
-        Check queries spent after fitting (0: no check). The answers must agree with the
-        estimate's within ``tau`` plus the error the estimate can have: the proof's bound on
+        Check queries (of 1, 2 and 4 tokens) spent after fitting (0: no check). The answers
+        must agree with the estimate's within ``tau`` plus the error the estimate can have: on
+        one-row queries ``[x]``, ``|x|^T err_v`` (tight, so answers off by more than tau show);
+        on longer ones, the proof's bound on
         each entry (``L |alpha_hat - alpha| / (a b)`` with ``|alpha_hat - alpha|`` bounded from
         tau and the measured ``v_hat``), carried to the outputs by
         :func:`~attnquery.learners._base.output_error_bound`; else
@@ -331,8 +333,10 @@ class NoisyValueQueryLearner(BaseLearner):
                 f"the unclipped estimate of W is undefined at {self.n_undefined_} of {n} probes: "
                 "sigma^(-1) of attention-weight estimates outside (0, 1) (the answers' error is "
                 "too large to go without clipping)")
+        # one-row check queries test the answers' tolerance almost exactly (their allowance is
+        # tau + |x|^T err_v); longer ones test W within the (looser) propagated bound
         self._verify_fit(
-            oracle, self.predict, rng.spawn(1)[0], rtol=0.0, n0=n0,
+            oracle, self.predict, rng.spawn(1)[0], rtol=0.0, n0=n0, lengths=(1, 2, 4),
             atol=lambda X: self.tau_ + output_error_bound(X, self.v_, self.err_W_, self.err_v_),
             hint=f"the answers may be off by more than tau = {self.tau_:.3g}, or the box may "
             "have several heads or biases")
