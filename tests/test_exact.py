@@ -175,3 +175,26 @@ def test_orthogonal_probes_are_perfectly_conditioned_and_balanced():
     np.testing.assert_allclose(np.abs(U @ head.v), np.linalg.norm(head.v) / np.sqrt(40),
                                rtol=1e-10)
     assert relative_error(est.W_, head.W) <= 1e-12
+
+
+def test_exact_experiment_counts_check_queries_apart_and_its_claims_can_fail():
+    from attnquery.experiments import expand_cells, run_cells
+    from attnquery.figures.exact import exact_claims
+    from attnquery.results import rows_to_table
+
+    cells = expand_cells("exact", {"d": [4, 16, 32], "probes": ["basis", "gaussian"],
+                                   "seeds": 2})
+    rows, _ = run_cells(cells, study_seed=3)
+    df = rows_to_table(rows).to_pandas()
+    assert (df["status"] == "ok").all()
+    assert (df["n_queries"] == df["d"] ** 2 + df["d"]).all()  # learning only
+    assert (df["verify_queries"] == DEFAULT_VERIFY).all() and df["verified"].all()
+    assert (df["verify_error"] < 1e-12).all()
+    claims = {c.name: c for c in exact_claims(df)}
+    assert all(c.passed for c in claims.values()), claims
+    bad = df.copy()
+    bad.loc[bad.index[0], "verified"] = False
+    assert not {c.name: c for c in exact_claims(bad)}["exact_checked"].passed
+    bad = df.copy()
+    bad.loc[bad.index[0], "n_queries"] += DEFAULT_VERIFY  # counting the check queries in
+    assert not {c.name: c for c in exact_claims(bad)}["exact_count"].passed

@@ -194,16 +194,35 @@ WRONG_LEARNERS = {
 }
 
 
+def _returned_within_cap(name, est, oracle, d) -> bool:
+    """Fit; a named error is fine. Either way the oracle counted no more than the cap, and a
+    returned estimate passed its own check. Returns whether the learner returned."""
+    try:
+        est.fit(oracle)
+    except AttnQueryError:
+        assert oracle.n_queries <= _cap(name, d, est)
+        return False
+    assert oracle.n_queries == est.n_queries_ <= _cap(name, d, est)
+    assert est.verify_error_ >= 0.0 and est.n_verify_queries_ == est.verify
+    return True
+
+
+#: the largest share of random queries on which a sign learner's estimate may disagree with the
+#: box: its 64 check queries miss a share p with probability (1 - p)^64, 4% at p = 5%
+SIGN_DISAGREEMENT = 0.05
+
+
 def _agrees(est, box, d, rel_noise, signs=False) -> bool:
-    """Whether a returned estimate agrees with the box on 64 fresh queries: to within 20 times
+    """Whether a returned estimate agrees with the box on fresh queries: to within 20 times
     the box's own imprecision (1e-6 at least), or twice the error the learner states it can
     have (the noisy learner: tau plus its per-entry bounds carried to the outputs); for signs,
-    wherever the estimate's value is not within 1e-2 of its largest."""
-    X = np.random.default_rng(99).standard_normal((64, 3, d)) / np.sqrt(d)
+    on all but :data:`SIGN_DISAGREEMENT` of 2000 queries where the estimate's value is not
+    within 1e-2 of its largest (a random check can only find what is not rare)."""
+    X = np.random.default_rng(99).standard_normal((2000 if signs else 64, 3, d)) / np.sqrt(d)
     y, yhat = np.asarray(box(X), dtype=float), est.predict(X)
     if signs:
         sure = np.abs(yhat) > 1e-2 * np.max(np.abs(yhat))
-        return bool(np.all((y[sure] > 0) == (yhat[sure] > 0)))
+        return bool(np.mean(sure & ((y > 0) != (yhat > 0))) <= SIGN_DISAGREEMENT)
     allowed = max(1e-6, 20 * rel_noise) * np.max(np.abs(y))
     if hasattr(est, "err_W_"):
         allowed = np.maximum(allowed, 2 * (est.tau_ + output_error_bound(X, est.v_, est.err_W_,
@@ -220,14 +239,8 @@ def test_wrong_boxes_end_verified_or_in_a_named_error(learner, kind, d, seed):
     signs = learner == "membership"
     oracle = (MembershipOracle if signs else ValueOracle)(box, d)
     est = WRONG_LEARNERS[learner](d)
-    try:
-        est.fit(oracle)
-    except AttnQueryError:
-        assert oracle.n_queries <= _cap(learner, d, est)
-        return
-    assert oracle.n_queries == est.n_queries_ <= _cap(learner, d, est)
-    assert est.verify_error_ >= 0.0
-    assert _agrees(est, box, d, rel_noise, signs), f"{learner} returned a wrong answer"
+    if _returned_within_cap(learner, est, oracle, d):
+        assert _agrees(est, box, d, rel_noise, signs), f"{learner} returned a wrong answer"
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -241,12 +254,8 @@ def test_transformer_and_ffn_learners_on_imprecise_boxes(kind, learner, d, m, se
     oracle = ValueOracle(box, d)
     est = (TransformerLearner if learner == "transformer" else ReLUNetworkLearner)(
         random_state=0)
-    try:
-        est.fit(oracle)
-    except AttnQueryError:
-        assert oracle.n_queries <= _cap(learner, d, est)
+    if not _returned_within_cap(learner, est, oracle, d):
         return
-    assert oracle.n_queries == est.n_queries_ <= _cap(learner, d, est)
     if learner == "ffn":
         Z = np.random.default_rng(9).standard_normal((64, d))
         y = box(Z[:, None, :])

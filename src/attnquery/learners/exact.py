@@ -45,7 +45,8 @@ from ._probes import (
 __all__ = ["ExactValueQueryLearner", "read_v", "probe_logits", "check_v", "unit_directions",
            "PROBE_DESIGNS"]
 
-PROBE_DESIGNS = ("gaussian", "basis", "orthogonal")
+#: the probe designs, the default first
+PROBE_DESIGNS = ("basis", "gaussian", "orthogonal")
 
 
 class ExactValueQueryLearner(BaseLearner):
