@@ -54,6 +54,9 @@ CASES = [
      "ModelMismatchError"),
     (BOX + ["--method", "nuclear", "--rank", "1", "--param", "n_measurements=20"], 1,
      "raise n_measurements"),
+    (["extract", "--oracle", "tests.fixtures:noisy_head8", "--d", "8", "--method", "noisy",
+      "--tau", "1e-9", "--param", "W_bound=4", "--param", "mu=0.01"], 1,
+     "the answers may be off by more than tau = 1e-09"),
     # bad numbers, unknown names, missing learner parameters
     (BOX + ["--param", "max_logit=abc"], 2, "'max_logit' takes a number; got 'abc'"),
     (BOX + ["--param", "verify=2.5"], 2, "'verify' takes an integer"),

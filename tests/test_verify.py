@@ -7,6 +7,7 @@ to answer silently and wrongly now end in a named error.
 """
 
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -242,3 +243,24 @@ def test_output_error_bound_holds_for_estimates_within_the_entry_errors():
         assert np.all(diff <= bound)
         worst = max(worst, float(np.max(diff / bound)))
     assert worst > 0.05  # and not vacuous
+
+
+MINILM = Path(__file__).resolve().parents[1] / "data" / "minilm" / "model.safetensors"
+
+
+@pytest.mark.skipif(not MINILM.exists(), reason="the MiniLM checkpoint is not in data/minilm")
+@pytest.mark.parametrize("layer, head", [(4, 0), (4, 10), (0, 0)])
+def test_default_exact_learner_on_real_minilm_heads(layer, head):
+    """The default probes reach 1e-12 on real heads (the two worst of the 72 and one more;
+    ``python -m attnquery.bench probes`` runs all 72), and the check passes."""
+    from attnquery.metrics import relative_error
+    from attnquery.realheads import head_from_checkpoint
+
+    truth = head_from_checkpoint(MINILM, layer, head, n_heads=12, readout="gaussian",
+                                 readout_seed=0)
+    d = truth.d
+    oracle = ValueOracle(truth, d)
+    est = ExactValueQueryLearner(random_state=[layer, head]).fit(oracle)
+    assert oracle.n_queries - est.n_verify_queries_ == d * d + d == 147_840
+    assert est.n_verify_queries_ == DEFAULT_VERIFY and est.verify_error_ <= 1e-13
+    assert relative_error(est.W_, truth.W) <= 1e-12

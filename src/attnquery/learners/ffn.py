@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import ConfigError, SearchLimitError
-from ._base import DEFAULT_VERIFY, BaseLearner, check_oracle
+from ._base import DEFAULT_VERIFY, BaseLearner, check_oracle, check_verify_param
 
 __all__ = ["ReLUNetworkLearner", "Interval", "Kink", "Line", "FFN_VERIFY_RTOL"]
 
@@ -281,6 +281,7 @@ class ReLUNetworkLearner(BaseLearner):
             raise ConfigError(f"n_fit_factor must be >= 1; got {self.n_fit_factor}")
         if not 0 < self.linear_tol < 1e-2:
             raise ConfigError(f"linear_tol must be in (0, 1e-2); got {self.linear_tol}")
+        check_verify_param(self.verify)
         q = self.max_queries
         if q is not None and (isinstance(q, bool) or not isinstance(q, int | np.integer)
                               or q < 1):
@@ -300,7 +301,7 @@ class ReLUNetworkLearner(BaseLearner):
         search = L * (G + 1) + int(self.max_rounds) * L * 3 * (G + 2 * K)
         per_kink = 2 * (d + 1) + 4 * max(d - 1, 0)
         fit = int(self.n_fit_factor * (L * K + d)) + 8
-        return int(search + L * K * per_kink + fit + int(self.verify))
+        return int(search + L * K * per_kink + fit + check_verify_param(self.verify))
 
     # ------------------------------------------------------------------------------------------
     def fit(self, oracle):
