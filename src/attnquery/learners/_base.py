@@ -17,9 +17,10 @@ __all__ = ["BaseLearner", "check_oracle", "check_budget", "chunk_slices", "check
 #: check queries a learner spends after fitting, unless told otherwise (``verify=0`` turns it off)
 DEFAULT_VERIFY = 8
 #: relative disagreement of the check queries that float64 rounding explains, for the learners
-#: that are exact in float64 (exact, sketch, polished nuclear-norm): the default study and the
-#: 72 MiniLM heads stay below 2e-12, answers rounded to float32 (relative error 6e-8) give
-#: more than 1e-7
+#: that are exact in float64 (exact, sketch, polished nuclear-norm): the default study's exact
+#: grid and the 72 MiniLM heads stay below 1.1e-11 (Gaussian probes at d = 512; 6e-14 with
+#: the default basis probes), answers rounded to float32 (relative error 6e-8) give more than
+#: 2e-7 (``python -m attnquery.bench probes``)
 ROUNDING_RTOL = 1e-9
 #: what a failed check may mean, unless a learner says better
 MISMATCH_HINT = ("the box may have several heads, biases, noise or lower precision than "
