@@ -17,9 +17,8 @@ import numpy as np
 
 from ..errors import AssumptionViolation, ConfigError, NotIdentifiableError
 from ..metrics import functional_error, match_heads
-from ..models import AttentionHead, MultiHeadAttention, random_multihead
+from ..models import AttentionHead, MultiHeadAttention, as_rng, random_multihead
 from ..oracles import ValueOracle
-from ..rng import as_rng
 from ._base import DEFAULT_VERIFY, ROUNDING_RTOL, BaseLearner, check_budget, check_oracle
 from .exact import ExactValueQueryLearner, read_v
 
@@ -27,9 +26,6 @@ __all__ = ["non_identifiability_demo", "CONSTRUCTIONS", "OrthogonalSubspaceLearn
 
 #: the non-identifiable constructions :func:`non_identifiability_demo` knows
 CONSTRUCTIONS = ("prop71", "shared_w", "dead_head")
-#: relative disagreement of the check queries allowed with discovered bases (finite-difference
-#: Hessians: 2e-11..7e-8 for steps 1e-3..1e-1 on d <= 24, H <= 4; up to 1e-6 at 1e-4 and 0.3)
-DISCOVERY_VERIFY_RTOL = 1e-6
 
 
 def _heads_params(model: MultiHeadAttention):
@@ -254,6 +250,11 @@ def _check_bases(bases, d: int, H: int) -> list[np.ndarray]:
             f"max |E^T E - I| = {err:.2e}"
         )
     return out
+
+
+#: relative disagreement of the check queries allowed with discovered bases (finite-difference
+#: Hessians: 2e-11..7e-8 for steps 1e-3..1e-1 on d <= 24, H <= 4; up to 1e-6 at 1e-4 and 0.3)
+DISCOVERY_VERIFY_RTOL = 1e-6
 
 
 class OrthogonalSubspaceLearner(BaseLearner):
