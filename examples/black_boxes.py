@@ -6,6 +6,7 @@ extraction learns (W, v) from its answers alone. Run from the repository root::
 
     attnquery extract --oracle examples.black_boxes:some_head --d 16 --method exact
     attnquery extract --oracle examples.black_boxes:low_rank_head --d 64 --method sketch --rank 4
+    attnquery extract --oracle examples.black_boxes:two_heads --d 16     # refused: exit 1
 
 The heads below are fixed, seeded attention heads written out in plain numpy, as a stand-in for a
 model behind an API.
@@ -45,3 +46,17 @@ def low_rank_head(X):
     keys = X @ _K64.T  # (B, N, 4)
     query = X[:, -1, :] @ _Q64.T  # (B, 4)
     return _attend(X, np.einsum("bnr,br->bn", keys, query), _V64)
+
+
+# Two heads on d = 16 tokens, summed: not a single head, so every single-head learner refuses it
+# (attnquery extract exits 1 with a ModelMismatchError) instead of returning a wrong head.
+_W16b = _rng.standard_normal((16, 16)) / 4.0
+_V16b = _rng.standard_normal(16)
+
+
+def two_heads(X):
+    """The sum of two attention heads on d = 16 tokens (not a single head)."""
+    X = np.asarray(X, dtype=np.float64)
+    out = some_head(X)
+    q = X[:, -1, :] @ _W16b.T
+    return out + _attend(X, np.einsum("bnd,bd->bn", X, q), _V16b)

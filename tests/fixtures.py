@@ -5,6 +5,7 @@ beside it so tests can check what the extraction recovered.
 """
 
 from attnquery.models import AttentionHead, random_head
+from tests.boxes import relative_noise, two_heads
 
 #: the head behind :func:`some_head` (d = 16, dense W, default scale)
 SOME_HEAD: AttentionHead = random_head(16, seed=123)
@@ -46,3 +47,41 @@ class NoQueryLearner:
             oracle(SOME_HEAD.v.reshape(1, 1, -1).copy())
             self.n_queries_ = self._claimed
         return self
+
+
+# -- black boxes that are not what a learner assumes (command-line failure tests) -------------
+
+#: a dense full-rank head, d = 8
+HEAD8: AttentionHead = random_head(8, seed=8)
+_TWO_HEADS = two_heads(8, seed=8)
+_NOISY8 = relative_noise(HEAD8, 1e-4, seed=8)
+
+
+def two_heads_box(X):
+    """Two heads summed, d = 8."""
+    return _TWO_HEADS(X)
+
+
+def head8(X):
+    """A dense full-rank single head, d = 8."""
+    return HEAD8(X)
+
+
+def noisy_head8(X):
+    """:data:`HEAD8` with answers carrying 1e-4 relative noise."""
+    return _NOISY8(X)
+
+
+def complex_head8(X):
+    """:data:`HEAD8`'s answers as complex numbers."""
+    return HEAD8(X) + 0j
+
+
+def exiting_head(X):
+    """A black box that calls ``sys.exit(3)``."""
+    raise SystemExit(3)
+
+
+def interrupted_head(X):
+    """A black box interrupted by Ctrl-C."""
+    raise KeyboardInterrupt

@@ -29,22 +29,24 @@ def test_extract_exact_recovers_the_fixture(tmp_path, capsys, monkeypatch, repo)
     assert main(["extract", "--oracle", "tests.fixtures:some_head", "--d", "16", "--method",
                  "exact", "--out", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "queries        272 (counted by the oracle" in text
+    assert "queries        280 (counted by the oracle" in text
+    assert "272 to learn, 8 to check the result" in text
     assert "rank found     16" in text
     head, meta = load_head(out)
     assert rel(head.W, SOME_HEAD.W) < 1e-10
     assert rel(head.v, SOME_HEAD.v) < 1e-12
-    assert meta["method"] == "exact" and meta["n_queries"] == 16 * 16 + 16
+    assert meta["method"] == "exact" and meta["n_queries"] == 16 * 16 + 16 + 8
 
 
 def test_extract_json_and_budget(capsys, monkeypatch, repo):
     monkeypatch.chdir(repo)
     s = run_json(["extract", "--oracle", "examples.black_boxes:some_head", "--d", "16"], capsys)
-    assert s["n_queries"] == 272 and s["method"] == "exact" and s["rank_found"] == 16
+    assert s["n_queries"] == 280 and s["method"] == "exact" and s["rank_found"] == 16
+    assert s["n_verify_queries"] == 8 and s["verify_error"] < 1e-12
     assert main(["extract", "--oracle", "tests.fixtures:some_head", "--d", "16",
-                 "--budget", "271"]) == 1
+                 "--budget", "279"]) == 1
     err = capsys.readouterr().err
-    assert "needs 272 queries" in err and "--budget" in err
+    assert "needs 280 queries" in err and "--budget" in err
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -73,7 +75,7 @@ def test_black_box_failures_are_reported(capsys, monkeypatch, repo):
 def test_extract_file_path_oracle(tmp_path, capsys, repo):
     s = run_json(["extract", "--oracle", f"{repo / 'examples' / 'black_boxes.py'}:some_head",
                   "--d", "16"], capsys)
-    assert s["n_queries"] == 272
+    assert s["n_queries"] == 280
 
 
 def test_heads_then_extract_model(tmp_path, capsys):
@@ -85,7 +87,7 @@ def test_heads_then_extract_model(tmp_path, capsys):
                                                                          "ones")
     s = run_json(["extract", "--model", str(tmp_path / "h.npz"), "--method", "exact",
                   "--out", str(tmp_path / "learned.npz")], capsys)
-    assert s["n_queries"] == 32 * 32 + 32
+    assert s["n_queries"] - s["n_verify_queries"] == 32 * 32 + 32
     assert s["rel_err_W"] < 1e-10 and s["rel_err_v"] < 1e-12 and s["func_err"] < 1e-10
     truth, _ = load_head(tmp_path / "h.npz")
     learned, _ = load_head(tmp_path / "learned.npz")
@@ -111,7 +113,7 @@ def test_sketch_and_noisy_methods(capsys, monkeypatch, repo, tmp_path):
                   "--method", "sketch", "--rank", str(r), "--out", str(tmp_path / "s.npz")],
                  capsys)
     assert s["rank_found"] == r
-    assert s["n_queries"] <= 1.05 * (r * (2 * d - r) + d)
+    assert s["n_queries"] - s["n_verify_queries"] <= 1.05 * (r * (2 * d - r) + d)
     head, _ = load_head(tmp_path / "s.npz")
     assert rel(head.W, LOW_RANK_HEAD.W) < 1e-8
     # noisy, simulated against a saved head (uniform noise of size tau)
@@ -130,7 +132,7 @@ def test_sketch_and_noisy_methods(capsys, monkeypatch, repo, tmp_path):
     s = run_json(["extract", "--oracle", "tests.fixtures:some_head", "--d", "16", "--method",
                   "noisy", "--tau", "1e-9", "--param", f"W_bound={max(2.0, w_fro)}",
                   "--param", f"mu={mu}", "--out", str(tmp_path / "n.npz")], capsys)
-    assert s["n_queries"] == 16 * 16 + 16
+    assert s["n_queries"] == 16 * 16 + 16 + s["n_verify_queries"]
     assert rel(load_head(tmp_path / "n.npz")[0].W, SOME_HEAD.W) < 1e-5
     assert main(["extract", "--oracle", "tests.fixtures:some_head", "--d", "16", "--method",
                  "exact", "--rank", "3"]) == 2
@@ -146,7 +148,7 @@ def test_nuclear_method(tmp_path, capsys):
     s = run_json(["extract", "--model", str(tmp_path / "lr.npz"), "--method", "nuclear",
                   "--rank", "2", "--param", "n_measurements=70"], capsys)
     assert s["rank_found"] == 2 and s["rel_err_W"] < 1e-8
-    assert s["n_queries"] == 10 + 70  # fewer than the exact learner's 110
+    assert s["n_queries"] == 10 + 70 + 8  # fewer than the exact learner's 110 (+ 8 checks)
 
 
 def test_membership_method(tmp_path, capsys):
@@ -214,4 +216,4 @@ def test_console_script_runs_from_the_repo_root(repo):
     out = subprocess.run([exe, "extract", "--oracle", "tests.fixtures:some_head", "--d", "16",
                           "--method", "exact", "--json"], cwd=repo, capture_output=True,
                          text=True, check=True)
-    assert json.loads(out.stdout)["n_queries"] == 272
+    assert json.loads(out.stdout)["n_queries"] == 280

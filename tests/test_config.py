@@ -84,3 +84,10 @@ def test_snakemake_stops_before_any_job_on_a_bad_config(repo, tmp_path):
     text = out.stdout + out.stderr
     assert "d" in text and "minimum" in text
     assert not (tmp_path / "run" / "results").exists()
+
+
+def test_malformed_yaml_is_a_config_error(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("seed: 1\nexperiments: [unclosed\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml is not valid YAML \(line \d+"):
+        load_config(p)

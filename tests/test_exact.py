@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from attnquery.errors import BudgetExceededError, ConfigError, NotIdentifiableError
 from attnquery.learners import ExactValueQueryLearner
+from attnquery.learners._base import DEFAULT_VERIFY
 from attnquery.metrics import relative_error
 from attnquery.models import AttentionHead, random_head
 from attnquery.oracles import ValueOracle
@@ -18,12 +19,19 @@ def fit(head, **kw):
     return est, oracle
 
 
+def learning_queries(est, oracle) -> int:
+    """Queries the oracle counted for learning: all of them but the check's."""
+    assert est.n_queries_ == oracle.n_queries
+    assert est.n_verify_queries_ == min(DEFAULT_VERIFY, est.verify)
+    return oracle.n_queries - est.n_verify_queries_
+
+
 @pytest.mark.parametrize("probes", ["gaussian", "basis", "orthogonal"])
 @pytest.mark.parametrize("d", [1, 2, 3, 16, 64])
 def test_recovers_W_and_v_exactly_with_d2_plus_d_queries(d, probes):
     head = random_head(d, seed=[d, 7])
     est, oracle = fit(head, probes=probes, random_state=0)
-    assert oracle.n_queries == est.n_queries_ == d * d + d
+    assert learning_queries(est, oracle) == d * d + d
     assert relative_error(est.W_, head.W) <= 1e-10
     np.testing.assert_allclose(est.v_, head.v, rtol=0, atol=1e-15)
 
@@ -33,7 +41,7 @@ def test_gaussian_design_at_d256_stays_well_below_the_target():
     # scale 1e-2 reads them with logits near 1e-3 and costs an order of magnitude of accuracy
     head = random_head(256, seed=[256, 2026])
     est, oracle = fit(head, probes="gaussian", random_state=0)
-    assert oracle.n_queries == 256 * 256 + 256
+    assert learning_queries(est, oracle) == 256 * 256 + 256
     assert relative_error(est.W_, head.W) <= 1e-10
 
 
@@ -42,7 +50,7 @@ def test_v_with_zero_entries(probes):
     head = random_head(24, seed=1, zero_frac=0.5)
     assert np.sum(head.v == 0) == 12
     est, oracle = fit(head, probes=probes, random_state=1)
-    assert oracle.n_queries == 24 * 24 + 24
+    assert learning_queries(est, oracle) == 24 * 24 + 24
     assert relative_error(est.W_, head.W) <= 1e-10
     if probes == "basis":  # the paper's fix: u_l = e_l + e_p where v_l = 0
         U = est.probe_matrix_
@@ -60,7 +68,7 @@ def test_large_logits_spectral_norm_500(d, probes):
     u = np.random.default_rng(0).standard_normal(d)
     assert np.max(np.abs(u @ head.W)) > 40
     est, oracle = fit(head, probes=probes, random_state=2)
-    assert oracle.n_queries == d * d + d
+    assert learning_queries(est, oracle) == d * d + d
     assert relative_error(est.W_, head.W) <= 1e-10
 
 
@@ -68,7 +76,7 @@ def test_large_logits_spectral_norm_500(d, probes):
 def test_d512_spectral_norm_500(probes):
     head = random_head(512, seed=9, W_spectral=500.0)
     est, oracle = fit(head, probes=probes, random_state=3)
-    assert oracle.n_queries == 512 * 512 + 512
+    assert learning_queries(est, oracle) == 512 * 512 + 512
     assert relative_error(est.W_, head.W) <= 1e-10
 
 
@@ -86,7 +94,7 @@ def test_low_rank_and_zero_W():
     est, oracle = fit(zero, random_state=0)
     # rounding noise of alpha = 1/2 (~1e-16) read at the initial logit scale 1e-2, through U^-1
     assert np.abs(est.W_).max() <= 1e-12
-    assert oracle.n_queries == 20 + est.n_requeried_ and est.n_requeried_ <= 16
+    assert learning_queries(est, oracle) == 20 + est.n_requeried_ and est.n_requeried_ <= 16
 
 
 def test_works_against_a_plain_function():
@@ -113,10 +121,15 @@ def test_same_seed_same_result_and_fit_returns_self():
 
 
 def test_budget_too_small_fails_before_any_query():
-    oracle = ValueOracle(random_head(5, seed=0), 5, budget=29)
-    with pytest.raises(BudgetExceededError, match="needs 30 queries"):
+    # d^2 + d = 30 queries to learn and the check queries: all paid for up front
+    oracle = ValueOracle(random_head(5, seed=0), 5, budget=37)
+    with pytest.raises(BudgetExceededError, match="needs 38 queries"):
         ExactValueQueryLearner().fit(oracle)
     assert oracle.n_queries == 0
+    oracle = ValueOracle(random_head(5, seed=0), 5, budget=30)
+    est = ExactValueQueryLearner(verify=0).fit(oracle)
+    assert est.n_queries_ == oracle.n_queries == 30 and est.n_verify_queries_ == 0
+    assert np.isnan(est.verify_error_)
 
 
 @pytest.mark.parametrize("kw", [{"probes": "sobol"}, {"max_logit": 0.1}, {"zero_tol": 2.0}])
@@ -149,7 +162,7 @@ def test_property_random_heads(d, log_scale, rank, zero_frac, probes, seed):
         return
     est = ExactValueQueryLearner(probes=probes, random_state=seed).fit(oracle)
     assert np.all(np.isfinite(est.W_)) and np.all(np.isfinite(est.v_))
-    assert oracle.n_queries == d * d + d + est.n_requeried_
+    assert learning_queries(est, oracle) == d * d + d + est.n_requeried_
     scale = max(np.linalg.norm(head.W), 1e-300)
     assert np.linalg.norm(est.W_ - head.W) <= 1e-9 * scale + 1e-12
 
@@ -162,3 +175,26 @@ def test_orthogonal_probes_are_perfectly_conditioned_and_balanced():
     np.testing.assert_allclose(np.abs(U @ head.v), np.linalg.norm(head.v) / np.sqrt(40),
                                rtol=1e-10)
     assert relative_error(est.W_, head.W) <= 1e-12
+
+
+def test_exact_experiment_counts_check_queries_apart_and_its_claims_can_fail():
+    from attnquery.experiments import expand_cells, run_cells
+    from attnquery.figures.exact import exact_claims
+    from attnquery.results import rows_to_table
+
+    cells = expand_cells("exact", {"d": [4, 16, 32], "probes": ["basis", "gaussian"],
+                                   "seeds": 2})
+    rows, _ = run_cells(cells, study_seed=3)
+    df = rows_to_table(rows).to_pandas()
+    assert (df["status"] == "ok").all()
+    assert (df["n_queries"] == df["d"] ** 2 + df["d"]).all()  # learning only
+    assert (df["verify_queries"] == DEFAULT_VERIFY).all() and df["verified"].all()
+    assert (df["verify_error"] < 1e-12).all()
+    claims = {c.name: c for c in exact_claims(df)}
+    assert all(c.passed for c in claims.values()), claims
+    bad = df.copy()
+    bad.loc[bad.index[0], "verified"] = False
+    assert not {c.name: c for c in exact_claims(bad)}["exact_checked"].passed
+    bad = df.copy()
+    bad.loc[bad.index[0], "n_queries"] += DEFAULT_VERIFY  # counting the check queries in
+    assert not {c.name: c for c in exact_claims(bad)}["exact_count"].passed

@@ -9,6 +9,7 @@ from attnquery.errors import (
     AssumptionViolation,
     BudgetExceededError,
     ConfigError,
+    ModelMismatchError,
     NotIdentifiableError,
 )
 from attnquery.learners import NuclearNormROPLearner, SketchLowRankLearner
@@ -32,7 +33,8 @@ def test_sketch_known_rank_uses_exactly_the_floor():
     head = random_head(d, 3, rank=r)
     oracle = _oracle(head)
     est = SketchLowRankLearner(rank=r, oversample=0, random_state=0).fit(oracle)
-    assert oracle.n_queries == est.n_queries_ == lowrank_floor(d, r)
+    assert est.n_verify_queries_ == 8 and np.isfinite(est.verify_error_)
+    assert oracle.n_queries == est.n_queries_ == lowrank_floor(d, r) + est.n_verify_queries_
     assert est.n_requeried_ == 0
     L, R = est.W_factors_
     assert L.shape == (d, r) and R.shape == (d, r)
@@ -50,8 +52,8 @@ def test_sketch_finds_rank_within_105_percent_of_floor(r):
     oracle = _oracle(head)
     est = SketchLowRankLearner(random_state=1).fit(oracle)
     assert est.rank_ == r
-    assert oracle.n_queries <= 1.05 * lowrank_floor(d, r)
-    assert oracle.n_queries >= lowrank_floor(d, r)
+    learning = oracle.n_queries - est.n_verify_queries_
+    assert lowrank_floor(d, r) <= learning <= 1.05 * lowrank_floor(d, r)
     L, R = est.W_factors_
     assert relative_error(L @ R.T, head.W) <= 1e-8
     assert relative_error(est.v_, head.v) <= 1e-12
@@ -73,8 +75,8 @@ def test_sketch_probes_share_their_last_tokens():
     est = SketchLowRankLearner(random_state=2).fit(oracle)
     assert est.rank_ == r
     # d one-row queries for v, k + 1 sketch vectors (the last one shows the rank), d - k
-    # coordinates for the left sketch
-    assert len(tokens) <= d + (r + 1) + d
+    # coordinates for the left sketch; the check queries are random
+    assert len(tokens) <= d + (r + 1) + d + est.n_verify_queries_
     assert oracle.n_queries > 6 * len(tokens)  # without the grouping: one token per query
 
 
@@ -124,7 +126,7 @@ def test_sketch_rank_zero_head():
     est = SketchLowRankLearner(random_state=0).fit(_oracle(head))
     assert est.rank_ == 0
     assert np.all(est.W_ == 0.0)
-    assert est.n_queries_ == 2 * d
+    assert est.n_queries_ == 2 * d + est.n_verify_queries_
 
 
 def test_sketch_full_rank_head_is_rejected():
@@ -144,7 +146,7 @@ def test_sketch_bad_input():
     zero_v = AttentionHead(np.zeros(d), K=head.K, Q=head.Q)
     with pytest.raises(NotIdentifiableError):
         SketchLowRankLearner().fit(_oracle(zero_v))
-    oracle = _oracle(head, budget=lowrank_floor(d, 2) - 1)
+    oracle = _oracle(head, budget=lowrank_floor(d, 2) + 7)  # the floor and 8 check queries
     with pytest.raises(BudgetExceededError):
         SketchLowRankLearner(rank=2, oversample=0).fit(oracle)
     assert oracle.n_queries == 0
@@ -156,8 +158,9 @@ def test_sketch_default_oversampling_keeps_bound_and_error():
     oracle = _oracle(head)
     est = SketchLowRankLearner(rank=r, random_state=3).fit(oracle)
     assert est.oversample_ >= 1
-    assert oracle.n_queries == lowrank_floor(d, r) + est.oversample_ * (d - r)
-    assert oracle.n_queries <= 1.05 * lowrank_floor(d, r)
+    learning = oracle.n_queries - est.n_verify_queries_
+    assert learning == lowrank_floor(d, r) + est.oversample_ * (d - r)
+    assert learning <= 1.05 * lowrank_floor(d, r)
     assert relative_error(est.W_, head.W) <= 1e-8
 
 
@@ -172,7 +175,7 @@ def test_nuclear_recovers_above_the_transition():
     oracle = _oracle(head)
     m = 4 * r * 2 * d
     est = NuclearNormROPLearner(n_measurements=m, rank=r, random_state=0).fit(oracle)
-    assert oracle.n_queries == d + m == est.n_queries_
+    assert oracle.n_queries == d + m + est.n_verify_queries_ == est.n_queries_
     assert est.solver_status_ == "optimal"
     assert est.polished_ and est.rank_ == r
     assert relative_error(est.W_, head.W) <= 1e-9
@@ -184,9 +187,11 @@ def test_nuclear_recovers_above_the_transition():
 def test_nuclear_fails_below_the_transition():
     d, r = 10, 1
     head = random_head(d, 6, rank=r)
-    est = NuclearNormROPLearner(n_measurements=10, rank=r, random_state=0).fit(_oracle(head))
+    est = NuclearNormROPLearner(n_measurements=10, rank=r, random_state=0)
+    with pytest.raises(ModelMismatchError, match="raise n_measurements"):
+        est.fit(_oracle(head))  # the wrong solution is refused, not returned
     assert not est.polished_
-    assert relative_error(est.W_, head.W) > 1e-2
+    assert relative_error(est.W_, head.W) > 1e-2 and est.verify_error_ > 1e-3
 
 
 def test_nuclear_clarabel_and_redundant_constraints():
@@ -215,7 +220,7 @@ def test_nuclear_bad_input():
         with pytest.raises(ConfigError, match=what):
             NuclearNormROPLearner(rank=1, **kw).fit(oracle)
         assert oracle.n_queries == 0
-    oracle = _oracle(head, budget=d + 40)
+    oracle = _oracle(head, budget=d + 40 + 8)
     with pytest.raises(BudgetExceededError):
         NuclearNormROPLearner(n_measurements=41, rank=1).fit(oracle)
     assert oracle.n_queries == 0

@@ -3,7 +3,12 @@
 import numpy as np
 import pytest
 
-from attnquery.errors import AssumptionViolation, ConfigError, NotIdentifiableError
+from attnquery.errors import (
+    AssumptionViolation,
+    ConfigError,
+    ModelMismatchError,
+    NotIdentifiableError,
+)
 from attnquery.experiments import expand_cells, run_cells
 from attnquery.experiments.noise import assumptions_met, theorem_head, within
 from attnquery.figures.noise import noise_claims, rounding_claims, useful_digits
@@ -24,7 +29,7 @@ def test_exact_answers_give_exact_recovery():
     est = NoisyValueQueryLearner(4.0, 0.1).fit(ValueOracle(head, 6))
     assert np.max(np.abs(est.W_ - head.W)) < 1e-12
     assert np.array_equal(est.v_ == 0, head.v == 0)
-    assert est.n_queries_ == 6 + 36
+    assert est.n_queries_ == 6 + 36 + est.n_verify_queries_ and est.n_verify_queries_ == 8
 
 
 @pytest.mark.parametrize("noise", ["uniform", "adversarial"])
@@ -40,7 +45,7 @@ def test_error_within_theorem_guarantee(noise, d, W_bound, mu):
             assert np.linalg.norm(est.W_ - head.W) <= bW
             # adversarial noise meets the v bound with equality (up to float64 rounding)
             assert within(np.linalg.norm(est.v_ - head.v), bv)
-            assert o.n_queries == d + d * d
+            assert o.n_queries == d + d * d + est.n_verify_queries_
 
 
 def test_error_is_linear_in_tau():
@@ -80,7 +85,7 @@ def test_oversampling_reduces_random_error_and_counts_queries():
         for s in range(6):
             o = ApproximateValueOracle(head, 4, 1e-4, random_state=s)
             est = NoisyValueQueryLearner(2.0, 0.1, oversample=k, random_state=s).fit(o)
-            assert o.n_queries == k * (4 + 16)
+            assert o.n_queries == k * (4 + 16) + est.n_verify_queries_
             errs.append(np.linalg.norm(est.W_ - head.W))
         med[k] = np.median(errs)
     assert med[16] < med[1] / 2.5  # 1/sqrt(16) = 1/4, with the smaller probes' loss
@@ -89,7 +94,9 @@ def test_oversampling_reduces_random_error_and_counts_queries():
 def test_unclipped_baseline_is_undefined_under_large_noise():
     head = theorem_head(6, 0, 8.0, 0.05, zero_frac=0.0)
     o = ApproximateValueOracle(head, 6, 1e-2, noise="adversarial")
-    unc = NoisyValueQueryLearner(8.0, 0.05, clip=False, strict=False).fit(o)
+    unc = NoisyValueQueryLearner(8.0, 0.05, clip=False, strict=False)
+    with pytest.raises(AssumptionViolation, match="undefined"):
+        unc.fit(o)
     clipped = NoisyValueQueryLearner(8.0, 0.05).fit(o)
     assert unc.n_undefined_ > 0 and np.isnan(unc.W_).any()
     assert np.all(np.isfinite(clipped.W_)) and clipped.n_clipped_ > 0
@@ -100,9 +107,11 @@ def test_norm_bound_violation_is_detected():
     big = AttentionHead(head.v, W=head.W * 6)  # ||W||_F = 24 > W_bound = 4
     with pytest.raises(AssumptionViolation, match="W_bound"):
         NoisyValueQueryLearner(4.0, 0.1).fit(ApproximateValueOracle(big, 4, 1e-6))
-    # non-strict: clipped and counted
-    est = NoisyValueQueryLearner(4.0, 0.1, strict=False).fit(ApproximateValueOracle(big, 4, 1e-6))
-    assert est.n_out_of_range_ > 0
+    # non-strict: clipped and counted, and the clipped estimate fails its check
+    est = NoisyValueQueryLearner(4.0, 0.1, strict=False)
+    with pytest.raises(ModelMismatchError, match="tau = 1e-06"):
+        est.fit(ApproximateValueOracle(big, 4, 1e-6))
+    assert est.n_out_of_range_ > 0 and est.verify_error_ > 0.01
 
 
 @pytest.mark.parametrize("kw,match", [

@@ -69,7 +69,10 @@ def test_bad_queries_are_rejected_with_a_clear_message(oracle, X, match):
         (lambda X: np.zeros(X.shape[0] + 1), r"shape \(2,\)"),
         (lambda X: np.full(X.shape[0], np.nan), "non-finite"),
         (lambda X: np.full(X.shape[0], np.inf), "non-finite"),
-        (lambda X: ["a"] * X.shape[0], "non-numeric"),
+        (lambda X: ["a"] * X.shape[0], "not real numbers"),
+        (lambda X: np.ones(X.shape[0]) + 1e-3j, "complex answers"),
+        (lambda X: np.array([1.0, 1j], dtype=object), "complex answers"),
+        (lambda X: [[1.0], [1.0, 2.0]], "non-numeric"),
     ],
 )
 def test_bad_answers_are_rejected(fn, match):

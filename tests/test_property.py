@@ -1,7 +1,9 @@
 """Property tests: random sizes, scales and degenerate models drive every oracle and learner.
 
 Only documented exceptions (subclasses of attnquery.errors.AttnQueryError) may escape, and a
-learner that returns gives finite parameters: no other crash, no silent NaN.
+learner that returns gives finite parameters: no other crash, no silent NaN. On boxes that are
+not what a learner assumes, it returns an estimate that agrees with the box or raises a named
+error, within its stated query cap; on boxes that are, it never refuses.
 """
 
 import numpy as np
@@ -10,13 +12,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from attnquery.errors import AttnQueryError
+from attnquery.experiments.membership import membership_head
+from attnquery.experiments.noise import theorem_head
 from attnquery.learners import (
     ExactValueQueryLearner,
     MembershipLearner,
     NoisyValueQueryLearner,
+    ReLUNetworkLearner,
     SketchLowRankLearner,
     TransformerLearner,
 )
+from attnquery.learners._base import output_error_bound
 from attnquery.models import AttentionHead, random_head, random_transformer
 from attnquery.oracles import (
     AntisymmetricOracle,
@@ -25,6 +31,7 @@ from attnquery.oracles import (
     RoundingOracle,
     ValueOracle,
 )
+from tests.boxes import biased_head, in_dtype, relative_noise, two_heads
 
 SETTINGS = settings(max_examples=25, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
@@ -141,3 +148,179 @@ def test_degenerate_models_raise_documented_errors():
             make().fit(ValueOracle(zero_v, d))
     with pytest.raises(AttnQueryError):
         MembershipLearner(eps=1e-2, W_bound=2.0, mu=0.1).fit(MembershipOracle(zero_v, d))
+
+
+# -- verified or refused: never a wrong answer silently -----------------------------------------
+#
+# Every learner, on boxes that are not what it assumes (answers with relative noise, answers in
+# float32 or float16, two heads, a head with biases), either returns an estimate that agrees with
+# the box on fresh queries or raises an AttnQueryError; in both cases within its stated cap of
+# queries (a saturated probe is asked again at most 9 times, hence the factors 10).
+
+WRONG_BOXES = {
+    # kind: (build from a clean box, the box's own relative imprecision)
+    "noise_1e-6": (lambda f, d, s: relative_noise(f, 1e-6, s), 1e-6),
+    "noise_1e-4": (lambda f, d, s: relative_noise(f, 1e-4, s), 1e-4),
+    "float32": (lambda f, d, s: in_dtype(f, np.float32), 2.0**-24),
+    "float16": (lambda f, d, s: in_dtype(f, np.float16), 2.0**-11),
+    "two_heads": (lambda f, d, s: two_heads(d, s), 0.0),
+    "biased": (lambda f, d, s: biased_head(d, s), 0.0),
+}
+
+
+def _cap(name, d, est):
+    """The most queries ``name`` may ask at dimension d (check queries included)."""
+    n_check = est.verify
+    if name == "exact":
+        return d + 10 * d * d + n_check
+    if name == "sketch":
+        return 10 * (d + 2 * d * d) + n_check
+    if name == "noisy":
+        return d + d * d + n_check
+    if name == "membership":
+        return est.planned_queries(d)["total"] + d + d * d + n_check
+    if name == "ffn":
+        return est.query_cap(d)
+    if name == "transformer":
+        return 2 * (d + 10 * d * d) + ReLUNetworkLearner().query_cap(d) + n_check
+    raise KeyError(name)
+
+
+WRONG_LEARNERS = {
+    "exact": lambda d: ExactValueQueryLearner(random_state=0),
+    "sketch": lambda d: SketchLowRankLearner(random_state=0),
+    "noisy": lambda d: NoisyValueQueryLearner(W_bound=8.0, mu=0.01, tau=1e-9, random_state=0),
+    "membership": lambda d: MembershipLearner(eps=1e-3, W_bound=8.0, mu=0.01, random_state=0),
+}
+
+
+def _returned_within_cap(name, est, oracle, d) -> bool:
+    """Fit; a named error is fine. Either way the oracle counted no more than the cap, and a
+    returned estimate passed its own check. Returns whether the learner returned."""
+    try:
+        est.fit(oracle)
+    except AttnQueryError:
+        assert oracle.n_queries <= _cap(name, d, est)
+        return False
+    assert oracle.n_queries == est.n_queries_ <= _cap(name, d, est)
+    assert est.verify_error_ >= 0.0 and est.n_verify_queries_ == est.verify
+    return True
+
+
+#: the largest share of random queries on which a sign learner's estimate may disagree with the
+#: box: its 64 check queries miss a share p with probability (1 - p)^64, 4% at p = 5%
+SIGN_DISAGREEMENT = 0.05
+
+
+def _agrees(est, box, d, rel_noise, signs=False) -> bool:
+    """Whether a returned estimate agrees with the box on fresh queries: to within 20 times
+    the box's own imprecision (1e-6 at least), or twice the error the learner states it can
+    have (the noisy learner: tau plus its per-entry bounds carried to the outputs); for signs,
+    on all but :data:`SIGN_DISAGREEMENT` of 2000 queries where the estimate's value is not
+    within 1e-2 of its largest (a random check can only find what is not rare)."""
+    X = np.random.default_rng(99).standard_normal((2000 if signs else 64, 3, d)) / np.sqrt(d)
+    y, yhat = np.asarray(box(X), dtype=float), est.predict(X)
+    if signs:
+        sure = np.abs(yhat) > 1e-2 * np.max(np.abs(yhat))
+        return bool(np.mean(sure & ((y > 0) != (yhat > 0))) <= SIGN_DISAGREEMENT)
+    allowed = max(1e-6, 20 * rel_noise) * np.max(np.abs(y))
+    if hasattr(est, "err_W_"):
+        allowed = np.maximum(allowed, 2 * (est.tau_ + output_error_bound(X, est.v_, est.err_W_,
+                                                                          est.err_v_)))
+    return bool(np.all(np.abs(y - yhat) <= allowed))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(learner=st.sampled_from(sorted(WRONG_LEARNERS)), kind=st.sampled_from(sorted(WRONG_BOXES)),
+       d=st.integers(2, 8), seed=st.integers(0, 2**16))
+def test_wrong_boxes_end_verified_or_in_a_named_error(learner, kind, d, seed):
+    build, rel_noise = WRONG_BOXES[kind]
+    box = build(random_head(d, seed=seed), d, seed)
+    signs = learner == "membership"
+    oracle = (MembershipOracle if signs else ValueOracle)(box, d)
+    est = WRONG_LEARNERS[learner](d)
+    if _returned_within_cap(learner, est, oracle, d):
+        assert _agrees(est, box, d, rel_noise, signs), f"{learner} returned a wrong answer"
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kind=st.sampled_from(["noise_1e-6", "noise_1e-4", "float32", "float16"]),
+       learner=st.sampled_from(["transformer", "ffn"]), d=st.integers(2, 6),
+       m=st.integers(1, 6), seed=st.integers(0, 2**16))
+def test_transformer_and_ffn_learners_on_imprecise_boxes(kind, learner, d, m, seed):
+    build, rel_noise = WRONG_BOXES[kind]
+    tf = random_transformer(d, m, seed)
+    box = build(tf, d, seed)
+    oracle = ValueOracle(box, d)
+    est = (TransformerLearner if learner == "transformer" else ReLUNetworkLearner)(
+        random_state=0)
+    if not _returned_within_cap(learner, est, oracle, d):
+        return
+    if learner == "ffn":
+        Z = np.random.default_rng(9).standard_normal((64, d))
+        y = box(Z[:, None, :])
+        assert np.max(np.abs(est.predict(Z) - y)) <= max(1e-6, 20 * rel_noise) * \
+            np.max(np.abs(y))
+    else:
+        assert _agrees(est, box, d, rel_noise)
+
+
+# -- never refused: a box that is what the learner assumes ----------------------------------------
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(d=st.integers(1, 12), log_scale=st.floats(-3, 3), rank=st.one_of(st.none(),
+       st.integers(1, 12)), zero_frac=st.sampled_from([0.0, 0.3, 0.9]),
+       spectral=st.one_of(st.none(), st.just(500.0)),
+       probes=st.sampled_from(["basis", "gaussian", "orthogonal"]), seed=st.integers(0, 2**32 - 1))
+def test_exact_learner_never_refuses_a_single_head(d, log_scale, rank, zero_frac, spectral,
+                                                   probes, seed):
+    rank = None if rank is None else min(rank, d)
+    head = random_head(d, seed=seed, rank=rank, W_fro=None if spectral else 10.0**log_scale,
+                       W_spectral=spectral, zero_frac=zero_frac)
+    if not np.any(head.v):
+        return
+    est = ExactValueQueryLearner(probes=probes, random_state=seed).fit(ValueOracle(head, d))
+    assert est.verify_error_ <= 1e-9 and est.n_verify_queries_ == 8
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(d=st.integers(2, 24), rank=st.integers(1, 12), seed=st.integers(0, 2**32 - 1))
+def test_sketch_learner_never_refuses_a_low_rank_head(d, rank, seed):
+    rank = min(rank, d // 2)
+    if rank < 1:
+        return
+    head = random_head(d, seed=seed, rank=rank, zero_frac=0.25)
+    for r in (None, rank):
+        est = SketchLowRankLearner(rank=r, random_state=seed).fit(ValueOracle(head, d))
+        assert est.rank_ == rank and est.verify_error_ <= 1e-9
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(d=st.integers(2, 10), tau=st.floats(1e-10, 1e-3), noise=st.sampled_from(
+       ["uniform", "adversarial"]), seed=st.integers(0, 2**16))
+def test_noisy_learner_never_refuses_a_head_within_its_assumptions(d, tau, noise, seed):
+    mu = 0.5 / np.sqrt(d)
+    head = theorem_head(d, seed, 4.0, mu, zero_frac=0.25)
+    if not tau < mu / 2:
+        return
+    oracle = ApproximateValueOracle(head, d, tau, noise=noise, random_state=seed)
+    est = NoisyValueQueryLearner(4.0, mu, random_state=seed).fit(oracle)
+    assert np.isfinite(est.verify_error_)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(d=st.integers(1, 6), eps=st.sampled_from([1e-2, 1e-4, 1e-6]), seed=st.integers(0, 2**16))
+def test_membership_learner_never_refuses_a_head_within_its_assumptions(d, eps, seed):
+    head = membership_head(d, seed, 4.0, 0.05)
+    est = MembershipLearner(eps=eps, W_bound=4.0, mu=0.05, random_state=seed).fit(
+        MembershipOracle(head, d))
+    assert est.verify_error_ == 0.0
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(d=st.integers(3, 12), m=st.integers(1, 12), seed=st.integers(0, 2**16))
+def test_transformer_learner_never_refuses_a_transformer(d, m, seed):
+    tf = random_transformer(d, min(m, d), seed)
+    est = TransformerLearner(random_state=seed).fit(ValueOracle(tf, d))
+    assert est.verify_error_ <= 1e-8

@@ -114,3 +114,54 @@ def test_exact_cell_runs_and_measures(tmp_path):
     (row,) = rows
     assert row["status"] == "ok" and row["n_queries"] == 72 and row["success"]
     assert row["rel_err_W"] <= 1e-10 and np.isfinite(row["func_err"])
+
+
+def test_atomic_writes_flush_the_file_and_its_folder(tmp_path, monkeypatch):
+    import os
+    import stat
+
+    from attnquery.results import atomic_write_bytes
+
+    synced = []
+    real_fsync = os.fsync
+
+    def spy(fd):
+        synced.append(stat.S_ISDIR(os.fstat(fd).st_mode))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    target = tmp_path / "sub" / "t.bin"
+    atomic_write_bytes(target, b"new")
+    assert target.read_bytes() == b"new"
+    assert synced == [False, True]  # the temporary file, then the folder after the rename
+
+
+def test_a_failed_atomic_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    from attnquery.results import atomic_path
+
+    target = tmp_path / "t.bin"
+    target.write_bytes(b"old")
+
+    def no_space(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", no_space)  # the data cannot reach the disk
+    with pytest.raises(OSError, match="No space"), atomic_path(target) as tmp:
+        tmp.write_bytes(b"new")
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["t.bin"]
+
+
+def test_check_writable_names_the_problem(tmp_path):
+    from attnquery.results import check_writable
+
+    with pytest.raises(IsADirectoryError):
+        check_writable(tmp_path)
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(NotADirectoryError, match="is not a folder"):
+        check_writable(tmp_path / "f" / "deeper" / "out.npz")
+    assert check_writable(tmp_path / "new" / "out.npz") == tmp_path / "new" / "out.npz"
+    assert list(tmp_path.joinpath("new").iterdir()) == []  # the probe file is gone

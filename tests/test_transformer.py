@@ -3,7 +3,13 @@
 import numpy as np
 import pytest
 
-from attnquery.errors import BudgetExceededError, ConfigError, ModelError, NotIdentifiableError
+from attnquery.errors import (
+    BudgetExceededError,
+    ConfigError,
+    ModelError,
+    ModelMismatchError,
+    NotIdentifiableError,
+)
 from attnquery.learners import ReLUNetworkLearner, TransformerLearner
 from attnquery.metrics import functional_error, match_neurons, relative_error
 from attnquery.models import OneLayerTransformer, random_head, random_transformer
@@ -95,14 +101,14 @@ def test_even_ffn_with_shared_hyperplanes_is_functionally_exact():
 
 
 def test_ffn_learner_can_fail_if_the_search_is_too_coarse():
-    # one line pair, no refinement of the normals: the finite-difference normals (step ~1e-3 of
-    # the kink spacing) leave an error well above rounding, which the verification reports
+    # no refinement of the normals and a large finite-difference step: the normals leave an
+    # error well above rounding, which the check queries find and refuse
     tf = random_transformer(24, 24, seed=0)
-    coarse = ReLUNetworkLearner(random_state=0, refine=False, fd_rel_step=0.3).fit(
-        ValueOracle(tf, 24)
-    )
+    coarse = ReLUNetworkLearner(random_state=0, refine=False, fd_rel_step=0.3)
+    with pytest.raises(ModelMismatchError, match="the network found"):
+        coarse.fit(ValueOracle(tf, 24))
     fine = ReLUNetworkLearner(random_state=0).fit(ValueOracle(tf, 24))
-    assert fine.verify_error_ <= 1e-9 < coarse.verify_error_
+    assert fine.verify_error_ <= 1e-9 < 1e-8 < coarse.verify_error_
 
 
 def test_ffn_learner_rejects_bad_parameters():
@@ -127,7 +133,9 @@ def test_transformer_recovered(d, m):
     assert relative_error(est.v_, tf.v) <= 1e-12
     # attention: 2 (d^2 + d) value queries (two per antisymmetric query)
     assert est.n_queries_attention_ == 2 * (d * d + d)
-    assert est.n_queries_ == oracle.n_queries == est.n_queries_attention_ + est.n_queries_ffn_
+    assert est.n_verify_queries_ == 8
+    assert est.n_queries_ == oracle.n_queries == (est.n_queries_attention_ + est.n_queries_ffn_
+                                                   + est.n_verify_queries_)
     assert ffn_error(tf, est.ffn_.predict, d) <= 1e-8
     assert functional_error(tf, est.predict, d, np.random.default_rng(3), n=64) <= 1e-8
     np.testing.assert_allclose(est.A_ @ est.w_o_, tf.v, atol=1e-8 * np.linalg.norm(tf.v))

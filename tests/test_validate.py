@@ -178,3 +178,12 @@ def test_the_rule_checks_exactly_the_files_it_declares(study, tmp_path):
     (root / "stray.parquet").write_bytes(b"not parquet")
     assert validate_results(root, cfg, files=[root / "exact.parquet"]) == [
         "exact.timing.parquet: missing"]
+
+
+def test_a_table_without_cell_ids_is_reported_not_a_crash(study, tmp_path):
+    cfg, _, rows, timings = study
+    root = write(tmp_path / "results", rows, timings)
+    t = pq.read_table(root / "exact.parquet").drop_columns(["cell_id"])
+    pq.write_table(t, root / "exact.parquet")
+    problems = validate_results(root, cfg)
+    assert "exact.parquet: missing columns ['cell_id']" in problems

@@ -1,5 +1,8 @@
 """Benchmarks: pinned configurations, queries counted by the oracle, errors and wall time.
 
+"queries (counted)" are the queries that learnt the parameters, as the oracle counted them; each
+learner also spends its check queries after them (8 by default), counted apart.
+
 Run ``python -m attnquery.bench NAME`` (or ``all``); ``make bench`` runs them all. Each benchmark
 prints a table; the README reproduces the tables measured on a 2-core machine.
 """
@@ -10,6 +13,7 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -51,22 +55,24 @@ def print_table(name: str, rows: list[dict], file=sys.stdout) -> None:
 def bench_exact() -> list[dict]:
     """Theorem 4.1 at d in {64, 256, 1024}, every probe design, default-scale dense heads."""
     from .learners import ExactValueQueryLearner
-    from .metrics import relative_error
+    from .learners.exact import PROBE_DESIGNS
+    from .metrics import fit_counted, relative_error
     from .models import random_head
     from .oracles import ValueOracle
 
     rows = []
     for d in (64, 256, 1024):
-        for probes in ("gaussian", "basis", "orthogonal"):
+        for probes in PROBE_DESIGNS:
             head = random_head(d, np.random.default_rng([d, 2026]), zero_frac=0.25)
             oracle = ValueOracle(head, d)
             t0 = time.perf_counter()
-            est = ExactValueQueryLearner(probes=probes, random_state=0).fit(oracle)
+            est = ExactValueQueryLearner(probes=probes, random_state=0)
+            counts = fit_counted(est, oracle)
             wall = time.perf_counter() - t0
             rows.append({
                 "d": d,
                 "probes": probes,
-                "queries (counted)": oracle.n_queries,
+                "queries (counted)": counts["n_queries"],
                 "d^2 + d": d * d + d,
                 "rel. error W": relative_error(est.W_, head.W),
                 "rel. error v": relative_error(est.v_, head.v),
@@ -75,12 +81,75 @@ def bench_exact() -> list[dict]:
     return rows
 
 
+@register_benchmark("probes")
+def bench_probes() -> list[dict]:
+    """The exact learner's probe designs at the same d^2 + d queries: every cell of the default
+    study's exact grid (config/config.yaml: d 2..512, ||W||_2 default or 500, a quarter of v
+    zero, 3 seeds) and all 72 heads of all-MiniLM-L6-v2 at d = 384 (Gaussian readout, seed 0;
+    data/minilm/model.safetensors, skipped when absent). The default design is the one with the
+    smallest error on both."""
+    from .config import load_config
+    from .experiments import cell_rng, expand_cells, get_experiment
+    from .learners.exact import PROBE_DESIGNS
+    from .realheads import head_from_checkpoint
+
+    root = Path(__file__).resolve().parents[2]
+    cfg = load_config(root / "config" / "config.yaml")
+    runs: dict[tuple[str, str], list[dict]] = {}
+    exact = get_experiment("exact")
+    for cell in expand_cells("exact", cfg["experiments"]["exact"]):
+        t0 = time.perf_counter()
+        m = exact.run(dict(cell), cell_rng(cell, cfg["seed"]))
+        m["wall"] = time.perf_counter() - t0
+        m["learning_ok"] = m["n_queries"] == cell["d"] ** 2 + cell["d"]
+        runs.setdefault(("default study, exact grid", cell["probes"]), []).append(m)
+    ckpt = root / "data" / "minilm" / "model.safetensors"
+    if ckpt.exists():
+        for layer in range(6):
+            for h in range(12):
+                head = head_from_checkpoint(ckpt, layer, h, n_heads=12, readout="gaussian",
+                                            readout_seed=0)
+                for probes in PROBE_DESIGNS:
+                    runs.setdefault(("MiniLM, 72 heads, d = 384", probes), []).append(
+                        _fit_exact(head, probes, [layer, h]))
+    rows = []
+    for (where, probes), ms in sorted(runs.items(), key=lambda kv: (
+            kv[0][0] != "default study, exact grid", PROBE_DESIGNS.index(kv[0][1]))):
+        err = np.array([m["rel_err_W"] for m in ms])
+        rows.append({
+            "heads": where,
+            "probes": probes,
+            "runs": len(ms),
+            "all d^2 + d": all(m["learning_ok"] for m in ms),
+            "check queries": int(max(m["verify_queries"] for m in ms)),
+            "median rel. error W": float(np.median(err)),
+            "worst rel. error W": float(err.max()),
+            "runs <= 1e-12": int(np.sum(err <= 1e-12)),
+            "worst check error": float(max(m["verify_error"] for m in ms)),
+            "wall time (s)": round(sum(m["wall"] for m in ms), 1),
+        })
+    return rows
+
+
+def _fit_exact(head, probes: str, seed) -> dict:
+    from .learners import ExactValueQueryLearner
+    from .metrics import fit_counted, relative_error
+    from .oracles import ValueOracle
+
+    t0 = time.perf_counter()
+    est = ExactValueQueryLearner(probes=probes, random_state=seed)
+    m = fit_counted(est, ValueOracle(head, head.d))
+    return {**m, "rel_err_W": relative_error(est.W_, head.W), "wall": time.perf_counter() - t0,
+            "learning_ok": m["n_queries"] == head.d ** 2 + head.d}
+
+
 @register_benchmark("sketch")
 def bench_sketch() -> list[dict]:
     """Sketch learner (rank found from the answers) on factored heads up to d = 4096, r = 128."""
     from .experiments.lowrank import factored_error
     from .learners import SketchLowRankLearner
     from .learners.lowrank import lowrank_floor
+    from .metrics import fit_counted
     from .models import random_head
     from .oracles import ValueOracle
 
@@ -90,7 +159,8 @@ def bench_sketch() -> list[dict]:
         box = _TimedBox(head)
         oracle = ValueOracle(box, d)
         t0 = time.perf_counter()
-        est = SketchLowRankLearner(random_state=0).fit(oracle)
+        est = SketchLowRankLearner(random_state=0)
+        n = fit_counted(est, oracle)["n_queries"]
         wall = time.perf_counter() - t0
         L, R = est.W_factors_
         floor = lowrank_floor(d, r)
@@ -98,9 +168,9 @@ def bench_sketch() -> list[dict]:
             "d": d,
             "r": r,
             "rank found": est.rank_,
-            "queries (counted)": oracle.n_queries,
+            "queries (counted)": n,
             "floor r(2d-r)+d": floor,
-            "queries / floor": round(oracle.n_queries / floor, 4),
+            "queries / floor": round(n / floor, 4),
             "rel. error W": factored_error(L, R, head.K, head.Q)[1],
             "wall time (s)": round(wall, 2),
             "of which in the head (s)": round(box.seconds, 2),
@@ -129,7 +199,7 @@ def bench_nuclear() -> list[dict]:
     with Clarabel (an interior-point method: about a minute at d = 48 and five at d = 64 here)."""
     from .learners import NuclearNormROPLearner
     from .learners.lowrank import lowrank_floor
-    from .metrics import relative_error
+    from .metrics import fit_counted, relative_error
     from .models import random_head
     from .oracles import ValueOracle
 
@@ -142,13 +212,14 @@ def bench_nuclear() -> list[dict]:
             m = 4 * r * 2 * d
             t0 = time.perf_counter()
             est = NuclearNormROPLearner(n_measurements=m, rank=r, solver=solver,
-                                        random_state=0).fit(oracle)
+                                        random_state=0)
+            counts = fit_counted(est, oracle)
             wall = time.perf_counter() - t0
             rows.append({
                 "solver": solver,
                 "d": d,
                 "r": r,
-                "queries (counted)": oracle.n_queries,
+                "queries (counted)": counts["n_queries"],
                 "floor r(2d-r)+d": lowrank_floor(d, r),
                 "status": est.solver_status_,
                 "rel. error W (raw)": relative_error(est.W_raw_, head.W),

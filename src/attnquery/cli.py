@@ -15,6 +15,7 @@ is not installed fails with a clear message while the others work.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import importlib.util
 import inspect
@@ -29,8 +30,16 @@ import numpy as np
 
 from .errors import AttnQueryError, ConfigError
 
+
+class OutputError(AttnQueryError):
+    """Writing an output file failed (disk full, file system turned read-only, ...)."""
+
 __all__ = ["main", "METHODS", "Method", "load_black_box", "make_oracle", "make_learner",
-           "ProgressOracle", "run_extraction"]
+           "ProgressOracle", "run_extraction", "OutputError", "EXIT_OK", "EXIT_FAILURE",
+           "EXIT_USAGE", "EXIT_INTERRUPTED"]
+
+#: exit statuses: success, a failed extraction or check, a usage error, Ctrl-C
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 @dataclass(frozen=True)
@@ -89,11 +98,37 @@ def _accepts(cls) -> tuple[set[str], bool]:
     return names, var_kw
 
 
+def _check_param_type(cls, name: str, value) -> None:
+    """ConfigError when ``value`` is not of the kind the default of ``cls``'s parameter is."""
+    param = inspect.signature(cls).parameters.get(name)
+    if param is None or param.default is inspect.Parameter.empty or param.default is None:
+        return
+    default = param.default
+    number = (int, float, np.integer, np.floating)
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+        want = "true or false"
+    elif isinstance(default, number):
+        ok = isinstance(value, number) and not isinstance(value, bool)
+        if isinstance(default, int | np.integer) and ok:
+            ok = float(value) == int(value)
+        want = "an integer" if isinstance(default, int | np.integer) else "a number"
+    elif isinstance(default, str):
+        ok = isinstance(value, str)
+        want = "a string"
+    else:
+        return
+    if not ok:
+        raise ConfigError(f"{cls.__name__} parameter {name!r} takes {want}; got {value!r}")
+
+
 def construct(cls, *args, optional=None, required=None):
     """Call ``cls(*args, **kwargs)`` with the ``optional`` keywords its signature accepts.
 
-    ``required`` keywords must all be accepted (ConfigError naming the unaccepted ones);
+    ``required`` keywords must all be accepted (ConfigError naming the unaccepted ones), and
+    each must be of the kind its default is (a number, an integer, a string, a bool);
     ``optional`` keywords the class does not take are left out. None values are never passed.
+    A parameter without a default that is not given is a ConfigError naming it.
     """
     names, var_kw = _accepts(cls)
     kwargs = {}
@@ -113,6 +148,16 @@ def construct(cls, *args, optional=None, required=None):
             f"{cls.__name__} takes no parameter {', '.join(repr(b) for b in bad)}; "
             f"its parameters: {sorted(names)}"
         )
+    for k, val in kwargs.items():
+        _check_param_type(cls, k, val)
+    params = list(inspect.signature(cls).parameters.values())
+    missing = [p.name for p in params[len(args):]
+               if p.default is inspect.Parameter.empty and p.name not in kwargs
+               and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if missing:
+        raise ConfigError(
+            f"{cls.__name__} needs {', '.join(repr(m) for m in missing)}: give "
+            + " ".join(f"--param {m}=VALUE" for m in missing))
     return cls(*args, **kwargs)
 
 
@@ -193,12 +238,14 @@ def make_oracle(method: str, fn, d: int, *, budget=None, tau=None, noise=None, s
     return construct(cls, fn, d, optional={"budget": budget})
 
 
-def expected_queries(method: str, d: int, rank: int | None = None) -> int | None:
-    """Queries a method is expected to ask (for the progress bar), or None if unknown."""
+def expected_queries(method: str, d: int, rank: int | None = None,
+                     n_check: int = 0) -> int | None:
+    """Queries a method is expected to ask, ``n_check`` check queries included (for the
+    progress bar), or None if unknown."""
     if method == "exact":
-        return d * d + d
+        return d * d + d + n_check
     if method == "sketch" and rank is not None:
-        return rank * (2 * d - rank) + d
+        return rank * (2 * d - rank) + d + n_check
     return None
 
 
@@ -229,8 +276,12 @@ class ProgressOracle:
 def load_black_box(spec: str):
     """Import ``MODULE:FUNCTION`` (or ``path/to/file.py:FUNCTION``) and return the callable.
 
-    The current directory is searched first, so ``tests.fixtures:some_head`` works from the
-    repository root.
+    A module is searched in the installed packages first and then in the current directory
+    (appended to the end of ``sys.path``), so ``tests.fixtures:some_head`` works from the
+    repository root while a file of the user's can never shadow a module the tool imports
+    (a ``./tqdm.py`` stays the user's). A module named like an installed one is given by
+    path. A path is loaded under a private module name, its folder appended to ``sys.path``
+    for its own imports.
     """
     if ":" not in spec:
         raise ConfigError("--oracle must be MODULE:FUNCTION (e.g. "
@@ -240,33 +291,57 @@ def load_black_box(spec: str):
         raise ConfigError(f"--oracle must be MODULE:FUNCTION; got {spec!r}")
     if mod_name.endswith(".py"):
         path = Path(mod_name)
-        if not path.exists():
+        if not path.is_file():
             raise ConfigError(f"--oracle: file {path} does not exist")
-        mspec = importlib.util.spec_from_file_location(path.stem, path)
+        _append_path(str(path.resolve().parent))
+        mspec = importlib.util.spec_from_file_location(f"_attnquery_box_{path.stem}", path)
         module = importlib.util.module_from_spec(mspec)
-        try:
+        with _guard_import(str(path)):
             mspec.loader.exec_module(module)
-        except Exception as exc:
-            raise ConfigError(f"--oracle: importing {path} failed: {type(exc).__name__}: {exc}") \
-                from None
     else:
-        cwd = os.getcwd()
-        if cwd not in sys.path:
-            sys.path.insert(0, cwd)
+        _append_path(os.getcwd())
         try:
-            module = importlib.import_module(mod_name)
+            with _guard_import(repr(mod_name)):
+                module = importlib.import_module(mod_name)
         except ImportError as exc:
             raise ConfigError(f"--oracle: cannot import module {mod_name!r}: {exc}") from None
-        except Exception as exc:
-            raise ConfigError(f"--oracle: importing {mod_name!r} failed: "
-                              f"{type(exc).__name__}: {exc}") from None
     try:
         fn = getattr(module, attr)
     except AttributeError:
-        raise ConfigError(f"--oracle: module {mod_name!r} has no attribute {attr!r}") from None
+        where = getattr(module, "__file__", None)
+        hint = "" if mod_name.endswith(".py") else (
+            f"; a module of yours named like an installed one is given by path "
+            f"(--oracle ./{mod_name.replace('.', '/')}.py:{attr})")
+        raise ConfigError(f"--oracle: module {mod_name!r} ({where}) has no attribute "
+                          f"{attr!r}{hint}") from None
     if not callable(fn):
         raise ConfigError(f"--oracle: {spec} is not callable (it is a {type(fn).__name__})")
     return fn
+
+
+def _append_path(folder: str) -> None:
+    """Put ``folder`` last on ``sys.path`` (installed packages keep precedence)."""
+    if folder not in sys.path:
+        sys.path.append(folder)
+
+
+class _guard_import:
+    """Turn whatever importing the user's module raises (SystemExit included) into a
+    ConfigError naming it; ImportError passes through, to be named by the caller."""
+
+    def __init__(self, what: str):
+        self.what = what
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None or issubclass(exc_type, ImportError | KeyboardInterrupt):
+            return False
+        if issubclass(exc_type, Exception | SystemExit):
+            raise ConfigError(f"--oracle: importing {self.what} failed: {exc_type.__name__}: "
+                              f"{exc}") from None
+        return False
 
 
 def _learned_head(est, d: int):
@@ -285,8 +360,10 @@ def run_extraction(method: str, fn, d: int, *, truth=None, budget=None, seed=Non
     """Run one extraction and return ``(summary, learned head)``.
 
     ``truth`` (an :class:`~attnquery.models.AttentionHead`) turns the run into a simulation whose
-    summary also holds the errors. The query count is the oracle's own; a run that reports 0
-    queries raises an error rather than printing 0.
+    summary also holds the errors. The query count is the oracle's own (the learner's check
+    queries included, and reported apart as ``n_verify_queries``); a run that reports 0 queries
+    raises an error rather than printing 0. A learner whose check fails raises
+    :class:`~attnquery.errors.ModelMismatchError`.
     """
     from .errors import BudgetExceededError
 
@@ -298,7 +375,7 @@ def run_extraction(method: str, fn, d: int, *, truth=None, budget=None, seed=Non
                            eps=eps, probes=probes, params=params)
     from tqdm import tqdm
 
-    total = expected_queries(method, d, rank)
+    total = expected_queries(method, d, rank, int(getattr(learner, "verify", 0) or 0))
     # a bar only when stderr is a terminal (never in logs or pipes), after 2 s
     show = progress and hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
     bar = tqdm(total=total, unit="query", unit_scale=True, file=sys.stderr, delay=2.0,
@@ -328,11 +405,15 @@ def run_extraction(method: str, fn, d: int, *, truth=None, budget=None, seed=Non
     if rank_found is None:
         tol = sv.max() * max(W.shape) * np.finfo(float).eps * 1e3 if sv.size and sv.max() else 0
         rank_found = int(np.sum(sv > tol))
+    n_check = int(getattr(learner, "n_verify_queries_", 0) or 0)
+    verify_error = float(getattr(learner, "verify_error_", float("nan")))
     summary = {
         "method": method,
         "learner": repr(learner),
         "d": d,
         "n_queries": n,
+        "n_verify_queries": n_check,
+        "verify_error": verify_error if np.isfinite(verify_error) else None,
         "n_calls": int(getattr(oracle, "n_calls", 0)),
         "time_s": elapsed,
         "rank_found": int(rank_found),
@@ -366,8 +447,31 @@ def _parse_params(items) -> dict:
         if "=" not in item:
             raise ConfigError(f"--param must be KEY=VALUE; got {item!r}")
         k, _, val = item.partition("=")
-        out[k.strip()] = yaml.safe_load(val)
+        try:
+            out[k.strip()] = yaml.safe_load(val)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--param {item}: the value is not readable ({_one_line(exc)})") \
+                from None
     return out
+
+
+def _one_line(exc) -> str:
+    """An exception's message on one line."""
+    return " ".join(str(exc).split())
+
+
+def _load_config(path):
+    """:func:`attnquery.config.load_config`, with a malformed file as a ConfigError."""
+    import yaml
+
+    from .config import load_config
+
+    try:
+        return load_config(path)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {_one_line(exc)}") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc.strerror or exc}") from None
 
 
 def _print_json(obj) -> None:
@@ -375,13 +479,41 @@ def _print_json(obj) -> None:
                      else str(o)))
 
 
-def cmd_extract(args) -> int:
-    from .realheads import load_head, save_head
+def _check_out(path) -> None:
+    """Usage error (before any work) when ``--out`` cannot be written."""
+    from .results import check_writable
 
+    try:
+        check_writable(path)
+    except OSError as exc:
+        raise ConfigError(f"--out {path}: cannot write there ({_os_reason(exc)})") from None
+
+
+def _write_head(path, head, /, **meta) -> None:
+    """``save_head`` (atomic), with a failed write as an :class:`OutputError`."""
+    from .realheads import save_head
+
+    try:
+        save_head(path, head, **meta)
+    except OSError as exc:
+        raise OutputError(
+            f"--out {path}: writing the head failed ({_os_reason(exc)}); nothing was written "
+            "there (a file already there is unchanged)") from None
+
+
+def cmd_extract(args) -> int:
+    from .errors import ModelError
+    from .realheads import load_head
+
+    if args.out is not None:
+        _check_out(args.out)  # before any query is spent
     truth = None
     meta = {}
     if args.model is not None:
-        truth, meta = load_head(args.model)
+        try:
+            truth, meta = load_head(args.model)
+        except ModelError as exc:
+            raise ConfigError(f"--model: {exc}") from None
         if args.d is not None and args.d != truth.d:
             raise ConfigError(f"--d {args.d} does not match the head in {args.model} "
                               f"(d = {truth.d})")
@@ -400,8 +532,8 @@ def cmd_extract(args) -> int:
     )
     summary["source"] = source
     if args.out is not None:
-        save_head(args.out, head, method=args.method, n_queries=summary["n_queries"],
-                  source=source)
+        _write_head(args.out, head, method=args.method, n_queries=summary["n_queries"],
+                    source=source)
         summary["out"] = str(args.out)
     if args.json:
         _print_json(summary)
@@ -409,11 +541,16 @@ def cmd_extract(args) -> int:
     lines = [
         f"extracted a head of dimension d = {d} from {source} with --method {args.method}",
         f"  queries        {summary['n_queries']} (counted by the oracle, "
-        f"{summary['n_calls']} batches)",
+        f"{summary['n_calls']} batches: {summary['n_queries'] - summary['n_verify_queries']} to "
+        f"learn, {summary['n_verify_queries']} to check the result)",
         f"  time           {summary['time_s']:.2f} s",
         f"  rank found     {summary['rank_found']}",
         f"  ||W||_F        {summary['W_fro']:.6g}",
     ]
+    if summary["verify_error"] is not None:
+        lines.append(f"  check          answers and the result agree to "
+                     f"{summary['verify_error']:.1e} (relative) on "
+                     f"{summary['n_verify_queries']} fresh queries")
     if truth is not None:
         lines += [
             f"  rel. error W   {summary['rel_err_W']:.3e}",
@@ -440,22 +577,17 @@ def _readout(text: str) -> tuple[str, int | None]:
 
 
 def cmd_heads(args) -> int:
-    from .realheads import (
-        build_head,
-        head_summary,
-        load_checkpoint,
-        readout_vector,
-        save_head,
-    )
+    from .realheads import build_head, head_summary, load_checkpoint, readout_vector
 
+    _check_out(args.out)
     ckpt = load_checkpoint(args.checkpoint, n_heads=args.n_heads)
     kind, index = args.readout
     seed = index if kind == "coordinate" else args.seed
     r = readout_vector(ckpt.d, kind, seed)
     head = build_head(ckpt, args.layer, args.head, r)
-    save_head(args.out, head, checkpoint=str(args.checkpoint), style=ckpt.style,
-              layer=args.layer, head=args.head, n_heads=ckpt.n_heads, readout=kind,
-              readout_seed=int(seed))
+    _write_head(args.out, head, checkpoint=str(args.checkpoint), style=ckpt.style,
+                layer=args.layer, head=args.head, n_heads=ckpt.n_heads, readout=kind,
+                readout_seed=int(seed))
     s = head_summary(head)
     s.update({"checkpoint": str(args.checkpoint), "style": ckpt.style, "layer": args.layer,
               "head": args.head, "n_layers": ckpt.n_layers, "n_heads": ckpt.n_heads,
@@ -479,11 +611,8 @@ def cmd_heads(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    from .config import load_config
-    from .validate import validate_results
-
-    cfg = load_config(args.config)
-    problems = validate_results(args.results_dir, cfg)
+    cfg = _load_config(args.config)
+    problems = _validate(args.results_dir, cfg)
     if args.json:
         _print_json({"results_dir": str(args.results_dir), "config": str(args.config),
                      "ok": not problems, "problems": problems})
@@ -495,6 +624,44 @@ def cmd_validate(args) -> int:
         print(f"{args.results_dir}: every table matches schema version and the grid of "
               f"{args.config}")
     return 1 if problems else 0
+
+
+def _validate(results_dir, cfg) -> list[str]:
+    """:func:`attnquery.validate.validate_results`; a table too damaged for its row checks is
+    reported by its schema problems instead of stopping the command."""
+    from .validate import validate_results
+
+    try:
+        return validate_results(results_dir, cfg)
+    except (KeyError, ValueError, TypeError, OSError) as exc:
+        import pyarrow.parquet as pq
+
+        from .results import RESULT_SCHEMA, TIMING_SCHEMA
+        from .validate import check_table_schema
+
+        problems = []
+        for path in sorted(Path(results_dir).glob("*.parquet")):
+            schema = TIMING_SCHEMA if path.name.endswith(".timing.parquet") else RESULT_SCHEMA
+            try:
+                problems += check_table_schema(pq.read_schema(path), schema, path.name)
+            except Exception as err:  # noqa: BLE001 - any unreadable file is a problem to list
+                problems.append(f"{path.name}: unreadable Parquet file ({_one_line(err)})")
+        return problems or [f"{results_dir}: the tables cannot be checked "
+                            f"({type(exc).__name__}: {_one_line(exc)})"]
+
+
+#: what an OSError means, by errno
+_OS_REASONS = {errno.EISDIR: "it is a folder", errno.ENOTDIR: "a parent is not a folder",
+               errno.EACCES: "permission denied", errno.EPERM: "permission denied",
+               errno.EROFS: "read-only file system", errno.ENOSPC: "no space left on the device",
+               errno.ENOENT: "no such file or folder"}
+
+
+def _os_reason(exc: OSError) -> str:
+    """An OSError in words: what it means, and where."""
+    reason = _OS_REASONS.get(exc.errno, exc.strerror or _one_line(exc))
+    where = exc.filename if exc.filename is not None else None
+    return f"{reason}: {where}" if where else reason
 
 
 def _versions() -> dict:
@@ -523,9 +690,9 @@ def cmd_info(args) -> int:
     }
     cfg_path = Path(args.config)
     if cfg_path.exists():
-        from .config import enabled_experiments, load_config
+        from .config import enabled_experiments
 
-        cfg = load_config(cfg_path)
+        cfg = _load_config(cfg_path)
         from .config import check_config
         from .study import study_size
 
@@ -571,10 +738,42 @@ def cmd_info(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with usage errors on one line (exit status 2)."""
+
+    def error(self, message):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _int_at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            val = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if val < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}; got {val}")
+        return val
+
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    try:
+        val = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (np.isfinite(val) and val > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number; got {text}")
+    return val
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
+    from .oracles import ApproximateValueOracle
 
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="attnquery",
         description="Learn attention heads from queries (Bhattamishra et al., ICML 2026).",
     )
@@ -592,21 +791,22 @@ def build_parser() -> argparse.ArgumentParser:
                      "file.py:FUNCTION works too)")
     src.add_argument("--model", metavar="HEAD.npz", type=Path,
                      help="a head saved by 'attnquery heads': run in simulation and report errors")
-    e.add_argument("--d", type=int, help="token dimension of the black box (required with "
-                   "--oracle)")
+    e.add_argument("--d", type=_int_at_least(1), help="token dimension of the black box "
+                   "(required with --oracle)")
     e.add_argument("--method", choices=sorted(METHODS), default="exact",
                    help="learner (default: exact)")
     e.add_argument("--out", type=Path, help="write the learned head (v, W) to this .npz")
-    e.add_argument("--budget", type=int, help="maximum number of queries (checked before "
-                   "they are spent)")
-    e.add_argument("--seed", type=int, default=0, help="seed of the learner's random probes "
-                   "(default 0)")
-    e.add_argument("--rank", type=int, help="rank of W (sketch, nuclear)")
-    e.add_argument("--tau", type=float, help="answer tolerance (noisy)")
-    e.add_argument("--noise", help="noise model of the simulated approximate oracle (noisy with "
-                   "--model)")
-    e.add_argument("--eps", type=float, help="target accuracy (membership)")
-    e.add_argument("--probes", help="probe design (exact: gaussian, basis or orthogonal)")
+    e.add_argument("--budget", type=_int_at_least(0), help="maximum number of queries, the "
+                   "check queries included (checked before they are spent)")
+    e.add_argument("--seed", type=_int_at_least(0), default=0,
+                   help="seed of the learner's random probes and check queries (default 0)")
+    e.add_argument("--rank", type=_int_at_least(0), help="rank of W (sketch, nuclear)")
+    e.add_argument("--tau", type=_positive_float, help="answer tolerance (noisy)")
+    e.add_argument("--noise", choices=ApproximateValueOracle.NOISE_MODELS,
+                   help="noise model of the simulated approximate oracle (noisy with --model)")
+    e.add_argument("--eps", type=_positive_float, help="target accuracy (membership)")
+    e.add_argument("--probes", help="probe design (exact: basis, the default; gaussian, the "
+                   "paper's Theorem 4.1; orthogonal)")
     e.add_argument("--param", action="append", metavar="KEY=VALUE",
                    help="further learner parameter (repeatable)")
     e.add_argument("--json", action="store_true", help="print one JSON object")
@@ -620,15 +820,18 @@ def build_parser() -> argparse.ArgumentParser:
         "for a readout vector r; biases dropped.",
     )
     h.add_argument("checkpoint", type=Path, help="a .safetensors file")
-    h.add_argument("--layer", type=int, required=True, help="layer index (from 0)")
-    h.add_argument("--head", type=int, required=True, help="head index within the layer")
+    h.add_argument("--layer", type=_int_at_least(0), required=True,
+                   help="layer index (from 0)")
+    h.add_argument("--head", type=_int_at_least(0), required=True,
+                   help="head index within the layer")
     h.add_argument("--out", type=Path, required=True, help="output .npz")
-    h.add_argument("--n-heads", type=int, help="heads per layer (default: config.json beside "
-                   "the checkpoint)")
+    h.add_argument("--n-heads", type=_int_at_least(1), help="heads per layer (default: "
+                   "config.json beside the checkpoint)")
     h.add_argument("--readout", type=_readout, default=("gaussian", None),
                    help="readout vector r: 'gaussian' (seeded unit vector, the default), 'ones' "
                    "(normalised) or a coordinate index")
-    h.add_argument("--seed", type=int, default=0, help="seed of the Gaussian readout (default 0)")
+    h.add_argument("--seed", type=_int_at_least(0), default=0,
+                   help="seed of the Gaussian readout (default 0)")
     h.add_argument("--json", action="store_true", help="print one JSON object")
     h.set_defaults(func=cmd_heads)
 
@@ -655,17 +858,41 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    """Entry point of the ``attnquery`` command; returns the exit status."""
+    """Entry point of the ``attnquery`` command; returns the exit status.
+
+    0: success; 1: the extraction or check failed (the black box raised or answered badly, the
+    budget is too small, the answers are not what the learner assumes, an output could not be
+    written); 2: a usage error (bad option, unknown name, missing learner parameter, unreadable
+    input file); 130: interrupted. Every error is one line on stderr, never a traceback
+    (``ATTNQUERY_TRACEBACK=1`` shows one for an unexpected error).
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
+    prefix = f"attnquery {args.command}: "
     try:
         return int(args.func(args) or 0)
+    except ConfigError as exc:
+        _say(prefix + "error: " + _one_line(exc))
+        return EXIT_USAGE
     except AttnQueryError as exc:
-        print(f"attnquery {args.command}: error: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, ConfigError) else 1
-    except KeyboardInterrupt:  # pragma: no cover - interactive
-        print("interrupted", file=sys.stderr)
-        return 130
+        _say(prefix + f"error: {_one_line(exc)} ({type(exc).__name__})")
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        _say(prefix + "interrupted (KeyboardInterrupt)")
+        return EXIT_INTERRUPTED
+    except SystemExit as exc:
+        _say(prefix + f"error: SystemExit({exc.code!r}) was raised while running the command")
+        return EXIT_FAILURE
+    except Exception as exc:  # the last resort: one line, never a traceback
+        if os.environ.get("ATTNQUERY_TRACEBACK"):
+            raise
+        _say(prefix + f"unexpected error: {type(exc).__name__}: {_one_line(exc)} (set "
+             "ATTNQUERY_TRACEBACK=1 to see where)")
+        return EXIT_FAILURE
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -29,8 +29,16 @@ def load_config(path) -> dict:
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"config file {p} does not exist")
-    with open(p, encoding="utf-8") as fh:
-        cfg = yaml.safe_load(fh)
+    try:
+        with open(p, encoding="utf-8") as fh:
+            cfg = yaml.safe_load(fh)
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        at = f" (line {where.line + 1}, column {where.column + 1})" if where else ""
+        raise ConfigError(f"config file {p} is not valid YAML{at}: "
+                          f"{getattr(exc, 'problem', None) or exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {p} cannot be read: {exc}") from None
     if not isinstance(cfg, dict):
         raise ConfigError(f"config file {p} must hold a mapping at the top level")
     validate_config(cfg)

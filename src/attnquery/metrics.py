@@ -21,7 +21,42 @@ __all__ = [
     "head_errors",
     "match_heads",
     "match_neurons",
+    "fit_counted",
 ]
+
+
+def fit_counted(learner, oracle, record_refusal: bool = False) -> dict:
+    """Fit ``learner`` on ``oracle`` and count its queries as the study records them.
+
+    Returns the metrics ``n_queries`` (queries the oracle counted for learning: all of the fit's
+    but the check queries), ``verify_queries`` (the check queries, counted by the oracle),
+    ``verify_error`` (the disagreement the check saw; None without a check, or where it is not
+    a number) and ``verified`` (whether the estimate passed its check; None without a check).
+
+    With ``record_refusal``, a learner that refuses its estimate
+    (:class:`~attnquery.errors.ModelMismatchError`: the answers are not what it assumes) is
+    recorded with ``verified = False`` instead of raising; its estimate's attributes are set,
+    so the cell can still measure how far off it is (experiments that run learners outside
+    their assumptions on purpose: noise, rounding, too few measurements).
+    """
+    from .errors import ModelMismatchError
+
+    n0 = oracle.n_queries
+    verified = True
+    try:
+        learner.fit(oracle)
+    except ModelMismatchError:
+        if not record_refusal:
+            raise
+        verified = False
+    n_check = int(getattr(learner, "n_verify_queries_", 0) or 0)
+    err = float(getattr(learner, "verify_error_", float("nan")))
+    return {
+        "n_queries": int(oracle.n_queries - n0 - n_check),
+        "verify_queries": n_check,
+        "verify_error": err if n_check and np.isfinite(err) else None,
+        "verified": verified if n_check else None,
+    }
 
 
 def absolute_error(est, true) -> float:

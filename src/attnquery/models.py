@@ -19,6 +19,7 @@ import numpy as np
 import scipy.sparse
 
 from .errors import ModelError
+from .rng import as_rng, haar_orthogonal
 
 __all__ = [
     "AttentionHead",
@@ -35,13 +36,6 @@ __all__ = [
     "random_orthogonal_split",
     "orthogonal_subspace_multihead",
 ]
-
-
-def as_rng(seed) -> np.random.Generator:
-    """Return a ``numpy.random.Generator`` from an int, a sequence of ints, None or a Generator."""
-    if isinstance(seed, np.random.Generator):
-        return seed
-    return np.random.default_rng(seed)
 
 
 def check_input(X, d: int) -> np.ndarray:
@@ -551,9 +545,7 @@ def random_orthogonal_split(d: int, H: int, seed=None, dims=None) -> list[np.nda
     dims = [int(x) for x in dims]
     if len(dims) != H or any(x < 1 for x in dims) or sum(dims) != d:
         raise ModelError(f"dims must be H={H} positive ints summing to d={d}; got {dims}")
-    G = rng.standard_normal((d, d))
-    Qm, R = np.linalg.qr(G)
-    Qm = Qm * np.sign(np.diag(R))  # Haar measure
+    Qm = haar_orthogonal(d, rng)
     bounds = np.cumsum([0, *dims])
     return [Qm[:, bounds[h]: bounds[h + 1]].copy() for h in range(H)]
 

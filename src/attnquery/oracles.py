@@ -19,6 +19,7 @@ from .errors import (
     OracleFailure,
     QueryError,
 )
+from .rng import seed_int
 
 __all__ = ["Oracle", "ValueOracle", "AntisymmetricOracle", "ApproximateValueOracle",
            "RoundingOracle", "MembershipOracle", "ToleranceError", "query_hash"]
@@ -140,7 +141,22 @@ class Oracle:
 
     def _validate_answer(self, y, B: int) -> np.ndarray:
         try:
-            y = np.asarray(y, dtype=np.float64)
+            raw = np.asarray(y)
+        except (TypeError, ValueError) as exc:
+            raise AnswerError(f"the black box returned a non-numeric answer: {exc}") from None
+        if raw.dtype.kind == "O":  # Python objects: only real numbers pass
+            kinds = {np.asarray(x).dtype.kind for x in raw.ravel()}
+            kind = "c" if "c" in kinds else ("f" if kinds <= set("biuf") else "U")
+        else:
+            kind = raw.dtype.kind
+        if kind == "c":
+            raise AnswerError("the black box returned complex answers; answers must be real "
+                              "numbers (the imaginary part is not dropped silently)")
+        if kind not in "biuf":
+            raise AnswerError(f"the black box returned answers that are not real numbers "
+                              f"(dtype {raw.dtype})")
+        try:
+            y = raw.astype(np.float64)
         except (TypeError, ValueError) as exc:
             raise AnswerError(f"the black box returned a non-numeric answer: {exc}") from None
         if y.shape != (B,):
@@ -162,9 +178,11 @@ def _call_black_box(fn, X: np.ndarray) -> np.ndarray:
     view.flags.writeable = False
     try:
         return fn(view)
-    except Exception as exc:  # the black box is foreign code: report whatever it raised
+    except (Exception, SystemExit) as exc:  # foreign code: report whatever it raised
+        what = f"SystemExit({exc.code!r})" if isinstance(exc, SystemExit) else \
+            f"{type(exc).__name__}"
         raise OracleFailure(
-            f"the black box raised {type(exc).__name__} on a batch of shape {X.shape}: {exc}"
+            f"the black box raised {what} on a batch of shape {X.shape}: {exc}"
         ) from exc
 
 
@@ -304,24 +322,6 @@ class ToleranceError(QueryError, AssumptionViolation):
     """
 
 
-def _seed_from(random_state) -> int:
-    """A fixed 63-bit seed from an int, a Generator, a SeedSequence or None (fresh entropy)."""
-    if isinstance(random_state, bool):
-        raise QueryError(f"random_state must be an int, a Generator or None; got {random_state!r}")
-    if isinstance(random_state, int | np.integer):
-        return int(random_state) & 0x7FFFFFFFFFFFFFFF
-    if isinstance(random_state, np.random.Generator):
-        return int(random_state.integers(0, 2**63 - 1))
-    if random_state is None:
-        return int(np.random.SeedSequence().generate_state(1, dtype=np.uint64)[0]) >> 1
-    if isinstance(random_state, np.random.SeedSequence):
-        return int(random_state.generate_state(1, dtype=np.uint64)[0]) >> 1
-    raise QueryError(
-        f"random_state must be an int, a Generator, a SeedSequence or None; got "
-        f"{type(random_state).__name__}"
-    )
-
-
 class ApproximateValueOracle(Oracle):
     """Approximate value queries ``AVQ(X; tau)``: every answer within ``+-tau`` of ``f(X)``.
 
@@ -391,7 +391,7 @@ class ApproximateValueOracle(Oracle):
         self.__fn = fn
         self._tau = tau_f
         self._noise = noise
-        self._seed = _seed_from(random_state)
+        self._seed = seed_int(random_state)
 
     @property
     def tau(self) -> float:

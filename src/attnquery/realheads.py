@@ -26,6 +26,7 @@ import functools
 import json
 import os
 import re
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -269,6 +270,8 @@ def head_from_checkpoint(path, layer: int, head: int, *, n_heads: int | None = N
 def save_head(path, head: AttentionHead, /, **meta) -> None:
     """Write a head to ``path`` (.npz of plain arrays): v and either W or the factors K, Q.
 
+    Written atomically (:func:`attnquery.results.atomic_path`).
+
     Extra keyword arguments (ints, floats, strings) are stored as metadata arrays ``meta_<key>``.
     """
     arrays = {"v": head.v}
@@ -281,9 +284,11 @@ def save_head(path, head: AttentionHead, /, **meta) -> None:
         if not isinstance(val, str | int | float | np.integer | np.floating):
             raise ModelError(f"metadata {k!r} must be a string or a number; got {type(val)}")
         arrays[f"meta_{k}"] = np.asarray(val)
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    with open(p, "wb") as fh:
+    from .results import atomic_path
+
+    # a temporary file beside the target, flushed and renamed over it: an existing file is
+    # replaced whole or not at all (a full disk leaves it as it was)
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
         np.savez(fh, **arrays)
 
 
@@ -292,11 +297,25 @@ def load_head(path) -> tuple[AttentionHead, dict]:
     p = Path(path)
     if not p.exists():
         raise ModelError(f"head file {p} does not exist")
+    if p.is_dir():
+        raise ModelError(f"head file {p} is a folder")
     try:
-        with np.load(p, allow_pickle=False) as z:
+        z = np.load(p, allow_pickle=False)
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise ModelError(f"{p} is not a head file (.npz of plain arrays, as written by "
+                         f"'attnquery heads'): {type(exc).__name__}: {exc}") from None
+    if not isinstance(z, np.lib.npyio.NpzFile):
+        raise ModelError(f"{p} holds a single array, not a head file (.npz with v and W)")
+    try:
+        with z:
             data = {k: z[k] for k in z.files}
-    except ValueError as exc:
-        raise ModelError(f"{p} is not a head file of plain arrays: {exc}") from None
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise ModelError(f"{p} is not a head file of plain arrays (damaged, or holding "
+                         f"objects): {type(exc).__name__}: {exc}") from None
+    bad = sorted(k for k, a in data.items() if not k.startswith("meta_")
+                 and not np.issubdtype(a.dtype, np.number))
+    if bad:
+        raise ModelError(f"{p}: arrays {bad} are not numeric")
     if "v" not in data:
         raise ModelError(f"{p} holds no value vector 'v'; arrays: {sorted(data)}")
     if "W" in data:

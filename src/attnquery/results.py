@@ -10,6 +10,10 @@ Columns come in groups:
   ``seed``;
 * parameters (:data:`PARAM_COLUMNS`), one typed column each;
 * metrics (:data:`METRIC_COLUMNS`): queries counted by the oracle, errors, success flag;
+  ``n_queries`` counts the queries that learnt the parameters and ``verify_queries`` the
+  check queries the learner spent afterwards (``verified``: whether the estimate passed its
+  check, ``verify_error`` the disagreement seen), so the learning count stays what the paper
+  states (``d^2 + d`` for Theorem 4.1);
 * outcome: ``status`` (one of :data:`STATUSES`) and ``message``;
 * provenance: package version, git commit, library versions, ``config_hash`` (the cell's
   parameters, the study seed and the identity of the data it reads), ``code_version`` (the
@@ -21,8 +25,9 @@ with the schema :data:`TIMING_SCHEMA` (``results/<experiment>.timing.parquet``),
 ``cell_id``; :func:`read_results` joins them back on request. The result tables themselves are
 bit-identical for the same configuration and seed.
 
-Files are written atomically (temporary file in the same folder, then ``os.replace``) with fixed
-Parquet settings, so identical rows give identical bytes.
+Files are written atomically (:func:`atomic_path`: a temporary file in the same folder, flushed
+to disk, renamed over the target, and the folder's entry flushed too), with fixed Parquet
+settings, so identical rows give identical bytes.
 """
 
 from __future__ import annotations
@@ -55,8 +60,12 @@ __all__ = [
     "read_results",
     "atomic_write_bytes",
     "atomic_path",
+    "check_writable",
+    "fsync_path",
 ]
 
+#: version 2 added ``verify_queries``, ``verify_error`` and ``verified`` (``n_queries`` no longer
+#: counts the check queries), and the per-cell provenance ``code_version`` and ``cell_key``
 SCHEMA_VERSION = 2
 
 #: every status a row can have
@@ -98,6 +107,9 @@ PARAM_COLUMNS: dict[str, pa.DataType] = {
 #: metrics: name -> arrow type (deterministic values only; timings go to TIMING_COLUMNS)
 METRIC_COLUMNS: dict[str, pa.DataType] = {
     "n_queries": pa.int64(),
+    "verify_queries": pa.int64(),
+    "verify_error": pa.float64(),
+    "verified": pa.bool_(),
     "n_queries_attention": pa.int64(),
     "n_queries_ffn": pa.int64(),
     "n_queries_v": pa.int64(),
@@ -232,8 +244,51 @@ def rows_to_table(rows: Iterable[Mapping], schema: pa.Schema = RESULT_SCHEMA) ->
 
 
 def atomic_path(path: str | os.PathLike):
-    """Context manager yielding a temporary path next to ``path``, renamed onto it on success."""
+    """Context manager yielding a temporary path next to ``path``, moved onto it on success.
+
+    The temporary file is created in ``path``'s folder (so the rename cannot cross file
+    systems); on success it is flushed to disk (``fsync``), given the permissions a new file
+    would have, renamed over ``path`` (``os.replace``, atomic) and the folder is flushed so the
+    rename itself survives a power loss. On failure the temporary file is removed and ``path``
+    is untouched. Errors creating the folder or the file are :class:`OSError`.
+    """
     return _AtomicPath(Path(path))
+
+
+def fsync_path(path: Path) -> None:
+    """Flush a file's (or a folder's) data and metadata to disk."""
+    flags = os.O_RDONLY
+    if path.is_dir():
+        flags |= getattr(os, "O_DIRECTORY", 0)
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def check_writable(path: str | os.PathLike) -> Path:
+    """Check that ``path`` can be written through :func:`atomic_path`, before any work.
+
+    Creates a temporary file in the target's folder and removes it. Raises :class:`OSError`
+    subclasses naming the problem: ``IsADirectoryError`` when ``path`` is a folder,
+    ``NotADirectoryError`` when a parent is a file, ``PermissionError`` or a read-only file
+    system from the folder itself.
+    """
+    p = Path(path)
+    if p.is_dir():
+        raise IsADirectoryError(f"{p} is a folder")
+    parent = p.parent
+    for q in (parent, *parent.parents):
+        if q.exists():
+            if not q.is_dir():
+                raise NotADirectoryError(f"{q} is not a folder")
+            break
+    parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=parent)
+    os.close(fd)
+    os.unlink(tmp)
+    return p
 
 
 class _AtomicPath:
@@ -249,18 +304,24 @@ class _AtomicPath:
         return self.tmp
 
     def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
+        if exc_type is not None:
+            self.tmp.unlink(missing_ok=True)
+            return False
+        try:
+            fsync_path(self.tmp)
             umask = os.umask(0)
             os.umask(umask)
             os.chmod(self.tmp, 0o666 & ~umask)
             os.replace(self.tmp, self.path)
-        else:
+        except BaseException:
             self.tmp.unlink(missing_ok=True)
+            raise
+        fsync_path(self.path.parent)
         return False
 
 
 def atomic_write_bytes(path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically."""
+    """Write ``data`` to ``path`` atomically (see :func:`atomic_path`)."""
     with atomic_path(path) as tmp:
         tmp.write_bytes(data)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..learners import ExactValueQueryLearner
-from ..metrics import functional_error, head_errors
+from ..metrics import fit_counted, functional_error, head_errors
 from ..models import random_head
 from ..oracles import ValueOracle
 from . import Experiment, grid, register
@@ -36,9 +36,9 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     d = cell["d"]
     head = random_head(d, model_rng, W_spectral=cell["W_spectral"], zero_frac=cell["zero_frac"])
     oracle = ValueOracle(head, d)
-    est = ExactValueQueryLearner(probes=cell["probes"], random_state=learner_rng).fit(oracle)
-    m = head_errors(est.W_, est.v_, head.W, head.v)
-    m["n_queries"] = oracle.n_queries
+    est = ExactValueQueryLearner(probes=cell["probes"], random_state=learner_rng)
+    m = fit_counted(est, oracle)
+    m.update(head_errors(est.W_, est.v_, head.W, head.v))
     m["func_err"] = functional_error(head, est.predict, d, eval_rng, n=64)
     m["success"] = bool(m["rel_err_W"] <= EXACT_TOL and m["rel_err_v"] <= EXACT_TOL)
     return m

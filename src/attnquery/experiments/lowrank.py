@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..learners import ExactValueQueryLearner, NuclearNormROPLearner, SketchLowRankLearner
 from ..learners.lowrank import lowrank_floor
-from ..metrics import functional_error, head_errors, relative_error
+from ..metrics import fit_counted, functional_error, head_errors, relative_error
 from ..models import random_head
 from . import Experiment, grid, register
 
@@ -77,11 +77,14 @@ def phase_run(cell: dict, rng: np.random.Generator) -> dict:
 
     oracle = ValueOracle(head, d)
     est = NuclearNormROPLearner(n_measurements=cell["n_measurements"], rank=r,
-                                solver=cell["solver"], random_state=learner_rng).fit(oracle)
+                                solver=cell["solver"], random_state=learner_rng)
+    # below the phase transition the program's solution is wrong and the learner says so
+    # (verified = False); the row keeps its errors
+    counts = fit_counted(est, oracle, record_refusal=True)
     W = head.W
     errors = head_errors(est.W_, est.v_, W, head.v)
     return {
-        "n_queries": oracle.n_queries,
+        **counts,
         **errors,
         "func_err": functional_error(head, est.predict, d, eval_rng, n=32),
         "success": bool(errors["rel_err_W"] <= PHASE_TOL and errors["rel_err_v"] <= PHASE_TOL),
@@ -125,13 +128,15 @@ def scale_run(cell: dict, rng: np.random.Generator) -> dict:
     floor = lowrank_floor(d, r)
     extra = {"floor": floor}
     if cell["learner"] == "sketch":
-        est = SketchLowRankLearner(random_state=learner_rng).fit(oracle)
+        est = SketchLowRankLearner(random_state=learner_rng)
+        counts = fit_counted(est, oracle)
         L, R = est.W_factors_
         abs_err, rel = factored_error(L, R, head.K, head.Q)
         rank_found = est.rank_
         extra.update(n_requeried=est.n_requeried_, oversample=est.oversample_)
     elif cell["learner"] == "exact":
-        est = ExactValueQueryLearner(random_state=learner_rng).fit(oracle)
+        est = ExactValueQueryLearner(random_state=learner_rng)
+        counts = fit_counted(est, oracle)
         W = head.W
         abs_err = float(np.linalg.norm(est.W_ - W))
         rel = relative_error(est.W_, W)
@@ -141,7 +146,7 @@ def scale_run(cell: dict, rng: np.random.Generator) -> dict:
         raise ConfigError(f"lowrank_scale: unknown learner {cell['learner']!r}")
     rel_v = relative_error(est.v_, head.v)
     out = {
-        "n_queries": oracle.n_queries,
+        **counts,
         "rel_err_W": rel,
         "abs_err_W": abs_err,
         "rel_err_v": rel_v,

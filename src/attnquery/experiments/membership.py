@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import ModelError
 from ..learners import MembershipLearner
+from ..metrics import fit_counted
 from ..models import AttentionHead
 from ..oracles import MembershipOracle
 from . import Experiment, grid, register
@@ -92,14 +93,14 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
             "queries_computed": True, "extra": extra,
         }
     oracle = MembershipOracle(head, d)
-    learner.fit(oracle)
+    counts = fit_counted(learner, oracle)
     err_v_inf = float(np.max(np.abs(learner.v_ - v_unit)))
     extra["err_v_inf"] = err_v_inf
     extra["n_beyond_bound"] = learner.n_beyond_bound_
     extra["n_extra_queries"] = learner.n_extra_queries_
     abs_W = float(np.linalg.norm(learner.W_ - head.W))
     m = {
-        "n_queries": oracle.n_queries,
+        **counts,
         "n_queries_v": learner.n_queries_v_,
         "n_queries_W": learner.n_queries_W_,
         "queries_computed": False,

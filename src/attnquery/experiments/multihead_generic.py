@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..learners import MultiHeadLearner
-from ..metrics import functional_error, match_heads
+from ..metrics import fit_counted, functional_error, match_heads
 from ..models import (
     AttentionHead,
     MultiHeadAttention,
@@ -93,7 +93,8 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     if learner == "orthogonal_subspace":
         from ..learners import OrthogonalSubspaceLearner
 
-        est = OrthogonalSubspaceLearner(n_heads=H, random_state=learner_rng).fit(oracle)
+        est = OrthogonalSubspaceLearner(n_heads=H, random_state=learner_rng)
+        counts = fit_counted(est, oracle)
         W_hat, v_hat = est.W_, est.v_
         predict = MultiHeadAttention([AttentionHead(v, W=W) for W, v in zip(W_hat, v_hat,
                                                                           strict=True)])
@@ -104,7 +105,8 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
             n_heads=None if learner == "multihead_generic_auto" else H,
             three_row_queries=learner != "multihead_generic_2row",
             random_state=learner_rng,
-        ).fit(oracle)
+        )
+        counts = fit_counted(est, oracle)
         W_hat, v_hat, predict = est.W_, est.v_, est.predict
         n_found = est.n_heads_
         sep = est.head_separation_
@@ -117,7 +119,7 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
         }
     m = match_heads(W_hat, v_hat, [h.W for h in model.heads], [h.v for h in model.heads])
     out = {
-        "n_queries": oracle.n_queries,
+        **counts,
         "rel_err_W": m["max_rel_err_W"],
         "rel_err_v": m["max_rel_err_v"],
         "abs_err_W": float(np.max(m["abs_err_W"])),

@@ -24,7 +24,7 @@ from ..learners import (
     SketchLowRankLearner,
 )
 from ..learners.noisy import theorem61_guarantee, theorem61_required_tau
-from ..metrics import head_errors
+from ..metrics import fit_counted, head_errors
 from ..models import AttentionHead
 from ..oracles import ApproximateValueOracle, RoundingOracle
 from . import Experiment, grid, register
@@ -90,10 +90,6 @@ def assumptions_met(head: AttentionHead, tau: float, W_bound: float, mu: float) 
     )
 
 
-def _seed_int(rng: np.random.Generator) -> int:
-    return int(rng.integers(0, 2**62))
-
-
 class UndefinedEstimate(AttnQueryError):
     """The unclipped baseline applied sigma^{-1} to a weight estimate outside (0, 1)."""
 
@@ -149,7 +145,7 @@ def noise_run(cell: dict, rng: np.random.Generator) -> dict:
     d, tau, mu, Wb = cell["d"], cell["tau"], cell["mu"], cell["W_bound"]
     head = theorem_head(d, model_rng, Wb, mu, zero_frac=cell["zero_frac"])
     oracle = ApproximateValueOracle(head, d, tau, noise=cell["noise"],
-                                    random_state=_seed_int(noise_rng))
+                                    random_state=noise_rng)
     met = assumptions_met(head, tau, Wb, mu)
     eps = cell["eps"]
     bound_W, bound_v = theorem61_guarantee(tau, d, Wb, mu)
@@ -162,13 +158,18 @@ def noise_run(cell: dict, rng: np.random.Generator) -> dict:
              "v_norm": float(np.linalg.norm(head.v))}
     learner = cell["learner"]
     if learner == "exact":
-        est = ExactValueQueryLearner(probes="basis", random_state=learner_rng).fit(oracle)
+        est = ExactValueQueryLearner(probes="basis", random_state=learner_rng)
     else:
         est = NoisyValueQueryLearner(
             Wb, mu, eps_W=eps, eps_v=eps, oversample=cell["oversample"],
             random_state=learner_rng, clip=(learner == "noisy"),
             strict=(learner == "noisy"),
-        ).fit(oracle)
+        )
+    # the exact learner (float64 answers assumed) refuses noisy answers, and so may the noisy
+    # learner outside the theorem's assumptions: the row records verified = False and the
+    # estimate's errors
+    m.update(fit_counted(est, oracle, record_refusal=True))
+    if learner != "exact":
         extra["n_clipped"] = est.n_clipped_
         extra["n_out_of_range"] = est.n_out_of_range_
         if est.n_undefined_:
@@ -180,7 +181,6 @@ def noise_run(cell: dict, rng: np.random.Generator) -> dict:
     if not all(np.isfinite(list(e.values()))):
         raise UndefinedEstimate(f"{learner}: the estimate has non-finite entries")
     m.update(e)
-    m["n_queries"] = oracle.n_queries
     if met:
         m["within_bound"] = bool(within(e["abs_err_W"], bound_W) and within(e["err_v"], bound_v))
     # success: the target (eps_W, eps_v) = (eps, eps) reached
@@ -236,18 +236,21 @@ def rounding_run(cell: dict, rng: np.random.Generator) -> dict:
     extra = {"effective_digits": oracle.effective_digits, "relative_tau": oracle.relative_tau}
     learner = cell["learner"]
     if learner == "exact":
-        est = ExactValueQueryLearner(probes="basis", random_state=learner_rng).fit(oracle)
+        est = ExactValueQueryLearner(probes="basis", random_state=learner_rng)
     elif learner == "noisy":
         # rounding error is relative, not a fixed tau: no assumption check
-        est = NoisyValueQueryLearner(Wb, mu, strict=False, random_state=learner_rng).fit(oracle)
+        est = NoisyValueQueryLearner(Wb, mu, strict=False, random_state=learner_rng)
     elif learner == "lowrank":
-        est = SketchLowRankLearner(rank=cell["rank"], random_state=learner_rng).fit(oracle)
+        est = SketchLowRankLearner(rank=cell["rank"], random_state=learner_rng)
     else:
         raise ModelError(f"unknown rounding learner {learner!r}")
+    # rounded answers are not float64 answers: the learners' checks refuse most estimates
+    # (verified = False), and the row keeps their errors, which the defence is judged by
+    counts = fit_counted(est, oracle, record_refusal=True)
     m = head_errors(est.W_, est.v_, head.W, head.v)
     if not all(np.isfinite(list(m.values()))):
         raise UndefinedEstimate(f"{learner}: the estimate has non-finite entries")
-    m["n_queries"] = oracle.n_queries
+    m.update(counts)
     m["success"] = bool(m["rel_err_W"] <= USEFUL_REL_ERR)
     m["extra"] = extra
     return m

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ConfigError
-from ..metrics import functional_error, head_errors
+from ..metrics import fit_counted, functional_error, head_errors
 from ..oracles import ValueOracle
 from ..realheads import head_from_checkpoint, head_summary
 from . import Experiment, grid, register
@@ -92,11 +92,13 @@ def _noisy(head, cell, learner_rng, oracle_rng, summary):
     W_bound = max(2.0, summary["W_fro"])
     mu = min(1.0, summary["min_abs_v"])
     oracle = ApproximateValueOracle(head, d, tau, noise="uniform",
-                                    random_state=int(oracle_rng.integers(2**62)))
+                                    random_state=oracle_rng)
     est = NoisyValueQueryLearner(W_bound=W_bound, mu=mu, random_state=learner_rng,
-                                 strict=False).fit(oracle)
+                                 strict=False)
+    # outside the theorem's premise the learner may refuse its estimate (verified = False)
+    m = fit_counted(est, oracle, record_refusal=True)
     bound_W, bound_v = theorem61_guarantee(tau, d, W_bound, mu)
-    m = {"required_tau": est.required_tau_}
+    m["required_tau"] = est.required_tau_
     if np.isfinite(bound_W):
         m.update(bound_W=bound_W, bound_v=bound_v)
     extra = {"W_bound": W_bound, "mu": mu, "n_clipped": int(est.n_clipped_),
@@ -118,14 +120,16 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
         from ..learners.exact import ExactValueQueryLearner
 
         oracle = ValueOracle(head, d)
-        est = ExactValueQueryLearner(probes=cell["probes"], random_state=learner_rng).fit(oracle)
+        est = ExactValueQueryLearner(probes=cell["probes"], random_state=learner_rng)
+        m = fit_counted(est, oracle)
         extra["n_requeried"] = int(est.n_requeried_)
         tol = EXACT_TOL
     elif cell["learner"] == "sketch":
         from ..learners.lowrank import SketchLowRankLearner
 
         oracle = ValueOracle(head, d)
-        est = SketchLowRankLearner(rank=summary["rank"], random_state=learner_rng).fit(oracle)
+        est = SketchLowRankLearner(rank=summary["rank"], random_state=learner_rng)
+        m = fit_counted(est, oracle)
         m["rank_found"] = int(est.rank_)
         extra["n_requeried"] = int(est.n_requeried_)
         tol = SKETCH_TOL
@@ -136,7 +140,6 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
         raise ConfigError(f"unknown learner {cell['learner']!r}")
     W_hat = est.W_
     m.update(head_errors(W_hat, est.v_, head.W, head.v))
-    m["n_queries"] = oracle.n_queries
     from ..models import AttentionHead
 
     m["func_err"] = functional_error(head, AttentionHead(est.v_, W=W_hat), d, eval_rng, n=32)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..learners import TransformerLearner
-from ..metrics import match_neurons, random_inputs, relative_error
+from ..metrics import fit_counted, match_neurons, random_inputs, relative_error
 from ..models import random_transformer
 from ..oracles import ValueOracle
 from . import Experiment, grid, register
@@ -68,12 +68,13 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     d, m = cell["d"], cell["width"]
     tf = random_transformer(d, m, model_rng)
     oracle = ValueOracle(tf, d)
-    est = TransformerLearner(random_state=learner_rng).fit(oracle)
+    est = TransformerLearner(random_state=learner_rng)
+    counts = fit_counted(est, oracle)
     r_ffn, r_tf = eval_rng.spawn(2)
     out = {
         "rel_err_W": relative_error(est.W_, tf.W),
         "rel_err_v": relative_error(est.v_, tf.v),
-        "n_queries": oracle.n_queries,
+        **counts,
         "n_queries_attention": est.n_queries_attention_,
         "n_queries_ffn": est.n_queries_ffn_,
         "func_err_ffn": ffn_error(tf, est.ffn_.predict, d, r_ffn),

@@ -39,6 +39,15 @@ def exact_claims(df) -> list[Claim]:
         bool(len(ok) > 0 and exact_count.all()),
         f"{int(exact_count.sum())}/{len(ok)} runs",
     ))
+    checked = ok["verified"].fillna(False).astype(bool) & (ok["verify_queries"].fillna(0) > 0)
+    claims.append(Claim(
+        "exact_checked", "every run passed the learner's own check, its check queries counted "
+        "apart from the d^2 + d",
+        bool(len(ok) > 0 and checked.all()),
+        f"{int(checked.sum())}/{len(ok)} runs; {int(ok['verify_queries'].max()) if len(ok) else 0}"
+        " check queries each, largest disagreement "
+        f"{ok['verify_error'].astype(float).max() if len(ok) else float('nan'):.1e}",
+    ))
     succ = ok["success"].fillna(False).astype(bool)
     claims.append(Claim(
         "exact_error", f"every head is recovered to relative error <= {EXACT_TOL:g}",

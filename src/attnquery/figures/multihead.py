@@ -41,7 +41,10 @@ def multihead_claims(df) -> list[Claim]:
     ))
     sh = all_rows[all_rows["variant"] == "single_head"]
     sh_ok = sh[sh["status"] == "ok"]
-    refused = sh["message"].fillna("").str.contains("not those of a single attention head")
+    # the learner refuses: during its probes (attention weights outside (0, 1)) or when its
+    # check queries disagree with the head it found (ModelMismatchError)
+    refused = sh["message"].fillna("").str.contains(
+        "not those of a single attention head|differ from a single attention head")
     far = (sh["status"] == "ok") & (sh["func_err"] > 1e-3)
     claims.append(Claim(
         "multihead_single_head_fails",

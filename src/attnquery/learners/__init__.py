@@ -5,12 +5,13 @@ Every learner follows the scikit-learn convention: parameters in ``__init__``,
 """
 
 from .exact import ExactValueQueryLearner
+from .ffn import ReLUNetworkLearner
 from .lowrank import NuclearNormROPLearner, SketchLowRankLearner
 from .membership import MembershipLearner
 from .multihead import OrthogonalSubspaceLearner, non_identifiability_demo
 from .multihead_generic import MultiHeadLearner
 from .noisy import NoisyValueQueryLearner
-from .transformer import ReLUNetworkLearner, TransformerLearner
+from .transformer import TransformerLearner
 
 __all__ = [
     "ExactValueQueryLearner",

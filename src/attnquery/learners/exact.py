@@ -23,7 +23,15 @@ import numpy as np
 import scipy.linalg
 
 from ..errors import ConfigError
-from ._base import BaseLearner, check_budget, check_oracle
+from ..rng import haar_orthogonal
+from ._base import (
+    DEFAULT_VERIFY,
+    ROUNDING_RTOL,
+    BaseLearner,
+    check_budget,
+    check_oracle,
+    check_verify_param,
+)
 from ._probes import (
     Prober,
     check_probe_params,
@@ -37,7 +45,8 @@ from ._probes import (
 __all__ = ["ExactValueQueryLearner", "read_v", "probe_logits", "check_v", "unit_directions",
            "PROBE_DESIGNS"]
 
-PROBE_DESIGNS = ("gaussian", "basis", "orthogonal")
+#: the probe designs, the default first
+PROBE_DESIGNS = ("basis", "gaussian", "orthogonal")
 
 
 class ExactValueQueryLearner(BaseLearner):
@@ -45,12 +54,16 @@ class ExactValueQueryLearner(BaseLearner):
 
     Parameters
     ----------
-    probes : {"gaussian", "basis", "orthogonal"}
-        Probe directions u_1..u_d. "gaussian" (paper): i.i.d. standard Gaussian directions
+    probes : {"basis", "gaussian", "orthogonal"}
+        Probe directions u_1..u_d. "basis" (paper, the default): the deterministic set
+        ``u_l = e_l``, or ``e_l + e_p`` where ``v_l = 0`` (also where ``|v_l|`` is below
+        ``zero_tol * max|v|``, since a tiny ``u^T v`` costs precision), with
+        ``p = argmax |v_i|``; the most precise design measured (``python -m attnquery.bench
+        probes``: on the 72 MiniLM heads at d = 384 its worst relative error of W is 3e-13,
+        against 2e-12 for "orthogonal" and 6e-10 for "gaussian"). "gaussian" (the paper's
+        Theorem 4.1): i.i.d. standard Gaussian directions
         (normalised; a direction with ``|u^T v|`` far below its typical size is redrawn, which
-        costs no query). "basis" (paper): the deterministic set ``u_l = e_l``, or
-        ``e_l + e_p`` where ``v_l = 0`` (also where ``|v_l|`` is below ``zero_tol * max|v|``,
-        since a tiny ``u^T v`` costs precision), with ``p = argmax |v_i|``. "orthogonal"
+        costs no query). "orthogonal"
         (beyond the paper): a random orthonormal basis (QR of a Gaussian matrix) reflected so
         that every ``|u_l^T v| = ||v|| / sqrt(d)``; its probe matrix has condition number 1,
         where a d x d Gaussian matrix has one of order d, which the error of W inherits.
@@ -70,13 +83,21 @@ class ExactValueQueryLearner(BaseLearner):
         (its logits would carry too few significant digits).
     block_bytes : int
         Memory bound on one batch of queries.
+    verify : int
+        Check queries spent after fitting (0: no check): the oracle's answers to fresh random
+        queries must agree with the estimate's to ``ROUNDING_RTOL`` (relative), else
+        :class:`~attnquery.errors.ModelMismatchError`.
 
     Attributes
     ----------
     W_ : ndarray (d, d)
     v_ : ndarray (d,)
     n_queries_ : int
-        Queries counted by the oracle during ``fit``.
+        Queries counted by the oracle during ``fit`` (the check queries included).
+    n_verify_queries_ : int
+        Check queries (``verify``); ``n_queries_ - n_verify_queries_`` learnt the head.
+    verify_error_ : float
+        Largest disagreement on the check queries, relative to the largest answer.
     n_requeried_ : int
         Probes asked again because their first answer was saturated (0 on ordinary heads).
     probe_matrix_ : ndarray (d, d)
@@ -87,13 +108,14 @@ class ExactValueQueryLearner(BaseLearner):
 
     def __init__(
         self,
-        probes: str = "gaussian",
+        probes: str = "basis",
         random_state=None,
         max_logit: float = 10.0,
         zero_tol: float = 1e-3,
         min_logit: float = 1e-5,
         initial_logit_scale: float = 1e-2,
         block_bytes: int = 64 * 2**20,
+        verify: int = DEFAULT_VERIFY,
     ):
         self.probes = probes
         self.random_state = random_state
@@ -102,15 +124,14 @@ class ExactValueQueryLearner(BaseLearner):
         self.min_logit = min_logit
         self.initial_logit_scale = initial_logit_scale
         self.block_bytes = block_bytes
+        self.verify = verify
 
     # ------------------------------------------------------------------------------------------
     def _probe_matrix(self, v: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         d = v.size
         vmax = np.max(np.abs(v))
         if self.probes == "orthogonal":
-            G = rng.standard_normal((d, d))
-            Qm, Rm = np.linalg.qr(G)
-            R = (Qm * np.sign(np.diag(Rm))).T  # Haar-distributed orthogonal rows
+            R = haar_orthogonal(d, rng).T  # Haar-distributed orthogonal rows
             vn = v / np.linalg.norm(v)
             w = rng.choice([-1.0, 1.0], size=d) / np.sqrt(d)
             h = R @ vn - w  # Householder reflection taking R v to w
@@ -142,12 +163,17 @@ class ExactValueQueryLearner(BaseLearner):
         AssumptionViolation
             If the answers cannot come from a single attention head (an attention weight outside
             (0, 1) that no rescaling resolves).
+        ModelMismatchError
+            If the check queries disagree with the estimate beyond float64 rounding (several
+            heads, biases, noise, lower precision); the estimate's attributes are set.
         """
         self._validate_params()
         d = check_oracle(oracle)
         rng = self._rng()
         n0 = oracle.n_queries
-        check_budget(oracle, d * d + d, "exact recovery (d^2 + d queries)")
+        n_check = check_verify_param(self.verify)
+        check_budget(oracle, d * d + d + n_check,
+                     f"exact recovery (d^2 + d queries and {n_check} check queries)")
 
         v = read_v(oracle, d)
         check_v(v)
@@ -175,7 +201,7 @@ class ExactValueQueryLearner(BaseLearner):
         self.probe_matrix_ = U
         self.logit_scale_ = kappa_col
         self.n_requeried_ = int(n_requeried)
-        self.n_queries_ = int(oracle.n_queries - n0)
+        self._verify_fit(oracle, self.predict, rng.spawn(1)[0], rtol=ROUNDING_RTOL, n0=n0)
         return self
 
     def predict(self, X) -> np.ndarray:

@@ -26,7 +26,14 @@ import numpy as np
 import scipy.linalg
 
 from ..errors import AssumptionViolation, ConfigError
-from ._base import BaseLearner, check_budget, check_oracle
+from ._base import (
+    DEFAULT_VERIFY,
+    ROUNDING_RTOL,
+    BaseLearner,
+    check_budget,
+    check_oracle,
+    check_verify_param,
+)
 from ._probes import (
     ZERO_LOGIT,
     Prober,
@@ -41,6 +48,13 @@ from ._probes import (
 __all__ = ["NuclearNormROPLearner", "SketchLowRankLearner", "lowrank_floor", "SOLVERS"]
 
 SOLVERS = ("SCS", "CLARABEL")
+#: the nuclear-norm learner's check tolerance without polishing, in units of ``solver_eps``
+NUCLEAR_VERIFY_FACTOR = 100.0
+SKETCH_HINT = ("the head's rank may exceed the given rank, or the box may have several heads, "
+               "biases, noise or lower precision than float64")
+NUCLEAR_HINT = ("the measurements may be too few for the head's rank (raise n_measurements), "
+                "or the box may have several heads, biases, noise or lower precision than "
+                "float64")
 
 
 def lowrank_floor(d: int, r: int) -> int:
@@ -92,6 +106,10 @@ class NuclearNormROPLearner(BaseLearner):
         without such a drop the solution is not polished.
     max_logit, min_logit, initial_logit_scale : float
         Logit window of the probes (see :class:`SketchLowRankLearner`).
+    verify : int
+        Check queries spent after fitting (0: no check); the tolerance is
+        :data:`ROUNDING_RTOL` when the solution is polished, else
+        ``NUCLEAR_VERIFY_FACTOR * solver_eps``.
 
     Attributes
     ----------
@@ -105,7 +123,12 @@ class NuclearNormROPLearner(BaseLearner):
     gap_ : bool
         Whether that spectrum shows a drop of at least ``min_gap``.
     n_queries_ : int
-        Queries counted by the oracle during ``fit`` (``d + m`` without re-asked probes).
+        Queries counted by the oracle during ``fit`` (``d + m`` without re-asked probes, plus
+        the check queries).
+    n_verify_queries_ : int
+        Check queries (``verify``), included in ``n_queries_``.
+    verify_error_ : float
+        Largest disagreement on the check queries, relative to the largest answer.
     n_measurements_ : int
     n_requeried_ : int
     solver_status_ : str
@@ -134,6 +157,7 @@ class NuclearNormROPLearner(BaseLearner):
         max_logit: float = 10.0,
         min_logit: float = 1e-5,
         initial_logit_scale: float = 1e-2,
+        verify: int = DEFAULT_VERIFY,
     ):
         self.n_measurements = n_measurements
         self.rank = rank
@@ -147,6 +171,7 @@ class NuclearNormROPLearner(BaseLearner):
         self.max_logit = max_logit
         self.min_logit = min_logit
         self.initial_logit_scale = initial_logit_scale
+        self.verify = verify
 
     def _validate(self, d: int) -> int:
         if self.solver not in SOLVERS:
@@ -180,10 +205,16 @@ class NuclearNormROPLearner(BaseLearner):
             If the oracle's budget cannot pay for ``d + m`` queries (raised before any query).
         NotIdentifiableError
             If v = 0.
+        ModelMismatchError
+            If the check queries disagree with the estimate beyond the solver's tolerance (too
+            few measurements for the rank, or a box that is not one low-rank head); the
+            estimate's attributes are set.
         """
         d = check_oracle(oracle)
         m = self._validate(d)
-        check_budget(oracle, d + m, f"nuclear-norm recovery (d + m = {d} + {m} queries)")
+        n_check = check_verify_param(self.verify)
+        check_budget(oracle, d + m + n_check, f"nuclear-norm recovery (d + m = {d} + {m} "
+                     f"queries and {n_check} check queries)")
         rng = self._rng()
         n0 = oracle.n_queries
         v = read_v(oracle, d)
@@ -227,6 +258,9 @@ class NuclearNormROPLearner(BaseLearner):
         tn = float(np.linalg.norm(t))
         res = float(np.linalg.norm(np.einsum("ki,ij,kj->k", Aa, W, Bb) - t))
         self.measurement_residual_ = res / tn if tn > 0 else res
+        rtol = ROUNDING_RTOL if self.polished_ else NUCLEAR_VERIFY_FACTOR * float(self.solver_eps)
+        self._verify_fit(oracle, self.predict, rng.spawn(1)[0], rtol=rtol, n0=n0,
+                         what="a single low-rank head", hint=NUCLEAR_HINT)
         return self
 
     def _spectral_rank(self, W) -> int:
@@ -373,6 +407,8 @@ class SketchLowRankLearner(BaseLearner):
         scale when its largest ``|logit|`` is below ``min_logit``.
     block_bytes : int
         Memory bound on one batch of probes.
+    verify : int
+        Check queries spent after fitting (0: no check); see :data:`ROUNDING_RTOL`.
 
     Attributes
     ----------
@@ -383,7 +419,11 @@ class SketchLowRankLearner(BaseLearner):
     W_ : ndarray (d, d)
         Dense W, computed on request.
     n_queries_ : int
-        Queries counted by the oracle during ``fit``.
+        Queries counted by the oracle during ``fit`` (the check queries included).
+    n_verify_queries_ : int
+        Check queries (``verify``), included in ``n_queries_``.
+    verify_error_ : float
+        Largest disagreement on the check queries, relative to the largest answer.
     n_requeried_ : int
         Probes asked again because their first answer was saturated (0 on ordinary heads).
     n_sketch_ : int
@@ -403,6 +443,7 @@ class SketchLowRankLearner(BaseLearner):
         min_logit: float = 1e-5,
         initial_logit_scale: float = 1.0,
         block_bytes: int = 4 * 2**20,
+        verify: int = DEFAULT_VERIFY,
     ):
         self.rank = rank
         self.oversample = oversample
@@ -414,6 +455,7 @@ class SketchLowRankLearner(BaseLearner):
         self.min_logit = min_logit
         self.initial_logit_scale = initial_logit_scale
         self.block_bytes = block_bytes
+        self.verify = verify
 
     # ------------------------------------------------------------------------------------------
     def _validate(self, d: int):
@@ -458,17 +500,29 @@ class SketchLowRankLearner(BaseLearner):
             If v = 0.
         AssumptionViolation
             If the rank found exceeds d / 2, or the answers cannot come from one head.
+        ModelMismatchError
+            If the check queries disagree with the estimate beyond float64 rounding (a rank
+            above ``rank``, several heads, biases, noise); the estimate's attributes are set.
         """
         self._validate(d := check_oracle(oracle))
         rng = self._rng()
+        n0 = oracle.n_queries
+        self._fit(oracle, d, rng)
+        self._verify_fit(oracle, self.predict, rng.spawn(1)[0], rtol=ROUNDING_RTOL, n0=n0,
+                         what=f"a single head of rank {self.rank_}", hint=SKETCH_HINT)
+        return self
+
+    def _fit(self, oracle, d: int, rng: np.random.Generator) -> None:
+        """The sketch itself: sets every fitted attribute but the check's."""
         rng_b, rng_a, rng_check = rng.spawn(3)
         n0 = oracle.n_queries
         if self.rank is not None:
             r = int(self.rank)
             p = self._default_oversample(d, r)
-            check_budget(oracle, lowrank_floor(d, r) + p * (d - r),
+            n_check = check_verify_param(self.verify)
+            check_budget(oracle, lowrank_floor(d, r) + p * (d - r) + n_check,
                          f"sketch recovery at rank {r} (r (2d - r) + d = {lowrank_floor(d, r)} "
-                         f"queries, plus {p} oversampled rows)")
+                         f"queries, plus {p} oversampled rows and {n_check} check queries)")
         else:
             check_budget(oracle, d, "reading v (d queries)")
         v = read_v(oracle, d)
@@ -559,7 +613,7 @@ class SketchLowRankLearner(BaseLearner):
             self.W_factors_ = (np.zeros((d, 0)), np.zeros((d, 0)))
             self.n_requeried_ = int(prober.n_requeried)
             self.n_queries_ = int(oracle.n_queries - n0)
-            return self
+            return
         B = np.stack(Bs, axis=1)  # d x k
         Y = np.stack([solve_column(tc) for tc in Ts], axis=1)  # W B, d x k
         del Ts
@@ -596,7 +650,6 @@ class SketchLowRankLearner(BaseLearner):
         self.W_factors_ = (L, R)
         self.n_requeried_ = int(prober.n_requeried)
         self.n_queries_ = int(oracle.n_queries - n0)
-        return self
 
     @property
     def W_(self) -> np.ndarray:

@@ -44,22 +44,27 @@ import numpy as np
 import scipy.special
 
 from ..errors import AssumptionViolation, BudgetExceededError, ConfigError, NotIdentifiableError
-from ._base import BaseLearner, check_budget, check_oracle, chunk_slices
-from .noisy import AssumptionParameterError
+from ._base import (
+    BaseLearner,
+    check_budget,
+    check_oracle,
+    check_verify_param,
+    chunk_slices,
+    output_error_bound,
+)
+from .noisy import TAU_CLIP, AssumptionParameterError
 
 __all__ = ["MembershipLearner", "sphere_constant", "V_METHODS"]
 
 V_METHODS = ("sampling", "bisection")
+#: default number of membership check queries
+MEMBERSHIP_VERIFY = 64
 
 
 def sphere_constant(d: int) -> float:
     """``R = E|x_1|`` for x uniform on the unit sphere of R^d (paper eq. (12))."""
     return float(np.exp(scipy.special.gammaln(d / 2) - scipy.special.gammaln((d + 1) / 2))
                  / np.sqrt(np.pi))
-
-
-def _sigmoid(x):
-    return 1.0 / (1.0 + np.exp(-x))
 
 
 def _is_number(x) -> bool:
@@ -90,6 +95,13 @@ class MembershipLearner(BaseLearner):
     sample_budget : int
         Largest sample the sampling stage will draw; a larger one raises
         :class:`BudgetExceededError` naming the count, before any query.
+    verify : int
+        Membership check queries spent after fitting (0: no check). Where the estimate's sign
+        is certain (its value exceeds the error the estimate can have there,
+        :func:`~attnquery.learners._base.output_error_bound` with ``eps / d`` per entry of W
+        and the v stage's precision), the oracle must give the same sign, else
+        :class:`~attnquery.errors.ModelMismatchError`. An answer carries one bit, so the
+        default is :data:`MEMBERSHIP_VERIFY`, more than the value learners' 8.
 
     Attributes
     ----------
@@ -97,7 +109,14 @@ class MembershipLearner(BaseLearner):
     v_ : ndarray (d,)
         Unit vector: the estimated direction of v.
     n_queries_, n_queries_v_, n_queries_W_ : int
-        Queries counted by the oracle (in all, v stage, W stage).
+        Queries counted by the oracle (in all, v stage, W stage); ``n_queries_`` includes the
+        check queries.
+    n_verify_queries_ : int
+        Check queries (``verify``).
+    verify_error_ : float
+        Fraction of the check queries whose sign disagrees where the estimate's is certain.
+    err_W_, err_v_ : float
+        Bounds on the error of each entry of ``W_`` and of ``v_`` (the unit direction).
     n_bisection_steps_ : int
         Steps per W entry.
     n_ratio_steps_ : int
@@ -117,7 +136,8 @@ class MembershipLearner(BaseLearner):
 
     def __init__(self, eps: float = 1e-3, v_method: str = "bisection", W_bound: float = 4.0,
                  mu: float = 0.1, random_state=None, eps_v: float | None = None,
-                 delta: float = 0.05, sample_budget: int = 10**7):
+                 delta: float = 0.05, sample_budget: int = 10**7,
+                 verify: int = MEMBERSHIP_VERIFY):
         self.eps = eps
         self.v_method = v_method
         self.W_bound = W_bound
@@ -126,6 +146,7 @@ class MembershipLearner(BaseLearner):
         self.eps_v = eps_v
         self.delta = delta
         self.sample_budget = sample_budget
+        self.verify = verify
 
     # -- sizes, computable before any query --------------------------------------------------
     def _validate_params(self):
@@ -207,8 +228,10 @@ class MembershipLearner(BaseLearner):
                 f"{self._sampling_eps_v(d):.3g}, d = {d}, delta = {self.delta:g}) but "
                 f"sample_budget = {self.sample_budget}; no query was spent"
             )
-        check_budget(oracle, plan["total"],
-                     f"membership recovery ({plan['v']} queries for v, {plan['W']} for W)")
+        n_check = check_verify_param(self.verify)
+        check_budget(oracle, plan["total"] + n_check,
+                     f"membership recovery ({plan['v']} queries for v, {plan['W']} for W, "
+                     f"{n_check} check queries)")
         if self.v_method == "bisection":
             v_dir, sgn = self._v_bisection(oracle, d)
         else:
@@ -218,8 +241,29 @@ class MembershipLearner(BaseLearner):
         self.v_ = v_dir
         self.n_queries_v_ = int(n1 - n0)
         self.n_queries_W_ = int(oracle.n_queries - n1)
-        self.n_queries_ = int(oracle.n_queries - n0)
+        self.err_v_ = self._v_error(d)
+        self.err_W_ = self._W_error(d, self.err_v_)
+        self._verify_fit(
+            oracle, self.predict, self._rng().spawn(1)[0], rtol=0.0, n0=n0, signs=True,
+            atol=lambda X: output_error_bound(X, self.v_, self.err_W_, self.err_v_))
         return self
+
+    def _W_error(self, d: int, err_v: float) -> float:
+        """Bound on each entry of ``W_``'s error: the bisection's ``eps / (2d)`` plus the shift
+        of the sign flip that an error ``err_v`` in the unit ``v_`` causes (the flip solves
+        ``sigma(s w) = sigma(s W_ij) |alpha_hat| / |alpha|``, ``|s| = 1 / (2 W)``, and
+        ``|alpha_hat / alpha - 1| <= 2 err_v / mu``)."""
+        W, mu = float(self.W_bound), float(self.mu)
+        return float(self.eps) / (2 * d) + 2.0 * W / TAU_CLIP * 2.0 * err_v / mu
+
+    def _v_error(self, d: int) -> float:
+        """Bound on each entry of the unit ``v_``'s error: ``2 sqrt(d)`` times the error of the
+        unnormalised estimate (the ratios', or the sampling stage's ``eps_v``)."""
+        if self.v_method == "bisection":
+            per_entry = 0.5 ** (self.n_ratio_steps_ + 1)
+        else:
+            per_entry = self._sampling_eps_v(d)
+        return float(2.0 * np.sqrt(d) * per_entry)
 
     @staticmethod
     def _ask(oracle, X) -> np.ndarray:
@@ -347,7 +391,7 @@ class MembershipLearner(BaseLearner):
         rows = np.arange(n)
 
         def ask(w):
-            a = np.sqrt(_sigmoid(s * w) / (2.0 * W * abs_alpha))
+            a = np.sqrt(scipy.special.expit(s * w) / (2.0 * W * abs_alpha))
             X = np.zeros((n, 2, d))
             X[rows, 0, ii] += s / a
             X[rows, 0, jj] += a
@@ -358,8 +402,13 @@ class MembershipLearner(BaseLearner):
 
         return ask
 
-    def predict_sign(self, X) -> np.ndarray:
-        """Membership answers (0/1) of the recovered head on inputs X (B, N, d)."""
+    def predict(self, X) -> np.ndarray:
+        """Values of the recovered head (unit ``v_``) on inputs X (B, N, d): the true head's
+        divided by ``||v||``."""
         from ..models import AttentionHead
 
-        return (AttentionHead(self.v_, W=self.W_)(X) > 0).astype(float)
+        return AttentionHead(self.v_, W=self.W_)(X)
+
+    def predict_sign(self, X) -> np.ndarray:
+        """Membership answers (0/1) of the recovered head on inputs X (B, N, d)."""
+        return (self.predict(X) > 0).astype(float)

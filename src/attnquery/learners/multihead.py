@@ -19,7 +19,7 @@ from ..errors import AssumptionViolation, ConfigError, NotIdentifiableError
 from ..metrics import functional_error, match_heads
 from ..models import AttentionHead, MultiHeadAttention, as_rng, random_multihead
 from ..oracles import ValueOracle
-from ._base import BaseLearner, check_budget, check_oracle
+from ._base import DEFAULT_VERIFY, ROUNDING_RTOL, BaseLearner, check_budget, check_oracle
 from .exact import ExactValueQueryLearner, read_v
 
 __all__ = ["non_identifiability_demo", "CONSTRUCTIONS", "OrthogonalSubspaceLearner"]
@@ -252,6 +252,11 @@ def _check_bases(bases, d: int, H: int) -> list[np.ndarray]:
     return out
 
 
+#: relative disagreement of the check queries allowed with discovered bases (finite-difference
+#: Hessians: 2e-11..7e-8 for steps 1e-3..1e-1 on d <= 24, H <= 4; up to 1e-6 at 1e-4 and 0.3)
+DISCOVERY_VERIFY_RTOL = 1e-6
+
+
 class OrthogonalSubspaceLearner(BaseLearner):
     """Multi-head attention under the orthogonal-subspace Assumption C.1, from value queries.
 
@@ -289,6 +294,11 @@ class OrthogonalSubspaceLearner(BaseLearner):
         Probe design of the per-head exact learner (default: the paper's deterministic set,
         well conditioned in the small reduced dimensions d_h).
     random_state : int, sequence of ints, Generator or None
+    verify : int
+        Check queries spent after fitting (0: no check): the multi-head model found must agree
+        with the oracle to :data:`ROUNDING_RTOL` with the bases given, or to
+        :data:`DISCOVERY_VERIFY_RTOL` with the bases discovered (finite differences), else
+        :class:`~attnquery.errors.ModelMismatchError`.
 
     Attributes
     ----------
@@ -302,17 +312,23 @@ class OrthogonalSubspaceLearner(BaseLearner):
         (Discovery only) smallest gap between eigenvalue clusters over the largest spread within
         a cluster, for the chosen commutant element.
     n_queries_, n_queries_bases_ : int
-        Queries counted by the oracle during ``fit``, and those spent on discovering the bases.
+        Queries counted by the oracle during ``fit`` (the check queries included), and those
+        spent on discovering the bases.
+    n_verify_queries_ : int
+        Check queries (``verify``).
+    verify_error_ : float
+        Largest disagreement on the check queries, relative to the largest answer.
     """
 
     def __init__(self, n_heads: int, bases=None, random_state=None, n_anchors: int | None = None,
-                 fd_step: float = 1e-2, probes: str = "basis"):
+                 fd_step: float = 1e-2, probes: str = "basis", verify: int = DEFAULT_VERIFY):
         self.n_heads = n_heads
         self.bases = bases
         self.random_state = random_state
         self.n_anchors = n_anchors
         self.fd_step = fd_step
         self.probes = probes
+        self.verify = verify
 
     def fit(self, oracle):
         """Recover every head (up to permutation); returns self.
@@ -323,6 +339,9 @@ class OrthogonalSubspaceLearner(BaseLearner):
             If a head's value vector is 0 (its W cannot be read).
         ConfigError
             On invalid parameters or bases.
+        ModelMismatchError
+            The heads found disagree with the check queries (wrong number of heads, subspaces
+            that are not orthogonal, a finite-difference step too small or too large).
         """
         d = check_oracle(oracle)
         H = self.n_heads
@@ -347,7 +366,8 @@ class OrthogonalSubspaceLearner(BaseLearner):
         for h, (E, r) in enumerate(zip(bases, r_heads.spawn(H), strict=True)):
             sub = _SubspaceOracle(oracle, E)
             try:
-                est = ExactValueQueryLearner(probes=self.probes, random_state=r).fit(sub)
+                est = ExactValueQueryLearner(probes=self.probes, random_state=r,
+                                             verify=0).fit(sub)
             except (NotIdentifiableError, AssumptionViolation) as exc:
                 # v_h = 0 reads as exact zeros, or as rounding noise from the other heads
                 # (their v's are orthogonal to the queries only up to rounding)
@@ -376,7 +396,11 @@ class OrthogonalSubspaceLearner(BaseLearner):
         self.v_ = v
         self.bases_ = bases
         self.n_queries_bases_ = int(n1 - n0)
-        self.n_queries_ = int(oracle.n_queries - n0)
+        rtol = ROUNDING_RTOL if self.bases is not None else DISCOVERY_VERIFY_RTOL
+        self._verify_fit(oracle, self.predict, rng.spawn(1)[0], rtol=rtol, n0=n0,
+                         what=f"the {H} heads found",
+                         hint="the box may not satisfy Assumption C.1 (orthogonal subspaces) "
+                         "with this number of heads, or its answers may carry noise")
         return self
 
     def predict(self, X) -> np.ndarray:

@@ -31,9 +31,18 @@ like ``1 / sqrt(k)``; under adversarial noise it need not.
 from __future__ import annotations
 
 import numpy as np
+import scipy.special
 
 from ..errors import AssumptionViolation, ConfigError, NotIdentifiableError
-from ._base import BaseLearner, check_budget, check_oracle, chunk_slices
+from ._base import (
+    DEFAULT_VERIFY,
+    BaseLearner,
+    check_budget,
+    check_oracle,
+    check_verify_param,
+    chunk_slices,
+    output_error_bound,
+)
 
 __all__ = [
     "NoisyValueQueryLearner",
@@ -84,11 +93,6 @@ def theorem61_guarantee(tau, d: int, W_bound: float, mu: float):
     return eps_W, eps_v
 
 
-def _logit(p):
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.log(p) - np.log1p(-p)
-
-
 class NoisyValueQueryLearner(BaseLearner):
     """Recovery of (W, v) from approximate value queries (Theorem 6.1).
 
@@ -117,6 +121,15 @@ class NoisyValueQueryLearner(BaseLearner):
         Raise :class:`AssumptionViolation` when an attention-weight estimate lies outside the
         clipping range by more than the tolerance allows (``||W||_F > W_bound``). With
         ``False`` such weights are clipped silently and counted in ``n_out_of_range_``.
+    verify : int
+        Check queries (of 1, 2 and 4 tokens) spent after fitting (0: no check). The answers
+        must agree with the estimate's within ``tau`` plus the error the estimate can have: on
+        one-row queries ``[x]``, ``|x|^T err_v`` (tight, so answers off by more than tau show);
+        on longer ones, the proof's bound on
+        each entry (``L |alpha_hat - alpha| / (a b)`` with ``|alpha_hat - alpha|`` bounded from
+        tau and the measured ``v_hat``), carried to the outputs by
+        :func:`~attnquery.learners._base.output_error_bound`; else
+        :class:`~attnquery.errors.ModelMismatchError`.
 
     Attributes
     ----------
@@ -138,13 +151,20 @@ class NoisyValueQueryLearner(BaseLearner):
         allows (0 unless ``strict=False``).
     n_undefined_ : int
         Unclipped baseline only: probes whose estimate fell outside (0, 1) (W_ is NaN there).
+    err_W_, err_v_ : ndarray (d, d), (d,)
+        Bounds on the error of each entry of ``W_`` and ``v_`` that the answers' tolerance
+        allows (infinite where the estimate is undefined or unbounded).
     n_queries_ : int
-        Queries counted by the oracle during ``fit``.
+        Queries counted by the oracle during ``fit`` (the check queries included).
+    n_verify_queries_ : int
+        Check queries (``verify``).
+    verify_error_ : float
+        Largest disagreement on the check queries, relative to the largest answer.
     """
 
     def __init__(self, W_bound: float, mu: float, eps_W: float = 1e-2, eps_v: float = 1e-2,
                  oversample: int = 1, random_state=None, clip: bool = True,
-                 tau: float | None = None, strict: bool = True):
+                 tau: float | None = None, strict: bool = True, verify: int = DEFAULT_VERIFY):
         self.W_bound = W_bound
         self.mu = mu
         self.eps_W = eps_W
@@ -154,6 +174,7 @@ class NoisyValueQueryLearner(BaseLearner):
         self.clip = clip
         self.tau = tau
         self.strict = strict
+        self.verify = verify
 
     # ------------------------------------------------------------------------------------------
     def _validate_params(self):
@@ -188,7 +209,13 @@ class NoisyValueQueryLearner(BaseLearner):
             identifiable.
         AssumptionViolation
             (``strict``) an attention weight outside ``[sigma(-1/2), sigma(1/2)]`` by more than
-            the tolerance allows: ``||W||_F > W_bound``, or the oracle's error exceeds ``tau``.
+            the tolerance allows: ``||W||_F > W_bound``, or the oracle's error exceeds ``tau``;
+            or (``clip=False``) an estimate that is undefined (NaN entries). The estimate's
+            attributes are set.
+        ModelMismatchError
+            The check queries disagree with the estimate by more than ``tau`` and the error the
+            estimate can have (answers off by more than ``tau``, several heads, biases, a
+            clipped estimate with ``strict=False``); the estimate's attributes are set.
         """
         self._validate_params()
         d = check_oracle(oracle)
@@ -197,8 +224,10 @@ class NoisyValueQueryLearner(BaseLearner):
                               "oracle (use MembershipLearner)")
         W, mu, k = float(self.W_bound), float(self.mu), int(self.oversample)
         n0 = oracle.n_queries
-        check_budget(oracle, k * (d + d * d),
-                     f"Theorem 6.1 recovery with oversample={k} ({k} (d + d^2) queries)")
+        n_check = check_verify_param(self.verify)
+        check_budget(oracle, k * (d + d * d) + n_check,
+                     f"Theorem 6.1 recovery with oversample={k} ({k} (d + d^2) queries and "
+                     f"{n_check} check queries)")
         self.required_tau_ = theorem61_required_tau(d, W, mu, self.eps_W, self.eps_v)
         tau = self.tau if self.tau is not None else getattr(oracle, "tau", None)
         self.tau_ = float(tau) if tau is not None else self.required_tau_
@@ -266,25 +295,51 @@ class NoisyValueQueryLearner(BaseLearner):
             clipped = np.clip(alpha, lo, hi)
             self.n_clipped_ = int(np.count_nonzero(clipped != alpha))
             self.n_undefined_ = 0
-            logit = _logit(clipped)
+            logit = scipy.special.logit(clipped)
+            lip = np.full(n, L_CLIP)  # Lemma A.1, where the true weight is in the range
         else:
             self.n_clipped_ = 0
-            logit = _logit(alpha)
+            logit = scipy.special.logit(alpha)
             self.n_undefined_ = int(np.count_nonzero(~np.isfinite(logit)))
+            # sigma^{-1}'s slope 1 / (q (1 - q)) is largest at the end of alpha_hat +- slack
+            # farther from 1/2; unbounded when that interval leaves (0, 1)
+            q = 0.5 + np.abs(alpha - 0.5) + slack
+            with np.errstate(divide="ignore", invalid="ignore"):
+                lip = np.where(q < 1.0, 1.0 / (q * (1.0 - q)), np.inf)
         # least squares over m of (a_m b_i) t_ij = logit
         g = am * bi
         num = np.zeros((d, d))
         nrm = np.zeros((d, d))
+        err = np.zeros((d, d))
         np.add.at(num, (ii, jj), g * logit)
         np.add.at(nrm, (ii, jj), g * g)
+        np.add.at(err, (ii, jj), g * lip * slack)
         T = num / nrm  # T_ij = u_i^T W e_j
+        eT = err / nrm  # |T_hat_ij - T_ij| <= eT_ij
         W_hat = T.copy()
         W_hat[zero, :] = T[zero, :] - T[p, :][None, :]
+        eW = eT.copy()
+        eW[zero, :] = eT[zero, :] + eT[p, :][None, :]
         self.W_ = W_hat
         self.v_ = v_hat
+        self.err_W_ = eW
+        self.err_v_ = np.where(zero, 0.0, tau_v)  # zeros are exact under the margin assumption
         self.zero_mask_ = zero
         self.ref_index_ = p
-        self.n_queries_ = int(oracle.n_queries - n0)
+        if self.n_undefined_:
+            self.verify_error_, self.n_verify_queries_ = float("nan"), 0
+            self.n_queries_ = int(oracle.n_queries - n0)
+            raise AssumptionViolation(
+                f"the unclipped estimate of W is undefined at {self.n_undefined_} of {n} probes: "
+                "sigma^(-1) of attention-weight estimates outside (0, 1) (the answers' error is "
+                "too large to go without clipping)")
+        # one-row check queries test the answers' tolerance almost exactly (their allowance is
+        # tau + |x|^T err_v); longer ones test W within the (looser) propagated bound
+        self._verify_fit(
+            oracle, self.predict, rng.spawn(1)[0], rtol=0.0, n0=n0, lengths=(1, 2, 4),
+            atol=lambda X: self.tau_ + output_error_bound(X, self.v_, self.err_W_, self.err_v_),
+            hint=f"the answers may be off by more than tau = {self.tau_:.3g}, or the box may "
+            "have several heads or biases")
         return self
 
     def guarantee(self, tau: float, d: int):

@@ -1,0 +1,679 @@
+"""A bias-free two-layer ReLU network ``x -> w_o^T ReLU(A^T x)`` learnt from value queries.
+
+The paper's transformer learner (Sec. 4.1) assumes an FFN learner; this is ours. A bias-free
+two-layer ReLU network is piecewise linear with kinks on the hyperplanes ``a_i^T x = 0``:
+
+1. Along random lines ``p + t q`` (and ``q + t p``, so that every hyperplane through the origin
+   crosses one of the pair within ``|t| <= 1.25``), a grid of values is refined by bisection
+   (:meth:`ReLUNetworkLearner._search_lines`): an interval whose midpoint lies on the chord is
+   linear; a kink interval between two linear neighbours is located exactly as the intersection
+   of the neighbours' lines, and accepted when the values at the kink and just beside it lie on
+   those lines and both halves pass the chord test (otherwise it is split).
+2. At each kink, the gradients on both sides (forward finite differences, exact for a piecewise
+   linear function up to rounding) differ by ``+-w_i a_i``: a first estimate of the normal.
+3. Kinks on the same hyperplane (from different lines) are merged. Each normal is then refined
+   from ``d - 1`` points located exactly on its hyperplane (kinks along short lines across it,
+   inside a ball that meets no other hyperplane), which removes the finite-difference error.
+4. With the normals ``n_i`` fixed, ``f(x) = sum_i c_i ReLU(n_i^T x) + b^T x`` is linear in
+   ``(c, b)``: a least-squares fit on random points gives both (hyperplanes with ``c = 0``, i.e.
+   spurious kinks, are dropped). ``b`` collects the neurons whose orientation came out flipped
+   (``c ReLU(-n^T x) = c ReLU(n^T x) - c n^T x``); when ``b`` is a combination of the ``n_i``
+   with coefficients in ``{0, -c_i}`` (always so when the neurons are linearly independent, e.g.
+   ``m <= d``), those neurons are flipped and the width is the true width; otherwise ``b^T x``
+   is kept as two neurons ``|b| (ReLU(u^T x) - ReLU(-u^T x))``, ``u = b / |b|``.
+
+The output computes the same function as the target (to rounding); its neurons are the target's
+up to permutation and positive scale whenever the width is recovered and the target's
+hyperplanes are distinct.
+
+Every loop is bounded: the line search stops after ``max_rounds`` rounds, or as soon as a line
+holds more unresolved intervals than ``n_grid + 2 max_kinks`` (answers that are not piecewise
+linear at ``rtol``: noise, low precision), and the whole fit never asks more than
+:meth:`ReLUNetworkLearner.query_cap` queries; each limit ends in
+:class:`~attnquery.errors.SearchLimitError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import ConfigError, SearchLimitError
+from ._base import DEFAULT_VERIFY, BaseLearner, check_oracle, check_verify_param
+
+__all__ = ["ReLUNetworkLearner", "Interval", "Kink", "Line", "FFN_VERIFY_RTOL"]
+
+#: relative disagreement of the check queries the FFN learner's own error explains (its
+#: networks agree with the target to about 1e-10 relative; float32 answers differ by 1e-7)
+FFN_VERIFY_RTOL = 1e-8
+
+#: the search along a line covers t in [-T_END, T_END]
+T_END = 1.25
+#: an interval narrower than this is given up (two kinks closer than rounding can resolve)
+W_MIN = 2.5e-12
+
+# interval states
+UNKNOWN, LINEAR, NONLINEAR, SPLIT, KINK = "unknown", "linear", "nonlinear", "split", "kink"
+
+
+@dataclass
+class Kink:
+    """A kink at ``t`` on a line: ``f(t)``, the slopes of ``f`` on both sides, and the radius
+    of the neighbourhood in which ``f`` is linear on either side (set after the search)."""
+
+    t: float
+    f: float
+    slope_left: float
+    slope_right: float
+    radius: float = float("nan")
+
+
+@dataclass
+class Interval:
+    """A piece ``[l, r]`` of a line with ``f(l) = fl``, ``f(r) = fr`` and a search state."""
+
+    l: float  # noqa: E741 - the interval's left end
+    r: float
+    fl: float
+    fr: float
+    state: str = UNKNOWN
+    fmid: float = float("nan")  # f at the midpoint, once asked
+    kink: Kink | None = None  # the candidate, in state KINK
+
+    @property
+    def mid(self) -> float:
+        return 0.5 * (self.l + self.r)
+
+    @property
+    def width(self) -> float:
+        return self.r - self.l
+
+    @property
+    def slope(self) -> float:
+        return (self.fr - self.fl) / (self.r - self.l)
+
+    def split(self, t: float, ft: float) -> list[Interval]:
+        """The two halves at ``t`` (where ``f = ft``), both to be tested."""
+        return [Interval(self.l, t, self.fl, ft), Interval(t, self.r, ft, self.fr)]
+
+
+@dataclass
+class Line:
+    """The kink search along the line ``base + t dirn``."""
+
+    base: np.ndarray
+    dirn: np.ndarray
+    tol: float
+    intervals: list[Interval]
+    kinks: list[Kink] = field(default_factory=list)
+    pending: list[Kink] = field(default_factory=list)  # candidates whose halves are tested
+    given_up: list[float] = field(default_factory=list)  # ends of the intervals given up
+    lost: int = 0
+
+    def point(self, t) -> np.ndarray:
+        return self.base + np.asarray(t, dtype=float)[..., None] * self.dirn
+
+    def n_open(self) -> int:
+        return sum(1 for it in self.intervals if it.state != LINEAR)
+
+
+@dataclass
+class _Ask:
+    """Queries one interval needs this round: its midpoint, or a kink candidate's test."""
+
+    line: Line
+    interval: Interval
+    ts: np.ndarray
+    left: Interval | None = None  # the kink test's linear neighbours
+    right: Interval | None = None
+
+
+class _CappedFunction:
+    """``f(Z)`` through the oracle with one-row queries, refusing to pass ``cap`` queries."""
+
+    def __init__(self, oracle, cap: int):
+        self.oracle = oracle
+        self.cap = int(cap)
+        self.n0 = oracle.n_queries
+
+    def __call__(self, Z) -> np.ndarray:
+        Z = np.ascontiguousarray(Z, dtype=np.float64)
+        used = self.oracle.n_queries - self.n0
+        if used + Z.shape[0] > self.cap:
+            raise SearchLimitError(
+                f"the FFN learner would pass its cap of {self.cap} queries ({used} spent, "
+                f"{Z.shape[0]} more asked): raise max_kinks or max_queries if the network is "
+                "that wide; otherwise the answers are not those of a bias-free ReLU network"
+            )
+        return self.oracle(Z[:, None, :])
+
+
+def _fd_gradients(f, Y: np.ndarray, h: np.ndarray) -> np.ndarray:
+    """Forward-difference gradients of ``f`` at the rows of Y (n, d) with steps h (n,).
+
+    One batch of n (d + 1) queries.
+    """
+    n, d = Y.shape
+    pts = np.repeat(Y[:, None, :], d + 1, axis=1)
+    idx = np.arange(d)
+    pts[:, idx + 1, idx] += h[:, None]
+    vals = f(pts.reshape(n * (d + 1), d)).reshape(n, d + 1)
+    return (vals[:, 1:] - vals[:, :1]) / h[:, None]
+
+
+class ReLUNetworkLearner(BaseLearner):
+    """Learn a bias-free two-layer ReLU network ``x -> w_o^T ReLU(A^T x)`` from value queries.
+
+    The oracle is queried with one-row inputs ``[x]`` only (a transformer oracle restricted to
+    length 1 is exactly its FFN). The learner returns a network that computes the same function;
+    see the module docstring for the method.
+
+    Parameters
+    ----------
+    n_line_pairs : int
+        Number of random line pairs searched for kinks. One pair crosses every hyperplane;
+        more pairs make a kink missed on one line (two kinks closer than rounding) found on
+        another.
+    n_grid : int
+        Initial grid intervals per line on ``t in [-1.25, 1.25]``.
+    rtol : float
+        Relative tolerance (to the largest ``|f|`` on the line) of the chord test and of a kink's
+        acceptance. Neurons whose kink moves f by less are not seen.
+    max_rounds : int
+        Rounds of the line search; a search still open after them raises
+        :class:`~attnquery.errors.SearchLimitError`.
+    fd_rel_step : float
+        Finite-difference step, relative to the distance from a kink to its neighbouring
+        kinks along the line.
+    merge_tol : float
+        Kinks whose normals have ``|cos| > 1 - merge_tol`` are one hyperplane.
+    n_fit_factor : float
+        The output weights and the linear remainder are refitted by least squares on
+        ``n_fit_factor * (k + d) + 8`` random points (k hyperplanes found).
+    linear_tol : float
+        A linear remainder smaller than this (relative) is dropped.
+    verify : int
+        Check queries (one-row, random) spent after fitting (0: no check): the network must
+        agree with the oracle to :data:`FFN_VERIFY_RTOL`, else
+        :class:`~attnquery.errors.ModelMismatchError`.
+    refine : bool
+        Refine each hyperplane's normal from ``d - 1`` points located on it exactly (4 queries
+        each); without it the normals carry the finite-difference error (about 1e-8).
+    max_kinks : int
+        Most kinks a line is expected to cross (the network's width bounds it). A line with more
+        than ``n_grid + 2 max_kinks`` unresolved intervals at once raises
+        :class:`~attnquery.errors.SearchLimitError`.
+    max_queries : int, optional
+        Cap on the queries of the whole fit; default :meth:`query_cap`.
+    random_state : int, sequence of ints, Generator or None
+
+    Attributes
+    ----------
+    A_ : ndarray (d, m_hat)
+    w_o_ : ndarray (m_hat,)
+        A network computing the oracle's function (``w_o_`` is +-1 on the neurons, whose
+        scale ``A_`` carries; the two linear units, when present, come last).
+    n_neurons_ : int
+        Number of hyperplanes found (``m_hat`` minus the 2 linear neurons when they were added).
+    width_recovered_ : bool
+        Whether no linear neurons were needed (the neurons are then the true ones up to
+        permutation and positive scale when the true hyperplanes are distinct).
+    n_kinks_ : int
+        Kinks accepted along all lines (before merging).
+    n_lost_ : int
+        Intervals given up (kinks too close to resolve).
+    n_rounds_ : int
+        Rounds the line search took.
+    query_cap_ : int
+        The cap the fit ran under.
+    verify_error_ : float
+        Largest ``|f_hat - f|`` over the largest ``|f|`` on the check queries (NaN if none).
+    n_verify_queries_ : int
+        Check queries.
+    n_queries_ : int
+        Queries counted by the oracle during ``fit`` (the check queries included).
+    """
+
+    def __init__(
+        self,
+        n_line_pairs: int = 2,
+        n_grid: int = 32,
+        rtol: float = 1e-10,
+        max_rounds: int = 80,
+        fd_rel_step: float = 1e-3,
+        merge_tol: float = 1e-6,
+        n_fit_factor: float = 2.0,
+        linear_tol: float = 1e-9,
+        verify: int = DEFAULT_VERIFY,
+        refine: bool = True,
+        max_kinks: int = 256,
+        max_queries: int | None = None,
+        random_state=None,
+    ):
+        self.n_line_pairs = n_line_pairs
+        self.n_grid = n_grid
+        self.rtol = rtol
+        self.max_rounds = max_rounds
+        self.fd_rel_step = fd_rel_step
+        self.merge_tol = merge_tol
+        self.n_fit_factor = n_fit_factor
+        self.linear_tol = linear_tol
+        self.verify = verify
+        self.refine = refine
+        self.max_kinks = max_kinks
+        self.max_queries = max_queries
+        self.random_state = random_state
+
+    def _validate_params(self):
+        for name, low in (("n_line_pairs", 1), ("n_grid", 4), ("max_rounds", 1),
+                          ("max_kinks", 1)):
+            val = getattr(self, name)
+            if isinstance(val, bool) or not isinstance(val, int | np.integer) or val < low:
+                raise ConfigError(f"{name} must be an integer >= {low}; got {val!r}")
+        if not 0 < self.rtol < 1e-2:
+            raise ConfigError(f"rtol must be in (0, 1e-2); got {self.rtol}")
+        if not 0 < self.fd_rel_step < 0.5:
+            raise ConfigError(f"fd_rel_step must be in (0, 0.5); got {self.fd_rel_step}")
+        if not 0 < self.merge_tol < 0.1:
+            raise ConfigError(f"merge_tol must be in (0, 0.1); got {self.merge_tol}")
+        if not self.n_fit_factor >= 1.0:
+            raise ConfigError(f"n_fit_factor must be >= 1; got {self.n_fit_factor}")
+        if not 0 < self.linear_tol < 1e-2:
+            raise ConfigError(f"linear_tol must be in (0, 1e-2); got {self.linear_tol}")
+        check_verify_param(self.verify)
+        q = self.max_queries
+        if q is not None and (isinstance(q, bool) or not isinstance(q, int | np.integer)
+                              or q < 1):
+            raise ConfigError(f"max_queries must be a positive integer or None; got {q!r}")
+
+    def query_cap(self, d: int) -> int:
+        """The most queries a fit at dimension ``d`` may ask (``max_queries`` when given).
+
+        With L lines, K = ``max_kinks``, G = ``n_grid`` and R = ``max_rounds``: the grid
+        ``L (G + 1)``; R rounds of at most 3 queries for each of at most ``G + 2 K`` open
+        intervals per line; for each of at most ``L K`` kinks, ``2 (d + 1)`` for its gradient
+        jump and ``4 (d - 1)`` for its hyperplane; the least-squares fit; the check.
+        """
+        if self.max_queries is not None:
+            return int(self.max_queries)
+        L, K, G = 2 * int(self.n_line_pairs), int(self.max_kinks), int(self.n_grid)
+        search = L * (G + 1) + int(self.max_rounds) * L * 3 * (G + 2 * K)
+        per_kink = 2 * (d + 1) + 4 * max(d - 1, 0)
+        fit = int(self.n_fit_factor * (L * K + d)) + 8
+        return int(search + L * K * per_kink + fit + check_verify_param(self.verify))
+
+    # ------------------------------------------------------------------------------------------
+    def fit(self, oracle):
+        """Recover an equivalent FFN from one-row value queries; returns self.
+
+        Raises
+        ------
+        SearchLimitError
+            The line search did not close within ``max_rounds`` rounds, a line held more open
+            intervals than ``n_grid + 2 max_kinks``, or the fit would pass its query cap
+            (answers that are not piecewise linear at ``rtol``: noise, lower precision, a
+            network wider than ``max_kinks``).
+        ModelMismatchError
+            The network disagrees with the check queries beyond :data:`FFN_VERIFY_RTOL`.
+        """
+        self._validate_params()
+        d = check_oracle(oracle)
+        rng = self._rng()
+        n0 = oracle.n_queries
+        self.query_cap_ = self.query_cap(d)
+        f = _CappedFunction(oracle, self.query_cap_)
+        lines = self._search_lines(f, d, rng)
+        U, _, n_kinks, Xk = self._jumps(f, lines, d)
+        N, groups = self._merge(U, Xk)
+        if self.refine:
+            N = self._refine_normals(f, N, groups, Xk, d, rng)
+        A, w_o, recovered = self._linear_part(f, N, d, rng)
+        self.A_ = A
+        self.w_o_ = w_o
+        self.n_neurons_ = int(A.shape[1] - (0 if recovered else 2))
+        self.width_recovered_ = bool(recovered)
+        self.n_kinks_ = int(n_kinks)
+        self.n_lost_ = int(sum(ln.lost for ln in lines))
+        self._verify_fit(oracle, lambda X: self.predict(X[:, 0, :]), rng.spawn(1)[0],
+                         rtol=FFN_VERIFY_RTOL, n0=n0, lengths=(1,),
+                         what="the network found",
+                         hint="the box may not be a bias-free two-layer ReLU network, or its "
+                         "answers may carry noise or lower precision than float64")
+        return self
+
+    def predict(self, Z) -> np.ndarray:
+        """Evaluate the recovered network on vectors Z (B, d)."""
+        return np.maximum(np.asarray(Z, dtype=np.float64) @ self.A_, 0.0) @ self.w_o_
+
+    # -- the line search ----------------------------------------------------------------------
+    def _search_lines(self, f, d, rng) -> list[Line]:
+        """Find the kinks along ``2 n_line_pairs`` random lines (see the module docstring)."""
+        lines = self._start_lines(f, d, rng)
+        self.n_rounds_ = 0
+        for rnd in range(1, int(self.max_rounds) + 1):
+            self.n_rounds_ = rnd
+            asks = [a for ln in lines for a in self._plan(ln)]
+            changed = [self._split_marked(ln) for ln in lines]
+            if any(changed) or not asks:
+                if any(changed):
+                    continue  # the partition moved: plan again, before asking anything
+                break
+            self._ask(f, asks)
+            for ln in lines:
+                self._confirm(ln)
+                self._open_candidates(ln)
+            self._check_open(lines)
+        else:
+            if any(it.state != LINEAR for ln in lines for it in ln.intervals):
+                raise SearchLimitError(
+                    f"the kink search along the lines is still open after max_rounds = "
+                    f"{self.max_rounds} rounds: the answers are not piecewise linear at rtol = "
+                    f"{self.rtol:g} (noise or lower precision than float64?)"
+                )
+        for ln in lines:
+            self._set_radii(ln)
+        return lines
+
+    def _start_lines(self, f, d, rng) -> list[Line]:
+        """The line pairs ``p + t q``, ``q + t p`` and their values on the initial grid."""
+        L = 2 * int(self.n_line_pairs)
+        G = rng.standard_normal((L, d))
+        G /= np.linalg.norm(G, axis=1, keepdims=True)
+        base = np.empty((L, d))
+        dirn = np.empty((L, d))
+        base[0::2], dirn[0::2] = G[0::2], G[1::2]
+        base[1::2], dirn[1::2] = G[1::2], G[0::2]
+        ts = np.linspace(-T_END, T_END, int(self.n_grid) + 1)
+        pts = base[:, None, :] + ts[None, :, None] * dirn[:, None, :]
+        vals = f(pts.reshape(-1, d)).reshape(L, ts.size)
+        lines = []
+        for k in range(L):
+            scale = float(np.max(np.abs(vals[k])))
+            tol = self.rtol * scale if scale > 0 else 1e-300
+            ivs = [Interval(ts[j], ts[j + 1], vals[k, j], vals[k, j + 1])
+                   for j in range(ts.size - 1)]
+            lines.append(Line(base[k], dirn[k], tol, ivs))
+        return lines
+
+    @staticmethod
+    def _plan(ln: Line) -> list[_Ask]:
+        """What each interval needs: a midpoint (unknown), a kink test (nonlinear between two
+        linear neighbours, where their lines cross inside it), or a split (marked SPLIT)."""
+        asks = []
+        ivs = ln.intervals
+        for k, it in enumerate(ivs):
+            if it.state == UNKNOWN:
+                asks.append(_Ask(ln, it, np.array([it.mid])))
+                continue
+            if it.state != NONLINEAR:
+                continue
+            left = ivs[k - 1] if k > 0 else None
+            right = ivs[k + 1] if k + 1 < len(ivs) else None
+            if left is not None and right is not None and \
+                    left.state == LINEAR and right.state == LINEAR:
+                t_star = _crossing(it, left.slope, right.slope)
+                if np.isfinite(t_star) and it.l < t_star < it.r:
+                    # t* is also checked just inside both pieces: two kinks on the same side
+                    # of t* would put one of these off its line
+                    eta = 1e-6 * it.width
+                    asks.append(_Ask(ln, it, np.array([t_star, t_star - eta, t_star + eta]),
+                                     left, right))
+                    continue
+                it.state = SPLIT
+            elif UNKNOWN in (getattr(left, "state", None), getattr(right, "state", None)):
+                continue  # wait for the neighbour's test
+            else:
+                it.state = SPLIT
+        return asks
+
+    @staticmethod
+    def _split_marked(ln: Line) -> bool:
+        """Split every interval marked SPLIT at its midpoint (no query: f there is known); give
+        up on one narrower than :data:`W_MIN`. Returns whether anything changed."""
+        changed = False
+        new = []
+        for it in ln.intervals:
+            if it.state != SPLIT:
+                new.append(it)
+                continue
+            changed = True
+            if it.width < W_MIN:
+                ln.lost += 1
+                ln.given_up += [it.l, it.r]
+                new.append(Interval(it.l, it.r, it.fl, it.fr, LINEAR))
+            else:
+                new += it.split(it.mid, it.fmid)
+        ln.intervals = new
+        return changed
+
+    @staticmethod
+    def _ask(f, asks: list[_Ask]) -> None:
+        """One batch for every ask of the round, then the chord and kink tests."""
+        sizes = np.array([a.ts.size for a in asks])
+        P = np.concatenate([a.line.point(a.ts) for a in asks])
+        for a, vals in zip(asks, np.split(f(P), np.cumsum(sizes)[:-1]), strict=True):
+            it, tol = a.interval, a.line.tol
+            if a.left is None:  # chord test
+                it.fmid = vals[0]
+                it.state = LINEAR if abs(vals[0] - 0.5 * (it.fl + it.fr)) <= tol else NONLINEAR
+                continue
+            # the neighbours' lines, through the interval's ends
+            t, sl, sr = a.ts[0], a.left.slope, a.right.slope
+            tt = np.array([a.ts[0], a.ts[1], a.ts[2], it.mid])
+            got = np.array([vals[0], vals[1], vals[2], it.fmid])
+            pred = np.where(tt <= t, it.fl + sl * (tt - it.l), it.fr + sr * (tt - it.r))
+            pred[0] = it.fl + sl * (t - it.l)
+            if np.all(np.abs(got - pred) <= tol):
+                it.state = KINK
+                it.kink = Kink(t, vals[0], sl, sr)
+            else:
+                it.state = SPLIT
+
+    @staticmethod
+    def _confirm(ln: Line) -> None:
+        """A candidate whose halves both pass the chord test is a kink; if one fails, the
+        interval held more than one kink and the candidate is dropped."""
+        starting = {it.l: it.state for it in ln.intervals}
+        ending = {it.r: it.state for it in ln.intervals}
+        keep = []
+        for cand in ln.pending:
+            a, b = ending.get(cand.t), starting.get(cand.t)
+            if a == LINEAR and b == LINEAR:
+                ln.kinks.append(cand)
+            elif UNKNOWN in (a, b):
+                keep.append(cand)
+        ln.pending = keep
+
+    @staticmethod
+    def _open_candidates(ln: Line) -> None:
+        """Split each interval holding a new candidate at the candidate, to test both halves."""
+        new = []
+        for it in ln.intervals:
+            if it.state == KINK:
+                ln.pending.append(it.kink)
+                new += it.split(it.kink.t, it.kink.f)
+            else:
+                new.append(it)
+        ln.intervals = new
+
+    def _check_open(self, lines: list[Line]) -> None:
+        """Stop when a line holds more open intervals than ``n_grid + 2 max_kinks``."""
+        limit = int(self.n_grid) + 2 * int(self.max_kinks)
+        worst = max(ln.n_open() for ln in lines)
+        if worst > limit:
+            raise SearchLimitError(
+                f"a line holds {worst} unresolved intervals, more than n_grid + 2 max_kinks = "
+                f"{limit}: the answers are not piecewise linear at rtol = {self.rtol:g} (noise "
+                "or lower precision than float64?), or the network is wider than max_kinks"
+            )
+
+    @staticmethod
+    def _set_radii(ln: Line) -> None:
+        """Each kink's neighbourhood: 0.4 times the distance to the nearest other kink, open
+        interval, interval given up or end of the line (at most 0.1); f is linear on either
+        side within it."""
+        obst = [it.l for it in ln.intervals if it.state != LINEAR] + \
+            [it.r for it in ln.intervals if it.state != LINEAR] + ln.given_up + [-T_END, T_END]
+        obst = np.array(obst)
+        kt = np.array([kk.t for kk in ln.kinks])
+        for i, kk in enumerate(ln.kinks):
+            others = np.concatenate([np.delete(kt, i), obst])
+            kk.radius = min(0.4 * float(np.min(np.abs(others - kk.t))), 0.1)
+
+    # -- from kinks to a network --------------------------------------------------------------
+    def _jumps(self, f, lines, d):
+        """Gradient jumps at every accepted kink.
+
+        Returns u (d, k), s (k,), the number of kinks and the kink points (k, d).
+        """
+        rows = [(ln, kk) for ln in lines for kk in ln.kinks]
+        if not rows:
+            return np.zeros((d, 0)), np.zeros(0), 0, np.zeros((0, d))
+        Y = []
+        h = []
+        for ln, kk in rows:
+            Y.append(ln.point(kk.t - kk.radius))
+            Y.append(ln.point(kk.t + kk.radius))
+            h += [self.fd_rel_step * kk.radius] * 2
+        g = _fd_gradients(f, np.array(Y), np.array(h))
+        J = g[1::2] - g[0::2]
+        dirs = np.array([ln.dirn for ln, _ in rows])
+        jump_line = np.array([kk.slope_right - kk.slope_left for _, kk in rows])
+        along = np.einsum("kd,kd->k", J, dirs)
+        # a finite difference that crossed another hyperplane shows as a mismatch here
+        ok = np.abs(along - jump_line) <= 1e-6 * np.maximum(np.abs(jump_line), 1e-300) + \
+            1e-8 * np.linalg.norm(J, axis=1)
+        ok &= np.linalg.norm(J, axis=1) > 0
+        s = np.sign(along[ok])
+        U = (J[ok] * s[:, None]).T
+        Xk = np.array([ln.point(kk.t) for ln, kk in rows])[ok]
+        return U, s, len(rows), Xk
+
+    def _merge(self, U, Xk):
+        """Group the kinks that lie on one hyperplane; returns unit normals and the groups."""
+        k = U.shape[1]
+        if k == 0:
+            return U, []
+        N = U / np.linalg.norm(U, axis=0, keepdims=True)
+        C = np.abs(N.T @ N)
+        label = -np.ones(k, dtype=int)
+        groups = []
+        for i in range(k):
+            if label[i] >= 0:
+                continue
+            members = np.flatnonzero((C[i] > 1 - self.merge_tol) & (label < 0))
+            label[members] = len(groups)
+            groups.append(members)
+        out = []
+        for members in groups:
+            orient = np.sign(N[:, members].T @ N[:, members[0]])
+            n = (N[:, members] * orient).mean(axis=1)
+            out.append(n / np.linalg.norm(n))
+        return np.array(out).T, groups
+
+    def _refine_normals(self, f, N, groups, Xk, d, rng):
+        """Refine each hyperplane's normal from d - 1 extra points located on it exactly.
+
+        Around a kink point x* (the one of the group farthest from every other hyperplane, at
+        distance D), the ball of radius D meets only its own hyperplane. Along the short lines
+        ``x* + r_j + t n`` (r_j random, orthogonal to the current normal n, ``|r_j| = D / 2``)
+        f has one kink, located as the intersection of the two lines through two points on
+        either side (4 queries). The hyperplane passes through the origin, x* and these
+        points: its normal is their common null vector. The finite-difference normal is
+        accurate to about ``1e-16 / h`` (h the step); these points to rounding.
+        """
+        k = N.shape[1]
+        if k == 0 or d < 2:
+            return N
+        anchors = np.empty((k, d))
+        radius = np.empty(k)
+        for g, members in enumerate(groups):
+            P = Xk[members]
+            dist = np.abs(P @ N) / np.linalg.norm(P, axis=1, keepdims=True)
+            dist[:, g] = np.inf
+            far = np.min(dist * np.linalg.norm(P, axis=1, keepdims=True), axis=1) if k > 1 \
+                else np.linalg.norm(P, axis=1)
+            j = int(np.argmax(far))
+            anchors[g] = P[j]
+            radius[g] = far[j]
+        # offsets orthogonal to each normal
+        R = rng.standard_normal((k, d - 1, d))
+        R -= np.einsum("kjd,dk->kj", R, N)[:, :, None] * N.T[:, None, :]
+        R /= np.linalg.norm(R, axis=2, keepdims=True)
+        R *= 0.5 * radius[:, None, None]
+        tau = 0.5 * radius  # the points stay within 0.71 radius of x*
+        tq = np.array([-1.0, -0.5, 0.5, 1.0])
+        T = tau[:, None] * tq[None, :]  # (k, 4)
+        pts = (anchors[:, None, None, :] + R[:, :, None, :]
+               + T[:, None, :, None] * N.T[:, None, None, :])
+        vals = f(pts.reshape(-1, d)).reshape(k, d - 1, 4)
+        sl = (vals[..., 1] - vals[..., 0]) / (T[:, None, 1] - T[:, None, 0])
+        sr = (vals[..., 3] - vals[..., 2]) / (T[:, None, 3] - T[:, None, 2])
+        fl = vals[..., 1] + sl * (0.0 - T[:, None, 1])  # left line at t = 0
+        fr = vals[..., 2] + sr * (0.0 - T[:, None, 2])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t_star = (fr - fl) / (sl - sr)
+        N_new = N.copy()
+        for g in range(k):
+            ok = np.isfinite(t_star[g]) & (np.abs(t_star[g]) < 0.5 * tau[g])
+            if ok.sum() < d - 1:
+                continue  # keep the finite-difference normal
+            Pts = anchors[g] + R[g] + t_star[g][:, None] * N[:, g][None, :]
+            M = np.concatenate([anchors[g][None, :], Pts])
+            M /= np.linalg.norm(M, axis=1, keepdims=True)
+            _, _, Vt = np.linalg.svd(M)
+            n = Vt[-1]
+            N_new[:, g] = n if n @ N[:, g] > 0 else -n
+        return N_new
+
+    def _linear_part(self, f, N, d, rng):
+        """Refit magnitudes and the linear remainder; flip neurons to absorb it when possible.
+
+        With the hyperplane normals ``n_i`` known, ``f(x) = sum_i c_i ReLU(n_i^T x) + b^T x``
+        is linear in ``(c, b)``: a least-squares fit on ``n_fit_factor (k + d)`` random points
+        gives them to rounding accuracy (the finite-difference jumps only fix the normals).
+        ``b`` is then a combination ``sum_i beta_i n_i`` with ``beta_i in {0, -c_i}`` when the
+        neurons are independent; ``c ReLU(n^T x) - c n^T x = c ReLU(-n^T x)`` flips those.
+        """
+        k = N.shape[1]
+        n_fit = int(self.n_fit_factor * (k + d)) + 8
+        Z = rng.standard_normal((n_fit, d))
+        y = f(Z)
+        for _ in range(2):
+            F = np.concatenate([np.maximum(Z @ N, 0.0), Z], axis=1)
+            coef, *_ = np.linalg.lstsq(F, y, rcond=None)
+            c, b = coef[: N.shape[1]], coef[N.shape[1]:]
+            scale = max(float(np.max(np.abs(c), initial=0.0)), float(np.linalg.norm(b)), 1e-300)
+            # a hyperplane without a jump (a spurious kink) is no neuron: drop it and refit
+            keep_nz = np.abs(c) > self.linear_tol * scale
+            if keep_nz.all():
+                break
+            N = N[:, keep_nz]
+        self.fit_residual_ = float(np.linalg.norm(F @ coef - y) / max(np.linalg.norm(y), 1e-300))
+        if np.linalg.norm(b) > self.linear_tol * scale and c.size:
+            beta, *_ = np.linalg.lstsq(N, b, rcond=None)
+            resid = np.linalg.norm(N @ beta - b)
+            flip = np.abs(beta + c) <= 1e-6 * np.abs(c)
+            zero = np.abs(beta) <= 1e-6 * np.abs(c)
+            if resid <= 1e-8 * np.linalg.norm(b) and np.all(flip | zero):
+                b = b - N[:, flip] @ beta[flip]
+                N = N.copy()
+                N[:, flip] *= -1.0
+        A = N * np.abs(c)[None, :]
+        w_o = np.sign(c)
+        recovered = True
+        if np.linalg.norm(b) > self.linear_tol * scale:
+            recovered = False
+            nb = np.linalg.norm(b)
+            A = np.concatenate([A, (b / nb)[:, None], -(b / nb)[:, None]], axis=1)
+            w_o = np.concatenate([w_o, [nb, -nb]])
+        return A, np.asarray(w_o, dtype=float), recovered
+
+
+def _crossing(it: Interval, sl: float, sr: float) -> float:
+    """Where the line of slope ``sl`` through the interval's left end crosses the line of slope
+    ``sr`` through its right end (NaN if parallel)."""
+    if sl == sr:
+        return float("nan")
+    return (it.fr - it.fl + sl * it.l - sr * it.r) / (sl - sr)
