@@ -8,6 +8,7 @@ import numpy as np
 import scipy.stats
 
 from .errors import ConfigError
+from .theory import nuclear_statdim  # noqa: F401  (public here too; defined in theory)
 
 __all__ = [
     "relative_error",
@@ -152,117 +153,6 @@ def fit_power_law(x, y, level: float = 0.95) -> PowerLawFit:
     ok = (x > 0) & (y > 0)
     return fit_linear(np.log(x[ok]), np.log(y[ok]), level=level)
 
-
-#: standard Gaussian entries drawn per block by :func:`nuclear_statdim` (bounds its memory)
-_STATDIM_BLOCK = 1 << 22
-
-
-def _integer(value, name: str, lo: int, hi: int | None = None) -> int:
-    """``value`` as a Python int in ``[lo, hi]``, or a ConfigError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ConfigError(f"{name} must be an integer; got {value!r}")
-    value = int(value)
-    if value < lo or (hi is not None and value > hi):
-        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-        raise ConfigError(f"{name} must be {bound}; got {value}")
-    return value
-
-
-def nuclear_statdim(d: int, r: int, n_samples: int = 1000, seed: int = 0) -> float:
-    """Statistical dimension of the nuclear-norm descent cone at a rank-r d x d matrix.
-
-    Nuclear-norm minimisation from m Gaussian linear measurements of a rank-r d x d matrix
-    fails with high probability when m is below the statistical dimension delta of the descent
-    cone of the nuclear norm at that matrix by more than O(d) (the square root of the ambient
-    dimension d^2), and succeeds with high probability when m is above it by as much
-    (Amelunxen, Lotz, McCoy and Tropp 2014, "Living on the edge: phase transitions in convex
-    programs with random data", Information and Inference 3(3), 224-294, Theorem II). Their
-    recipe for the statistical dimension of a descent cone (their Section 4), applied to the
-    nuclear (Schatten 1-) norm, gives
-
-    ``delta(d, r) = inf_{tau >= 0} { r (2d - r + tau^2) + E sum_i (sigma_i(G) - tau)_+^2 }``,
-
-    with ``G`` a (d - r) x (d - r) matrix of independent standard normal entries and
-    ``sigma_i(G)`` its singular values. The expression depends only on (d, r), bounds the
-    statistical dimension from above, and exceeds it by at most
-    ``2 sup_{S in subdifferential} ||S||_F / (||X||_* / ||X||_F)``, which is ``2 sqrt(d / r)`` for
-    a matrix X with r equal singular values. It lies between the dimension of the rank-r
-    matrices, ``r (2d - r)``, and ``d^2``, and tends to ``6 r d`` only as d grows with r fixed
-    (``delta / (2 r d)`` is 1.7 at d = 8, 2.2 at d = 32 and 2.7 at d = 512 for r = 1).
-
-    The expectation is a Monte Carlo average over ``n_samples`` draws of ``G`` from
-    ``numpy.random.default_rng([seed, d, r])``, so the value is a fixed function of the
-    arguments. tau is the exact minimiser of the sample average: the objective is a convex
-    piecewise quadratic in tau, and its minimiser is the root of its derivative
-    ``2 r tau - (2 / n) sum (s - tau)_+`` over the pooled singular values s, found from their
-    sorted cumulative sums. At that tau the average uses ``||G||_F^2``, whose mean
-    ``(d - r)^2`` is known, as a control variate (regression estimator), which lowers the
-    standard deviation 2 to 25 fold (most where r is close to d).
-
-    Parameters
-    ----------
-    d : int
-        Size of the square matrix, >= 1.
-    r : int
-        Its rank, 0 <= r <= d. ``r = 0`` gives 0 (the descent cone at 0 is {0}; the infimum is
-        reached as tau grows); ``r = d`` gives ``d^2`` (no G; tau = 0).
-    n_samples : int, default 1000
-        Gaussian matrices G in the Monte Carlo average (relative standard deviation about 1e-3
-        at d = 8 and 5e-4 at d = 64, r = 1). The cost is one batched eigenvalue problem of size
-        ``n_samples x (d - r) x (d - r)``: under half a second at d = 64 on one core.
-    seed : int, default 0
-        Seed of the Monte Carlo draws (combined with d and r).
-
-    Returns
-    -------
-    float
-        ``delta(d, r)``, the Monte Carlo estimate of the expression above.
-
-    Raises
-    ------
-    ConfigError
-        If d, r, n_samples or seed is not an integer, d < 1, r is outside [0, d],
-        n_samples < 1 or seed < 0.
-
-    Examples
-    --------
-    >>> nuclear_statdim(8, 0), nuclear_statdim(8, 8)
-    (0.0, 64.0)
-    >>> 15 < nuclear_statdim(8, 1) < 64
-    True
-    """
-    d = _integer(d, "d", 1)
-    r = _integer(r, "r", 0, d)
-    n_samples = _integer(n_samples, "n_samples", 1)
-    seed = _integer(seed, "seed", 0)
-    if r == 0:
-        return 0.0
-    k = d - r
-    if k == 0:
-        return float(d * d)
-    rng = np.random.default_rng([seed, d, r])
-    block = max(1, _STATDIM_BLOCK // (k * k))
-    parts = []
-    for start in range(0, n_samples, block):
-        G = rng.standard_normal((min(block, n_samples - start), k, k))
-        ev = np.linalg.eigvalsh(G @ np.swapaxes(G, 1, 2))
-        parts.append(np.sqrt(np.clip(ev, 0.0, None)))
-    S = np.concatenate(parts)  # (n_samples, k) singular values of each G
-    s = -np.sort(-S.ravel())  # pooled, decreasing
-    csum = np.cumsum(s)
-    j = np.arange(1, s.size + 1)
-    # derivative / 2 at tau = s_(j): r s_(j) - (1/n) sum_{i < j} (s_(i) - s_(j)), decreasing in j;
-    # the minimiser lies in [s_(j*+1), s_(j*)] with the j* largest values above it
-    slope = r * s - (csum - j * s) / n_samples
-    jstar = int(np.count_nonzero(slope >= 0))
-    tau = csum[jstar - 1] / (n_samples * r + jstar)
-    Y = np.sum(np.maximum(S - tau, 0.0) ** 2, axis=1)  # sum_i (sigma_i - tau)_+^2 per draw
-    X = np.sum(S**2, axis=1)  # ||G||_F^2 per draw, mean k^2
-    beta = 0.0
-    if n_samples > 1 and np.var(X) > 0:
-        beta = float(np.mean((Y - Y.mean()) * (X - X.mean())) / np.var(X))
-    excess = float(Y.mean() - beta * (X.mean() - k * k))
-    return float(r * (2 * d - r) + r * tau**2 + excess)
 
 
 def match_heads(W_hat, v_hat, W, v) -> dict:

@@ -12,10 +12,8 @@ from ..learners import ExactValueQueryLearner
 from ..metrics import fit_counted, functional_error, head_errors
 from ..models import random_head
 from ..oracles import ValueOracle
+from ..theory import EXACT_TOL
 from . import Experiment, grid, register
-
-#: relative error of W and v at or below which a recovery counts as exact
-EXACT_TOL = 1e-10
 
 
 def cells(cfg) -> list[dict]:

@@ -19,15 +19,11 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..learners import ExactValueQueryLearner, NuclearNormROPLearner, SketchLowRankLearner
-from ..learners.lowrank import lowrank_floor
 from ..metrics import fit_counted, functional_error, head_errors, relative_error
 from ..models import random_head
+from ..theory import PHASE_TOL, SKETCH_TOL, lowrank_floor
 from . import Experiment, grid, register
 
-#: success threshold of the nuclear-norm learner (relative Frobenius error of W after polishing)
-PHASE_TOL = 1e-6
-#: success threshold of the sketch and exact learners
-SKETCH_TOL = 1e-8
 #: tag mixed into the seed of the heads (so they differ from other experiments' heads)
 _HEAD_TAG = 5_0001
 

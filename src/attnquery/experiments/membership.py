@@ -23,9 +23,10 @@ from ..learners import MembershipLearner
 from ..metrics import fit_counted
 from ..models import AttentionHead
 from ..oracles import MembershipOracle
+from ..theory import membership_target
 from . import Experiment, grid, register
 
-__all__ = ["membership_head", "target_queries"]
+__all__ = ["membership_head"]
 
 
 def membership_head(d: int, rng, W_bound: float, mu: float, W_frac: float = 1.0
@@ -50,11 +51,6 @@ def membership_head(d: int, rng, W_bound: float, mu: float, W_frac: float = 1.0
     if np.min(mag) < mu * (1 - 1e-12):
         raise ModelError(f"mu = {mu} is too large for a unit v with margin mu at d = {d}")
     return AttentionHead(sgn * mag, W=W)
-
-
-def target_queries(d: int, eps: float, W_bound: float) -> float:
-    """The SPEC's target ``d^2 log2(range / eps) + d log2(1 / eps)`` with range = 2 W d."""
-    return d * d * math.log2(2.0 * W_bound * d / eps) + d * math.log2(1.0 / eps)
 
 
 def cells(cfg) -> list[dict]:
@@ -85,7 +81,7 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
         eps_v=eps if compare else None, sample_budget=SAMPLE_BUDGET,
     )
     plan = learner.planned_queries(d)
-    target = target_queries(d, eps, Wb)
+    target = membership_target(d, eps, Wb)
     extra = {"target_queries": target, "planned_v": plan["v"], "planned_W": plan["W"]}
     if cell["v_method"] == "sampling" and plan["v"] > learner.sample_budget:
         return {

@@ -32,10 +32,8 @@ from ..models import (
     random_v,
 )
 from ..oracles import ValueOracle
+from ..theory import MULTIHEAD_GENERIC_TOL as SUCCESS_TOL
 from . import Experiment, grid, register
-
-#: relative error of every W and v (after matching) at or below which a run succeeds
-SUCCESS_TOL = 1e-8
 
 LEARNERS = ("multihead_generic", "multihead_generic_auto", "multihead_generic_2row",
             "orthogonal_subspace")

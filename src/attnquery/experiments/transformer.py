@@ -23,12 +23,9 @@ from ..learners import TransformerLearner
 from ..metrics import fit_counted, match_neurons, random_inputs, relative_error
 from ..models import random_transformer
 from ..oracles import ValueOracle
+from ..theory import FFN_TOL
+from ..theory import TRANSFORMER_W_TOL as W_TOL
 from . import Experiment, grid, register
-
-#: relative error of W at or below which the attention part counts as exact
-W_TOL = 1e-10
-#: relative functional error of the FFN at or below which it counts as exact
-FFN_TOL = 1e-8
 
 
 def cells(cfg) -> list[dict]:

@@ -92,13 +92,13 @@ def register_figure(name: str, *, experiments: Iterable[str], category: str, cap
 
 
 def _load_all() -> None:
-    # importing the modules registers their figures (one module per experiment family)
+    # importing the modules registers their figures (one module per experiment family, every
+    # module of this package)
     import importlib
+    import pkgutil
 
-    from ..experiments import FAMILIES
-
-    for family in FAMILIES:
-        importlib.import_module(f"{__name__}.{family}")
+    for module in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{module.name}")
 
 
 def all_figures() -> dict[str, Figure]:
@@ -172,12 +172,32 @@ def with_evidence(name: str, df, claims) -> list:
     return [no_data(c, why) for c in claims]
 
 
+def _mark_empty_axes(fig) -> None:
+    """Panels without data (no cell of theirs succeeded) say so, on linear axes: a log axis
+    with nothing positive on it cannot be drawn."""
+    import numpy as np
+
+    for ax in fig.axes:
+        lim = ax.dataLim
+        if not ax.has_data() or not np.all(np.isfinite([lim.x0, lim.x1, lim.y0, lim.y1])):
+            ax.set_xscale("linear")
+            ax.set_yscale("linear")
+            ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center",
+                    color="0.4")
+            continue
+        if ax.get_xscale() == "log" and lim.x1 <= 0:
+            ax.set_xscale("linear")
+        if ax.get_yscale() == "log" and lim.y1 <= 0:
+            ax.set_yscale("linear")
+
+
 def render(name: str, df, pdf_path, png_path=None):
     """Render figure ``name`` from ``df`` to files; returns the claims it states (see
     :func:`with_evidence`)."""
     fn = get_figure(name)
     with plt.style.context(STYLE):
         fig, claims = fn(df)
+        _mark_empty_axes(fig)
         save_figure(fig, pdf_path, png_path)
         plt.close(fig)
     return with_evidence(name, df, claims)

@@ -6,8 +6,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from ..claims import Claim, ok_rows
-from ..experiments.exact import EXACT_TOL
 from ..metrics import fit_power_law
+from ..theory import EXACT_TOL
 from . import log2_ticks, register_figure
 
 #: exponent interval the claim accepts

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 
 from ..claims import Claim, ok_rows
-from ..experiments.lowrank import PHASE_TOL, SKETCH_TOL
-from ..metrics import fit_power_law, nuclear_statdim
+from ..metrics import fit_power_law
+from ..theory import PHASE_TOL, SKETCH_TOL, lowrank_floor, nuclear_statdim
 from . import register_figure
 
 #: interval the fitted exponent of the smallest successful m against r d must fall in
@@ -75,7 +75,7 @@ def _statdim(d: int, r: int) -> float:
 
 
 def statdim_table(pairs) -> pd.DataFrame:
-    """``delta(d, r)`` (:func:`attnquery.metrics.nuclear_statdim`) for each (d, r) in ``pairs``.
+    """``delta(d, r)`` (:func:`attnquery.theory.nuclear_statdim`) for each (d, r) in ``pairs``.
 
     Columns d, rank, delta and ``c_delta = delta / (r 2d)``, the 50% point of Gaussian
     measurements on the axis of the phase diagram.
@@ -185,8 +185,9 @@ def lowrank_claims(df) -> list[Claim]:
             f"{int(succ.sum())}/{len(sk_all)} runs; worst {sk['rel_err_W'].max():.2e}",
         ))
         big = sk[sk["d"] >= SKETCH_MIN_D]
-        floor = big["rank"] * (2 * big["d"] - big["rank"]) + big["d"]
-        ratio = big["n_queries"] / floor
+        floor = [lowrank_floor(int(d), int(r)) for d, r in zip(big["d"], big["rank"],
+                                                               strict=True)]
+        ratio = big["n_queries"] / np.asarray(floor, dtype=float)
         claims.append(Claim(
             "sketch_floor",
             f"the sketch learner uses <= {SKETCH_FACTOR} (r (2d - r) + d) queries whenever "
@@ -207,7 +208,7 @@ polishing; a solution whose spectrum shows no rank (no drop of 1e3) is not polis
 the empirical 50% point c_50 of each (d, r), interpolated between grid values of c. Red crosses:
 delta(d, r) / (r 2d), where delta(d, r) is the statistical dimension of the nuclear-norm descent
 cone at a rank-r d x d matrix (Amelunxen, Lotz, McCoy and Tropp 2014; Monte Carlo,
-``attnquery.metrics.nuclear_statdim``), the 50% point of Gaussian measurements; it rises
+``attnquery.theory.nuclear_statdim``), the 50% point of Gaussian measurements; it rises
 towards 3 only slowly with d (2.2 at d = 32, r = 1). Claims: the rate rises from <= 10% at the
 smallest c to >= 90% at the largest, for every (d, r); m_50 = c_50 r 2d grows linearly in r d
 (exponent in [0.85, 1.15]); m_50 follows delta(d, r) (exponent of m_50 against delta in

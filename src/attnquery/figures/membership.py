@@ -6,8 +6,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from ..claims import Claim, ok_rows
-from ..experiments.membership import target_queries
 from ..metrics import fit_linear
+from ..theory import membership_target as target_queries
 from . import register_figure
 
 #: the SPEC's target: counted queries within this factor of d^2 log2(2 W d / eps) + d log2(1/eps)

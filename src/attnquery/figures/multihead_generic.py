@@ -16,7 +16,7 @@ import numpy as np
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
 from ..claims import Claim
-from ..experiments.multihead_generic import SUCCESS_TOL
+from ..theory import MULTIHEAD_GENERIC_TOL as SUCCESS_TOL
 from . import log2_ticks, register_figure
 
 #: the claim on random heads covers grid points with d and H up to these

@@ -6,7 +6,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from ..claims import Claim, ok_rows
-from ..experiments.transformer import FFN_TOL, W_TOL
+from ..theory import FFN_TOL
+from ..theory import TRANSFORMER_W_TOL as W_TOL
 from . import log2_ticks, register_figure
 
 FLOOR = 1e-17  # errors of exactly 0 are drawn here on log axes

@@ -26,6 +26,7 @@ import numpy as np
 import scipy.linalg
 
 from ..errors import AssumptionViolation, ConfigError
+from ..theory import lowrank_floor
 from ._base import (
     DEFAULT_VERIFY,
     ROUNDING_RTOL,
@@ -55,11 +56,6 @@ SKETCH_HINT = ("the head's rank may exceed the given rank, or the box may have s
 NUCLEAR_HINT = ("the measurements may be too few for the head's rank (raise n_measurements), "
                 "or the box may have several heads, biases, noise or lower precision than "
                 "float64")
-
-
-def lowrank_floor(d: int, r: int) -> int:
-    """Degrees of freedom of a rank-r ``W`` (d x d) plus ``v``: ``r (2d - r) + d``."""
-    return int(r * (2 * d - r) + d)
 
 
 
