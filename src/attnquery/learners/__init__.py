@@ -5,6 +5,7 @@ Every learner follows the scikit-learn convention: parameters in ``__init__``,
 """
 
 from .exact import ExactValueQueryLearner
+from .lowprecision import LowPrecisionValueQueryLearner
 from .lowrank import NuclearNormROPLearner, SketchLowRankLearner
 from .membership import MembershipLearner
 from .multihead import OrthogonalSubspaceLearner, non_identifiability_demo
@@ -17,6 +18,7 @@ __all__ = [
     "NuclearNormROPLearner",
     "SketchLowRankLearner",
     "NoisyValueQueryLearner",
+    "LowPrecisionValueQueryLearner",
     "MembershipLearner",
     "TransformerLearner",
     "ReLUNetworkLearner",
