@@ -6,9 +6,10 @@ tests assert them, and the report's captions say whether the data support them.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
-__all__ = ["Claim", "ok_rows"]
+__all__ = ["Claim", "ok_rows", "extra_values"]
 
 
 @dataclass(frozen=True)
@@ -30,3 +31,9 @@ def ok_rows(df, experiment: str | None = None):
     if experiment is not None:
         df = df[df["experiment"] == experiment]
     return df[df["status"] == "ok"]
+
+
+def extra_values(df, key: str, default=None):
+    """The ``key`` entry of each row's ``extra`` JSON column (``default`` where it is absent)."""
+    return df["extra"].map(lambda s: json.loads(s).get(key, default) if isinstance(s, str)
+                           else default)

@@ -74,8 +74,8 @@ def register(exp: Experiment) -> Experiment:
 
 
 #: the experiment families: each has a module here and one in attnquery.figures
-FAMILIES = ("exact", "lowrank", "membership", "multihead", "multihead_generic", "noise",
-            "realheads", "transformer")
+FAMILIES = ("exact", "lowprecision", "lowrank", "membership", "multihead", "multihead_generic",
+            "noise", "realheads", "transformer")
 
 
 def _load_all() -> None:

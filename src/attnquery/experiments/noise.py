@@ -10,7 +10,8 @@ elsewhere).
 
 "rounding": the output-rounding defence. The same heads behind a
 :class:`~attnquery.oracles.RoundingOracle` (2..12 significant digits, float16, bfloat16), attacked
-by the exact, the noisy and the low-rank sketch learner.
+by the exact, the noisy and the low-rank sketch learner, and by the low-precision learner at
+several budgets (``queries_per_unknown`` times ``d^2 + d`` queries).
 """
 
 from __future__ import annotations
@@ -20,17 +21,23 @@ import numpy as np
 from ..errors import AttnQueryError, ConfigError, ModelError
 from ..learners import (
     ExactValueQueryLearner,
+    LowPrecisionValueQueryLearner,
     NoisyValueQueryLearner,
     SketchLowRankLearner,
 )
 from ..learners.noisy import theorem61_guarantee, theorem61_required_tau
 from ..metrics import head_errors
 from ..models import AttentionHead
-from ..oracles import ApproximateValueOracle, RoundingOracle
+from ..oracles import (
+    ROUNDING_DTYPES,
+    ApproximateValueOracle,
+    RoundingOracle,
+    relative_rounding_error,
+)
 from . import Experiment, grid, register
 
 __all__ = ["theorem_head", "assumptions_met", "cell_meets_assumptions", "parse_rounding",
-           "rounding_oracle", "UndefinedEstimate",
+           "rounding_oracle", "precision_digits", "precision_relative_tau", "UndefinedEstimate",
            "NOISE_LEARNERS", "ROUNDING_LEARNERS"]
 
 NOISE_LEARNERS = ("noisy", "unclipped", "exact")
@@ -42,7 +49,7 @@ BOUND_RTOL, BOUND_ATOL = 1e-9, 1e-14
 def within(err: float, bound: float) -> bool:
     """``err <= bound`` up to float64 rounding of the answers."""
     return bool(err <= bound * (1 + BOUND_RTOL) + BOUND_ATOL)
-ROUNDING_LEARNERS = ("exact", "noisy", "lowrank")
+ROUNDING_LEARNERS = ("exact", "noisy", "lowrank", "lowprecision")
 
 
 def theorem_head(d: int, rng, W_bound: float, mu: float, zero_frac: float = 0.0,
@@ -193,12 +200,24 @@ def noise_run(cell: dict, rng: np.random.Generator) -> dict:
 # rounding
 # ---------------------------------------------------------------------------------------------
 def parse_rounding(spec: str) -> dict:
-    """``"digits=4"`` -> {"digits": 4}; ``"float16"`` / ``"bfloat16"`` -> {"dtype": ...}."""
-    if spec in ("float16", "bfloat16"):
+    """``"digits=4"`` -> {"digits": 4}; a format (``"float16"``, ``"bfloat16"``, ``"float32"``,
+    ``"float64"``: answers as they are) -> {"dtype": ...}."""
+    if spec in ROUNDING_DTYPES:
         return {"dtype": spec}
     if spec.startswith("digits="):
         return {"digits": int(spec.split("=", 1)[1])}
-    raise ModelError(f"rounding must be 'digits=k', 'float16' or 'bfloat16'; got {spec!r}")
+    raise ModelError(f"rounding must be 'digits=k' or one of {ROUNDING_DTYPES}; got {spec!r}")
+
+
+def precision_relative_tau(spec: str) -> float:
+    """Largest relative error of the answers' rounding named by ``spec``."""
+    return relative_rounding_error(**parse_rounding(spec))
+
+
+def precision_digits(spec: str) -> float:
+    """Significant decimal digits with the same largest relative error as ``spec`` (``k`` for
+    ``digits=k``; float16 about 4.0, bfloat16 3.1, float32 7.9, float64 16.0)."""
+    return float(1.0 - np.log10(2.0 * precision_relative_tau(spec)))
 
 
 def rounding_oracle(head, d: int, spec: str) -> RoundingOracle:
@@ -207,7 +226,8 @@ def rounding_oracle(head, d: int, spec: str) -> RoundingOracle:
 
 
 def rounding_cells(cfg) -> list[dict]:
-    """Cells of "rounding": learner x rounding (digits, formats) x d x seed."""
+    """Cells of "rounding": learner x rounding (digits, formats) x d x seed, and for the
+    low-precision learner x ``lowprecision_queries_per_unknown``."""
     specs = [f"digits={k}" for k in cfg["digits"]] + list(cfg.get("dtypes", []))
     bad = [d for d in cfg["d"] if 2 * int(cfg["rank"]) > d]
     if "lowrank" in cfg["learners"] and bad:
@@ -222,8 +242,13 @@ def rounding_cells(cfg) -> list[dict]:
         d=cfg["d"],
         seed=list(range(cfg["seeds"])),
     ):
-        out.append({**g, "rank": int(cfg["rank"]), "mu": float(cfg["mu"]),
-                    "W_bound": float(cfg["W_bound"])})
+        cell = {**g, "rank": int(cfg["rank"]), "mu": float(cfg["mu"]),
+                "W_bound": float(cfg["W_bound"])}
+        if g["learner"] != "lowprecision":
+            out.append(cell)
+            continue
+        for q in cfg.get("lowprecision_queries_per_unknown", [4.0]):
+            out.append({**cell, "queries_per_unknown": float(q)})
     return out
 
 
@@ -242,6 +267,10 @@ def rounding_run(cell: dict, rng: np.random.Generator) -> dict:
         est = NoisyValueQueryLearner(Wb, mu, strict=False, random_state=learner_rng).fit(oracle)
     elif learner == "lowrank":
         est = SketchLowRankLearner(rank=cell["rank"], random_state=learner_rng).fit(oracle)
+    elif learner == "lowprecision":
+        n = int(round(cell["queries_per_unknown"] * (d * d + d)))
+        est = LowPrecisionValueQueryLearner(n, random_state=learner_rng).fit(oracle)
+        extra.update(W_error_estimate=est.W_error_estimate_, noise_level=est.noise_level_)
     else:
         raise ModelError(f"unknown rounding learner {learner!r}")
     m = head_errors(est.W_, est.v_, head.W, head.v)
