@@ -133,27 +133,35 @@ class _Entries:
         self.ss = 0.0  # weighted scatter of u^T v over the columns that share a direction
         self.dof = 0
 
-    def add(self, rows, t, kap, m, om):
-        """Measurements of rows ``rows`` against every column: arrays (len(rows), d)."""
-        z = t / kap
-        w = kap * kap
-        ref = self.ref[rows]
-        ref = np.where(np.isnan(ref), z, ref)
-        self.ref[rows] = ref
-        dz = z - ref
-        self.s0[rows] += w
-        self.s1[rows] += w * dz
-        self.s2[rows] += w * dz * dz
-        self.n[rows] += 1
+    def add(self, rows, cols, t, kap, m, om, max_logit: float = np.inf):
+        """Measurements of directions ``rows`` against columns ``cols``: arrays (len(rows),
+        len(cols)). A logit that is not finite or beyond ``max_logit`` carries no weight."""
+        ix = np.ix_(rows, cols)
+        ok = np.abs(t) <= max_logit  # False for NaN
+        z = np.where(ok, t / kap, 0.0)
+        w = np.where(ok, kap * kap, 0.0)
+        ref = self.ref[ix]
+        ref = np.where(np.isnan(ref) & ok, z, ref)
+        self.ref[ix] = ref
+        dz = np.where(ok, z - ref, 0.0)
+        self.s0[ix] += w
+        self.s1[ix] += w * dz
+        self.s2[ix] += w * dz * dz
+        self.n[ix] += ok
+        good = np.isfinite(m) & np.isfinite(om) & (om > 0)
+        om = np.where(good, om, 0.0)
+        m = np.where(good, m, 0.0)
         w_om = om.sum(axis=1)
-        mhat = (om * m).sum(axis=1) / w_om
+        seen = w_om > 0
+        mhat = np.where(seen, (om * m).sum(axis=1) / np.where(seen, w_om, 1.0), 0.0)
         self.ss += float(np.sum(om * (m - mhat[:, None]) ** 2))
-        self.dof += len(rows) * (m.shape[1] - 1)
+        self.dof += int(np.sum(np.maximum(good.sum(axis=1) - 1, 0)))
+        rows = np.asarray(rows)[seen]
         mref = self.mref[rows]
-        mref = np.where(np.isnan(mref), mhat, mref)
+        mref = np.where(np.isnan(mref), mhat[seen], mref)
         self.mref[rows] = mref
-        self.om[rows] += w_om
-        self.m1[rows] += w_om * (mhat - mref)
+        self.om[rows] += w_om[seen]
+        self.m1[rows] += w_om[seen] * (mhat[seen] - mref)
 
 
 class LowPrecisionValueQueryLearner(BaseLearner):
@@ -426,39 +434,42 @@ class LowPrecisionValueQueryLearner(BaseLearner):
             "the answers are not those of a single attention head: some probe pairs give no "
             f"positive ratio at any of {_MAX_ROUNDS} scales")
 
-    def _search(self, rows, cols, kappa):
+    def _search(self, rows, cols, kappa, acc):
         """For each column, a scale at which directions ``rows`` give usable logits (all finite,
         within ``max_logit``, root-mean-square at least ``target_logit / 10`` unless the column
-        shows only noise). Returns ``kappa`` and the accepted ``t, m, omega`` (len(rows),
+        shows only noise). Every round's answers go into ``acc`` (a measurement at any scale
+        counts, with its weight). Returns ``kappa`` and the accepted logits (len(rows),
         len(cols))."""
         T = float(self.target_logit)
         p = rows.size
         kappa = np.asarray(kappa, dtype=float).copy()
         dither = np.ones(cols.size)
-        t, m, om = (np.full((p, cols.size), np.nan) for _ in range(3))
+        t = np.full((p, cols.size), np.nan)
         todo = np.ones(cols.size, dtype=bool)
         prev_rms = np.full(cols.size, np.nan)
         prev_kap = np.full(cols.size, np.nan)
         for rnd in range(_MAX_ROUNDS):
             idx = np.flatnonzero(todo)
             if idx.size == 0:
-                return kappa, t, m, om
+                return kappa, t
             if rnd:
                 self.n_requeried_ += p * idx.size
             rr, cc = np.tile(rows, idx.size), np.repeat(idx, p)
             out = self._ask(rr, cols[cc], kappa[cc], dither[cc])
             tt, mm, oo = (x.reshape(idx.size, p).T for x in out)
-            t[:, idx], m[:, idx], om[:, idx] = tt, mm, oo
+            acc.add(rows, cols[idx], tt, kappa[idx][None, :], mm, oo, self.max_logit)
+            t[:, idx] = tt
             rms = np.sqrt(np.mean(tt**2, axis=0))
+            finite = np.all(np.isfinite(tt), axis=0)
             big = ~(np.max(np.abs(tt), axis=0) <= self.max_logit)  # NaN counts as big
             small = ~big & (rms < T / 10)
             # a scale raised tenfold that raised the logits less than twofold shows noise only:
             # the column is zero to the answers' precision, and its scale is kept
             stalled = small & (kappa[idx] >= 10 * prev_kap[idx]) & (rms < 2 * prev_rms[idx])
             prev_rms[idx], prev_kap[idx] = rms, kappa[idx]
-            kappa[idx[big]] /= 100.0
-            up = small & ~stalled
-            kappa[idx[up]] *= np.minimum(1e4, T / np.maximum(rms[up], 1e-300))
+            kappa[idx[big & ~finite]] /= 100.0
+            fix = (big & finite) | (small & ~stalled)
+            kappa[idx[fix]] *= np.minimum(1e4, T / np.maximum(rms[fix], 1e-300))
             todo[idx[~big & (~small | stalled)]] = False
         raise SearchLimitError(
             f"no logit scale gave usable answers within {_MAX_ROUNDS} rounds for "
@@ -477,12 +488,10 @@ class LowPrecisionValueQueryLearner(BaseLearner):
 
         # the model's scale from a few columns, then every column's scale from its pilot rows
         scouts = np.unique(np.linspace(0, d - 1, min(_SCOUT_COLUMNS, d)).astype(int))
-        kap_s, *_ = self._search(np.arange(min(_SCOUT_ROWS, d)), scouts,
-                                 np.full(scouts.size, float(self.initial_logit_scale)))
-        pilot = np.arange(p)
-        kappa_p, tp, mp, op = self._search(pilot, np.arange(d),
-                                           np.full(d, float(np.median(kap_s)) / 2.0))
-        acc.add(pilot, tp, np.broadcast_to(kappa_p, tp.shape), mp, op)
+        kap_s, _ = self._search(np.arange(min(_SCOUT_ROWS, d)), scouts,
+                                np.full(scouts.size, float(self.initial_logit_scale)), acc)
+        cols = np.arange(d)
+        kappa_p, tp = self._search(np.arange(p), cols, np.full(d, np.median(kap_s) / 2.0), acc)
         zero = np.sqrt(np.mean(tp**2, axis=0)) < T / 10  # zero to the answers' precision: these
         # columns keep the pilot's scale. The others aim at a root-mean-square logit lowered
         # where the largest of a column's d logits (about sqrt(2 ln 2d) times it) would pass
@@ -500,8 +509,7 @@ class LowPrecisionValueQueryLearner(BaseLearner):
             if n >= d:
                 break
             rows = np.arange(n, min(4 * n, d))
-            t, kap, m, om = self._pass(rows, kappa, np.ones(d))
-            acc.add(rows, t, kap, m, om)
+            acc.add(rows, cols, *self._pass(rows, kappa, np.ones(d)))
             n = rows[-1] + 1
         self.logit_scale_ = kappa
         n_passes, partial = 1, 0
@@ -512,8 +520,7 @@ class LowPrecisionValueQueryLearner(BaseLearner):
             if rows.size == 0:
                 break
             kap_b = kappa * np.exp(rng.uniform(-_KAPPA_DITHER, _KAPPA_DITHER, size=d))
-            t, kap, m, om = self._pass(rows, kap_b, 10.0 ** rng.uniform(0.0, 1.0, size=d))
-            acc.add(rows, t, kap, m, om)
+            acc.add(rows, cols, *self._pass(rows, kap_b, 10.0 ** rng.uniform(0.0, 1.0, size=d)))
             if rows.size < d:
                 partial = rows.size
                 break
@@ -526,6 +533,8 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         """W and v from the weighted means; noise, error estimates and rank."""
         U = self._U
         d = U.shape[0]
+        if not (np.all(acc.s0 > 0) and np.all(acc.om > 0)):  # every pass re-asks until usable
+            raise AssumptionViolation("some entries of W were never measured by a usable pair")
         T = acc.ref + acc.s1 / acc.s0
         W = U.T @ T
         v = U.T @ (acc.mref + acc.m1 / acc.om)
