@@ -64,7 +64,7 @@ from ._base import (
 )
 from ._probes import balanced_orthonormal, check_v, read_v
 
-__all__ = ["LowPrecisionValueQueryLearner", "pair_logits"]
+__all__ = ["LowPrecisionValueQueryLearner", "pair_logits", "MAX_NOISE_LEVEL"]
 
 #: |beta| / |c u^T v| at most this: the last token's own value stays negligible beside the
 #: smaller answer of a pair, (1 - alpha) |c u^T v| >= exp(-max_logit) |c u^T v|
@@ -77,12 +77,20 @@ _MAX_ROUNDS = 12
 _SCOUT_COLUMNS, _SCOUT_ROWS = 4, 2
 #: queries :meth:`LowPrecisionValueQueryLearner.min_queries` allows that search
 _SCOUT_ALLOWANCE = 3 * 2 * _SCOUT_COLUMNS * _SCOUT_ROWS
+#: largest relative noise of the answers the learner accepts. Beyond it the log-ratio of a pair
+#: is biased by about the noise squared, which averaging does not remove (one significant digit,
+#: relative noise about 0.1, leaves a floor of about 2e-2 on the error of W at d = 16)
+MAX_NOISE_LEVEL = 0.03
 #: half-width of the per-pass dither of a column's logit scale, in log units
 _KAPPA_DITHER = 0.1
 
 
-def pair_logits(y_plus, y_minus, beta, c):
-    """Logits, ``u^T v`` and precision weights from the answers to antipodal pairs.
+#: rows of the array :func:`pair_logits` returns
+_T, _M, _C, _Q, _H = range(5)
+
+
+def pair_logits(y_plus, y_minus, beta, c) -> np.ndarray:
+    """What a pair of answers measures, and how their errors reach it.
 
     Parameters
     ----------
@@ -95,13 +103,12 @@ def pair_logits(y_plus, y_minus, beta, c):
 
     Returns
     -------
-    t : ndarray
-        ``log((y+ - beta) / (beta - y-))``, the logit ``c s u^T W b``; NaN where the ratio is
-        not positive and finite (answers no single head gives, or lost to rounding).
-    m : ndarray
-        ``(y+ - y-) / c``, which is ``u^T v`` (for any sum of heads).
-    omega : ndarray
-        ``c^2 / (y+^2 + y-^2)``: the precision of ``m`` in units of the answers' relative noise.
+    ndarray (5, ...)
+        Row ``_T``: the logit ``log((y+ - beta) / (beta - y-)) = c s u^T W b`` (NaN where the
+        ratio is not positive and finite: answers no single head gives, or lost to rounding).
+        Row ``_M``: ``(y+ - y-) / c``, which is ``u^T v`` for any sum of heads. Row ``_C``: c.
+        Row ``_Q``: ``y+^2 + y-^2``. Row ``_H``: the variance of the logit per unit of relative
+        noise in the answers, ``y+^2 / (y+ - beta)^2 + y-^2 / (beta - y-)^2`` (about 2).
     """
     num1 = y_plus - beta
     num0 = beta - y_minus
@@ -109,16 +116,19 @@ def pair_logits(y_plus, y_minus, beta, c):
         ratio = num1 / num0
         ok = np.isfinite(ratio) & (ratio > 0)
         t = np.where(ok, np.log(np.where(ok, ratio, 1.0)), np.nan)
-        m = (y_plus - y_minus) / c
-        omega = c * c / (y_plus * y_plus + y_minus * y_minus)
-    return t, m, omega
+        return np.stack(np.broadcast_arrays(
+            t, (y_plus - y_minus) / c, c, y_plus * y_plus + y_minus * y_minus,
+            (y_plus / num1) ** 2 + (y_minus / num0) ** 2))
 
 
 class _Entries:
-    """Running weighted means of the measurements of every ``T_lj`` and of every ``u_l^T v``.
+    """Running weighted means of the measurements of every ``T_lj`` and of every ``u_l^T v``,
+    and the sums their error estimates need.
 
     Sums are kept relative to each entry's first measurement, so the scatter is computed without
-    cancellation even when it is at float64 rounding level.
+    cancellation even when it is at float64 rounding level. The answers' noise is modelled as
+    relative, ``var(y) = sigma^2 y^2``, with sigma estimated from the scatter of
+    ``(y+ - y-) / c = u^T v`` over the columns that share a direction.
     """
 
     def __init__(self, d: int):
@@ -126,17 +136,20 @@ class _Entries:
         self.s0 = np.zeros((d, d))  # sum of weights kappa^2
         self.s1 = np.zeros((d, d))  # sum of w (z - ref)
         self.s2 = np.zeros((d, d))  # sum of w (z - ref)^2
+        self.h = np.zeros((d, d))  # sum of kappa^2 H: logit variance per sigma^2
         self.n = np.zeros((d, d), dtype=np.int64)
         self.mref = np.full(d, np.nan)  # u_l^T v: first per-row mean
-        self.om = np.zeros(d)  # its total precision
+        self.om = np.zeros(d)  # sum of weights omega = c^2 / q
         self.m1 = np.zeros(d)
-        self.ss = 0.0  # weighted scatter of u^T v over the columns that share a direction
+        self.ss = 0.0  # omega-weighted scatter of u^T v over the columns sharing a direction
         self.dof = 0
 
-    def add(self, rows, cols, t, kap, m, om, max_logit: float = np.inf):
-        """Measurements of directions ``rows`` against columns ``cols``: arrays (len(rows),
-        len(cols)). A logit that is not finite or beyond ``max_logit`` carries no weight."""
+    def add(self, rows, cols, P, kap, max_logit: float = np.inf):
+        """Measurements ``P`` (:func:`pair_logits`, (5, len(rows), len(cols))) of directions
+        ``rows`` against columns ``cols`` at logit scales ``kap``. A logit that is not finite
+        or beyond ``max_logit`` carries no weight."""
         ix = np.ix_(rows, cols)
+        t = P[_T]
         ok = np.abs(t) <= max_logit  # False for NaN
         z = np.where(ok, t / kap, 0.0)
         w = np.where(ok, kap * kap, 0.0)
@@ -147,9 +160,11 @@ class _Entries:
         self.s0[ix] += w
         self.s1[ix] += w * dz
         self.s2[ix] += w * dz * dz
+        self.h[ix] += np.where(ok, w * P[_H], 0.0)
         self.n[ix] += ok
-        good = np.isfinite(m) & np.isfinite(om) & (om > 0)
-        om = np.where(good, om, 0.0)
+        m, c, q = P[_M], P[_C], P[_Q]
+        good = np.isfinite(m) & (q > 0) & np.isfinite(q)
+        om = np.where(good, c * c / np.where(good, q, 1.0), 0.0)
         m = np.where(good, m, 0.0)
         w_om = om.sum(axis=1)
         seen = w_om > 0
@@ -162,6 +177,10 @@ class _Entries:
         self.mref[rows] = mref
         self.om[rows] += w_om[seen]
         self.m1[rows] += w_om[seen] * (mhat[seen] - mref)
+
+    def noise(self) -> float:
+        """The answers' relative noise sigma (NaN before two columns shared a direction)."""
+        return float(np.sqrt(self.ss / self.dof)) if self.dof else float("nan")
 
 
 class LowPrecisionValueQueryLearner(BaseLearner):
@@ -224,14 +243,16 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         Relative noise of the answers (root-mean-square of error / answer), estimated from the
         scatter of ``u^T v`` over the columns that share a direction.
     W_error_estimate_ : float
-        Estimated relative Frobenius error of ``W_``: the logits' noise (``2 noise_level_^2``,
-        or the residual scatter of repeated measurements where that is larger) propagated
-        through the weighted means, times ``sqrt(r (2d - r)) / d`` after truncation to rank r.
+        Estimated relative Frobenius error of ``W_``: the answers' noise propagated through the
+        logits and the weighted means (or, per column, the residual scatter of repeated
+        measurements where that is larger), times ``sqrt(r (2d - r)) / d`` after truncation to
+        rank r.
     v_error_estimate_ : float
         Estimated relative error of ``v_``.
     residual_ratio_ : float
-        Scatter of repeated logit measurements over the ``2 noise_level_^2`` that the noise
-        level predicts (about 1 for a single head; NaN when no entry was measured twice).
+        Error of W predicted from the scatter of repeated logit measurements over the error the
+        noise level predicts, both squared (about 1 for a single head; NaN when no entry was
+        measured twice).
     singular_values_ : ndarray (d,)
         Singular values of the dense estimate before truncation.
     n_passes_ : int
@@ -374,10 +395,11 @@ class LowPrecisionValueQueryLearner(BaseLearner):
                 "for the logit scale and pairs asked again at a smaller scale took the rest)")
 
     def _ask(self, rows, cols, kappa, dither):
-        """Ask the pairs (direction ``rows[k]``, column ``cols[k]``); ``t, m, omega`` (n,)."""
+        """Ask the pairs (direction ``rows[k]``, column ``cols[k]``); returns their
+        :func:`pair_logits` (5, n)."""
         n, d = rows.size, self._U.shape[1]
         self._need(2 * n)
-        t, m, om = (np.empty(n) for _ in range(3))
+        P = np.empty((5, n))
         for sl in chunk_slices(n, max(1, self.block_bytes // (32 * d))):
             k = sl.stop - sl.start
             cj = cols[sl]
@@ -387,17 +409,17 @@ class LowPrecisionValueQueryLearner(BaseLearner):
             np.negative(X[:, 0, 0, :], out=X[:, 1, 0, :])
             X[np.arange(k), :, :, cj] += s[:, None, None]
             y = np.asarray(self._oracle(X.reshape(2 * k, 2, d)), dtype=float).reshape(k, 2)
-            t[sl], m[sl], om[sl] = pair_logits(y[:, 0], y[:, 1], s * self._v0[cj], c)
-        return t, m, om
+            P[:, sl] = pair_logits(y[:, 0], y[:, 1], s * self._v0[cj], c)
+        return P
 
     def _ask_rows(self, rows, kappa, dither):
         """Directions ``rows`` against every column at the columns' ``kappa`` and ``dither``
-        (d,): ``t, m, omega`` of shape (len(rows), d). The pairs of a column share their last
-        token and are asked one after the other."""
+        (d,): their :func:`pair_logits`, (5, len(rows), d). The pairs of a column share their
+        last token and are asked one after the other."""
         U = self._U[rows]
         r, d = U.shape
         self._need(2 * r * d)
-        t, m, om = (np.empty((r, d)) for _ in range(3))
+        P = np.empty((5, r, d))
         per = max(1, min(d, self.block_bytes // (32 * r * d)))  # columns per batch
         buf = np.empty((per, r, 2, 2, d))  # reused: no page faults per batch
         for sl in chunk_slices(d, per):
@@ -411,24 +433,24 @@ class LowPrecisionValueQueryLearner(BaseLearner):
             X[np.arange(k), :, :, :, cols] += s[:, None, None, None]
             y = np.asarray(self._oracle(X.reshape(2 * k * r, 2, d)), dtype=float)
             y = y.reshape(k, r, 2)
-            tt, mm, oo = pair_logits(y[:, :, 0], y[:, :, 1], (s * self._v0[cols])[:, None],
-                                     c[:, None])
-            t[:, sl], m[:, sl], om[:, sl] = tt.T, mm.T, oo.T
-        return t, m, om
+            P[:, :, sl] = pair_logits(y[:, :, 0], y[:, :, 1], (s * self._v0[cols])[:, None],
+                                      c[:, None]).transpose(0, 2, 1)
+        return P
 
     def _pass(self, rows, kappa, dither):
         """One pass of ``rows`` over every column; pairs with a non-finite or too large logit
-        are asked again at a tenth of the scale. Returns ``t, kappa, m, omega`` per entry."""
-        t, m, om = self._ask_rows(rows, kappa, dither)
-        kap = np.broadcast_to(kappa, t.shape).copy()
-        dit = np.broadcast_to(dither, t.shape)
+        are asked again at a tenth of the scale. Returns the :func:`pair_logits` of every entry
+        and its scale."""
+        P = self._ask_rows(rows, kappa, dither)
+        kap = np.broadcast_to(kappa, P.shape[1:]).copy()
+        dit = np.broadcast_to(dither, P.shape[1:])
         for _ in range(_MAX_ROUNDS):
-            bad = ~(np.abs(t) <= self.max_logit)
+            bad = ~(np.abs(P[_T]) <= self.max_logit)
             if not bad.any():
-                return t, kap, m, om
+                return P, kap
             r, c = np.nonzero(bad)
             kap[r, c] /= 10.0
-            t[r, c], m[r, c], om[r, c] = self._ask(rows[r], c, kap[r, c], dit[r, c])
+            P[:, r, c] = self._ask(rows[r], c, kap[r, c], dit[r, c])
             self.n_requeried_ += r.size
         raise AssumptionViolation(
             "the answers are not those of a single attention head: some probe pairs give no "
@@ -455,9 +477,10 @@ class LowPrecisionValueQueryLearner(BaseLearner):
             if rnd:
                 self.n_requeried_ += p * idx.size
             rr, cc = np.tile(rows, idx.size), np.repeat(idx, p)
-            out = self._ask(rr, cols[cc], kappa[cc], dither[cc])
-            tt, mm, oo = (x.reshape(idx.size, p).T for x in out)
-            acc.add(rows, cols[idx], tt, kappa[idx][None, :], mm, oo, self.max_logit)
+            P = self._ask(rr, cols[cc], kappa[cc], dither[cc]).reshape(5, idx.size, p)
+            P = P.transpose(0, 2, 1)
+            acc.add(rows, cols[idx], P, kappa[idx][None, :], self.max_logit)
+            tt = P[_T]
             t[:, idx] = tt
             rms = np.sqrt(np.mean(tt**2, axis=0))
             finite = np.all(np.isfinite(tt), axis=0)
@@ -471,9 +494,20 @@ class LowPrecisionValueQueryLearner(BaseLearner):
             fix = (big & finite) | (small & ~stalled)
             kappa[idx[fix]] *= np.minimum(1e4, T / np.maximum(rms[fix], 1e-300))
             todo[idx[~big & (~small | stalled)]] = False
+        self._check_noise(acc)
         raise SearchLimitError(
             f"no logit scale gave usable answers within {_MAX_ROUNDS} rounds for "
             f"{int(todo.sum())} columns (the answers may not come from an attention head)")
+
+    @staticmethod
+    def _check_noise(acc) -> None:
+        """Raise when the answers are too coarse for the learner's error model."""
+        rel = acc.noise() if acc.dof >= 10 else 0.0
+        if rel > MAX_NOISE_LEVEL:
+            raise AssumptionViolation(
+                f"the answers carry a relative noise of {rel:.3g}, above "
+                f"the {MAX_NOISE_LEVEL:g} this learner allows: a pair's log-ratio is then biased "
+                "by about the noise squared, which no number of queries averages away")
 
     # -- fit ------------------------------------------------------------------------------------
     def _fit(self, oracle, d: int, rng: np.random.Generator) -> None:
@@ -509,8 +543,9 @@ class LowPrecisionValueQueryLearner(BaseLearner):
             if n >= d:
                 break
             rows = np.arange(n, min(4 * n, d))
-            acc.add(rows, cols, *self._pass(rows, kappa, np.ones(d)))
+            acc.add(rows, cols, *self._pass(rows, kappa, np.ones(d)))  # (P, kappa)
             n = rows[-1] + 1
+        self._check_noise(acc)  # before the rest of the budget is spent
         self.logit_scale_ = kappa
         n_passes, partial = 1, 0
         while True:
@@ -538,18 +573,20 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         T = acc.ref + acc.s1 / acc.s0
         W = U.T @ T
         v = U.T @ (acc.mref + acc.m1 / acc.om)
-        sigma2 = acc.ss / acc.dof if acc.dof > 0 else np.nan
         rss = float(np.sum(acc.s2 - acc.s1**2 / acc.s0))
         dof_t = int(np.sum(acc.n - 1))
-        resid2 = max(rss, 0.0) / dof_t if dof_t > 0 else np.nan
-        if not np.isfinite(sigma2):  # d = 1: no column shares a direction; use the residuals
-            sigma2 = resid2 / 2.0 if np.isfinite(resid2) else 0.0
-        self.noise_level_ = float(np.sqrt(sigma2))
-        self.residual_ratio_ = (resid2 / (2.0 * sigma2) if np.isfinite(resid2) and sigma2 > 0
-                                else float("nan"))
-        var_t = max(2.0 * sigma2, resid2) if np.isfinite(resid2) else 2.0 * sigma2
-        trace = np.sum(1.0 / acc.s0, axis=0)  # per column: sum over l of 1 / sum kappa^2
-        col_err = np.sqrt(var_t * trace)  # error norm of each column
+        resid2 = max(rss, 0.0) / dof_t if dof_t > 0 else np.nan  # kappa^2-weighted logit scatter
+        rel = acc.noise()
+        if not np.isfinite(rel):  # d = 1: no column shares a direction; use the residuals
+            rel = float(np.sqrt(resid2 / 2.0)) if np.isfinite(resid2) else 0.0
+        self.noise_level_ = rel
+        # variance of each T_lj: the answers' noise through the weighted mean, and the scatter
+        # of repeated measurements where that is larger (per column)
+        col_model = rel**2 * np.sum(acc.h / acc.s0**2, axis=0)
+        col_resid = resid2 * np.sum(1.0 / acc.s0, axis=0) if dof_t > 0 else np.zeros(d)
+        self.residual_ratio_ = (float(np.sum(col_resid) / np.sum(col_model))
+                                if dof_t > 0 and np.sum(col_model) > 0 else float("nan"))
+        col_err = np.sqrt(np.maximum(col_model, col_resid))  # error norm of each column
         E = float(np.sqrt(np.sum(col_err**2)))
         Wn, vn = float(np.linalg.norm(W)), float(np.linalg.norm(v))
         Uw, sv, Vt = np.linalg.svd(W)
@@ -562,12 +599,12 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         self.rank_ = r
         shrink = np.sqrt(r * (2 * d - r)) / d if r < d else 1.0
         self.W_error_estimate_ = E * shrink / Wn if Wn > 0 else float("inf")
-        self.v_error_estimate_ = (float(np.sqrt(sigma2 * np.sum(1.0 / acc.om))) / vn if vn > 0
+        self.v_error_estimate_ = (rel * float(np.sqrt(np.sum(1.0 / acc.om))) / vn if vn > 0
                                   else float("inf"))
         # the check's tolerance uses the answers' noise alone, which a box that is not a single
         # head does not inflate (unlike the scatter of the logits)
-        self._W_err_noise = (float(np.sqrt(2.0 * sigma2 * np.sum(trace))) * shrink / Wn
-                             if Wn > 0 else 0.0)
+        self._W_err_noise = (float(np.sqrt(np.sum(col_model))) * shrink / Wn if Wn > 0
+                             else 0.0)
         if r < d:
             self.W_factors_ = (Uw[:, :r] * sv[:r], Vt[:r].T.copy())
             self._W = None
@@ -577,8 +614,8 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         self.v_ = v
 
     def _check_tolerance(self) -> float:
-        """Relative tolerance of the check: the answers' own rounding (a few times their
-        relative noise) and the estimate's error, with a margin."""
+        """Relative tolerance of the check: the answers' own noise (six times its relative
+        size) and the estimate's error, with a margin of ten."""
         return float(6.0 * self.noise_level_
                      + 10.0 * (self._W_err_noise + self.v_error_estimate_) + 1e-9)
 
