@@ -270,7 +270,8 @@ def rounding_run(cell: dict, rng: np.random.Generator) -> dict:
     elif learner == "lowprecision":
         n = int(round(cell["queries_per_unknown"] * (d * d + d)))
         est = LowPrecisionValueQueryLearner(n, random_state=learner_rng).fit(oracle)
-        extra.update(W_error_estimate=est.W_error_estimate_, noise_level=est.noise_level_)
+        extra.update(W_error_estimate=est.W_error_estimate_, noise_level=est.noise_level_,
+                     n_passes=est.n_passes_)
     else:
         raise ModelError(f"unknown rounding learner {learner!r}")
     m = head_errors(est.W_, est.v_, head.W, head.v)

@@ -24,10 +24,10 @@ __all__ = ["lowprecision_claims", "lowprecision_frame", "slope_fits", "queries_n
 
 #: interval the exponent of the error against queries, pooled over precisions, must fall in
 SLOPE_RANGE = (-0.6, -0.4)
-#: the exponents are fitted on budgets from this many queries per unknown: below it the first
-#: pass over W (asked at a lower logit scale while the columns' scales are still being learnt)
-#: and the fixed costs (v, the scale search, the check) weigh more than averaging does
-SLOPE_FROM = 5.0
+#: the exponents are fitted on runs with at least this many complete passes over W: with fewer,
+#: the first pass (asked at a lower logit scale while the columns' scales are still being
+#: learnt) and the fixed costs (v, the scale search, the check) weigh more than averaging does
+SLOPE_FROM_PASSES = 4
 #: interval each precision's exponent must fall in
 PRECISION_SLOPE_RANGE = (-0.75, -0.25)
 #: measured error / the learner's estimate must lie in this range ...
@@ -51,6 +51,7 @@ def lowprecision_frame(df) -> pd.DataFrame:
     rows["spent"] = rows["n_queries"].astype(float) / (d * d + d)
     rows["estimate"] = extra_values(rows, "W_error_estimate", np.nan).astype(float)
     rows["digits"] = extra_values(rows, "effective_digits", np.nan).astype(float)
+    rows["passes"] = extra_values(rows, "n_passes", 0).astype(int)
     rows["unit"] = [f"{f}|{dd}|{la}|{he}|{s}" for f, dd, la, he, s in zip(
         rows["family"], rows["d"], rows["layer"], rows["head"], rows["seed"], strict=True)]
     return rows
@@ -62,12 +63,13 @@ def _order(rows) -> list[str]:
     return list(dig.sort_values(ascending=False).index)
 
 
-def slope_fits(rows, start: float = SLOPE_FROM) -> dict:
-    """Exponent of the error of W against the queries spent, on budgets of at least ``start``
-    queries per unknown: per (family, precision) and pooled over every precision but float64
-    (per family and all; family None), with a constant per head and precision."""
+def slope_fits(rows, min_passes: int = SLOPE_FROM_PASSES) -> dict:
+    """Exponent of the error of W against the queries spent, on runs with at least
+    ``min_passes`` complete passes over W: per (family, precision) and pooled over every
+    precision but float64 (per family and all; family None), with a constant per head and
+    precision."""
     out = {}
-    sub = rows[(rows["rounding"] != "float64") & (rows["queries_per_unknown"] >= start)]
+    sub = rows[(rows["rounding"] != "float64") & (rows["passes"] >= min_passes)]
     for fam in [*sorted(sub["family"].unique()), None]:
         g = sub if fam is None else sub[sub["family"] == fam]
         keys = [None, *sorted(g["rounding"].unique())]
@@ -127,15 +129,15 @@ def lowprecision_claims(df) -> list[Claim]:
         + (f"; failed: {sorted(set(bad['rounding']))}" if len(bad) else "")))
     fits = slope_fits(rows)
     pooled = fits.get((None, None))
-    whole = slope_fits(rows, start=0.0).get((None, None))
+    whole = slope_fits(rows, min_passes=0).get((None, None))
     claims.append(Claim(
         "lowprecision_slope",
         f"the error of W falls like queries^(-1/2): exponent pooled over precisions (float64 "
-        f"aside), budgets >= {SLOPE_FROM:g} queries per unknown, in "
+        f"aside), runs with >= {SLOPE_FROM_PASSES} passes over W, in "
         f"[{SLOPE_RANGE[0]}, {SLOPE_RANGE[1]}]",
         bool(pooled is not None and SLOPE_RANGE[0] <= pooled.slope <= SLOPE_RANGE[1]),
         (f"exponent {pooled}" if pooled is not None else "no fit")
-        + (f"; on every budget {whole}" if whole is not None else "")))
+        + (f"; on every run {whole}" if whole is not None else "")))
     each = {k[1]: f for k, f in fits.items() if k[0] is None and k[1] is not None}
     out = sorted(s for s, f in each.items()
                  if not PRECISION_SLOPE_RANGE[0] <= f.slope <= PRECISION_SLOPE_RANGE[1])
@@ -216,7 +218,7 @@ def lowprecision(df):
             ax.errorbar(agg["spent"], agg["med"], yerr=[agg["med"] - agg["lo"],
                                                         agg["hi"] - agg["med"]],
                         fmt="o-", ms=3, capsize=1.5, lw=0.9, color=color[spec], label=lab)
-        ref = g[(g["rounding"] == "float16") & (g["queries_per_unknown"] >= SLOPE_FROM)]
+        ref = g[(g["rounding"] == "float16") & (g["passes"] >= SLOPE_FROM_PASSES)]
         if len(ref):
             k0 = ref["queries_per_unknown"].min()
             x0 = float(ref[ref["queries_per_unknown"] == k0]["spent"].median())
@@ -234,7 +236,7 @@ def lowprecision(df):
         ax.set_title(f"({'ab'[list(FAMILIES).index(fam)]}) {FAMILIES[fam]} ({heads} heads"
                      f"{', ' + desc if desc else ''})"
                      + (f"\nexponent {pooled.slope:.3f} [{pooled.lo:.3f}, {pooled.hi:.3f}] "
-                        f"(budgets >= {SLOPE_FROM:g})" if pooled is not None else ""),
+                        f"(>= {SLOPE_FROM_PASSES} passes)" if pooled is not None else ""),
                      fontsize=7.5)
         if len(g):  # room below the curves for the legend
             lo = float(g["rel_err_W"].min())

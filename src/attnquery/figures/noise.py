@@ -7,7 +7,7 @@ import json
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..claims import Claim, ok_rows
+from ..claims import Claim, extra_values, ok_rows
 from ..experiments.noise import USEFUL_REL_ERR, cell_meets_assumptions, precision_digits
 from ..learners.noisy import theorem61_guarantee
 from ..metrics import fit_linear
@@ -267,7 +267,8 @@ def rounding_costs(df, target: float) -> dict:
         return {}
     d = lp["d"].astype(float)
     lp = lp.assign(family="rounding", spent=lp["n_queries"] / (d * d + d),
-                   unit=lp["d"].astype(str) + "|" + lp["seed"].astype(str))
+                   unit=lp["d"].astype(str) + "|" + lp["seed"].astype(str),
+                   passes=extra_values(lp, "n_passes", 0).astype(int))
     return {spec: v for (_, spec), v in queries_needed(lp, target).items()}
 
 

@@ -53,7 +53,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.stats
 
-from ..errors import AssumptionViolation, BudgetExceededError, ConfigError, SearchLimitError
+from ..errors import AssumptionViolation, BudgetExceededError, ConfigError, ModelMismatchError
 from ._base import (
     DEFAULT_VERIFY,
     BaseLearner,
@@ -334,14 +334,14 @@ class LowPrecisionValueQueryLearner(BaseLearner):
             queries than are left.
         NotIdentifiableError
             Every answer to the one-row queries is 0 (v = 0).
-        SearchLimitError
-            No logit scale gives usable answers within the search's rounds.
         AssumptionViolation
-            Some pairs give no positive ratio at any scale (no single head answers so).
+            The answers' relative noise is above ``MAX_NOISE_LEVEL`` (0.03: one significant
+            digit, for instance), where averaging cannot remove the bias of a pair's log-ratio.
         ModelMismatchError
-            The check queries disagree with the estimate beyond the learner's own error
-            estimate: the box is not a single attention head (or its answers are noisier than
-            their scatter shows).
+            The box is not a single attention head: some pairs give no positive ratio at any
+            scale, or the check queries disagree with the estimate beyond the learner's own
+            error estimate (also when the answers carry additive noise that is large beside the
+            check's answers: the error model is relative).
         """
         self._validate_params()
         d = check_oracle(oracle)
@@ -452,7 +452,7 @@ class LowPrecisionValueQueryLearner(BaseLearner):
             kap[r, c] /= 10.0
             P[:, r, c] = self._ask(rows[r], c, kap[r, c], dit[r, c])
             self.n_requeried_ += r.size
-        raise AssumptionViolation(
+        raise ModelMismatchError(
             "the answers are not those of a single attention head: some probe pairs give no "
             f"positive ratio at any of {_MAX_ROUNDS} scales")
 
@@ -495,9 +495,9 @@ class LowPrecisionValueQueryLearner(BaseLearner):
             kappa[idx[fix]] *= np.minimum(1e4, T / np.maximum(rms[fix], 1e-300))
             todo[idx[~big & (~small | stalled)]] = False
         self._check_noise(acc)
-        raise SearchLimitError(
-            f"no logit scale gave usable answers within {_MAX_ROUNDS} rounds for "
-            f"{int(todo.sum())} columns (the answers may not come from an attention head)")
+        raise ModelMismatchError(
+            f"the answers are not those of a single attention head: no logit scale gave usable "
+            f"answers within {_MAX_ROUNDS} rounds for {int(todo.sum())} columns")
 
     @staticmethod
     def _check_noise(acc) -> None:
