@@ -35,7 +35,7 @@ from attnquery.learners import LowPrecisionValueQueryLearner
 from attnquery.learners.lowprecision import MAX_NOISE_LEVEL, pair_logits
 from attnquery.metrics import fit_power_law_within, relative_error
 from attnquery.models import AttentionHead, MultiHeadAttention, random_head
-from attnquery.oracles import MembershipOracle, RoundingOracle, ValueOracle
+from attnquery.oracles import MembershipOracle, RoundingOracle
 from attnquery.results import rows_to_table
 
 SEED = 20260122
