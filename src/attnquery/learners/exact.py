@@ -26,6 +26,7 @@ from ..errors import ConfigError
 from ._base import BaseLearner, check_budget, check_oracle
 from ._probes import (
     Prober,
+    balanced_orthonormal,
     check_probe_params,
     check_v,
     coordinate_rows,
@@ -108,17 +109,7 @@ class ExactValueQueryLearner(BaseLearner):
         d = v.size
         vmax = np.max(np.abs(v))
         if self.probes == "orthogonal":
-            G = rng.standard_normal((d, d))
-            Qm, Rm = np.linalg.qr(G)
-            R = (Qm * np.sign(np.diag(Rm))).T  # Haar-distributed orthogonal rows
-            vn = v / np.linalg.norm(v)
-            w = rng.choice([-1.0, 1.0], size=d) / np.sqrt(d)
-            h = R @ vn - w  # Householder reflection taking R v to w
-            nh = np.linalg.norm(h)
-            if nh > 0:
-                h /= nh
-                R = R - 2.0 * np.outer(h, h @ R)
-            return R
+            return balanced_orthonormal(v, rng)
         if self.probes == "basis":
             U = np.eye(d)
             p = int(np.argmax(np.abs(v)))
