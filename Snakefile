@@ -41,7 +41,7 @@ wildcard_constraints:
     figure=alternatives(FIGURES),
 
 
-include: "workflow/rules/realheads.smk"
+include: "workflow/rules/checkpoints.smk"
 include: "workflow/rules/study.smk"
 include: "workflow/rules/figures.smk"
 

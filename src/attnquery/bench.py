@@ -230,6 +230,52 @@ def bench_nuclear() -> list[dict]:
     return rows
 
 
+@register_benchmark("lowprecision")
+def bench_lowprecision() -> list[dict]:
+    """LowPrecisionValueQueryLearner on the MiniLM head of layer 3, head 5 (d = 384) behind float16,
+    bfloat16 and 3-significant-digit answers, at 2.1 and 50 queries per unknown (d^2 + d): queries
+    counted, errors, the learner's own estimate, wall and CPU time (oracle included) and the time
+    spent in the head. Needs ``data/minilm/model.safetensors`` (``make reproduce`` fetches it).
+    Run with ``OPENBLAS_NUM_THREADS=1``, as the workflow's jobs do, on a busy machine: threaded
+    matrix-vector products in the simulated head slow down tenfold when the cores are shared."""
+    import os
+    from pathlib import Path
+
+    from .learners import LowPrecisionValueQueryLearner
+    from .metrics import relative_error
+    from .oracles import RoundingOracle
+    from .realheads import head_from_checkpoint
+
+    path = Path("data/minilm/model.safetensors")
+    if not path.exists():
+        raise SystemExit(f"{path} is missing: run `make reproduce` (or the realheads fetch) first")
+    head = head_from_checkpoint(path, 3, 5, n_heads=12)
+    d = head.d
+    rows = []
+    for q in (2.1, 50):
+        for spec, kw in (("float16", {"dtype": "float16"}), ("bfloat16", {"dtype": "bfloat16"}),
+                         ("3 digits", {"digits": 3})):
+            box = _TimedBox(head)
+            oracle = RoundingOracle(box, d, **kw)
+            t0, c0 = time.perf_counter(), time.process_time()
+            est = LowPrecisionValueQueryLearner(int(q * (d * d + d)), random_state=0).fit(oracle)
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            rows.append({
+                "answers": spec,
+                "queries (counted)": oracle.n_queries,
+                "per unknown": round(oracle.n_queries / (d * d + d), 3),
+                "rel. error W": relative_error(est.W_, head.W),
+                "estimate": float(est.W_error_estimate_),
+                "rel. error v": relative_error(est.v_, head.v),
+                "rank found": est.rank_,
+                "wall time (s)": round(wall, 1),
+                "CPU time (s)": round(cpu, 1),
+                "of which in the head (s)": round(box.seconds, 1),
+                "BLAS threads": os.environ.get("OPENBLAS_NUM_THREADS", "default"),
+            })
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m attnquery.bench", description=__doc__)
     parser.add_argument("name", nargs="?", default="all",

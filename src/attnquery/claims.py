@@ -8,9 +8,10 @@ whatever its check says.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
-__all__ = ["Claim", "ok_rows", "no_data"]
+__all__ = ["Claim", "ok_rows", "no_data", "extra_values"]
 
 
 @dataclass(frozen=True)
@@ -56,3 +57,9 @@ def ok_rows(df, experiment: str | None = None):
     if experiment is not None:
         df = df[df["experiment"] == experiment]
     return df[df["status"] == "ok"]
+
+
+def extra_values(df, key: str, default=None):
+    """The ``key`` entry of each row's ``extra`` JSON column (``default`` where it is absent)."""
+    return df["extra"].map(lambda s: json.loads(s).get(key, default) if isinstance(s, str)
+                           else default)

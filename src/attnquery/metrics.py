@@ -17,6 +17,7 @@ __all__ = [
     "functional_error",
     "PowerLawFit",
     "fit_power_law",
+    "fit_power_law_within",
     "fit_linear",
     "nuclear_statdim",
     "head_errors",
@@ -144,6 +145,40 @@ def fit_linear(x, y, level: float = 0.95) -> PowerLawFit:
         n=int(x.size),
         level=level,
     )
+
+
+def fit_power_law_within(x, y, groups, level: float = 0.95) -> PowerLawFit:
+    """One exponent for several power laws ``y = C_g x^slope`` with a constant per group.
+
+    Least squares of log y on log x after demeaning both within each group (a fixed effect per
+    group); the t-interval uses ``n - G - 1`` degrees of freedom for n points in G groups, and
+    the reported intercept is 0 (the constants are the groups'). Positive finite points only.
+
+    Raises
+    ------
+    ConfigError
+        When fewer than 2 residual degrees of freedom remain, or no group has two distinct x.
+    """
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(y, dtype=float)
+    g = np.asarray(groups)
+    ok = (x > 0) & (y > 0) & np.isfinite(x) & np.isfinite(y)
+    lx, ly, g = np.log(x[ok]), np.log(y[ok]), g[ok]
+    _, code = np.unique(g.astype(str), return_inverse=True)
+    n, G = lx.size, int(code.max()) + 1 if lx.size else 0
+    cnt = np.bincount(code, minlength=G) if n else np.zeros(0)
+    cx = lx - (np.bincount(code, lx, G) / cnt)[code] if n else lx
+    cy = ly - (np.bincount(code, ly, G) / cnt)[code] if n else ly
+    sxx = float(cx @ cx)
+    dof = n - G - 1
+    if dof < 2 or sxx <= 0:
+        raise ConfigError(f"a fit within groups needs 2 residual degrees of freedom and a group "
+                          f"with 2 distinct x; got {n} points in {G} groups")
+    slope = float(cx @ cy) / sxx
+    resid = cy - slope * cx
+    half = scipy.stats.t.ppf(0.5 + level / 2, dof) * float(np.sqrt(resid @ resid / dof / sxx))
+    return PowerLawFit(slope=slope, intercept=0.0, lo=slope - half, hi=slope + half, n=n,
+                       level=level)
 
 
 def fit_power_law(x, y, level: float = 0.95) -> PowerLawFit:

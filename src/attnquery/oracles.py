@@ -22,7 +22,8 @@ from .errors import (
 from .rng import seed_int
 
 __all__ = ["Oracle", "ValueOracle", "AntisymmetricOracle", "ApproximateValueOracle",
-           "RoundingOracle", "MembershipOracle", "ToleranceError", "query_hash"]
+           "RoundingOracle", "MembershipOracle", "ToleranceError", "query_hash",
+           "relative_rounding_error", "ROUNDING_DTYPES", "FORMAT_BITS"]
 
 
 class Oracle:
@@ -432,7 +433,18 @@ class ApproximateValueOracle(Oracle):
         return sgn
 
 
-ROUNDING_DTYPES = ("float16", "bfloat16")
+#: binary formats an answer can be rounded to, with their significant bits ("float64" leaves the
+#: black box's float64 answers as they are)
+FORMAT_BITS = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
+ROUNDING_DTYPES = tuple(FORMAT_BITS)
+
+
+def relative_rounding_error(digits: int | None = None, dtype: str | None = None) -> float:
+    """Largest relative error of rounding to ``digits`` significant decimal digits,
+    ``0.5 * 10**(1 - digits)``, or to a binary format with b significant bits, ``2**-b``."""
+    if digits is not None:
+        return 0.5 * 10.0 ** (1 - int(digits))
+    return 2.0 ** -FORMAT_BITS[dtype]
 
 
 def round_significant(y: np.ndarray, digits: int) -> np.ndarray:
@@ -459,7 +471,8 @@ class RoundingOracle(Oracle):
 
     Give exactly one of ``digits`` (round to that many significant decimal digits) or
     ``dtype`` (``"float16"``: IEEE half precision, 11 significant bits; ``"bfloat16"``: 8
-    significant bits; both round to nearest even and are returned as float64).
+    significant bits; ``"float32"``: IEEE single precision, 24 significant bits; all round to
+    nearest even and are returned as float64; ``"float64"`` leaves the answers as they are).
 
     Parameters
     ----------
@@ -469,18 +482,19 @@ class RoundingOracle(Oracle):
         Token dimension.
     digits : int, optional
         Significant decimal digits kept, >= 1.
-    dtype : {"float16", "bfloat16"}, optional
+    dtype : {"float16", "bfloat16", "float32", "float64"}, optional
     budget : int, optional
 
     Attributes
     ----------
     relative_tau : float
         Largest relative rounding error, ``|answer - f(X)| <= relative_tau * |f(X)|`` (up to
-        float16's subnormal range): ``0.5 * 10**(1 - digits)``, ``2**-11`` or ``2**-8``.
+        the subnormal ranges): ``0.5 * 10**(1 - digits)``, or ``2**-b`` for a format with b
+        significant bits (:func:`relative_rounding_error`).
     effective_digits : float
         ``1 - log10(2 * relative_tau)``: the number of significant decimal digits with the same
         worst-case relative error (``k`` for ``digits=k``; float16 about 4.0, bfloat16 about
-        3.1), to place formats on a digits axis.
+        3.1, float32 about 7.9), to place formats on a digits axis.
     """
 
     kind = "rounded value"
@@ -492,7 +506,7 @@ class RoundingOracle(Oracle):
         if not callable(fn):
             raise QueryError(f"fn must be callable; got {type(fn).__name__}")
         if (digits is None) == (dtype is None):
-            raise QueryError("give exactly one of digits=k or dtype='float16' | 'bfloat16'")
+            raise QueryError(f"give exactly one of digits=k or dtype in {ROUNDING_DTYPES}")
         if digits is not None and (
             isinstance(digits, bool) or not isinstance(digits, int | np.integer) or digits < 1
             or digits > 17
@@ -515,9 +529,7 @@ class RoundingOracle(Oracle):
 
     @property
     def relative_tau(self) -> float:
-        if self._digits is not None:
-            return 0.5 * 10.0 ** (1 - self._digits)
-        return 2.0**-11 if self._dtype == "float16" else 2.0**-8
+        return relative_rounding_error(self._digits, self._dtype)
 
     @property
     def effective_digits(self) -> float:
@@ -531,10 +543,12 @@ class RoundingOracle(Oracle):
         y = self._validate_answer(_call_black_box(self.__fn, X), X.shape[0])
         if self._digits is not None:
             return round_significant(y, self._digits)
-        if self._dtype == "float16":
-            with np.errstate(over="ignore"):
-                return y.astype(np.float16).astype(np.float64)
-        return round_bfloat16(y)
+        if self._dtype == "bfloat16":
+            return round_bfloat16(y)
+        if self._dtype == "float64":
+            return y
+        with np.errstate(over="ignore"):
+            return y.astype(self._dtype).astype(np.float64)
 
 
 class MembershipOracle(Oracle):

@@ -89,6 +89,7 @@ PARAM_COLUMNS: dict[str, pa.DataType] = {
     "noise": pa.string(),
     "rounding": pa.string(),
     "oversample": pa.int64(),
+    "queries_per_unknown": pa.float64(),
     "eps": pa.float64(),
     "v_method": pa.string(),
     "c": pa.float64(),

@@ -45,6 +45,8 @@ __all__ = [
     "cell_config_hash",
     "cell_key",
     "keyed_cells",
+    "data_identity",
+    "data_sources",
     "ShardPlan",
     "plan_experiment",
     "read_shard_keys",
@@ -235,12 +237,56 @@ def keyed_cells(name: str, cells: list[dict], section: Mapping, study_seed: int,
     from .experiments import get_experiment
 
     version = version or code_version(name)
-    data = get_experiment(name).identity(section)
+    data = data_identity(get_experiment(name).data(section))
     out = []
     for c in cells:
         ch = cell_config_hash(c, study_seed, data)
         out.append({**c, "config_hash": ch, "code_version": version,
                     "cell_key": cell_key(ch, version)})
+    return out
+
+
+def data_identity(sources: Mapping[str, Mapping]) -> dict:
+    """What identifies the files an experiment reads (see
+    :attr:`attnquery.experiments.Experiment.data`): the sha256 a fetched file is checked
+    against, the parameters a written one is made from, or a given file's own digest.
+
+    Raises
+    ------
+    ConfigError
+        When a given file does not exist (naming it, and the two ways to get one).
+    """
+    from .realheads import sha256_file
+
+    out = {}
+    for path, src in sorted(sources.items()):
+        if src.get("fetch"):
+            out[path] = {"sha256": src["fetch"]["sha256"]}
+        elif src.get("synthetic"):
+            out[path] = {"synthetic": dict(src["synthetic"]), "n_heads": src.get("n_heads")}
+        elif Path(path).is_file():
+            out[path] = {"sha256": sha256_file(path)}
+        else:
+            raise ConfigError(
+                f"checkpoint: {path} does not exist. Either download all-MiniLM-L6-v2 by giving "
+                "the section's fetch (as config/config.yaml does), or write a small seeded test "
+                "checkpoint by giving its synthetic (as config/quick.yaml does); or put a "
+                "safetensors checkpoint at that path")
+    return out
+
+
+def data_sources(config: Mapping, names: Iterable[str]) -> dict[str, dict]:
+    """``{path: source}`` of the files the experiments ``names`` read, merged; raises
+    :class:`ConfigError` when two experiments give one path different sources."""
+    from .experiments import get_experiment
+
+    out: dict[str, dict] = {}
+    for name in names:
+        for path, src in get_experiment(name).data(config["experiments"][name]).items():
+            if path in out and out[path] != src:
+                raise ConfigError(f"experiments.{name}: {path} is given two different sources "
+                                  f"({out[path]} and {src})")
+            out[path] = dict(src)
     return out
 
 

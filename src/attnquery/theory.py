@@ -27,6 +27,9 @@ __all__ = [
     "TRANSFORMER_W_TOL",
     "FFN_TOL",
     "MULTIHEAD_GENERIC_TOL",
+    "LOWPRECISION_GOALS",
+    "LOWPRECISION_GOAL_QUERIES_PER_UNKNOWN",
+    "LOWPRECISION_TARGET",
 ]
 
 # ---------------------------------------------------------------------------------------------
@@ -190,3 +193,14 @@ FFN_TOL = 1e-8
 # ---------------------------------------------------------------------------------------------
 #: relative error of every head's W and v at or below which a generic recovery is a success
 MULTIHEAD_GENERIC_TOL = 1e-8
+
+# ---------------------------------------------------------------------------------------------
+# Beyond the paper: answers rounded to low precision
+# ---------------------------------------------------------------------------------------------
+#: the goals on real heads: precision -> largest relative error of W at budgets of at most
+#: ``LOWPRECISION_GOAL_QUERIES_PER_UNKNOWN (d^2 + d)`` queries
+LOWPRECISION_GOALS = {"float16": 1e-3, "bfloat16": 1e-2, "digits=3": 1e-2}
+#: queries per unknown the goals allow
+LOWPRECISION_GOAL_QUERIES_PER_UNKNOWN = 50.0
+#: relative error of W whose cost in queries the lowprecision figure reports for every precision
+LOWPRECISION_TARGET = 1e-2

@@ -10,6 +10,7 @@ from attnquery.figures import figures_for, get_spec
 from attnquery.pipeline import ClaimsText
 from attnquery.study import (
     figure_sources,
+    data_sources,
     module_closure,
     plan_experiment,
     resource_settings,
@@ -23,6 +24,8 @@ try:
     CELLS = check_config(config)
     ENABLED = enabled_experiments(config)
     RESOURCES = resource_settings(config.get("resources"))
+    # Files the experiments read (checkpoints), with where each comes from.
+    DATA = data_sources(config, ENABLED)
     # What every experiment's table is assembled from: the shards already computed that hold
     # its cells (the cache, keyed by each cell's parameters, seed, data and code version) and
     # new shards for the cells none holds.

@@ -4,7 +4,7 @@
 
 rule run_shard:
     input:
-        lambda w: get_experiment(w.experiment).inputs(section(w.experiment)),
+        lambda w: list(get_experiment(w.experiment).data(section(w.experiment))),
     output:
         rows="results/{experiment}/shards/{shard}.parquet",
         timing="results/{experiment}/shards/{shard}.timing.parquet",

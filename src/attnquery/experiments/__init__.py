@@ -60,10 +60,6 @@ def _no_data(section: Mapping) -> dict:
     return {}
 
 
-def _no_inputs(section: Mapping) -> list[str]:
-    return []
-
-
 @dataclass(frozen=True)
 class Experiment:
     """An experiment family: how to expand its grid and how to run one cell.
@@ -79,11 +75,13 @@ class Experiment:
     seconds : callable(cell) -> float
         Estimated seconds one cell takes on one core (a cost model measured on the default study;
         the cluster's runtime requests are made from it, see :mod:`attnquery.study`).
-    identity : callable(section) -> dict
-        What identifies the data the cells read (e.g. a checkpoint's sha256): part of every
-        cell's key, so that other data give other results.
-    inputs : callable(section) -> list of str
-        Files the cells read (e.g. a checkpoint), inputs of every compute job.
+    data : callable(section) -> dict
+        Files the cells read (a checkpoint), each with where it comes from:
+        ``{path: {"fetch": {...}}}`` (downloaded by the workflow), ``{path: {"synthetic":
+        {...}, "n_heads": H}}`` (written by it) or ``{path: {}}`` (given: it must exist). They
+        are inputs of every compute job, and what identifies them (the sha256 they are fetched
+        with, the parameters they are written from, or the file's digest) is part of every cell's
+        key (:func:`attnquery.study.data_identity`).
     """
 
     name: str
@@ -91,8 +89,7 @@ class Experiment:
     run: Callable[[dict, np.random.Generator], dict]
     description: str = ""
     seconds: Callable[[Mapping], float] = _one_second
-    identity: Callable[[Mapping], dict] = _no_data
-    inputs: Callable[[Mapping], list[str]] = _no_inputs
+    data: Callable[[Mapping], dict] = _no_data
 
 
 EXPERIMENTS: dict[str, Experiment] = {}
@@ -107,8 +104,8 @@ def register(exp: Experiment) -> Experiment:
 
 
 #: the experiment families: each has a module here and one in attnquery.figures
-FAMILIES = ("exact", "lowrank", "membership", "multihead", "multihead_generic", "noise",
-            "realheads", "transformer")
+FAMILIES = ("exact", "lowprecision", "lowrank", "membership", "multihead", "multihead_generic",
+            "noise", "realheads", "transformer")
 
 
 def _load_all() -> None:

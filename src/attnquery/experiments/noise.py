@@ -10,7 +10,8 @@ elsewhere).
 
 "rounding": the output-rounding defence. The same heads behind a
 :class:`~attnquery.oracles.RoundingOracle` (2..12 significant digits, float16, bfloat16), attacked
-by the exact, the noisy and the low-rank sketch learner.
+by the exact, the noisy and the low-rank sketch learner, and by the low-precision learner at
+several budgets (``queries_per_unknown`` times ``d^2 + d`` queries).
 """
 
 from __future__ import annotations
@@ -20,17 +21,23 @@ import numpy as np
 from ..errors import AttnQueryError, ConfigError, ModelError
 from ..learners import (
     ExactValueQueryLearner,
+    LowPrecisionValueQueryLearner,
     NoisyValueQueryLearner,
     SketchLowRankLearner,
 )
 from ..learners.noisy import theorem61_guarantee, theorem61_required_tau
 from ..metrics import fit_counted, head_errors
 from ..models import AttentionHead
-from ..oracles import ApproximateValueOracle, RoundingOracle
+from ..oracles import (
+    ROUNDING_DTYPES,
+    ApproximateValueOracle,
+    RoundingOracle,
+    relative_rounding_error,
+)
 from . import Experiment, grid, register
 
 __all__ = ["theorem_head", "assumptions_met", "cell_meets_assumptions", "parse_rounding",
-           "rounding_oracle", "UndefinedEstimate",
+           "rounding_oracle", "precision_digits", "precision_relative_tau", "UndefinedEstimate",
            "NOISE_LEARNERS", "ROUNDING_LEARNERS"]
 
 NOISE_LEARNERS = ("noisy", "unclipped", "exact")
@@ -42,7 +49,7 @@ BOUND_RTOL, BOUND_ATOL = 1e-9, 1e-14
 def within(err: float, bound: float) -> bool:
     """``err <= bound`` up to float64 rounding of the answers."""
     return bool(err <= bound * (1 + BOUND_RTOL) + BOUND_ATOL)
-ROUNDING_LEARNERS = ("exact", "noisy", "lowrank")
+ROUNDING_LEARNERS = ("exact", "noisy", "lowrank", "lowprecision")
 
 
 def theorem_head(d: int, rng, W_bound: float, mu: float, zero_frac: float = 0.0,
@@ -193,12 +200,24 @@ def noise_run(cell: dict, rng: np.random.Generator) -> dict:
 # rounding
 # ---------------------------------------------------------------------------------------------
 def parse_rounding(spec: str) -> dict:
-    """``"digits=4"`` -> {"digits": 4}; ``"float16"`` / ``"bfloat16"`` -> {"dtype": ...}."""
-    if spec in ("float16", "bfloat16"):
+    """``"digits=4"`` -> {"digits": 4}; a format (``"float16"``, ``"bfloat16"``, ``"float32"``,
+    ``"float64"``: answers as they are) -> {"dtype": ...}."""
+    if spec in ROUNDING_DTYPES:
         return {"dtype": spec}
     if spec.startswith("digits="):
         return {"digits": int(spec.split("=", 1)[1])}
-    raise ModelError(f"rounding must be 'digits=k', 'float16' or 'bfloat16'; got {spec!r}")
+    raise ModelError(f"rounding must be 'digits=k' or one of {ROUNDING_DTYPES}; got {spec!r}")
+
+
+def precision_relative_tau(spec: str) -> float:
+    """Largest relative error of the answers' rounding named by ``spec``."""
+    return relative_rounding_error(**parse_rounding(spec))
+
+
+def precision_digits(spec: str) -> float:
+    """Significant decimal digits with the same largest relative error as ``spec`` (``k`` for
+    ``digits=k``; float16 about 4.0, bfloat16 3.1, float32 7.9, float64 16.0)."""
+    return float(1.0 - np.log10(2.0 * precision_relative_tau(spec)))
 
 
 def rounding_oracle(head, d: int, spec: str) -> RoundingOracle:
@@ -207,7 +226,8 @@ def rounding_oracle(head, d: int, spec: str) -> RoundingOracle:
 
 
 def rounding_cells(cfg) -> list[dict]:
-    """Cells of "rounding": learner x rounding (digits, formats) x d x seed."""
+    """Cells of "rounding": learner x rounding (digits, formats) x d x seed, and for the
+    low-precision learner x ``lowprecision_queries_per_unknown``."""
     specs = [f"digits={k}" for k in cfg["digits"]] + list(cfg.get("dtypes", []))
     bad = [d for d in cfg["d"] if 2 * int(cfg["rank"]) > d]
     if "lowrank" in cfg["learners"] and bad:
@@ -222,8 +242,13 @@ def rounding_cells(cfg) -> list[dict]:
         d=cfg["d"],
         seed=list(range(cfg["seeds"])),
     ):
-        out.append({**g, "rank": int(cfg["rank"]), "mu": float(cfg["mu"]),
-                    "W_bound": float(cfg["W_bound"])})
+        cell = {**g, "rank": int(cfg["rank"]), "mu": float(cfg["mu"]),
+                "W_bound": float(cfg["W_bound"])}
+        if g["learner"] != "lowprecision":
+            out.append(cell)
+            continue
+        for q in cfg.get("lowprecision_queries_per_unknown", [4.0]):
+            out.append({**cell, "queries_per_unknown": float(q)})
     return out
 
 
@@ -242,11 +267,17 @@ def rounding_run(cell: dict, rng: np.random.Generator) -> dict:
         est = NoisyValueQueryLearner(Wb, mu, strict=False, random_state=learner_rng)
     elif learner == "lowrank":
         est = SketchLowRankLearner(rank=cell["rank"], random_state=learner_rng)
+    elif learner == "lowprecision":
+        n = int(round(cell["queries_per_unknown"] * (d * d + d)))
+        est = LowPrecisionValueQueryLearner(n, random_state=learner_rng)
     else:
         raise ModelError(f"unknown rounding learner {learner!r}")
     # rounded answers are not float64 answers: the learners' checks refuse most estimates
     # (verified = False), and the row keeps their errors, which the defence is judged by
     counts = fit_counted(est, oracle, record_refusal=True)
+    if learner == "lowprecision":
+        extra.update(W_error_estimate=est.W_error_estimate_, noise_level=est.noise_level_,
+                     n_passes=est.n_passes_)
     m = head_errors(est.W_, est.v_, head.W, head.v)
     if not all(np.isfinite(list(m.values()))):
         raise UndefinedEstimate(f"{learner}: the estimate has non-finite entries")
@@ -268,8 +299,11 @@ def noise_seconds(cell) -> float:
 
 
 def rounding_seconds(cell) -> float:
-    """2-3 ms per cell at d <= 16 (default study), d^2."""
-    return 0.003 + 2e-5 * cell["d"] ** 2
+    """2-3 ms per cell at d <= 16 (default study), d^2; the low-precision learner costs
+    1.2e-8 s per query and dimension (as in the lowprecision experiment)."""
+    d = cell["d"]
+    q = cell.get("queries_per_unknown") or 0.0
+    return 0.003 + 2e-5 * d**2 + 1.2e-8 * q * (d * d + d) * d
 
 
 NOISE = register(Experiment(

@@ -47,8 +47,7 @@ def _ints(cfg, key):
 
 
 def cells(cfg) -> list[dict]:
-    if cfg.get("fetch") and cfg.get("synthetic"):
-        raise ConfigError("give at most one of fetch (download) and synthetic (test checkpoint)")
+    checkpoint_source(cfg)  # at most one of fetch and synthetic
     n_heads = cfg["n_heads"]
     syn = cfg.get("synthetic")
     if syn and syn["d"] % n_heads:
@@ -153,36 +152,17 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     return m
 
 
-def identity(cfg) -> dict:
-    """What identifies the checkpoint: the sha256 it is fetched with, the parameters of the
-    synthetic one, or the digest of the given file.
-
-    Raises
-    ------
-    ConfigError
-        When the checkpoint is neither fetched, nor written, nor present.
-    """
-    from pathlib import Path
-
-    from ..realheads import sha256_file
-
+def checkpoint_source(cfg) -> dict:
+    """``{path: source}`` of the checkpoint a config section (``checkpoint`` with ``fetch`` or
+    ``synthetic``) names: see :attr:`attnquery.experiments.Experiment.data`."""
+    if cfg.get("fetch") and cfg.get("synthetic"):
+        raise ConfigError("give at most one of fetch (download) and synthetic (test checkpoint)")
     if cfg.get("fetch"):
-        return {"checkpoint_sha256": cfg["fetch"]["sha256"]}
+        return {cfg["checkpoint"]: {"fetch": dict(cfg["fetch"])}}
     if cfg.get("synthetic"):
-        return {"synthetic": dict(cfg["synthetic"]), "n_heads": cfg["n_heads"]}
-    path = Path(cfg["checkpoint"])
-    if not path.is_file():
-        raise ConfigError(
-            f"checkpoint: {path} does not exist. Either download all-MiniLM-L6-v2 by giving "
-            "experiments.realheads.fetch (as config/config.yaml does), or write a small seeded "
-            "test checkpoint by giving experiments.realheads.synthetic (as config/quick.yaml "
-            "does); or put a safetensors checkpoint at that path")
-    return {"checkpoint_sha256": sha256_file(path)}
-
-
-def inputs(cfg) -> list[str]:
-    """The checkpoint every cell reads."""
-    return [cfg["checkpoint"]]
+        return {cfg["checkpoint"]: {"synthetic": dict(cfg["synthetic"]),
+                                    "n_heads": int(cfg["n_heads"])}}
+    return {cfg["checkpoint"]: {}}
 
 
 # Estimated seconds per cell on one core (attnquery.study: the cluster's runtime requests), from
@@ -205,7 +185,6 @@ EXPERIMENT = register(
         description="Every head of a pretrained checkpoint, extracted by the exact, sketch and "
         "noisy learners",
         seconds=seconds,
-        identity=identity,
-        inputs=inputs,
+        data=checkpoint_source,
     )
 )

@@ -7,12 +7,12 @@ import json
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..claims import Claim, ok_rows
-from ..experiments.noise import USEFUL_REL_ERR, cell_meets_assumptions, parse_rounding
+from ..claims import Claim, extra_values, ok_rows
+from ..experiments.noise import USEFUL_REL_ERR, cell_meets_assumptions, precision_digits
 from ..learners.noisy import theorem61_guarantee
 from ..metrics import fit_linear
-from ..oracles import RoundingOracle
 from . import register_figure
+from .lowprecision import queries_needed
 
 #: interval the fitted slope of error against tau must fall in
 SLOPE_RANGE = (0.9, 1.1)
@@ -249,21 +249,35 @@ def noise_scaling(df):
 
 
 # ---------------------------------------------------------------------------------------------
+#: targets of the cost panel of defence_rounding
+COST_TARGETS = (1e-2, 1e-4, 1e-6)
+
+
+def _curve(learner, q) -> str:
+    """The curve a rounding row belongs to: its learner, and the low-precision learner's budget."""
+    return f"lowprecision@{q:g}" if learner == "lowprecision" else learner
+
+
 def _rounding_rows(df):
-    """Every rounding row; a failed run (status not ok) counts as an infinite error."""
+    """Every rounding row with its ``curve`` and effective digits (``eff``); a failed run
+    (status not ok) counts as an infinite error."""
     rows = df[df["experiment"] == "rounding"].copy()
     err = rows["rel_err_W"].astype(float)
     rows["rel_err_W"] = np.where(rows["status"] == "ok", err, np.inf)
+    q = rows["queries_per_unknown"] if "queries_per_unknown" in rows else np.nan
+    rows["curve"] = [_curve(ln, qq) for ln, qq in
+                     zip(rows["learner"], np.broadcast_to(q, len(rows)), strict=True)]
+    rows["eff"] = rows["rounding"].map(precision_digits).astype(float)
     return rows
 
 
 def useful_digits(df) -> dict:
-    """Per learner: the fewest digits from which every median relative error of W is <= 0.1
-    (failed runs count as infinite errors)."""
+    """Per curve (learner, and budget for the low-precision learner): the fewest digits from
+    which every median relative error of W is <= 0.1 (failed runs count as infinite errors)."""
     rows = _rounding_rows(df)
     rows = rows[rows["rounding"].str.startswith("digits=")]
     out = {}
-    for lname, g in rows.groupby("learner", sort=True):
+    for lname, g in rows.groupby("curve", sort=True):
         k = g["rounding"].str.split("=").str[1].astype(int)
         med = g.assign(k=k).groupby("k")["rel_err_W"].median().sort_index()
         good = med <= USEFUL_REL_ERR
@@ -277,12 +291,28 @@ def useful_digits(df) -> dict:
     return out
 
 
+def rounding_costs(df, target: float) -> dict:
+    """Queries per unknown the low-precision learner needs for a median relative error of W of
+    ``target`` at each rounding (see :func:`attnquery.figures.lowprecision.queries_needed`;
+    heads of every d pooled): rounding -> (queries per unknown, kind)."""
+    rows = _rounding_rows(df)
+    lp = rows[(rows["learner"] == "lowprecision") & (rows["status"] == "ok")]
+    if lp.empty:
+        return {}
+    d = lp["d"].astype(float)
+    lp = lp.assign(family="rounding", spent=lp["n_queries"] / (d * d + d),
+                   unit=lp["d"].astype(str) + "|" + lp["seed"].astype(str),
+                   passes=extra_values(lp, "n_passes", 0).astype(int))
+    return {spec: v for (_, spec), v in queries_needed(lp, target).items()}
+
+
 def rounding_claims(df) -> list[Claim]:
-    rows = ok_rows(df, "rounding")
+    rows = _rounding_rows(df)
+    rows = rows[rows["status"] == "ok"]
     dig = rows[rows["rounding"].str.startswith("digits=")]
     claims = []
     useful = useful_digits(df)
-    for lname, g in dig.groupby("learner", sort=True):
+    for lname, g in dig.groupby("curve", sort=True):
         k = g["rounding"].str.split("=").str[1].astype(float)
         y = np.log10(np.clip(g["rel_err_W"].astype(float), 1e-300, 1e300))
         try:
@@ -293,9 +323,19 @@ def rounding_claims(df) -> list[Claim]:
         except Exception as exc:
             ok, detail = False, f"no fit: {exc}"
         claims.append(Claim(
-            f"rounding_{lname}",
+            f"rounding_{lname.replace('@', '_')}",
             f"{lname}: the error of W falls as more digits are kept (slope of log10 error "
             "against digits < 0)", bool(ok), detail))
+    lp = {c: k for c, k in useful.items() if c.startswith("lowprecision@")}
+    if lp and "exact" in useful:
+        q, k = min(lp.items(), key=lambda kv: float(kv[0].split("@")[1]))
+        ex = useful["exact"]
+        claims.append(Claim(
+            "rounding_lowprecision_useful",
+            f"at its smallest budget ({q.split('@')[1]} queries per unknown) the low-precision "
+            "learner extracts useful heads from fewer digits than Theorem 4.1's learner",
+            bool(k is not None and (ex is None or k < ex)),
+            f"useful from {k} digits against {ex} (exact learner, 1 query per unknown)"))
     return claims
 
 
@@ -306,35 +346,34 @@ def rounding_claims(df) -> list[Claim]:
     caption=DEFENCE_ROUNDING_CAPTION,
 )
 def defence_rounding(df):
-    """Relative error of W against digits kept, per learner, with the usefulness threshold."""
+    """Relative error of W against digits kept, per learner (and budget of the low-precision
+    learner), with the usefulness threshold; and the queries each rounding costs an attacker."""
     rows = _rounding_rows(df)
     claims = rounding_claims(df)
     useful = useful_digits(df)
-    fig, ax = plt.subplots(1, 1, figsize=(6.75, 3.2))
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(6.75, 3.4), width_ratios=(1.6, 1))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     finite = rows["rel_err_W"][np.isfinite(rows["rel_err_W"].astype(float))]
     top = max(float(finite.max()) * 10, 10.0) if len(finite) else 10.0
     labels = {"exact": "exact (Thm 4.1)", "noisy": "noisy (Thm 6.1)",
               "lowrank": "low-rank sketch"}
-    for c, (lname, g) in enumerate(rows.groupby("learner", sort=True)):
+    curves = sorted(rows["curve"].unique(), key=lambda c: (
+        c.startswith("lowprecision"), float(c.split("@")[1]) if "@" in c else 0.0, c))
+    for c, lname in enumerate(curves):
+        g = rows[rows["curve"] == lname]
         col = colors[c % len(colors)]
-        spec = g["rounding"].map(parse_rounding)
-        eff = spec.map(lambda s: s["digits"] if "digits" in s else
-                       RoundingOracle(abs, 1, dtype=s["dtype"]).effective_digits)
-        g = g.assign(eff=eff.astype(float))
+        label = (labels.get(lname, lname) if "@" not in lname else
+                 f"low precision, {lname.split('@')[1]} queries/unknown")
         dg = g[g["rounding"].str.startswith("digits=")]
         agg = dg.groupby("eff")["rel_err_W"].median().sort_index()
         k = useful.get(lname)
-        ax.plot(agg.index, _inf_to(agg.values, top), "o-", color=col, ms=3.5,
-                label=labels.get(lname, lname) + " (median); useful from "
-                + (f"{k} digits (dotted)" if k is not None else "no digits kept"))
+        ax.plot(agg.index, _inf_to(agg.values, top), "o-", color=col, ms=3, lw=1,
+                label=label + (f" (useful from {k})" if k is not None else " (never useful)"))
         for fmt, mk in (("float16", "s"), ("bfloat16", "D")):
             h = g[g["rounding"] == fmt]
             if len(h):
                 ax.plot([h["eff"].iloc[0]], [_inf_to([h["rel_err_W"].median()], top)[0]], mk,
-                        color=col, ms=5, mfc="none")
-        if k is not None:
-            ax.axvline(k + 0.04 * (c - 1), color=col, ls=":", lw=1)
+                        color=col, ms=4.5, mfc="none")
     ax.plot([], [], "ks", mfc="none", label="float16 (at its equivalent digits)")
     ax.plot([], [], "kD", mfc="none", label="bfloat16")
     ax.axhline(USEFUL_REL_ERR, color="k", lw=0.8, ls="--",
@@ -344,13 +383,35 @@ def defence_rounding(df):
     if len(rows):
         r0 = rows.iloc[0]
         dl = ", ".join(str(int(x)) for x in sorted(rows["d"].unique()))
-        ax.set_title(f"Output rounding as a defence (d = {dl}, "
-                     f"rank {int(r0['rank'])}, " + r"$\|W\|_F$" + f" = {r0['W_bound']:g}); "
-                     "failed runs count as infinite error")
-    ax.legend(fontsize=6, loc="lower left", ncol=2)
+        ax.set_title(f"(a) error of W (median; d = {dl}, rank {int(r0['rank'])}, "
+                     r"$\|W\|_F$" + f" = {r0['W_bound']:g});\nfailed runs count as infinite "
+                     "error", fontsize=7.5)
+    ax.legend(fontsize=5.5, loc="lower left", ncol=1)
+    # (b) what a rounding costs: queries per unknown for a target error
+    for ti, (tgt, mk) in enumerate(zip(COST_TARGETS, ("o", "s", "^"), strict=True)):
+        cost = rounding_costs(df, tgt)
+        pts = sorted((precision_digits(s), v) for s, v in cost.items())
+        if pts:
+            ax2.plot([p[0] for p in pts], [p[1][0] for p in pts], mk + "-", color=colors[ti],
+                     ms=3.5, lw=0.9, label=f"error {tgt:g}")
+            for x, (q, kind) in pts:
+                if kind != "measured":
+                    ax2.plot([x], [q], mk, color="w", ms=2)  # hollow: a bound or extrapolated
+        for lname in ("exact", "noisy"):
+            g = rows[rows["curve"] == lname].groupby("eff")["rel_err_W"].median()
+            ok = g[g <= tgt]
+            if len(ok):
+                ax2.plot(ok.index, np.ones(len(ok)), mk, color="0.5", ms=3.5, mfc="none")
+    ax2.plot([], [], "o", color="0.5", mfc="none", ms=3.5,
+             label="exact, noisy learners\n(where they reach it)")
+    ax2.set(yscale="log", xlabel="significant decimal digits kept by the API",
+            ylabel="queries per unknown, counted / (d^2 + d)")
+    ax2.set_title("(b) queries per unknown for a relative error of W\n(low-precision learner; "
+                  "hollow: smallest budget or fewer, or extrapolated)", fontsize=7.5)
+    ax2.legend(fontsize=5.5, loc="upper right", title="median head", title_fontsize=5.5)
     fig.tight_layout()
     return fig, claims
 
 
-__all__ = ["noise_claims", "rounding_claims", "useful_digits", "noise_scaling",
+__all__ = ["noise_claims", "rounding_claims", "useful_digits", "rounding_costs", "noise_scaling",
            "defence_rounding"]

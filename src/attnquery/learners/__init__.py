@@ -6,6 +6,7 @@ Every learner follows the scikit-learn convention: parameters in ``__init__``,
 
 from .exact import ExactValueQueryLearner
 from .ffn import ReLUNetworkLearner
+from .lowprecision import LowPrecisionValueQueryLearner
 from .lowrank import NuclearNormROPLearner, SketchLowRankLearner
 from .membership import MembershipLearner
 from .multihead import OrthogonalSubspaceLearner, non_identifiability_demo
@@ -18,6 +19,7 @@ __all__ = [
     "NuclearNormROPLearner",
     "SketchLowRankLearner",
     "NoisyValueQueryLearner",
+    "LowPrecisionValueQueryLearner",
     "MembershipLearner",
     "TransformerLearner",
     "ReLUNetworkLearner",

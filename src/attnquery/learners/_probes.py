@@ -16,8 +16,9 @@ import numpy as np
 from ..errors import AssumptionViolation, ConfigError, NotIdentifiableError
 from ._base import chunk_slices
 
-__all__ = ["read_v", "check_v", "unit_directions", "SparseRows", "coordinate_rows", "rows_dot",
-           "probe_logits", "Prober", "check_probe_params", "ZERO_LOGIT"]
+__all__ = ["read_v", "check_v", "unit_directions", "balanced_orthonormal", "SparseRows",
+           "coordinate_rows", "rows_dot", "probe_logits", "Prober", "check_probe_params",
+           "ZERO_LOGIT"]
 
 #: logits at or below this are rounding noise of alpha = 1/2 (a zero bilinear form)
 ZERO_LOGIT = 1e-12
@@ -72,6 +73,28 @@ def unit_directions(n: int, v: np.ndarray, rng: np.random.Generator) -> np.ndarr
         G = rng.standard_normal((int(bad.sum()), d))
         A[bad] = G / np.linalg.norm(G, axis=1, keepdims=True)
     return A
+
+
+def balanced_orthonormal(v: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A random orthonormal basis (rows) with every ``|u^T v|`` equal to ``||v|| / sqrt(d)``.
+
+    A Haar-distributed orthogonal matrix (QR of a Gaussian matrix, signs fixed by the diagonal
+    of R), reflected by the Householder map that takes ``R v / ||v||`` to a vector of equal
+    magnitudes and random signs. Its condition number is 1, and no row divides an answer by a
+    small ``u^T v``. ``v`` must be nonzero.
+    """
+    from ..rng import haar_orthogonal
+
+    d = v.size
+    R = haar_orthogonal(d, rng).T  # Haar-distributed orthogonal rows
+    vn = v / np.linalg.norm(v)
+    w = rng.choice([-1.0, 1.0], size=d) / np.sqrt(d)
+    h = R @ vn - w  # Householder reflection taking R v to w
+    nh = np.linalg.norm(h)
+    if nh > 0:
+        h /= nh
+        R = R - 2.0 * np.outer(h, h @ R)
+    return R
 
 
 class SparseRows:

@@ -23,7 +23,6 @@ import numpy as np
 import scipy.linalg
 
 from ..errors import ConfigError
-from ..rng import haar_orthogonal
 from ._base import (
     DEFAULT_VERIFY,
     ROUNDING_RTOL,
@@ -34,6 +33,7 @@ from ._base import (
 )
 from ._probes import (
     Prober,
+    balanced_orthonormal,
     check_probe_params,
     check_v,
     coordinate_rows,
@@ -131,15 +131,7 @@ class ExactValueQueryLearner(BaseLearner):
         d = v.size
         vmax = np.max(np.abs(v))
         if self.probes == "orthogonal":
-            R = haar_orthogonal(d, rng).T  # Haar-distributed orthogonal rows
-            vn = v / np.linalg.norm(v)
-            w = rng.choice([-1.0, 1.0], size=d) / np.sqrt(d)
-            h = R @ vn - w  # Householder reflection taking R v to w
-            nh = np.linalg.norm(h)
-            if nh > 0:
-                h /= nh
-                R = R - 2.0 * np.outer(h, h @ R)
-            return R
+            return balanced_orthonormal(v, rng)
         if self.probes == "basis":
             U = np.eye(d)
             p = int(np.argmax(np.abs(v)))

@@ -1,0 +1,137 @@
+"""Experiment "lowprecision": extraction from answers rounded to low precision (beyond the paper).
+
+Each cell puts a head behind a :class:`~attnquery.oracles.RoundingOracle` at one precision
+(``float64`` answers as they are, ``float32``, ``float16``, ``bfloat16`` or ``digits=k``) and runs
+:class:`~attnquery.learners.LowPrecisionValueQueryLearner` with a budget of
+``queries_per_unknown (d^2 + d)`` queries. Heads are random dense heads (``family="random"``,
+:func:`~attnquery.models.random_head`: W with entries N(0, 1/d)) or heads of a pretrained
+checkpoint (``family="real"``, built as :mod:`attnquery.realheads` does; d = 384 for
+all-MiniLM-L6-v2). Every cell records the errors, the queries the oracle counted, and in
+``extra`` the learner's own estimates (``W_error_estimate``, ``noise_level``), the precision's
+largest relative error and the queries per unknown actually spent.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..learners import LowPrecisionValueQueryLearner
+from ..metrics import fit_counted, functional_error, head_errors
+from ..models import AttentionHead, random_head
+from ..realheads import head_from_checkpoint
+from . import Experiment, grid, register
+from .noise import parse_rounding, precision_digits, precision_relative_tau, rounding_oracle
+from .realheads import checkpoint_source
+
+__all__ = ["cells", "run"]
+
+from ..theory import LOWPRECISION_TARGET as TARGET_REL_ERR
+
+
+def _check_specs(specs, where):
+    if not isinstance(specs, list) or not specs:
+        raise ConfigError(f"{where}: precisions must be a non-empty list")
+    for s in specs:
+        try:
+            parse_rounding(s)
+        except Exception:
+            raise ConfigError(f"{where}: unknown precision {s!r} (float64, float32, float16, "
+                              "bfloat16 or digits=k)") from None
+
+
+def cells(cfg) -> list[dict]:
+    """Cells: random heads (precision x budget x d x seed) and real heads (precision x budget x
+    layer x head x seed)."""
+    out = []
+    specs, budgets = cfg["precisions"], cfg["queries_per_unknown"]
+    _check_specs(specs, "experiments.lowprecision")
+    seeds = list(range(cfg["seeds"]))
+    rnd = cfg.get("random")
+    if rnd:
+        for g in grid(rounding=specs, queries_per_unknown=budgets, d=rnd["d"], seed=seeds):
+            out.append({"learner": "lowprecision", "family": "random", **g,
+                        "queries_per_unknown": float(g["queries_per_unknown"])})
+    real = cfg.get("real")
+    if real:
+        r_specs = real.get("precisions", specs)
+        _check_specs(r_specs, "experiments.lowprecision.real")
+        readout = f"{real.get('readout', 'gaussian')}:{real.get('readout_seed', 0)}"
+        bad = [h for h in real["heads"] if not 0 <= h < int(real["n_heads"])]
+        if bad:
+            raise ConfigError(f"experiments.lowprecision.real.heads: {bad} are outside "
+                              f"[0, n_heads={real['n_heads']})")
+        for g in grid(rounding=r_specs,
+                      queries_per_unknown=real.get("queries_per_unknown", budgets),
+                      layer=real["layers"], head=real["heads"],
+                      seed=list(range(real.get("seeds", 1)))):
+            out.append({"learner": "lowprecision", "family": "real",
+                        "checkpoint": real["checkpoint"], "n_heads": int(real["n_heads"]),
+                        "readout": readout, **g,
+                        "queries_per_unknown": float(g["queries_per_unknown"])})
+    if not out:
+        raise ConfigError("experiments.lowprecision: give random and/or real heads")
+    return out
+
+
+def _head(cell, rng) -> AttentionHead:
+    if cell["family"] == "random":
+        return random_head(int(cell["d"]), rng)
+    kind, _, seed = cell["readout"].partition(":")
+    return head_from_checkpoint(cell["checkpoint"], cell["layer"], cell["head"],
+                                n_heads=cell["n_heads"], readout=kind,
+                                readout_seed=int(seed or 0))
+
+
+def run(cell: dict, rng: np.random.Generator) -> dict:
+    """One head behind one rounding oracle, one budget."""
+    model_rng, learner_rng, eval_rng = rng.spawn(3)
+    head = _head(cell, model_rng)
+    d = head.d
+    oracle = rounding_oracle(head, d, cell["rounding"])
+    n = int(round(cell["queries_per_unknown"] * (d * d + d)))
+    est = LowPrecisionValueQueryLearner(n, random_state=learner_rng)
+    counts = fit_counted(est, oracle)
+    m = head_errors(est.W_, est.v_, head.W, head.v)
+    m.update(counts)
+    m["rank_found"] = int(est.rank_)
+    m["func_err"] = functional_error(head, est.predict, d, eval_rng, n=32)
+    m["success"] = bool(m["rel_err_W"] <= TARGET_REL_ERR)
+    m["extra"] = {
+        "d": d,
+        "spent_per_unknown": oracle.n_queries / (d * d + d),
+        "relative_tau": precision_relative_tau(cell["rounding"]),
+        "effective_digits": precision_digits(cell["rounding"]),
+        "W_error_estimate": est.W_error_estimate_,
+        "v_error_estimate": est.v_error_estimate_,
+        "noise_level": est.noise_level_,
+        "residual_ratio": est.residual_ratio_,
+        "n_passes": est.n_passes_,
+        "n_requeried": est.n_requeried_,
+        "verify_error": est.verify_error_,
+    }
+    return m
+
+
+def data(cfg) -> dict:
+    """The checkpoint of the real heads, if any (see :func:`.realheads.checkpoint_source`)."""
+    return checkpoint_source(cfg["real"]) if cfg.get("real") else {}
+
+
+# Estimated seconds per cell on one core (attnquery.study: the cluster's runtime requests): the
+# learner and the simulated head cost O(queries d); 33 s of CPU for a MiniLM head (d = 384) at
+# 50 (d^2 + d) queries (benchmark), plus loading the head.
+def seconds(cell) -> float:
+    """1.2e-8 s per query and dimension, plus 0.5 s for a real head (d = 384)."""
+    d = cell.get("d") or 384
+    extra = 0.5 if cell["family"] == "real" else 0.05
+    return extra + 1.2e-8 * cell["queries_per_unknown"] * (d * d + d) * d
+
+
+EXPERIMENT = register(Experiment(
+    name="lowprecision", cells=cells, run=run,
+    description="Extraction from float32/float16/bfloat16 answers and a few significant digits "
+    "(error of W against queries per unknown)",
+    seconds=seconds,
+    data=data,
+))

@@ -1,0 +1,656 @@
+"""Recovery of a single attention head from low-precision answers (beyond the paper).
+
+Serving stacks answer in float16 or bfloat16, or round to a few digits. Such answers are exact up
+to a deterministic error of relative size about ``eps`` (``2^-11`` for float16, ``2^-8`` for
+bfloat16, ``0.5 * 10^(1-k)`` for k significant digits): asking the same query again teaches
+nothing, but distinct probes have errors that behave like independent noise, and averaging them
+lowers the error like ``1 / sqrt(queries)``.
+
+The measurement is an antipodal pair of two-row probes with a shared last token ``s e_j``::
+
+    X(+u) = [( c u + s e_j); s e_j],     X(-u) = [(-c u + s e_j); s e_j].
+
+With ``alpha = sigma(t)``, ``t = c s u^T W e_j`` and ``beta = s v_j``, a single head answers
+``y(+u) = beta + alpha c u^T v`` and ``y(-u) = beta - (1 - alpha) c u^T v``, so
+
+    t = log((y(+u) - beta) / (beta - y(-u))),     y(+u) - y(-u) = c u^T v.
+
+The logit is a ratio of two answers: a relative error ``e`` in each answer moves it by about
+``e(+u) - e(-u)``, whatever ``t`` is (no margin on v and no sigmoid slope enter), and ``beta`` is
+kept below ``1e-3 |c u^T v|`` by the ratio ``c / s``, so v need only be known roughly. The
+difference of the pair measures ``u^T v`` with the answers' relative precision and does not
+depend on W at all (for any sum of heads too): its scatter over the columns that share ``u``
+estimates the answers' relative noise (``noise_level_``) from residuals, without assuming the box
+is a single head, and its average gives v.
+
+Structure: the directions ``u_1..u_d`` are one random orthonormal basis reflected so that every
+``|u_l^T v|`` is the same (:func:`~attnquery.learners._probes.balanced_orthonormal`), so
+``W = U^T T`` where ``T_lj = u_l^T W e_j``. Every entry ``T_lj`` is measured by one pair per pass
+over the d x d entries, each pass at a scale ``kappa`` (the logit's) and an answer size drawn
+afresh per column (the answers of two passes then sit at unrelated places of the rounding grid,
+so their errors are unrelated); a final partial pass covers a random subset of the directions.
+Each entry is the weighted mean of its measurements (weights ``kappa^2``, the inverse variances),
+which is the exact weighted least-squares solution; their scatter is the logits' residual. The
+pairs of a column share their last token (a box that caches per-token work evaluates ``W e_j``
+once per column), memory is ``O(d^2)`` besides one batch, and time is ``O(n_queries d)``.
+
+Errors: under relative noise of size sigma each pair measures ``t`` with variance ``2 sigma^2``,
+so with the scale of column j chosen to put its root-mean-square logit at ``target_logit``, the
+relative error of W is about ``sqrt(2) sigma / (target_logit sqrt(k))`` after k passes (``2 k``
+queries per entry of W). The learner computes this from its own residuals (``W_error_estimate_``)
+and checks its estimate against the oracle on fresh random queries
+(:meth:`~attnquery.learners._base.BaseLearner._verify_fit`) with a tolerance built from the
+answers' noise, so a box that is not a single head raises
+:class:`~attnquery.errors.ModelMismatchError` while rounded answers of a single head pass.
+
+Floating-point formats carry more absolute precision near zero than near their largest answers;
+this learner does not exploit that (it treats every answer as carrying the same relative noise),
+so its query counts are what an attacker pays when the answers' errors are relative noise.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.stats
+
+from ..errors import AssumptionViolation, BudgetExceededError, ConfigError, ModelMismatchError
+from ._base import (
+    DEFAULT_VERIFY,
+    BaseLearner,
+    check_budget,
+    check_oracle,
+    check_verify_param,
+    chunk_slices,
+)
+from ._probes import balanced_orthonormal, check_v, read_v
+
+__all__ = ["LowPrecisionValueQueryLearner", "pair_logits", "MAX_NOISE_LEVEL"]
+
+#: |beta| / |c u^T v| at most this: the last token's own value stays negligible beside the
+#: smaller answer of a pair, (1 - alpha) |c u^T v| >= exp(-max_logit) |c u^T v|
+_BETA_RATIO = 1e-6
+#: largest answer size asked for (float16's largest number is 65504)
+_MAX_ANSWER = 1e4
+#: rounds of a search for a usable logit scale before giving up
+_MAX_ROUNDS = 12
+#: columns, and directions per column, of the first search for the model's logit scale
+_SCOUT_COLUMNS, _SCOUT_ROWS = 4, 2
+#: queries :meth:`LowPrecisionValueQueryLearner.min_queries` allows that search
+_SCOUT_ALLOWANCE = 3 * 2 * _SCOUT_COLUMNS * _SCOUT_ROWS
+#: largest relative noise of the answers the learner accepts. Beyond it the log-ratio of a pair
+#: is biased by about the noise squared, which averaging does not remove (one significant digit,
+#: relative noise about 0.1, leaves a floor of about 2e-2 on the error of W at d = 16)
+MAX_NOISE_LEVEL = 0.03
+#: half-width of the per-pass dither of a column's logit scale, in log units
+_KAPPA_DITHER = 0.1
+
+
+#: rows of the array :func:`pair_logits` returns
+_T, _M, _C, _Q, _H = range(5)
+
+
+def pair_logits(y_plus, y_minus, beta, c) -> np.ndarray:
+    """What a pair of answers measures, and how their errors reach it.
+
+    Parameters
+    ----------
+    y_plus, y_minus : ndarray
+        Answers to ``[(c u + s b); s b]`` and ``[(-c u + s b); s b]``.
+    beta : ndarray
+        ``s b^T v`` (the last token's value), from an estimate of v.
+    c : ndarray
+        The scale of the probe direction.
+
+    Returns
+    -------
+    ndarray (5, ...)
+        Row ``_T``: the logit ``log((y+ - beta) / (beta - y-)) = c s u^T W b`` (NaN where the
+        ratio is not positive and finite: answers no single head gives, or lost to rounding).
+        Row ``_M``: ``(y+ - y-) / c``, which is ``u^T v`` for any sum of heads. Row ``_C``: c.
+        Row ``_Q``: ``y+^2 + y-^2``. Row ``_H``: the variance of the logit per unit of relative
+        noise in the answers, ``y+^2 / (y+ - beta)^2 + y-^2 / (beta - y-)^2`` (about 2).
+    """
+    num1 = y_plus - beta
+    num0 = beta - y_minus
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        ratio = num1 / num0
+        ok = np.isfinite(ratio) & (ratio > 0)
+        t = np.where(ok, np.log(np.where(ok, ratio, 1.0)), np.nan)
+        return np.stack(np.broadcast_arrays(
+            t, (y_plus - y_minus) / c, c, y_plus * y_plus + y_minus * y_minus,
+            (y_plus / num1) ** 2 + (y_minus / num0) ** 2))
+
+
+class _Entries:
+    """Running weighted means of the measurements of every ``T_lj`` and of every ``u_l^T v``,
+    and the sums their error estimates need.
+
+    Sums are kept relative to each entry's first measurement, so the scatter is computed without
+    cancellation even when it is at float64 rounding level. The answers' noise is modelled as
+    relative, ``var(y) = sigma^2 y^2``, with sigma estimated from the scatter of
+    ``(y+ - y-) / c = u^T v`` over the columns that share a direction.
+    """
+
+    def __init__(self, d: int):
+        self.ref = np.full((d, d), np.nan)  # first z of each entry
+        self.s0 = np.zeros((d, d))  # sum of weights kappa^2
+        self.s1 = np.zeros((d, d))  # sum of w (z - ref)
+        self.s2 = np.zeros((d, d))  # sum of w (z - ref)^2
+        self.h = np.zeros((d, d))  # sum of kappa^2 H: logit variance per sigma^2
+        self.n = np.zeros((d, d), dtype=np.int64)
+        self.mref = np.full(d, np.nan)  # u_l^T v: first per-row mean
+        self.om = np.zeros(d)  # sum of weights omega = c^2 / q
+        self.m1 = np.zeros(d)
+        self.ss = 0.0  # omega-weighted scatter of u^T v over the columns sharing a direction
+        self.dof = 0
+
+    def add(self, rows, cols, P, kap, max_logit: float = np.inf):
+        """Measurements ``P`` (:func:`pair_logits`, (5, len(rows), len(cols))) of directions
+        ``rows`` against columns ``cols`` at logit scales ``kap``. A logit that is not finite
+        or beyond ``max_logit`` carries no weight."""
+        ix = np.ix_(rows, cols)
+        t = P[_T]
+        ok = np.abs(t) <= max_logit  # False for NaN
+        z = np.where(ok, t / kap, 0.0)
+        w = np.where(ok, kap * kap, 0.0)
+        ref = self.ref[ix]
+        ref = np.where(np.isnan(ref) & ok, z, ref)
+        self.ref[ix] = ref
+        dz = np.where(ok, z - ref, 0.0)
+        self.s0[ix] += w
+        self.s1[ix] += w * dz
+        self.s2[ix] += w * dz * dz
+        self.h[ix] += np.where(ok, w * P[_H], 0.0)
+        self.n[ix] += ok
+        m, c, q = P[_M], P[_C], P[_Q]
+        good = np.isfinite(m) & (q > 0) & np.isfinite(q)
+        om = np.where(good, c * c / np.where(good, q, 1.0), 0.0)
+        m = np.where(good, m, 0.0)
+        w_om = om.sum(axis=1)
+        seen = w_om > 0
+        mhat = np.where(seen, (om * m).sum(axis=1) / np.where(seen, w_om, 1.0), 0.0)
+        self.ss += float(np.sum(om * (m - mhat[:, None]) ** 2))
+        self.dof += int(np.sum(np.maximum(good.sum(axis=1) - 1, 0)))
+        rows = np.asarray(rows)[seen]
+        mref = self.mref[rows]
+        mref = np.where(np.isnan(mref), mhat[seen], mref)
+        self.mref[rows] = mref
+        self.om[rows] += w_om[seen]
+        self.m1[rows] += w_om[seen] * (mhat[seen] - mref)
+
+    def noise(self) -> float:
+        """The answers' relative noise sigma (NaN before two columns shared a direction)."""
+        return float(np.sqrt(self.ss / self.dof)) if self.dof else float("nan")
+
+
+class LowPrecisionValueQueryLearner(BaseLearner):
+    """Recovery of (W, v) from answers rounded to low precision, with a given query budget.
+
+    Parameters
+    ----------
+    n_queries : int
+        Queries the learner may spend, the check queries included; at least
+        :meth:`min_queries` (one probe pair per entry of W, about ``2 d^2``). What is left after
+        v (d one-row queries), the scale search and the check goes to passes of ``2 d^2``
+        queries over every entry of W and a last partial pass; fewer than ``4 d`` queries may
+        stay unspent.
+    rank : int, optional
+        Rank of W. Given, the estimate is truncated to it (``W_factors_``); without it the rank
+        is the number of singular values above ``2 / sqrt(3)`` times the spectral edge of the
+        noise the learner estimated (a hard threshold in the manner of Gavish and Donoho), and W
+        is returned as factors when that rank is below d.
+    random_state : int, sequence of ints, Generator or None
+        Seed of the probe directions and scales, and (an independent stream) of the check
+        queries.
+    target_logit : float
+        Root-mean-square logit ``|t|`` the probes of a column aim at once its scale is known.
+        The error of W falls like ``1 / target_logit`` under relative noise; larger values ask
+        more pairs again (those beyond ``max_logit``). 2.5 gave the smallest errors at a fixed
+        budget among 1.5, 2, 2.5 and 3 on random and MiniLM heads once those re-asked pairs fit
+        the smallest budgets (3 asks about 0.7% of the pairs again).
+    answer_scale : float
+        Smallest size ``|c u^T v|`` of the answers (float16 answers then stay within its normal
+        range, 6e-5 to 65504, for logits up to ``max_logit``). It grows where the last token's
+        own value ``s v_j`` would not be negligible, and each pass after the first multiplies a
+        column's answer size by a factor drawn log-uniformly in [1, 10]; answers never exceed
+        1e4.
+    max_logit : float
+        A pair whose ``|t|`` exceeds this (or whose ratio is not positive) is asked again at a
+        tenth of the scale.
+    initial_logit_scale : float
+        Scale ``c s`` of the first probes, before any answer has shown the model's scale.
+    pilot_rows : int
+        Directions every column is asked first, at a common scale, to set its own scale (they
+        count as measurements of the first pass).
+    block_bytes : int
+        Memory bound on one batch of queries.
+    verify : int
+        Check queries spent after fitting (0 turns the check off).
+
+    Attributes
+    ----------
+    W_ : ndarray (d, d)
+        Estimate of W (from the factors, on request, when ``W_factors_`` is set).
+    W_factors_ : tuple (L, R) or None
+        ``W = L @ R.T``, each d x ``rank_``, when the rank is below d; else None.
+    v_ : ndarray (d,)
+        Estimate of v, from the pairs' differences.
+    rank_ : int
+        Rank of the estimate.
+    n_queries_ : int
+        Queries counted by the oracle during ``fit``, check queries included.
+    noise_level_ : float
+        Relative noise of the answers (root-mean-square of error / answer), estimated from the
+        scatter of ``u^T v`` over the columns that share a direction.
+    W_error_estimate_ : float
+        Estimated relative Frobenius error of ``W_``: the answers' noise propagated through the
+        logits and the weighted means (or, per column, the residual scatter of repeated
+        measurements where that is larger), times ``sqrt(r (2d - r)) / d`` after truncation to
+        rank r.
+    v_error_estimate_ : float
+        Estimated relative error of ``v_``.
+    residual_ratio_ : float
+        Error of W predicted from the scatter of repeated logit measurements over the error the
+        noise level predicts, both squared (about 1 for a single head; NaN when no entry was
+        measured twice).
+    singular_values_ : ndarray (d,)
+        Singular values of the dense estimate before truncation.
+    n_passes_ : int
+        Complete passes over the d x d entries.
+    n_partial_rows_ : int
+        Directions of the final partial pass.
+    logit_scale_ : ndarray (d,)
+        Scale ``kappa_j = c s`` of column j's probes after the first pass (before dithering).
+    n_requeried_ : int
+        Pairs asked again (scale search and saturated pairs).
+    verify_error_, n_verify_queries_ : float, int
+        Relative disagreement and number of the check queries.
+    """
+
+    def __init__(self, n_queries: int, rank: int | None = None, random_state=None, *,
+                 target_logit: float = 2.5, answer_scale: float = 16.0, max_logit: float = 10.0,
+                 initial_logit_scale: float = 1.0, pilot_rows: int = 8,
+                 block_bytes: int = 16 * 2**20, verify: int = DEFAULT_VERIFY):
+        self.n_queries = n_queries
+        self.rank = rank
+        self.random_state = random_state
+        self.target_logit = target_logit
+        self.answer_scale = answer_scale
+        self.max_logit = max_logit
+        self.initial_logit_scale = initial_logit_scale
+        self.pilot_rows = pilot_rows
+        self.block_bytes = block_bytes
+        self.verify = verify
+
+    # ------------------------------------------------------------------------------------------
+    @staticmethod
+    def min_queries(d: int, verify: int = DEFAULT_VERIFY) -> int:
+        """The least ``n_queries`` at dimension d: ``2 d^2`` (one pair per entry of W), ``d``
+        (v), the check queries and 48 for the search of the logit scale. A budget this small
+        leaves nothing for re-asking pairs (:class:`~attnquery.errors.BudgetExceededError`
+        then)."""
+        return int(2 * d * d + d + verify + _SCOUT_ALLOWANCE)
+
+    def _validate_params(self) -> None:
+        def number(name, lo):
+            val = getattr(self, name)
+            if (isinstance(val, bool) or not isinstance(val, int | float | np.integer | np.floating)
+                    or not np.isfinite(val) or val <= lo):
+                raise ConfigError(f"{name} must be a finite number > {lo:g}; got {val!r}")
+
+        def integer(name, lo):
+            val = getattr(self, name)
+            if isinstance(val, bool) or not isinstance(val, int | np.integer) or val < lo:
+                raise ConfigError(f"{name} must be an integer >= {lo}; got {val!r}")
+
+        integer("n_queries", 1)
+        if self.rank is not None:
+            integer("rank", 1)
+        for name in ("target_logit", "answer_scale", "initial_logit_scale"):
+            number(name, 0.0)
+        number("max_logit", 1.0)
+        if self.max_logit > 12.0:
+            raise ConfigError(f"max_logit must be at most 12 (beyond it the smaller answer of a "
+                              f"pair, exp(-max_logit) of the larger, nears the last token's own "
+                              f"value); got {self.max_logit}")
+        if 2 * self.target_logit > self.max_logit:
+            raise ConfigError(f"target_logit must be at most max_logit / 2; got "
+                              f"{self.target_logit} with max_logit {self.max_logit}")
+        integer("pilot_rows", 2)
+        integer("block_bytes", 1)
+        check_verify_param(self.verify)
+
+    # ------------------------------------------------------------------------------------------
+    def fit(self, oracle):
+        """Recover (W, v) from ``oracle`` within ``n_queries`` queries; returns self.
+
+        Raises
+        ------
+        ConfigError
+            Bad parameters, a rank above d, ``n_queries`` below :meth:`min_queries`, or a
+            membership oracle.
+        BudgetExceededError
+            The oracle's budget is below ``n_queries``, or re-asking saturated pairs needs more
+            queries than are left.
+        NotIdentifiableError
+            Every answer to the one-row queries is 0 (v = 0).
+        AssumptionViolation
+            The answers' relative noise is above ``MAX_NOISE_LEVEL`` (0.03: one significant
+            digit, for instance), where averaging cannot remove the bias of a pair's log-ratio.
+        ModelMismatchError
+            The box is not a single attention head: some pairs give no positive ratio at any
+            scale, or the check queries disagree with the estimate beyond the learner's own
+            error estimate (also when the answers carry additive noise that is large beside the
+            check's answers: the error model is relative).
+        """
+        self._validate_params()
+        d = check_oracle(oracle)
+        if getattr(oracle, "kind", "value") == "membership":
+            raise ConfigError("LowPrecisionValueQueryLearner needs value answers; got a "
+                              "membership oracle (use MembershipLearner)")
+        if self.rank is not None and self.rank > d:
+            raise ConfigError(f"rank must be at most d = {d}; got {self.rank}")
+        n_verify = check_verify_param(self.verify)
+        budget = int(self.n_queries)
+        need = self.min_queries(d, n_verify)
+        if budget < need:
+            raise ConfigError(
+                f"n_queries = {budget} is below the {need} queries one probe pair per entry of W "
+                f"needs at d = {d} (2 d^2 + d + verify + {_SCOUT_ALLOWANCE}; see "
+                "LowPrecisionValueQueryLearner.min_queries)")
+        check_budget(oracle, budget, f"LowPrecisionValueQueryLearner(n_queries={budget})")
+        fit_rng, check_rng = self._rng().spawn(2)
+        n0 = oracle.n_queries
+        self._oracle, self._n0, self._budget = oracle, n0, budget - n_verify
+        self.n_requeried_ = 0
+        try:
+            self._fit(oracle, d, fit_rng)
+        finally:
+            del self._oracle
+        Wn = float(np.linalg.norm(self.singular_values_))
+        self._verify_fit(oracle, self.predict, check_rng, rtol=self._check_tolerance(),
+                         token_scale=float(np.sqrt(d / Wn)) if Wn > 0 else 1.0)
+        self.n_queries_ = int(oracle.n_queries - n0)
+        return self
+
+    # -- probes ----------------------------------------------------------------------------------
+    def _left(self) -> int:
+        return self._budget - (self._oracle.n_queries - self._n0)
+
+    def _scales(self, kappa, cols, dither):
+        """Token scales ``(c, s)`` with ``c s = kappa``: answers ``|c u^T v|`` of at least
+        ``answer_scale`` and large enough that ``|beta| <= 1e-6 |c u^T v|``, times ``dither``,
+        and at most 1e4."""
+        uv = self._uv
+        size = np.maximum(float(self.answer_scale),
+                          np.sqrt(kappa * np.abs(self._v0[cols]) * uv / _BETA_RATIO))
+        c = np.minimum(size * dither, _MAX_ANSWER) / uv
+        return c, kappa / c
+
+    def _need(self, n: int) -> None:
+        if n > self._left():
+            raise BudgetExceededError(
+                f"{n} more queries are needed to measure every entry of W once but only "
+                f"{self._left()} of n_queries = {self.n_queries} remain for fitting (the search "
+                "for the logit scale and pairs asked again at a smaller scale took the rest)")
+
+    def _ask(self, rows, cols, kappa, dither):
+        """Ask the pairs (direction ``rows[k]``, column ``cols[k]``); returns their
+        :func:`pair_logits` (5, n)."""
+        n, d = rows.size, self._U.shape[1]
+        self._need(2 * n)
+        P = np.empty((5, n))
+        for sl in chunk_slices(n, max(1, self.block_bytes // (32 * d))):
+            k = sl.stop - sl.start
+            cj = cols[sl]
+            c, s = self._scales(kappa[sl], cj, dither[sl])
+            X = np.zeros((k, 2, 2, d))
+            np.multiply(c[:, None], self._U[rows[sl]], out=X[:, 0, 0, :])
+            np.negative(X[:, 0, 0, :], out=X[:, 1, 0, :])
+            X[np.arange(k), :, :, cj] += s[:, None, None]
+            y = np.asarray(self._oracle(X.reshape(2 * k, 2, d)), dtype=float).reshape(k, 2)
+            P[:, sl] = pair_logits(y[:, 0], y[:, 1], s * self._v0[cj], c)
+        return P
+
+    def _ask_rows(self, rows, kappa, dither):
+        """Directions ``rows`` against every column at the columns' ``kappa`` and ``dither``
+        (d,): their :func:`pair_logits`, (5, len(rows), d). The pairs of a column share their
+        last token and are asked one after the other."""
+        U = self._U[rows]
+        r, d = U.shape
+        self._need(2 * r * d)
+        P = np.empty((5, r, d))
+        per = max(1, min(d, self.block_bytes // (32 * r * d)))  # columns per batch
+        buf = np.empty((per, r, 2, 2, d))  # reused: no page faults per batch
+        for sl in chunk_slices(d, per):
+            cols = np.arange(sl.start, sl.stop)
+            k = cols.size
+            c, s = self._scales(kappa[sl], cols, dither[sl])
+            X = buf[:k]
+            np.multiply(c[:, None, None], U[None], out=X[:, :, 0, 0, :])
+            np.negative(X[:, :, 0, 0, :], out=X[:, :, 1, 0, :])
+            X[:, :, :, 1, :] = 0.0
+            X[np.arange(k), :, :, :, cols] += s[:, None, None, None]
+            y = np.asarray(self._oracle(X.reshape(2 * k * r, 2, d)), dtype=float)
+            y = y.reshape(k, r, 2)
+            P[:, :, sl] = pair_logits(y[:, :, 0], y[:, :, 1], (s * self._v0[cols])[:, None],
+                                      c[:, None]).transpose(0, 2, 1)
+        return P
+
+    def _pass(self, rows, kappa, dither):
+        """One pass of ``rows`` over every column; pairs with a non-finite or too large logit
+        are asked again at a tenth of the scale. Returns the :func:`pair_logits` of every entry
+        and its scale."""
+        P = self._ask_rows(rows, kappa, dither)
+        kap = np.broadcast_to(kappa, P.shape[1:]).copy()
+        dit = np.broadcast_to(dither, P.shape[1:])
+        for _ in range(_MAX_ROUNDS):
+            bad = ~(np.abs(P[_T]) <= self.max_logit)
+            if not bad.any():
+                return P, kap
+            r, c = np.nonzero(bad)
+            kap[r, c] /= 10.0
+            P[:, r, c] = self._ask(rows[r], c, kap[r, c], dit[r, c])
+            self.n_requeried_ += r.size
+        raise ModelMismatchError(
+            "the answers are not those of a single attention head: some probe pairs give no "
+            f"positive ratio at any of {_MAX_ROUNDS} scales")
+
+    def _search(self, rows, cols, kappa, acc):
+        """For each column, a scale at which directions ``rows`` give usable logits (all finite,
+        within ``max_logit``, root-mean-square at least ``target_logit / 10`` unless the column
+        shows only noise). Every round's answers go into ``acc`` (a measurement at any scale
+        counts, with its weight). Returns ``kappa`` and the accepted logits (len(rows),
+        len(cols))."""
+        T = float(self.target_logit)
+        p = rows.size
+        kappa = np.asarray(kappa, dtype=float).copy()
+        dither = np.ones(cols.size)
+        t = np.full((p, cols.size), np.nan)
+        todo = np.ones(cols.size, dtype=bool)
+        prev_rms = np.full(cols.size, np.nan)
+        prev_kap = np.full(cols.size, np.nan)
+        for rnd in range(_MAX_ROUNDS):
+            idx = np.flatnonzero(todo)
+            if idx.size == 0:
+                return kappa, t
+            if rnd:
+                self.n_requeried_ += p * idx.size
+            rr, cc = np.tile(rows, idx.size), np.repeat(idx, p)
+            P = self._ask(rr, cols[cc], kappa[cc], dither[cc]).reshape(5, idx.size, p)
+            P = P.transpose(0, 2, 1)
+            acc.add(rows, cols[idx], P, kappa[idx][None, :], self.max_logit)
+            tt = P[_T]
+            t[:, idx] = tt
+            rms = np.sqrt(np.mean(tt**2, axis=0))
+            finite = np.all(np.isfinite(tt), axis=0)
+            big = ~(np.max(np.abs(tt), axis=0) <= self.max_logit)  # NaN counts as big
+            small = ~big & (rms < T / 10)
+            # a scale raised tenfold that raised the logits less than twofold shows noise only:
+            # the column is zero to the answers' precision, and its scale is kept
+            stalled = small & (kappa[idx] >= 10 * prev_kap[idx]) & (rms < 2 * prev_rms[idx])
+            prev_rms[idx], prev_kap[idx] = rms, kappa[idx]
+            kappa[idx[big & ~finite]] /= 100.0
+            fix = (big & finite) | (small & ~stalled)
+            kappa[idx[fix]] *= np.minimum(1e4, T / np.maximum(rms[fix], 1e-300))
+            todo[idx[~big & (~small | stalled)]] = False
+        self._check_noise(acc)
+        raise ModelMismatchError(
+            f"the answers are not those of a single attention head: no logit scale gave usable "
+            f"answers within {_MAX_ROUNDS} rounds for {int(todo.sum())} columns")
+
+    @staticmethod
+    def _check_noise(acc) -> None:
+        """Raise when the answers are too coarse for the learner's error model."""
+        rel = acc.noise() if acc.dof >= 10 else 0.0
+        if rel > MAX_NOISE_LEVEL:
+            raise AssumptionViolation(
+                f"the answers carry a relative noise of {rel:.3g}, above "
+                f"the {MAX_NOISE_LEVEL:g} this learner allows: a pair's log-ratio is then biased "
+                "by about the noise squared, which no number of queries averages away")
+
+    # -- fit ------------------------------------------------------------------------------------
+    def _fit(self, oracle, d: int, rng: np.random.Generator) -> None:
+        T = float(self.target_logit)
+        v0 = read_v(oracle, d)
+        check_v(v0)
+        self._v0 = v0
+        self._uv = float(np.linalg.norm(v0) / np.sqrt(d))
+        self._U = balanced_orthonormal(v0, rng)
+        p = min(int(self.pilot_rows), d)
+        acc = _Entries(d)
+
+        # the model's scale from a few columns, then every column's scale from its pilot rows
+        scouts = np.unique(np.linspace(0, d - 1, min(_SCOUT_COLUMNS, d)).astype(int))
+        kap_s, _ = self._search(np.arange(min(_SCOUT_ROWS, d)), scouts,
+                                np.full(scouts.size, float(self.initial_logit_scale)), acc)
+        cols = np.arange(d)
+        kappa_p, tp = self._search(np.arange(p), cols, np.full(d, np.median(kap_s) / 2.0), acc)
+        zero = np.sqrt(np.mean(tp**2, axis=0)) < T / 10  # zero to the answers' precision: these
+        # columns keep the pilot's scale. The others aim at a root-mean-square logit lowered
+        # where the largest of a column's d logits (about sqrt(2 ln 2d) times it) would pass
+        # max_logit, with a margin for the spread of the scale estimated from the rows measured
+        # so far; the first pass grows fourfold per stage as that estimate sharpens
+        tail = float(np.sqrt(2.0 * np.log(2.0 * d)))
+        T = min(T, self.max_logit / (np.exp(_KAPPA_DITHER) * tail))
+        n = p
+        while True:
+            z = acc.ref[:n] + acc.s1[:n] / acc.s0[:n]  # u^T w of the rows measured
+            rms = np.sqrt(np.mean(z**2, axis=0))
+            spread = 1.0 / np.sqrt(scipy.stats.chi2.ppf(0.025, n) / n) if n < d else 1.0
+            kappa = np.where(zero | (rms == 0), kappa_p,
+                             min(T, self.max_logit / (spread * tail)) / np.where(rms > 0, rms, 1))
+            if n >= d:
+                break
+            rows = np.arange(n, min(4 * n, d))
+            acc.add(rows, cols, *self._pass(rows, kappa, np.ones(d)))  # (P, kappa)
+            n = rows[-1] + 1
+        self._check_noise(acc)  # before the rest of the budget is spent
+        self.logit_scale_ = kappa
+        n_passes, partial = 1, 0
+        while True:
+            left = self._left() - 2 * d  # one direction's worth kept for re-asked pairs
+            rows = np.arange(d) if left >= 2 * d * d else np.sort(
+                rng.choice(d, size=max(0, min(d, left // (2 * d))), replace=False))
+            if rows.size == 0:
+                break
+            kap_b = kappa * np.exp(rng.uniform(-_KAPPA_DITHER, _KAPPA_DITHER, size=d))
+            acc.add(rows, cols, *self._pass(rows, kap_b, 10.0 ** rng.uniform(0.0, 1.0, size=d)))
+            if rows.size < d:
+                partial = rows.size
+                break
+            n_passes += 1
+        self.n_passes_, self.n_partial_rows_ = n_passes, partial
+        self._solve(acc)
+        del self._U
+
+    def _solve(self, acc: _Entries) -> None:
+        """W and v from the weighted means; noise, error estimates and rank."""
+        U = self._U
+        d = U.shape[0]
+        if not (np.all(acc.s0 > 0) and np.all(acc.om > 0)):  # every pass re-asks until usable
+            raise AssumptionViolation("some entries of W were never measured by a usable pair")
+        T = acc.ref + acc.s1 / acc.s0
+        W = U.T @ T
+        v = U.T @ (acc.mref + acc.m1 / acc.om)
+        rss = float(np.sum(acc.s2 - acc.s1**2 / acc.s0))
+        dof_t = int(np.sum(acc.n - 1))
+        resid2 = max(rss, 0.0) / dof_t if dof_t > 0 else np.nan  # kappa^2-weighted logit scatter
+        rel = acc.noise()
+        if not np.isfinite(rel):  # d = 1: no column shares a direction; use the residuals
+            rel = float(np.sqrt(resid2 / 2.0)) if np.isfinite(resid2) else 0.0
+        self.noise_level_ = rel
+        # variance of each T_lj: the answers' noise through the weighted mean, and the scatter
+        # of repeated measurements where that is larger (per column)
+        col_model = rel**2 * np.sum(acc.h / acc.s0**2, axis=0)
+        col_resid = resid2 * np.sum(1.0 / acc.s0, axis=0) if dof_t > 0 else np.zeros(d)
+        self.residual_ratio_ = (float(np.sum(col_resid) / np.sum(col_model))
+                                if dof_t > 0 and np.sum(col_model) > 0 else float("nan"))
+        col_err = np.sqrt(np.maximum(col_model, col_resid))  # error norm of each column
+        E = float(np.sqrt(np.sum(col_err**2)))
+        Wn, vn = float(np.linalg.norm(W)), float(np.linalg.norm(v))
+        Uw, sv, Vt = np.linalg.svd(W)
+        self.singular_values_ = sv
+        if self.rank is not None:
+            r = int(self.rank)
+        else:  # 2/sqrt(3) times the noise's spectral edge (rows' and columns' error norms)
+            edge = E / np.sqrt(d) + float(np.max(col_err))
+            r = int(np.count_nonzero(sv > (2.0 / np.sqrt(3.0)) * edge))
+        self.rank_ = r
+        shrink = np.sqrt(r * (2 * d - r)) / d if r < d else 1.0
+        self.W_error_estimate_ = E * shrink / Wn if Wn > 0 else float("inf")
+        self.v_error_estimate_ = (rel * float(np.sqrt(np.sum(1.0 / acc.om))) / vn if vn > 0
+                                  else float("inf"))
+        # the check's tolerance uses the answers' noise alone, which a box that is not a single
+        # head does not inflate (unlike the scatter of the logits)
+        self._W_err_noise = (float(np.sqrt(np.sum(col_model))) * shrink / Wn if Wn > 0
+                             else 0.0)
+        if r < d:
+            self.W_factors_ = (Uw[:, :r] * sv[:r], Vt[:r].T.copy())
+            self._W = None
+        else:
+            self.W_factors_ = None
+            self._W = W
+        self.v_ = v
+
+    def _check_tolerance(self) -> float:
+        """Relative tolerance of the check: the answers' own noise (six times its relative
+        size) and the estimate's error, with a margin of ten."""
+        return float(6.0 * self.noise_level_
+                     + 10.0 * (self._W_err_noise + self.v_error_estimate_) + 1e-9)
+
+    # -- results ----------------------------------------------------------------------------------
+    @property
+    def W_(self) -> np.ndarray:
+        """Estimate of W (d x d); from the factors, on request, when they are set."""
+        if not hasattr(self, "v_"):
+            raise AttributeError("W_ is available after fit()")
+        if self.W_factors_ is None:
+            return self._W
+        L, R = self.W_factors_
+        return L @ R.T
+
+    def predict(self, X) -> np.ndarray:
+        """Evaluate the recovered head on inputs X (B, N, d) (from the factors when set)."""
+        from ..models import AttentionHead
+
+        if self.W_factors_ is None:
+            return AttentionHead(self.v_, W=self._W)(X)
+        L, R = self.W_factors_
+        if L.shape[1] == 0:
+            return AttentionHead(self.v_, W=np.zeros((self.v_.size,) * 2))(X)
+        return AttentionHead(self.v_, K=L.T, Q=R.T)(X)
+
+    def queries_for(self, rel_error: float) -> int:
+        """Queries this learner would need for a relative error of W of ``rel_error``: its own
+        error estimate scaled by the ``1 / sqrt(queries)`` of averaging (at least
+        :meth:`min_queries`)."""
+        if not hasattr(self, "W_error_estimate_"):
+            raise AttributeError("queries_for needs a fitted learner")
+        if not (isinstance(rel_error, int | float | np.floating) and np.isfinite(rel_error)
+                and rel_error > 0):
+            raise ConfigError(f"rel_error must be a positive number; got {rel_error!r}")
+        d = self.v_.size
+        n_w = 2 * d * (self.n_passes_ * d + self.n_partial_rows_)
+        need = n_w * (self.W_error_estimate_ / rel_error) ** 2 + (self.n_queries_ - n_w)
+        return int(max(np.ceil(need), self.min_queries(d, check_verify_param(self.verify))))
