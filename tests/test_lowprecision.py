@@ -22,7 +22,6 @@ from attnquery.errors import (
     NotIdentifiableError,
 )
 from attnquery.experiments import expand_cells, run_cells
-from attnquery.experiments.noise import precision_digits, precision_relative_tau
 from attnquery.figures.lowprecision import (
     ESTIMATE_RANGE,
     SLOPE_RANGE,
@@ -37,6 +36,7 @@ from attnquery.metrics import fit_power_law_within, relative_error
 from attnquery.models import AttentionHead, MultiHeadAttention, random_head
 from attnquery.oracles import MembershipOracle, RoundingOracle
 from attnquery.results import rows_to_table
+from attnquery.theory import precision_digits, precision_relative_tau
 
 SEED = 20260122
 MINILM = Path(__file__).resolve().parents[1] / "data" / "minilm" / "model.safetensors"

@@ -20,6 +20,7 @@ from .errors import (
     QueryError,
 )
 from .rng import seed_int
+from .theory import FORMAT_BITS, ROUNDING_DTYPES, relative_rounding_error  # noqa: F401
 
 __all__ = ["Oracle", "ValueOracle", "AntisymmetricOracle", "ApproximateValueOracle",
            "RoundingOracle", "MembershipOracle", "ToleranceError", "query_hash",
@@ -431,20 +432,6 @@ class ApproximateValueOracle(Oracle):
             push = np.where(alpha >= 0.5, 1.0, -1.0) * np.where(den >= 0, 1.0, -1.0)
             sgn = np.where(ok, push, sgn)
         return sgn
-
-
-#: binary formats an answer can be rounded to, with their significant bits ("float64" leaves the
-#: black box's float64 answers as they are)
-FORMAT_BITS = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
-ROUNDING_DTYPES = tuple(FORMAT_BITS)
-
-
-def relative_rounding_error(digits: int | None = None, dtype: str | None = None) -> float:
-    """Largest relative error of rounding to ``digits`` significant decimal digits,
-    ``0.5 * 10**(1 - digits)``, or to a binary format with b significant bits, ``2**-b``."""
-    if digits is not None:
-        return 0.5 * 10.0 ** (1 - int(digits))
-    return 2.0 ** -FORMAT_BITS[dtype]
 
 
 def round_significant(y: np.ndarray, digits: int) -> np.ndarray:

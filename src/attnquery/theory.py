@@ -30,6 +30,17 @@ __all__ = [
     "LOWPRECISION_GOALS",
     "LOWPRECISION_GOAL_QUERIES_PER_UNKNOWN",
     "LOWPRECISION_TARGET",
+    "THEOREM_CONSTANT",
+    "theorem61_required_tau",
+    "theorem61_guarantee",
+    "theorem61_premise",
+    "FORMAT_BITS",
+    "ROUNDING_DTYPES",
+    "relative_rounding_error",
+    "parse_rounding",
+    "precision_relative_tau",
+    "precision_digits",
+    "USEFUL_REL_ERR",
 ]
 
 # ---------------------------------------------------------------------------------------------
@@ -204,3 +215,87 @@ LOWPRECISION_GOALS = {"float16": 1e-3, "bfloat16": 1e-2, "digits=3": 1e-2}
 LOWPRECISION_GOAL_QUERIES_PER_UNKNOWN = 50.0
 #: relative error of W whose cost in queries the lowprecision figure reports for every precision
 LOWPRECISION_TARGET = 1e-2
+
+# ---------------------------------------------------------------------------------------------
+# Theorem 6.1: approximate value queries
+# ---------------------------------------------------------------------------------------------
+#: the theorem's constant in tau <= mu eps_W / (C W^2 d), after halving for sparse v
+THEOREM_CONSTANT = 160.0
+
+
+def theorem61_required_tau(d: int, W_bound: float, mu: float, eps_W: float, eps_v: float) -> float:
+    """Largest tolerance for which Theorem 6.1 guarantees ``(eps_W, eps_v)``.
+
+    ``min(mu / 2, eps_v / sqrt(d), mu eps_W / (160 W_bound^2 d))`` (the proof's constants,
+    with the tolerance halved for the rows where ``v_i = 0``).
+    """
+    return float(min(mu / 2.0, eps_v / np.sqrt(d),
+                     mu * eps_W / (THEOREM_CONSTANT * W_bound**2 * d)))
+
+
+def theorem61_guarantee(tau, d: int, W_bound: float, mu: float):
+    """Errors Theorem 6.1 guarantees at tolerance ``tau`` (valid where ``tau < mu / 2``).
+
+    Returns ``(eps_W, eps_v)`` with ``eps_W = 160 W_bound^2 d tau / mu`` (Frobenius error of
+    W) and ``eps_v = sqrt(d) tau`` (Euclidean error of v); NaN where ``tau >= mu / 2`` (at
+    equality the proof's zero test ``|v_hat_i| <= mu / 2`` can take ``|v_i| = mu`` for a zero).
+    """
+    tau = np.asarray(tau, dtype=float)
+    ok = tau < mu / 2.0
+    eps_W = np.where(ok, THEOREM_CONSTANT * W_bound**2 * d * tau / mu, np.nan)
+    eps_v = np.where(ok, np.sqrt(d) * tau, np.nan)
+    if eps_W.ndim == 0:
+        return float(eps_W), float(eps_v)
+    return eps_W, eps_v
+
+
+def theorem61_premise(d, tau, mu, W_bound) -> bool:
+    """Whether heads made as the noise experiment makes them, and a tolerance, meet Theorem
+    6.1's assumptions.
+
+    Those heads (``attnquery.experiments.noise.theorem_head``) meet ``||W||_F <= W_bound``,
+    ``min |v_i| >= mu`` and, when ``mu <= 1 / sqrt(d)``, ``||v|| <= 1``; the tolerance must be
+    below ``mu / 2``.
+    """
+    return bool(W_bound >= 2 and mu <= 1 / np.sqrt(d) and tau < mu / 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Answers rounded by the black box (the rounding defence)
+# ---------------------------------------------------------------------------------------------
+#: relative error of W below which an extraction counts as useful
+USEFUL_REL_ERR = 0.1
+
+#: binary formats an answer can be rounded to, with their significant bits ("float64" leaves the
+#: black box's float64 answers as they are)
+FORMAT_BITS = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
+ROUNDING_DTYPES = tuple(FORMAT_BITS)
+
+
+def relative_rounding_error(digits: int | None = None, dtype: str | None = None) -> float:
+    """Largest relative error of rounding to ``digits`` significant decimal digits,
+    ``0.5 * 10**(1 - digits)``, or to a binary format with b significant bits, ``2**-b``."""
+    if digits is not None:
+        return 0.5 * 10.0 ** (1 - int(digits))
+    return 2.0 ** -FORMAT_BITS[dtype]
+
+
+def parse_rounding(spec: str) -> dict:
+    """``"digits=4"`` -> {"digits": 4}; a format (``"float16"``, ``"bfloat16"``, ``"float32"``,
+    ``"float64"``: answers as they are) -> {"dtype": ...}."""
+    if spec in ROUNDING_DTYPES:
+        return {"dtype": spec}
+    if spec.startswith("digits="):
+        return {"digits": int(spec.split("=", 1)[1])}
+    raise ConfigError(f"rounding must be 'digits=k' or one of {ROUNDING_DTYPES}; got {spec!r}")
+
+
+def precision_relative_tau(spec: str) -> float:
+    """Largest relative error of the answers' rounding named by ``spec``."""
+    return relative_rounding_error(**parse_rounding(spec))
+
+
+def precision_digits(spec: str) -> float:
+    """Significant decimal digits with the same largest relative error as ``spec`` (``k`` for
+    ``digits=k``; float16 about 4.0, bfloat16 3.1, float32 7.9, float64 16.0)."""
+    return float(1.0 - np.log10(2.0 * precision_relative_tau(spec)))

@@ -20,8 +20,9 @@ from ..learners import LowPrecisionValueQueryLearner
 from ..metrics import fit_counted, functional_error, head_errors
 from ..models import AttentionHead, random_head
 from ..realheads import head_from_checkpoint
+from ..theory import parse_rounding, precision_digits, precision_relative_tau
 from . import Experiment, grid, register
-from .noise import parse_rounding, precision_digits, precision_relative_tau, rounding_oracle
+from .noise import rounding_oracle
 from .realheads import checkpoint_source
 
 __all__ = ["cells", "run"]

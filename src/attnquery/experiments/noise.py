@@ -25,19 +25,18 @@ from ..learners import (
     NoisyValueQueryLearner,
     SketchLowRankLearner,
 )
-from ..learners.noisy import theorem61_guarantee, theorem61_required_tau
 from ..metrics import fit_counted, head_errors
 from ..models import AttentionHead
-from ..oracles import (
-    ROUNDING_DTYPES,
-    ApproximateValueOracle,
-    RoundingOracle,
-    relative_rounding_error,
+from ..oracles import ApproximateValueOracle, RoundingOracle
+from ..theory import (
+    USEFUL_REL_ERR,
+    parse_rounding,
+    theorem61_guarantee,
+    theorem61_required_tau,
 )
 from . import Experiment, grid, register
 
-__all__ = ["theorem_head", "assumptions_met", "cell_meets_assumptions", "parse_rounding",
-           "rounding_oracle", "precision_digits", "precision_relative_tau", "UndefinedEstimate",
+__all__ = ["theorem_head", "assumptions_met", "rounding_oracle", "UndefinedEstimate",
            "NOISE_LEARNERS", "ROUNDING_LEARNERS"]
 
 NOISE_LEARNERS = ("noisy", "unclipped", "exact")
@@ -101,13 +100,6 @@ class UndefinedEstimate(AttnQueryError):
     """The unclipped baseline applied sigma^{-1} to a weight estimate outside (0, 1)."""
 
 
-def cell_meets_assumptions(d, tau, mu, W_bound) -> bool:
-    """Whether a cell's parameters give heads and a tolerance meeting Theorem 6.1's assumptions.
-
-    :func:`theorem_head` meets ``||W||_F <= W_bound``, ``min |v_i| >= mu`` and, when
-    ``mu <= 1 / sqrt(d)``, ``||v|| <= 1``; the tolerance must be below ``mu / 2``.
-    """
-    return bool(W_bound >= 2 and mu <= 1 / np.sqrt(d) and tau < mu / 2)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,27 +191,6 @@ def noise_run(cell: dict, rng: np.random.Generator) -> dict:
 # ---------------------------------------------------------------------------------------------
 # rounding
 # ---------------------------------------------------------------------------------------------
-def parse_rounding(spec: str) -> dict:
-    """``"digits=4"`` -> {"digits": 4}; a format (``"float16"``, ``"bfloat16"``, ``"float32"``,
-    ``"float64"``: answers as they are) -> {"dtype": ...}."""
-    if spec in ROUNDING_DTYPES:
-        return {"dtype": spec}
-    if spec.startswith("digits="):
-        return {"digits": int(spec.split("=", 1)[1])}
-    raise ModelError(f"rounding must be 'digits=k' or one of {ROUNDING_DTYPES}; got {spec!r}")
-
-
-def precision_relative_tau(spec: str) -> float:
-    """Largest relative error of the answers' rounding named by ``spec``."""
-    return relative_rounding_error(**parse_rounding(spec))
-
-
-def precision_digits(spec: str) -> float:
-    """Significant decimal digits with the same largest relative error as ``spec`` (``k`` for
-    ``digits=k``; float16 about 4.0, bfloat16 3.1, float32 7.9, float64 16.0)."""
-    return float(1.0 - np.log10(2.0 * precision_relative_tau(spec)))
-
-
 def rounding_oracle(head, d: int, spec: str) -> RoundingOracle:
     """The rounding oracle named by ``spec`` (see :func:`parse_rounding`)."""
     return RoundingOracle(head, d, **parse_rounding(spec))
@@ -287,8 +258,7 @@ def rounding_run(cell: dict, rng: np.random.Generator) -> dict:
     return m
 
 
-#: relative error of W below which an extraction counts as useful
-USEFUL_REL_ERR = 0.1
+
 
 # Estimated seconds per cell on one core (attnquery.study: the cluster's runtime requests), from
 # the wall times of the default study on a 2-core machine shared with other work, extrapolated

@@ -30,7 +30,7 @@ from ..results import atomic_path  # noqa: E402
 
 __all__ = ["STYLE", "FIGURES", "Figure", "register_figure", "render", "save_figure",
            "get_figure", "get_spec", "figures_for", "all_figures", "log2_ticks",
-           "timing_figures", "with_evidence"]
+           "timing_figures", "with_evidence", "tight_layout", "mark_empty_axes"]
 
 STYLE = str(Path(__file__).with_name("attnquery.mplstyle"))
 
@@ -172,14 +172,23 @@ def with_evidence(name: str, df, claims) -> list:
     return [no_data(c, why) for c in claims]
 
 
-def _mark_empty_axes(fig) -> None:
+def tight_layout(fig) -> None:
+    """``fig.tight_layout()``, after empty panels are marked (see :func:`mark_empty_axes`)."""
+    mark_empty_axes(fig)
+    fig.tight_layout()
+
+
+def mark_empty_axes(fig) -> None:
     """Panels without data (no cell of theirs succeeded) say so, on linear axes: a log axis
     with nothing positive on it cannot be drawn."""
     import numpy as np
 
     for ax in fig.axes:
         lim = ax.dataLim
+        if getattr(ax, "_attnquery_empty", False):
+            continue
         if not ax.has_data() or not np.all(np.isfinite([lim.x0, lim.x1, lim.y0, lim.y1])):
+            ax._attnquery_empty = True
             ax.set_xscale("linear")
             ax.set_yscale("linear")
             ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center",
@@ -197,7 +206,7 @@ def render(name: str, df, pdf_path, png_path=None):
     fn = get_figure(name)
     with plt.style.context(STYLE):
         fig, claims = fn(df)
-        _mark_empty_axes(fig)
+        mark_empty_axes(fig)
         save_figure(fig, pdf_path, png_path)
         plt.close(fig)
     return with_evidence(name, df, claims)

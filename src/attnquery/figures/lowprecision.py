@@ -18,7 +18,7 @@ from ..metrics import fit_power_law_within
 from ..theory import LOWPRECISION_GOAL_QUERIES_PER_UNKNOWN as GOAL_QUERIES_PER_UNKNOWN
 from ..theory import LOWPRECISION_GOALS as GOALS
 from ..theory import LOWPRECISION_TARGET as TARGET_REL_ERR
-from . import register_figure
+from . import register_figure, tight_layout
 
 __all__ = ["lowprecision_claims", "lowprecision_frame", "slope_fits", "queries_needed",
            "lowprecision", "SLOPE_RANGE", "PRECISION_SLOPE_RANGE", "ESTIMATE_RANGE",
@@ -251,7 +251,7 @@ def lowprecision(df):
         ax.set(xscale="log", yscale="log", xlabel="queries per unknown, counted / (d^2 + d)",
                ylabel=r"$\|\hat W - W\|_F / \|W\|_F$")
         pooled = fits.get((fam, None))
-        heads = g["unit"].str.rsplit("|", n=1).str[0].nunique()
+        heads = g["unit"].astype(str).str.rsplit("|", n=1).str[0].nunique()
         desc = (f"d = {', '.join(str(int(x)) for x in sorted(g['d'].dropna().unique()))}"
                 if fam == "random" else "d = 384" if len(g) else "")
         ax.set_title(f"({'ab'[list(FAMILIES).index(fam)]}) {FAMILIES[fam]} ({heads} heads"
@@ -310,5 +310,5 @@ def lowprecision(df):
            ylabel="measured relative error of W")
     ax.set_title("(d) estimated against measured error"
                  + (f"\n{c[0].detail}" if c else ""), fontsize=7.5)
-    fig.tight_layout()
+    tight_layout(fig)
     return fig, claims

@@ -8,7 +8,7 @@ import numpy as np
 from ..claims import Claim, ok_rows
 from ..metrics import fit_linear
 from ..theory import membership_target as target_queries
-from . import register_figure
+from . import register_figure, tight_layout
 
 #: the SPEC's target: counted queries within this factor of d^2 log2(2 W d / eps) + d log2(1/eps)
 TARGET_FACTOR = 1.2
@@ -190,7 +190,7 @@ def membership_cost(df):
     ax4.set_title("(d) direction of v: sampling vs bisection"
                   + (f"\n{vc[0].detail.split(' (sampling')[0]}" if vc else ""), fontsize=6)
     ax4.legend(fontsize=6, loc="upper right")
-    fig.tight_layout()
+    tight_layout(fig)
     return fig, claims
 
 

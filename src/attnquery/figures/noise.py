@@ -8,10 +8,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from ..claims import Claim, extra_values, ok_rows
-from ..experiments.noise import USEFUL_REL_ERR, cell_meets_assumptions, precision_digits
-from ..learners.noisy import theorem61_guarantee
 from ..metrics import fit_linear
-from . import register_figure
+from ..theory import USEFUL_REL_ERR, precision_digits, theorem61_guarantee
+from ..theory import theorem61_premise as cell_meets_assumptions
+from . import register_figure, tight_layout
 from .lowprecision import queries_needed
 
 #: interval the fitted slope of error against tau must fall in
@@ -32,8 +32,9 @@ def _tau_rows(df, ok_only=True):
 
 def _met(rows):
     """Rows whose cell meets Theorem 6.1's assumptions (from the cell's parameters)."""
-    return rows[[cell_meets_assumptions(d, t, m, w) for d, t, m, w in
-                 zip(rows["d"], rows["tau"], rows["mu"], rows["W_bound"], strict=True)]]
+    met = [cell_meets_assumptions(d, t, m, w) for d, t, m, w in
+           zip(rows["d"], rows["tau"], rows["mu"], rows["W_bound"], strict=True)]
+    return rows[np.array(met, dtype=bool)]
 
 
 def _centered_slope(g, x="tau", y="abs_err_W", by=("noise", "mu", "W_bound", "d", "seed")):
@@ -241,10 +242,11 @@ def noise_scaling(df):
         ax4.set_title(rf"(d) oversampling, $\tau$={t['tau']:g}, d={int(t['d'])}"
                       + (f"\nexponent {oc[0].detail.split(' (')[0].replace('exponent ', '')}"
                          if oc else ""), fontsize=7)
-    ax4.set(xscale="log", yscale="log", xlabel="distinct probes per unknown $k$",
-            ylabel=r"$\|\hat W - W\|_F$")
+    ax4.set(xlabel="distinct probes per unknown $k$", ylabel=r"$\|\hat W - W\|_F$")
+    if ax4.has_data():
+        ax4.set(xscale="log", yscale="log")
     ax4.legend(fontsize=6)
-    fig.tight_layout()
+    tight_layout(fig)
     return fig, claims
 
 
@@ -409,7 +411,7 @@ def defence_rounding(df):
     ax2.set_title("(b) queries per unknown for a relative error of W\n(low-precision learner; "
                   "hollow: smallest budget or fewer, or extrapolated)", fontsize=7.5)
     ax2.legend(fontsize=5.5, loc="upper right", title="median head", title_fontsize=5.5)
-    fig.tight_layout()
+    tight_layout(fig)
     return fig, claims
 
 

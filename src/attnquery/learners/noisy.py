@@ -34,6 +34,7 @@ import numpy as np
 import scipy.special
 
 from ..errors import AssumptionViolation, ConfigError, NotIdentifiableError
+from ..theory import THEOREM_CONSTANT, theorem61_guarantee, theorem61_required_tau  # noqa: F401
 from ._base import (
     DEFAULT_VERIFY,
     BaseLearner,
@@ -57,40 +58,12 @@ __all__ = [
 TAU_CLIP = float(1.0 / (1.0 + np.exp(0.5)))
 #: Lipschitz constant of sigma^{-1} on [sigma(-1/2), sigma(1/2)] (Lemma A.1), about 4.26
 L_CLIP = float(1.0 / (TAU_CLIP * (1.0 - TAU_CLIP)))
-#: the theorem's constant in tau <= mu eps_W / (C W^2 d), after halving for sparse v
-THEOREM_CONSTANT = 160.0
 
 
 class AssumptionParameterError(ConfigError, AssumptionViolation):
     """A learner parameter that states a theorem's assumption is out of its range (``mu``
     outside (0, 1], ``W_bound < 2``, ``tau <= 0``); both a :class:`ConfigError` and an
     :class:`AssumptionViolation`."""
-
-
-def theorem61_required_tau(d: int, W_bound: float, mu: float, eps_W: float, eps_v: float) -> float:
-    """Largest tolerance for which Theorem 6.1 guarantees ``(eps_W, eps_v)``.
-
-    ``min(mu / 2, eps_v / sqrt(d), mu eps_W / (160 W_bound^2 d))`` (the proof's constants,
-    with the tolerance halved for the rows where ``v_i = 0``).
-    """
-    return float(min(mu / 2.0, eps_v / np.sqrt(d),
-                     mu * eps_W / (THEOREM_CONSTANT * W_bound**2 * d)))
-
-
-def theorem61_guarantee(tau, d: int, W_bound: float, mu: float):
-    """Errors Theorem 6.1 guarantees at tolerance ``tau`` (valid where ``tau < mu / 2``).
-
-    Returns ``(eps_W, eps_v)`` with ``eps_W = 160 W_bound^2 d tau / mu`` (Frobenius error of
-    W) and ``eps_v = sqrt(d) tau`` (Euclidean error of v); NaN where ``tau >= mu / 2`` (at
-    equality the proof's zero test ``|v_hat_i| <= mu / 2`` can take ``|v_i| = mu`` for a zero).
-    """
-    tau = np.asarray(tau, dtype=float)
-    ok = tau < mu / 2.0
-    eps_W = np.where(ok, THEOREM_CONSTANT * W_bound**2 * d * tau / mu, np.nan)
-    eps_v = np.where(ok, np.sqrt(d) * tau, np.nan)
-    if eps_W.ndim == 0:
-        return float(eps_W), float(eps_v)
-    return eps_W, eps_v
 
 
 class NoisyValueQueryLearner(BaseLearner):
