@@ -92,6 +92,7 @@ def _is_package(modname: str) -> bool:
 
 @functools.cache
 def _parsed(path: Path) -> ast.Module:
+    # parsed once per process: the workflow computes many closures over the same modules
     return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
 
 
@@ -125,7 +126,8 @@ def _binding(package: str, name: str, seen: frozenset = frozenset()) -> str | No
     return None
 
 
-def _dependencies(modname: str) -> set[str]:
+@functools.cache
+def _dependencies(modname: str) -> frozenset[str]:
     """Modules of this package that ``modname`` imports (anywhere in its source).
 
     ``from package import name`` depends on the module that defines ``name``: a submodule, or
@@ -149,7 +151,7 @@ def _dependencies(modname: str) -> set[str]:
                 else:
                     deps.add(source)
     deps.discard(modname)
-    return deps
+    return frozenset(deps)
 
 
 def module_closure(modnames: Iterable[str]) -> list[Path]:
@@ -180,12 +182,17 @@ def _library_versions() -> dict[str, str]:
     return out
 
 
+@functools.cache
+def _file_digest(path: Path) -> bytes:
+    return hashlib.sha256(path.read_bytes()).digest()
+
+
 def source_digest(files: Iterable[Path], extra: Mapping | None = None) -> str:
     """A 16-hex-digit digest of files' names (relative to the package) and contents."""
     h = hashlib.sha256()
     for f in sorted(Path(p) for p in files):
         h.update(str(f.relative_to(PACKAGE_DIR)).encode() + b"\0")
-        h.update(f.read_bytes() + b"\0")
+        h.update(_file_digest(f))
     if extra:
         h.update(json.dumps(extra, sort_keys=True).encode())
     return h.hexdigest()[:16]
