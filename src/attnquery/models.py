@@ -94,11 +94,18 @@ def run_starts(rows: np.ndarray) -> np.ndarray:
 
 
 class AttentionHead:
-    """Single-head attention ``f(X) = softmax(X W x_N)^T (X v)``.
+    """Single-head attention ``f(X) = softmax(X (W x_N + c))^T (X v) + beta``.
 
     Give either a dense ``W`` (d x d) or the factors ``K`` and ``Q`` (each r x d) with
     ``W = K^T Q``. With factors, evaluation costs O(N d r) per query and W is never formed
-    (use :attr:`W` to get it densely on request).
+    (use :attr:`W` to get it densely on request). The paper's head is the case ``c = 0``,
+    ``beta = 0`` (the default).
+
+    A real attention module with its biases is exactly of this form: for one head read out by a
+    vector r, ``(W_Q x_N + b_Q)^T (W_K x_i + b_K) / sqrt(d_h)`` differs from
+    ``x_i^T (W x_N + c)`` by terms that do not depend on i, which the softmax cancels, with
+    ``W = W_K^T W_Q / sqrt(d_h)`` and ``c = W_K^T b_Q / sqrt(d_h)``; the value bias adds
+    ``beta = r^T b_V`` to every answer because the attention weights sum to one.
 
     Parameters
     ----------
@@ -108,9 +115,15 @@ class AttentionHead:
         Dense score matrix.
     K, Q : array_like, shape (r, d), optional
         Factors of a low-rank score matrix ``W = K^T Q``.
+    key_bias : array_like, shape (d,), optional
+        The vector c added to ``W x_N`` in every score (the query bias seen through the keys).
+        Default 0.
+    offset : float
+        The constant beta added to every answer (the value and output biases read out).
+        Default 0.
     """
 
-    def __init__(self, v, W=None, K=None, Q=None):
+    def __init__(self, v, W=None, K=None, Q=None, key_bias=None, offset=0.0):
         v = np.asarray(v, dtype=np.float64)
         if v.ndim != 1 or v.size < 1:
             raise ModelError(f"v must be a non-empty vector; got shape {v.shape}")
@@ -132,12 +145,20 @@ class AttentionHead:
                     f"K and Q must both have shape (r, {d}); got {K.shape} and {Q.shape}"
                 )
             arrays = [v, K, Q]
-        if not all(np.all(np.isfinite(a)) for a in arrays):
+        c = np.zeros(d) if key_bias is None else np.asarray(key_bias, dtype=np.float64)
+        if c.shape != (d,):
+            raise ModelError(f"key_bias must have shape ({d},) to match v; got {c.shape}")
+        beta = np.asarray(offset, dtype=np.float64)
+        if beta.shape != ():
+            raise ModelError(f"offset must be a scalar; got shape {beta.shape}")
+        if not all(np.all(np.isfinite(a)) for a in [*arrays, c, beta]):
             raise ModelError("model parameters must be finite")
         self.v = v
         self.W_dense = W
         self.K = K
         self.Q = Q
+        self.key_bias = c
+        self.offset = float(beta)
         # the right operand of W_times, C-contiguous (a sparse product needs that layout)
         self._right = np.ascontiguousarray((Q if W is None else W).T)
         self._cache: dict[bytes, np.ndarray] = {}  # W x of recent last tokens, by their bytes
@@ -151,6 +172,11 @@ class AttentionHead:
     def is_lowrank(self) -> bool:
         """Whether W is stored as factors."""
         return self.W_dense is None
+
+    @property
+    def has_bias(self) -> bool:
+        """Whether the head has a nonzero key bias c or offset beta."""
+        return bool(self.offset != 0.0 or np.any(self.key_bias))
 
     @property
     def rank(self) -> int:
@@ -178,7 +204,7 @@ class AttentionHead:
         return sparse_aware_matmul(q, self._right)
 
     def scores(self, X) -> np.ndarray:
-        """Attention scores ``s_i = x_i^T W x_N``, shape (B, N)."""
+        """Attention scores ``s_i = x_i^T (W x_N + c)``, shape (B, N)."""
         return self._scores_values(check_input(X, self.d))[0]
 
     def attention(self, X) -> np.ndarray:
@@ -187,10 +213,11 @@ class AttentionHead:
 
     def __call__(self, X) -> np.ndarray:
         scores, values = self._scores_values(check_input(X, self.d))
-        return np.einsum("bn,bn->b", softmax_last(scores), values)
+        out = np.einsum("bn,bn->b", softmax_last(scores), values)
+        return out + self.offset if self.offset else out
 
     def _scores_values(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Scores ``X W x_N`` and values ``X v`` of a validated batch, each (B, N).
+        """Scores ``X (W x_N + c)`` and values ``X v`` of a validated batch, each (B, N).
 
         A batch whose last tokens come in a few runs of identical rows (probes that share their
         query token) is evaluated run by run: ``W x_N`` once per run, taken from a small cache of
@@ -203,7 +230,7 @@ class AttentionHead:
         starts = run_starts(last)
         nu = starts.size
         if nu > _FEW_RUNS:
-            Wq = self.W_times(last[starts])
+            Wq = self.W_times(last[starts]) + self.key_bias
             if nu < B:
                 Wq = np.repeat(Wq, np.diff(np.append(starts, B)), axis=0)
             return np.einsum("bnd,bd->bn", X, Wq), X @ self.v
@@ -215,11 +242,11 @@ class AttentionHead:
         return scores, X @ self.v
 
     def _cached_W_times(self, q: np.ndarray) -> np.ndarray:
-        """``W q`` for one token, from the cache of the last ``_CACHE_TOKENS`` tokens."""
+        """``W q + c`` for one token, from the cache of the last ``_CACHE_TOKENS`` tokens."""
         key = q.tobytes()
         Wq = self._cache.get(key)
         if Wq is None:
-            Wq = self.W_times(q[None, :])[0]
+            Wq = self.W_times(q[None, :])[0] + self.key_bias
             if len(self._cache) >= _CACHE_TOKENS:
                 del self._cache[next(iter(self._cache))]  # the oldest entry
             self._cache[key] = Wq
@@ -232,16 +259,28 @@ class AttentionHead:
 
 
 class MultiHeadAttention:
-    """Sum of single-head attentions, ``f(X) = sum_h alpha_h^T (X v_h)`` (paper Sec. 7)."""
+    """Sum of single-head attentions, ``f(X) = sum_h alpha_h^T (X v_h) + beta`` (paper Sec. 7).
 
-    def __init__(self, heads: Sequence[AttentionHead]):
+    Parameters
+    ----------
+    heads : sequence of AttentionHead
+        The heads (each may carry its own key bias and offset).
+    offset : float
+        A constant added to every answer on top of the heads' own offsets (a layer's output
+        bias read out, ``r^T b_O``). Default 0.
+    """
+
+    def __init__(self, heads: Sequence[AttentionHead], offset: float = 0.0):
         heads = tuple(heads)
         if not heads:
             raise ModelError("a multi-head model needs at least one head")
         d = heads[0].d
         if any(not isinstance(h, AttentionHead) or h.d != d for h in heads):
             raise ModelError("every head must be an AttentionHead of the same dimension d")
+        if not np.isfinite(offset):
+            raise ModelError(f"offset must be finite; got {offset}")
         self.heads = heads
+        self.offset = float(offset)
 
     @property
     def d(self) -> int:
@@ -251,9 +290,14 @@ class MultiHeadAttention:
     def n_heads(self) -> int:
         return len(self.heads)
 
+    @property
+    def total_offset(self) -> float:
+        """The constant of the whole function: ``offset`` plus every head's offset."""
+        return self.offset + sum(h.offset for h in self.heads)
+
     def __call__(self, X) -> np.ndarray:
         X = check_input(X, self.d)
-        return sum(h(X) for h in self.heads)
+        return sum(h(X) for h in self.heads) + self.offset
 
 
 class OneLayerTransformer:
@@ -374,6 +418,8 @@ def random_head(
     mu: float | None = None,
     zero_frac: float = 0.0,
     factored: bool | None = None,
+    key_bias: float = 0.0,
+    offset: float = 0.0,
 ) -> AttentionHead:
     """Draw a random single-head attention model.
 
@@ -398,8 +444,16 @@ def random_head(
     mu, zero_frac : see :func:`random_v`.
     factored : bool, optional
         Store W as factors. Defaults to True exactly when ``rank`` is given.
+    key_bias : float
+        Norm of the key bias c, drawn in a uniformly random direction of the column space of W
+        (where a real module's ``c = W_K^T b_Q / sqrt(d_h)`` lies); 0 (default) draws nothing,
+        so the head of a given seed is the same as without this knob.
+    offset : float
+        The constant beta added to every answer.
     """
     rng = as_rng(seed)
+    if not (np.isfinite(key_bias) and key_bias >= 0):
+        raise ModelError(f"key_bias must be a non-negative norm; got {key_bias}")
     if d < 1:
         raise ModelError(f"d must be >= 1; got {d}")
     knobs = [k for k in (W_fro, W_spectral, logit_scale) if k is not None]
@@ -429,10 +483,18 @@ def random_head(
         target = None
     scale = 1.0 if target is None or fro == 0 else target / fro
     v = random_v(d, rng, mu=mu, zero_frac=zero_frac)
+    c = None
+    if key_bias > 0:
+        if rank is None and not factored:
+            c = W @ rng.standard_normal(d)
+        else:
+            c = K.T @ rng.standard_normal(r)
+        nc = np.linalg.norm(c)
+        c = c * (key_bias / nc) if nc > 0 else c
     if factored:
         s = np.sqrt(scale)
-        return AttentionHead(v, K=K * s, Q=Q * s)
-    return AttentionHead(v, W=W * scale)
+        return AttentionHead(v, K=K * s, Q=Q * s, key_bias=c, offset=offset)
+    return AttentionHead(v, W=W * scale, key_bias=c, offset=offset)
 
 
 def random_transformer(
