@@ -34,6 +34,8 @@ __all__ = [
     "random_multihead",
     "random_orthogonal_split",
     "orthogonal_subspace_multihead",
+    "non_identifiable_pair",
+    "NON_IDENTIFIABLE_CONSTRUCTIONS",
 ]
 
 
@@ -667,3 +669,74 @@ def orthogonal_subspace_multihead(
         heads.append(AttentionHead(E @ c, W=E @ B @ E.T))
     model = MultiHeadAttention(heads)
     return (model, bases) if return_bases else model
+
+
+#: the constructions of :func:`non_identifiable_pair`
+NON_IDENTIFIABLE_CONSTRUCTIONS = ("prop71", "shared_w", "dead_head")
+
+
+def non_identifiable_pair(name: str, d: int, H: int, seed=None):
+    """Two multi-head models with different parameters that compute the same function.
+
+    Parameters
+    ----------
+    name : {"prop71", "shared_w", "dead_head"}
+        ``"prop71"`` (the paper's Prop. 7.1): every head shares ``W = A`` and has
+        ``v_h = lambda_h b``; set a puts all the weight on one head, set b spreads it evenly.
+        ``"shared_w"``: heads grouped in pairs sharing a W (a generic W per group); set b adds to
+        the v's of each group arbitrary vectors summing to zero (not multiples of one
+        direction). ``"dead_head"``: one head has ``v = 0``; its W differs arbitrarily between
+        the sets.
+    d, H : int
+        Token dimension and number of heads.
+    seed : int, sequence of ints or Generator
+
+    Returns
+    -------
+    (MultiHeadAttention, MultiHeadAttention)
+    """
+    rng = as_rng(seed)
+    if name == "prop71":
+        # Prop. 7.1: every head has W = A, v_h = lambda_h b with sum lambda = 1. Two weightings
+        # far apart even after permuting heads: all mass on one head vs spread evenly.
+        A = rng.standard_normal((d, d)) / np.sqrt(d)
+        b = rng.standard_normal(d)
+        lam_a = np.zeros(H)
+        lam_a[0] = 1.0
+        lam_b = np.full(H, 1.0 / H)
+        ma = MultiHeadAttention([AttentionHead(lam * b, W=A) for lam in lam_a])
+        mb = MultiHeadAttention([AttentionHead(lam * b, W=A) for lam in lam_b])
+        return ma, mb
+    if name == "shared_w":
+        # Heads fall into groups that share a W; within a group only the sum of the v's
+        # matters, so any zero-sum perturbation of the group's v's (not along a common
+        # direction, unlike Prop. 7.1) leaves the function unchanged.
+        n_groups = max(1, H // 2)
+        base = random_multihead(d, n_groups, rng)
+        group = np.arange(H) % n_groups
+        heads_a, heads_b = [], []
+        V = rng.standard_normal((H, d))
+        C = rng.standard_normal((H, d))
+        for g in range(n_groups):
+            idx = np.flatnonzero(group == g)
+            if idx.size > 1:
+                C[idx] -= C[idx].mean(axis=0)  # zero-sum within the group
+            else:
+                C[idx] = 0.0
+        for h in range(H):
+            W = base.heads[group[h]].W
+            heads_a.append(AttentionHead(V[h], W=W))
+            heads_b.append(AttentionHead(V[h] + C[h], W=W))
+        return MultiHeadAttention(heads_a), MultiHeadAttention(heads_b)
+    if name == "dead_head":
+        # A head whose v is 0 contributes nothing, whatever its W: the W of that head can be
+        # anything (here two independent draws).
+        base = random_multihead(d, H, rng)
+        heads = list(base.heads)
+        Wa = rng.standard_normal((d, d)) / np.sqrt(d)
+        Wb = rng.standard_normal((d, d)) / np.sqrt(d)
+        ma = MultiHeadAttention(heads[:-1] + [AttentionHead(np.zeros(d), W=Wa)])
+        mb = MultiHeadAttention(heads[:-1] + [AttentionHead(np.zeros(d), W=Wb)])
+        return ma, mb
+    raise ModelError(f"unknown construction {name!r}; choose from "
+                     f"{NON_IDENTIFIABLE_CONSTRUCTIONS}")

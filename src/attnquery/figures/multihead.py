@@ -6,8 +6,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from ..claims import Claim, ok_rows
-from ..experiments.multihead import AGREE_TOL, DISCOVER_TOL, DISTANCE_MIN, KNOWN_TOL
-from ..learners.multihead import CONSTRUCTIONS
+from ..experiments.multihead import AGREE_TOL, CONSTRUCTIONS, DISCOVER_TOL, DISTANCE_MIN, KNOWN_TOL
 from . import log2_ticks, register_figure
 
 #: the learner's default finite-difference step, at which the discovery claim is checked

@@ -7,7 +7,7 @@ Every learner follows the scikit-learn convention: parameters in ``__init__``,
 from .exact import ExactValueQueryLearner
 from .lowrank import NuclearNormROPLearner, SketchLowRankLearner
 from .membership import MembershipLearner
-from .multihead import OrthogonalSubspaceLearner, non_identifiability_demo
+from .multihead import OrthogonalSubspaceLearner
 from .multihead_generic import MultiHeadLearner
 from .noisy import NoisyValueQueryLearner
 from .transformer import ReLUNetworkLearner, TransformerLearner
@@ -21,6 +21,5 @@ __all__ = [
     "TransformerLearner",
     "ReLUNetworkLearner",
     "OrthogonalSubspaceLearner",
-    "non_identifiability_demo",
     "MultiHeadLearner",
 ]

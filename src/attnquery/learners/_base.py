@@ -102,7 +102,8 @@ def chunk_slices(n: int, size: int):
 def check_verify_param(n) -> int:
     """The ``verify`` parameter as a count of check queries (a non-negative integer)."""
     if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 0:
-        raise ConfigError(f"verify must be a non-negative integer (0 turns the check off); got {n!r}")
+        raise ConfigError(
+            f"verify must be a non-negative integer (0 turns the check off); got {n!r}")
     return int(n)
 
 
