@@ -298,8 +298,40 @@ class MultiHeadAttention:
         return self.offset + sum(h.offset for h in self.heads)
 
     def __call__(self, X) -> np.ndarray:
+        """``f(X)`` for a batch (B, N, d): every head at once.
+
+        The query vectors ``W_h x_N + c_h`` are computed once per run of identical last tokens
+        (as :class:`AttentionHead` does), for all heads together, in blocks of
+        ``_BLOCK`` inputs.
+        """
         X = check_input(X, self.d)
-        return sum(h(X) for h in self.heads) + self.offset
+        out = np.empty(X.shape[0])
+        V = np.stack([h.v for h in self.heads])  # (H, d)
+        for a in range(0, X.shape[0], _BLOCK):
+            out[a:a + _BLOCK] = self._block(X[a:a + _BLOCK], V)
+        return out + self.total_offset
+
+    def _block(self, X: np.ndarray, V: np.ndarray) -> np.ndarray:
+        B = X.shape[0]
+        last = X[:, -1, :]
+        starts = run_starts(last)
+        bounds = np.append(starts, B)
+        # (U, H, d): every head's W_h x_N + c_h for each distinct run's last token
+        A = np.stack([h.W_times(last[starts]) + h.key_bias for h in self.heads], axis=1)
+        if 4 * starts.size <= B:
+            scores = np.empty((B, len(self.heads), X.shape[1]))
+            for u in range(starts.size):
+                lo, hi = bounds[u], bounds[u + 1]
+                scores[lo:hi] = np.einsum("bnd,hd->bhn", X[lo:hi], A[u])
+        else:
+            A = np.repeat(A, np.diff(bounds), axis=0)
+            scores = np.einsum("bnd,bhd->bhn", X, A)
+        values = np.einsum("bnd,hd->bhn", X, V)
+        return np.einsum("bhn,bhn->b", softmax_last(scores), values)
+
+
+#: inputs evaluated at once by :class:`MultiHeadAttention`
+_BLOCK = 4096
 
 
 class OneLayerTransformer:

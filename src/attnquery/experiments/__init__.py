@@ -75,7 +75,7 @@ def register(exp: Experiment) -> Experiment:
 
 #: the experiment families: each has a module here and one in attnquery.figures
 FAMILIES = ("exact", "lowrank", "membership", "multihead", "multihead_generic", "noise",
-            "realheads", "transformer")
+            "reallayer", "realheads", "transformer")
 
 
 def _load_all() -> None:

@@ -8,7 +8,7 @@ from .exact import ExactValueQueryLearner
 from .lowrank import NuclearNormROPLearner, SketchLowRankLearner
 from .membership import MembershipLearner
 from .multihead import OrthogonalSubspaceLearner
-from .multihead_generic import MultiHeadLearner
+from .multihead_generic import AttentionLayerLearner, MultiHeadLearner
 from .noisy import NoisyValueQueryLearner
 from .transformer import ReLUNetworkLearner, TransformerLearner
 
@@ -22,4 +22,5 @@ __all__ = [
     "ReLUNetworkLearner",
     "OrthogonalSubspaceLearner",
     "MultiHeadLearner",
+    "AttentionLayerLearner",
 ]
