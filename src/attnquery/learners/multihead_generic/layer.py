@@ -598,9 +598,14 @@ class AttentionLayerLearner(BaseLearner):
         T = self._measure(run, prober, right, m * r, floor).reshape(r, m).T
         Y = np.apply_along_axis(coords, 0, T)  # B^T W Bs
         kA = r + int(self.oversample)
-        # left directions w + (a random direction of the rest): the same signal |P v_g|
-        Z_coef = np.concatenate([np.ones((kA, 1)), rng.standard_normal((kA, m - 1))], axis=1)
-        Z_coef[:, 1:] /= np.linalg.norm(Z_coef[:, 1:], axis=1, keepdims=True)
+        # left directions w + (an orthonormal basis of the right sketch's range, then random
+        # directions): the same signal |P v_g| for every probe, and a core A^T W Bs as well
+        # conditioned as W Bs itself (random left directions make it a random kA x r matrix)
+        Qy = np.linalg.qr(Y)[0][:, :r].T if r <= m else np.empty((0, m))
+        extra = rng.standard_normal((kA - Qy.shape[0], m))
+        extra /= np.linalg.norm(extra, axis=1, keepdims=True)
+        Z_coef = np.concatenate([Qy, extra])
+        Z_coef[:, 0] += 1.0
         A = Z_coef @ B.T  # (kA, d)
         PB = scipy.linalg.qr(Bs.T, pivoting=True, mode="r")[1][:r]
         CB = np.setdiff1d(np.arange(d), PB)
