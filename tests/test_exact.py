@@ -123,7 +123,7 @@ def test_low_rank_and_zero_W():
     est, _ = fit(head, random_state=0)
     assert relative_error(est.W_, head.W) <= 1e-10
     zero = AttentionHead(np.ones(4), W=np.zeros((4, 4)))
-    est, oracle = fit(zero)
+    est, oracle = fit(zero, random_state=0)
     # rounding noise of alpha = 1/2 (~1e-16) read at the initial logit scale 1e-2, through U^-1
     assert np.abs(est.W_).max() <= 1e-12
     assert oracle.n_queries == 20 + est.n_requeried_ and est.n_requeried_ <= 16

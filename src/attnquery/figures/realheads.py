@@ -203,8 +203,9 @@ def _bias_errors(ax, rh):
                   linestyles=["--", ":"], lw=0.8)
         x += 0.5
     ax.set(yscale="log", ylabel="relative error",
-           title="With the biases: every learnt parameter, every head "
-                 "(dashed: target for W, dotted: for c, v, beta)")
+           title="With the biases: every learnt parameter, every head (dashed: the goal for "
+                 "W, dotted: for c, v, beta)")
+    ax.title.set_fontsize(8)
     ax.set_xticks(ticks)
     ax.set_xticklabels(labels, fontsize=6)
     ax.legend(loc="upper left", fontsize=6, ncols=4)
@@ -230,8 +231,9 @@ def _queries(ax, rh, n_heads):
              (r * (2 * d - r) + d, "0.4", ":", f"$r(2d - r) + d$ (r = {r:.0f})")]
     for y, col, ls, lab in lines:
         ax.axhline(y, color=col, ls=ls, lw=0.8, label=lab)
-    ax.set(yscale="log", xlabel="head (layer x heads per layer + head)",
-           ylabel="queries counted by the oracle", title="Queries per head")
+    ax.set(yscale="log", xlabel="layer x heads per layer + head",
+           ylabel="queries (oracle)", title="Queries per head")
+    ax.title.set_fontsize(8)
     ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_yticks([y for y, *_ in lines])
     ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:,.0f}"))
@@ -254,8 +256,8 @@ def _noisy(ax, rh):
             rotation=90)
     ax.axhline(1.0, color="0.5", ls=":", lw=0.8)
     ax.set(xscale="log", yscale="log", xlabel=r"$\tau / \min_i |v_i|$",
-           ylabel=r"$\|\hat W - W\|_F / \|W\|_F$",
-           title="Noisy learner (Thm 6.1) against the margin")
+           ylabel="rel. error of $W$", title="Noisy learner (Thm 6.1)")
+    ax.title.set_fontsize(8)
     ax.legend(loc="upper left", fontsize=6)
 
 
@@ -265,8 +267,8 @@ def realheads(df):
     biases, queries per head, and the noisy learner against the margin."""
     claims = realheads_claims(df)
     rh = ok_rows(df, "realheads")
-    fig = plt.figure(figsize=(7.5, 7.4), layout="constrained")
-    gs = fig.add_gridspec(3, 3, height_ratios=[1, 1, 1.05])
+    fig = plt.figure(figsize=(7.5, 7.2), layout="constrained")
+    gs = fig.add_gridspec(3, 4, height_ratios=[1, 1, 1.05], width_ratios=[1, 1, 0.05, 1.5])
     heat = [[fig.add_subplot(gs[i, j]) for j in range(2)] for i in range(2)]
     n_layers = int(rh["layer"].max()) + 1 if len(rh) else 1
     n_heads = int(rh["n_heads"].max()) if len(rh) else 1
@@ -283,15 +285,15 @@ def realheads(df):
                 _no_runs(heat[i][j], f"{learner}{' biased' if with_bias else ''}")
                 continue
             probes = sub["probes"].dropna().unique()
-            what = f" ({probes[0]} probes)" if learner == "exact" and len(probes) == 1 else ""
-            title = f"{learner}{what}, {'with' if with_bias else 'no'} biases: rel. error of $W$"
+            what = f" ({probes[0]})" if learner == "exact" and len(probes) == 1 else ""
+            title = f"{learner}{what}, {'with' if with_bias else 'no'} biases"
             im = _heatmap(heat[i][j], sub, title, norm, n_layers, n_heads)
             heat[i][j].title.set_fontsize(7)
     if im is not None:
-        cb = fig.colorbar(im, ax=[a for row in heat for a in row], shrink=0.9, pad=0.02)
+        cb = fig.colorbar(im, cax=fig.add_subplot(gs[0:2, 2]))
         cb.set_label(r"$\|\hat W - W\|_F / \|W\|_F$")
-    _noisy(fig.add_subplot(gs[0, 2]), rh)
-    ax = fig.add_subplot(gs[1, 2])
+    _noisy(fig.add_subplot(gs[0, 3]), rh)
+    ax = fig.add_subplot(gs[1, 3])
     if len(rh):
         _queries(ax, rh, n_heads)
     else:
