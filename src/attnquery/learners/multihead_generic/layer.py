@@ -136,10 +136,9 @@ class _Head:
     R: np.ndarray  # (d, k)
     t_c: np.ndarray  # (m,): B^T c
 
-    def along(self, U, x) -> np.ndarray:
-        """``u^T a(x)`` for rows u of U in Delta_g (U (n, d), x (n, d))."""
-        BU = U @ self.B
-        return np.einsum("nm,nm->n", BU, (x @ self.R) @ self.L.T + self.t_c)
+    def query_vectors(self, X) -> np.ndarray:
+        """``B^T a(x) = B^T (W x + c)`` for the rows x of X (n, d): shape (n, m)."""
+        return (X @ self.R) @ self.L.T + self.t_c
 
 
 class AttentionLayerLearner(BaseLearner):
@@ -661,8 +660,8 @@ class AttentionLayerLearner(BaseLearner):
         X = np.concatenate([np.zeros((1, d)), Q.T]) if bias else Q.T.copy()
         n = X.shape[0]
         hg, hj = heads[g], heads[j]
-        ag = (X @ hg.R) @ hg.L.T + hg.t_c  # (n, m): a_g(x) along B_g
-        aj = (X @ hj.R) @ hj.L.T + hj.t_c
+        ag = hg.query_vectors(X)  # (n, m): a_g(x) along B_g
+        aj = hj.query_vectors(X)
         # the unknown shares s nu_g^T a_j and t nu_j^T a_g stay within about one unit
         s = 1.0 / (np.linalg.norm(nu[g]) * (np.linalg.norm(aj, axis=1) + 1e-300))
         t = 1.0 / (np.linalg.norm(nu[j]) * (np.linalg.norm(ag, axis=1) + 1e-300))
