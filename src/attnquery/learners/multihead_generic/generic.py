@@ -131,7 +131,7 @@ class MultiHeadLearner(BaseLearner):
     hidden_ : str
         How the sign/hidden-head step resolved: ``"none"``, ``"zero_head"`` or ``"pair"``.
     n_queries_by_stage_ : dict
-        Queries per stage (``v_sum``, ``lines``, ``hidden``, ``refit``, ``check``).
+        Queries per stage (``v_sum``, ``lines``, ``hidden``, ``refit``, ``check``, ``verify``).
     refit_rel_residual_ : float
         Relative residual of the final refit on its own queries.
     verify_error_ : float
