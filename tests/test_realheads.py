@@ -202,6 +202,13 @@ def test_save_load_roundtrip_without_pickle(tmp_path):
     np.testing.assert_array_equal(back.K, hd.K)
     np.testing.assert_array_equal(back.v, hd.v)
     assert meta == {"layer": 0, "readout": "gaussian"}
+    biased = head_from_checkpoint(path, 0, 1, biases=True)
+    save_head(tmp_path / "b.npz", biased)
+    back, _ = load_head(tmp_path / "b.npz")
+    np.testing.assert_array_equal(back.key_bias, biased.key_bias)
+    assert back.offset == biased.offset != 0.0
+    X = np.random.default_rng(0).standard_normal((3, 4, D))
+    np.testing.assert_array_equal(back(X), biased(X))
     np.savez(tmp_path / "obj.npz", v=np.array([object()], dtype=object))
     with pytest.raises(ModelError, match="plain arrays"):
         load_head(tmp_path / "obj.npz")

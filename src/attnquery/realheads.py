@@ -406,7 +406,8 @@ class ModuleBlackBox:
 
 
 def save_head(path, head: AttentionHead, /, **meta) -> None:
-    """Write a head to ``path`` (.npz of plain arrays): v and either W or the factors K, Q.
+    """Write a head to ``path`` (.npz of plain arrays): v and either W or the factors K, Q, and
+    the key bias ``c`` and offset ``beta`` of a head that has them.
 
     Extra keyword arguments (ints, floats, strings) are stored as metadata arrays ``meta_<key>``.
     """
@@ -416,6 +417,9 @@ def save_head(path, head: AttentionHead, /, **meta) -> None:
         arrays["Q"] = head.Q
     else:
         arrays["W"] = head.W
+    if head.has_bias:
+        arrays["c"] = head.key_bias
+        arrays["beta"] = np.asarray(head.offset)
     for k, val in meta.items():
         if not isinstance(val, str | int | float | np.integer | np.floating):
             raise ModelError(f"metadata {k!r} must be a string or a number; got {type(val)}")
@@ -438,10 +442,11 @@ def load_head(path) -> tuple[AttentionHead, dict]:
         raise ModelError(f"{p} is not a head file of plain arrays: {exc}") from None
     if "v" not in data:
         raise ModelError(f"{p} holds no value vector 'v'; arrays: {sorted(data)}")
+    bias = {"key_bias": data.get("c"), "offset": float(data["beta"]) if "beta" in data else 0.0}
     if "W" in data:
-        head = AttentionHead(data["v"], W=data["W"])
+        head = AttentionHead(data["v"], W=data["W"], **bias)
     elif "K" in data and "Q" in data:
-        head = AttentionHead(data["v"], K=data["K"], Q=data["Q"])
+        head = AttentionHead(data["v"], K=data["K"], Q=data["Q"], **bias)
     else:
         raise ModelError(f"{p} holds neither 'W' nor the factors 'K' and 'Q'")
     meta = {k[5:]: data[k].item() for k in data if k.startswith("meta_")}
