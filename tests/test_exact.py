@@ -80,6 +80,48 @@ def test_d512_spectral_norm_500(probes):
     assert relative_error(est.W_, head.W) <= 1e-10
 
 
+@pytest.mark.parametrize("probes", ["gaussian", "basis", "orthogonal"])
+@pytest.mark.parametrize("d,kw", [(1, {}), (2, {}), (16, {"zero_frac": 0.25}), (64, {}),
+                                  (48, {"W_spectral": 500.0}), (32, {"rank": 4})])
+def test_fit_bias_recovers_W_c_v_beta_with_d2_plus_2d_plus_1_queries(d, kw, probes):
+    # a module's head: softmax(X (W x_N + c))^T (X v) + beta. Queries: the zero token (beta),
+    # the d one-row queries [e_i] (v), d key-bias probes [kappa a_m; 0] (c), and the d^2
+    # column probes of Theorem 4.1: d^2 + 2d + 1, the number of unknowns
+    head = random_head(d, seed=[d, 11], key_bias=1.5, offset=0.3, **kw)
+    est, oracle = fit(head, probes=probes, random_state=0, fit_bias=True)
+    assert oracle.n_queries == est.n_queries_
+    assert est.n_queries_ - est.n_verify_queries_ == d * d + 2 * d + 1
+    assert est.n_requeried_ == 0
+    tol = 1e-9 if probes == "gaussian" else 1e-12
+    assert relative_error(est.W_, head.W) <= tol
+    assert relative_error(est.key_bias_, head.key_bias) <= 1e-12
+    assert relative_error(est.v_, head.v) <= 1e-14
+    assert abs(est.offset_ - head.offset) <= 1e-15
+    X = np.random.default_rng(1).standard_normal((8, 3, d))
+    np.testing.assert_allclose(est.predict(X), head(X), rtol=1e-9, atol=1e-12)
+
+
+def test_fit_bias_on_a_head_without_biases_and_fit_bias_off():
+    head = random_head(12, seed=5)
+    est, oracle = fit(head, probes="basis", fit_bias=True)
+    assert oracle.n_queries - est.n_verify_queries_ == 12 * 12 + 2 * 12 + 1
+    assert est.offset_ == 0.0 and np.abs(est.key_bias_).max() <= 1e-14
+    assert relative_error(est.W_, head.W) <= 1e-12
+    plain, oracle = fit(head, probes="basis")  # the paper's learner: d^2 + d, zero biases
+    assert oracle.n_queries - plain.n_verify_queries_ == 12 * 12 + 12
+    assert plain.offset_ == 0.0 and not np.any(plain.key_bias_)
+
+
+def test_fit_bias_budget_and_parameter():
+    oracle = ValueOracle(random_head(5, seed=0, key_bias=1.0, offset=1.0), 5, budget=35)
+    # d^2 + 2d + 1 = 36 queries and the 8 check queries
+    with pytest.raises(BudgetExceededError, match="needs 44 queries"):
+        ExactValueQueryLearner(fit_bias=True).fit(oracle)
+    assert oracle.n_queries == 0
+    with pytest.raises(ConfigError, match="fit_bias"):
+        ExactValueQueryLearner(fit_bias="yes").fit(oracle)
+
+
 def test_v_zero_is_not_identifiable():
     head = AttentionHead(np.zeros(5), W=np.eye(5))
     with pytest.raises(NotIdentifiableError, match="v = 0"):

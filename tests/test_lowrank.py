@@ -45,6 +45,41 @@ def test_sketch_known_rank_uses_exactly_the_floor():
     np.testing.assert_allclose(est.predict(X), head(X), rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("rank", [None, 4])
+@pytest.mark.parametrize("d,r,kw", [(64, 4, {}), (128, 16, {"zero_frac": 0.25}),
+                                    (48, 2, {"W_spectral": 200.0})])
+def test_sketch_fit_bias_uses_the_floor_plus_d_plus_1(d, r, kw, rank):
+    # the zero token gives beta, d probes [kappa a_m; 0] give c, and the sketch itself costs
+    # r (2d - r) + d (v included) plus oversampling: r (2d - r) + 2d + 1 + p (d - r) queries
+    head = random_head(d, [d, r, 5], rank=r, key_bias=2.0, offset=-0.4, **kw)
+    oracle = _oracle(head)
+    est = SketchLowRankLearner(rank=None if rank is None else r, oversample=0, random_state=2,
+                               fit_bias=True).fit(oracle)
+    assert est.rank_ == r
+    # only the large head's pilot saturates (asked again at a 100x smaller scale)
+    assert (est.n_requeried_ > 0) == ("W_spectral" in kw)
+    floor = lowrank_floor(d, r) + d + 1
+    n = oracle.n_queries - est.n_requeried_ - est.n_verify_queries_
+    if rank is None:  # the rank search's span tests: k + 2 rows for each of the r + 1 tests
+        assert floor < n <= floor + (r + 1) * (r + 2)
+    else:
+        assert n == est.n_queries_ - est.n_requeried_ - est.n_verify_queries_ == floor
+    assert relative_error(est.W_, head.W) <= 1e-9
+    assert relative_error(est.key_bias_, head.key_bias) <= 1e-12
+    assert relative_error(est.v_, head.v) <= 1e-14
+    assert abs(est.offset_ - head.offset) <= 1e-15
+    X = np.random.default_rng(0).standard_normal((16, 3, d)) / np.sqrt(d)
+    np.testing.assert_allclose(est.predict(X), head(X), rtol=1e-9, atol=1e-12)
+    # default oversampling: p (d - r) more rows, still within 1.05 (r (2d - r) + d) + d + 1
+    oracle = _oracle(head)
+    est = SketchLowRankLearner(rank=r, random_state=2, fit_bias=True).fit(oracle)
+    learning = oracle.n_queries - est.n_requeried_ - est.n_verify_queries_
+    assert learning == floor + est.oversample_ * (d - r)
+    assert learning <= 1.05 * lowrank_floor(d, r) + d + 1
+    with pytest.raises(ConfigError, match="fit_bias"):
+        SketchLowRankLearner(fit_bias=1).fit(_oracle(head))
+
+
 @pytest.mark.parametrize("r", [1, 3, 16])
 def test_sketch_finds_rank_within_105_percent_of_floor(r):
     d = 256

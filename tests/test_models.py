@@ -36,6 +36,53 @@ def test_factored_head_equals_dense_and_never_needs_W():
     np.testing.assert_allclose(fac(X), AttentionHead(v, W=K.T @ Q)(X), rtol=1e-12)
 
 
+@pytest.mark.parametrize("factored", [False, True])
+def test_biased_head_matches_the_module_formula(factored):
+    # f(X) = sum_i softmax_i(x_i^T (W x_N + c)) x_i^T v + beta, one input at a time; the
+    # paper's head is c = 0, beta = 0 (the defaults)
+    rng = np.random.default_rng(2)
+    d, r = 9, 3
+    K, Q, v = rng.standard_normal((r, d)), rng.standard_normal((r, d)), rng.standard_normal(d)
+    c, beta = rng.standard_normal(d), 0.7
+
+    def formula(X):
+        out = []
+        for x in X:
+            s = x @ (K.T @ Q @ x[-1] + c)
+            a = np.exp(s - s.max())
+            out.append(a @ (x @ v) / a.sum() + beta)
+        return np.array(out)
+
+    kw = {"K": K, "Q": Q} if factored else {"W": K.T @ Q}
+    head = AttentionHead(v, key_bias=c, offset=beta, **kw)
+    assert head.has_bias and not AttentionHead(v, **kw).has_bias
+    X = rng.standard_normal((16, 4, d))  # distinct last tokens: the whole-batch path
+    np.testing.assert_allclose(head(X), formula(X), rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(head.scores(X),
+                               np.einsum("bnd,bd->bn", X, X[:, -1] @ (K.T @ Q).T + c),
+                               rtol=1e-12, atol=1e-12)
+    X[:, -1] = X[0, -1]  # one run of a shared last token: the cached path
+    np.testing.assert_allclose(head(X), formula(X), rtol=1e-12, atol=1e-13)
+    plain = AttentionHead(v, **kw)
+    assert np.all(plain.key_bias == 0) and plain.offset == 0
+
+
+def test_random_head_bias_knobs():
+    plain = random_head(12, seed=4, rank=3)
+    biased = random_head(12, seed=4, rank=3, key_bias=2.0, offset=-0.5)
+    np.testing.assert_array_equal(plain.K, biased.K)  # the knobs draw after everything else
+    np.testing.assert_array_equal(plain.v, biased.v)
+    assert np.isclose(np.linalg.norm(biased.key_bias), 2.0) and biased.offset == -0.5
+    # c lies in the column space of W, where a real module's W_K^T b_Q / sqrt(d_h) lies
+    assert np.linalg.matrix_rank(np.c_[biased.W, biased.key_bias], tol=1e-10) == 3
+    dense = random_head(6, seed=4, key_bias=1.0)
+    assert np.isclose(np.linalg.norm(dense.key_bias), 1.0)
+    mh = MultiHeadAttention([biased, plain], offset=0.25)
+    X = np.random.default_rng(0).standard_normal((3, 2, 12))
+    np.testing.assert_allclose(mh(X), biased(X) + plain(X) + 0.25)
+    assert mh.total_offset == -0.25
+
+
 def test_one_row_query_returns_x_dot_v():
     head = random_head(5, seed=3)
     X = np.eye(5)[:, None, :]
@@ -100,6 +147,10 @@ def test_generators_are_pure_functions_of_the_seed():
         lambda: random_head(4, mu=0.0),
         lambda: random_head(4, mu=1.5),
         lambda: MultiHeadAttention([]),
+        lambda: AttentionHead(np.ones(3), W=np.eye(3), key_bias=np.ones(2)),
+        lambda: AttentionHead(np.ones(3), W=np.eye(3), offset=np.ones(2)),
+        lambda: AttentionHead(np.ones(3), W=np.eye(3), offset=np.inf),
+        lambda: random_head(4, key_bias=-1.0),
         lambda: OneLayerTransformer(np.eye(3), np.ones((3, 2)), np.ones(3)),
     ],
 )

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from attnquery.errors import ConfigError, ModelError, NotIdentifiableError
-from attnquery.learners import OrthogonalSubspaceLearner, non_identifiability_demo
+from attnquery.experiments.multihead import non_identifiability_demo
+from attnquery.learners import OrthogonalSubspaceLearner
 from attnquery.metrics import functional_error, match_heads
 from attnquery.models import (
     AttentionHead,

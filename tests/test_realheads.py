@@ -23,33 +23,43 @@ D, H, LAYERS = 24, 3, 2
 DH = D // H
 
 
-def raw_attention_readout(tensors, style, prefix, layer, X, r):
-    """``r^T`` (multi-head attention layer output at the last token), biases dropped.
+def raw_attention_readout(tensors, style, prefix, layer, X, r, biases=False, heads=None):
+    """``r^T`` (multi-head attention layer output at the last token), from the raw tensors.
 
-    Written from the frameworks' own conventions: ``Linear`` computes ``x W^T``, GPT-2's
-    ``Conv1D`` computes ``x W`` with Q, K, V packed along the output axis.
+    Written from the frameworks' own conventions: ``Linear`` computes ``x W^T + b``, GPT-2's
+    ``Conv1D`` computes ``x W + b`` with Q, K, V (and their biases) packed along the output
+    axis. With ``heads``, only those heads' slices of the concatenation are kept (the others
+    are zero), which is the module with the other heads removed.
     """
     X = X.astype(np.float64)
     if style == "bert":
         b = f"{prefix}encoder.layer.{layer}.attention."
-        Wq, Wk, Wv, Wo = (tensors[b + n].astype(np.float64) for n in (
-            "self.query.weight", "self.key.weight", "self.value.weight", "output.dense.weight"))
+        names = ("self.query", "self.key", "self.value", "output.dense")
+        Wq, Wk, Wv, Wo = (tensors[f"{b}{n}.weight"].astype(np.float64) for n in names)
+        bq, bk, bv, bo = (tensors[f"{b}{n}.bias"].astype(np.float64) for n in names)
         q, k, v = X @ Wq.T, X @ Wk.T, X @ Wv.T
         proj = lambda z: z @ Wo.T  # noqa: E731
     else:
         b = f"{prefix}h.{layer}.attn."
         qkv = X @ tensors[b + "c_attn.weight"].astype(np.float64)
         q, k, v = qkv[..., :D], qkv[..., D:2 * D], qkv[..., 2 * D:]
+        bqkv = tensors[b + "c_attn.bias"].astype(np.float64)
+        bq, bk, bv = bqkv[:D], bqkv[D:2 * D], bqkv[2 * D:]
+        bo = tensors[b + "c_proj.bias"].astype(np.float64)
         Wp = tensors[b + "c_proj.weight"].astype(np.float64)
         proj = lambda z: z @ Wp  # noqa: E731
+    if biases:
+        q, k, v = q + bq, k + bk, v + bv
     outs = []
     for h in range(H):
         sl = slice(h * DH, (h + 1) * DH)
         scores = np.einsum("bnk,bk->bn", k[..., sl], q[:, -1, sl]) / np.sqrt(DH)
         a = np.exp(scores - scores.max(axis=1, keepdims=True))
         a /= a.sum(axis=1, keepdims=True)
-        outs.append(np.einsum("bn,bnk->bk", a, v[..., sl]))
-    return proj(np.concatenate(outs, axis=1)) @ r
+        o = np.einsum("bn,bnk->bk", a, v[..., sl])
+        outs.append(o if heads is None or h in heads else 0.0 * o)
+    out = proj(np.concatenate(outs, axis=1)) @ r
+    return out + bo @ r if biases else out
 
 
 @pytest.fixture(params=[("bert", ""), ("bert", "bert."), ("gpt2", ""), ("gpt2", "transformer.")])
@@ -85,6 +95,70 @@ def test_heads_sum_to_the_layer_readout(checkpoint):
                 Wq, Wk = qkv[:, :D][:, sl].T, qkv[:, D:2 * D][:, sl].T
             s_direct = np.einsum("bnk,bk->bn", X @ Wk.T, X[:, -1] @ Wq.T) / np.sqrt(DH)
             np.testing.assert_allclose(hd.scores(X), s_direct, rtol=1e-10, atol=1e-12)
+
+
+def test_biased_heads_and_layer_match_the_module_formula(checkpoint):
+    # f(X) = sum_i softmax_i((W_Q x_N + b_Q)^T (W_K x_i + b_K) / sqrt(d_h)) u_h^T (W_V x_i + b_V)
+    # + r^T b_O, from the raw tensors, against the library's biased head (W, c, v, beta), the
+    # layer, and the module black box
+    from attnquery.realheads import ModuleBlackBox, build_layer
+
+    path, style, prefix = checkpoint
+    ckpt = load_checkpoint(path)
+    tensors = load_file(str(path))
+    r = readout_vector(D, "gaussian", 3)
+    X = np.random.default_rng(1).standard_normal((16, 5, D))
+    for layer in range(LAYERS):
+        direct = raw_attention_readout(tensors, style, prefix, layer, X, r, biases=True)
+        assert np.abs(direct - raw_attention_readout(tensors, style, prefix, layer, X, r)).max() \
+            > 1e-3  # the biases matter
+        np.testing.assert_allclose(build_layer(ckpt, layer, r)(X), direct, rtol=1e-10,
+                                   atol=1e-12)
+        box = ModuleBlackBox(path, layer, readout="gaussian", readout_seed=3)
+        np.testing.assert_allclose(box(X), direct, rtol=1e-10, atol=1e-12)
+        for h in range(H):
+            one = raw_attention_readout(tensors, style, prefix, layer, X, r, biases=True,
+                                        heads={h})
+            hd = build_head(ckpt, layer, h, r, biases=True)
+            assert hd.has_bias and hd.is_lowrank
+            np.testing.assert_allclose(hd(X), one, rtol=1e-10, atol=1e-12)
+            box = ModuleBlackBox(path, layer, h, readout="gaussian", readout_seed=3)
+            np.testing.assert_allclose(box(X), one, rtol=1e-10, atol=1e-12)
+    nobias = ModuleBlackBox(path, 0, biases=False, readout="gaussian", readout_seed=3)
+    np.testing.assert_allclose(nobias(X), raw_attention_readout(tensors, style, prefix, 0, X, r),
+                               rtol=1e-10, atol=1e-12)
+
+
+def test_learners_extract_a_module_head_with_its_biases(tmp_path):
+    from attnquery.learners import SketchLowRankLearner
+    from attnquery.metrics import relative_error
+    from attnquery.realheads import ModuleBlackBox
+
+    path = write_test_checkpoint(tmp_path / "m.safetensors", n_layers=1, n_heads=H, d=D, seed=2)
+    truth = head_from_checkpoint(path, 0, 1, biases=True)
+    box = ModuleBlackBox(path, 0, 1)  # the module itself, not the library's head model
+    oracle = ValueOracle(box, D)
+    est = ExactValueQueryLearner(probes="basis", fit_bias=True, random_state=0).fit(oracle)
+    assert oracle.n_queries - est.n_verify_queries_ == D * D + 2 * D + 1
+    for got, want in ((est.W_, truth.W), (est.key_bias_, truth.key_bias), (est.v_, truth.v),
+                      (est.offset_, truth.offset)):
+        assert relative_error(got, want) <= 1e-12
+    oracle = ValueOracle(box, D)
+    est = SketchLowRankLearner(rank=DH, oversample=0, random_state=0, fit_bias=True).fit(oracle)
+    assert oracle.n_queries - est.n_verify_queries_ == DH * (2 * D - DH) + 2 * D + 1
+    assert relative_error(est.W_, truth.W) <= 1e-9
+    assert relative_error(est.key_bias_, truth.key_bias) <= 1e-9
+    assert relative_error(est.offset_, truth.offset) <= 1e-9
+
+
+def test_biases_missing_from_a_checkpoint_are_named(tmp_path):
+    path = write_test_checkpoint(tmp_path / "m.safetensors", n_layers=1, n_heads=H, d=D)
+    t = {k: v for k, v in load_file(str(path)).items() if not k.endswith("value.bias")}
+    save_file(t, str(path))
+    ckpt = load_checkpoint(path)
+    build_head(ckpt, 0, 0, readout_vector(D))  # without biases: fine
+    with pytest.raises(ModelError, match="no bv bias"):
+        build_head(ckpt, 0, 0, readout_vector(D), biases=True)
 
 
 def test_exact_learner_recovers_a_checkpoint_head(checkpoint):
@@ -128,6 +202,13 @@ def test_save_load_roundtrip_without_pickle(tmp_path):
     np.testing.assert_array_equal(back.K, hd.K)
     np.testing.assert_array_equal(back.v, hd.v)
     assert meta == {"layer": 0, "readout": "gaussian"}
+    biased = head_from_checkpoint(path, 0, 1, biases=True)
+    save_head(tmp_path / "b.npz", biased)
+    back, _ = load_head(tmp_path / "b.npz")
+    np.testing.assert_array_equal(back.key_bias, biased.key_bias)
+    assert back.offset == biased.offset != 0.0
+    X = np.random.default_rng(0).standard_normal((3, 4, D))
+    np.testing.assert_array_equal(back(X), biased(X))
     np.savez(tmp_path / "obj.npz", v=np.array([object()], dtype=object))
     with pytest.raises(ModelError, match="plain arrays"):
         load_head(tmp_path / "obj.npz")
@@ -192,35 +273,52 @@ def test_experiment_cells_and_claims(tmp_path):
 
     ckpt = write_test_checkpoint(tmp_path / "m.safetensors", n_layers=2, n_heads=H, d=D, seed=4)
     section = {"checkpoint": str(ckpt), "n_heads": H, "layers": [0, 1], "heads": [0, 2],
-               "learners": ["exact", "sketch", "noisy"],
+               "learners": ["exact", "sketch", "noisy"], "biases": True,
                "noisy": {"tau": [1e-9, 1e-3], "layers": [1], "heads": [0]}}
     cells = expand_cells("realheads", section)
-    assert len(cells) == 4 + 4 + 2
+    assert len(cells) == 8 + 8 + 2
+    assert sum(bool(c.get("biases")) for c in cells) == 8
     rows, _ = run_cells(cells, 0)
     df = rows_to_table(rows).to_pandas()
     assert (df["status"] == "ok").all(), df["message"].tolist()
-    ex = df[df["learner"] == "exact"]
+    plain = df[~df["biases"].astype(bool)]
+    ex = plain[plain["learner"] == "exact"]
     assert (ex["n_queries"] == D * D + D).all() and (ex["rel_err_W"] < 1e-10).all()
-    sk = df[df["learner"] == "sketch"]
+    assert ex["rel_err_c"].isna().all()
+    sk = plain[plain["learner"] == "sketch"]
     assert (sk["rank_found"] == DH).all() and (sk["n_queries"] < D * D + D).all()
+    biased = df[df["biases"].astype(bool)]
+    ex = biased[biased["learner"] == "exact"]
+    assert (ex["n_queries"] == D * D + 2 * D + 1).all() and (ex["rel_err_W"] < 1e-12).all()
+    assert (biased[["rel_err_c", "rel_err_offset", "rel_err_v"]] < 1e-9).all().all()
     noisy = df[df["learner"] == "noisy"].sort_values("tau")
     assert noisy["rel_err_W"].iloc[0] < noisy["rel_err_W"].iloc[1]
     claims = {c.name: c for c in realheads_claims(df)}
-    assert set(claims) == {"realheads_exact", "realheads_sketch", "realheads_noisy_bound",
+    assert set(claims) == {"realheads_exact", "realheads_sketch", "realheads_exact_biases",
+                           "realheads_sketch_biases", "realheads_noisy_bound",
                            "realheads_noisy_vacuous"}
-    assert claims["realheads_exact"].passed and claims["realheads_sketch"].passed
-    assert claims["realheads_noisy_bound"].passed
+    for name in ("realheads_exact", "realheads_sketch", "realheads_exact_biases",
+                 "realheads_sketch_biases", "realheads_noisy_bound"):
+        assert claims[name].passed, claims[name]
     # a claim fails when the data stop supporting it
     broken = df.copy()
     broken.loc[broken["learner"] == "exact", "rel_err_W"] = 1e-6
     broken.loc[broken["learner"] == "exact", "success"] = False
     assert not {c.name: c for c in realheads_claims(broken)}["realheads_exact"].passed
+    broken = df.copy()
+    sel = broken["biases"].astype(bool) & (broken["learner"] == "sketch")
+    broken.loc[sel, "n_queries"] += D  # one query too many per key-bias coordinate
+    assert not {c.name: c for c in realheads_claims(broken)}["realheads_sketch_biases"].passed
+    broken = df.copy()
+    sel = broken["biases"].astype(bool) & (broken["learner"] == "exact")
+    broken.loc[sel, "n_queries"] -= 1
+    assert not {c.name: c for c in realheads_claims(broken)}["realheads_exact_biases"].passed
     # the figure builds from these rows (rendering to files is the pipeline test's job)
     import matplotlib.pyplot as plt
 
     fig, fig_claims = get_figure("realheads")(df)
     assert [c.name for c in fig_claims] == [c.name for c in claims.values()]
-    assert len(fig.axes) == 5  # four panels and the colour bar
+    assert len(fig.axes) == 8  # four heatmaps, noisy, queries, bias errors and the colour bar
     plt.close(fig)
     with pytest.raises(Exception, match="outside"):
         expand_cells("realheads", {**section, "heads": [H]})

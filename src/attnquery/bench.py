@@ -276,6 +276,48 @@ def bench_lowprecision() -> list[dict]:
     return rows
 
 
+@register_benchmark("layer")
+def bench_layer() -> list[dict]:
+    """AttentionLayerLearner on random layers with biases, H heads of rank r = d / H, over d and H:
+    where it recovers every head (the failure map), its errors, queries and wall time."""
+    from .errors import AttnQueryError
+    from .learners import AttentionLayerLearner
+    from .learners.multihead_generic import layer_dof
+    from .metrics import functional_error, match_heads
+    from .models import MultiHeadAttention, random_head
+    from .oracles import ValueOracle
+
+    rows = []
+    for d in (64, 128, 384):
+        for H in (2, 4, 8, 12, 16, 32):
+            r = d // H
+            if r < 2:
+                continue
+            model = MultiHeadAttention([random_head(d, [d, H, h], rank=r, key_bias=0.5)
+                                        for h in range(H)], offset=0.1)
+            oracle = ValueOracle(model, d)
+            t0 = time.perf_counter()
+            row = {"d": d, "H": H, "r": r}
+            try:
+                est = AttentionLayerLearner(n_heads=H, random_state=0).fit(oracle)
+            except AttnQueryError as exc:
+                row.update({"status": type(exc).__name__, "heads within 1e-6": 0,
+                            "max rel. error W_h": float("nan"), "func. error": float("nan")})
+            else:
+                m = match_heads(est.W_, est.v_, [h.W for h in model.heads],
+                                [h.v for h in model.heads])
+                row.update({"status": "ok",
+                            "heads within 1e-6": int(np.sum(np.asarray(m["rel_err_W"]) <= 1e-6)),
+                            "max rel. error W_h": m["max_rel_err_W"],
+                            "func. error": functional_error(model, est.predict, d,
+                                                            np.random.default_rng(0), n=64)})
+            row.update({"queries (counted)": oracle.n_queries,
+                        "queries / dof": round(oracle.n_queries / layer_dof(d, H, r), 3),
+                        "wall time (s)": round(time.perf_counter() - t0, 1)})
+            rows.append(row)
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m attnquery.bench", description=__doc__)
     parser.add_argument("name", nargs="?", default="all",

@@ -7,7 +7,7 @@ wrapped by an oracle from :mod:`attnquery.oracles`; a learner never sees the mod
 Every generator is a pure function of its parameters and a seed (an int, a sequence of ints, or a
 ``numpy.random.Generator``).
 
-Notation follows the paper (SPEC section 1): scores ``s_i = x_i^T W x_N``, attention weights
+Notation follows the paper (Section 3): scores ``s_i = x_i^T W x_N``, attention weights
 ``alpha = softmax(s)``, output ``f(X) = alpha^T (X v)``.
 """
 
@@ -20,6 +20,7 @@ import scipy.sparse
 
 from .errors import ModelError
 from .rng import as_rng, haar_orthogonal
+from .theory import NON_IDENTIFIABLE_CONSTRUCTIONS
 
 __all__ = [
     "AttentionHead",
@@ -35,6 +36,8 @@ __all__ = [
     "random_multihead",
     "random_orthogonal_split",
     "orthogonal_subspace_multihead",
+    "non_identifiable_pair",
+    "NON_IDENTIFIABLE_CONSTRUCTIONS",
 ]
 
 
@@ -88,11 +91,18 @@ def run_starts(rows: np.ndarray) -> np.ndarray:
 
 
 class AttentionHead:
-    """Single-head attention ``f(X) = softmax(X W x_N)^T (X v)``.
+    """Single-head attention ``f(X) = softmax(X (W x_N + c))^T (X v) + beta``.
 
     Give either a dense ``W`` (d x d) or the factors ``K`` and ``Q`` (each r x d) with
     ``W = K^T Q``. With factors, evaluation costs O(N d r) per query and W is never formed
-    (use :attr:`W` to get it densely on request).
+    (use :attr:`W` to get it densely on request). The paper's head is the case ``c = 0``,
+    ``beta = 0`` (the default).
+
+    A real attention module with its biases is exactly of this form: for one head read out by a
+    vector r, ``(W_Q x_N + b_Q)^T (W_K x_i + b_K) / sqrt(d_h)`` differs from
+    ``x_i^T (W x_N + c)`` by terms that do not depend on i, which the softmax cancels, with
+    ``W = W_K^T W_Q / sqrt(d_h)`` and ``c = W_K^T b_Q / sqrt(d_h)``; the value bias adds
+    ``beta = r^T b_V`` to every answer because the attention weights sum to one.
 
     Parameters
     ----------
@@ -102,9 +112,15 @@ class AttentionHead:
         Dense score matrix.
     K, Q : array_like, shape (r, d), optional
         Factors of a low-rank score matrix ``W = K^T Q``.
+    key_bias : array_like, shape (d,), optional
+        The vector c added to ``W x_N`` in every score (the query bias seen through the keys).
+        Default 0.
+    offset : float
+        The constant beta added to every answer (the value and output biases read out).
+        Default 0.
     """
 
-    def __init__(self, v, W=None, K=None, Q=None):
+    def __init__(self, v, W=None, K=None, Q=None, key_bias=None, offset=0.0):
         v = np.asarray(v, dtype=np.float64)
         if v.ndim != 1 or v.size < 1:
             raise ModelError(f"v must be a non-empty vector; got shape {v.shape}")
@@ -126,12 +142,20 @@ class AttentionHead:
                     f"K and Q must both have shape (r, {d}); got {K.shape} and {Q.shape}"
                 )
             arrays = [v, K, Q]
-        if not all(np.all(np.isfinite(a)) for a in arrays):
+        c = np.zeros(d) if key_bias is None else np.asarray(key_bias, dtype=np.float64)
+        if c.shape != (d,):
+            raise ModelError(f"key_bias must have shape ({d},) to match v; got {c.shape}")
+        beta = np.asarray(offset, dtype=np.float64)
+        if beta.shape != ():
+            raise ModelError(f"offset must be a scalar; got shape {beta.shape}")
+        if not all(np.all(np.isfinite(a)) for a in [*arrays, c, beta]):
             raise ModelError("model parameters must be finite")
         self.v = v
         self.W_dense = W
         self.K = K
         self.Q = Q
+        self.key_bias = c
+        self.offset = float(beta)
         # the right operand of W_times, C-contiguous (a sparse product needs that layout)
         self._right = np.ascontiguousarray((Q if W is None else W).T)
         self._cache: dict[bytes, np.ndarray] = {}  # W x of recent last tokens, by their bytes
@@ -145,6 +169,11 @@ class AttentionHead:
     def is_lowrank(self) -> bool:
         """Whether W is stored as factors."""
         return self.W_dense is None
+
+    @property
+    def has_bias(self) -> bool:
+        """Whether the head has a nonzero key bias c or offset beta."""
+        return bool(self.offset != 0.0 or np.any(self.key_bias))
 
     @property
     def rank(self) -> int:
@@ -172,7 +201,7 @@ class AttentionHead:
         return sparse_aware_matmul(q, self._right)
 
     def scores(self, X) -> np.ndarray:
-        """Attention scores ``s_i = x_i^T W x_N``, shape (B, N)."""
+        """Attention scores ``s_i = x_i^T (W x_N + c)``, shape (B, N)."""
         return self._scores_values(check_input(X, self.d))[0]
 
     def attention(self, X) -> np.ndarray:
@@ -181,10 +210,11 @@ class AttentionHead:
 
     def __call__(self, X) -> np.ndarray:
         scores, values = self._scores_values(check_input(X, self.d))
-        return np.einsum("bn,bn->b", softmax_last(scores), values)
+        out = np.einsum("bn,bn->b", softmax_last(scores), values)
+        return out + self.offset if self.offset else out
 
     def _scores_values(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Scores ``X W x_N`` and values ``X v`` of a validated batch, each (B, N).
+        """Scores ``X (W x_N + c)`` and values ``X v`` of a validated batch, each (B, N).
 
         A batch whose last tokens come in a few runs of identical rows (probes that share their
         query token) is evaluated run by run: ``W x_N`` once per run, taken from a small cache of
@@ -197,7 +227,7 @@ class AttentionHead:
         starts = run_starts(last)
         nu = starts.size
         if nu > _FEW_RUNS:
-            Wq = self.W_times(last[starts])
+            Wq = self.W_times(last[starts]) + self.key_bias
             if nu < B:
                 Wq = np.repeat(Wq, np.diff(np.append(starts, B)), axis=0)
             return np.einsum("bnd,bd->bn", X, Wq), X @ self.v
@@ -209,11 +239,11 @@ class AttentionHead:
         return scores, X @ self.v
 
     def _cached_W_times(self, q: np.ndarray) -> np.ndarray:
-        """``W q`` for one token, from the cache of the last ``_CACHE_TOKENS`` tokens."""
+        """``W q + c`` for one token, from the cache of the last ``_CACHE_TOKENS`` tokens."""
         key = q.tobytes()
         Wq = self._cache.get(key)
         if Wq is None:
-            Wq = self.W_times(q[None, :])[0]
+            Wq = self.W_times(q[None, :])[0] + self.key_bias
             if len(self._cache) >= _CACHE_TOKENS:
                 del self._cache[next(iter(self._cache))]  # the oldest entry
             self._cache[key] = Wq
@@ -226,16 +256,28 @@ class AttentionHead:
 
 
 class MultiHeadAttention:
-    """Sum of single-head attentions, ``f(X) = sum_h alpha_h^T (X v_h)`` (paper Sec. 7)."""
+    """Sum of single-head attentions, ``f(X) = sum_h alpha_h^T (X v_h) + beta`` (paper Sec. 7).
 
-    def __init__(self, heads: Sequence[AttentionHead]):
+    Parameters
+    ----------
+    heads : sequence of AttentionHead
+        The heads (each may carry its own key bias and offset).
+    offset : float
+        A constant added to every answer on top of the heads' own offsets (a layer's output
+        bias read out, ``r^T b_O``). Default 0.
+    """
+
+    def __init__(self, heads: Sequence[AttentionHead], offset: float = 0.0):
         heads = tuple(heads)
         if not heads:
             raise ModelError("a multi-head model needs at least one head")
         d = heads[0].d
         if any(not isinstance(h, AttentionHead) or h.d != d for h in heads):
             raise ModelError("every head must be an AttentionHead of the same dimension d")
+        if not np.isfinite(offset):
+            raise ModelError(f"offset must be finite; got {offset}")
         self.heads = heads
+        self.offset = float(offset)
 
     @property
     def d(self) -> int:
@@ -245,9 +287,46 @@ class MultiHeadAttention:
     def n_heads(self) -> int:
         return len(self.heads)
 
+    @property
+    def total_offset(self) -> float:
+        """The constant of the whole function: ``offset`` plus every head's offset."""
+        return self.offset + sum(h.offset for h in self.heads)
+
     def __call__(self, X) -> np.ndarray:
+        """``f(X)`` for a batch (B, N, d): every head at once.
+
+        The query vectors ``W_h x_N + c_h`` are computed once per run of identical last tokens
+        (as :class:`AttentionHead` does), for all heads together, in blocks of
+        ``_BLOCK`` inputs.
+        """
         X = check_input(X, self.d)
-        return sum(h(X) for h in self.heads)
+        out = np.empty(X.shape[0])
+        V = np.stack([h.v for h in self.heads])  # (H, d)
+        for a in range(0, X.shape[0], _BLOCK):
+            out[a:a + _BLOCK] = self._block(X[a:a + _BLOCK], V)
+        return out + self.total_offset
+
+    def _block(self, X: np.ndarray, V: np.ndarray) -> np.ndarray:
+        B = X.shape[0]
+        last = X[:, -1, :]
+        starts = run_starts(last)
+        bounds = np.append(starts, B)
+        # (U, H, d): every head's W_h x_N + c_h for each distinct run's last token
+        A = np.stack([h.W_times(last[starts]) + h.key_bias for h in self.heads], axis=1)
+        if 4 * starts.size <= B:
+            scores = np.empty((B, len(self.heads), X.shape[1]))
+            for u in range(starts.size):
+                lo, hi = bounds[u], bounds[u + 1]
+                scores[lo:hi] = np.einsum("bnd,hd->bhn", X[lo:hi], A[u])
+        else:
+            A = np.repeat(A, np.diff(bounds), axis=0)
+            scores = np.einsum("bnd,bhd->bhn", X, A)
+        values = np.einsum("bnd,hd->bhn", X, V)
+        return np.einsum("bhn,bhn->b", softmax_last(scores), values)
+
+
+#: inputs evaluated at once by :class:`MultiHeadAttention`
+_BLOCK = 4096
 
 
 class OneLayerTransformer:
@@ -368,6 +447,8 @@ def random_head(
     mu: float | None = None,
     zero_frac: float = 0.0,
     factored: bool | None = None,
+    key_bias: float = 0.0,
+    offset: float = 0.0,
 ) -> AttentionHead:
     """Draw a random single-head attention model.
 
@@ -392,8 +473,16 @@ def random_head(
     mu, zero_frac : see :func:`random_v`.
     factored : bool, optional
         Store W as factors. Defaults to True exactly when ``rank`` is given.
+    key_bias : float
+        Norm of the key bias c, drawn in a uniformly random direction of the column space of W
+        (where a real module's ``c = W_K^T b_Q / sqrt(d_h)`` lies); 0 (default) draws nothing,
+        so the head of a given seed is the same as without this knob.
+    offset : float
+        The constant beta added to every answer.
     """
     rng = as_rng(seed)
+    if not (np.isfinite(key_bias) and key_bias >= 0):
+        raise ModelError(f"key_bias must be a non-negative norm; got {key_bias}")
     if d < 1:
         raise ModelError(f"d must be >= 1; got {d}")
     knobs = [k for k in (W_fro, W_spectral, logit_scale) if k is not None]
@@ -423,10 +512,18 @@ def random_head(
         target = None
     scale = 1.0 if target is None or fro == 0 else target / fro
     v = random_v(d, rng, mu=mu, zero_frac=zero_frac)
+    c = None
+    if key_bias > 0:
+        if rank is None and not factored:
+            c = W @ rng.standard_normal(d)
+        else:
+            c = K.T @ rng.standard_normal(r)
+        nc = np.linalg.norm(c)
+        c = c * (key_bias / nc) if nc > 0 else c
     if factored:
         s = np.sqrt(scale)
-        return AttentionHead(v, K=K * s, Q=Q * s)
-    return AttentionHead(v, W=W * scale)
+        return AttentionHead(v, K=K * s, Q=Q * s, key_bias=c, offset=offset)
+    return AttentionHead(v, W=W * scale, key_bias=c, offset=offset)
 
 
 def random_transformer(
@@ -597,3 +694,73 @@ def orthogonal_subspace_multihead(
         heads.append(AttentionHead(E @ c, W=E @ B @ E.T))
     model = MultiHeadAttention(heads)
     return (model, bases) if return_bases else model
+
+
+#: the constructions of :func:`non_identifiable_pair`
+
+
+def non_identifiable_pair(name: str, d: int, H: int, seed=None):
+    """Two multi-head models with different parameters that compute the same function.
+
+    Parameters
+    ----------
+    name : {"prop71", "shared_w", "dead_head"}
+        ``"prop71"`` (the paper's Prop. 7.1): every head shares ``W = A`` and has
+        ``v_h = lambda_h b``; set a puts all the weight on one head, set b spreads it evenly.
+        ``"shared_w"``: heads grouped in pairs sharing a W (a generic W per group); set b adds to
+        the v's of each group arbitrary vectors summing to zero (not multiples of one
+        direction). ``"dead_head"``: one head has ``v = 0``; its W differs arbitrarily between
+        the sets.
+    d, H : int
+        Token dimension and number of heads.
+    seed : int, sequence of ints or Generator
+
+    Returns
+    -------
+    (MultiHeadAttention, MultiHeadAttention)
+    """
+    rng = as_rng(seed)
+    if name == "prop71":
+        # Prop. 7.1: every head has W = A, v_h = lambda_h b with sum lambda = 1. Two weightings
+        # far apart even after permuting heads: all mass on one head vs spread evenly.
+        A = rng.standard_normal((d, d)) / np.sqrt(d)
+        b = rng.standard_normal(d)
+        lam_a = np.zeros(H)
+        lam_a[0] = 1.0
+        lam_b = np.full(H, 1.0 / H)
+        ma = MultiHeadAttention([AttentionHead(lam * b, W=A) for lam in lam_a])
+        mb = MultiHeadAttention([AttentionHead(lam * b, W=A) for lam in lam_b])
+        return ma, mb
+    if name == "shared_w":
+        # Heads fall into groups that share a W; within a group only the sum of the v's
+        # matters, so any zero-sum perturbation of the group's v's (not along a common
+        # direction, unlike Prop. 7.1) leaves the function unchanged.
+        n_groups = max(1, H // 2)
+        base = random_multihead(d, n_groups, rng)
+        group = np.arange(H) % n_groups
+        heads_a, heads_b = [], []
+        V = rng.standard_normal((H, d))
+        C = rng.standard_normal((H, d))
+        for g in range(n_groups):
+            idx = np.flatnonzero(group == g)
+            if idx.size > 1:
+                C[idx] -= C[idx].mean(axis=0)  # zero-sum within the group
+            else:
+                C[idx] = 0.0
+        for h in range(H):
+            W = base.heads[group[h]].W
+            heads_a.append(AttentionHead(V[h], W=W))
+            heads_b.append(AttentionHead(V[h] + C[h], W=W))
+        return MultiHeadAttention(heads_a), MultiHeadAttention(heads_b)
+    if name == "dead_head":
+        # A head whose v is 0 contributes nothing, whatever its W: the W of that head can be
+        # anything (here two independent draws).
+        base = random_multihead(d, H, rng)
+        heads = list(base.heads)
+        Wa = rng.standard_normal((d, d)) / np.sqrt(d)
+        Wb = rng.standard_normal((d, d)) / np.sqrt(d)
+        ma = MultiHeadAttention(heads[:-1] + [AttentionHead(np.zeros(d), W=Wa)])
+        mb = MultiHeadAttention(heads[:-1] + [AttentionHead(np.zeros(d), W=Wb)])
+        return ma, mb
+    raise ModelError(f"unknown construction {name!r}; choose from "
+                     f"{NON_IDENTIFIABLE_CONSTRUCTIONS}")

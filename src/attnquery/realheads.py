@@ -1,4 +1,4 @@
-"""Ground-truth heads built from pretrained checkpoints (SPEC section 1, "Real heads").
+"""Ground-truth heads built from pretrained checkpoints ("real heads").
 
 Head ``h`` of layer ``L`` of a BERT- or GPT-2-style checkpoint (safetensors) gives the
 single-head model of the paper, in its convention ``s_i = x_i^T W x_N``:
@@ -11,9 +11,22 @@ single-head model of the paper, in its convention ``s_i = x_i^T W x_N``:
   ``r^T W_O concat_h(sum_i alpha_i W_V,h x_i) = sum_h sum_i alpha_i x_i^T (W_V,h^T u_h)`` with
   ``u_h`` head h's slice of ``W_O^T r``, so head h's value vector is ``v = W_V,h^T u_h``.
 
-Biases are dropped. ``W_Q,h`` etc. are in PyTorch ``Linear`` orientation (``out x in``): rows
-``h d_h : (h + 1) d_h`` of the layer's query, key and value weights. GPT-2's ``Conv1D`` stores its
-weights transposed (``in x out``, ``y = x W``) and packs Q, K and V in ``c_attn``; both are
+With ``biases=True`` the head keeps the module's biases, exactly (the softmax cancels every
+term of the score that does not depend on the attended token i):
+
+* ``(W_Q x_N + b_Q)^T (W_K x_i + b_K) / sqrt(d_h) = x_i^T (W x_N + c) + (terms free of i)`` with
+  the key bias ``c = W_K,h^T b_Q,h / sqrt(d_h)`` (``K^T (b_Q,h / d_h^(1/4))``); the key bias
+  ``b_K`` only adds terms free of i, so it cancels;
+* the value bias adds ``u_h^T b_V,h`` to every answer (the attention weights sum to 1), and the
+  output bias adds ``r^T b_O``: the head's offset is ``beta = u_h^T b_V,h + r^T b_O``.
+
+Without biases (the paper's head) they are dropped. :func:`build_layer` builds the whole
+layer, every head with its biases, and :class:`ModuleBlackBox` evaluates the module itself from
+the checkpoint's raw tensors (a head or the whole layer), as a black box for the learners.
+
+``W_Q,h`` etc. are in PyTorch ``Linear`` orientation (``out x in``): rows ``h d_h : (h + 1) d_h``
+of the layer's query, key and value weights. GPT-2's ``Conv1D`` stores its weights transposed
+(``in x out``, ``y = x W``) and packs Q, K and V (and their biases) in ``c_attn``; both are
 handled.
 
 Checkpoints are read with :func:`safetensors.numpy.load_file` (nothing is unpickled), and head
@@ -33,7 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ModelError
-from .models import AttentionHead
+from .models import AttentionHead, MultiHeadAttention, check_input, softmax_last
 
 __all__ = [
     "Checkpoint",
@@ -41,7 +54,10 @@ __all__ = [
     "cached_checkpoint",
     "readout_vector",
     "build_head",
+    "build_layer",
     "head_from_checkpoint",
+    "layer_from_checkpoint",
+    "ModuleBlackBox",
     "save_head",
     "load_head",
     "head_summary",
@@ -75,7 +91,8 @@ class Checkpoint:
         Layers, heads per layer, model width and head dimension (``d = n_heads * d_head``).
     layers : tuple of dict
         Per layer, float64 arrays ``q``, ``k``, ``v`` (d x d, rows = outputs) and ``o``
-        (the output projection, d x d, ``out = o @ concat``).
+        (the output projection, d x d, ``out = o @ concat``), and their biases ``bq``, ``bk``,
+        ``bv``, ``bo`` (shape (d,); None where the checkpoint has none).
     """
 
     path: str
@@ -130,6 +147,10 @@ def _get(tensors, key, path):
     return np.asarray(tensors[key], dtype=np.float64)
 
 
+def _bias(tensors, key):
+    return np.asarray(tensors[key], dtype=np.float64).ravel() if key in tensors else None
+
+
 def load_checkpoint(path, n_heads: int | None = None) -> Checkpoint:
     """Read the attention weights of every layer of a BERT- or GPT-2-style checkpoint.
 
@@ -173,10 +194,9 @@ def load_checkpoint(path, n_heads: int | None = None) -> Checkpoint:
     for L in layer_ids:
         if style == "bert":
             base = f"{prefix}encoder.layer.{L}.attention."
-            q = _get(tensors, base + "self.query.weight", p)
-            k = _get(tensors, base + "self.key.weight", p)
-            v = _get(tensors, base + "self.value.weight", p)
-            o = _get(tensors, base + "output.dense.weight", p)
+            names = ("self.query", "self.key", "self.value", "output.dense")
+            q, k, v, o = (_get(tensors, f"{base}{n}.weight", p) for n in names)
+            bq, bk, bv, bo = (_bias(tensors, f"{base}{n}.bias") for n in names)
         else:
             base = f"{prefix}h.{L}.attn."
             qkv = _get(tensors, base + "c_attn.weight", p)  # Conv1D: (in, 3 out)
@@ -185,13 +205,21 @@ def load_checkpoint(path, n_heads: int | None = None) -> Checkpoint:
                 raise ModelError(f"{base}c_attn.weight must have shape (d, 3d); got {qkv.shape}")
             q, k, v = (qkv[:, i * d_in:(i + 1) * d_in].T for i in range(3))
             o = _get(tensors, base + "c_proj.weight", p).T  # Conv1D stores (in, out)
+            b_qkv = _bias(tensors, base + "c_attn.bias")
+            bq, bk, bv = (None,) * 3 if b_qkv is None else (
+                b_qkv[i * d_in:(i + 1) * d_in] for i in range(3))
+            bo = _bias(tensors, base + "c_proj.bias")
         d = q.shape[1]
         for name, a in (("query", q), ("key", k), ("value", v), ("output", o)):
             if a.shape != (d, d):
                 raise ModelError(
                     f"layer {L}: the {name} weight must be square ({d} x {d}); got {a.shape}"
                 )
-        layers.append({"q": q, "k": k, "v": v, "o": o})
+        for name, b in (("query", bq), ("key", bk), ("value", bv), ("output", bo)):
+            if b is not None and b.shape != (d,):
+                raise ModelError(f"layer {L}: the {name} bias must have shape ({d},); "
+                                 f"got {b.shape}")
+        layers.append({"q": q, "k": k, "v": v, "o": o, "bq": bq, "bk": bk, "bv": bv, "bo": bo})
     d = layers[0]["q"].shape[1]
     if d % n_heads:
         raise ModelError(f"the model width d={d} is not a multiple of n_heads={n_heads}")
@@ -236,20 +264,25 @@ def readout_vector(d: int, readout: str = "gaussian", seed: int = 0) -> np.ndarr
     raise ModelError(f"readout must be one of {READOUTS}; got {readout!r}")
 
 
-def build_head(ckpt: Checkpoint, layer: int, head: int, r: np.ndarray) -> AttentionHead:
-    """Head ``head`` of layer ``layer`` as an :class:`AttentionHead` with factors K, Q.
-
-    ``W = W_K,h^T W_Q,h / sqrt(d_h) = K^T Q`` with ``K = W_K,h / d_h^(1/4)``,
-    ``Q = W_Q,h / d_h^(1/4)``; ``v = W_V,h^T u_h`` with ``u_h = (W_O^T r)[h d_h:(h + 1) d_h]``.
-    """
+def _check_layer(ckpt: Checkpoint, layer: int, r, biases: bool):
     if not 0 <= layer < ckpt.n_layers:
         raise ModelError(f"layer must be in [0, {ckpt.n_layers}); got {layer}")
-    if not 0 <= head < ckpt.n_heads:
-        raise ModelError(f"head must be in [0, {ckpt.n_heads}); got {head}")
     r = np.asarray(r, dtype=np.float64)
     if r.shape != (ckpt.d,):
         raise ModelError(f"the readout vector must have shape ({ckpt.d},); got {r.shape}")
     w = ckpt.layers[layer]
+    if biases:
+        missing = [n for n in ("bq", "bv", "bo") if w[n] is None]
+        if missing:
+            raise ModelError(f"{ckpt.path}: layer {layer} has no {', '.join(missing)} bias; "
+                             "build the head with biases=False")
+    return w, r
+
+
+def _head(ckpt: Checkpoint, w: dict, head: int, r: np.ndarray, biases: bool,
+          output_bias: bool) -> AttentionHead:
+    if not 0 <= head < ckpt.n_heads:
+        raise ModelError(f"head must be in [0, {ckpt.n_heads}); got {head}")
     dh = ckpt.d_head
     rows = slice(head * dh, (head + 1) * dh)
     scale = dh**-0.25
@@ -257,18 +290,125 @@ def build_head(ckpt: Checkpoint, layer: int, head: int, r: np.ndarray) -> Attent
     Q = w["q"][rows] * scale
     u = (w["o"].T @ r)[rows]
     v = w["v"][rows].T @ u
-    return AttentionHead(v, K=K, Q=Q)
+    if not biases:
+        return AttentionHead(v, K=K, Q=Q)
+    c = K.T @ (w["bq"][rows] * scale)
+    beta = float(u @ w["bv"][rows]) + (float(r @ w["bo"]) if output_bias else 0.0)
+    return AttentionHead(v, K=K, Q=Q, key_bias=c, offset=beta)
+
+
+def build_head(ckpt: Checkpoint, layer: int, head: int, r: np.ndarray,
+               biases: bool = False) -> AttentionHead:
+    """Head ``head`` of layer ``layer`` as an :class:`AttentionHead` with factors K, Q.
+
+    ``W = W_K,h^T W_Q,h / sqrt(d_h) = K^T Q`` with ``K = W_K,h / d_h^(1/4)``,
+    ``Q = W_Q,h / d_h^(1/4)``; ``v = W_V,h^T u_h`` with ``u_h = (W_O^T r)[h d_h:(h + 1) d_h]``.
+    With ``biases``, also the key bias ``c = W_K,h^T b_Q,h / sqrt(d_h)`` and the offset
+    ``beta = u_h^T b_V,h + r^T b_O``: the answer is then that of the layer read out along r
+    with every other head removed.
+    """
+    w, r = _check_layer(ckpt, layer, r, biases)
+    return _head(ckpt, w, head, r, biases, output_bias=True)
+
+
+def build_layer(ckpt: Checkpoint, layer: int, r: np.ndarray,
+                biases: bool = True) -> MultiHeadAttention:
+    """The whole attention layer ``layer`` read out along r, as a :class:`MultiHeadAttention`.
+
+    ``f(X) = r^T (W_O concat_h(head_h(X)) + b_O)`` at the last token: the sum of the
+    :func:`build_head` heads (each with ``c_h`` and its value-bias offset ``u_h^T b_V,h``) and
+    the output bias ``r^T b_O`` once, as the model's own offset.
+    """
+    w, r = _check_layer(ckpt, layer, r, biases)
+    heads = [_head(ckpt, w, h, r, biases, output_bias=False) for h in range(ckpt.n_heads)]
+    return MultiHeadAttention(heads, offset=float(r @ w["bo"]) if biases else 0.0)
 
 
 def head_from_checkpoint(path, layer: int, head: int, *, n_heads: int | None = None,
-                         readout: str = "gaussian", readout_seed: int = 0) -> AttentionHead:
+                         readout: str = "gaussian", readout_seed: int = 0,
+                         biases: bool = False) -> AttentionHead:
     """Read a checkpoint (cached per process) and build one head; see :func:`build_head`."""
     ckpt = cached_checkpoint(path, n_heads)
-    return build_head(ckpt, layer, head, readout_vector(ckpt.d, readout, readout_seed))
+    return build_head(ckpt, layer, head, readout_vector(ckpt.d, readout, readout_seed),
+                      biases=biases)
+
+
+def layer_from_checkpoint(path, layer: int, *, n_heads: int | None = None,
+                          readout: str = "gaussian", readout_seed: int = 0,
+                          biases: bool = True) -> MultiHeadAttention:
+    """Read a checkpoint (cached per process) and build one layer; see :func:`build_layer`."""
+    ckpt = cached_checkpoint(path, n_heads)
+    return build_layer(ckpt, layer, readout_vector(ckpt.d, readout, readout_seed),
+                       biases=biases)
+
+
+class ModuleBlackBox:
+    """The attention module of a checkpoint, evaluated from its raw tensors, as a black box.
+
+    ``f(X) = r^T (W_O concat_h(head_h) + b_O)`` at the last token of each input, with
+    ``head_h = sum_i softmax_i((W_Q,h x_N + b_Q,h)^T (W_K,h x_i + b_K,h) / sqrt(d_h))
+    (W_V,h x_i + b_V,h)``, computed as the framework computes it (queries, keys and values
+    first, then the scaled dot products), not through :class:`AttentionHead`. With ``head``
+    given, every other head is removed (its slice of the concatenation is zero), so the answer
+    is one head read out by ``u_h``, plus ``r^T b_O``. Pass it to
+    :class:`~attnquery.oracles.ValueOracle` with ``d`` to extract it.
+
+    Parameters
+    ----------
+    path : str or Path
+        A BERT- or GPT-2-style ``.safetensors`` checkpoint (read once per process).
+    layer : int
+        The layer.
+    head : int, optional
+        One head; ``None`` (default) is the whole layer.
+    n_heads : int, optional
+        Heads per layer (default: from ``config.json`` beside the checkpoint).
+    readout : {"gaussian", "ones", "coordinate"}, readout_seed : int
+        The readout vector r (:func:`readout_vector`).
+    biases : bool
+        Keep the module's biases (default); ``False`` drops them all.
+    """
+
+    def __init__(self, path, layer: int, head: int | None = None, *, n_heads: int | None = None,
+                 readout: str = "gaussian", readout_seed: int = 0, biases: bool = True):
+        ckpt = cached_checkpoint(path, n_heads)
+        self.r = readout_vector(ckpt.d, readout, readout_seed)
+        w, _ = _check_layer(ckpt, layer, self.r, biases)
+        if head is not None and not 0 <= head < ckpt.n_heads:
+            raise ModelError(f"head must be in [0, {ckpt.n_heads}); got {head}")
+        self.d, self.n_heads, self.d_head = ckpt.d, ckpt.n_heads, ckpt.d_head
+        self.layer, self.head, self.biases = int(layer), head, bool(biases)
+        heads = range(ckpt.n_heads) if head is None else [int(head)]
+        cols = np.concatenate([np.arange(h * ckpt.d_head, (h + 1) * ckpt.d_head) for h in heads])
+        zero = np.zeros(ckpt.d)
+
+        def bias(name):
+            return w[name] if biases and w[name] is not None else zero
+
+        self._heads = list(heads)
+        self._cols = cols
+        self._wq, self._wk, self._wv = w["q"][cols], w["k"][cols], w["v"][cols]
+        self._bq, self._bk, self._bv = bias("bq")[cols], bias("bk")[cols], bias("bv")[cols]
+        self._ro = (w["o"].T @ self.r)[cols]  # r^T W_O on the kept slices
+        self._rbo = float(self.r @ bias("bo"))
+
+    def __call__(self, X) -> np.ndarray:
+        X = check_input(X, self.d)
+        dh = self.d_head
+        q = X[:, -1, :] @ self._wq.T + self._bq  # (B, kept)
+        k = X @ self._wk.T + self._bk  # (B, N, kept)
+        val = X @ self._wv.T + self._bv
+        out = np.full(X.shape[0], self._rbo)
+        for j in range(len(self._heads)):
+            sl = slice(j * dh, (j + 1) * dh)
+            s = np.einsum("bnk,bk->bn", k[..., sl], q[:, sl]) / np.sqrt(dh)
+            out += np.einsum("bn,bnk,k->b", softmax_last(s), val[..., sl], self._ro[sl])
+        return out
 
 
 def save_head(path, head: AttentionHead, /, **meta) -> None:
-    """Write a head to ``path`` (.npz of plain arrays): v and either W or the factors K, Q.
+    """Write a head to ``path`` (.npz of plain arrays): v and either W or the factors K, Q, and
+    the key bias ``c`` and offset ``beta`` of a head that has them.
 
     Written atomically (:func:`attnquery.results.atomic_path`).
 
@@ -280,6 +420,9 @@ def save_head(path, head: AttentionHead, /, **meta) -> None:
         arrays["Q"] = head.Q
     else:
         arrays["W"] = head.W
+    if head.has_bias:
+        arrays["c"] = head.key_bias
+        arrays["beta"] = np.asarray(head.offset)
     for k, val in meta.items():
         if not isinstance(val, str | int | float | np.integer | np.floating):
             raise ModelError(f"metadata {k!r} must be a string or a number; got {type(val)}")
@@ -318,10 +461,11 @@ def load_head(path) -> tuple[AttentionHead, dict]:
         raise ModelError(f"{p}: arrays {bad} are not numeric")
     if "v" not in data:
         raise ModelError(f"{p} holds no value vector 'v'; arrays: {sorted(data)}")
+    bias = {"key_bias": data.get("c"), "offset": float(data["beta"]) if "beta" in data else 0.0}
     if "W" in data:
-        head = AttentionHead(data["v"], W=data["W"])
+        head = AttentionHead(data["v"], W=data["W"], **bias)
     elif "K" in data and "Q" in data:
-        head = AttentionHead(data["v"], K=data["K"], Q=data["Q"])
+        head = AttentionHead(data["v"], K=data["K"], Q=data["Q"], **bias)
     else:
         raise ModelError(f"{p} holds neither 'W' nor the factors 'K' and 'Q'")
     meta = {k[5:]: data[k].item() for k in data if k.startswith("meta_")}

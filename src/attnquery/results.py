@@ -103,6 +103,7 @@ PARAM_COLUMNS: dict[str, pa.DataType] = {
     "head": pa.int64(),
     "checkpoint": pa.string(),
     "readout": pa.string(),
+    "biases": pa.bool_(),
 }
 
 #: metrics: name -> arrow type (deterministic values only; timings go to TIMING_COLUMNS)
@@ -120,6 +121,8 @@ METRIC_COLUMNS: dict[str, pa.DataType] = {
     "abs_err_W": pa.float64(),
     "rel_err_v": pa.float64(),
     "err_v": pa.float64(),
+    "rel_err_c": pa.float64(),
+    "rel_err_offset": pa.float64(),
     "func_err": pa.float64(),
     "success": pa.bool_(),
     "rank_found": pa.int64(),

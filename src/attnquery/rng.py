@@ -1,4 +1,5 @@
-"""Random streams: the one place where seeds become generators (numpy SPEC 7).
+"""Random streams: the one place where seeds become generators (Scientific Python SPEC 7,
+"Seeding pseudo-random number generation").
 
 Every function of the library that draws random numbers takes a ``seed`` (or ``random_state``)
 that may be an int, a sequence of ints, a :class:`numpy.random.SeedSequence`, a

@@ -41,6 +41,18 @@ __all__ = [
     "precision_relative_tau",
     "precision_digits",
     "USEFUL_REL_ERR",
+    "REALHEADS_EXACT_TOL",
+    "REALHEADS_SKETCH_TOL",
+    "BIAS_EXACT_TOL",
+    "BIAS_SKETCH_TOL",
+    "BIAS_PARAM_TOL",
+    "LAYER_HEAD_TOL",
+    "LAYER_FUNC_TOL",
+    "KNOWN_TOL",
+    "DISCOVER_TOL",
+    "AGREE_TOL",
+    "DISTANCE_MIN",
+    "NON_IDENTIFIABLE_CONSTRUCTIONS",
 ]
 
 # ---------------------------------------------------------------------------------------------
@@ -299,3 +311,35 @@ def precision_digits(spec: str) -> float:
     """Significant decimal digits with the same largest relative error as ``spec`` (``k`` for
     ``digits=k``; float16 about 4.0, bfloat16 3.1, float32 7.9, float64 16.0)."""
     return float(1.0 - np.log10(2.0 * precision_relative_tau(spec)))
+
+# ---------------------------------------------------------------------------------------------
+# Real heads and layers (beyond the paper: a module's biases, a whole layer)
+# ---------------------------------------------------------------------------------------------
+#: relative error of W and v at or below which an exact or sketch recovery of a real head counts
+#: as a success
+REALHEADS_EXACT_TOL = 1e-10
+REALHEADS_SKETCH_TOL = 1e-8
+#: with the biases: relative error of W (exact, sketch) and of c, v and beta at or below which a
+#: recovery counts as a success
+BIAS_EXACT_TOL = 1e-12
+BIAS_SKETCH_TOL = 1e-9
+BIAS_PARAM_TOL = 1e-9
+#: a head of a layer counts as recovered when its relative errors of W, v and c are at most this
+LAYER_HEAD_TOL = 1e-6
+#: a layer's functional relative error on held-out inputs must be at most this
+LAYER_FUNC_TOL = 1e-8
+
+# ---------------------------------------------------------------------------------------------
+# Section 7 and Appendix C: multi-head attention
+# ---------------------------------------------------------------------------------------------
+#: known-basis recovery (Prop. C.2) counts as exact at or below this relative error
+KNOWN_TOL = 1e-10
+#: basis discovery counts as a success when every head is within this relative error
+DISCOVER_TOL = 1e-6
+#: two non-identifiable parameter sets must agree to this relative output difference
+AGREE_TOL = 1e-12
+#: ... while their parameters differ by more than this (relative)
+DISTANCE_MIN = 0.1
+#: the non-identifiable constructions (``attnquery.models.non_identifiable_pair``): Prop. 7.1,
+#: two heads sharing W, a head with W = 0 beside one with v = 0
+NON_IDENTIFIABLE_CONSTRUCTIONS = ("prop71", "shared_w", "dead_head")

@@ -2,7 +2,7 @@
 
 Three variants of cells (``variant`` column):
 
-- the non-identifiable constructions of :func:`~attnquery.learners.non_identifiability_demo`
+- the non-identifiable constructions of :func:`non_identifiability_demo`
   (``prop71``, ``shared_w``, ``dead_head``): parameter distance after the best head
   permutation (``param_distance``) and largest relative output difference on 1000 random
   inputs (``output_difference``; ``n_queries`` is the number of these inputs); and
@@ -21,22 +21,151 @@ import json
 
 import numpy as np
 
-from ..errors import AssumptionViolation
-from ..learners import OrthogonalSubspaceLearner, non_identifiability_demo
-from ..learners.multihead import CONSTRUCTIONS
+from ..errors import AssumptionViolation, ConfigError, NotIdentifiableError
+from ..learners import ExactValueQueryLearner, OrthogonalSubspaceLearner
 from ..metrics import fit_counted, functional_error, match_heads
-from ..models import orthogonal_subspace_multihead
+from ..models import (
+    NON_IDENTIFIABLE_CONSTRUCTIONS,
+    MultiHeadAttention,
+    as_rng,
+    non_identifiable_pair,
+    orthogonal_subspace_multihead,
+    random_multihead,
+)
 from ..oracles import ValueOracle
+from ..theory import DISCOVER_TOL, KNOWN_TOL
 from . import Experiment, grid, register
 
-#: known-basis recovery counts as exact at or below this relative error
-KNOWN_TOL = 1e-10
-#: basis discovery counts as a success when every head is within this relative error
-DISCOVER_TOL = 1e-6
-#: two non-identifiable parameter sets must agree to this relative output difference
-AGREE_TOL = 1e-12
-#: ... while their parameters differ by more than this (relative)
-DISTANCE_MIN = 0.1
+__all__ = ["non_identifiability_demo", "CONSTRUCTIONS"]
+
+#: the non-identifiable constructions :func:`non_identifiability_demo` knows
+CONSTRUCTIONS = NON_IDENTIFIABLE_CONSTRUCTIONS
+
+
+
+def _heads_params(model: MultiHeadAttention):
+    return [h.W for h in model.heads], [h.v for h in model.heads]
+
+
+def non_identifiability_demo(
+    d: int,
+    H: int,
+    seed=None,
+    *,
+    n_queries: int = 1000,
+    lengths=(1, 2, 4, 8),
+    constructions=CONSTRUCTIONS,
+    single_head: bool = True,
+) -> dict:
+    """Demonstrate that multi-head attention is not identifiable from its outputs.
+
+    For each construction, two parameter sets are built from ``seed`` and compared:
+
+    ``"prop71"`` (the paper's Prop. 7.1), ``"shared_w"`` and ``"dead_head"``: see
+    :func:`attnquery.models.non_identifiable_pair`.
+
+    Both sets are evaluated on the same ``n_queries`` random inputs (tokens ~ N(0, I/d), lengths
+    cycling through ``lengths``).
+
+    Finally, when ``single_head`` is true, the single-head exact learner
+    (:class:`~attnquery.learners.ExactValueQueryLearner`) is run on a value oracle of a generic
+    multi-head model (:func:`~attnquery.models.random_multihead` with the same d, H and a stream
+    of ``seed``), and the functional error of the head it returns is measured.
+
+    Parameters
+    ----------
+    d : int
+        Token dimension (>= 2).
+    H : int
+        Number of heads (>= 2).
+    seed : int, sequence of ints or Generator
+    n_queries : int
+        Number of random inputs on which outputs are compared.
+    lengths : sequence of int
+        Sequence lengths of the random inputs.
+    constructions : sequence of str
+        Which constructions to run (subset of :data:`CONSTRUCTIONS`).
+    single_head : bool
+        Also run the single-head learner on a multi-head oracle.
+
+    Returns
+    -------
+    dict
+        ``"constructions"``: a list with one dict per construction: ``name``, ``model_a`` and
+        ``model_b`` (the two :class:`~attnquery.models.MultiHeadAttention` models),
+        ``param_distance`` (relative distance of the stacked parameters after the best head
+        permutation, :func:`~attnquery.metrics.match_heads`), ``v_distance`` and ``W_distance``
+        (the same, for v's and W's alone), ``max_abs_diff`` and ``max_rel_diff``
+        (``max |f_a - f_b|`` and that over ``max |f_a|`` on the random inputs).
+        ``"single_head"``: ``status`` ("ok" or the error type), ``functional_error`` (relative
+        RMS on held-out inputs; NaN when the learner failed), ``param_distance`` (of the one
+        recovered head to the H true heads, unmatched heads compared with 0), ``n_queries``,
+        ``message`` and ``model`` (the multi-head model used).
+    """
+    if not isinstance(d, int | np.integer) or d < 2:
+        raise ConfigError(f"d must be an integer >= 2; got {d!r}")
+    if not isinstance(H, int | np.integer) or H < 2:
+        raise ConfigError(f"a multi-head demonstration needs H >= 2 heads; got {H!r}")
+    if n_queries < 1:
+        raise ConfigError(f"n_queries must be >= 1; got {n_queries}")
+    unknown = [c for c in constructions if c not in CONSTRUCTIONS]
+    if unknown:
+        raise ConfigError(f"unknown construction {unknown[0]!r}; choose from {CONSTRUCTIONS}")
+    lengths = tuple(int(n) for n in lengths)
+    if not lengths or min(lengths) < 1:
+        raise ConfigError(f"lengths must be positive ints; got {lengths}")
+    rng = as_rng(seed)
+    r_cons, r_inputs, r_single, r_eval = rng.spawn(4)
+    # the same random inputs for every construction
+    X_all = []
+    for k, N in enumerate(lengths):
+        n = n_queries // len(lengths) + (1 if k < n_queries % len(lengths) else 0)
+        if n:
+            X_all.append(r_inputs.standard_normal((n, N, d)) / np.sqrt(d))
+    out = {"constructions": []}
+    for name, r in zip(constructions, r_cons.spawn(len(constructions)), strict=True):
+        ma, mb = non_identifiable_pair(name, int(d), int(H), r)
+        Wa, va = _heads_params(ma)
+        Wb, vb = _heads_params(mb)
+        m = match_heads(Wb, vb, Wa, va)
+        mW = match_heads(Wb, [np.zeros(d)] * len(Wb), Wa, [np.zeros(d)] * len(Wa))
+        den_v = np.sqrt(sum(float(np.sum(x**2)) for x in va))
+        dv = np.sqrt(sum(m["err_v"] ** 2))
+        fa = np.concatenate([ma(X) for X in X_all])
+        fb = np.concatenate([mb(X) for X in X_all])
+        max_abs = float(np.max(np.abs(fa - fb)))
+        scale = float(np.max(np.abs(fa)))
+        out["constructions"].append(
+            {
+                "name": name,
+                "model_a": ma,
+                "model_b": mb,
+                "param_distance": m["param_distance"],
+                "v_distance": float(dv / den_v) if den_v > 0 else float(dv),
+                "W_distance": mW["param_distance"],
+                "max_abs_diff": max_abs,
+                "max_rel_diff": max_abs / scale if scale > 0 else max_abs,
+                "n_inputs": int(fa.size),
+            }
+        )
+    if single_head:
+        model = random_multihead(int(d), int(H), r_single)
+        oracle = ValueOracle(model, int(d))
+        rec = {"model": model, "status": "ok", "message": "", "functional_error": np.nan,
+               "param_distance": np.nan}
+        try:
+            est = ExactValueQueryLearner(random_state=r_single).fit(oracle)
+            rec["functional_error"] = functional_error(model, est.predict, int(d), r_eval)
+            W, v = _heads_params(model)
+            rec["param_distance"] = match_heads([est.W_], [est.v_], W, v)["param_distance"]
+        except (AssumptionViolation, NotIdentifiableError) as exc:
+            rec["status"] = type(exc).__name__
+            rec["message"] = str(exc)
+        rec["n_queries"] = int(oracle.n_queries)
+        out["single_head"] = rec
+    return out
+
+
 
 
 def cells(cfg) -> list[dict]:

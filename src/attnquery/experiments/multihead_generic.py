@@ -1,6 +1,7 @@
 """Experiment "multihead_generic": generic multi-head attention recovered from value queries.
 
-Beyond the paper (SPEC section 3, "Generic multi-head"). Variants (column ``variant``):
+Beyond the paper (generic multi-head attention, no structural assumption). Variants (column
+``variant``):
 
 * ``grid``: random heads (:func:`~attnquery.models.random_multihead`) over d and H with
   ``MultiHeadLearner(n_heads=H)``; ``auto``: the same with ``n_heads=None`` (H chosen from the

@@ -1,14 +1,19 @@
 """Experiment "realheads": every head of a pretrained checkpoint, extracted by several learners.
 
 The ground truth of a cell is head ``head`` of layer ``layer`` of the checkpoint named in the
-cell, built as SPEC section 1 defines (:mod:`attnquery.realheads`; d = 384, head dimension 32 and
-rank 32 for all-MiniLM-L6-v2). The checkpoint is read once per process.
+cell, built as :mod:`attnquery.realheads` defines (d = 384, head dimension 32 and rank 32 for
+all-MiniLM-L6-v2). The checkpoint is read once per process.
 
 Learners (one cell each):
 
 * ``exact``: Theorem 4.1 (``d^2 + d`` queries), with the probe design of the config;
 * ``sketch``: the low-rank sketch with the rank set to the head dimension
   (``r (2d - r) + d`` queries plus oversampling);
+
+and, with ``biases: true``, both again on the heads with the module's biases (the key bias
+``c = W_K^T b_Q / sqrt(d_h)`` and the offset ``beta = u_h^T b_V + r^T b_O``, see
+:mod:`attnquery.realheads`), learnt with ``fit_bias=True``: ``d^2 + 2d + 1`` and
+``r (2d - r) + 2d + 1`` queries (plus oversampling). Cells carry ``biases`` (true or false);
 * ``noisy``: Theorem 6.1 against an approximate value oracle with uniform noise of size
   ``tau``. The learner is given the two constants the theorem assumes known, taken from the
   head itself: ``W_bound = max(2, ||W||_F)`` and the margin ``mu = min_i |v_i|``. Real heads
@@ -26,14 +31,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ConfigError
-from ..metrics import fit_counted, functional_error, head_errors
+from ..metrics import fit_counted, functional_error, head_errors, relative_error
 from ..oracles import ValueOracle
 from ..realheads import head_from_checkpoint, head_summary
+from ..theory import BIAS_EXACT_TOL, BIAS_PARAM_TOL, BIAS_SKETCH_TOL
+from ..theory import REALHEADS_EXACT_TOL as EXACT_TOL
+from ..theory import REALHEADS_SKETCH_TOL as SKETCH_TOL
 from . import Experiment, grid, register
-
-#: relative error of W and v at or below which an exact or sketch recovery counts as a success
-EXACT_TOL = 1e-10
-SKETCH_TOL = 1e-8
 
 #: learners of this experiment
 LEARNERS = ("exact", "sketch", "noisy")
@@ -74,7 +78,8 @@ def cells(cfg) -> list[dict]:
             axes = {"layer": sub.get("layers", cfg["layers"]),
                     "head": sub.get("heads", heads), "tau": sub["tau"]}
         else:
-            axes = {"layer": _ints(cfg, "layers"), "head": heads}
+            axes = {"layer": _ints(cfg, "layers"), "head": heads,
+                    "biases": [False, True] if cfg.get("biases", False) else [False]}
         for g in grid(**axes, seed=list(range(cfg.get("seeds", 1)))):
             cell = {"learner": learner, **common, **g}
             if learner == "exact":
@@ -109,9 +114,10 @@ def _noisy(head, cell, learner_rng, oracle_rng, summary):
 def run(cell: dict, rng: np.random.Generator) -> dict:
     learner_rng, oracle_rng, eval_rng = rng.spawn(3)
     kind, _, seed = cell["readout"].partition(":")
+    biases = bool(cell.get("biases", False))
     head = head_from_checkpoint(cell["checkpoint"], cell["layer"], cell["head"],
                                 n_heads=cell["n_heads"], readout=kind,
-                                readout_seed=int(seed or 0))
+                                readout_seed=int(seed or 0), biases=biases)
     d = head.d
     summary = head_summary(head)
     m, extra = {}, {}
@@ -119,19 +125,21 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
         from ..learners.exact import ExactValueQueryLearner
 
         oracle = ValueOracle(head, d)
-        est = ExactValueQueryLearner(probes=cell["probes"], random_state=learner_rng)
+        est = ExactValueQueryLearner(probes=cell["probes"], random_state=learner_rng,
+                                     fit_bias=biases)
         m = fit_counted(est, oracle)
         extra["n_requeried"] = int(est.n_requeried_)
-        tol = EXACT_TOL
+        tol = BIAS_EXACT_TOL if biases else EXACT_TOL
     elif cell["learner"] == "sketch":
         from ..learners.lowrank import SketchLowRankLearner
 
         oracle = ValueOracle(head, d)
-        est = SketchLowRankLearner(rank=summary["rank"], random_state=learner_rng)
+        est = SketchLowRankLearner(rank=summary["rank"], random_state=learner_rng,
+                                   fit_bias=biases)
         m = fit_counted(est, oracle)
         m["rank_found"] = int(est.rank_)
         extra["n_requeried"] = int(est.n_requeried_)
-        tol = SKETCH_TOL
+        tol = BIAS_SKETCH_TOL if biases else SKETCH_TOL
     elif cell["learner"] == "noisy":
         oracle, est, m, extra = _noisy(head, cell, learner_rng, oracle_rng, summary)
         tol = None
@@ -141,13 +149,24 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     m.update(head_errors(W_hat, est.v_, head.W, head.v))
     from ..models import AttentionHead
 
-    m["func_err"] = functional_error(head, AttentionHead(est.v_, W=W_hat), d, eval_rng, n=32)
+    c_hat, beta_hat = (est.key_bias_, est.offset_) if biases else (None, 0.0)
+    m["func_err"] = functional_error(
+        head, AttentionHead(est.v_, W=W_hat, key_bias=c_hat, offset=beta_hat), d, eval_rng,
+        n=32)
+    if biases:
+        m["rel_err_c"] = relative_error(c_hat, head.key_bias)
+        m["rel_err_offset"] = relative_error(beta_hat, head.offset)
     if tol is not None:
         m["success"] = bool(m["rel_err_W"] <= tol and m["rel_err_v"] <= tol)
+        if biases:
+            m["success"] = bool(m["rel_err_W"] <= tol and max(
+                m["rel_err_v"], m["rel_err_c"], m["rel_err_offset"]) <= BIAS_PARAM_TOL)
     elif "bound_W" in m:
         m["within_bound"] = bool(m["abs_err_W"] <= m["bound_W"] and m["err_v"] <= m["bound_v"])
     extra.update({k: summary[k] for k in ("d", "rank", "W_fro", "W_spectral", "v_norm",
                                           "min_abs_v", "max_abs_v")})
+    if biases:
+        extra.update(c_norm=float(np.linalg.norm(head.key_bias)), offset=head.offset)
     m["extra"] = extra
     return m
 
@@ -182,8 +201,8 @@ EXPERIMENT = register(
         name="realheads",
         cells=cells,
         run=run,
-        description="Every head of a pretrained checkpoint, extracted by the exact, sketch and "
-        "noisy learners",
+        description="Every head of a pretrained checkpoint, with and without the module's "
+        "biases, extracted by the exact, sketch and noisy learners",
         seconds=seconds,
         data=checkpoint_source,
     )

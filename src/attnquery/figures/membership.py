@@ -10,7 +10,7 @@ from ..metrics import fit_linear
 from ..theory import membership_target as target_queries
 from . import register_figure, tight_layout
 
-#: the SPEC's target: counted queries within this factor of d^2 log2(2 W d / eps) + d log2(1/eps)
+#: the target: counted queries within this factor of d^2 log2(2 W d / eps) + d log2(1/eps)
 TARGET_FACTOR = 1.2
 #: ... for eps at or below this (at larger eps the v stage's d log2(W d / mu) overhead shows)
 TARGET_MAX_EPS = 1e-3

@@ -6,8 +6,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from ..claims import Claim, ok_rows
-from ..experiments.multihead import AGREE_TOL, DISCOVER_TOL, DISTANCE_MIN, KNOWN_TOL
-from ..learners.multihead import CONSTRUCTIONS
+from ..theory import AGREE_TOL, DISCOVER_TOL, DISTANCE_MIN, KNOWN_TOL
+from ..theory import NON_IDENTIFIABLE_CONSTRUCTIONS as CONSTRUCTIONS
 from . import log2_ticks, register_figure
 
 #: the learner's default finite-difference step, at which the discovery claim is checked

@@ -1,4 +1,9 @@
-"""Figure realheads: queries and errors for every head of a pretrained checkpoint."""
+"""Figure realheads: queries and errors for every head of a pretrained checkpoint.
+
+Errors per head without and with the module's biases (heatmaps), the errors of every learnt
+parameter with the biases (W, c, v, beta), queries per head, and the noisy learner against the
+margin.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +15,12 @@ from matplotlib.colors import LogNorm
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from ..claims import Claim, ok_rows
-from ..experiments.realheads import EXACT_TOL, SKETCH_TOL
+from ..theory import BIAS_EXACT_TOL, BIAS_PARAM_TOL, BIAS_SKETCH_TOL
+from ..theory import REALHEADS_EXACT_TOL as EXACT_TOL
+from ..theory import REALHEADS_SKETCH_TOL as SKETCH_TOL
 from . import register_figure
 
-#: the sketch may spend at most this factor over r(2d - r) + d (SPEC section 6)
+#: the sketch may spend at most this factor over r(2d - r) + d (the project's target for the sketch)
 SKETCH_QUERY_FACTOR = 1.05
 #: errors are drawn no lower than this on log axes
 FLOOR = 1e-17
@@ -23,9 +30,19 @@ def _extra(df, key):
     return df["extra"].map(lambda s: json.loads(s).get(key) if isinstance(s, str) else None)
 
 
-def _learner_rows(df, learner):
+def _learner_rows(df, learner, biases=False):
     rows = df[(df["experiment"] == "realheads") & (df["learner"] == learner)]
+    if "biases" in rows:
+        rows = rows[rows["biases"].fillna(False).astype(bool) == biases]
+    elif biases:
+        rows = rows.iloc[:0]
     return rows, rows[rows["status"] == "ok"]
+
+
+def _sketch_floor(ok):
+    d = _extra(ok, "d").astype(float)
+    r = _extra(ok, "rank").astype(float)
+    return d, r, r * (2 * d - r) + d
 
 
 def realheads_claims(df) -> list[Claim]:
@@ -47,9 +64,7 @@ def realheads_claims(df) -> list[Claim]:
         ))
     rows, ok = _learner_rows(df, "sketch")
     if len(rows):
-        d = _extra(ok, "d").astype(float)
-        r = _extra(ok, "rank").astype(float)
-        floor = r * (2 * d - r) + d
+        _, r, floor = _sketch_floor(ok)
         within = ok["n_queries"].astype(float) <= SKETCH_QUERY_FACTOR * floor
         rank_ok = ok["rank_found"].astype(float) == r
         succ = ok["success"].fillna(False).astype(bool)
@@ -64,6 +79,7 @@ def realheads_claims(df) -> list[Claim]:
             f"queries at most {ratio:.3f} x r(2d - r) + d; rank right in "
             f"{int(rank_ok.sum())}/{len(rows)}",
         ))
+    claims += _bias_claims(df)
     rows, ok = _learner_rows(df, "noisy")
     if len(rows):
         premise = _extra(ok, "margin_premise").fillna(False).astype(bool)
@@ -89,6 +105,52 @@ def realheads_claims(df) -> list[Claim]:
     return claims
 
 
+def _worst(ok, col):
+    return float(ok[col].max()) if len(ok) else float("nan")
+
+
+def _bias_claims(df) -> list[Claim]:
+    """With the module's biases: every head within the tolerances, with the stated counts."""
+    claims = []
+    rows, ok = _learner_rows(df, "exact", biases=True)
+    if len(rows):
+        d = _extra(ok, "d").astype(float)
+        n = ok["n_queries"].astype(float)
+        count_ok = n == d**2 + 2 * d + 1
+        succ = ok["success"].fillna(False).astype(bool)
+        claims.append(Claim(
+            "realheads_exact_biases",
+            f"with the module's biases, the exact learner recovers every head to relative error "
+            f"<= {BIAS_EXACT_TOL:g} for W and <= {BIAS_PARAM_TOL:g} for c, v and beta, with "
+            "exactly d^2 + 2d + 1 queries",
+            bool(len(ok) == len(rows) and succ.all() and count_ok.all()),
+            f"{int(succ.sum())}/{len(rows)} heads within tolerance (worst W "
+            f"{_worst(ok, 'rel_err_W'):.2e}, c {_worst(ok, 'rel_err_c'):.2e}, v "
+            f"{_worst(ok, 'rel_err_v'):.2e}, beta {_worst(ok, 'rel_err_offset'):.2e}); "
+            f"{int(count_ok.sum())}/{len(rows)} with d^2 + 2d + 1 queries",
+        ))
+    rows, ok = _learner_rows(df, "sketch", biases=True)
+    if len(rows):
+        d, r, floor = _sketch_floor(ok)
+        n = ok["n_queries"].astype(float)
+        within = n <= SKETCH_QUERY_FACTOR * floor + d + 1
+        rank_ok = ok["rank_found"].astype(float) == r
+        succ = ok["success"].fillna(False).astype(bool)
+        ratio = ((n - d - 1) / floor).max() if len(ok) else float("nan")
+        claims.append(Claim(
+            "realheads_sketch_biases",
+            f"with the module's biases, the sketch learner recovers every head to relative "
+            f"error <= {BIAS_SKETCH_TOL:g} for W and <= {BIAS_PARAM_TOL:g} for c, v and beta, "
+            f"with at most {SKETCH_QUERY_FACTOR} (r(2d - r) + d) + d + 1 queries",
+            bool(len(ok) == len(rows) and succ.all() and within.all() and rank_ok.all()),
+            f"{int(succ.sum())}/{len(rows)} heads within tolerance (worst W "
+            f"{_worst(ok, 'rel_err_W'):.2e}, c {_worst(ok, 'rel_err_c'):.2e}, v "
+            f"{_worst(ok, 'rel_err_v'):.2e}, beta {_worst(ok, 'rel_err_offset'):.2e}); "
+            f"queries minus d + 1 at most {ratio:.3f} x r(2d - r) + d",
+        ))
+    return claims
+
+
 def _heatmap(ax, ok, title, norm, n_layers, n_heads):
     grid = np.full((n_layers, n_heads), np.nan)
     for L, h, e in zip(ok["layer"], ok["head"], ok["rel_err_W"], strict=True):
@@ -102,20 +164,115 @@ def _heatmap(ax, ok, title, norm, n_layers, n_heads):
     return im
 
 
+def _no_runs(ax, what):
+    ax.text(0.5, 0.5, f"no {what} runs", ha="center", va="center", transform=ax.transAxes)
+    ax.set_axis_off()
+
+
+#: the parameters whose errors the bias panel shows, and their result columns
+_BIAS_PARAMS = (("W", "rel_err_W"), ("c", "rel_err_c"), ("v", "rel_err_v"),
+                (r"\beta", "rel_err_offset"))
+
+
+def _bias_errors(ax, rh):
+    """Relative errors of every learnt parameter with the biases, per learner."""
+    biased = rh[rh["biases"].fillna(False).astype(bool)] if "biases" in rh else rh.iloc[:0]
+    if not len(biased):
+        _no_runs(ax, "biased")
+        return
+    x = 0
+    ticks, labels = [], []
+    for learner, marker, tol in (("exact", "o", BIAS_EXACT_TOL),
+                                 ("sketch", "s", BIAS_SKETCH_TOL)):
+        sub = biased[biased["learner"] == learner]
+        if not len(sub):
+            continue
+        for k, (name, col) in enumerate(_BIAS_PARAMS):
+            vals = np.maximum(sub[col].to_numpy(dtype=float), FLOOR)
+            jitter = np.linspace(-0.25, 0.25, vals.size)
+            ax.plot(x + jitter, vals, marker, ms=2.5, alpha=0.6, color=f"C{k}",
+                    label=f"${name}$" if learner == "exact" else None)
+            ticks.append(x)
+            labels.append(f"{learner}\n${name}$")
+            x += 1
+        ax.hlines([tol, BIAS_PARAM_TOL], x - 4.4, x - 0.6, colors=["k", "0.5"],
+                  linestyles=["--", ":"], lw=0.8)
+        x += 0.5
+    ax.set(yscale="log", ylabel="relative error",
+           title="With the biases: every learnt parameter, every head (dashed: the goal for "
+                 "W, dotted: for c, v, beta)")
+    ax.title.set_fontsize(8)
+    ax.set_xticks(ticks)
+    ax.set_xticklabels(labels, fontsize=6)
+    ax.legend(loc="upper left", fontsize=6, ncols=4)
+
+
+def _queries(ax, rh, n_heads):
+    for (learner, biases), marker in ((("exact", False), "o"), (("sketch", False), "s"),
+                                      (("noisy", False), "^"), (("exact", True), "x"),
+                                      (("sketch", True), "+")):
+        sub = rh[rh["learner"] == learner]
+        if "biases" in sub:
+            sub = sub[sub["biases"].fillna(False).astype(bool) == biases]
+        elif biases:
+            continue
+        if not len(sub):
+            continue
+        idx = sub["layer"] * n_heads + sub["head"]
+        ax.plot(idx, sub["n_queries"], marker, ms=3, alpha=0.7,
+                label=f"{learner}{' (biases)' if biases else ''}")
+    d = float(_extra(rh, "d").iloc[0])
+    r = float(_extra(rh, "rank").iloc[0])
+    lines = [(d * d + d, "k", "--", f"$d^2 + d$ (d = {d:.0f})"),
+             (r * (2 * d - r) + d, "0.4", ":", f"$r(2d - r) + d$ (r = {r:.0f})")]
+    for y, col, ls, lab in lines:
+        ax.axhline(y, color=col, ls=ls, lw=0.8, label=lab)
+    ax.set(yscale="log", xlabel="layer x heads per layer + head",
+           ylabel="queries (oracle)", title="Queries per head")
+    ax.title.set_fontsize(8)
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_yticks([y for y, *_ in lines])
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:,.0f}"))
+    ax.legend(loc="center right", fontsize=5.5)
+
+
+def _noisy(ax, rh):
+    noisy = rh[rh["learner"] == "noisy"]
+    if not len(noisy):
+        _no_runs(ax, "noisy")
+        return
+    mv = _extra(noisy, "min_abs_v").astype(float)
+    x = noisy["tau"].astype(float) / mv
+    for tau in sorted(noisy["tau"].unique()):
+        sel = noisy["tau"] == tau
+        ax.plot(x[sel], noisy.loc[sel, "rel_err_W"], "o", ms=3.5, label=rf"$\tau$ = {tau:g}")
+    ax.axvline(0.5, color="k", ls="--", lw=0.8)
+    ax.text(0.5, 0.97, r"premise $\tau \leq \min_i|v_i|/2$ holds to the left ",
+            transform=ax.get_xaxis_transform(), fontsize=6, ha="right", va="top",
+            rotation=90)
+    ax.axhline(1.0, color="0.5", ls=":", lw=0.8)
+    ax.set(xscale="log", yscale="log", xlabel=r"$\tau / \min_i |v_i|$",
+           ylabel="rel. error of $W$", title="Noisy learner (Thm 6.1)")
+    ax.title.set_fontsize(8)
+    ax.legend(loc="upper left", fontsize=6)
+
+
 REALHEADS_CAPTION = """\
-**Real heads (all-MiniLM-L6-v2, or the configured checkpoint).** Every head of every selected layer
-is turned into a single-head model as SPEC section 1 defines (W = W_K,h^T W_Q,h / sqrt(d_h), v =
-W_V,h^T u_h for a fixed Gaussian readout vector; biases dropped) and extracted from queries alone.
-Top: relative Frobenius error of the recovered W per head (layer x head), for Theorem 4.1's exact
-learner (d^2 + d queries) and for the low-rank sketch learner with the rank set to the head
-dimension (r(2d - r) + d queries), on one colour scale. Bottom left: the queries counted by the
-oracle for every head and learner, with the two formulas. Bottom right: Theorem 6.1's noisy learner
-(uniform noise of size tau, given W_bound = max(2, ||W||_F) and the margin mu = min_i |v_i|)
-against tau / min_i |v_i|. Real heads have almost no margin (over MiniLM's 72 heads min_i |v_i|
-ranges from 7.5e-8 to 3e-4 while max_i |v_i| is about 0.05), so the theorem's premise tau <= mu / 2
-fails at every useful tau, and where it holds its bound on ||W_hat - W||_F exceeds ||W||_F: the
-noisy learner's error of W is then of the order of W itself or larger (dotted line: relative error
-1).
+**Real heads (all-MiniLM-L6-v2, or the configured checkpoint).** Every head of every selected
+layer is turned into a single-head model (W = W_K,h^T W_Q,h / sqrt(d_h), v = W_V,h^T u_h for a
+fixed Gaussian readout vector r) and extracted from queries alone, without the module's biases (the
+paper's head) and with them (beyond the paper: the key bias c = W_K,h^T b_Q,h / sqrt(d_h) and the
+offset beta = r^T (b_V + b_O) of the module's exact answer). Top left: relative Frobenius error
+of the recovered W per head (layer x head), for Theorem 4.1's exact learner (d^2 + d queries;
+d^2 + 2d + 1 with the biases) and the low-rank sketch learner with the rank set to the head
+dimension (r(2d - r) + d queries; d + 1 more with the biases), without and with the biases, on
+one colour scale. Top right: Theorem 6.1's noisy learner (uniform noise of size tau, given
+W_bound = max(2, ||W||_F) and the margin mu = min_i |v_i|) against tau / min_i |v_i|: real heads
+have almost no margin, so the theorem's premise tau <= mu / 2 fails at every useful tau, and
+where it holds its bound on ||W_hat - W||_F exceeds ||W||_F (dotted line: relative error 1).
+Middle right: the queries counted by the oracle for every head and learner, with the formulas.
+Bottom: with the biases, the relative error of every learnt parameter (W, c, v, beta) of every
+head, against the goals (dashed: W; dotted: c, v, beta).
 """
 
 
@@ -126,71 +283,40 @@ noisy learner's error of W is then of the order of W itself or larger (dotted li
     caption=REALHEADS_CAPTION,
 )
 def realheads(df):
-    """Errors per head (heatmaps), queries per head, and the noisy learner against the margin."""
+    """Errors per head without and with biases, errors of every learnt parameter with the
+    biases, queries per head, and the noisy learner against the margin."""
     claims = realheads_claims(df)
     rh = ok_rows(df, "realheads")
-    fig, axes = plt.subplots(2, 2, figsize=(6.75, 5.6), layout="constrained")
+    fig = plt.figure(figsize=(7.5, 7.2), layout="constrained")
+    gs = fig.add_gridspec(3, 4, height_ratios=[1, 1, 1.05], width_ratios=[1, 1, 0.05, 1.5])
+    heat = [[fig.add_subplot(gs[i, j]) for j in range(2)] for i in range(2)]
     n_layers = int(rh["layer"].max()) + 1 if len(rh) else 1
     n_heads = int(rh["n_heads"].max()) if len(rh) else 1
+    biased = rh["biases"].fillna(False).astype(bool) if "biases" in rh else False
     dense = rh[rh["learner"].isin(["exact", "sketch"])]
     errs = np.maximum(dense["rel_err_W"].to_numpy(dtype=float), FLOOR)
     lo, hi = (errs.min(), errs.max()) if errs.size else (1e-16, 1e-8)
     norm = LogNorm(vmin=min(lo, 1e-16), vmax=max(hi, 1e-9))
     im = None
-    for ax, learner in zip(axes[0], ("exact", "sketch"), strict=True):
-        sub = rh[rh["learner"] == learner]
-        if len(sub):
+    for i, learner in enumerate(("exact", "sketch")):
+        for j, with_bias in enumerate((False, True)):
+            sub = rh[(rh["learner"] == learner) & (biased == with_bias)]
+            if not len(sub):
+                _no_runs(heat[i][j], f"{learner}{' biased' if with_bias else ''}")
+                continue
             probes = sub["probes"].dropna().unique()
-            extra = f" ({probes[0]} probes)" if learner == "exact" and len(probes) == 1 else ""
-            im = _heatmap(ax, sub, f"{learner}{extra}: relative error of $W$", norm, n_layers,
-                          n_heads)
-        else:
-            ax.text(0.5, 0.5, f"no {learner} runs", ha="center", va="center",
-                    transform=ax.transAxes)
-            ax.set_axis_off()
+            what = f" ({probes[0]})" if learner == "exact" and len(probes) == 1 else ""
+            title = f"{learner}{what}, {'with' if with_bias else 'no'} biases"
+            im = _heatmap(heat[i][j], sub, title, norm, n_layers, n_heads)
+            heat[i][j].title.set_fontsize(7)
     if im is not None:
-        cb = fig.colorbar(im, ax=list(axes[0]), shrink=0.9, pad=0.02)
+        cb = fig.colorbar(im, cax=fig.add_subplot(gs[0:2, 2]))
         cb.set_label(r"$\|\hat W - W\|_F / \|W\|_F$")
-
-    ax = axes[1, 0]
-    for learner, marker in (("exact", "o"), ("sketch", "s"), ("noisy", "^")):
-        sub = rh[rh["learner"] == learner]
-        if not len(sub):
-            continue
-        idx = sub["layer"] * n_heads + sub["head"]
-        ax.plot(idx, sub["n_queries"], marker, ms=3, alpha=0.7, label=learner)
+    _noisy(fig.add_subplot(gs[0, 3]), rh)
+    ax = fig.add_subplot(gs[1, 3])
     if len(rh):
-        d = float(_extra(rh, "d").iloc[0])
-        r = float(_extra(rh, "rank").iloc[0])
-        ax.axhline(d * d + d, color="k", ls="--", lw=0.8, label=f"$d^2 + d$ (d = {d:.0f})")
-        ax.axhline(r * (2 * d - r) + d, color="0.4", ls=":", lw=0.8,
-                   label=f"$r(2d - r) + d$ (r = {r:.0f})")
-    ax.set(yscale="log", xlabel="head (layer x heads per layer + head)",
-           ylabel="queries counted by the oracle", title="Queries per head")
-    ax.yaxis.set_minor_formatter(NullFormatter())
-    if len(rh):
-        ax.set_yticks([r * (2 * d - r) + d, d * d + d])
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:,.0f}"))
-    ax.legend(loc="center right", fontsize=6)
-
-    ax = axes[1, 1]
-    noisy = rh[rh["learner"] == "noisy"]
-    if len(noisy):
-        mv = _extra(noisy, "min_abs_v").astype(float)
-        x = noisy["tau"].astype(float) / mv
-        for tau in sorted(noisy["tau"].unique()):
-            sel = noisy["tau"] == tau
-            ax.plot(x[sel], noisy.loc[sel, "rel_err_W"], "o", ms=3.5, label=rf"$\tau$ = {tau:g}")
-        ax.axvline(0.5, color="k", ls="--", lw=0.8)
-        ax.text(0.5, 0.97, r"premise $\tau \leq \min_i|v_i|/2$ holds to the left ",
-                transform=ax.get_xaxis_transform(), fontsize=6, ha="right", va="top",
-                rotation=90)
-        ax.axhline(1.0, color="0.5", ls=":", lw=0.8)
-        ax.set(xscale="log", yscale="log", xlabel=r"$\tau / \min_i |v_i|$",
-               ylabel=r"$\|\hat W - W\|_F / \|W\|_F$",
-               title="Noisy learner (Thm 6.1) against the margin")
-        ax.legend(loc="upper left", fontsize=6)
+        _queries(ax, rh, n_heads)
     else:
-        ax.text(0.5, 0.5, "no noisy runs", ha="center", va="center", transform=ax.transAxes)
-        ax.set_axis_off()
+        _no_runs(ax, "realheads")
+    _bias_errors(fig.add_subplot(gs[2, :]), rh)
     return fig, claims

@@ -9,8 +9,8 @@ from .ffn import ReLUNetworkLearner
 from .lowprecision import LowPrecisionValueQueryLearner
 from .lowrank import NuclearNormROPLearner, SketchLowRankLearner
 from .membership import MembershipLearner
-from .multihead import OrthogonalSubspaceLearner, non_identifiability_demo
-from .multihead_generic import MultiHeadLearner
+from .multihead import OrthogonalSubspaceLearner
+from .multihead_generic import AttentionLayerLearner, MultiHeadLearner
 from .noisy import NoisyValueQueryLearner
 from .transformer import TransformerLearner
 
@@ -24,6 +24,6 @@ __all__ = [
     "TransformerLearner",
     "ReLUNetworkLearner",
     "OrthogonalSubspaceLearner",
-    "non_identifiability_demo",
     "MultiHeadLearner",
+    "AttentionLayerLearner",
 ]

@@ -7,6 +7,13 @@ scale ``kappa = c s`` keeps logits where the sigmoid can be inverted and is lear
 answers (:class:`Prober`); the ratio ``c / s`` keeps ``s b^T v`` from swamping ``c u^T v``.
 Probes that share a last token ask it identically, so a black box that caches per-token work
 evaluates it once.
+
+A head with a key bias c and an offset beta (``f = softmax(X (W x_N + c))^T (X v) + beta``)
+answers the same probe with ``y = beta + s b^T v + alpha c u^T v`` and
+``alpha = sigma(c s u^T W b + c u^T c)``: once beta and c are known, the offset is subtracted
+from the answer and ``c u^T c`` from the logit (:class:`Prober` with ``key_bias`` and
+``offset``). The bias itself is read from probes ``[c u; 0]`` whose last token is zero, with
+logit ``c u^T c`` (``make`` returning ``None`` for the last tokens).
 """
 
 from __future__ import annotations
@@ -16,7 +23,8 @@ import numpy as np
 from ..errors import AssumptionViolation, ConfigError, NotIdentifiableError
 from ._base import chunk_slices
 
-__all__ = ["read_v", "check_v", "unit_directions", "balanced_orthonormal", "SparseRows",
+__all__ = ["read_v", "read_key_bias", "check_v", "unit_directions", "balanced_orthonormal",
+           "SparseRows",
            "coordinate_rows", "rows_dot", "probe_logits", "Prober", "check_probe_params",
            "ZERO_LOGIT"]
 
@@ -39,9 +47,59 @@ def check_probe_params(learner) -> None:
         raise ConfigError(f"zero_tol must be in [0, 1); got {zero_tol}")
 
 
-def read_v(oracle, d: int) -> np.ndarray:
-    """Read v from the d one-row queries ``[e_i]`` (Theorem 4.1, phase 1)."""
-    return oracle(np.eye(d)[:, None, :].copy())
+def read_v(oracle, d: int, offset: bool = False):
+    """Read v from the d one-row queries ``[e_i]`` (Theorem 4.1, phase 1).
+
+    With ``offset``, the head may add a constant beta to every answer: one more one-row query,
+    the zero token ``[0]`` (whose answer is beta alone), is asked first, and ``(v, beta)`` is
+    returned (``d + 1`` queries).
+    """
+    if not offset:
+        return oracle(np.eye(d)[:, None, :].copy())
+    X = np.zeros((d + 1, 1, d))
+    X[np.arange(1, d + 1), 0, np.arange(d)] = 1.0
+    y = oracle(X)
+    return y[1:] - y[0], float(y[0])
+
+
+def read_key_bias(oracle, v: np.ndarray, beta: float, chunk: int, *, max_logit: float,
+                  min_logit: float):
+    """Read the key bias c from d probes ``[kappa a_m; 0]`` (logit ``kappa a_m^T c``).
+
+    The answer ``beta + alpha kappa a_m^T v`` carries ``a_m^T v`` in its signal, so every
+    direction is ``a_m = e_m + sigma_m e_p`` with ``p = argmax |v_i|`` and the sign
+    ``sigma_m = sign(v_m v_p)`` (``a_p = e_p``): ``|a_m^T v| >= max |v_i|`` for every m, where
+    the coordinate directions ``e_m`` would read c through ``v_m``, as small as rounding. Then
+    ``c_p = t_p`` and ``c_m = t_m - sigma_m t_p``. The probes start at ``kappa = 1`` (a token of
+    unit norm) and a pilot of 32 probes sets the scale of the rest (:class:`Prober`).
+
+    Returns
+    -------
+    c : ndarray (d,)
+    prober : Prober
+        The prober used (its ``n_requeried`` counts probes asked twice).
+    """
+    d = v.size
+    p = int(np.argmax(np.abs(v)))
+    sig = np.sign(v * v[p])
+    sig[sig == 0] = 1.0
+    sig[p] = 0.0
+    rows = np.arange(d)
+    extra = np.flatnonzero(sig)
+
+    def make(idx):
+        m = rows[idx]
+        ex = extra[np.isin(extra, m)]
+        pos = np.searchsorted(m, ex)
+        A = SparseRows((m.size, d), np.concatenate([np.arange(m.size), pos]),
+                       np.concatenate([m, np.full(ex.size, p)]),
+                       np.concatenate([np.ones(m.size), sig[ex]]))
+        return A, None
+
+    prober = Prober(oracle, v, initial_logit_scale=1.0, max_logit=max_logit,
+                    min_logit=min_logit, chunk=chunk, pilot=32, target=1.0, offset=beta)
+    t = prober.measure(make, d)
+    return t - sig * t[p], prober
 
 
 def check_v(v: np.ndarray) -> float:
@@ -149,7 +207,7 @@ def rows_dot(M, v: np.ndarray) -> np.ndarray:
     return M @ v
 
 
-def probe_logits(oracle, U, cols, c, s, v, last=None, uv=None, lastv=None):
+def probe_logits(oracle, U, cols, c, s, v, last=None, uv=None, lastv=None, offset=0.0):
     """Ask the two-row probes ``[(c_k U[k] + s_k e_j); s_k e_j]`` and return their logits.
 
     Parameters
@@ -168,11 +226,14 @@ def probe_logits(oracle, U, cols, c, s, v, last=None, uv=None, lastv=None):
         ``[(c_k U[k] + s_k b_k); s_k b_k]`` with logit ``c s u^T W b`` (``cols`` is ignored).
     uv, lastv : ndarray (n,), optional
         ``U @ v`` and ``last @ v``, when the caller has them already.
+    offset : float
+        The head's offset beta (already read), subtracted from every answer.
 
     Returns
     -------
     logit : ndarray (n,)
-        ``c s u^T w_j`` measured (NaN where alpha was not strictly inside (0, 1)).
+        ``c s u^T w_j`` measured (NaN where alpha was not strictly inside (0, 1)); for a head
+        with a key bias c, ``c s u^T w_j + c u^T c``.
     alpha : ndarray (n,)
         The attention weight on the first row.
     """
@@ -201,6 +262,8 @@ def probe_logits(oracle, U, cols, c, s, v, last=None, uv=None, lastv=None):
         np.multiply(c[:, None], U, out=X[:, 0, :])
         X[:, 0, :] += X[:, 1, :]
     y = oracle(X)
+    if offset:
+        y = y - offset
     base = s * lastv
     uvc = c * uv
     num1 = y - base  # = alpha * c u^T v
@@ -223,12 +286,24 @@ class Prober:
     times larger still fits); saturated probes are asked again at ``kappa / 100``. A larger
     target reads the logits with more significant digits; the exact learner, whose error is
     amplified by the condition number of its probe matrix, uses 1, the low-rank learners 0.1.
+
+    For a head with a key bias and an offset, ``offset`` (beta) is subtracted from every
+    answer and, when ``key_bias`` (c) is given, its share ``c u^T c`` from every logit; a
+    probe counts as saturated on its raw logit. The answer's rounding error is relative to
+    ``|beta|``, so the first row is scaled up until ``c |u^T v| >= |beta|`` (the last token
+    down, ``c s`` is kept), but never so far that the bias's share ``c |u^T c|`` exceeds
+    ``bias_logit``: a large share pushes alpha towards 0 or 1, where the logit loses digits.
+    When ``make`` returns ``None`` for the last tokens, the probes are ``[kappa u; 0]`` and
+    ``measure`` returns ``u^T c`` (give such a prober no ``key_bias``).
     """
 
     def __init__(self, oracle, v, *, initial_logit_scale, max_logit, min_logit, chunk,
-                 pilot=None, target=0.1):
+                 pilot=None, target=0.1, key_bias=None, offset=0.0, bias_logit=1.0):
         self.oracle = oracle
         self.v = v
+        self.key_bias = key_bias
+        self.bias_logit = float(bias_logit)
+        self.offset = float(offset)
         self.kappa = None
         self.initial = float(initial_logit_scale)
         self.max_logit = float(max_logit)
@@ -239,26 +314,46 @@ class Prober:
         self.target = float(target)
 
     def _ask(self, U, B, kap, uv_floor):
+        """Logits ``kap u^T W b`` of the probes (NaN where the answer saturated)."""
+        n, d = U.shape
         uv = rows_dot(U, self.v)
-        bv = rows_dot(B, self.v)
-        # c / s = rho keeps the s b^T v term from swamping c u^T v. With a floor on |u^T v| known
-        # for the whole measurement, s depends on the last token only, so probes that share a
-        # last token ask it identically
-        floor = np.abs(uv) if uv_floor is None else uv_floor
-        rho = np.maximum(1.0, np.abs(bv) / np.maximum(floor, 1e-300))
-        s = np.sqrt(kap / rho)
-        logit, _ = probe_logits(self.oracle, U, None, kap / s, s, self.v, last=B, uv=uv,
-                                lastv=bv)
+        if B is None:  # zero last token: the probe [kap u; 0] has logit kap u^T c
+            B = SparseRows((n, d), [], [], [])
+            bv = np.zeros(n)
+            c, s = kap, np.ones(n)
+        else:
+            bv = rows_dot(B, self.v)
+            # c / s = rho keeps the s b^T v term from swamping c u^T v. With a floor on |u^T v|
+            # known for the whole measurement, s depends on the last token only, so probes that
+            # share a last token ask it identically
+            floor = np.maximum(np.abs(uv) if uv_floor is None else uv_floor, 1e-300)
+            rho = np.maximum(1.0, np.abs(bv) / floor)
+            s = np.sqrt(kap / rho)
+            c = kap / s
+            if self.offset or self.key_bias is not None:
+                # c |u^T v| >= |beta|, so that the offset does not swamp the signal, unless the
+                # bias's share c u^T c of the logit would exceed bias_logit
+                c = np.maximum(c, abs(self.offset) / floor)
+                if self.key_bias is not None:
+                    uc = np.abs(rows_dot(U, self.key_bias))
+                    c = np.minimum(c, self.bias_logit / np.maximum(uc, 1e-300))
+                s = kap / c
+        logit, _ = probe_logits(self.oracle, U, None, c, s, self.v, last=B, uv=uv, lastv=bv,
+                                offset=self.offset)
+        saturated = ~(np.abs(logit) <= self.max_logit)
+        if self.key_bias is not None:  # the bias's share c u^T c of the logit
+            logit = logit - c * rows_dot(U, self.key_bias)
+        logit[saturated] = np.nan
         return logit
 
     def _ask_checked(self, U, B, kap, uv_floor):
         logit = self._ask(U, B, kap, uv_floor)
         for _ in range(8):
-            bad = ~(np.abs(logit) <= self.max_logit)
+            bad = np.isnan(logit)
             if not bad.any():
                 break
             kap[bad] *= 1e-2
-            logit[bad] = self._ask(U[bad], B[bad], kap[bad], uv_floor)
+            logit[bad] = self._ask(U[bad], None if B is None else B[bad], kap[bad], uv_floor)
             self.n_requeried += int(bad.sum())
         if not np.all(np.isfinite(logit)):
             raise AssumptionViolation(
@@ -274,9 +369,9 @@ class Prober:
         peak = float(np.max(np.abs(logit)))
         if ZERO_LOGIT < peak < self.min_logit:  # too few digits: ask again, larger
             kap2 = kap * (1.0 / peak)
-            new = self._ask(U, B, kap2.copy(), uv_floor)
+            new = self._ask(U, B, kap2, uv_floor)
             self.n_requeried += U.shape[0]
-            if np.all(np.abs(new) <= self.max_logit):
+            if np.all(np.isfinite(new)):
                 logit, kap = new, kap2
         vals = logit / kap
         if peak > ZERO_LOGIT:  # rounding noise shows no scale

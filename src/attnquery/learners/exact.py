@@ -15,6 +15,21 @@ learners). The d probes of a column share their last token. The ratio ``c / s`` 
 ``s v_j`` from swamping ``c u^T v`` (cancellation). On ordinary heads no probe is asked twice
 and the count is exactly ``d^2 + d``; the learner reports every extra query in
 ``n_requeried_``.
+
+Beyond the paper, ``fit_bias=True`` learns a module's head with its biases,
+``f(X) = softmax(X (W x_N + c))^T (X v) + beta`` (see :class:`attnquery.models.AttentionHead`),
+with ``d^2 + 2d + 1`` queries, as many as the unknowns (W, c, v, beta):
+
+* 1 query: the zero token ``[0]``, answered by ``beta`` alone (its weight is 1, its value 0);
+* d queries: ``[e_i]``, answered by ``v_i + beta``;
+* d queries: the key-bias probes ``[kappa a_m; 0]``, whose zero last token leaves the logit
+  ``kappa a_m^T c`` (:func:`~attnquery.learners._probes.read_key_bias`);
+* d^2 queries: the column probes, whose logit ``c s u^T w_j + c u^T c`` is corrected by the
+  bias's share, known from c.
+
+The offset enters every answer, so the probes keep ``c |u^T v| >= |beta|`` and the basis design
+uses ``u_l = e_l + sigma_l e_p`` for every ``l != p`` (signed, ``|u_l^T v| >= max |v_i|``) instead
+of only where ``v_l`` is near 0.
 """
 
 from __future__ import annotations
@@ -38,6 +53,7 @@ from ._probes import (
     check_v,
     coordinate_rows,
     probe_logits,
+    read_key_bias,
     read_v,
     unit_directions,
 )
@@ -47,6 +63,10 @@ __all__ = ["ExactValueQueryLearner", "read_v", "probe_logits", "check_v", "unit_
 
 #: the probe designs, the default first
 PROBE_DESIGNS = ("basis", "gaussian", "orthogonal")
+
+#: pilot probes of a head with biases: its pilot logits are mostly the bias's share, so the few
+#: probes asked at the initial scale carry few digits of u^T W b, and the rest use the learnt one
+PILOT_BIAS = 8
 
 
 class ExactValueQueryLearner(BaseLearner):
@@ -83,6 +103,10 @@ class ExactValueQueryLearner(BaseLearner):
         (its logits would carry too few significant digits).
     block_bytes : int
         Memory bound on one batch of queries.
+    fit_bias : bool
+        Also learn the key bias c and the offset beta of a module's head (beyond the paper;
+        ``d^2 + 2d + 1`` queries, see the module docstring). Default False: the paper's head,
+        ``d^2 + d`` queries, and ``key_bias_`` and ``offset_`` are 0.
     verify : int
         Check queries spent after fitting (0: no check): the oracle's answers to fresh random
         queries must agree with the estimate's to ``ROUNDING_RTOL`` (relative), else
@@ -92,8 +116,13 @@ class ExactValueQueryLearner(BaseLearner):
     ----------
     W_ : ndarray (d, d)
     v_ : ndarray (d,)
+    key_bias_ : ndarray (d,)
+        The key bias c (0 unless ``fit_bias``).
+    offset_ : float
+        The offset beta (0 unless ``fit_bias``).
     n_queries_ : int
-        Queries counted by the oracle during ``fit`` (the check queries included).
+        Queries counted by the oracle during ``fit``: ``d^2 + d`` (``d^2 + 2d + 1`` with
+        ``fit_bias``) plus ``n_requeried_``, plus the check queries.
     n_verify_queries_ : int
         Check queries (``verify``); ``n_queries_ - n_verify_queries_`` learnt the head.
     verify_error_ : float
@@ -115,6 +144,7 @@ class ExactValueQueryLearner(BaseLearner):
         min_logit: float = 1e-5,
         initial_logit_scale: float = 1e-2,
         block_bytes: int = 64 * 2**20,
+        fit_bias: bool = False,
         verify: int = DEFAULT_VERIFY,
     ):
         self.probes = probes
@@ -124,6 +154,7 @@ class ExactValueQueryLearner(BaseLearner):
         self.min_logit = min_logit
         self.initial_logit_scale = initial_logit_scale
         self.block_bytes = block_bytes
+        self.fit_bias = fit_bias
         self.verify = verify
 
     # ------------------------------------------------------------------------------------------
@@ -135,6 +166,10 @@ class ExactValueQueryLearner(BaseLearner):
         if self.probes == "basis":
             U = np.eye(d)
             p = int(np.argmax(np.abs(v)))
+            if self.fit_bias:  # every direction signed: |u^T v| >= max |v_i| (see fit)
+                U[:, p] += np.where(v * v[p] < 0, -1.0, 1.0)
+                U[p, p] = 1.0
+                return U
             small = np.abs(v) < self.zero_tol * vmax
             U[small, p] += 1.0
             return U
@@ -144,9 +179,11 @@ class ExactValueQueryLearner(BaseLearner):
         if self.probes not in PROBE_DESIGNS:
             raise ConfigError(f"probes must be one of {PROBE_DESIGNS}; got {self.probes!r}")
         check_probe_params(self)
+        if not isinstance(self.fit_bias, bool | np.bool_):
+            raise ConfigError(f"fit_bias must be True or False; got {self.fit_bias!r}")
 
     def fit(self, oracle):
-        """Recover (W, v) from ``oracle``; returns self.
+        """Recover (W, v), and (c, beta) with ``fit_bias``, from ``oracle``; returns self.
 
         Raises
         ------
@@ -164,18 +201,28 @@ class ExactValueQueryLearner(BaseLearner):
         rng = self._rng()
         n0 = oracle.n_queries
         n_check = check_verify_param(self.verify)
-        check_budget(oracle, d * d + d + n_check,
-                     f"exact recovery (d^2 + d queries and {n_check} check queries)")
-
-        v = read_v(oracle, d)
+        bias = bool(self.fit_bias)
+        if bias:
+            check_budget(oracle, d * d + 2 * d + 1 + n_check,
+                         f"exact recovery with biases (d^2 + 2d + 1 queries and {n_check} check "
+                         "queries)")
+            v, beta = read_v(oracle, d, offset=True)
+        else:
+            check_budget(oracle, d * d + d + n_check,
+                         f"exact recovery (d^2 + d queries and {n_check} check queries)")
+            v, beta = read_v(oracle, d), 0.0
         check_v(v)
         U = self._probe_matrix(v, rng)
         uv_min = float(np.min(np.abs(U @ v)))
-
-        prober = Prober(oracle, v, initial_logit_scale=self.initial_logit_scale,
-                        max_logit=self.max_logit, min_logit=self.min_logit,
-                        chunk=max(1, int(self.block_bytes // (32 * d))), pilot=d,
-                        target=1.0)
+        lu = scipy.linalg.lu_factor(U)
+        params = dict(initial_logit_scale=self.initial_logit_scale, max_logit=self.max_logit,
+                      min_logit=self.min_logit, chunk=max(1, int(self.block_bytes // (32 * d))),
+                      pilot=PILOT_BIAS if bias else d, target=1.0, offset=beta)
+        c = None
+        if bias:  # d probes [kappa a_m; 0]
+            c, c_prober = read_key_bias(oracle, v, beta, params["chunk"],
+                                        max_logit=self.max_logit, min_logit=self.min_logit)
+        prober = Prober(oracle, v, key_bias=c, **params)
 
         def make(idx):
             # probe (l, j) is number j d + l: the d probes of column j share their last token
@@ -185,11 +232,12 @@ class ExactValueQueryLearner(BaseLearner):
         t, kap = prober.measure(make, d * d, uv_min, return_scale=True)
         T = t.reshape(d, d).T  # T[l, j] = u_l^T w_j
         kappa_col = kap.reshape(d, d).min(axis=1)
-        n_requeried = prober.n_requeried
+        n_requeried = prober.n_requeried + (c_prober.n_requeried if bias else 0)
 
-        lu = scipy.linalg.lu_factor(U)
         self.W_ = scipy.linalg.lu_solve(lu, T)
         self.v_ = v
+        self.key_bias_ = np.zeros(d) if c is None else c
+        self.offset_ = float(beta)
         self.probe_matrix_ = U
         self.logit_scale_ = kappa_col
         self.n_requeried_ = int(n_requeried)
@@ -200,4 +248,4 @@ class ExactValueQueryLearner(BaseLearner):
         """Evaluate the recovered head on inputs X (B, N, d)."""
         from ..models import AttentionHead
 
-        return AttentionHead(self.v_, W=self.W_)(X)
+        return AttentionHead(self.v_, W=self.W_, key_bias=self.key_bias_, offset=self.offset_)(X)

@@ -42,6 +42,7 @@ from ._probes import (
     check_probe_params,
     check_v,
     coordinate_rows,
+    read_key_bias,
     read_v,
     unit_directions,
 )
@@ -381,6 +382,16 @@ class SketchLowRankLearner(BaseLearner):
     4. ``W = Y (A^T Y)^+ Z``, through a truncated SVD of the core, returned as factors
        ``W = L R^T`` (d x k each); W is never formed unless ``W_`` is asked for.
 
+    With ``fit_bias`` (beyond the paper), the head of a module,
+    ``softmax(X (W x_N + c))^T (X v) + beta``: step 1 also asks the zero token ``[0]`` (beta),
+    then d key-bias probes ``[kappa a_m; 0]`` give c (as in
+    :class:`~attnquery.learners.ExactValueQueryLearner`), and every later logit is corrected
+    by the bias's share ``c u^T c``. With the rank known that is
+    ``r (2d - r) + 2d + 1`` queries, the floor plus ``d + 1``, and ``p (d - r)`` more for
+    ``p`` oversampled rows. The probe directions of step 2 are then ``e_j + sigma_j e_p``
+    for every ``j != p`` (signed, ``|u^T v| >= max |v_i|``): the offset enters every answer, and
+    a small ``u^T v`` would read alpha from a signal swamped by it.
+
     Parameters
     ----------
     rank : int, optional
@@ -403,6 +414,9 @@ class SketchLowRankLearner(BaseLearner):
         scale when its largest ``|logit|`` is below ``min_logit``.
     block_bytes : int
         Memory bound on one batch of probes.
+    fit_bias : bool
+        Also learn the key bias c and the offset beta of a module's head (``d + 1`` more
+        queries). Default False: the paper's head; ``key_bias_`` and ``offset_`` are 0.
     verify : int
         Check queries spent after fitting (0: no check); see :data:`ROUNDING_RTOL`.
 
@@ -410,6 +424,10 @@ class SketchLowRankLearner(BaseLearner):
     ----------
     rank_ : int
     v_ : ndarray (d,)
+    key_bias_ : ndarray (d,)
+        The key bias c (0 unless ``fit_bias``).
+    offset_ : float
+        The offset beta (0 unless ``fit_bias``).
     W_factors_ : tuple (L, R)
         ``W = L @ R.T``, each d x rank_.
     W_ : ndarray (d, d)
@@ -439,6 +457,7 @@ class SketchLowRankLearner(BaseLearner):
         min_logit: float = 1e-5,
         initial_logit_scale: float = 1.0,
         block_bytes: int = 4 * 2**20,
+        fit_bias: bool = False,
         verify: int = DEFAULT_VERIFY,
     ):
         self.rank = rank
@@ -451,10 +470,13 @@ class SketchLowRankLearner(BaseLearner):
         self.min_logit = min_logit
         self.initial_logit_scale = initial_logit_scale
         self.block_bytes = block_bytes
+        self.fit_bias = fit_bias
         self.verify = verify
 
     # ------------------------------------------------------------------------------------------
     def _validate(self, d: int):
+        if not isinstance(self.fit_bias, bool | np.bool_):
+            raise ConfigError(f"fit_bias must be True or False; got {self.fit_bias!r}")
         r = self.rank
         if r is not None:
             if isinstance(r, bool) or not isinstance(r, int | np.integer) or r < 0:
@@ -483,7 +505,7 @@ class SketchLowRankLearner(BaseLearner):
         return int(0.02 * lowrank_floor(d, r) // (d - r))
 
     def fit(self, oracle):
-        """Recover (W, v) from ``oracle``; returns self.
+        """Recover (W, v), and (c, beta) with ``fit_bias``, from ``oracle``; returns self.
 
         Raises
         ------
@@ -512,40 +534,56 @@ class SketchLowRankLearner(BaseLearner):
         """The sketch itself: sets every fitted attribute but the check's."""
         rng_b, rng_a, rng_check = rng.spawn(3)
         n0 = oracle.n_queries
+        bias = bool(self.fit_bias)
+        n_bias = d + 1 if bias else 0  # the zero token and the d key-bias probes
         if self.rank is not None:
             r = int(self.rank)
             p = self._default_oversample(d, r)
             n_check = check_verify_param(self.verify)
-            check_budget(oracle, lowrank_floor(d, r) + p * (d - r) + n_check,
-                         f"sketch recovery at rank {r} (r (2d - r) + d = {lowrank_floor(d, r)} "
-                         f"queries, plus {p} oversampled rows and {n_check} check queries)")
+            floor = lowrank_floor(d, r)
+            what = f"r (2d - r) + d = {floor}" + (f", plus d + 1 = {n_bias} for the biases"
+                                                  if bias else "")
+            check_budget(oracle, floor + n_bias + p * (d - r) + n_check,
+                         f"sketch recovery at rank {r} ({what} queries, plus {p} oversampled "
+                         f"rows and {n_check} check queries)")
         else:
-            check_budget(oracle, d, "reading v (d queries)")
-        v = read_v(oracle, d)
-        vmax = check_v(v)
-        pidx = int(np.argmax(np.abs(v)))
-        beta = (np.abs(v) < self.zero_tol * vmax).astype(float)  # u_j = e_j + beta_j e_p
-        beta[pidx] = 0.0
+            check_budget(oracle, d + n_bias, "reading v" + (" and the biases" if bias else "")
+                         + f" ({d + n_bias} queries)")
         chunk = max(1, int(self.block_bytes // (32 * d)))
+        v, beta = read_v(oracle, d, offset=True) if bias else (read_v(oracle, d), 0.0)
+        vmax = check_v(v)
+        cb, c_prober = None, None
+        if bias:
+            cb, c_prober = read_key_bias(oracle, v, beta, chunk, max_logit=self.max_logit,
+                                        min_logit=self.min_logit)
+        pidx = int(np.argmax(np.abs(v)))
+        # u_j = e_j + coef_j e_p: where v_j is near 0 (|u_j^T v| >= |v_p|); with an offset,
+        # every j, signed (see Prober)
+        if bias:
+            coef = np.where(v * v[pidx] < 0, -1.0, 1.0)
+        else:
+            coef = (np.abs(v) < self.zero_tol * vmax).astype(float)
+        coef[pidx] = 0.0
         prober = Prober(oracle, v, initial_logit_scale=self.initial_logit_scale,
-                         max_logit=self.max_logit, min_logit=self.min_logit, chunk=chunk)
+                        max_logit=self.max_logit, min_logit=self.min_logit, chunk=chunk,
+                        key_bias=cb, offset=beta)
 
         def column_probes(b, rows):
             def make(idx):
                 jj = rows[idx]
                 n = idx.size
-                extra = np.flatnonzero(beta[jj])  # u = e_j + e_p where v_j is near 0
+                extra = np.flatnonzero(coef[jj])  # u = e_j + coef_j e_p
                 U = SparseRows((n, d), np.concatenate([np.arange(n), extra]),
                                np.concatenate([jj, np.full(extra.size, pidx)]),
-                               np.concatenate([np.ones(n), beta[jj[extra]]]))
+                               np.concatenate([np.ones(n), coef[jj[extra]]]))
                 return U, np.broadcast_to(b, (n, d))
             return make
 
-        uv_col = float(np.min(np.abs(v + beta * v[pidx])))  # min |u_j^T v| of the probes
+        uv_col = float(np.min(np.abs(v + coef * v[pidx])))  # min |u_j^T v| of the probes
 
         def solve_column(tcol):
-            # t_j = y_j + beta_j y_p, and beta_p = 0
-            return tcol - beta * tcol[pidx]
+            # t_j = y_j + coef_j y_p, and coef_p = 0
+            return tcol - coef * tcol[pidx]
 
         # ---- right sketch: T = U W B (columns), Y = W B ------------------------------------
         all_rows = np.arange(d)
@@ -602,12 +640,15 @@ class SketchLowRankLearner(BaseLearner):
             Ts.append(tcol)
         k = len(Bs)
         self.v_ = v
+        self.key_bias_ = np.zeros(d) if cb is None else cb
+        self.offset_ = float(beta)
         self.n_sketch_ = k
+        n_requeried = prober.n_requeried + (c_prober.n_requeried if bias else 0)
         if k == 0:
             self.rank_ = 0
             self.oversample_ = 0
             self.W_factors_ = (np.zeros((d, 0)), np.zeros((d, 0)))
-            self.n_requeried_ = int(prober.n_requeried)
+            self.n_requeried_ = int(n_requeried)
             self.n_queries_ = int(oracle.n_queries - n0)
             return
         B = np.stack(Bs, axis=1)  # d x k
@@ -644,7 +685,7 @@ class SketchLowRankLearner(BaseLearner):
         self.rank_ = rk
         self.oversample_ = p
         self.W_factors_ = (L, R)
-        self.n_requeried_ = int(prober.n_requeried)
+        self.n_requeried_ = int(prober.n_requeried + (c_prober.n_requeried if bias else 0))
         self.n_queries_ = int(oracle.n_queries - n0)
 
     @property
@@ -660,6 +701,7 @@ class SketchLowRankLearner(BaseLearner):
         from ..models import AttentionHead
 
         L, R = self.W_factors_
+        bias = dict(key_bias=self.key_bias_, offset=self.offset_)
         if L.shape[1] == 0:
-            return AttentionHead(self.v_, W=np.zeros((self.v_.size,) * 2))(X)
-        return AttentionHead(self.v_, K=L.T, Q=R.T)(X)
+            return AttentionHead(self.v_, W=np.zeros((self.v_.size,) * 2), **bias)(X)
+        return AttentionHead(self.v_, K=L.T, Q=R.T, **bias)(X)

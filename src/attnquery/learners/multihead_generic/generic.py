@@ -1,35 +1,35 @@
-"""Generic multi-head attention from value queries, up to a permutation of the heads.
+"""The generic multi-head learner: heads in general position, up to a permutation.
 
 Beyond the paper: Prop. 7.1 shows that multi-head attention is not identifiable *in general*
 (heads sharing one W), but heads in general position are. :class:`MultiHeadLearner` recovers
 ``f(X) = sum_h alpha_h(X, W_h)^T (X v_h)`` with no structural assumption between the heads.
 
-Method (SPEC section 3, "Generic multi-head"):
+Method (beyond the paper: generic multi-head attention, no structural assumption):
 
 1. **v-sum.** The d one-row queries ``[e_i]`` give ``s = sum_h v_h``.
 2. **Lines.** For an anchor y and a direction u, the two-row queries ``[y + t u; y]`` give
    ``g(t) = f - y^T s = sum_h t b_h sigma(t a_h)`` with ``a_h = u^T W_h y`` and
    ``b_h = u^T v_h``. Its even part divided by t is
    ``e(t) = sum_h c_h tanh(|a_h| t / 2)``, ``c_h = sign(a_h) b_h / 2``: a sum of tanh terms,
-   fitted by variable projection (c linear; the rates by a grid, greedily one term at a time,
-   then Levenberg-Marquardt). The number of terms is the smallest that fits to ``fit_tol``.
-   A line is rejected when the fit's Jacobian predicts a parameter error above ``line_tol``
-   (close rates, a tiny term), and more lines are drawn until enough are accepted.
+   fitted by variable projection (:mod:`.lines`). The number of terms is the smallest that
+   fits to ``fit_tol``. A line is rejected when the fit's Jacobian predicts a parameter error
+   above ``line_tol`` (close rates, a tiny term), and more lines are drawn until enough are
+   accepted.
 3. **First anchor.** Lines ``u_0`` and ``u_0 +- u_i`` (i = 1..d): heads are matched across
-   lines by additivity (``a(u_0 + u_i) + a(u_0 - u_i) = 2 a(u_0)``, the same for b), which also
-   fixes each term's sign relative to the reference line; least squares then gives ``W_h y`` and
-   ``v_h`` (each term up to a common sign, the *gauge*).
+   lines by additivity (:func:`.matching.match_additive`), which also fixes each term's sign
+   relative to the reference line; least squares then gives ``W_h y`` and ``v_h`` (each term
+   up to a common sign, the *gauge*).
 4. **Other anchors.** With the v's known, each line's terms are matched to heads by
-   ``|c| = |u^T v_h| / 2`` and their signs follow; least squares gives ``W_h y_j``, and
-   ``W_h = [W_h y_j]_j Y^{-1}``.
+   ``|c| = |u^T v_h| / 2`` (:func:`.matching.match_by_v`) and their signs follow; least squares
+   gives ``W_h y_j``, and ``W_h = [W_h y_j]_j Y^{-1}``.
 5. **Signs and hidden heads.** Two-row queries only see each term up to the gauge
    ``(W, v) ~ (-W, -v) + (0, 2 v)`` (because ``sigma(-x) = 1 - sigma(x)``): the sign pattern is
    the one whose heads' v's sum to ``s``. When none does, part of ``s`` is carried by a head
    that two-row queries cannot see: a head with ``W = 0``, or a pair with ``W_2 = -W_1``. The
    candidates (every sign pattern, with a ``W = 0`` head or any visible term split into such a
    pair) are told apart by three-row queries, which have no such symmetry.
-6. **Refit.** Gauss-Newton (Levenberg-Marquardt steps) on all parameters against raw random
-   two- and three-row queries, with the analytic Jacobian.
+6. **Refit.** Levenberg-Marquardt on all parameters against raw random two- and three-row
+   queries, with the analytic Jacobian (:func:`.refit.refit_heads`).
 7. **Check.** The functional error on held-out random queries of several lengths is measured
    before returning; a result that does not reproduce the oracle is never returned.
 
@@ -43,238 +43,38 @@ from __future__ import annotations
 
 import itertools
 import warnings
+from dataclasses import dataclass, field
 
 import numpy as np
-import scipy.optimize
 
-from ..errors import AssumptionViolation, ConfigError, NotIdentifiableError
-from ..models import softmax_last
-from ._base import BaseLearner, check_oracle
-from .exact import read_v
+from ...errors import AssumptionViolation, ConfigError, NotIdentifiableError
+from .._base import DEFAULT_VERIFY, BaseLearner, check_oracle
+from .._probes import read_v
+from .lines import LineFit, fit_tanh_sum, predicted_error
+from .matching import match_additive, match_by_v
+from .refit import head_separation, multihead_eval, random_queries, refit_heads, relative_rms_error
 
-__all__ = ["MultiHeadLearner", "multihead_eval", "multihead_jacobian", "head_separation"]
+__all__ = ["MultiHeadLearner"]
 
-
-# ----------------------------------------------------------------------------------------------
-# The multi-head function and its Jacobian (batched)
-# ----------------------------------------------------------------------------------------------
-
-
-def multihead_eval(W, v, X) -> np.ndarray:
-    """``sum_h softmax(X W_h x_N)^T (X v_h)`` for stacked ``W`` (H, d, d), ``v`` (H, d)."""
-    q = X[:, -1, :]
-    S = np.einsum("bnd,hde,be->hbn", X, W, q)  # s_i = x_i^T W x_N
-    A = softmax_last(S)
-    O = np.einsum("bnd,hd->hbn", X, v)
-    return np.einsum("hbn,hbn->b", A, O)
+#: the stages whose queries ``n_queries_by_stage_`` counts
+STAGES = ("v_sum", "lines", "hidden", "refit", "check", "verify")
 
 
-def multihead_jacobian(W, v, X):
-    """Values and Jacobian of :func:`multihead_eval` with respect to ``(W_1, v_1, ..., W_H, v_H)``.
+@dataclass
+class _Run:
+    """State of one call to ``fit``: the oracle, the v-sum, and the queries per stage."""
 
-    Returns
-    -------
-    y : ndarray (B,)
-    J : ndarray (B, H (d^2 + d)); per head, the d^2 entries of ``W_h`` (row-major), then ``v_h``.
-    """
-    H, d, _ = W.shape
-    B = X.shape[0]
-    q = X[:, -1, :]
-    S = np.einsum("bnd,hde,be->hbn", X, W, q)
-    A = softmax_last(S)
-    O = np.einsum("bnd,hd->hbn", X, v)
-    fh = np.einsum("hbn,hbn->hb", A, O)
-    J = np.empty((B, H, d * d + d))
-    # df/ds_i = alpha_i (o_i - f_h); ds_i/dW = x_i x_N^T
-    P = np.einsum("hbn,bnd->hbd", A * (O - fh[..., None]), X)
-    J[:, :, : d * d] = np.einsum("hbd,be->bhde", P, q).reshape(B, H, d * d)
-    J[:, :, d * d:] = np.einsum("hbn,bnd->bhd", A, X)
-    return fh.sum(axis=0), J.reshape(B, H * (d * d + d))
+    oracle: object
+    vsum: np.ndarray
+    stage: dict = field(default_factory=lambda: dict.fromkeys(STAGES, 0))
+
+    def ask(self, X, stage: str) -> np.ndarray:
+        self.stage[stage] += X.shape[0]
+        return self.oracle(X)
 
 
-def head_separation(W) -> float:
-    """Smallest relative distance ``||W_k - W_l||_F / max(||W_k||_F, ||W_l||_F)`` over pairs."""
-    W = np.asarray(W, dtype=float)
-    best = np.inf
-    for k, l in itertools.combinations(range(W.shape[0]), 2):
-        den = max(np.linalg.norm(W[k]), np.linalg.norm(W[l]))
-        dist = np.linalg.norm(W[k] - W[l])
-        best = min(best, dist / den if den > 0 else dist)
-    return float(best)
-
-
-# ----------------------------------------------------------------------------------------------
-# Fitting a sum of tanh terms along a line (variable projection)
-# ----------------------------------------------------------------------------------------------
-
-
-def _basis(t, rates):
-    x = 0.5 * np.outer(t, rates)
-    th = np.tanh(x)
-    return th, x * (1.0 - th) * (1.0 + th)  # Phi and d Phi / d log(rate)
-
-
-def _varpro_batch(t, E, TH):
-    """Residuals, Kaufman Jacobians (w.r.t. log-rates) and coefficients for a batch of fits.
-
-    ``E`` (B, n) data, ``TH`` (B, k) log-rates; c is eliminated by least squares.
-    """
-    Phi, dPhi = _basis_batch(t, np.exp(TH))
-    Qm, R = np.linalg.qr(Phi)
-    Qe = np.einsum("bnk,bn->bk", Qm, E)
-    r = E - np.einsum("bnk,bk->bn", Qm, Qe)
-    try:
-        c = np.linalg.solve(R, Qe[..., None])[..., 0]
-        if not np.all(np.isfinite(c)):
-            raise np.linalg.LinAlgError
-    except np.linalg.LinAlgError:
-        c = np.einsum("bkl,bl->bk", np.linalg.pinv(R), Qe)
-    G = dPhi * c[:, None, :]
-    J = -(G - np.einsum("bnk,bkl->bnl", Qm, np.einsum("bnk,bnl->bkl", Qm, G)))
-    return r, J, c
-
-
-def _basis_batch(t, rates):
-    x = 0.5 * t[None, :, None] * rates[:, None, :]
-    th = np.tanh(x)
-    return th, x * (1.0 - th) * (1.0 + th)
-
-
-def _lm_batch(t, E, TH, iters: int = 120):
-    """Levenberg-Marquardt on log-rates for a batch of variable-projection fits.
-
-    Each fit stops on its own (tiny relative decrease, damping out of range, or a residual at
-    rounding level); only the fits still running are computed.
-    """
-    lo, hi = np.log(1e-6 / t.max()), np.log(1e6 / t.min())
-    TH = np.clip(np.array(TH, dtype=float), lo, hi)
-    r, J, c = _varpro_batch(t, E, TH)
-    cost = np.einsum("bn,bn->b", r, r)
-    floor = (1e-15 * np.linalg.norm(E, axis=1)) ** 2
-    lam = np.full(TH.shape[0], 1e-3)
-    k = TH.shape[1]
-    eye = np.eye(k)
-    act = np.flatnonzero(cost > floor)
-    for _ in range(iters):
-        if act.size == 0:
-            break
-        Ja, ra = J[act], r[act]
-        A = np.einsum("bnk,bnl->bkl", Ja, Ja)
-        g = np.einsum("bnk,bn->bk", Ja, ra)
-        diag = np.einsum("bkk->bk", A)
-        M = A + lam[act, None, None] * (diag[:, :, None] * eye + 1e-30 * eye)
-        try:
-            step = -np.linalg.solve(M, g[..., None])[..., 0]
-        except np.linalg.LinAlgError:
-            step = -np.einsum("bkl,bl->bk", np.linalg.pinv(M), g)
-        TH_new = np.clip(TH[act] + step, lo, hi)
-        r_new, J_new, c_new = _varpro_batch(t, E[act], TH_new)
-        cost_new = np.einsum("bn,bn->b", r_new, r_new)
-        better = cost_new < cost[act]
-        gain = np.where(better, (cost[act] - cost_new) / np.maximum(cost[act], 1e-300), 0.0)
-        ib = act[better]
-        TH[ib], r[ib], J[ib], c[ib], cost[ib] = (TH_new[better], r_new[better], J_new[better],
-                                                 c_new[better], cost_new[better])
-        lam[act] = np.where(better, np.maximum(lam[act] / 3.0, 1e-12), lam[act] * 4.0)
-        stalled = (better & (gain < 1e-13)) | (lam[act] > 1e12) | (cost[act] <= floor[act])
-        act = act[~stalled]
-    return np.exp(TH), c, np.sqrt(cost)
-
-
-#: factors by which a rate is split into two when a term is added
-SPLITS = (0.8, 0.95)
-
-
-def fit_tanh_sum(t, E, kmax: int, fit_tol: float, grid=None, n_starts: int = 1):
-    """Fit ``e(t) = sum_k c_k tanh(r_k t / 2)`` to each row of E with the fewest terms.
-
-    Terms are added greedily: the new rate is chosen on a logarithmic ``grid`` by projected
-    residual (the best ``n_starts`` each refined with all rates by Levenberg-Marquardt, all
-    lines at once); a line stops at the first number of terms whose relative residual is at
-    most ``fit_tol``.
-
-    Returns
-    -------
-    list of (k, rates, c, rel_res) per row of E; ``k = 0`` when no fit with at most ``kmax``
-    terms reached the tolerance (rates, c and rel_res are then those of the last fit).
-    """
-    E = np.atleast_2d(np.asarray(E, dtype=float))
-    L = E.shape[0]
-    norms = np.linalg.norm(E, axis=1)
-    if grid is None:
-        grid = np.geomspace(0.05 / t.max(), 20.0 / t.min(), 80)
-    Cg, _ = _basis(t, grid)  # (n, G)
-    out = [None] * L
-    for i in np.flatnonzero(norms == 0):
-        out[i] = (0, np.empty(0), np.empty(0), 0.0)
-    idx = np.flatnonzero(norms > 0)
-    rates = np.empty((idx.size, 0))
-    for k in range(1, kmax + 1):
-        if idx.size == 0:
-            break
-        Ek = E[idx]
-        if k > 1:
-            Phi, _ = _basis_batch(t, rates)
-            Qm, _ = np.linalg.qr(Phi)
-            R0 = Ek - np.einsum("bnk,bk->bn", Qm, np.einsum("bnk,bn->bk", Qm, Ek))
-            C = Cg[None] - np.einsum("bnk,bkg->bng", Qm, np.einsum("bnk,ng->bkg", Qm, Cg))
-        else:
-            R0 = Ek
-            C = np.broadcast_to(Cg, (idx.size, *Cg.shape))
-        nc = np.einsum("bng,bng->bg", C, C)
-        gain = np.einsum("bn,bng->bg", R0, C) ** 2 / np.maximum(nc, 1e-300)
-        gain[nc < 1e-24 * nc.max(initial=0.0)] = 0.0
-        ng = min(n_starts, grid.size)
-        top = np.argsort(-gain, axis=1)[:, :ng]  # (A, ng)
-        starts = [np.concatenate([np.repeat(rates, ng, axis=0), grid[top].reshape(-1, 1)],
-                                 axis=1).reshape(idx.size, ng, k)]
-        # a (k-1)-term fit often merges two close rates into one: also split each rate
-        for j in range(k - 1):
-            for f in SPLITS:
-                st = np.concatenate([rates, rates[:, j: j + 1] / f], axis=1)
-                st[:, j] *= f
-                starts.append(st[:, None, :])
-        starts = np.concatenate(starts, axis=1)  # (A, ns, k)
-        ns = starts.shape[1]
-        starts = starts.reshape(-1, k)
-        r_all, c_all, res_all = _lm_batch(t, np.repeat(Ek, ns, axis=0), np.log(starts))
-        res_all = res_all.reshape(idx.size, ns)
-        pick = np.argmin(res_all, axis=1)
-        sel = np.arange(idx.size) * ns + pick
-        rates_k, c_k = r_all[sel], c_all[sel]
-        order = np.argsort(rates_k, axis=1)
-        rates_k = np.take_along_axis(rates_k, order, axis=1)
-        c_k = np.take_along_axis(c_k, order, axis=1)
-        rel = res_all[np.arange(idx.size), pick] / norms[idx]
-        done = rel <= fit_tol
-        for j in np.flatnonzero(done | (k == kmax)):
-            out[idx[j]] = (k if done[j] else 0, rates_k[j], c_k[j], float(rel[j]))
-        keep = ~done
-        idx, rates = idx[keep], rates_k[keep]
-    return out
-
-
-def _predicted_error(t, e, rates, c, rel_res):
-    """Relative parameter error the fit's Jacobian predicts at the data's noise level."""
-    Phi, dPhi = _basis(t, rates)
-    J = np.hstack([dPhi * c, Phi])
-    noise = max(rel_res, 1e-14) * np.linalg.norm(e) / np.sqrt(t.size)
-    try:
-        s = np.linalg.svd(J, compute_uv=False)
-        if s[-1] <= 1e-300:
-            return np.inf
-        cov = np.linalg.pinv(J.T @ J)
-    except np.linalg.LinAlgError:  # pragma: no cover
-        return np.inf
-    sd = np.sqrt(np.abs(np.diag(cov))) * noise
-    k = rates.size
-    rel = np.concatenate([sd[:k], sd[k:] / np.maximum(np.abs(c), 1e-300)])
-    return float(rel.max())
-
-
-# ----------------------------------------------------------------------------------------------
-# The learner
-# ----------------------------------------------------------------------------------------------
+def _unit(x):
+    return x / np.linalg.norm(x)
 
 
 class MultiHeadLearner(BaseLearner):
@@ -306,9 +106,12 @@ class MultiHeadLearner(BaseLearner):
     separation_warn : float
         A :class:`UserWarning` is issued when ``head_separation_`` is below this.
     refit_factor : float
-        Refit queries per parameter in the final Gauss-Newton stage.
+        Refit queries per parameter in the final Levenberg-Marquardt refit.
     max_line_rounds : int
         Rounds of new lines drawn per anchor when lines are rejected.
+    verify : int
+        Fresh random check queries spent last, after the held-out check (0 turns it off);
+        raises :class:`~attnquery.errors.ModelMismatchError` when the heads disagree with them.
 
     Attributes
     ----------
@@ -328,9 +131,13 @@ class MultiHeadLearner(BaseLearner):
     hidden_ : str
         How the sign/hidden-head step resolved: ``"none"``, ``"zero_head"`` or ``"pair"``.
     n_queries_by_stage_ : dict
-        Queries per stage (``v_sum``, ``lines``, ``hidden``, ``refit``, ``check``).
+        Queries per stage (``v_sum``, ``lines``, ``hidden``, ``refit``, ``check``, ``verify``).
     refit_rel_residual_ : float
         Relative residual of the final refit on its own queries.
+    verify_error_ : float
+        Largest relative disagreement on the verification queries.
+    n_verify_queries_ : int
+        Verification queries (counted in ``n_queries_``).
 
     Notes
     -----
@@ -367,6 +174,7 @@ class MultiHeadLearner(BaseLearner):
         separation_warn: float = 1e-2,
         refit_factor: float = 1.5,
         max_line_rounds: int = 4,
+        verify: int = DEFAULT_VERIFY,
     ):
         self.n_heads = n_heads
         self.random_state = random_state
@@ -380,6 +188,7 @@ class MultiHeadLearner(BaseLearner):
         self.separation_warn = separation_warn
         self.refit_factor = refit_factor
         self.max_line_rounds = max_line_rounds
+        self.verify = verify
 
     # ------------------------------------------------------------------------------------------
     def _validate_params(self):
@@ -401,7 +210,8 @@ class MultiHeadLearner(BaseLearner):
             raise ConfigError(f"max_line_rounds must be >= 1; got {self.max_line_rounds!r}")
 
     # -- queries ---------------------------------------------------------------------------------
-    def _ask_lines(self, oracle, y, U, t):
+    @staticmethod
+    def _ask_lines(run: _Run, y, U, t):
         """Even part over t of ``g(t u) = f([y + t u; y]) - y^T s`` for each row u of U.
 
         Returns e (n_lines, n_t) = even part / t.
@@ -411,16 +221,18 @@ class MultiHeadLearner(BaseLearner):
         X = np.empty((n, ts.size, 2, d))
         X[:, :, 0, :] = y + ts[None, :, None] * U[:, None, :]
         X[:, :, 1, :] = y
-        ans = oracle(X.reshape(-1, 2, d)).reshape(n, ts.size)
-        self._stage["lines"] += n * ts.size
-        return (ans[:, : t.size] + ans[:, t.size:] - 2.0 * float(y @ self._vsum)) / (2.0 * t)
+        ans = run.ask(X.reshape(-1, 2, d), "lines").reshape(n, ts.size)
+        return (ans[:, : t.size] + ans[:, t.size:] - 2.0 * float(y @ run.vsum)) / (2.0 * t)
 
-    def _fit_lines(self, E, t, kmax):
+    def _fit_lines(self, E, t, kmax) -> list[LineFit]:
         out = []
-        for k, rates, c, rel in fit_tanh_sum(t, E, kmax, self.fit_tol):
-            err = _predicted_error(t, E[len(out)], rates, c, rel) if k else np.inf
-            out.append((k, rates, c, err))
+        for i, fit in enumerate(fit_tanh_sum(t, E, kmax, self.fit_tol)):
+            err = predicted_error(t, E[i], fit) if fit.n_terms else np.inf
+            out.append(LineFit(fit.n_terms, fit.rates, fit.coef, err))
         return out
+
+    def _tols(self):
+        return {"line_tol": self.line_tol, "match_tol": self.match_tol}
 
     # -- fit -------------------------------------------------------------------------------------
     def fit(self, oracle):
@@ -434,21 +246,22 @@ class MultiHeadLearner(BaseLearner):
             The exception's ``W`` and ``v`` attributes hold the identifiable (merged) heads.
         AssumptionViolation
             If the answers need more heads than ``n_heads``, if too few lines can be fitted, or
-            if the result does not reproduce the oracle on held-out queries.
+            if the result does not reproduce the oracle on held-out queries
+            (:class:`~attnquery.errors.ModelMismatchError` when it fails the last check).
         """
         self._validate_params()
         d = check_oracle(oracle)
         rng = self._rng()
         n0 = oracle.n_queries
-        self._stage = {"v_sum": 0, "lines": 0, "hidden": 0, "refit": 0, "check": 0}
         H = None if self.n_heads is None else int(self.n_heads)
         kmax = H if H is not None else int(self.max_heads)
         n_t = self.n_t or 3 * kmax + 12
 
         # 1. v-sum
-        self._vsum = read_v(oracle, d)
-        self._stage["v_sum"] += d
+        run = _Run(oracle, read_v(oracle, d))
+        run.stage["v_sum"] += d
         r_anchor, r_dir, r_refit, r_check = rng.spawn(4)
+        r_verify = rng.spawn(1)[0]
 
         # 2-3. first anchor: pilot reference line on a wide t range, then u0 +- u_i
         Y = r_anchor.standard_normal((d, d))
@@ -458,10 +271,10 @@ class MultiHeadLearner(BaseLearner):
         for _ in range(8):  # pilot: a wide range of t sets the scale of the line parameter
             u0 = _unit(r_dir.standard_normal(d))
             tp = np.geomspace(1e-3, 1e3, 4 * n_t)
-            e0 = self._ask_lines(oracle, y, u0[None], tp)[0]
-            k0, rates0, c0, _ = fit_tanh_sum(tp, e0, kmax, self.fit_tol)[0]
-            if k0:
-                t = np.geomspace(0.02, 50.0, n_t) / float(np.median(rates0))
+            e0 = self._ask_lines(run, y, u0[None], tp)[0]
+            pilot = fit_tanh_sum(tp, e0, kmax, self.fit_tol)[0]
+            if pilot.n_terms:
+                t = np.geomspace(0.02, 50.0, n_t) / float(np.median(pilot.rates))
                 break
         if t is None:
             raise AssumptionViolation(
@@ -469,10 +282,10 @@ class MultiHeadLearner(BaseLearner):
                 f"{kmax} attention terms: the oracle does not behave like multi-head attention "
                 "with this many heads, or its heads are too close to be resolved"
             )
-        n_acc = n_rej = 0
+        n_rej = 0
         first = None
         for _ in range(self.max_line_rounds):
-            first = self._first_anchor(oracle, y, t, kmax, r_dir)
+            first = self._first_anchor(run, y, t, kmax, r_dir)
             n_rej += first[-1]
             if first[0] is not None:
                 break
@@ -499,9 +312,9 @@ class MultiHeadLearner(BaseLearner):
                 need += n_rej * need // max(n_acc, 1)
                 Uj = r_dir.standard_normal((need, d))
                 Uj /= np.linalg.norm(Uj, axis=1, keepdims=True)
-                fits = self._fit_lines(self._ask_lines(oracle, yj, Uj, t), t, K)
+                fits = self._fit_lines(self._ask_lines(run, yj, Uj, t), t, K)
                 for i in range(need):
-                    a = self._match_by_v(Uj[i] @ V.T, fits[i], K)
+                    a = match_by_v(Uj[i] @ V.T, fits[i], K, **self._tols())
                     if a is None:
                         n_rej += 1
                         continue
@@ -520,13 +333,17 @@ class MultiHeadLearner(BaseLearner):
         self.lines_rejected_ = int(n_rej)
 
         # 5. signs and hidden heads
-        Ws, vs, hidden = self._resolve(oracle, Wk, V, H, r_check)
+        Ws, vs, hidden = self._resolve(run, Wk, V, H, r_check)
 
         # 6. refit on raw queries
-        Ws, vs = self._refit(oracle, Ws, vs, r_refit)
+        refit = refit_heads(oracle, Ws, vs, r_refit, factor=self.refit_factor,
+                            lengths=self._lengths())
+        run.stage["refit"] += refit.n_queries
+        Ws, vs = refit.W, refit.v
+        self.refit_rel_residual_ = refit.rel_residual
 
         # 7. check on held-out queries
-        ferr = self._check(oracle, Ws, vs, r_check)
+        ferr = self._check(run, Ws, vs, r_check)
         if ferr > self.func_tol:
             why = ""
             if H is not None and K < H:
@@ -554,8 +371,6 @@ class MultiHeadLearner(BaseLearner):
         self.hidden_ = hidden
         self.func_err_ = float(ferr)
         self.head_separation_ = head_separation(Ws) if Ws.shape[0] > 1 else float("inf")
-        self.n_queries_ = int(oracle.n_queries - n0)
-        self.n_queries_by_stage_ = dict(self._stage)
         if self.head_separation_ < self.separation_warn:
             warnings.warn(
                 f"recovered heads nearly coincide (relative separation "
@@ -565,6 +380,13 @@ class MultiHeadLearner(BaseLearner):
                 UserWarning,
                 stacklevel=2,
             )
+        n_before = oracle.n_queries
+        self._verify_fit(oracle, self.predict, r_verify, rtol=self.func_tol,
+                         what=f"{self.n_heads_} attention heads",
+                         token_scale=float(np.sqrt(d) * self._query_scale(Ws)))
+        run.stage["verify"] += int(oracle.n_queries - n_before)
+        self.n_queries_by_stage_ = dict(run.stage)
+        self.n_queries_ = int(oracle.n_queries - n0)
         return self
 
     def predict(self, X) -> np.ndarray:
@@ -572,7 +394,7 @@ class MultiHeadLearner(BaseLearner):
         X = np.asarray(X, dtype=np.float64)
         return multihead_eval(np.array(self.W_), np.array(self.v_), X)
 
-    def _first_anchor(self, oracle, y, t, kmax, r_dir):
+    def _first_anchor(self, run: _Run, y, t, kmax, r_dir):
         """Terms at the first anchor: a reference line u0 and lines u0 +- u_i (additivity).
 
         Returns (rows_u, rows_a, rows_b, K, n_accepted, n_rejected); rows_u is None when too
@@ -583,18 +405,18 @@ class MultiHeadLearner(BaseLearner):
         # best conditioned line with K terms
         U0 = r_dir.standard_normal((4, d))
         U0 /= np.linalg.norm(U0, axis=1, keepdims=True)
-        fits = self._fit_lines(self._ask_lines(oracle, y, U0, t), t, kmax)
-        ks = np.array([f[0] for f in fits])
+        fits = self._fit_lines(self._ask_lines(run, y, U0, t), t, kmax)
+        ks = np.array([f.n_terms for f in fits])
         if not np.any(ks):
             return None, None, None, 0, 0, len(fits)
         vals, counts = np.unique(ks[ks > 0], return_counts=True)
         K = int(vals[np.argmax(counts)])
-        errs = np.array([f[3] if f[0] == K else np.inf for f in fits])
+        errs = np.array([f.err if f.n_terms == K else np.inf for f in fits])
         i0 = int(np.argmin(errs))
         if errs[i0] > 0.1 * self.line_tol:
             return None, None, None, K, 0, len(fits)
-        u0, (_, rates0, c0, _) = U0[i0], fits[i0]
-        p0 = np.stack([rates0, 2.0 * c0], axis=1)  # gauge: a(u0) > 0 for every term
+        u0, ref = U0[i0], fits[i0]
+        p0 = np.stack([ref.rates, 2.0 * ref.coef], axis=1)  # gauge: a(u0) > 0 for every term
         rows_a, rows_b, rows_u = [p0[:, 0]], [p0[:, 1]], [u0]
         n_acc = n_rej = 0
         for _ in range(self.max_line_rounds):
@@ -606,9 +428,9 @@ class MultiHeadLearner(BaseLearner):
             Ui = r_dir.standard_normal((need, d))
             Ui /= 2.0 * np.linalg.norm(Ui, axis=1, keepdims=True)
             fits = self._fit_lines(
-                self._ask_lines(oracle, y, np.concatenate([u0 + Ui, u0 - Ui]), t), t, K)
+                self._ask_lines(run, y, np.concatenate([u0 + Ui, u0 - Ui]), t), t, K)
             for i in range(need):
-                res = self._match_additive(p0, fits[i], fits[need + i])
+                res = match_additive(p0, fits[i], fits[need + i], **self._tols())
                 if res is None:
                     n_rej += 1
                     continue
@@ -622,69 +444,15 @@ class MultiHeadLearner(BaseLearner):
             return None, None, None, K, n_acc, n_rej
         return rows_u, rows_a, rows_b, K, n_acc, n_rej
 
-    # -- matching ------------------------------------------------------------------------------
-    def _match_additive(self, p0, fit_p, fit_m):
-        """Match the terms of lines u0 + u_i and u0 - u_i to the reference terms p0 (K, 2)."""
-        K = p0.shape[0]
-        if fit_p[0] != K or fit_m[0] != K or max(fit_p[3], fit_m[3]) > self.line_tol:
-            return None
-        Pp = np.stack([fit_p[1], 2.0 * fit_p[2]], axis=1)
-        Pm = np.stack([fit_m[1], 2.0 * fit_m[2]], axis=1)
-        scale = np.sqrt(np.mean(p0**2, axis=0))
-        signs = np.array([1.0, -1.0])
-        # comb[m, m', s, s'] = s Pp[m] + s' Pm[m']; R[k, ...] = |comb - 2 p0[k]| / scale
-        comb = (Pp[:, None, None, None, :] * signs[None, None, :, None, None]
-                + Pm[None, :, None, None, :] * signs[None, None, None, :, None])
-        R = np.linalg.norm((comb[None] - 2.0 * p0[:, None, None, None, None, :]) / scale,
-                           axis=-1)
-        flat = R.reshape(K, -1)
-        best = flat.argmin(axis=1)
-        m, mm, s, ss = np.unravel_index(best, (K, K, 2, 2))
-        if len(set(m)) != K or len(set(mm)) != K:
-            return None
-        bestval = flat[np.arange(K), best]
-        if bestval.max() > self.match_tol:
-            return None
-        second = np.partition(flat, 1, axis=1)[:, 1]
-        if np.any(second < 10.0 * bestval) or np.any(second < 10 * self.match_tol):
-            return None
-        a_plus = signs[s][:, None] * Pp[m]
-        a_minus = signs[ss][:, None] * Pm[mm]
-        diff = 0.5 * (a_plus - a_minus)  # values along u_i (half-length direction)
-        return diff[:, 0], diff[:, 1]
-
-    def _match_by_v(self, b, fit, K):
-        """Signed rates a_k of a line whose terms are matched to heads by |c| = |b_k| / 2."""
-        k, rates, c, err = fit
-        if k != K or err > self.line_tol:
-            return None
-        ab = np.abs(b)
-        scale = ab.max()
-        if scale == 0 or ab.min() < 0.02 * scale:
-            return None
-        if K > 1:
-            gaps = np.abs(ab[:, None] - ab[None, :])
-            np.fill_diagonal(gaps, np.inf)
-            if gaps.min() < 0.02 * scale:
-                return None
-        cost = np.abs(2.0 * np.abs(c)[:, None] - ab[None, :]) / scale
-        rr, cc = scipy.optimize.linear_sum_assignment(cost)
-        if cost[rr, cc].max() > self.match_tol:
-            return None
-        a = np.empty(K)
-        a[cc] = np.sign(c[rr]) * np.sign(b[cc]) * rates[rr]
-        return a
-
     # -- signs and hidden heads ----------------------------------------------------------------
-    def _resolve(self, oracle, Wk, V, H, rng):
+    def _resolve(self, run: _Run, Wk, V, H, rng):
         """Choose each term's sign, and find heads invisible to two-row queries."""
         K, d = V.shape
         S = np.array(list(itertools.product([1.0, -1.0], repeat=K)))  # (2^K, K)
-        L = self._vsum[None, :] - S @ V  # linear residual of each pattern
-        scale = max(float(np.abs(V).max()), float(np.abs(self._vsum).max()), 1e-300)
+        L = run.vsum[None, :] - S @ V  # linear residual of each pattern
+        scale = max(float(np.abs(V).max()), float(np.abs(run.vsum).max()), 1e-300)
         resid = np.linalg.norm(L, axis=1) / scale
-        order = np.argsort(resid)
-        best = order[0]
+        best = int(np.argmin(resid))
         tol = 1e-3
         target = K if H is None else H
         if resid[best] <= tol and (H is None or K >= H):
@@ -728,93 +496,26 @@ class MultiHeadLearner(BaseLearner):
                 v2[k] = vb[k] + 0.5 * Ls
                 cands.append((np.concatenate([Wb, -Wb[k][None]]),
                               np.concatenate([v2, 0.5 * Ls[None]]), "pair"))
-        X = self._random_queries(rng, d, 4 * d + 16, (3,), Wk)[0]
-        yq = oracle(X)
-        self._stage["hidden"] += X.shape[0]
+        X = random_queries(rng, d, 4 * d + 16, (3,), Wk)[0]
+        yq = run.ask(X, "hidden")
         errs = np.array([np.linalg.norm(multihead_eval(Wc, vc, X) - yq) for Wc, vc, _ in cands])
         errs /= max(float(np.linalg.norm(yq)), 1e-300)
         i = int(np.argmin(errs))
         self.hidden_errors_ = errs
         return cands[i]
 
-    # -- refit and check -----------------------------------------------------------------------
-    def _random_queries(self, rng, d, n, lengths, Wk):
-        """Random queries of each length in ``lengths`` (n in all), scaled to O(1) logits."""
-        wn = max(float(np.max(np.linalg.norm(Wk, axis=(1, 2)))), 1e-12)
-        sig = 1.0 / np.sqrt(wn)
-        per = -(-n // len(lengths))
-        return [sig * rng.standard_normal((per, N, d)) for N in lengths]
-
+    # -- check -----------------------------------------------------------------------------------
     def _lengths(self):
         return (2, 3) if self.three_row_queries else (2,)
 
-    def _refit(self, oracle, W, v, rng):
-        Hh, d, _ = W.shape
-        n_par = Hh * (d * d + d)
-        n = int(np.ceil(self.refit_factor * n_par)) + 16
-        Xs = self._random_queries(rng, d, n, self._lengths(), W)
-        ys = [oracle(X) for X in Xs]
-        self._stage["refit"] += sum(X.shape[0] for X in Xs)
-        yall = np.concatenate(ys)
-        ynorm = max(float(np.linalg.norm(yall)), 1e-300)
-        theta = np.concatenate([W.reshape(Hh, -1), v], axis=1).ravel()
+    @staticmethod
+    def _query_scale(W) -> float:
+        """Token scale of the random queries: logits of order 1."""
+        return 1.0 / np.sqrt(max(float(np.max(np.linalg.norm(W, axis=(1, 2)))), 1e-12))
 
-        def unpack(th):
-            P = th.reshape(Hh, d * d + d)
-            return P[:, : d * d].reshape(Hh, d, d), P[:, d * d:]
-
-        def resid_jac(th):
-            Wt, vt = unpack(th)
-            rs, Js = [], []
-            for X, yq in zip(Xs, ys, strict=True):
-                f, J = multihead_jacobian(Wt, vt, X)
-                rs.append(f - yq)
-                Js.append(J)
-            return np.concatenate(rs), np.concatenate(Js)
-
-        r, J = resid_jac(theta)
-        cost = float(r @ r)
-        lam = 1e-6
-        for _ in range(60):
-            if np.sqrt(cost) <= 1e-15 * ynorm:
-                break
-            JtJ = J.T @ J
-            g = J.T @ r
-            D = np.diag(JtJ).copy() + 1e-300
-            improved = False
-            for _ in range(12):
-                try:
-                    step = np.linalg.solve(JtJ + lam * np.diag(D), -g)
-                except np.linalg.LinAlgError:
-                    lam *= 10
-                    continue
-                th_new = theta + step
-                r_new, J_new = resid_jac(th_new)
-                c_new = float(r_new @ r_new)
-                if c_new < cost:
-                    small = (cost - c_new) <= 1e-6 * cost
-                    theta, r, J, cost = th_new, r_new, J_new, c_new
-                    lam = max(lam / 10, 1e-15)
-                    improved = True
-                    break
-                lam *= 10
-            if not improved or small:
-                break
-        self.refit_rel_residual_ = float(np.sqrt(cost) / ynorm)
-        return unpack(theta)
-
-    def _check(self, oracle, W, v, rng):
+    def _check(self, run: _Run, W, v, rng) -> float:
         d = W.shape[1]
         lengths = (1, 2, 3, 5) if self.three_row_queries else (1, 2)
-        Xs = self._random_queries(rng, d, 32 * len(lengths), lengths, W)
-        num = den = 0.0
-        for X in Xs:
-            yq = oracle(X)
-            self._stage["check"] += X.shape[0]
-            num += float(np.sum((multihead_eval(W, v, X) - yq) ** 2))
-            den += float(np.sum(yq**2))
-        return float(np.sqrt(num / den)) if den > 0 else float(np.sqrt(num))
-
-
-def _unit(x):
-    return x / np.linalg.norm(x)
+        Xs = random_queries(rng, d, 32 * len(lengths), lengths, W)
+        ys = [run.ask(X, "check") for X in Xs]
+        return relative_rms_error(lambda X: multihead_eval(W, v, X), Xs, ys)

@@ -1,0 +1,696 @@
+"""A whole attention layer of a real model: many low-rank heads with their biases.
+
+Beyond the paper. The black box is a self-attention layer read out along a vector,
+
+    f(X) = sum_h softmax(X (W_h x_N + c_h))^T (X v_h) + beta,
+
+with H heads whose score matrices ``W_h`` have rank ``r`` (``H r = d`` in standard multi-head
+attention: 12 heads of rank 32 at d = 384 for MiniLM), key biases ``c_h`` and an offset ``beta``
+(:func:`attnquery.realheads.build_layer`). :class:`AttentionLayerLearner` recovers every head up to
+a permutation, with two facts about two-row queries ``[x + delta; x]``:
+
+    f([x + delta; x]) = beta + x^T V + sum_h sigma(delta^T a_h(x)) delta^T v_h,
+    a_h(x) = W_h x + c_h,   V = sum_h v_h.
+
+* **Saturation.** For a large ``delta`` every logit ``delta^T a_h(x)`` is far from 0, every sigmoid
+  is 0 or 1 to float64 precision, and f is exactly linear in delta: its gradient is the sum of the
+  ``v_h`` of the heads whose logit is positive. Around a circle
+  ``delta(theta) = T (cos theta p + sin theta q)`` each head's logit changes sign twice (at
+  antipodal angles), so the circle splits into 2H arcs; along an arc f is exactly
+  ``T (cos theta p + sin theta q)^T G`` (a sinusoid, which three equally spaced answers test), and
+  the gradients G of consecutive arcs differ by exactly one ``+-v_h``. Half a turn gives every
+  ``v_h`` once, exactly (finite differences of a linear function), and ``V = sum_h v_h`` fixes the
+  signs.
+* **Isolation by the value.** A ``delta`` orthogonal to every ``v_h`` but ``v_g`` silences every
+  head but g whatever its attention weights: ``f - beta - x^T V = sigma(delta^T a_g(x)) delta^T
+  v_g``. On the subspace ``Delta_g`` of such deltas (dimension ``d - H + 1``) head g is a single
+  head with a key bias and an offset, measured by the single-head probes of
+  :class:`~attnquery.learners._probes.Prober` with ``v = V`` (``delta^T V = delta^T v_g`` there):
+  its key bias along ``Delta_g`` from ``d - H + 1`` probes with a zero last token, then a
+  two-sided sketch of rank r (``(d - H + 1) r`` probes along ``Delta_g`` with r random last
+  tokens, and ``(r + p)(d - r)`` probes along r + p random directions of ``Delta_g`` with the
+  coordinate last tokens) gives ``B_g^T W_g`` for an orthonormal basis ``B_g`` of ``Delta_g``.
+* **The H - 1 missing directions.** ``Delta_g`` misses the directions ``nu_j`` (j != g) of the
+  dual basis of the v's (``nu_j^T v_h = [j = h]``). ``nu_j^T a_g(x)`` is read from
+  ``delta = P + s nu_g + t nu_j`` with P orthogonal to every v: only heads g and j speak, and P,
+  whose logits are known from the isolated measurements, saturates head j (logit -60, weight
+  ``e^-60``), so the answer is ``s sigma(delta^T a_g(x))``. As ``W_g`` has rank r with the row
+  space found by the sketch, r + 1 last tokens per missing direction suffice.
+
+Queries: ``d + 1`` (V and beta, one-row queries), the circle (a few coarse scans of
+``n_grid`` angles while its scale grows, refinements of ``36`` angles per unsaturated stretch,
+and ``2d + 1`` per arc for its gradient: about ``(H + 1)(2d + 1)`` plus a few thousand), and
+exactly :func:`layer_probe_count` for the rest:
+``H [(d - H + 1)(r + 1) + (r + p)(d - r)]`` for the isolated heads (key bias, right and left
+sketch; ``p`` = ``oversample``) and ``2 H (H - 1)(r + 1)`` for the missing directions, plus
+the probes asked again at a smaller scale (``n_requeried_``) and the verification. At MiniLM's
+size (d = 384, H = 12, r = 32) that is about 1.1 times the layer's degrees of freedom
+``H (r (2d - r) + 2d) + 1`` (:func:`layer_dof`).
+
+Limits: the value vectors must be linearly independent (``H <= d``) and every head's query
+vector ``a_h(x)`` nonzero at the scan's last token (a head whose ``W_h`` and ``c_h`` vanish, or
+whose v is 0, is not a head the learner can see); the learner raises
+:class:`~attnquery.errors.SearchLimitError` when no circle separates all the heads,
+:class:`~attnquery.errors.AssumptionViolation` when the answers contradict the layer model, and
+:class:`~attnquery.errors.ModelMismatchError` when the assembled layer disagrees with fresh
+queries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.linalg
+
+from ...errors import AssumptionViolation, ConfigError, SearchLimitError
+from ...models import AttentionHead, MultiHeadAttention
+from .._base import DEFAULT_VERIFY, BaseLearner, check_budget, check_oracle
+from .._probes import (
+    Prober,
+    check_probe_params,
+    check_v,
+    coordinate_rows,
+    read_v,
+)
+
+__all__ = ["AttentionLayerLearner", "layer_dof", "layer_probe_count", "STAGES"]
+
+#: the stages whose queries ``n_queries_by_stage_`` counts
+STAGES = ("v_sum", "circle", "isolated", "missing", "verify")
+
+#: the logit that silences a head in the missing-direction probes: its weight is e^-60
+SILENCE = 60.0
+#: answers whose recurrence residual is below this, relative to the answers, are saturated
+CLEAN_TOL = 1e-13
+#: the gradients of the arcs are taken on a circle this many times larger than the one that
+#: separated them: the same sign patterns, with every logit that much further from 0
+GRADIENT_SCALE = 16.0
+#: probes asked at the initial logit scale, before the answers have shown the head's scale
+PILOT = 32
+
+
+def layer_dof(d: int, n_heads: int, rank: int, bias: bool = True) -> int:
+    """Degrees of freedom of a layer: ``H (r (2d - r) + 2d) + 1`` (``H (r (2d - r) + d)``
+    without biases): per head a rank-r ``W_h``, ``v_h`` and ``c_h``, and one offset."""
+    per = rank * (2 * d - rank) + (2 * d if bias else d)
+    return int(n_heads * per + (1 if bias else 0))
+
+
+def layer_probe_count(d: int, n_heads: int, rank: int, oversample: int = 2,
+                      bias: bool = True) -> int:
+    """Queries of :class:`AttentionLayerLearner` outside its circle scan and its verification:
+    V and beta (``d + 1``), the isolated heads ``H [(d - H + 1)(r + 1) + (r + p)(d - r)]`` and
+    the missing directions ``2 H (H - 1)(r + 1)`` (each ``r`` instead of ``r + 1``, and ``d``
+    for V alone, without biases), when no probe is asked twice."""
+    H, r, p, b = int(n_heads), int(rank), int(oversample), int(bool(bias))
+    return int(d + b + H * ((d - H + 1) * (r + b) + (r + p) * (d - r))
+               + 2 * H * (H - 1) * (r + b))
+
+
+@dataclass
+class _Run:
+    """State of one call to ``fit``."""
+
+    oracle: object
+    d: int
+    beta: float
+    V: np.ndarray
+    stage: dict = field(default_factory=lambda: dict.fromkeys(STAGES, 0))
+    requeried: int = 0
+
+    def ask(self, X, stage: str) -> np.ndarray:
+        check_budget(self.oracle, X.shape[0], f"the layer's {stage} stage")
+        n0 = self.oracle.n_queries
+        y = np.asarray(self.oracle(X), dtype=float)
+        self.stage[stage] += int(self.oracle.n_queries - n0)
+        return y
+
+
+@dataclass(frozen=True)
+class _Head:
+    """One head as the isolated measurements give it."""
+
+    B: np.ndarray  # (d, m) orthonormal basis of Delta_g
+    L: np.ndarray  # (m, k): B^T W = L R^T
+    R: np.ndarray  # (d, k)
+    t_c: np.ndarray  # (m,): B^T c
+
+    def query_vectors(self, X) -> np.ndarray:
+        """``B^T a(x) = B^T (W x + c)`` for the rows x of X (n, d): shape (n, m)."""
+        return (X @ self.R) @ self.L.T + self.t_c
+
+
+class AttentionLayerLearner(BaseLearner):
+    """Recover a whole attention layer, every head with its biases, up to a permutation.
+
+    See the module docstring for the method and the query count.
+
+    Parameters
+    ----------
+    n_heads : int
+        Number of heads H.
+    rank : int, optional
+        Rank r of every head's score matrix (the head dimension). Default ``d // n_heads``, as
+        in standard multi-head attention.
+    fit_bias : bool
+        Learn the key biases ``c_h`` and the offset ``beta`` (default). With False the layer is
+        taken to have none (the zero token and the key-bias probes are not asked).
+    random_state : int, sequence of ints, Generator or None
+        Seed of every random choice (scan plane, sketches, checks).
+    n_grid : int
+        Points of the coarse scan of the circle.
+    max_planes : int
+        Circles tried before :class:`~attnquery.errors.SearchLimitError`.
+    oversample : int
+        Extra left-sketch directions per head.
+    rtol : float
+        Largest relative disagreement with the verification queries.
+    verify : int
+        Verification queries spent last (0 turns the check off).
+    max_logit, min_logit, initial_logit_scale : float
+        Logit window of the probes (see :class:`~attnquery.learners.SketchLowRankLearner`).
+    block_bytes : int
+        Memory bound on one batch of probes.
+
+    Attributes
+    ----------
+    heads_ : list of AttentionHead
+        The heads, factored (``W_h = K_h^T Q_h``), with their key biases (no offset).
+    W_factors_ : list of (L, R)
+        ``W_h = L @ R.T``.
+    W_ : list of ndarray (d, d)
+        Dense score matrices, formed on request.
+    v_ : list of ndarray (d,)
+    key_bias_ : list of ndarray (d,)
+    offset_ : float
+    n_heads_, rank_ : int
+    n_queries_ : int
+        Queries counted by the oracle during ``fit`` (the verification included).
+    n_queries_by_stage_ : dict
+        Queries per stage (``v_sum``, ``circle``, ``isolated``, ``missing``, ``verify``).
+    n_requeried_ : int
+        Probes of the isolated heads asked again at a smaller scale (0 on ordinary layers).
+    scan_ : dict
+        The circle that separated the heads: its scale ``T``, the planes tried, the narrowest
+        arc between two estimated crossings (radians).
+    verify_error_ : float
+    n_verify_queries_ : int
+    """
+
+    def __init__(
+        self,
+        n_heads: int,
+        rank: int | None = None,
+        fit_bias: bool = True,
+        random_state=None,
+        n_grid: int = 720,
+        max_planes: int = 6,
+        oversample: int = 2,
+        rtol: float = 1e-8,
+        verify: int = DEFAULT_VERIFY,
+        max_logit: float = 10.0,
+        min_logit: float = 1e-5,
+        initial_logit_scale: float = 1.0,
+        block_bytes: int = 16 * 2**20,
+    ):
+        self.n_heads = n_heads
+        self.rank = rank
+        self.fit_bias = fit_bias
+        self.random_state = random_state
+        self.n_grid = n_grid
+        self.max_planes = max_planes
+        self.oversample = oversample
+        self.rtol = rtol
+        self.verify = verify
+        self.max_logit = max_logit
+        self.min_logit = min_logit
+        self.initial_logit_scale = initial_logit_scale
+        self.block_bytes = block_bytes
+
+    # ------------------------------------------------------------------------------------------
+    def _validate(self, d: int) -> tuple[int, int]:
+        H = self.n_heads
+        if isinstance(H, bool) or not isinstance(H, int | np.integer) or not 1 <= H <= d:
+            raise ConfigError(f"n_heads must be an integer in [1, d={d}]; got {H!r}")
+        r = d // int(H) if self.rank is None else self.rank
+        m = d - int(H) + 1
+        if isinstance(r, bool) or not isinstance(r, int | np.integer) or not 1 <= r <= d // 2:
+            raise ConfigError(f"rank must be an integer in [1, d / 2 = {d // 2}]; got {r!r}")
+        p = self.oversample
+        if isinstance(p, bool) or not isinstance(p, int | np.integer) or p < 0:
+            raise ConfigError(f"oversample must be a non-negative integer; got {p!r}")
+        if r + p > m:
+            raise ConfigError(f"rank + oversample = {r + p} exceeds d - n_heads + 1 = {m}, the "
+                              "dimension in which each head is isolated")
+        if not isinstance(self.fit_bias, bool | np.bool_):
+            raise ConfigError(f"fit_bias must be True or False; got {self.fit_bias!r}")
+        for name, lo in (("n_grid", 64), ("max_planes", 1)):
+            val = getattr(self, name)
+            if isinstance(val, bool) or not isinstance(val, int | np.integer) or val < lo:
+                raise ConfigError(f"{name} must be an integer >= {lo}; got {val!r}")
+        if not (np.isfinite(self.rtol) and 0 < self.rtol < 1):
+            raise ConfigError(f"rtol must be in (0, 1); got {self.rtol!r}")
+        check_probe_params(self)
+        return int(H), int(r)
+
+    def fit(self, oracle):
+        """Recover the layer behind ``oracle``; returns self.
+
+        Raises
+        ------
+        SearchLimitError
+            If no circle of the scan separates all the heads.
+        AssumptionViolation
+            If the answers contradict the layer model (a scan whose arcs do not add up, value
+            vectors that do not sum to V, a measurement out of range).
+        ModelMismatchError
+            If the assembled layer disagrees with fresh random queries beyond ``rtol``.
+        NotIdentifiableError
+            If every one-row answer is the same (V = 0).
+        """
+        d = check_oracle(oracle)
+        H, r = self._validate(d)
+        rng = self._rng()
+        r_scan, r_sketch, r_verify = rng.spawn(3)
+        n0 = oracle.n_queries
+        bias = bool(self.fit_bias)
+        check_budget(oracle, d + 1, "reading V and beta")
+        V, beta = read_v(oracle, d, offset=True) if bias else (read_v(oracle, d), 0.0)
+        check_v(V)
+        run = _Run(oracle, d, float(beta), V)
+        run.stage["v_sum"] = d + bias
+        vs = self._scan(run, H, r_scan)
+        nu = np.linalg.pinv(vs).T  # (H, d) dual basis: nu_j^T v_h = [j = h]
+        heads = [self._isolated(run, vs, g, r, bias, r_sketch) for g in range(H)]
+        perp = np.linalg.svd(vs)[2][H:].T  # (d, d - H): orthogonal to every v
+        silent = (perp, [perp.T @ h.B for h in heads])
+        Ks, Qs, cs = [], [], []
+        for g in range(H):
+            K, Q, c = self._assemble(run, nu, heads, silent, g, bias)
+            Ks.append(K)
+            Qs.append(Q)
+            cs.append(c)
+        self.heads_ = [AttentionHead(vs[g], K=Ks[g], Q=Qs[g], key_bias=cs[g])
+                       for g in range(H)]
+        self.W_factors_ = [(K.T, Q.T) for K, Q in zip(Ks, Qs, strict=True)]
+        self.v_ = [vs[g].copy() for g in range(H)]
+        self.key_bias_ = [c.copy() for c in cs]
+        self.offset_ = float(beta)
+        self.n_heads_, self.rank_ = H, r
+        n_before = oracle.n_queries
+        token = float(np.sqrt(d) / np.sqrt(max(np.linalg.norm(K.T @ Q) for K, Q in
+                                               zip(Ks, Qs, strict=True))))
+        self._verify_fit(oracle, self.predict, r_verify, rtol=self.rtol,
+                         what=f"an attention layer of {H} heads of rank {r}", token_scale=token)
+        run.stage["verify"] = int(oracle.n_queries - n_before)
+        self.n_queries_by_stage_ = dict(run.stage)
+        self.n_requeried_ = int(run.requeried)
+        self.n_queries_ = int(oracle.n_queries - n0)
+        return self
+
+    @property
+    def W_(self) -> list[np.ndarray]:
+        """Dense score matrices (d x d each), formed from the factors on request."""
+        if not hasattr(self, "W_factors_"):
+            raise AttributeError("W_ is available after fit()")
+        return [L @ R.T for L, R in self.W_factors_]
+
+    def predict(self, X) -> np.ndarray:
+        """Evaluate the recovered layer on inputs X (B, N, d)."""
+        return MultiHeadAttention(self.heads_, offset=self.offset_)(X)
+
+    # -- the circle: every v_h ------------------------------------------------------------------
+    def _phi(self, run: _Run, x0, p, q, T, theta) -> tuple[np.ndarray, np.ndarray]:
+        """``f([x0 + T (cos p + sin q); x0]) - beta - x0^T V`` and the raw answers."""
+        theta = np.atleast_1d(theta)
+        X = np.empty((theta.size, 2, run.d))
+        X[:, 1] = x0
+        X[:, 0] = x0 + T * (np.cos(theta)[:, None] * p + np.sin(theta)[:, None] * q)
+        f = run.ask(X, "circle")
+        return f - run.beta - float(x0 @ run.V), f
+
+    @staticmethod
+    def _clean(ph, f, step, scale=None) -> np.ndarray:
+        """Saturated interior points of equally spaced answers (end points False).
+
+        The sinusoid recurrence ``phi(t + h) + phi(t - h) = 2 cos(h) phi(t)`` holds to
+        rounding, ``CLEAN_TOL`` times the largest answer of the scan (``scale``; the heads'
+        terms may cancel in one answer, not in its rounding), at a point and at both its
+        neighbours: the residual alone also vanishes at the inflection point in the middle of
+        a crossing.
+        """
+        res = ph[2:] + ph[:-2] - 2.0 * np.cos(step) * ph[1:-1]
+        scale = 4.0 * (np.abs(f).max() if scale is None else scale)
+        ok = np.zeros(ph.size, dtype=bool)
+        ok[1:-1] = np.abs(res) <= CLEAN_TOL * scale
+        out = np.zeros(ph.size, dtype=bool)
+        out[2:-2] = ok[1:-3] & ok[2:-2] & ok[3:-1]
+        return out
+
+    def _arcs(self, run: _Run, x0, p, q, T, n_heads):
+        """The saturated arcs of a half-turn from a saturated angle: one per head, plus one.
+
+        A coarse grid of the whole circle gives a saturated starting angle; on the half-turn
+        from it every head's logit changes sign once. The unsaturated stretches between
+        saturated runs are refined (32 more angles each, up to 4 times), which separates
+        crossings closer than the grid. Returns the arcs as (start, end) angles of saturated
+        runs, in order, or None when this circle does not show ``n_heads + 1`` of them.
+        """
+        n = int(self.n_grid)
+        step = 2 * np.pi / n
+        th = step * np.arange(-1, n + 1)
+        ph, f = self._phi(run, x0, p, q, T, th)
+        fmax = float(np.abs(f).max())
+        clean = self._clean(ph, f, step, fmax)[1:-1]
+        th = th[1:-1]
+        if not clean.any():
+            return None
+        i0 = int(np.argmax(clean))
+        half = slice(i0, i0 + n // 2 + 1)  # [start, start + pi], the grid has n even points
+        ang = list(th[half] if i0 + n // 2 < n else np.concatenate(
+            [th[i0:], th[: i0 + n // 2 + 1 - n] + 2 * np.pi]))
+        phis = list(np.concatenate([ph[1:-1], ph[1:-1]])[i0: i0 + n // 2 + 1])
+        fs = list(np.concatenate([f[1:-1], f[1:-1]])[i0: i0 + n // 2 + 1])
+        cl = list(np.concatenate([clean, clean])[i0: i0 + n // 2 + 1])
+        cl[-1] = cl[0] = True  # the antipode of a saturated angle is saturated
+        for _ in range(5):
+            runs = self._runs(ang, cl)
+            if len(runs) >= n_heads + 1:
+                break
+            new_a, new_p, new_f, new_c = [], [], [], []
+            keep = np.ones(len(ang), dtype=bool)
+            for (_, a_idx), (b_idx, _) in zip(runs[:-1], runs[1:], strict=True):
+                # the gap's angles are replaced by 32 angles strictly inside it, with two more
+                # on each side inside the saturated runs, so that every new angle has its
+                # neighbours to be tested
+                keep[a_idx + 1: b_idx] = False
+                h = (ang[b_idx] - ang[a_idx]) / 33
+                fine = ang[a_idx] + h * np.arange(-2, 36)
+                fp, ff = self._phi(run, x0, p, q, T, fine)
+                fc = self._clean(fp, ff, h, fmax)
+                new_a += list(fine[3:-3])
+                new_p += list(fp[3:-3])
+                new_f += list(ff[3:-3])
+                new_c += list(fc[3:-3])
+            merged = [np.concatenate([np.asarray(old)[keep], new]) for old, new in
+                      ((ang, new_a), (phis, new_p), (fs, new_f), (cl, new_c))]
+            order = np.argsort(merged[0], kind="stable")
+            ang, phis, fs, cl = (list(m[order]) for m in merged)
+        runs = self._runs(ang, cl)
+        if len(runs) != n_heads + 1:
+            return None
+        return [(ang[i], ang[j]) for i, j in runs]
+
+    @staticmethod
+    def _runs(ang, clean) -> list[tuple[int, int]]:
+        """(first, last) indices of the maximal runs of saturated angles."""
+        runs, start = [], None
+        for i, c in enumerate(clean):
+            if c and start is None:
+                start = i
+            elif not c and start is not None:
+                runs.append((start, i - 1))
+                start = None
+        if start is not None:
+            runs.append((start, len(clean) - 1))
+        return runs
+
+    def _saturated(self, run: _Run, x0, p, q, T, mids, widths) -> bool:
+        """Whether every arc's centre is saturated: five angles around it, a tenth of the arc
+        apart, pass the sinusoid test."""
+        offs = np.arange(-2, 3)
+        theta = (mids[:, None] + 0.1 * widths[:, None] * offs).ravel()
+        ph, f = self._phi(run, x0, p, q, T, theta)
+        scale = float(np.abs(f).max())
+        return all(self._clean(ph[5 * k: 5 * k + 5], f[5 * k: 5 * k + 5], 0.1 * w, scale)[2]
+                   for k, w in enumerate(widths))
+
+    def _gradient(self, run: _Run, delta, x0, h) -> np.ndarray:
+        """Gradient of f at ``[x0 + delta; x0]`` along the coordinates, where f is linear.
+
+        Each coordinate is stepped by h and by h / 2; where the two differences disagree
+        beyond rounding (a step crossed a head's sign change), the step is quartered and asked
+        again.
+        """
+        d = run.d
+        idx = np.arange(d)
+        hs = np.full(d, float(h))
+
+        def ask(rows, steps):
+            X = np.empty((2 * rows.size, 2, d))
+            X[:, 1] = x0
+            X[:, 0] = x0 + delta
+            X[np.arange(rows.size), 0, rows] += steps
+            X[rows.size + np.arange(rows.size), 0, rows] += 0.5 * steps
+            y = run.ask(X, "circle")
+            return y[: rows.size], y[rows.size:]
+
+        X0 = np.empty((1, 2, d))
+        X0[0, 1] = x0
+        X0[0, 0] = x0 + delta
+        y0 = float(run.ask(X0, "circle")[0])
+        y1, y2 = np.full(d, np.nan), np.full(d, np.nan)
+        todo = idx
+        for _ in range(12):
+            y1[todo], y2[todo] = ask(todo, hs[todo])
+            # rounding is relative to the largest answer (one answer's terms may cancel)
+            scale = max(float(np.abs(y1[np.isfinite(y1)]).max(initial=0.0)), abs(y0))
+            bad = np.abs((y1 - y0) - 2.0 * (y2 - y0)) > 64 * np.finfo(float).eps * scale
+            todo = idx[bad]
+            if todo.size == 0:
+                return (y1 - y0) / hs
+            hs[todo] *= 0.25
+        raise SearchLimitError("the answers are not linear around a saturated query: a head's "
+                               "logit changes sign within every step tried")
+
+    def _scan(self, run: _Run, H: int, rng) -> np.ndarray:
+        """Every ``v_h``, from the arcs of a circle of saturated queries."""
+        d = run.d
+        x0 = rng.standard_normal(d) / np.sqrt(d)
+        tried = 0
+        for _ in range(int(self.max_planes)):
+            P, _ = np.linalg.qr(rng.standard_normal((d, 2)))
+            p, q = P[:, 0], P[:, 1]
+            tried += 1
+            arcs = None
+            T = 64.0 * self._start_scale(run, x0, p, q)
+            for _ in range(8):  # a larger circle sharpens every crossing
+                arcs = self._arcs(run, x0, p, q, T, H)
+                if arcs is not None:
+                    break
+                T *= 4.0
+            if arcs is None:
+                continue
+            # each unsaturated stretch brackets one crossing; an arc's centre is halfway
+            # between its two crossings (the first arc's left one is the last one's antipode)
+            cross = np.array([0.5 * (b + a) for (_, b), (a, _) in zip(arcs[:-1], arcs[1:],
+                                                                       strict=True)])
+            bounds = np.concatenate([[cross[-1] - np.pi], cross, [cross[0] + np.pi]])
+            # the gradients on a larger circle: the same arcs (a sign pattern does not depend
+            # on T), logits GRADIENT_SCALE times further from 0
+            Tg = GRADIENT_SCALE * T
+            mids = 0.5 * (bounds[:-1] + bounds[1:])
+            widths = np.diff(bounds)
+            if not self._saturated(run, x0, p, q, Tg, mids, widths):
+                continue
+            try:
+                # a coordinate step moves the logits less than the half-arc does
+                G = [self._gradient(run, Tg * (np.cos(mid) * p + np.sin(mid) * q), x0,
+                                    0.05 * Tg * width)
+                     for mid, width in zip(mids, widths, strict=True)]
+            except SearchLimitError:
+                continue  # some arc too narrow for a linear step: another circle
+            G = np.array(G)
+            D = np.diff(G, axis=0)  # (H, d): +-v_h, one head per crossing
+            # the two ends of the half-turn are antipodal: their active heads complement
+            if np.linalg.norm(G[0] + G[-1] - run.V) > 1e-8 * np.linalg.norm(run.V):
+                continue
+            coef, *_ = np.linalg.lstsq(D.T, run.V, rcond=None)
+            if np.max(np.abs(np.abs(coef) - 1.0)) > 1e-6:
+                continue
+            self.scan_ = {"T": float(T), "planes": tried, "min_arc": float(widths.min())}
+            return np.sign(coef)[:, None] * D
+        raise SearchLimitError(
+            f"no circle of {int(self.max_planes)} tried separated the {H} heads: along each, "
+            f"fewer than {H} sign changes of the heads' logits could be told apart, or the "
+            "arcs' gradients did not decompose into value vectors summing to V (heads with "
+            "nearly equal query vectors, a head that never changes sign, another number of "
+            "heads than n_heads, or biases the learner was told are absent: fit_bias=False)")
+
+    def _start_scale(self, run: _Run, x0, p, q) -> float:
+        """The circle scale at which the logits are of order 1.
+
+        On a small circle (``T0``) the answers are ``phi = T0 delta^T V / 2 + T0^2 delta^T S
+        delta + O(T0^3)`` with S the Hessian (``(1/4) sum_h (a_h v_h^T + v_h a_h^T)``): the even
+        part over the odd part is ``T0`` times the logits' scale per unit of T.
+        """
+        T0 = 1e-3
+        th = np.linspace(0.0, np.pi, 16, endpoint=False)
+        ph, _ = self._phi(run, x0, p, q, T0, np.concatenate([th, th + np.pi]))
+        even = 0.5 * (ph[:16] + ph[16:])
+        odd = 0.5 * (ph[:16] - ph[16:])
+        lam = 2.0 * np.abs(even).max() / max(np.abs(odd).max(), 1e-300) / T0
+        if not np.isfinite(lam) or lam <= 0:
+            raise SearchLimitError("the answers along the scan's circle do not depend on the "
+                                   "attention weights: no head's logit grows with the query")
+        return 1.0 / lam
+
+    # -- each head isolated by its value vector -------------------------------------------------
+    @staticmethod
+    def _probe_basis(vs, g) -> np.ndarray:
+        """Orthonormal basis of Delta_g (orthogonal to every v_h but v_g) whose first vector is
+        the direction w of v_g in it: the probe directions ``b_0 = w`` and ``b_l + w`` all have
+        ``u^T v_g = |P v_g|``, the largest signal a unit direction of Delta_g can carry."""
+        d = vs.shape[1]
+        others = np.delete(vs, g, axis=0)
+        P = np.eye(d) - np.linalg.pinv(others) @ others if others.shape[0] else np.eye(d)
+        w = P @ vs[g]
+        wn = np.linalg.norm(w)
+        if wn <= 1e-12 * np.linalg.norm(vs[g]):
+            raise AssumptionViolation(f"head {g}'s value vector lies in the span of the others'")
+        w /= wn
+        rest = np.linalg.svd(np.concatenate([others, w[None]]), full_matrices=True)[2]
+        return np.concatenate([w[:, None], rest[others.shape[0] + 1:].T], axis=1)
+
+    def _prober(self, run: _Run, key_bias=None) -> Prober:
+        return Prober(run.oracle, run.V, initial_logit_scale=self.initial_logit_scale,
+                      max_logit=self.max_logit, min_logit=self.min_logit,
+                      chunk=max(1, int(self.block_bytes // (32 * run.d))),
+                      key_bias=key_bias, offset=run.beta, target=0.1, pilot=PILOT)
+
+    def _measure(self, run: _Run, prober, make, n, floor):
+        n0, r0 = run.oracle.n_queries, prober.n_requeried
+        check_budget(run.oracle, n, "the layer's isolated heads")
+        out = prober.measure(make, n, floor)
+        run.stage["isolated"] += int(run.oracle.n_queries - n0)
+        run.requeried += int(prober.n_requeried - r0)
+        return out
+
+    def _isolated(self, run: _Run, vs, g, r, bias, rng) -> _Head:
+        """``B_g^T W_g`` (rank r, two-sided sketch) and ``B_g^T c_g`` of head g, isolated."""
+        d = run.d
+        B = self._probe_basis(vs, g)
+        m = B.shape[1]
+        # probe directions u_0 = b_0 = w, u_l = b_l + w: u_l^T y = B^T y + (l > 0) w^T y
+        U = B.T.copy()
+        U[1:] += B[:, 0]
+        floor = float(np.min(np.abs(U @ run.V)))
+
+        def coords(t):  # B^T y from the values u_l^T y
+            out = t.copy()
+            out[1:] -= t[0]
+            return out
+
+        t_c = np.zeros(m)
+        if bias:  # u^T c_g from probes with a zero last token
+            t_c = coords(self._measure(run, self._prober(run), lambda idx: (U[idx], None), m,
+                                       None))
+        prober = self._prober(run, key_bias=B @ t_c if bias else None)
+        Bs = rng.standard_normal((d, r))
+        Bs /= np.linalg.norm(Bs, axis=0)
+
+        def right(idx):  # probe (l, j) is number j m + l: the m probes of b_j share it
+            jj, ll = np.divmod(idx, m)
+            return U[ll], Bs[:, jj].T
+
+        T = self._measure(run, prober, right, m * r, floor).reshape(r, m).T
+        Y = np.apply_along_axis(coords, 0, T)  # B^T W Bs
+        kA = r + int(self.oversample)
+        # left directions w + (an orthonormal basis of the right sketch's range, then random
+        # directions): the same signal |P v_g| for every probe, and a core A^T W Bs as well
+        # conditioned as W Bs itself (random left directions make it a random kA x r matrix)
+        Qy = np.linalg.qr(Y)[0][:, :r].T if r <= m else np.empty((0, m))
+        extra = rng.standard_normal((kA - Qy.shape[0], m))
+        extra /= np.linalg.norm(extra, axis=1, keepdims=True)
+        Z_coef = np.concatenate([Qy, extra])
+        Z_coef[:, 0] += 1.0
+        A = Z_coef @ B.T  # (kA, d)
+        PB = scipy.linalg.qr(Bs.T, pivoting=True, mode="r")[1][:r]
+        CB = np.setdiff1d(np.arange(d), PB)
+
+        def left(idx):  # probe (i, j) is number j kA + i: the kA probes of e_j share it
+            jj, ii = np.divmod(idx, kA)
+            return A[ii], coordinate_rows(CB[jj], d)
+
+        S = self._measure(run, prober, left, kA * CB.size,
+                          float(np.min(np.abs(A @ run.V)))).reshape(CB.size, kA).T
+        core = Z_coef @ Y  # A^T W Bs, from the right sketch
+        Z = np.empty((kA, d))
+        Z[:, CB] = S
+        Z[:, PB] = scipy.linalg.solve(Bs[PB].T, (core - S @ Bs[CB]).T).T
+        Uc, sc, Vct = np.linalg.svd(core, full_matrices=False)
+        rk = int(np.sum(sc > sc[0] * 1e-9)) if sc.size and sc[0] > 0 else 0
+        L = (Y @ Vct[:rk].T) / sc[:rk]  # (m, rk)
+        R = Z.T @ Uc[:, :rk]  # (d, rk)
+        return _Head(B, L, R, t_c)
+
+    # -- the missing directions -----------------------------------------------------------------
+    def _assemble(self, run: _Run, nu, heads, silent, g, bias):
+        """Head g's factors and key bias, its H - 1 missing directions measured."""
+        d, H = run.d, nu.shape[0]
+        hg = heads[g]
+        Q, _ = np.linalg.qr(hg.R)  # orthonormal basis of W_g's row space
+        rows = [(hg.L @ (hg.R.T @ Q), hg.t_c)]  # B^T W_g in the basis Q, and B^T c_g
+        for j in range(H):
+            if j == g:
+                continue
+            rho, gam = self._missing(run, nu, heads, silent, g, j, Q, bias)
+            rows.append((rho[None, :], np.array([gam])))
+        others = [j for j in range(H) if j != g]
+        T = np.concatenate([hg.B, nu[others].T], axis=1)  # (d, d): [B_g, nu_j]
+        C = np.concatenate([r[0] for r in rows])  # T^T W_g Q
+        cvec = np.concatenate([r[1] for r in rows])  # T^T c_g
+        Kt = np.linalg.solve(T.T, C)  # W_g Q: W_g = Kt Q^T
+        c = np.linalg.solve(T.T, cvec) if bias else np.zeros(d)
+        return Kt.T, Q.T, c
+
+    @staticmethod
+    def _missing(run: _Run, nu, heads, silent, g, j, Q, bias):
+        """``nu_j^T W_g`` (as coefficients in the row-space basis Q) and ``nu_j^T c_g``.
+
+        ``silent = (perp, perp_B)``: an orthonormal basis ``perp`` of the directions orthogonal
+        to every v (a direction P = perp z moves logits and no value), and ``perp^T B_h`` per
+        head.
+        """
+        perp, perp_B = silent
+        d = run.d
+        # last tokens along W_g's row space: nu_j^T W_g x = rho^T Q^T x is read exactly,
+        # through the identity (and x = 0 for nu_j^T c_g)
+        X = np.concatenate([np.zeros((1, d)), Q.T]) if bias else Q.T.copy()
+        n = X.shape[0]
+        hg, hj = heads[g], heads[j]
+        ag = hg.query_vectors(X)  # (n, m): a_g(x) along B_g
+        aj = hj.query_vectors(X)
+        # the unknown shares s nu_g^T a_j and t nu_j^T a_g stay within about one unit
+        s = 1.0 / (np.linalg.norm(nu[g]) * (np.linalg.norm(aj, axis=1) + 1e-300))
+        t = 1.0 / (np.linalg.norm(nu[j]) * (np.linalg.norm(ag, axis=1) + 1e-300))
+        known_g = s * (ag @ (hg.B.T @ nu[g]))  # s nu_g^T a_g(x)
+        known_j = t * (aj @ (hj.B.T @ nu[j]))  # t nu_j^T a_j(x)
+        # P = perp z, orthogonal to every v: P^T a_g = -known_g (head g's logit is then
+        # t nu_j^T a_g alone) and P^T a_j = -SILENCE - known_j (head j silenced): the
+        # minimum-norm z of these two equations, for every x at once
+        Fg = ag @ perp_B[g].T  # (n, d - H): perp^T a_g(x)
+        Fj = aj @ perp_B[j].T
+        M = np.stack([Fg, Fj], axis=1)  # (n, 2, d - H)
+        rhs = np.stack([-known_g, -SILENCE - known_j], axis=1)
+        z = np.einsum("nki,nk->ni", M,
+                      np.linalg.solve(M @ M.transpose(0, 2, 1), rhs[..., None])[..., 0])
+        delta = z @ perp.T + s[:, None] * nu[g] + t[:, None] * nu[j]
+        # each probe twice: with and without t nu_j, so that the logit's known part, read
+        # from the isolated estimates through the large P, cancels in the difference
+        Xq = np.empty((2 * n, 2, d))
+        Xq[:, 1] = np.concatenate([X, X])
+        Xq[:n, 0] = X + delta
+        Xq[n:, 0] = X + delta - t[:, None] * nu[j]
+        y = run.ask(Xq, "missing") - run.beta - np.concatenate([X, X]) @ run.V
+        alpha = y / np.concatenate([s, s])
+        if not np.all((alpha > 0) & (alpha < 1)):
+            raise AssumptionViolation(
+                f"a probe of head {g} along the value direction of head {j} answered outside "
+                f"(0, 1) after silencing head {j}: the heads are not those of an attention layer")
+        logit = np.log(alpha) - np.log1p(-alpha)
+        val = (logit[:n] - logit[n:]) / t  # nu_j^T a_g(x)
+        if bias:
+            return val[1:] - val[0], float(val[0])
+        return val, 0.0
