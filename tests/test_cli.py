@@ -10,7 +10,12 @@ import pytest
 
 from attnquery.cli import METHODS, ProgressOracle, main
 from attnquery.oracles import ValueOracle
-from attnquery.realheads import load_head, write_test_checkpoint
+from attnquery.realheads import (
+    ModuleBlackBox,
+    load_head,
+    load_layer,
+    write_test_checkpoint,
+)
 from tests.fixtures import LOW_RANK_HEAD, SOME_HEAD
 
 
@@ -104,6 +109,77 @@ def test_heads_then_extract_model(tmp_path, capsys):
     assert main(["heads", str(ckpt), "--layer", "2", "--head", "0", "--out",
                  str(tmp_path / "x.npz")]) == 1
     assert "layer must be in [0, 2)" in capsys.readouterr().err
+
+
+@pytest.fixture
+def bert(tmp_path):
+    """A small BERT-style checkpoint with every bias: 2 layers of 4 heads, d = 32."""
+    return write_test_checkpoint(tmp_path / "bert" / "model.safetensors", n_layers=2,
+                                 n_heads=4, d=32, seed=5)
+
+
+def test_extract_module_head_with_its_biases(bert, tmp_path, capsys):
+    out = tmp_path / "h.npz"
+    s = run_json(["extract", "--module", str(bert), "--layer", "1", "--head", "2",
+                  "--out", str(out)], capsys)
+    d = 32
+    # d^2 + d of Theorem 4.1, d more for the key bias, one for the offset, then the check
+    assert s["method"] == "exact" and s["fit_bias"]
+    assert s["n_queries"] - s["n_verify_queries"] == d * d + 2 * d + 1
+    assert s["rel_err_W"] < 1e-11 and s["rel_err_v"] < 1e-12
+    assert s["rel_err_c"] < 1e-9 and s["rel_err_offset"] < 1e-9
+    learned, meta = load_head(out)
+    assert learned.has_bias and meta["method"] == "exact"
+    # the learned head against the module itself, computed as the framework computes it
+    box = ModuleBlackBox(bert, 1, 2)
+    X = np.random.default_rng(1).standard_normal((50, 5, d))
+    assert np.max(np.abs(learned(X) - box(X))) < 1e-10 * np.max(np.abs(box(X)))
+    # the sketch learner fits the biases too; without biases any method runs
+    s = run_json(["extract", "--module", str(bert), "--layer", "1", "--head", "2",
+                  "--method", "sketch"], capsys)
+    assert s["rel_err_W"] < 1e-9 and s["rel_err_c"] < 1e-9
+    s = run_json(["extract", "--module", str(bert), "--layer", "0", "--head", "1",
+                  "--no-biases", "--method", "sketch", "--readout", "ones"], capsys)
+    assert not s["fit_bias"] and s["rel_err_W"] < 1e-9 and "without biases" in s["source"]
+
+
+def test_extract_module_whole_layer(bert, tmp_path, capsys):
+    out = tmp_path / "layer.npz"
+    s = run_json(["extract", "--module", str(bert), "--layer", "0", "--out", str(out)], capsys)
+    assert s["method"] == "layer" and s["n_heads"] == 4 and s["rank_found"] == 8
+    assert sorted(s["matched"]) == [0, 1, 2, 3]
+    assert s["rel_err_W"] < 1e-6 and s["rel_err_c"] < 1e-6 and s["func_err"] < 1e-8
+    layer, meta = load_layer(out)
+    assert layer.n_heads == 4 and meta["method"] == "layer"
+    box = ModuleBlackBox(bert, 0)
+    X = np.random.default_rng(2).standard_normal((50, 4, 32))
+    assert np.max(np.abs(layer(X) - box(X))) < 1e-8 * np.max(np.abs(box(X)))
+    assert main(["extract", "--module", str(bert), "--layer", "0"]) == 0
+    text = capsys.readouterr().out
+    assert "a layer of 4 heads of rank 8" in text and "(worst head, matched)" in text
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--layer", "0", "--method", "exact"], "without --head the box is the whole layer"),
+    (["--layer", "0", "--head", "0", "--method", "noisy", "--tau", "1e-3"],
+     "does not fit: use --method exact or sketch, or drop the biases with --no-biases"),
+    (["--layer", "0", "--head", "0", "--method", "layer"], "leave out --head"),
+    (["--head", "0"], "--module needs --layer"),
+    (["--layer", "2"], "--module: layer must be in [0, 2)"),
+    (["--layer", "0", "--head", "4"], "--module: head must be in [0, 4)"),
+    (["--layer", "0", "--d", "16"], "--d 16 does not match the module (d = 32)"),
+])
+def test_extract_module_usage_errors(bert, argv, message, capsys):
+    assert main(["extract", "--module", str(bert), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_module_options_need_a_module(capsys, repo, monkeypatch):
+    monkeypatch.chdir(repo)
+    assert main(["extract", "--oracle", "tests.fixtures:some_head", "--d", "16", "--head",
+                 "1", "--no-biases"]) == 2
+    assert "--head, --no-biases: only with --module" in capsys.readouterr().err
 
 
 def test_sketch_and_noisy_methods(capsys, monkeypatch, repo, tmp_path):

@@ -12,10 +12,13 @@ from attnquery.oracles import ValueOracle
 from attnquery.realheads import (
     build_head,
     head_from_checkpoint,
+    layer_from_checkpoint,
     load_checkpoint,
     load_head,
+    load_layer,
     readout_vector,
     save_head,
+    save_layer,
     write_test_checkpoint,
 )
 
@@ -212,6 +215,32 @@ def test_save_load_roundtrip_without_pickle(tmp_path):
     np.savez(tmp_path / "obj.npz", v=np.array([object()], dtype=object))
     with pytest.raises(ModelError, match="plain arrays"):
         load_head(tmp_path / "obj.npz")
+
+
+def test_save_load_layer_roundtrip(tmp_path):
+    from attnquery.models import AttentionHead, MultiHeadAttention
+
+    path = write_test_checkpoint(tmp_path / "m.safetensors", d=D, n_heads=H, n_layers=1)
+    layer = layer_from_checkpoint(path, 0)
+    save_layer(tmp_path / "l.npz", layer, layer=0)
+    back, meta = load_layer(tmp_path / "l.npz")
+    assert meta == {"layer": 0} and back.n_heads == H
+    assert set(np.load(tmp_path / "l.npz")) >= {"v", "c", "K", "Q", "beta"}
+    X = np.random.default_rng(0).standard_normal((3, 4, D))
+    np.testing.assert_allclose(back(X), layer(X), rtol=1e-13, atol=1e-15)
+    assert back.total_offset == layer.total_offset
+    # heads of different kinds are stored densely
+    mixed = MultiHeadAttention([AttentionHead(layer.heads[0].v, W=layer.heads[0].W),
+                                layer.heads[1]], offset=0.5)
+    save_layer(tmp_path / "m.npz", mixed)
+    assert "W" in np.load(tmp_path / "m.npz")
+    back, _ = load_layer(tmp_path / "m.npz")
+    np.testing.assert_allclose(back(X), mixed(X), rtol=1e-13)
+    with pytest.raises(ModelError, match="a layer file"):
+        load_head(tmp_path / "m.npz")
+    save_head(tmp_path / "h.npz", layer.heads[0])
+    with pytest.raises(ModelError, match="not a layer file"):
+        load_layer(tmp_path / "h.npz")
 
 
 def test_bad_checkpoints_are_named(tmp_path):

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import AttnQueryError, ConfigError
+from .errors import AttnQueryError, ConfigError, ModelError
 
 
 class OutputError(AttnQueryError):
@@ -83,7 +83,13 @@ METHODS: dict[str, Method] = {
                     "approximate value queries within +-tau (Theorem 6.1)"),
     "membership": Method("attnquery.learners.membership", "MembershipLearner", "membership",
                          "membership queries 1[f(X) > 0] (Appendix B)"),
+    "layer": Method("attnquery.learners.multihead_generic", "AttentionLayerLearner", "value",
+                    "a whole attention layer, H heads of rank d / H with their biases (beyond "
+                    "the paper; --param n_heads=H)"),
 }
+
+#: --method names whose learners fit a head's key bias and offset (``fit_bias``)
+BIAS_METHODS = ("exact", "sketch", "layer")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -344,30 +350,70 @@ class _guard_import:
         return False
 
 
-def _learned_head(est, d: int):
-    from .models import AttentionHead
+def _learned_model(est, d: int):
+    """The learner's estimate as a model: an AttentionHead (with the key bias and offset a
+    ``fit_bias`` learner found), or a MultiHeadAttention for a layer learner."""
+    from .models import AttentionHead, MultiHeadAttention
 
+    heads = getattr(est, "heads_", None)
+    if isinstance(heads, list) and heads and all(isinstance(h, AttentionHead) for h in heads):
+        return MultiHeadAttention(heads, offset=float(getattr(est, "offset_", 0.0)))
     W = getattr(est, "W_", None)
     v = getattr(est, "v_", None)
     if W is None or v is None:
         raise ConfigError(f"{type(est).__name__} did not produce W_ and v_")
-    return AttentionHead(np.asarray(v, dtype=float).reshape(d), W=np.asarray(W, dtype=float))
+    c = getattr(est, "key_bias_", None)
+    return AttentionHead(np.asarray(v, dtype=float).reshape(d), W=np.asarray(W, dtype=float),
+                         key_bias=None if c is None else np.asarray(c, dtype=float),
+                         offset=float(getattr(est, "offset_", 0.0)))
+
+
+def _errors(learned, truth, d: int) -> dict:
+    """Errors of a learned head or layer against the ground truth (simulations)."""
+    from .metrics import functional_error, head_errors, layer_errors, relative_error
+    from .models import MultiHeadAttention
+
+    out = {}
+    if isinstance(truth, MultiHeadAttention):
+        if not isinstance(learned, MultiHeadAttention):
+            raise ConfigError("the ground truth is a layer: extract it with --method layer")
+        m = layer_errors([h.W for h in learned.heads], [h.v for h in learned.heads],
+                         [h.key_bias for h in learned.heads], [h.W for h in truth.heads],
+                         [h.v for h in truth.heads], [h.key_bias for h in truth.heads])
+        out.update(rel_err_W=m["max_rel_err_W"], rel_err_v=m["max_rel_err_v"],
+                   rel_err_c=m["max_rel_err_c"],
+                   rel_err_W_heads=m["rel_err_W"].tolist(),
+                   matched=m["perm"].tolist())
+        out["rel_err_offset"] = relative_error(learned.total_offset, truth.total_offset)
+    else:
+        out.update(head_errors(learned.W, learned.v, truth.W, truth.v))
+        if truth.has_bias or learned.has_bias:
+            out["rel_err_c"] = relative_error(learned.key_bias, truth.key_bias)
+            out["rel_err_offset"] = relative_error(learned.offset, truth.offset)
+    out["func_err"] = functional_error(truth, learned, d, np.random.default_rng(0), n=64)
+    return out
 
 
 def run_extraction(method: str, fn, d: int, *, truth=None, budget=None, seed=None, rank=None,
                    tau=None, eps=None, probes=None, noise=None, params=None,
-                   progress: bool = False) -> tuple[dict, object]:
-    """Run one extraction and return ``(summary, learned head)``.
+                   progress: bool = False, simulated: bool | None = None) -> tuple[dict, object]:
+    """Run one extraction and return ``(summary, learned model)``.
 
-    ``truth`` (an :class:`~attnquery.models.AttentionHead`) turns the run into a simulation whose
-    summary also holds the errors. The query count is the oracle's own (the learner's check
-    queries included, and reported apart as ``n_verify_queries``); a run that reports 0 queries
-    raises an error rather than printing 0. A learner whose check fails raises
-    :class:`~attnquery.errors.ModelMismatchError`.
+    The learned model is an :class:`~attnquery.models.AttentionHead` (with the key bias and
+    offset a ``fit_bias`` learner found) or, for ``method="layer"``, a
+    :class:`~attnquery.models.MultiHeadAttention`. ``truth`` (a model of the same kind) adds
+    the errors against it to the summary. ``simulated`` (default: whether ``truth`` is given)
+    makes the approximate value oracle add its own noise to exact answers of ``fn``; a real
+    black box's answers are taken as they are. The query count is the oracle's own (the
+    learner's check queries included, and reported apart as ``n_verify_queries``); a run that
+    reports 0 queries raises an error rather than printing 0. A learner whose check fails
+    raises :class:`~attnquery.errors.ModelMismatchError`.
     """
     from .errors import BudgetExceededError
+    from .models import AttentionHead, MultiHeadAttention
 
-    simulated = truth is not None
+    if simulated is None:
+        simulated = truth is not None
     oracle = make_oracle(method, fn, d, budget=budget, tau=tau, noise=noise, seed=seed,
                          simulated=simulated)
     learner = make_learner(method, seed=seed, rank=rank,
@@ -398,11 +444,12 @@ def run_extraction(method: str, fn, d: int, *, truth=None, budget=None, seed=Non
         raise AttnQueryError(
             f"the learner reports {reported} queries but the oracle counted {n}"
         )
-    head = _learned_head(learner, d)
-    W = head.W
-    sv = np.linalg.svd(W, compute_uv=False)
+    learned = _learned_model(learner, d)
+    heads = learned.heads if isinstance(learned, MultiHeadAttention) else (learned,)
     rank_found = getattr(learner, "rank_", None)
     if rank_found is None:
+        W = learned.W
+        sv = np.linalg.svd(W, compute_uv=False)
         tol = sv.max() * max(W.shape) * np.finfo(float).eps * 1e3 if sv.size and sv.max() else 0
         rank_found = int(np.sum(sv > tol))
     n_check = int(getattr(learner, "n_verify_queries_", 0) or 0)
@@ -411,27 +458,27 @@ def run_extraction(method: str, fn, d: int, *, truth=None, budget=None, seed=Non
         "method": method,
         "learner": repr(learner),
         "d": d,
+        "n_heads": len(heads),
         "n_queries": n,
         "n_verify_queries": n_check,
         "verify_error": verify_error if np.isfinite(verify_error) else None,
         "n_calls": int(getattr(oracle, "n_calls", 0)),
         "time_s": elapsed,
         "rank_found": int(rank_found),
-        "W_fro": float(np.linalg.norm(W)),
+        "W_fro": float(np.sqrt(sum(np.sum(h.W ** 2) for h in heads))),
+        "fit_bias": bool(getattr(learner, "fit_bias", False)),
+        "offset": float(learned.total_offset if isinstance(learned, MultiHeadAttention)
+                        else learned.offset),
         "budget": budget,
     }
-    if simulated:
-        from .metrics import functional_error, head_errors
-        from .models import AttentionHead
-
+    if truth is not None:
         if METHODS[method].oracle == "membership":
             # membership answers fix v only up to a positive scale: compare directions
             norm = float(np.linalg.norm(truth.v))
             truth = AttentionHead(truth.v / norm, W=truth.W) if norm > 0 else truth
             summary["v_compared"] = "direction (v / ||v||)"
-        summary.update(head_errors(W, head.v, truth.W, truth.v))
-        summary["func_err"] = functional_error(truth, head, d, np.random.default_rng(0), n=64)
-    return summary, head
+        summary.update(_errors(learned, truth, d))
+    return summary, learned
 
 
 # ----------------------------------------------------------------------------------------------
@@ -489,27 +536,90 @@ def _check_out(path) -> None:
         raise ConfigError(f"--out {path}: cannot write there ({_os_reason(exc)})") from None
 
 
-def _write_head(path, head, /, **meta) -> None:
-    """``save_head`` (atomic), with a failed write as an :class:`OutputError`."""
-    from .realheads import save_head
-
+def _write(save, path, model, /, **meta) -> None:
+    """``save`` (:func:`~attnquery.realheads.save_head` or ``save_layer``, atomic), with a
+    failed write as an :class:`OutputError`."""
+    what = "layer" if save.__name__ == "save_layer" else "head"
     try:
-        save_head(path, head, **meta)
+        save(path, model, **meta)
     except OSError as exc:
         raise OutputError(
-            f"--out {path}: writing the head failed ({_os_reason(exc)}); nothing was written "
+            f"--out {path}: writing the {what} failed ({_os_reason(exc)}); nothing was written "
             "there (a file already there is unchanged)") from None
 
 
-def cmd_extract(args) -> int:
-    from .errors import ModelError
-    from .realheads import load_head
+def _module_source(args):
+    """``(black box, d, truth, source, learner params)`` for ``extract --module``."""
+    from .realheads import (
+        ModuleBlackBox,
+        cached_checkpoint,
+        head_from_checkpoint,
+        layer_from_checkpoint,
+    )
 
+    if args.layer is None:
+        raise ConfigError("--module needs --layer (the layer to extract, from 0)")
+    kind, index = args.readout
+    readout_seed = index if kind == "coordinate" else args.readout_seed
+    biases = not args.no_biases
+    where = dict(n_heads=args.n_heads, readout=kind, readout_seed=readout_seed)
+    try:
+        ckpt = cached_checkpoint(args.module, args.n_heads)
+        box = ModuleBlackBox(args.module, args.layer, args.head, biases=biases, **where)
+        if args.head is None:
+            truth = layer_from_checkpoint(args.module, args.layer, biases=biases, **where)
+        else:
+            truth = head_from_checkpoint(args.module, args.layer, args.head, biases=biases,
+                                         **where)
+    except ModelError as exc:
+        raise ConfigError(f"--module: {exc}") from None
+    params = {}
+    if args.head is None:
+        if args.method not in (None, "layer"):
+            raise ConfigError(f"--method {args.method} learns one head; without --head the box "
+                              "is the whole layer: give --head H, or --method layer")
+        args.method = "layer"
+        params = {"n_heads": ckpt.n_heads, "fit_bias": biases}
+        if args.rank is None:
+            args.rank = ckpt.d_head
+    else:
+        args.method = args.method or "exact"
+        if args.method == "layer":
+            raise ConfigError("--method layer learns a whole layer: leave out --head")
+        if biases and args.method not in BIAS_METHODS:
+            raise ConfigError(f"the module's head has biases, which --method {args.method} does "
+                              "not fit: use --method exact or sketch, or drop the biases with "
+                              "--no-biases (the paper's head)")
+        if biases:
+            params = {"fit_bias": True}
+    what = f"layer {args.layer}" + ("" if args.head is None else f" head {args.head}")
+    source = f"{args.module} ({what}, {ckpt.style}-style, readout {kind}:{readout_seed}, " \
+             f"{'with' if biases else 'without'} biases)"
+    return box, box.d, truth, source, params
+
+
+def cmd_extract(args) -> int:
+    from .realheads import load_head, save_head, save_layer
+
+    module_only = [name for name in ("layer", "head", "n_heads") if getattr(args, name) is not None]
+    module_only += ["no_biases"] if args.no_biases else []
+    if args.module is None and module_only:
+        opts = ", ".join("--" + n.replace("_", "-") for n in module_only)
+        raise ConfigError(f"{opts}: only with --module (a checkpoint's attention module)")
     if args.out is not None:
         _check_out(args.out)  # before any query is spent
     truth = None
     meta = {}
-    if args.model is not None:
+    params = _parse_params(args.param)
+    simulated = None
+    if args.module is not None:
+        fn, d, truth, source, extra = _module_source(args)
+        for k, val in extra.items():
+            params.setdefault(k, val)
+        simulated = False  # a real module: its answers are taken as they are
+        if args.d is not None and args.d != d:
+            raise ConfigError(f"--d {args.d} does not match the module (d = {d})")
+    elif args.model is not None:
         try:
             truth, meta = load_head(args.model)
         except ModelError as exc:
@@ -524,43 +634,57 @@ def cmd_extract(args) -> int:
             raise ConfigError("--d is required with --oracle (the black box's token dimension)")
         fn, d = load_black_box(args.oracle), args.d
         source = args.oracle
+    method = args.method or "exact"
     progress = not args.no_progress
-    summary, head = run_extraction(
-        args.method, fn, d, truth=truth, budget=args.budget, seed=args.seed, rank=args.rank,
+    summary, learned = run_extraction(
+        method, fn, d, truth=truth, budget=args.budget, seed=args.seed, rank=args.rank,
         tau=args.tau, eps=args.eps, probes=args.probes, noise=args.noise,
-        params=_parse_params(args.param), progress=progress,
+        params=params, progress=progress, simulated=simulated,
     )
     summary["source"] = source
+    layer = method == "layer"
     if args.out is not None:
-        _write_head(args.out, head, method=args.method, n_queries=summary["n_queries"],
-                    source=source)
+        _write(save_layer if layer else save_head, args.out, learned, method=method,
+               n_queries=summary["n_queries"], source=source)
         summary["out"] = str(args.out)
     if args.json:
         _print_json(summary)
         return 0
+    what = (f"a layer of {summary['n_heads']} heads of rank {summary['rank_found']}"
+            if layer else "a head")
     lines = [
-        f"extracted a head of dimension d = {d} from {source} with --method {args.method}",
+        f"extracted {what} of dimension d = {d} from {source} with --method {method}",
         f"  queries        {summary['n_queries']} (counted by the oracle, "
         f"{summary['n_calls']} batches: {summary['n_queries'] - summary['n_verify_queries']} to "
         f"learn, {summary['n_verify_queries']} to check the result)",
         f"  time           {summary['time_s']:.2f} s",
-        f"  rank found     {summary['rank_found']}",
-        f"  ||W||_F        {summary['W_fro']:.6g}",
     ]
+    if not layer:
+        lines.append(f"  rank found     {summary['rank_found']}")
+    lines.append(f"  ||W||_F        {summary['W_fro']:.6g}" + (" (all heads)" if layer else ""))
+    if summary["fit_bias"]:
+        lines.append(f"  offset beta    {summary['offset']:.6g} (key bias and offset fitted)")
     if summary["verify_error"] is not None:
         lines.append(f"  check          answers and the result agree to "
                      f"{summary['verify_error']:.1e} (relative) on "
                      f"{summary['n_verify_queries']} fresh queries")
     if truth is not None:
+        against = " (against the checkpoint's weights)" if args.module is not None else ""
+        heads = " (worst head, matched)" if layer else ""
         lines += [
-            f"  rel. error W   {summary['rel_err_W']:.3e}",
-            f"  rel. error v   {summary['rel_err_v']:.3e}",
-            f"  func. error    {summary['func_err']:.3e} (held-out random inputs)",
+            f"  rel. error W   {summary['rel_err_W']:.3e}{heads}{against}",
+            f"  rel. error v   {summary['rel_err_v']:.3e}{heads}",
         ]
+        if "rel_err_c" in summary:
+            lines += [f"  rel. error c   {summary['rel_err_c']:.3e}{heads}",
+                      f"  rel. error beta {summary['rel_err_offset']:.3e}"]
+        lines.append(f"  func. error    {summary['func_err']:.3e} (held-out random inputs)")
         if meta:
             lines.insert(1, "  ground truth   " + ", ".join(f"{k}={v}" for k, v in meta.items()))
     if args.out is not None:
-        lines.append(f"  saved          {args.out} (v, W)")
+        lines.append(f"  saved          {args.out} "
+                     + ("(v, c, K, Q per head, beta: attnquery.realheads.load_layer)" if layer
+                        else "(v, W" + (", c, beta)" if learned.has_bias else ")")))
     print("\n".join(lines))
     return 0
 
@@ -577,7 +701,7 @@ def _readout(text: str) -> tuple[str, int | None]:
 
 
 def cmd_heads(args) -> int:
-    from .realheads import build_head, head_summary, load_checkpoint, readout_vector
+    from .realheads import build_head, head_summary, load_checkpoint, readout_vector, save_head
 
     _check_out(args.out)
     ckpt = load_checkpoint(args.checkpoint, n_heads=args.n_heads)
@@ -585,7 +709,7 @@ def cmd_heads(args) -> int:
     seed = index if kind == "coordinate" else args.seed
     r = readout_vector(ckpt.d, kind, seed)
     head = build_head(ckpt, args.layer, args.head, r)
-    _write_head(args.out, head, checkpoint=str(args.checkpoint), style=ckpt.style,
+    _write(save_head, args.out, head, checkpoint=str(args.checkpoint), style=ckpt.style,
                 layer=args.layer, head=args.head, n_heads=ckpt.n_heads, readout=kind,
                 readout_seed=int(seed))
     s = head_summary(head)
@@ -781,9 +905,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     e = sub.add_parser(
-        "extract", help="extract the parameters (W, v) of a black box or a saved head",
-        description="Extract the parameters (W, v) of a single attention head from queries. "
-        "The black box is a Python callable taking a float64 array (B, N, d) and returning (B,).",
+        "extract", help="extract the parameters of a black box, a saved head or a checkpoint's "
+        "attention module",
+        description="Extract the parameters (W, v) of an attention head from queries, or every "
+        "head of a whole layer (--method layer). The black box is a Python callable taking a "
+        "float64 array (B, N, d) and returning (B,), or the attention module of a safetensors "
+        "checkpoint (--module).",
     )
     src = e.add_mutually_exclusive_group(required=True)
     src.add_argument("--oracle", metavar="MODULE:FUNCTION",
@@ -791,10 +918,14 @@ def build_parser() -> argparse.ArgumentParser:
                      "file.py:FUNCTION works too)")
     src.add_argument("--model", metavar="HEAD.npz", type=Path,
                      help="a head saved by 'attnquery heads': run in simulation and report errors")
+    src.add_argument("--module", metavar="CHECKPOINT", type=Path,
+                     help="the self-attention module of layer --layer of a BERT- or GPT-2-style "
+                     ".safetensors checkpoint, with its biases, read out along a vector r: one "
+                     "head (--head) or the whole layer; errors are reported against its weights")
     e.add_argument("--d", type=_int_at_least(1), help="token dimension of the black box "
                    "(required with --oracle)")
-    e.add_argument("--method", choices=sorted(METHODS), default="exact",
-                   help="learner (default: exact)")
+    e.add_argument("--method", choices=sorted(METHODS),
+                   help="learner (default: exact; layer for --module without --head)")
     e.add_argument("--out", type=Path, help="write the learned head (v, W) to this .npz")
     e.add_argument("--budget", type=_int_at_least(0), help="maximum number of queries, the "
                    "check queries included (checked before they are spent)")
@@ -809,6 +940,18 @@ def build_parser() -> argparse.ArgumentParser:
                    "paper's Theorem 4.1; orthogonal)")
     e.add_argument("--param", action="append", metavar="KEY=VALUE",
                    help="further learner parameter (repeatable)")
+    m = e.add_argument_group("with --module")
+    m.add_argument("--layer", type=_int_at_least(0), help="layer index (from 0); required")
+    m.add_argument("--head", type=_int_at_least(0),
+                   help="one head of the layer (the others removed); default: the whole layer")
+    m.add_argument("--n-heads", type=_int_at_least(1), help="heads per layer (default: "
+                   "config.json beside the checkpoint)")
+    m.add_argument("--readout", type=_readout, default=("gaussian", None),
+                   help="readout vector r: 'gaussian' (the default), 'ones' or a coordinate index")
+    m.add_argument("--readout-seed", type=_int_at_least(0), default=0,
+                   help="seed of the Gaussian readout (default 0)")
+    m.add_argument("--no-biases", action="store_true",
+                   help="drop the module's biases (the paper's head; any method)")
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.add_argument("--no-progress", action="store_true", help="no progress bar")
     e.set_defaults(func=cmd_extract)

@@ -253,6 +253,24 @@ def match_heads(W_hat, v_hat, W, v) -> dict:
     return out
 
 
+def layer_errors(W_hat, v_hat, c_hat, W, v, c) -> dict:
+    """:func:`match_heads`, plus each matched head's relative error of its key bias.
+
+    ``c_hat`` and ``c`` are the recovered and the true key biases (sequences of arrays (d,), in
+    the order of ``W_hat`` and ``W``); a true head without a match is compared with 0. Returns
+    :func:`match_heads`'s dict with ``rel_err_c`` (per true head) and ``max_rel_err_c`` added.
+    """
+    m = match_heads(W_hat, v_hat, W, v)
+    c = [np.asarray(x, dtype=float) for x in c]
+    c_hat = [np.asarray(x, dtype=float) for x in c_hat]
+    if len(c) != len(W) or len(c_hat) != len(W_hat):
+        raise ConfigError("layer_errors needs one key bias per head on each side")
+    m["rel_err_c"] = np.array([relative_error(c_hat[i] if i >= 0 else np.zeros_like(cj), cj)
+                               for i, cj in zip(m["perm"], c, strict=True)])
+    m["max_rel_err_c"] = float(m["rel_err_c"].max())
+    return m
+
+
 def match_neurons(A_hat, w_hat, A, w) -> dict:
     """Match the neurons of two bias-free ReLU layers up to permutation and positive scale.
 

@@ -60,6 +60,8 @@ __all__ = [
     "ModuleBlackBox",
     "save_head",
     "load_head",
+    "save_layer",
+    "load_layer",
     "head_summary",
     "READOUTS",
     "write_test_checkpoint",
@@ -406,6 +408,51 @@ class ModuleBlackBox:
         return out
 
 
+def _save_arrays(path, arrays: dict, meta: dict) -> None:
+    """Write ``arrays`` and the metadata ``meta`` (as ``meta_<key>``) to an .npz, atomically."""
+    arrays = dict(arrays)
+    for k, val in meta.items():
+        if not isinstance(val, str | int | float | np.integer | np.floating):
+            raise ModelError(f"metadata {k!r} must be a string or a number; got {type(val)}")
+        arrays[f"meta_{k}"] = np.asarray(val)
+    from .results import atomic_path
+
+    # a temporary file beside the target, flushed and renamed over it: an existing file is
+    # replaced whole or not at all (a full disk leaves it as it was)
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        np.savez(fh, **arrays)
+
+
+def _load_arrays(path, what: str) -> tuple[dict, dict]:
+    """The numeric arrays and the metadata of an .npz written by :func:`_save_arrays`."""
+    p = Path(path)
+    if not p.exists():
+        raise ModelError(f"{what} file {p} does not exist")
+    if p.is_dir():
+        raise ModelError(f"{what} file {p} is a folder")
+    try:
+        z = np.load(p, allow_pickle=False)
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise ModelError(f"{p} is not a {what} file (.npz of plain arrays, as written by "
+                         f"attnquery): {type(exc).__name__}: {exc}") from None
+    if not isinstance(z, np.lib.npyio.NpzFile):
+        raise ModelError(f"{p} holds a single array, not a {what} file (.npz)")
+    try:
+        with z:
+            data = {k: z[k] for k in z.files}
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise ModelError(f"{p} is not a {what} file of plain arrays (damaged, or holding "
+                         f"objects): {type(exc).__name__}: {exc}") from None
+    bad = sorted(k for k, a in data.items() if not k.startswith("meta_")
+                 and not np.issubdtype(a.dtype, np.number))
+    if bad:
+        raise ModelError(f"{p}: arrays {bad} are not numeric")
+    if "v" not in data:
+        raise ModelError(f"{p} holds no value vector 'v'; arrays: {sorted(data)}")
+    meta = {k[5:]: data.pop(k).item() for k in list(data) if k.startswith("meta_")}
+    return data, meta
+
+
 def save_head(path, head: AttentionHead, /, **meta) -> None:
     """Write a head to ``path`` (.npz of plain arrays): v and either W or the factors K, Q, and
     the key bias ``c`` and offset ``beta`` of a head that has them.
@@ -423,44 +470,16 @@ def save_head(path, head: AttentionHead, /, **meta) -> None:
     if head.has_bias:
         arrays["c"] = head.key_bias
         arrays["beta"] = np.asarray(head.offset)
-    for k, val in meta.items():
-        if not isinstance(val, str | int | float | np.integer | np.floating):
-            raise ModelError(f"metadata {k!r} must be a string or a number; got {type(val)}")
-        arrays[f"meta_{k}"] = np.asarray(val)
-    from .results import atomic_path
-
-    # a temporary file beside the target, flushed and renamed over it: an existing file is
-    # replaced whole or not at all (a full disk leaves it as it was)
-    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
-        np.savez(fh, **arrays)
+    _save_arrays(path, arrays, meta)
 
 
 def load_head(path) -> tuple[AttentionHead, dict]:
     """Read a head written by :func:`save_head`; returns ``(head, metadata)``."""
+    data, meta = _load_arrays(path, "head")
     p = Path(path)
-    if not p.exists():
-        raise ModelError(f"head file {p} does not exist")
-    if p.is_dir():
-        raise ModelError(f"head file {p} is a folder")
-    try:
-        z = np.load(p, allow_pickle=False)
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
-        raise ModelError(f"{p} is not a head file (.npz of plain arrays, as written by "
-                         f"'attnquery heads'): {type(exc).__name__}: {exc}") from None
-    if not isinstance(z, np.lib.npyio.NpzFile):
-        raise ModelError(f"{p} holds a single array, not a head file (.npz with v and W)")
-    try:
-        with z:
-            data = {k: z[k] for k in z.files}
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
-        raise ModelError(f"{p} is not a head file of plain arrays (damaged, or holding "
-                         f"objects): {type(exc).__name__}: {exc}") from None
-    bad = sorted(k for k, a in data.items() if not k.startswith("meta_")
-                 and not np.issubdtype(a.dtype, np.number))
-    if bad:
-        raise ModelError(f"{p}: arrays {bad} are not numeric")
-    if "v" not in data:
-        raise ModelError(f"{p} holds no value vector 'v'; arrays: {sorted(data)}")
+    if data["v"].ndim != 1:
+        raise ModelError(f"{p} holds {data['v'].shape[0]} value vectors: a layer file "
+                         "(attnquery.realheads.load_layer), not a head file")
     bias = {"key_bias": data.get("c"), "offset": float(data["beta"]) if "beta" in data else 0.0}
     if "W" in data:
         head = AttentionHead(data["v"], W=data["W"], **bias)
@@ -468,8 +487,46 @@ def load_head(path) -> tuple[AttentionHead, dict]:
         head = AttentionHead(data["v"], K=data["K"], Q=data["Q"], **bias)
     else:
         raise ModelError(f"{p} holds neither 'W' nor the factors 'K' and 'Q'")
-    meta = {k[5:]: data[k].item() for k in data if k.startswith("meta_")}
     return head, meta
+
+
+def save_layer(path, layer: MultiHeadAttention, /, **meta) -> None:
+    """Write a layer to ``path`` (.npz of plain arrays stacked over its H heads).
+
+    ``v`` (H, d) and ``c`` (H, d), the heads' value vectors and key biases; ``K`` and ``Q``
+    (H, r, d) when every head is factored with the same rank r, else ``W`` (H, d, d); ``beta``,
+    the layer's constant (the output bias and every head's offset). Written atomically; metadata
+    as in :func:`save_head`. Read it with :func:`load_layer`.
+    """
+    heads = layer.heads
+    arrays = {"v": np.stack([h.v for h in heads]), "c": np.stack([h.key_bias for h in heads]),
+              "beta": np.asarray(layer.total_offset)}
+    shapes = {h.K.shape if h.is_lowrank else None for h in heads}
+    if None not in shapes and len(shapes) == 1:
+        arrays["K"] = np.stack([h.K for h in heads])
+        arrays["Q"] = np.stack([h.Q for h in heads])
+    else:
+        arrays["W"] = np.stack([h.W for h in heads])
+    _save_arrays(path, arrays, meta)
+
+
+def load_layer(path) -> tuple[MultiHeadAttention, dict]:
+    """Read a layer written by :func:`save_layer`; returns ``(layer, metadata)``."""
+    data, meta = _load_arrays(path, "layer")
+    p = Path(path)
+    V = data["v"]
+    if V.ndim != 2 or "c" not in data or "beta" not in data:
+        raise ModelError(f"{p} is not a layer file (v of shape (H, d), c and beta); a head "
+                         "file is read by attnquery.realheads.load_head")
+    if "W" in data:
+        heads = [AttentionHead(V[h], W=data["W"][h], key_bias=data["c"][h])
+                 for h in range(V.shape[0])]
+    elif "K" in data and "Q" in data:
+        heads = [AttentionHead(V[h], K=data["K"][h], Q=data["Q"][h], key_bias=data["c"][h])
+                 for h in range(V.shape[0])]
+    else:
+        raise ModelError(f"{p} holds neither 'W' nor the factors 'K' and 'Q'")
+    return MultiHeadAttention(heads, offset=float(data["beta"])), meta
 
 
 def head_summary(head: AttentionHead) -> dict:

@@ -7,7 +7,7 @@ d = 384). :class:`~attnquery.learners.AttentionLayerLearner` recovers it through
 with the rank set to the head dimension. Each cell records, per layer:
 
 * the heads recovered, matched to the true heads by the Hungarian method
-  (:func:`~attnquery.metrics.match_heads`): ``n_heads_found`` counts the heads whose relative
+  (:func:`~attnquery.metrics.layer_errors`): ``n_heads_found`` counts the heads whose relative
   errors of ``W_h``, ``v_h`` and ``c_h`` are all at most ``HEAD_TOL``;
 * the per-head relative errors of ``W_h``, ``v_h`` and ``c_h`` (their maxima in ``rel_err_W``,
   ``rel_err_v``, ``rel_err_c``, every head's in ``extra``) and of the offset beta;
@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ConfigError
-from ..metrics import fit_counted, functional_error, match_heads, relative_error
+from ..metrics import fit_counted, functional_error, layer_errors, relative_error
 from ..oracles import ValueOracle
 from ..realheads import layer_from_checkpoint
 from ..theory import LAYER_FUNC_TOL as FUNC_TOL
@@ -66,14 +66,9 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     oracle = ValueOracle(layer, d)
     est = AttentionLayerLearner(n_heads=H, rank=r, fit_bias=biases, random_state=learner_rng)
     counts = fit_counted(est, oracle)
-    truth_W = [h.W for h in layer.heads]
-    truth_v = [h.v for h in layer.heads]
-    m = match_heads(est.W_, est.v_, truth_W, truth_v)
-    perm = m["perm"]
-    err_W = np.asarray(m["rel_err_W"], dtype=float)
-    err_v = np.asarray(m["rel_err_v"], dtype=float)
-    err_c = np.array([relative_error(est.key_bias_[perm[j]], h.key_bias) if biases else 0.0
-                      for j, h in enumerate(layer.heads)])
+    m = layer_errors(est.W_, est.v_, est.key_bias_, [h.W for h in layer.heads],
+                     [h.v for h in layer.heads], [h.key_bias for h in layer.heads])
+    err_W, err_v, err_c = m["rel_err_W"], m["rel_err_v"], m["rel_err_c"]
     found = (err_W <= HEAD_TOL) & (err_v <= HEAD_TOL) & (err_c <= HEAD_TOL)
     func = functional_error(layer, est.predict, d, eval_rng, n=64)
     from ..learners.multihead_generic import layer_dof, layer_probe_count
