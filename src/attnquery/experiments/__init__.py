@@ -60,6 +60,19 @@ def _no_data(section: Mapping) -> dict:
     return {}
 
 
+def checkpoint_source(cfg: Mapping) -> dict:
+    """``{path: source}`` of the checkpoint a config section (``checkpoint`` with ``fetch`` or
+    ``synthetic``) names: the :attr:`Experiment.data` of the experiments on real weights."""
+    if cfg.get("fetch") and cfg.get("synthetic"):
+        raise ConfigError("give at most one of fetch (download) and synthetic (test checkpoint)")
+    if cfg.get("fetch"):
+        return {cfg["checkpoint"]: {"fetch": dict(cfg["fetch"])}}
+    if cfg.get("synthetic"):
+        return {cfg["checkpoint"]: {"synthetic": dict(cfg["synthetic"]),
+                                    "n_heads": int(cfg["n_heads"])}}
+    return {cfg["checkpoint"]: {}}
+
+
 @dataclass(frozen=True)
 class Experiment:
     """An experiment family: how to expand its grid and how to run one cell.

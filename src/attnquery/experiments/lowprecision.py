@@ -21,9 +21,8 @@ from ..metrics import fit_counted, functional_error, head_errors
 from ..models import AttentionHead, random_head
 from ..realheads import head_from_checkpoint
 from ..theory import parse_rounding, precision_digits, precision_relative_tau
-from . import Experiment, grid, register
+from . import Experiment, checkpoint_source, grid, register
 from .noise import rounding_oracle
-from .realheads import checkpoint_source
 
 __all__ = ["cells", "run"]
 
@@ -115,7 +114,8 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
 
 
 def data(cfg) -> dict:
-    """The checkpoint of the real heads, if any (see :func:`.realheads.checkpoint_source`)."""
+    """The checkpoint of the real heads, if any (:func:`~attnquery.experiments.checkpoint_source`).
+    """
     return checkpoint_source(cfg["real"]) if cfg.get("real") else {}
 
 

@@ -37,7 +37,7 @@ from ..realheads import head_from_checkpoint, head_summary
 from ..theory import BIAS_EXACT_TOL, BIAS_PARAM_TOL, BIAS_SKETCH_TOL
 from ..theory import REALHEADS_EXACT_TOL as EXACT_TOL
 from ..theory import REALHEADS_SKETCH_TOL as SKETCH_TOL
-from . import Experiment, grid, register
+from . import Experiment, checkpoint_source, grid, register
 
 #: learners of this experiment
 LEARNERS = ("exact", "sketch", "noisy")
@@ -169,19 +169,6 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
         extra.update(c_norm=float(np.linalg.norm(head.key_bias)), offset=head.offset)
     m["extra"] = extra
     return m
-
-
-def checkpoint_source(cfg) -> dict:
-    """``{path: source}`` of the checkpoint a config section (``checkpoint`` with ``fetch`` or
-    ``synthetic``) names: see :attr:`attnquery.experiments.Experiment.data`."""
-    if cfg.get("fetch") and cfg.get("synthetic"):
-        raise ConfigError("give at most one of fetch (download) and synthetic (test checkpoint)")
-    if cfg.get("fetch"):
-        return {cfg["checkpoint"]: {"fetch": dict(cfg["fetch"])}}
-    if cfg.get("synthetic"):
-        return {cfg["checkpoint"]: {"synthetic": dict(cfg["synthetic"]),
-                                    "n_heads": int(cfg["n_heads"])}}
-    return {cfg["checkpoint"]: {}}
 
 
 # Estimated seconds per cell on one core (attnquery.study: the cluster's runtime requests), from

@@ -33,8 +33,7 @@ from ..oracles import ValueOracle
 from ..realheads import layer_from_checkpoint
 from ..theory import LAYER_FUNC_TOL as FUNC_TOL
 from ..theory import LAYER_HEAD_TOL as HEAD_TOL
-from . import Experiment, grid, register
-from .realheads import checkpoint_source
+from . import Experiment, checkpoint_source, grid, register
 
 #: the learner of this experiment
 LEARNERS = ("attention_layer",)
