@@ -54,6 +54,8 @@ HOW = {
 
 #: the smoke study must stay a smoke study (the README states what it takes on 2 cores)
 QUICK_LIMIT_S = 300
+#: how much longer than the README's stated time the smoke study may take on a loaded machine
+QUICK_LOAD_FACTOR = 2.5
 
 
 def readme_commands() -> list[str]:
@@ -143,10 +145,13 @@ def test_dry_runs_plan_the_whole_studies(readme_run):
 def test_quick_study_runs_to_the_end_in_the_time_the_readme_states(readme_run):
     clone, _, results, seconds = readme_run
     assert results[QUICK].returncode == 0
-    assert seconds < QUICK_LIMIT_S, f"{QUICK} took {seconds:.0f} s"
     assert (clone / "results" / "validation.txt").read_text().startswith("valid")
     readme = (REPO / "README.md").read_text()
-    assert re.search(r"config/quick\.yaml\s+# a smoke study: about \d+ s on 2 cores", readme)
+    stated = re.search(r"config/quick\.yaml\s+# a smoke study: about (\d+) s on 2 cores", readme)
+    assert stated, "the README states no time for the smoke study"
+    # the stated time was measured on a quiet 2-core machine; a loaded one may take longer
+    limit = min(QUICK_LIMIT_S, QUICK_LOAD_FACTOR * int(stated.group(1)))
+    assert seconds < limit, f"{QUICK} took {seconds:.0f} s; the README states {stated.group(1)} s"
 
 
 def test_every_experiment_has_one_row_per_cell_with_the_schema(readme_run):
