@@ -171,15 +171,9 @@ def module_closure(modnames: Iterable[str]) -> list[Path]:
 
 
 def _library_versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
+    from .provenance import _version
 
-    out = {}
-    for lib in LIBRARIES:
-        try:
-            out[lib] = version(lib)
-        except PackageNotFoundError:
-            out[lib] = "not installed"
-    return out
+    return {lib: _version(lib) for lib in LIBRARIES}
 
 
 @functools.cache
@@ -253,6 +247,21 @@ def keyed_cells(name: str, cells: list[dict], section: Mapping, study_seed: int,
     return out
 
 
+@functools.cache
+def _checkpoint_sha256(path: str, size: int, mtime_ns: int) -> str:
+    """Hex sha256 of the file at (resolved) ``path``, once per process for a given size and
+    modification time (which are part of the key so that a rewritten file is hashed again)."""
+    from .realheads import sha256_file
+
+    return sha256_file(path)
+
+
+def _file_sha256(path) -> str:
+    p = Path(path).resolve()
+    st = p.stat()
+    return _checkpoint_sha256(str(p), st.st_size, st.st_mtime_ns)
+
+
 def data_identity(sources: Mapping[str, Mapping]) -> dict:
     """What identifies the files an experiment reads (see
     :attr:`attnquery.experiments.Experiment.data`): the sha256 a fetched file is checked
@@ -263,8 +272,6 @@ def data_identity(sources: Mapping[str, Mapping]) -> dict:
     ConfigError
         When a given file does not exist (naming it, and the two ways to get one).
     """
-    from .realheads import sha256_file
-
     out = {}
     for path, src in sorted(sources.items()):
         if src.get("fetch"):
@@ -272,7 +279,7 @@ def data_identity(sources: Mapping[str, Mapping]) -> dict:
         elif src.get("synthetic"):
             out[path] = {"synthetic": dict(src["synthetic"]), "n_heads": src.get("n_heads")}
         elif Path(path).is_file():
-            out[path] = {"sha256": sha256_file(path)}
+            out[path] = {"sha256": _file_sha256(path)}
         else:
             raise ConfigError(
                 f"checkpoint: {path} does not exist. Either download all-MiniLM-L6-v2 by giving "
@@ -342,10 +349,6 @@ class ShardPlan:
     @property
     def keys(self) -> list[str]:
         return sorted(c["cell_key"] for c in self.cells)
-
-    @property
-    def n_new_cells(self) -> int:
-        return sum(len(v) for v in self.new.values())
 
     def shard_path(self, digest: str, results_dir="results") -> str:
         return f"{results_dir}/{self.name}/shards/{digest}.parquet"

@@ -7,7 +7,7 @@ from attnquery.config import check_config, enabled_experiments
 from attnquery.errors import ConfigError
 from attnquery.experiments import get_experiment
 from attnquery.figures import figures_for, get_spec
-from attnquery.pipeline import ClaimsText
+from attnquery.pipeline import ClaimsText, timing_path
 from attnquery.study import (
     figure_sources,
     data_sources,
@@ -70,7 +70,7 @@ def shard_runtime(wildcards):
 def shard_inputs(wildcards):
     """Rows and timing tables of the shards experiment ``wildcards.experiment`` is built from."""
     rows = PLANS[wildcards.experiment].inputs()
-    return rows + [p.replace(".parquet", ".timing.parquet") for p in rows]
+    return rows + [str(timing_path(p)) for p in rows]
 
 
 def result_files(names):
