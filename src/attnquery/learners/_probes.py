@@ -317,6 +317,8 @@ class Prober:
         """Logits ``kap u^T W b`` of the probes (NaN where the answer saturated)."""
         n, d = U.shape
         uv = rows_dot(U, self.v)
+        # u^T c, the key bias's direction in each probe (None without a key bias)
+        uc = None if self.key_bias is None else rows_dot(U, self.key_bias)
         if B is None:  # zero last token: the probe [kap u; 0] has logit kap u^T c
             B = SparseRows((n, d), [], [], [])
             bv = np.zeros(n)
@@ -334,15 +336,14 @@ class Prober:
                 # c |u^T v| >= |beta|, so that the offset does not swamp the signal, unless the
                 # bias's share c u^T c of the logit would exceed bias_logit
                 c = np.maximum(c, abs(self.offset) / floor)
-                if self.key_bias is not None:
-                    uc = np.abs(rows_dot(U, self.key_bias))
-                    c = np.minimum(c, self.bias_logit / np.maximum(uc, 1e-300))
+                if uc is not None:
+                    c = np.minimum(c, self.bias_logit / np.maximum(np.abs(uc), 1e-300))
                 s = kap / c
         logit, _ = probe_logits(self.oracle, U, None, c, s, self.v, last=B, uv=uv, lastv=bv,
                                 offset=self.offset)
         saturated = ~(np.abs(logit) <= self.max_logit)
-        if self.key_bias is not None:  # the bias's share c u^T c of the logit
-            logit = logit - c * rows_dot(U, self.key_bias)
+        if uc is not None:  # the bias's share c u^T c of the logit
+            logit = logit - c * uc
         logit[saturated] = np.nan
         return logit
 

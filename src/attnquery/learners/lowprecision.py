@@ -369,8 +369,7 @@ class LowPrecisionValueQueryLearner(BaseLearner):
             del self._oracle
         Wn = float(np.linalg.norm(self.singular_values_))
         self._verify_fit(oracle, self.predict, check_rng, rtol=self._check_tolerance(),
-                         token_scale=float(np.sqrt(d / Wn)) if Wn > 0 else 1.0)
-        self.n_queries_ = int(oracle.n_queries - n0)
+                         token_scale=float(np.sqrt(d / Wn)) if Wn > 0 else 1.0, n0=n0)
         return self
 
     # -- probes ----------------------------------------------------------------------------------

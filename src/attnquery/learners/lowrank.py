@@ -531,9 +531,9 @@ class SketchLowRankLearner(BaseLearner):
         return self
 
     def _fit(self, oracle, d: int, rng: np.random.Generator) -> None:
-        """The sketch itself: sets every fitted attribute but the check's."""
+        """The sketch itself: sets every fitted attribute but the check's and ``n_queries_``
+        (which ``fit`` has :meth:`_verify_fit` set)."""
         rng_b, rng_a, rng_check = rng.spawn(3)
-        n0 = oracle.n_queries
         bias = bool(self.fit_bias)
         n_bias = d + 1 if bias else 0  # the zero token and the d key-bias probes
         if self.rank is not None:
@@ -649,7 +649,6 @@ class SketchLowRankLearner(BaseLearner):
             self.oversample_ = 0
             self.W_factors_ = (np.zeros((d, 0)), np.zeros((d, 0)))
             self.n_requeried_ = int(n_requeried)
-            self.n_queries_ = int(oracle.n_queries - n0)
             return
         B = np.stack(Bs, axis=1)  # d x k
         Y = np.stack([solve_column(tc) for tc in Ts], axis=1)  # W B, d x k
@@ -685,8 +684,8 @@ class SketchLowRankLearner(BaseLearner):
         self.rank_ = rk
         self.oversample_ = p
         self.W_factors_ = (L, R)
+        # recounted: the left sketch above re-asks through prober as well
         self.n_requeried_ = int(prober.n_requeried + (c_prober.n_requeried if bias else 0))
-        self.n_queries_ = int(oracle.n_queries - n0)
 
     @property
     def W_(self) -> np.ndarray:
