@@ -696,9 +696,6 @@ def orthogonal_subspace_multihead(
     return (model, bases) if return_bases else model
 
 
-#: the constructions of :func:`non_identifiable_pair`
-
-
 def non_identifiable_pair(name: str, d: int, H: int, seed=None):
     """Two multi-head models with different parameters that compute the same function.
 

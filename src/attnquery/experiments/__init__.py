@@ -73,6 +73,13 @@ def checkpoint_source(cfg: Mapping) -> dict:
     return {cfg["checkpoint"]: {}}
 
 
+def readout_args(cell: Mapping) -> dict:
+    """``readout`` and ``readout_seed`` (keyword arguments of :mod:`attnquery.realheads`) from a
+    cell's ``readout`` string ``"kind:seed"``."""
+    kind, _, seed = cell["readout"].partition(":")
+    return {"readout": kind, "readout_seed": int(seed or 0)}
+
+
 @dataclass(frozen=True)
 class Experiment:
     """An experiment family: how to expand its grid and how to run one cell.

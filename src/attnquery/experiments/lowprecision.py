@@ -21,10 +21,10 @@ from ..metrics import fit_counted, functional_error, head_errors
 from ..models import AttentionHead, random_head
 from ..realheads import head_from_checkpoint
 from ..theory import parse_rounding, precision_digits, precision_relative_tau
-from . import Experiment, checkpoint_source, grid, register
+from . import Experiment, checkpoint_source, grid, readout_args, register
 from .noise import rounding_oracle
 
-__all__ = ["cells", "run"]
+__all__ = ["cells", "run", "budget_learner"]
 
 from ..theory import LOWPRECISION_TARGET as TARGET_REL_ERR
 
@@ -77,10 +77,15 @@ def cells(cfg) -> list[dict]:
 def _head(cell, rng) -> AttentionHead:
     if cell["family"] == "random":
         return random_head(int(cell["d"]), rng)
-    kind, _, seed = cell["readout"].partition(":")
     return head_from_checkpoint(cell["checkpoint"], cell["layer"], cell["head"],
-                                n_heads=cell["n_heads"], readout=kind,
-                                readout_seed=int(seed or 0))
+                                n_heads=cell["n_heads"], **readout_args(cell))
+
+
+def budget_learner(queries_per_unknown: float, d: int, rng) -> LowPrecisionValueQueryLearner:
+    """The low-precision learner with a budget of ``queries_per_unknown (d^2 + d)`` queries
+    (rounded to the nearest integer)."""
+    n = int(round(queries_per_unknown * (d * d + d)))
+    return LowPrecisionValueQueryLearner(n, random_state=rng)
 
 
 def run(cell: dict, rng: np.random.Generator) -> dict:
@@ -89,8 +94,7 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     head = _head(cell, model_rng)
     d = head.d
     oracle = rounding_oracle(head, d, cell["rounding"])
-    n = int(round(cell["queries_per_unknown"] * (d * d + d)))
-    est = LowPrecisionValueQueryLearner(n, random_state=learner_rng)
+    est = budget_learner(cell["queries_per_unknown"], d, learner_rng)
     counts = fit_counted(est, oracle)
     m = head_errors(est.W_, est.v_, head.W, head.v)
     m.update(counts)

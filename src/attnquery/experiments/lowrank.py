@@ -23,6 +23,7 @@ from ..metrics import fit_counted, functional_error, head_errors, relative_error
 from ..models import random_head
 from ..theory import PHASE_TOL, SKETCH_TOL, lowrank_floor
 from . import Experiment, grid, register
+from .exact import seconds as exact_seconds
 
 #: tag mixed into the seed of the heads (so they differ from other experiments' heads)
 _HEAD_TAG = 5_0001
@@ -172,7 +173,7 @@ def scale_seconds(cell) -> float:
     d = cell["d"]
     if cell["learner"] == "sketch":
         return 0.02 + 3e-8 * cell["rank"] * d**2
-    return 0.01 + 3.3 * (d / 512) ** 2.2
+    return exact_seconds(cell)
 
 
 PHASE = register(Experiment(

@@ -42,7 +42,6 @@ __all__ = ["non_identifiability_demo", "CONSTRUCTIONS"]
 CONSTRUCTIONS = NON_IDENTIFIABLE_CONSTRUCTIONS
 
 
-
 def _heads_params(model: MultiHeadAttention):
     return [h.W for h in model.heads], [h.v for h in model.heads]
 
@@ -164,8 +163,6 @@ def non_identifiability_demo(
         rec["n_queries"] = int(oracle.n_queries)
         out["single_head"] = rec
     return out
-
-
 
 
 def cells(cfg) -> list[dict]:

@@ -21,7 +21,6 @@ import numpy as np
 from ..errors import AttnQueryError, ConfigError, ModelError
 from ..learners import (
     ExactValueQueryLearner,
-    LowPrecisionValueQueryLearner,
     NoisyValueQueryLearner,
     SketchLowRankLearner,
 )
@@ -239,8 +238,10 @@ def rounding_run(cell: dict, rng: np.random.Generator) -> dict:
     elif learner == "lowrank":
         est = SketchLowRankLearner(rank=cell["rank"], random_state=learner_rng)
     elif learner == "lowprecision":
-        n = int(round(cell["queries_per_unknown"] * (d * d + d)))
-        est = LowPrecisionValueQueryLearner(n, random_state=learner_rng)
+        # imported here: lowprecision imports this module (rounding_oracle)
+        from .lowprecision import budget_learner
+
+        est = budget_learner(cell["queries_per_unknown"], d, learner_rng)
     else:
         raise ModelError(f"unknown rounding learner {learner!r}")
     # rounded answers are not float64 answers: the learners' checks refuse most estimates

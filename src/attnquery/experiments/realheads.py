@@ -37,7 +37,7 @@ from ..realheads import head_from_checkpoint, head_summary
 from ..theory import BIAS_EXACT_TOL, BIAS_PARAM_TOL, BIAS_SKETCH_TOL
 from ..theory import REALHEADS_EXACT_TOL as EXACT_TOL
 from ..theory import REALHEADS_SKETCH_TOL as SKETCH_TOL
-from . import Experiment, checkpoint_source, grid, register
+from . import Experiment, checkpoint_source, grid, readout_args, register
 
 #: learners of this experiment
 LEARNERS = ("exact", "sketch", "noisy")
@@ -113,11 +113,9 @@ def _noisy(head, cell, learner_rng, oracle_rng, summary):
 
 def run(cell: dict, rng: np.random.Generator) -> dict:
     learner_rng, oracle_rng, eval_rng = rng.spawn(3)
-    kind, _, seed = cell["readout"].partition(":")
     biases = bool(cell.get("biases", False))
     head = head_from_checkpoint(cell["checkpoint"], cell["layer"], cell["head"],
-                                n_heads=cell["n_heads"], readout=kind,
-                                readout_seed=int(seed or 0), biases=biases)
+                                n_heads=cell["n_heads"], **readout_args(cell), biases=biases)
     d = head.d
     summary = head_summary(head)
     m, extra = {}, {}
@@ -157,10 +155,9 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
         m["rel_err_c"] = relative_error(c_hat, head.key_bias)
         m["rel_err_offset"] = relative_error(beta_hat, head.offset)
     if tol is not None:
-        m["success"] = bool(m["rel_err_W"] <= tol and m["rel_err_v"] <= tol)
-        if biases:
-            m["success"] = bool(m["rel_err_W"] <= tol and max(
-                m["rel_err_v"], m["rel_err_c"], m["rel_err_offset"]) <= BIAS_PARAM_TOL)
+        m["success"] = bool(m["rel_err_W"] <= tol and (
+            max(m["rel_err_v"], m["rel_err_c"], m["rel_err_offset"]) <= BIAS_PARAM_TOL
+            if biases else m["rel_err_v"] <= tol))
     elif "bound_W" in m:
         m["within_bound"] = bool(m["abs_err_W"] <= m["bound_W"] and m["err_v"] <= m["bound_v"])
     extra.update({k: summary[k] for k in ("d", "rank", "W_fro", "W_spectral", "v_norm",

@@ -33,7 +33,7 @@ from ..oracles import ValueOracle
 from ..realheads import layer_from_checkpoint
 from ..theory import LAYER_FUNC_TOL as FUNC_TOL
 from ..theory import LAYER_HEAD_TOL as HEAD_TOL
-from . import Experiment, checkpoint_source, grid, register
+from . import Experiment, checkpoint_source, grid, readout_args, register
 
 #: the learner of this experiment
 LEARNERS = ("attention_layer",)
@@ -56,10 +56,9 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     from ..learners import AttentionLayerLearner
 
     learner_rng, eval_rng = rng.spawn(2)
-    kind, _, seed = cell["readout"].partition(":")
     biases = bool(cell["biases"])
     layer = layer_from_checkpoint(cell["checkpoint"], cell["layer"], n_heads=cell["n_heads"],
-                                  readout=kind, readout_seed=int(seed or 0), biases=biases)
+                                  **readout_args(cell), biases=biases)
     d, H = layer.d, layer.n_heads
     r = int(layer.heads[0].K.shape[0])
     oracle = ValueOracle(layer, d)

@@ -52,7 +52,14 @@ from .._base import DEFAULT_VERIFY, BaseLearner, check_oracle
 from .._probes import read_v
 from .lines import LineFit, fit_tanh_sum, predicted_error
 from .matching import match_additive, match_by_v
-from .refit import head_separation, multihead_eval, random_queries, refit_heads, relative_rms_error
+from .refit import (
+    head_separation,
+    multihead_eval,
+    query_scale,
+    random_queries,
+    refit_heads,
+    relative_rms_error,
+)
 
 __all__ = ["MultiHeadLearner"]
 
@@ -383,7 +390,7 @@ class MultiHeadLearner(BaseLearner):
         n_before = oracle.n_queries
         self._verify_fit(oracle, self.predict, r_verify, rtol=self.func_tol,
                          what=f"{self.n_heads_} attention heads",
-                         token_scale=float(np.sqrt(d) * self._query_scale(Ws)))
+                         token_scale=float(np.sqrt(d) * query_scale(Ws)))
         run.stage["verify"] += int(oracle.n_queries - n_before)
         self.n_queries_by_stage_ = dict(run.stage)
         self.n_queries_ = int(oracle.n_queries - n0)
@@ -507,11 +514,6 @@ class MultiHeadLearner(BaseLearner):
     # -- check -----------------------------------------------------------------------------------
     def _lengths(self):
         return (2, 3) if self.three_row_queries else (2,)
-
-    @staticmethod
-    def _query_scale(W) -> float:
-        """Token scale of the random queries: logits of order 1."""
-        return 1.0 / np.sqrt(max(float(np.max(np.linalg.norm(W, axis=(1, 2)))), 1e-12))
 
     def _check(self, run: _Run, W, v, rng) -> float:
         d = W.shape[1]

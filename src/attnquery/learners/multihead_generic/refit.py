@@ -15,8 +15,8 @@ import scipy.optimize
 
 from ...models import softmax_last
 
-__all__ = ["multihead_eval", "multihead_jacobian", "head_separation", "random_queries",
-           "refit_heads", "Refit", "relative_rms_error"]
+__all__ = ["multihead_eval", "multihead_jacobian", "head_separation", "query_scale",
+           "random_queries", "refit_heads", "Refit", "relative_rms_error"]
 
 
 def multihead_eval(W, v, X) -> np.ndarray:
@@ -62,10 +62,14 @@ def head_separation(W) -> float:
     return float(best)
 
 
+def query_scale(W) -> float:
+    """Token scale of the random queries, ``1 / sqrt(max_h ||W_h||_F)``: logits of order 1."""
+    return 1.0 / np.sqrt(max(float(np.max(np.linalg.norm(W, axis=(1, 2)))), 1e-12))
+
+
 def random_queries(rng, d: int, n: int, lengths, W) -> list[np.ndarray]:
     """Random queries of each length in ``lengths`` (n in all), scaled to O(1) logits."""
-    wn = max(float(np.max(np.linalg.norm(W, axis=(1, 2)))), 1e-12)
-    sig = 1.0 / np.sqrt(wn)
+    sig = query_scale(W)
     per = -(-n // len(lengths))
     return [sig * rng.standard_normal((per, N, d)) for N in lengths]
 
