@@ -239,7 +239,6 @@ def bench_lowprecision() -> list[dict]:
     Run with ``OPENBLAS_NUM_THREADS=1``, as the workflow's jobs do, on a busy machine: threaded
     matrix-vector products in the simulated head slow down tenfold when the cores are shared."""
     import os
-    from pathlib import Path
 
     from .learners import LowPrecisionValueQueryLearner
     from .metrics import relative_error

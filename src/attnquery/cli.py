@@ -97,16 +97,19 @@ BIAS_METHODS = ("exact", "sketch", "layer")
 # ----------------------------------------------------------------------------------------------
 
 
-def _accepts(cls) -> tuple[set[str], bool]:
-    params = inspect.signature(cls).parameters
+def _accepts(cls, params=None) -> tuple[set[str], bool]:
+    """Keyword names ``cls`` takes, and whether it takes ``**kwargs`` (``params``: its
+    signature's parameters, when already in hand)."""
+    params = inspect.signature(cls).parameters if params is None else params
     names = {n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
     var_kw = any(p.kind is p.VAR_KEYWORD for p in params.values())
     return names, var_kw
 
 
-def _check_param_type(cls, name: str, value) -> None:
-    """ConfigError when ``value`` is not of the kind the default of ``cls``'s parameter is."""
-    param = inspect.signature(cls).parameters.get(name)
+def _check_param_type(cls, name: str, value, params=None) -> None:
+    """ConfigError when ``value`` is not of the kind the default of ``cls``'s parameter is
+    (``params``: its signature's parameters, when already in hand)."""
+    param = (inspect.signature(cls).parameters if params is None else params).get(name)
     if param is None or param.default is inspect.Parameter.empty or param.default is None:
         return
     default = param.default
@@ -136,7 +139,8 @@ def construct(cls, *args, optional=None, required=None):
     ``optional`` keywords the class does not take are left out. None values are never passed.
     A parameter without a default that is not given is a ConfigError naming it.
     """
-    names, var_kw = _accepts(cls)
+    sig_params = inspect.signature(cls).parameters
+    names, var_kw = _accepts(cls, sig_params)
     kwargs = {}
     for k, val in (optional or {}).items():
         if val is not None and (var_kw or k in names):
@@ -155,8 +159,8 @@ def construct(cls, *args, optional=None, required=None):
             f"its parameters: {sorted(names)}"
         )
     for k, val in kwargs.items():
-        _check_param_type(cls, k, val)
-    params = list(inspect.signature(cls).parameters.values())
+        _check_param_type(cls, k, val, sig_params)
+    params = list(sig_params.values())
     missing = [p.name for p in params[len(args):]
                if p.default is inspect.Parameter.empty and p.name not in kwargs
                and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
@@ -536,10 +540,9 @@ def _check_out(path) -> None:
         raise ConfigError(f"--out {path}: cannot write there ({_os_reason(exc)})") from None
 
 
-def _write(save, path, model, /, **meta) -> None:
-    """``save`` (:func:`~attnquery.realheads.save_head` or ``save_layer``, atomic), with a
-    failed write as an :class:`OutputError`."""
-    what = "layer" if save.__name__ == "save_layer" else "head"
+def _write(save, what, path, model, /, **meta) -> None:
+    """``save`` (:func:`~attnquery.realheads.save_head` or ``save_layer``, atomic) of the
+    ``what`` ("head" or "layer"), with a failed write as an :class:`OutputError`."""
     try:
         save(path, model, **meta)
     except OSError as exc:
@@ -550,27 +553,21 @@ def _write(save, path, model, /, **meta) -> None:
 
 def _module_source(args):
     """``(black box, d, truth, source, learner params)`` for ``extract --module``."""
-    from .realheads import (
-        ModuleBlackBox,
-        cached_checkpoint,
-        head_from_checkpoint,
-        layer_from_checkpoint,
-    )
+    from .realheads import ModuleBlackBox, build_head, build_layer, cached_checkpoint
 
     if args.layer is None:
         raise ConfigError("--module needs --layer (the layer to extract, from 0)")
     kind, index = args.readout
     readout_seed = index if kind == "coordinate" else args.readout_seed
     biases = not args.no_biases
-    where = dict(n_heads=args.n_heads, readout=kind, readout_seed=readout_seed)
     try:
         ckpt = cached_checkpoint(args.module, args.n_heads)
-        box = ModuleBlackBox(args.module, args.layer, args.head, biases=biases, **where)
+        box = ModuleBlackBox(args.module, args.layer, args.head, biases=biases,
+                             n_heads=args.n_heads, readout=kind, readout_seed=readout_seed)
         if args.head is None:
-            truth = layer_from_checkpoint(args.module, args.layer, biases=biases, **where)
+            truth = build_layer(ckpt, args.layer, box.r, biases=biases)
         else:
-            truth = head_from_checkpoint(args.module, args.layer, args.head, biases=biases,
-                                         **where)
+            truth = build_head(ckpt, args.layer, args.head, box.r, biases=biases)
     except ModelError as exc:
         raise ConfigError(f"--module: {exc}") from None
     params = {}
@@ -644,8 +641,8 @@ def cmd_extract(args) -> int:
     summary["source"] = source
     layer = method == "layer"
     if args.out is not None:
-        _write(save_layer if layer else save_head, args.out, learned, method=method,
-               n_queries=summary["n_queries"], source=source)
+        _write(save_layer if layer else save_head, "layer" if layer else "head", args.out,
+               learned, method=method, n_queries=summary["n_queries"], source=source)
         summary["out"] = str(args.out)
     if args.json:
         _print_json(summary)
@@ -709,9 +706,9 @@ def cmd_heads(args) -> int:
     seed = index if kind == "coordinate" else args.seed
     r = readout_vector(ckpt.d, kind, seed)
     head = build_head(ckpt, args.layer, args.head, r)
-    _write(save_head, args.out, head, checkpoint=str(args.checkpoint), style=ckpt.style,
-                layer=args.layer, head=args.head, n_heads=ckpt.n_heads, readout=kind,
-                readout_seed=int(seed))
+    _write(save_head, "head", args.out, head, checkpoint=str(args.checkpoint),
+           style=ckpt.style, layer=args.layer, head=args.head, n_heads=ckpt.n_heads,
+           readout=kind, readout_seed=int(seed))
     s = head_summary(head)
     s.update({"checkpoint": str(args.checkpoint), "style": ckpt.style, "layer": args.layer,
               "head": args.head, "n_layers": ckpt.n_layers, "n_heads": ckpt.n_heads,
@@ -784,7 +781,7 @@ _OS_REASONS = {errno.EISDIR: "it is a folder", errno.ENOTDIR: "a parent is not a
 def _os_reason(exc: OSError) -> str:
     """An OSError in words: what it means, and where."""
     reason = _OS_REASONS.get(exc.errno, exc.strerror or _one_line(exc))
-    where = exc.filename if exc.filename is not None else None
+    where = exc.filename
     return f"{reason}: {where}" if where else reason
 
 

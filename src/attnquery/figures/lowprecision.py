@@ -116,12 +116,22 @@ def queries_needed(rows, target: float = TARGET_REL_ERR, stat: str = "median",
     return out
 
 
+def _frames(df):
+    """The experiment's frame (every run) and its ok runs."""
+    every = lowprecision_frame(df)
+    return every, ok_rows(every)
+
+
 def lowprecision_claims(df) -> list[Claim]:
     """Claims of the low-precision experiment, checked on its rows."""
-    every = lowprecision_frame(df)
+    every, rows = _frames(df)
     if every.empty:
         return []
-    rows = lowprecision_frame(ok_rows(df, "lowprecision"))
+    return _claims(every, rows, slope_fits(rows))
+
+
+def _claims(every, rows, fits) -> list[Claim]:
+    """:func:`lowprecision_claims` on the frames of :func:`_frames` and the fits of ``rows``."""
     claims = []
     bad = every[every["status"] != "ok"]
     claims.append(Claim(
@@ -129,7 +139,6 @@ def lowprecision_claims(df) -> list[Claim]:
         bool(bad.empty),
         f"{len(every) - len(bad)}/{len(every)} runs ok"
         + (f"; failed: {sorted(set(bad['rounding']))}" if len(bad) else "")))
-    fits = slope_fits(rows)
     pooled = fits.get((None, None))
     whole = slope_fits(rows, min_passes=0).get((None, None))
     claims.append(Claim(
@@ -218,13 +227,13 @@ is too low for a budget.
 )
 def lowprecision(df):
     """Error against queries per unknown per precision; queries for 1e-2; estimate vs error."""
-    claims = lowprecision_claims(df)
-    rows = lowprecision_frame(ok_rows(df, "lowprecision"))
+    every, rows = _frames(df)
+    fits = slope_fits(rows) if len(rows) else {}
+    claims = _claims(every, rows, fits) if len(every) else []  # slope_fits of no rows is {}
     fig, axes = plt.subplots(2, 2, figsize=(6.75, 5.8))
     order = _order(rows) if len(rows) else []
     cmap = plt.get_cmap("viridis")
     color = {s: cmap(i / max(1, len(order) - 1)) for i, s in enumerate(order)}
-    fits = slope_fits(rows) if len(rows) else {}
     for ax, fam in zip(axes[0], FAMILIES, strict=True):
         g = rows[rows["family"] == fam]
         for spec in order:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import matplotlib.pyplot as plt
 import numpy as np
 
@@ -12,17 +10,13 @@ from ..metrics import fit_linear
 from ..theory import USEFUL_REL_ERR, precision_digits, theorem61_guarantee
 from ..theory import theorem61_premise as cell_meets_assumptions
 from . import register_figure, tight_layout
-from .lowprecision import queries_needed
+from .lowprecision import queries_needed, slope_fits
 
 #: interval the fitted slope of error against tau must fall in
 SLOPE_RANGE = (0.9, 1.1)
 #: interval the fitted exponent of error against oversampling (uniform noise) must fall in
 OVERSAMPLE_RANGE = (-0.65, -0.35)
 NOISE_MODELS = ("uniform", "adversarial")
-
-
-def _extra(df, key, default=None):
-    return df["extra"].map(lambda s: json.loads(s).get(key, default) if s else default)
 
 
 def _tau_rows(df, ok_only=True):
@@ -53,7 +47,7 @@ def noise_claims(df) -> list[Claim]:
     rows = _tau_rows(df)
     every = _tau_rows(df, ok_only=False)
     noisy = rows[(rows["learner"] == "noisy") & (rows["oversample"] == 1)]
-    met = noisy[_extra(noisy, "assumptions_met", False).astype(bool)]
+    met = noisy[extra_values(noisy, "assumptions_met", False).astype(bool)]
     for model in NOISE_MODELS:
         g = met[met["noise"] == model]
         # every cell meeting the assumptions (any status) must be an ok row within the bound
@@ -68,7 +62,7 @@ def noise_claims(df) -> list[Claim]:
         ))
     for model in NOISE_MODELS:
         g = met[met["noise"] == model]
-        g = g[_extra(g, "n_clipped", 0).astype(int) == 0]
+        g = g[extra_values(g, "n_clipped", 0).astype(int) == 0]
         try:
             fit = _centered_slope(g)
             ok = SLOPE_RANGE[0] <= fit.slope <= SLOPE_RANGE[1]
@@ -276,7 +270,11 @@ def _rounding_rows(df):
 def useful_digits(df) -> dict:
     """Per curve (learner, and budget for the low-precision learner): the fewest digits from
     which every median relative error of W is <= 0.1 (failed runs count as infinite errors)."""
-    rows = _rounding_rows(df)
+    return _useful_digits(_rounding_rows(df))
+
+
+def _useful_digits(rows) -> dict:
+    """:func:`useful_digits` on the rows of :func:`_rounding_rows`."""
     rows = rows[rows["rounding"].str.startswith("digits=")]
     out = {}
     for lname, g in rows.groupby("curve", sort=True):
@@ -297,23 +295,34 @@ def rounding_costs(df, target: float) -> dict:
     """Queries per unknown the low-precision learner needs for a median relative error of W of
     ``target`` at each rounding (see :func:`attnquery.figures.lowprecision.queries_needed`;
     heads of every d pooled): rounding -> (queries per unknown, kind)."""
-    rows = _rounding_rows(df)
+    return _rounding_costs(_rounding_rows(df), (target,))[target]
+
+
+def _rounding_costs(rows, targets) -> dict:
+    """target -> :func:`rounding_costs` for each of ``targets``, on the rows of
+    :func:`_rounding_rows` (the frame and its slope fits built once)."""
     lp = rows[(rows["learner"] == "lowprecision") & (rows["status"] == "ok")]
     if lp.empty:
-        return {}
+        return {t: {} for t in targets}
     d = lp["d"].astype(float)
     lp = lp.assign(family="rounding", spent=lp["n_queries"] / (d * d + d),
                    unit=lp["d"].astype(str) + "|" + lp["seed"].astype(str),
                    passes=extra_values(lp, "n_passes", 0).astype(int))
-    return {spec: v for (_, spec), v in queries_needed(lp, target).items()}
+    fits = slope_fits(lp)
+    return {t: {spec: v for (_, spec), v in queries_needed(lp, t, fits=fits).items()}
+            for t in targets}
 
 
 def rounding_claims(df) -> list[Claim]:
     rows = _rounding_rows(df)
+    return _rounding_claims(rows, _useful_digits(rows))
+
+
+def _rounding_claims(rows, useful) -> list[Claim]:
+    """:func:`rounding_claims` on the rows of :func:`_rounding_rows` and their useful digits."""
     rows = rows[rows["status"] == "ok"]
     dig = rows[rows["rounding"].str.startswith("digits=")]
     claims = []
-    useful = useful_digits(df)
     for lname, g in dig.groupby("curve", sort=True):
         k = g["rounding"].str.split("=").str[1].astype(float)
         y = np.log10(np.clip(g["rel_err_W"].astype(float), 1e-300, 1e300))
@@ -351,8 +360,9 @@ def defence_rounding(df):
     """Relative error of W against digits kept, per learner (and budget of the low-precision
     learner), with the usefulness threshold; and the queries each rounding costs an attacker."""
     rows = _rounding_rows(df)
-    claims = rounding_claims(df)
-    useful = useful_digits(df)
+    useful = _useful_digits(rows)
+    claims = _rounding_claims(rows, useful)
+    costs = _rounding_costs(rows, COST_TARGETS)
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(6.75, 3.4), width_ratios=(1.6, 1))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     finite = rows["rel_err_W"][np.isfinite(rows["rel_err_W"].astype(float))]
@@ -391,7 +401,7 @@ def defence_rounding(df):
     ax.legend(fontsize=5.5, loc="lower left", ncol=1)
     # (b) what a rounding costs: queries per unknown for a target error
     for ti, (tgt, mk) in enumerate(zip(COST_TARGETS, ("o", "s", "^"), strict=True)):
-        cost = rounding_costs(df, tgt)
+        cost = costs[tgt]
         pts = sorted((precision_digits(s), v) for s, v in cost.items())
         if pts:
             ax2.plot([p[0] for p in pts], [p[1][0] for p in pts], mk + "-", color=colors[ti],

@@ -7,15 +7,14 @@ margin.
 
 from __future__ import annotations
 
-import json
-
 import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
 from matplotlib.colors import LogNorm
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
-from ..claims import Claim, ok_rows
-from ..theory import BIAS_EXACT_TOL, BIAS_PARAM_TOL, BIAS_SKETCH_TOL
+from ..claims import Claim, extra_values, ok_rows
+from ..theory import BIAS_EXACT_TOL, BIAS_PARAM_TOL, BIAS_SKETCH_TOL, exact_queries, lowrank_floor
 from ..theory import REALHEADS_EXACT_TOL as EXACT_TOL
 from ..theory import REALHEADS_SKETCH_TOL as SKETCH_TOL
 from . import register_figure
@@ -26,23 +25,24 @@ SKETCH_QUERY_FACTOR = 1.05
 FLOOR = 1e-17
 
 
-def _extra(df, key):
-    return df["extra"].map(lambda s: json.loads(s).get(key) if isinstance(s, str) else None)
+def _biased(rows):
+    """Per row: whether the run learnt the module's biases (a missing value counts as not)."""
+    return rows["biases"].fillna(False).astype(bool)
 
 
 def _learner_rows(df, learner, biases=False):
     rows = df[(df["experiment"] == "realheads") & (df["learner"] == learner)]
     if "biases" in rows:
-        rows = rows[rows["biases"].fillna(False).astype(bool) == biases]
+        rows = rows[_biased(rows) == biases]
     elif biases:
         rows = rows.iloc[:0]
     return rows, rows[rows["status"] == "ok"]
 
 
 def _sketch_floor(ok):
-    d = _extra(ok, "d").astype(float)
-    r = _extra(ok, "rank").astype(float)
-    return d, r, r * (2 * d - r) + d
+    d = extra_values(ok, "d").astype(float)
+    r = extra_values(ok, "rank").astype(float)
+    return d, r, pd.Series(list(map(lowrank_floor, d, r)), index=d.index, dtype=float)
 
 
 def realheads_claims(df) -> list[Claim]:
@@ -50,7 +50,7 @@ def realheads_claims(df) -> list[Claim]:
     claims = []
     rows, ok = _learner_rows(df, "exact")
     if len(rows):
-        d = _extra(ok, "d").astype(float)
+        d = extra_values(ok, "d").astype(float)
         count_ok = ok["n_queries"].astype(float) == d**2 + d
         succ = ok["success"].fillna(False).astype(bool)
         worst = ok["rel_err_W"].max() if len(ok) else float("nan")
@@ -82,10 +82,10 @@ def realheads_claims(df) -> list[Claim]:
     claims += _bias_claims(df)
     rows, ok = _learner_rows(df, "noisy")
     if len(rows):
-        premise = _extra(ok, "margin_premise").fillna(False).astype(bool)
+        premise = extra_values(ok, "margin_premise").fillna(False).astype(bool)
         has_bound = ok["bound_W"].notna()
         inside = ok.loc[has_bound, "within_bound"].fillna(False).astype(bool)
-        vacuous = ok.loc[has_bound, "bound_W"] >= _extra(ok[has_bound], "W_fro").astype(float)
+        vacuous = ok.loc[has_bound, "bound_W"] >= extra_values(ok[has_bound], "W_fro").astype(float)
         claims.append(Claim(
             "realheads_noisy_bound",
             "where Theorem 6.1's premise tau <= min|v_i| / 2 holds, the noisy learner's errors "
@@ -114,7 +114,7 @@ def _bias_claims(df) -> list[Claim]:
     claims = []
     rows, ok = _learner_rows(df, "exact", biases=True)
     if len(rows):
-        d = _extra(ok, "d").astype(float)
+        d = extra_values(ok, "d").astype(float)
         n = ok["n_queries"].astype(float)
         count_ok = n == d**2 + 2 * d + 1
         succ = ok["success"].fillna(False).astype(bool)
@@ -176,7 +176,7 @@ _BIAS_PARAMS = (("W", "rel_err_W"), ("c", "rel_err_c"), ("v", "rel_err_v"),
 
 def _bias_errors(ax, rh):
     """Relative errors of every learnt parameter with the biases, per learner."""
-    biased = rh[rh["biases"].fillna(False).astype(bool)] if "biases" in rh else rh.iloc[:0]
+    biased = rh[_biased(rh)] if "biases" in rh else rh.iloc[:0]
     if not len(biased):
         _no_runs(ax, "biased")
         return
@@ -213,7 +213,7 @@ def _queries(ax, rh, n_heads):
                                       (("sketch", True), "+")):
         sub = rh[rh["learner"] == learner]
         if "biases" in sub:
-            sub = sub[sub["biases"].fillna(False).astype(bool) == biases]
+            sub = sub[_biased(sub) == biases]
         elif biases:
             continue
         if not len(sub):
@@ -221,10 +221,10 @@ def _queries(ax, rh, n_heads):
         idx = sub["layer"] * n_heads + sub["head"]
         ax.plot(idx, sub["n_queries"], marker, ms=3, alpha=0.7,
                 label=f"{learner}{' (biases)' if biases else ''}")
-    d = float(_extra(rh, "d").iloc[0])
-    r = float(_extra(rh, "rank").iloc[0])
-    lines = [(d * d + d, "k", "--", f"$d^2 + d$ (d = {d:.0f})"),
-             (r * (2 * d - r) + d, "0.4", ":", f"$r(2d - r) + d$ (r = {r:.0f})")]
+    d = float(extra_values(rh, "d").iloc[0])
+    r = float(extra_values(rh, "rank").iloc[0])
+    lines = [(exact_queries(d), "k", "--", f"$d^2 + d$ (d = {d:.0f})"),
+             (lowrank_floor(d, r), "0.4", ":", f"$r(2d - r) + d$ (r = {r:.0f})")]
     for y, col, ls, lab in lines:
         ax.axhline(y, color=col, ls=ls, lw=0.8, label=lab)
     ax.set(yscale="log", xlabel="layer x heads per layer + head",
@@ -241,7 +241,7 @@ def _noisy(ax, rh):
     if not len(noisy):
         _no_runs(ax, "noisy")
         return
-    mv = _extra(noisy, "min_abs_v").astype(float)
+    mv = extra_values(noisy, "min_abs_v").astype(float)
     x = noisy["tau"].astype(float) / mv
     for tau in sorted(noisy["tau"].unique()):
         sel = noisy["tau"] == tau
@@ -292,7 +292,7 @@ def realheads(df):
     heat = [[fig.add_subplot(gs[i, j]) for j in range(2)] for i in range(2)]
     n_layers = int(rh["layer"].max()) + 1 if len(rh) else 1
     n_heads = int(rh["n_heads"].max()) if len(rh) else 1
-    biased = rh["biases"].fillna(False).astype(bool) if "biases" in rh else False
+    biased = _biased(rh) if "biases" in rh else False
     dense = rh[rh["learner"].isin(["exact", "sketch"])]
     errs = np.maximum(dense["rel_err_W"].to_numpy(dtype=float), FLOOR)
     lo, hi = (errs.min(), errs.max()) if errs.size else (1e-16, 1e-8)

@@ -7,12 +7,10 @@ recovered. reallayer_time: wall time per layer (not byte-reproducible by nature)
 
 from __future__ import annotations
 
-import json
-
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..claims import Claim
+from ..claims import Claim, extra_values
 from ..theory import LAYER_FUNC_TOL as FUNC_TOL
 from ..theory import LAYER_HEAD_TOL as HEAD_TOL
 from . import register_figure
@@ -25,10 +23,6 @@ DOF_MIN_D = 256
 FLOOR = 1e-17
 #: the learner's stages, in the order they run, as stacked in the queries panel
 STAGES = ("v_sum", "circle", "isolated", "missing", "verify")
-
-
-def _extra(df, key):
-    return df["extra"].map(lambda s: json.loads(s).get(key) if isinstance(s, str) else None)
 
 
 def _rows(df):
@@ -44,9 +38,10 @@ def reallayer_claims(df) -> list[Claim]:
     H = rows["n_heads"].astype(int)
     found = ok["n_heads_found"].astype(int) == ok["n_heads"].astype(int)
     func_ok = ok["func_err"].astype(float) <= FUNC_TOL
-    stages = _extra(ok, "queries_by_stage")
+    stages = extra_values(ok, "queries_by_stage")
     counted = np.array([q["v_sum"] + q["isolated"] + q["missing"] for q in stages], dtype=float)
-    stated = (_extra(ok, "probe_count") + _extra(ok, "n_requeried")).to_numpy(dtype=float)
+    stated = (extra_values(ok, "probe_count")
+              + extra_values(ok, "n_requeried")).to_numpy(dtype=float)
     layers = ", ".join(str(int(x)) for x in sorted(rows["layer"]))
     worst = lambda col: float(ok[col].max()) if len(ok) else float("nan")  # noqa: E731
     claims = [
@@ -74,12 +69,12 @@ def reallayer_claims(df) -> list[Claim]:
             "(plus probes asked again)",
             bool(len(ok) == len(rows) and (counted == stated).all()),
             f"{int((counted == stated).sum())}/{len(rows)} layers; probes asked again "
-            f"{int(_extra(ok, 'n_requeried').sum()) if len(ok) else 0}",
+            f"{int(extra_values(ok, 'n_requeried').sum()) if len(ok) else 0}",
         ),
     ]
-    big = ok[_extra(ok, "d").astype(float) >= DOF_MIN_D]
+    big = ok[extra_values(ok, "d").astype(float) >= DOF_MIN_D]
     if len(big):
-        ratio = big["n_queries"].astype(float) / _extra(big, "dof").astype(float)
+        ratio = big["n_queries"].astype(float) / extra_values(big, "dof").astype(float)
         claims.append(Claim(
             "reallayer_dof",
             f"at d >= {DOF_MIN_D} the learner asks at most {QUERY_FACTOR} times the layer's "
@@ -115,7 +110,7 @@ def reallayer(df):
     ax = axes[0, 0]
     for k, (name, key) in enumerate((("$W_h$", "rel_err_W_heads"), ("$v_h$", "rel_err_v_heads"),
                                      ("$c_h$", "rel_err_c_heads"))):
-        for i, (L, e) in enumerate(zip(ok["layer"], _extra(ok, key), strict=True)):
+        for i, (L, e) in enumerate(zip(ok["layer"], extra_values(ok, key), strict=True)):
             e = np.maximum(np.asarray(e, dtype=float), FLOOR)
             x = L + (k - 1) * 0.25 + np.linspace(-0.08, 0.08, e.size)
             ax.plot(x, e, "o", ms=2.5, color=f"C{k}", alpha=0.8, label=name if i == 0 else None)
@@ -135,13 +130,13 @@ def reallayer(df):
     ax.legend(fontsize=6)
 
     ax = axes[1, 0]
-    by_stage = _extra(ok, "queries_by_stage")
+    by_stage = extra_values(ok, "queries_by_stage")
     bottom = np.zeros(len(ok))
     for k, stage in enumerate(STAGES):
         vals = np.array([q.get(stage, 0) for q in by_stage], dtype=float)
         ax.bar(ok["layer"], vals, bottom=bottom, color=f"C{k}", label=stage)
         bottom += vals
-    dof = _extra(ok, "dof").astype(float).to_numpy()
+    dof = extra_values(ok, "dof").astype(float).to_numpy()
     ax.plot(ok["layer"], dof, "k_", ms=18, mew=1.5, label="degrees of freedom")
     for L, q, f in zip(ok["layer"], ok["n_queries"], dof, strict=True):
         ax.text(L, q * 1.02, f"{q / f:.2f}x", ha="center", va="bottom", fontsize=6)
