@@ -48,8 +48,9 @@ def test_workflow_conda_env_uses_the_same_versions(repo):
     for dep in env["dependencies"]:
         name, ver = dep.split("=", 1)
         if name != "python":
-            assert py.get(name.lower()) == ver, f"workflow/envs/attnquery.yaml: {dep}"
+            assert py.get(name.lower().replace("_", "-")) == ver, f"workflow/envs/attnquery.yaml: {dep}"
     runtime = {k for k in py if k not in ("pytest", "pytest-xdist", "hypothesis", "ruff",
+                                          "onnx", "onnxruntime",
                                           "snakemake", "snakemake-executor-plugin-slurm")}
-    listed = {d.split("=", 1)[0].lower() for d in env["dependencies"]}
+    listed = {d.split("=", 1)[0].lower().replace("_", "-") for d in env["dependencies"]}
     assert runtime <= listed, f"missing from the rule environment: {sorted(runtime - listed)}"
