@@ -19,6 +19,7 @@ import numpy as np
 import scipy.sparse
 
 from .errors import ModelError
+from .precision import check_precision
 from .rng import as_rng, haar_orthogonal
 from .theory import NON_IDENTIFIABLE_CONSTRUCTIONS
 
@@ -118,9 +119,17 @@ class AttentionHead:
     offset : float
         The constant beta added to every answer (the value and output biases read out).
         Default 0.
+    precision : {"float64", "float32", "float16", "bfloat16"}
+        Compute precision of ``__call__`` (served arithmetic, :mod:`attnquery.precision`): the
+        parameters are stored in the format and every operation of the forward pass (the
+        query vector ``W x_N`` (``K^T (Q x_N)`` with factors), ``+ c``, the scores, the
+        softmax, the values ``X v``, their weighted sum, ``+ beta``) is rounded to it.
+        ``"float64"`` (default) is the exact model. :attr:`W`, :meth:`scores` and
+        :meth:`attention` are always the float64 model's.
     """
 
-    def __init__(self, v, W=None, K=None, Q=None, key_bias=None, offset=0.0):
+    def __init__(self, v, W=None, K=None, Q=None, key_bias=None, offset=0.0,
+                 precision: str = "float64"):
         v = np.asarray(v, dtype=np.float64)
         if v.ndim != 1 or v.size < 1:
             raise ModelError(f"v must be a non-empty vector; got shape {v.shape}")
@@ -159,6 +168,7 @@ class AttentionHead:
         # the right operand of W_times, C-contiguous (a sparse product needs that layout)
         self._right = np.ascontiguousarray((Q if W is None else W).T)
         self._cache: dict[bytes, np.ndarray] = {}  # W x of recent last tokens, by their bytes
+        self.precision = check_precision(precision)
 
     @property
     def d(self) -> int:
@@ -209,9 +219,29 @@ class AttentionHead:
         return softmax_last(self.scores(X))
 
     def __call__(self, X) -> np.ndarray:
+        if self.precision != "float64":
+            return self._served(check_input(X, self.d))
         scores, values = self._scores_values(check_input(X, self.d))
         out = np.einsum("bn,bn->b", softmax_last(scores), values)
         return out + self.offset if self.offset else out
+
+    def _served(self, X: np.ndarray) -> np.ndarray:
+        """The forward pass in ``self.precision`` (see :mod:`attnquery.precision`)."""
+        A, P = _served_params(self)
+        Xs = A.store(X)
+        last = Xs[:, -1, :]
+        if self.is_lowrank:
+            a = A.matmul(A.matmul(last, P["Q"].T), P["K"])
+        else:
+            a = A.matmul(last, P["W"].T)
+        if "c" in P:
+            a = A.add(a, P["c"])
+        alpha = A.softmax(A.matmul(Xs, a[:, :, None])[..., 0])
+        values = A.matmul(Xs, P["v"])
+        out = A.matmul(alpha[:, None, :], values[:, :, None])[:, 0, 0]
+        if "beta" in P:
+            out = A.add(out, P["beta"])
+        return A.answers(out)
 
     def _scores_values(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Scores ``X (W x_N + c)`` and values ``X v`` of a validated batch, each (B, N).
@@ -252,7 +282,28 @@ class AttentionHead:
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_cache"] = {}
+        state.pop("_served_cache", None)
         return state
+
+
+def _served_params(head: AttentionHead):
+    """The head's arithmetic and its parameters stored in its precision (built once)."""
+    cached = getattr(head, "_served_cache", None)
+    if cached is None:
+        from .precision import Arithmetic
+
+        A = Arithmetic(head.precision)
+        P = {"v": A.store(head.v)}
+        if head.is_lowrank:
+            P["K"], P["Q"] = A.store(head.K), A.store(head.Q)
+        else:
+            P["W"] = A.store(head.W_dense)
+        if np.any(head.key_bias):
+            P["c"] = A.store(head.key_bias)
+        if head.offset:
+            P["beta"] = A.store(head.offset)
+        cached = head._served_cache = (A, P)
+    return cached
 
 
 class MultiHeadAttention:
@@ -265,9 +316,15 @@ class MultiHeadAttention:
     offset : float
         A constant added to every answer on top of the heads' own offsets (a layer's output
         bias read out, ``r^T b_O``). Default 0.
+    precision : {"float64", "float32", "float16", "bfloat16"}
+        Compute precision of ``__call__`` (:mod:`attnquery.precision`): every head is
+        evaluated in it (as :class:`AttentionHead` with that precision), the heads' answers are
+        added in order and the offset last, each addition rounded. Default ``"float64"``: the
+        exact model of the heads' float64 parameters.
     """
 
-    def __init__(self, heads: Sequence[AttentionHead], offset: float = 0.0):
+    def __init__(self, heads: Sequence[AttentionHead], offset: float = 0.0,
+                 precision: str = "float64"):
         heads = tuple(heads)
         if not heads:
             raise ModelError("a multi-head model needs at least one head")
@@ -278,6 +335,11 @@ class MultiHeadAttention:
             raise ModelError(f"offset must be finite; got {offset}")
         self.heads = heads
         self.offset = float(offset)
+        self.precision = check_precision(precision)
+        if self.precision != "float64":
+            self._served_heads = tuple(
+                AttentionHead(h.v, W=h.W_dense, K=h.K, Q=h.Q, key_bias=h.key_bias,
+                              offset=h.offset, precision=self.precision) for h in heads)
 
     @property
     def d(self) -> int:
@@ -300,11 +362,27 @@ class MultiHeadAttention:
         ``_BLOCK`` inputs.
         """
         X = check_input(X, self.d)
+        if self.precision != "float64":
+            return self._served(X)
         out = np.empty(X.shape[0])
         V = np.stack([h.v for h in self.heads])  # (H, d)
         for a in range(0, X.shape[0], _BLOCK):
             out[a:a + _BLOCK] = self._block(X[a:a + _BLOCK], V)
         return out + self.total_offset
+
+    def _served(self, X: np.ndarray) -> np.ndarray:
+        """The layer in ``self.precision``: the heads' answers added in order, then the
+        offset, every sum rounded."""
+        from .precision import Arithmetic
+
+        A = Arithmetic(self.precision)
+        out = None
+        for h in self._served_heads:
+            y = A.store(h(X))  # already the format's values
+            out = y if out is None else A.add(out, y)
+        if self.offset:
+            out = A.add(out, A.store(self.offset))
+        return A.answers(out)
 
     def _block(self, X: np.ndarray, V: np.ndarray) -> np.ndarray:
         B = X.shape[0]

@@ -47,6 +47,7 @@ import numpy as np
 
 from .errors import ModelError
 from .models import AttentionHead, MultiHeadAttention, check_input, softmax_last
+from .precision import Arithmetic, check_precision
 
 __all__ = [
     "Checkpoint",
@@ -369,10 +370,20 @@ class ModuleBlackBox:
         The readout vector r (:func:`readout_vector`).
     biases : bool
         Keep the module's biases (default); ``False`` drops them all.
+    precision : {"float64", "float32", "float16", "bfloat16"}
+        Compute precision (served arithmetic, :mod:`attnquery.precision`). Not float64, the
+        weights and biases are stored in the format, the inputs are rounded to it, and every
+        operation is rounded to it as an engine computes the module: ``q = X_N W_Q^T`` then
+        ``+ b_Q``, likewise k and the values, per head ``q . k`` then ``/ sqrt(d_h)``, the
+        softmax, the attention-weighted values, the output projection ``W_O concat`` (the kept
+        heads' columns) then ``+ b_O``, and the readout ``r^T out`` (matrix products
+        accumulate in float32 for float16 and bfloat16). The readout vector r is stored in the
+        format too. ``"float64"`` (default) is the exact module, computed as before.
     """
 
     def __init__(self, path, layer: int, head: int | None = None, *, n_heads: int | None = None,
-                 readout: str = "gaussian", readout_seed: int = 0, biases: bool = True):
+                 readout: str = "gaussian", readout_seed: int = 0, biases: bool = True,
+                 precision: str = "float64"):
         ckpt = cached_checkpoint(path, n_heads)
         self.r = readout_vector(ckpt.d, readout, readout_seed)
         w, _ = _check_layer(ckpt, layer, self.r, biases)
@@ -393,9 +404,18 @@ class ModuleBlackBox:
         self._bq, self._bk, self._bv = bias("bq")[cols], bias("bk")[cols], bias("bv")[cols]
         self._ro = (w["o"].T @ self.r)[cols]  # r^T W_O on the kept slices
         self._rbo = float(self.r @ bias("bo"))
+        self.precision = check_precision(precision)
+        if self.precision != "float64":
+            A = self._arith = Arithmetic(self.precision)
+            self._s = {"wq": A.store(self._wq), "wk": A.store(self._wk), "wv": A.store(self._wv),
+                       "bq": A.store(self._bq), "bk": A.store(self._bk), "bv": A.store(self._bv),
+                       "wo": A.store(w["o"][:, cols]), "bo": A.store(bias("bo")),
+                       "r": A.store(self.r), "scale": A.store(np.sqrt(ckpt.d_head))}
 
     def __call__(self, X) -> np.ndarray:
         X = check_input(X, self.d)
+        if self.precision != "float64":
+            return self._served(X)
         dh = self.d_head
         q = X[:, -1, :] @ self._wq.T + self._bq  # (B, kept)
         k = X @ self._wk.T + self._bk  # (B, N, kept)
@@ -406,6 +426,24 @@ class ModuleBlackBox:
             s = np.einsum("bnk,bk->bn", k[..., sl], q[:, sl]) / np.sqrt(dh)
             out += np.einsum("bn,bnk,k->b", softmax_last(s), val[..., sl], self._ro[sl])
         return out
+
+    def _served(self, X: np.ndarray) -> np.ndarray:
+        """The module in ``self.precision``, operation by operation (see the class)."""
+        A, P = self._arith, self._s
+        dh = self.d_head
+        Xs = A.store(X)
+        q = A.add(A.matmul(Xs[:, -1, :], P["wq"].T), P["bq"])  # (B, kept)
+        k = A.add(A.matmul(Xs, P["wk"].T), P["bk"])  # (B, N, kept)
+        val = A.add(A.matmul(Xs, P["wv"].T), P["bv"])
+        heads = []
+        for j in range(len(self._heads)):
+            sl = slice(j * dh, (j + 1) * dh)
+            s = A.div(A.matmul(k[..., sl], q[:, sl, None])[..., 0], P["scale"])  # (B, N)
+            alpha = A.softmax(s)
+            heads.append(A.matmul(alpha[:, None, :], val[..., sl])[:, 0, :])  # (B, dh)
+        o = heads[0] if len(heads) == 1 else np.concatenate(heads, axis=1)
+        out = A.add(A.matmul(o, P["wo"].T), P["bo"])  # (B, d)
+        return A.answers(A.matmul(out, P["r"]))
 
 
 def _save_arrays(path, arrays: dict, meta: dict) -> None:

@@ -1,0 +1,130 @@
+"""Served arithmetic: a forward pass computed in float32, float16 or bfloat16 as an engine does.
+
+Beyond the paper. Deployed models are not evaluated in float64: an inference engine (onnxruntime,
+PyTorch, JAX) stores the weights in the serving format and rounds the result of every operation
+to it. :class:`Arithmetic` is that arithmetic, for the models of :mod:`attnquery.models` and
+:class:`attnquery.realheads.ModuleBlackBox` (their ``precision`` argument):
+
+* ``"float64"``: nothing is rounded (the models then keep their own float64 code path,
+  bit-identical to a model built without ``precision``);
+* ``"float32"``: every array is a float32 array and every operation is numpy's float32 operation
+  (matrix products by BLAS ``sgemm``: float32 products and float32 accumulation, as a CPU engine
+  computes them);
+* ``"float16"`` and ``"bfloat16"`` (``ml_dtypes.bfloat16``, the type JAX uses): values are held in
+  the format; a matrix product multiplies and accumulates in float32 and rounds its result to the
+  format once (what onnxruntime's and cuBLAS's half-precision GEMMs and PyTorch's ``matmul`` on
+  half tensors do); an elementwise operation (bias add, scaling) is computed in float32 and
+  rounded, which is the correctly rounded result of the format's own operation (float32 has more
+  than twice the format's significant bits plus two); the softmax is computed in float32 (max
+  shift, exp, sum, division) and its result rounded to the format, as the engines' half-precision
+  softmax kernels do. The inputs are rounded to the format on entry and the answers are the
+  format's values (returned as float64).
+
+A float16 value beyond 65504 is ``inf`` (the cast overflows, as on an accelerator), and the
+softmax of a row holding ``inf`` is NaN: a float16 box answers ``inf``/NaN to inputs that are too
+large, as a real one does. Nothing is clipped.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from .errors import ModelError
+
+__all__ = ["PRECISIONS", "Arithmetic", "check_precision", "storage_dtype", "round_to",
+           "largest_finite"]
+
+#: the compute precisions a model accepts
+PRECISIONS = ("float64", "float32", "float16", "bfloat16")
+
+_DTYPES = {"float64": np.dtype(np.float64), "float32": np.dtype(np.float32),
+           "float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+
+
+def check_precision(precision) -> str:
+    """Return ``precision`` as one of :data:`PRECISIONS` or raise :class:`ModelError`."""
+    if not isinstance(precision, str) or precision not in PRECISIONS:
+        raise ModelError(f"precision must be one of {PRECISIONS}; got {precision!r}")
+    return precision
+
+
+def storage_dtype(precision: str) -> np.dtype:
+    """The numpy dtype of a precision (``ml_dtypes.bfloat16`` for ``"bfloat16"``)."""
+    return _DTYPES[check_precision(precision)]
+
+
+def largest_finite(precision: str) -> float:
+    """The largest finite number of the format (65504 for float16)."""
+    return float(ml_dtypes.finfo(storage_dtype(precision)).max)
+
+
+def round_to(a, precision: str) -> np.ndarray:
+    """``a`` rounded to the format (to nearest, ties to even), returned as float64."""
+    dt = storage_dtype(precision)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.asarray(a, dtype=np.float64).astype(dt).astype(np.float64)
+
+
+class Arithmetic:
+    """The operations of a forward pass in one precision (see the module's docstring).
+
+    Arrays are held as float32 arrays whose values lie in the format (float64 arrays for
+    ``"float64"``); :meth:`rnd` rounds a computed array to the format.
+
+    Parameters
+    ----------
+    precision : {"float64", "float32", "float16", "bfloat16"}
+    """
+
+    def __init__(self, precision: str = "float64"):
+        self.precision = check_precision(precision)
+        self.dtype = storage_dtype(precision)
+        self.compute = np.dtype(np.float64) if precision == "float64" else np.dtype(np.float32)
+        self._narrow = precision in ("float16", "bfloat16")
+
+    def rnd(self, a) -> np.ndarray:
+        """Round an array to the format (held in the compute type)."""
+        a = np.asarray(a)
+        if not self._narrow:
+            return a.astype(self.compute, copy=False)
+        with np.errstate(over="ignore", invalid="ignore"):
+            return a.astype(self.dtype).astype(self.compute)
+
+    def store(self, a) -> np.ndarray:
+        """Weights (or inputs) as the engine holds them: float64 values rounded to the format."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            return np.asarray(a, dtype=np.float64).astype(self.dtype).astype(self.compute)
+
+    def matmul(self, a, b) -> np.ndarray:
+        """``a @ b``: products and sums in the compute type (float32 accumulation for the
+        narrow formats), the result rounded once."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            return self.rnd(np.matmul(a, b))
+
+    def add(self, a, b) -> np.ndarray:
+        """Elementwise ``a + b``, rounded."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            return self.rnd(np.add(a, b))
+
+    def mul(self, a, b) -> np.ndarray:
+        """Elementwise ``a * b``, rounded."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            return self.rnd(np.multiply(a, b))
+
+    def div(self, a, b) -> np.ndarray:
+        """Elementwise ``a / b``, rounded."""
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            return self.rnd(np.divide(a, b))
+
+    def softmax(self, s) -> np.ndarray:
+        """Softmax over the last axis in the compute type (max shift, exp, sum, division),
+        rounded once; a row holding ``inf`` gives NaN, as an engine's kernel does."""
+        s = np.asarray(s, dtype=self.compute)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            e = np.exp(s - s.max(axis=-1, keepdims=True))
+            return self.rnd(e / e.sum(axis=-1, keepdims=True))
+
+    def answers(self, y) -> np.ndarray:
+        """The answers, as float64 (their values are the format's)."""
+        return np.asarray(y, dtype=np.float64)

@@ -1,0 +1,121 @@
+"""Served arithmetic (attnquery.precision): models computed in float32, float16 and bfloat16,
+checked against onnxruntime, an engine the project did not write (tests/onnx_boxes.py)."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from attnquery.errors import ModelError, ModelMismatchError
+from attnquery.learners import ExactValueQueryLearner
+from attnquery.models import AttentionHead, MultiHeadAttention, random_head
+from attnquery.oracles import ValueOracle
+from attnquery.precision import PRECISIONS, Arithmetic, largest_finite, round_to
+from attnquery.realheads import ModuleBlackBox, build_layer, write_test_checkpoint
+
+from .onnx_boxes import module_box
+
+#: unit roundoff of each format
+EPS = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return write_test_checkpoint(tmp_path_factory.mktemp("served") / "model.safetensors",
+                                 n_layers=1, n_heads=4, d=32, seed=3)
+
+
+def _rel(a, b):
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+def test_float64_is_the_exact_model_bit_for_bit():
+    h = random_head(12, 0, rank=4, key_bias=0.5, offset=0.3)
+    X = np.random.default_rng(1).standard_normal((50, 3, 12))
+    h64 = AttentionHead(h.v, K=h.K, Q=h.Q, key_bias=h.key_bias, offset=h.offset,
+                        precision="float64")
+    assert np.array_equal(h64(X), h(X))
+    m = MultiHeadAttention([h, random_head(12, 2)], offset=0.1)
+    m64 = MultiHeadAttention(m.heads, offset=0.1, precision="float64")
+    assert np.array_equal(m64(X), m(X))
+
+
+@pytest.mark.parametrize("precision", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("factored", [True, False])
+def test_head_rounds_every_answer_to_the_format(precision, factored):
+    h = random_head(16, 4, rank=4 if factored else None, key_bias=0.5, offset=0.3)
+    kw = dict(K=h.K, Q=h.Q) if factored else dict(W=h.W)
+    hp = AttentionHead(h.v, key_bias=h.key_bias, offset=h.offset, precision=precision, **kw)
+    X = np.random.default_rng(2).standard_normal((400, 3, 16))
+    y, y64 = hp(X), h(X)
+    assert np.array_equal(round_to(y, precision), y)  # answers are the format's numbers
+    err = _rel(y, y64)
+    # the forward pass's roundings show (more than the answer's own rounding), within a few
+    # dozen units of roundoff
+    assert EPS[precision] / 4 < err < 40 * EPS[precision]
+
+
+def test_bfloat16_is_ml_dtypes_and_float16_overflows():
+    A = Arithmetic("bfloat16")
+    x = np.array([1.0 + 2.0**-9, 3.14159])
+    assert np.array_equal(A.store(x), x.astype(ml_dtypes.bfloat16).astype(np.float32))
+    assert largest_finite("float16") == 65504.0
+    h = random_head(8, 5, key_bias=0.2)
+    X = np.random.default_rng(3).standard_normal((20, 2, 8))
+    big = X * 1e3  # scores of order 1e6: beyond float16's range, not bfloat16's
+    y16 = AttentionHead(h.v, W=h.W, key_bias=h.key_bias, precision="float16")(big)
+    ybf = AttentionHead(h.v, W=h.W, key_bias=h.key_bias, precision="bfloat16")(big)
+    assert not np.all(np.isfinite(y16))
+    assert np.all(np.isfinite(ybf))
+    with pytest.raises(ModelError, match="precision"):
+        AttentionHead(h.v, W=h.W, precision="float8")
+    assert PRECISIONS == ("float64", "float32", "float16", "bfloat16")
+
+
+@pytest.mark.parametrize("precision", ["float32", "float16", "bfloat16"])
+def test_layer_in_a_precision(ckpt, precision):
+    from attnquery.realheads import cached_checkpoint, readout_vector
+
+    c = cached_checkpoint(ckpt)
+    layer = build_layer(c, 0, readout_vector(c.d))
+    served = MultiHeadAttention(layer.heads, layer.offset, precision=precision)
+    X = np.random.default_rng(4).standard_normal((300, 4, 32))
+    y = served(X)
+    assert np.array_equal(round_to(y, precision), y)
+    assert EPS[precision] / 4 < _rel(y, layer(X)) < 60 * EPS[precision]
+
+
+@pytest.mark.parametrize("precision", ["float32", "float16"])
+@pytest.mark.parametrize("head", [1, None])
+def test_module_box_agrees_with_onnxruntime(ckpt, precision, head):
+    X = np.random.default_rng(5).standard_normal((500, 5, 32))
+    ours = ModuleBlackBox(ckpt, 0, head, precision=precision)(X)
+    ort = module_box(ckpt, 0, head, precision)(X)
+    exact = ModuleBlackBox(ckpt, 0, head)(X)
+    eps = EPS[precision]
+    # both are the module to the format's precision, and they agree with each other to it
+    assert _rel(ort, exact) < 40 * eps
+    assert _rel(ours, exact) < 40 * eps
+    assert _rel(ours, ort) < 40 * eps
+    # ... and both really compute in the format (not in float64 rounded at the end)
+    assert _rel(ours, exact) > eps / 4 and _rel(ort, exact) > eps / 4
+
+
+def test_float16_boxes_overflow(ckpt):
+    X = np.random.default_rng(6).standard_normal((50, 3, 32))
+    ours = ModuleBlackBox(ckpt, 0, 2, precision="float16")
+    ort = module_box(ckpt, 0, 2, "float16")
+    assert np.all(np.isfinite(ours(X))) and np.all(np.isfinite(ort(X)))
+    # scores of order 1e7: our box rounds every operation to float16 (as a GPU engine does),
+    # so they overflow; onnxruntime's CPU provider runs the nodes it has no float16 kernel for
+    # in float32 (it inserts casts), so its answers stay finite there
+    assert not np.any(np.isfinite(ours(X * 3e3)))
+    # inputs beyond 65504 overflow in both
+    assert not np.any(np.isfinite(ours(X * 1e5))) and not np.any(np.isfinite(ort(X * 1e5)))
+
+
+@pytest.mark.parametrize("engine", ["ours", "onnxruntime"])
+def test_exact_learner_refuses_a_float32_box(ckpt, engine):
+    box = (ModuleBlackBox(ckpt, 0, 0, precision="float32") if engine == "ours"
+           else module_box(ckpt, 0, 0, "float32"))
+    with pytest.raises(ModelMismatchError):
+        ExactValueQueryLearner(fit_bias=True, random_state=0).fit(ValueOracle(box, 32))
