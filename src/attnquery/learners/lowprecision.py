@@ -83,6 +83,13 @@ _SCOUT_ALLOWANCE = 3 * 2 * _SCOUT_COLUMNS * _SCOUT_ROWS
 MAX_NOISE_LEVEL = 0.03
 #: half-width of the per-pass dither of a column's logit scale, in log units
 _KAPPA_DITHER = 0.1
+#: with ``fit_bias``: largest |c u^T c_b|, the key bias's part of a probe's logit (the probes'
+#: scale c is capped by it; the rest of the logit range is left to the measured part)
+_BIAS_LOGIT = 2.0
+#: with ``fit_bias``: one-row queries that average the offset
+_OFFSET_QUERIES = 64
+#: with ``fit_bias``: fewest rounds of key-bias pairs (2 d queries each)
+_MIN_BIAS_ROUNDS = 16
 
 
 #: rows of the array :func:`pair_logits` returns
@@ -226,6 +233,17 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         Memory bound on one batch of queries.
     verify : int
         Check queries spent after fitting (0 turns the check off).
+    fit_bias : bool
+        The head may carry a key bias c and an offset beta, as a real module's head does
+        (``f(X) = softmax(X (W x_N + c))^T (X v) + beta``; served boxes, docs/served.md). The
+        learner then reads v at two scales and the offset as a mean of 64 one-row answers,
+        measures ``b_l = u_l^T c`` with pairs whose last token is 0 (16 to 256 rounds of ``2 d``
+        queries, more with larger budgets), caps every probe's scale c so that the key bias's
+        part of its logit stays within 2 (and the bias's part of the query vector no larger than
+        the measured part), and takes ``c b_l`` out of every logit. Answers that are not finite
+        (the box's format overflowed) count in ``n_overflow_`` and their probes are asked again
+        at a smaller scale. Default False (the paper's head, and the float64 behaviour of
+        earlier versions).
 
     Attributes
     ----------
@@ -265,12 +283,22 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         Pairs asked again (scale search and saturated pairs).
     verify_error_, n_verify_queries_ : float, int
         Relative disagreement and number of the check queries.
+    key_bias_ : ndarray (d,)
+        Estimate of the key bias c (projected on the column space of ``W_`` when its rank is
+        below d); zeros without ``fit_bias``.
+    offset_ : float
+        Estimate of the offset beta; 0 without ``fit_bias``.
+    n_overflow_ : int
+        Answers that were not finite (inf or NaN: the box's format overflowed).
+    n_bias_rounds_ : int
+        Rounds of key-bias pairs (with ``fit_bias``).
     """
 
     def __init__(self, n_queries: int, rank: int | None = None, random_state=None, *,
                  target_logit: float = 2.5, answer_scale: float = 16.0, max_logit: float = 10.0,
                  initial_logit_scale: float = 1.0, pilot_rows: int = 8,
-                 block_bytes: int = 16 * 2**20, verify: int = DEFAULT_VERIFY):
+                 block_bytes: int = 16 * 2**20, verify: int = DEFAULT_VERIFY,
+                 fit_bias: bool = False):
         self.n_queries = n_queries
         self.rank = rank
         self.random_state = random_state
@@ -281,15 +309,18 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         self.pilot_rows = pilot_rows
         self.block_bytes = block_bytes
         self.verify = verify
+        self.fit_bias = fit_bias
 
     # ------------------------------------------------------------------------------------------
     @staticmethod
-    def min_queries(d: int, verify: int = DEFAULT_VERIFY) -> int:
+    def min_queries(d: int, verify: int = DEFAULT_VERIFY, fit_bias: bool = False) -> int:
         """The least ``n_queries`` at dimension d: ``2 d^2`` (one pair per entry of W), ``d``
-        (v), the check queries and 48 for the search of the logit scale. A budget this small
-        leaves nothing for re-asking pairs (:class:`~attnquery.errors.BudgetExceededError`
-        then)."""
-        return int(2 * d * d + d + verify + _SCOUT_ALLOWANCE)
+        (v), the check queries and 48 for the search of the logit scale; with ``fit_bias``
+        also ``d + 1 + 64`` one-row queries (v at a second scale and the offset) and 16 rounds
+        of ``2 d`` key-bias pairs. A budget this small leaves nothing for re-asking pairs
+        (:class:`~attnquery.errors.BudgetExceededError` then)."""
+        extra = (d + 1 + _OFFSET_QUERIES + 2 * d * (_MIN_BIAS_ROUNDS + 2)) if fit_bias else 0
+        return int(2 * d * d + d + verify + _SCOUT_ALLOWANCE + extra)
 
     def _validate_params(self) -> None:
         def number(name, lo):
@@ -319,6 +350,8 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         integer("pilot_rows", 2)
         integer("block_bytes", 1)
         check_verify_param(self.verify)
+        if not isinstance(self.fit_bias, bool | np.bool_):
+            raise ConfigError(f"fit_bias must be True or False; got {self.fit_bias!r}")
 
     # ------------------------------------------------------------------------------------------
     def fit(self, oracle):
@@ -352,7 +385,7 @@ class LowPrecisionValueQueryLearner(BaseLearner):
             raise ConfigError(f"rank must be at most d = {d}; got {self.rank}")
         n_verify = check_verify_param(self.verify)
         budget = int(self.n_queries)
-        need = self.min_queries(d, n_verify)
+        need = self.min_queries(d, n_verify, bool(self.fit_bias))
         if budget < need:
             raise ConfigError(
                 f"n_queries = {budget} is below the {need} queries one probe pair per entry of W "
@@ -363,6 +396,9 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         n0 = oracle.n_queries
         self._oracle, self._n0, self._budget = oracle, n0, budget - n_verify
         self.n_requeried_ = 0
+        self.n_overflow_ = 0
+        self._off = 0.0
+        self._mlog = float(self.max_logit) - (_BIAS_LOGIT if self.fit_bias else 0.0)
         try:
             self._fit(oracle, d, fit_rng)
         finally:
@@ -376,15 +412,31 @@ class LowPrecisionValueQueryLearner(BaseLearner):
     def _left(self) -> int:
         return self._budget - (self._oracle.n_queries - self._n0)
 
-    def _scales(self, kappa, cols, dither):
+    def _scales(self, kappa, cols, dither, rows=None):
         """Token scales ``(c, s)`` with ``c s = kappa``: answers ``|c u^T v|`` of at least
         ``answer_scale`` and large enough that ``|beta| <= 1e-6 |c u^T v|``, times ``dither``,
         and at most 1e4."""
         uv = self._uv
+        if self.fit_bias:  # each direction's key-bias logit c u_l^T c_b stays within _BIAS_LOGIT
+            c = np.minimum(min(float(self.answer_scale), _MAX_ANSWER) / uv,
+                           self._c_bias[rows]) * dither ** -0.1
+            c = np.broadcast_to(c, np.broadcast_shapes(np.shape(c), np.shape(kappa)))
+            return c, kappa / c
         size = np.maximum(float(self.answer_scale),
                           np.sqrt(kappa * np.abs(self._v0[cols]) * uv / _BETA_RATIO))
         c = np.minimum(size * dither, _MAX_ANSWER) / uv
         return c, kappa / c
+
+    def _answers(self, X) -> np.ndarray:
+        """The oracle's answers to X; answers that are not finite (the box's format overflowed)
+        are counted in ``n_overflow_`` and, NaN to the pairs, make the probes that met them be
+        asked again at a smaller scale: the overflow bounds the input scale."""
+        y = np.asarray(self._oracle(X), dtype=float)
+        bad = ~np.isfinite(y)
+        if bad.any():
+            self.n_overflow_ += int(bad.sum())
+            y = np.where(bad, np.nan, y)
+        return y
 
     def _need(self, n: int) -> None:
         if n > self._left():
@@ -402,13 +454,15 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         for sl in chunk_slices(n, max(1, self.block_bytes // (32 * d))):
             k = sl.stop - sl.start
             cj = cols[sl]
-            c, s = self._scales(kappa[sl], cj, dither[sl])
+            c, s = self._scales(kappa[sl], cj, dither[sl], rows[sl])
             X = np.zeros((k, 2, 2, d))
             np.multiply(c[:, None], self._U[rows[sl]], out=X[:, 0, 0, :])
             np.negative(X[:, 0, 0, :], out=X[:, 1, 0, :])
             X[np.arange(k), :, :, cj] += s[:, None, None]
-            y = np.asarray(self._oracle(X.reshape(2 * k, 2, d)), dtype=float).reshape(k, 2)
-            P[:, sl] = pair_logits(y[:, 0], y[:, 1], s * self._v0[cj], c)
+            y = self._answers(X.reshape(2 * k, 2, d)).reshape(k, 2)
+            P[:, sl] = pair_logits(y[:, 0], y[:, 1], s * self._v0[cj] + self._off, c)
+            if self.fit_bias:  # the key bias's part of the logit, c u^T c_b, taken out
+                P[_T, sl] -= c * self._b[rows[sl]]
         return P
 
     def _ask_rows(self, rows, kappa, dither):
@@ -424,16 +478,23 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         for sl in chunk_slices(d, per):
             cols = np.arange(sl.start, sl.stop)
             k = cols.size
-            c, s = self._scales(kappa[sl], cols, dither[sl])
+            if self.fit_bias:  # scales per pair (k, r): c depends on the direction too
+                c, s = self._scales(kappa[sl][:, None], cols, dither[sl][:, None],
+                                    rows[None, :])
+            else:
+                c, s = self._scales(kappa[sl], cols, dither[sl])
+                c, s = c[:, None], s[:, None]
             X = buf[:k]
-            np.multiply(c[:, None, None], U[None], out=X[:, :, 0, 0, :])
+            np.multiply(c[:, :, None], U[None], out=X[:, :, 0, 0, :])
             np.negative(X[:, :, 0, 0, :], out=X[:, :, 1, 0, :])
             X[:, :, :, 1, :] = 0.0
-            X[np.arange(k), :, :, :, cols] += s[:, None, None, None]
-            y = np.asarray(self._oracle(X.reshape(2 * k * r, 2, d)), dtype=float)
-            y = y.reshape(k, r, 2)
-            P[:, :, sl] = pair_logits(y[:, :, 0], y[:, :, 1], (s * self._v0[cols])[:, None],
-                                      c[:, None]).transpose(0, 2, 1)
+            X[np.arange(k), :, :, :, cols] += s[:, :, None, None]
+            y = self._answers(X.reshape(2 * k * r, 2, d)).reshape(k, r, 2)
+            Pk = pair_logits(y[:, :, 0], y[:, :, 1], s * self._v0[cols][:, None] + self._off,
+                             c)
+            if self.fit_bias:
+                Pk[_T] -= self._b[rows][None, :] * c
+            P[:, :, sl] = Pk.transpose(0, 2, 1)
         return P
 
     def _pass(self, rows, kappa, dither):
@@ -444,7 +505,7 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         kap = np.broadcast_to(kappa, P.shape[1:]).copy()
         dit = np.broadcast_to(dither, P.shape[1:])
         for _ in range(_MAX_ROUNDS):
-            bad = ~(np.abs(P[_T]) <= self.max_logit)
+            bad = ~(np.abs(P[_T]) <= self._mlog)
             if not bad.any():
                 return P, kap
             r, c = np.nonzero(bad)
@@ -478,12 +539,12 @@ class LowPrecisionValueQueryLearner(BaseLearner):
             rr, cc = np.tile(rows, idx.size), np.repeat(idx, p)
             P = self._ask(rr, cols[cc], kappa[cc], dither[cc]).reshape(5, idx.size, p)
             P = P.transpose(0, 2, 1)
-            acc.add(rows, cols[idx], P, kappa[idx][None, :], self.max_logit)
+            acc.add(rows, cols[idx], P, kappa[idx][None, :], self._mlog)
             tt = P[_T]
             t[:, idx] = tt
             rms = np.sqrt(np.mean(tt**2, axis=0))
             finite = np.all(np.isfinite(tt), axis=0)
-            big = ~(np.max(np.abs(tt), axis=0) <= self.max_logit)  # NaN counts as big
+            big = ~(np.max(np.abs(tt), axis=0) <= self._mlog)  # NaN counts as big
             small = ~big & (rms < T / 10)
             # a scale raised tenfold that raised the logits less than twofold shows noise only:
             # the column is zero to the answers' precision, and its scale is kept
@@ -511,11 +572,13 @@ class LowPrecisionValueQueryLearner(BaseLearner):
     # -- fit ------------------------------------------------------------------------------------
     def _fit(self, oracle, d: int, rng: np.random.Generator) -> None:
         T = float(self.target_logit)
-        v0 = read_v(oracle, d)
+        v0 = self._read_v_offset(d, rng) if self.fit_bias else read_v(oracle, d)
         check_v(v0)
         self._v0 = v0
         self._uv = float(np.linalg.norm(v0) / np.sqrt(d))
         self._U = balanced_orthonormal(v0, rng)
+        if self.fit_bias:
+            self._key_bias_stage(d, rng)
         p = min(int(self.pilot_rows), d)
         acc = _Entries(d)
 
@@ -531,14 +594,14 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         # max_logit, with a margin for the spread of the scale estimated from the rows measured
         # so far; the first pass grows fourfold per stage as that estimate sharpens
         tail = float(np.sqrt(2.0 * np.log(2.0 * d)))
-        T = min(T, self.max_logit / (np.exp(_KAPPA_DITHER) * tail))
+        T = min(T, self._mlog / (np.exp(_KAPPA_DITHER) * tail))
         n = p
         while True:
             z = acc.ref[:n] + acc.s1[:n] / acc.s0[:n]  # u^T w of the rows measured
             rms = np.sqrt(np.mean(z**2, axis=0))
             spread = 1.0 / np.sqrt(scipy.stats.chi2.ppf(0.025, n) / n) if n < d else 1.0
             kappa = np.where(zero | (rms == 0), kappa_p,
-                             min(T, self.max_logit / (spread * tail)) / np.where(rms > 0, rms, 1))
+                             min(T, self._mlog / (spread * tail)) / np.where(rms > 0, rms, 1))
             if n >= d:
                 break
             rows = np.arange(n, min(4 * n, d))
@@ -562,6 +625,123 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         self.n_passes_, self.n_partial_rows_ = n_passes, partial
         self._solve(acc)
         del self._U
+
+    # -- biases ---------------------------------------------------------------------------------
+    def _read_v_offset(self, d: int, rng) -> np.ndarray:
+        """v and the offset beta from one-row queries: ``[0]`` and ``[e_j]`` (v roughly), then
+        ``[rho e_j]`` with answers ``rho v_j`` of order 1 (v to the answers' precision), then
+        the offset as the mean of ``y - x^T v`` over 64 small random tokens (each answer is
+        rounded afresh, so their errors average)."""
+        self._need(2 * d + 1 + _OFFSET_QUERIES)
+        X = np.zeros((d + 1, 1, d))
+        X[np.arange(1, d + 1), 0, np.arange(d)] = 1.0
+        y = self._answers(X)
+        if not np.all(np.isfinite(y)):
+            raise ModelMismatchError("the box gives no finite answer to one-token queries of "
+                                     "unit size")
+        off0 = float(y[0])
+        va = y[1:] - off0
+        amax = float(np.max(np.abs(va)))
+        rho = float(np.clip(1.0 / amax, 1.0, 1e3)) if amax > 0 else 1.0
+        y2 = self._answers(rho * X[1:])
+        g = rng.standard_normal((_OFFSET_QUERIES, d))
+        vb = (y2 - off0) / rho
+        if not np.all(np.isfinite(vb)):
+            vb = va
+        vn = float(np.linalg.norm(vb))
+        spread = 0.2 * abs(off0) + 1e-3 * rho * amax  # size of x^T v: many grid steps
+        x = g * (spread / (vn * np.sqrt(d))) * np.sqrt(d) / np.linalg.norm(g, axis=1,
+                                                                            keepdims=True)
+        if vn == 0:
+            x = np.zeros_like(g)
+        y3 = self._answers(x[:, None, :])
+        ok = np.isfinite(y3)
+        off = float(np.mean((y3 - x @ vb)[ok])) if ok.any() else off0
+        self._off = off
+        return (y2 - off) / rho if np.all(np.isfinite(y2)) else va
+
+    def _bias_pairs(self, rows, c) -> np.ndarray:
+        """Pairs ``[+-c u_l; 0]``: the last token is 0, so the logit is ``c u_l^T c_b`` and the
+        difference ``c u_l^T v``; returns their :func:`pair_logits` (5, n)."""
+        n, d = rows.size, self._U.shape[1]
+        self._need(2 * n)
+        X = np.zeros((n, 2, 2, d))
+        X[:, 0, 0, :] = c[:, None] * self._U[rows]
+        X[:, 1, 0, :] = -X[:, 0, 0, :]
+        y = self._answers(X.reshape(2 * n, 2, d)).reshape(n, 2)
+        return pair_logits(y[:, 0], y[:, 1], self._off, c)
+
+    def _key_bias_stage(self, d: int, rng) -> None:
+        """Measure ``b_l = u_l^T c_b`` for every direction (the key bias c_b in the basis U):
+        a search for each direction's scale, then rounds of pairs with a zero last token at
+        that scale (dithered), averaged with weights ``c^2``. The number of rounds grows with
+        the budget (four per pass over W expected, 16 to 256), so that the key bias's error,
+        which reaches every entry of its row of W, stays below the entries' own. Sets the cap
+        ``_c_bias`` on the W probes' scale c and refines v from the pairs' differences."""
+        T, uv = float(self.target_logit), self._uv
+        cmax = _MAX_ANSWER / uv
+        rows = np.arange(d)
+        c0 = np.full(d, min(float(self.answer_scale) / uv, cmax))
+        P = self._bias_pairs(rows, c0)
+        for _ in range(_MAX_ROUNDS):
+            t = P[_T]
+            big = ~(np.abs(t) <= self._mlog)
+            small = ~big & (np.abs(t) < T / 10) & (c0 < cmax)
+            redo = big | small
+            if not redo.any():
+                break
+            c0[big] /= 10.0
+            c0[small] = np.minimum(cmax, c0[small] * np.minimum(
+                1e4, T / np.maximum(np.abs(t[small]), 1e-300)))
+            idx = np.flatnonzero(redo)
+            P[:, idx] = self._bias_pairs(idx, c0[idx])
+            self.n_requeried_ += idx.size
+        else:
+            raise ModelMismatchError(
+                "the answers are not those of a single attention head with biases: probes "
+                f"with a zero last token give no usable logit at any of {_MAX_ROUNDS} scales")
+        b0 = P[_T] / c0
+        c0 = np.where(b0 != 0, np.minimum(cmax, T / np.maximum(np.abs(b0), 1e-300)), cmax)
+        per_pass = 2 * d * d
+        rounds = int(np.clip(4 * (self._left() // per_pass), _MIN_BIAS_ROUNDS, 256))
+        sw = np.zeros(d)
+        s1 = np.zeros(d)
+        s2 = np.zeros(d)
+        sm = np.zeros(d)
+        swm = np.zeros(d)
+        for _ in range(rounds):
+            c = c0 * rng.uniform(0.8, 1.0, size=d)
+            P = self._bias_pairs(rows, c)
+            ok = np.abs(P[_T]) <= self.max_logit
+            z = np.where(ok, P[_T] / c, 0.0)
+            w = np.where(ok, c * c, 0.0)
+            sw += w
+            s1 += w * z
+            s2 += w * z * z
+            good = np.isfinite(P[_M])
+            sm += np.where(good, c * c * P[_M], 0.0)
+            swm += np.where(good, c * c, 0.0)
+        if not (np.all(sw > 0) and np.all(swm > 0)):
+            raise AssumptionViolation("some directions' key bias was never measured by a "
+                                      "usable pair")
+        b = s1 / sw
+        self._b = b
+        # variance of each b_l's weighted mean, from the scatter of its rounds
+        self._b_var = np.maximum(s2 / sw - b * b, 0.0) / np.maximum(rounds - 1, 1)
+        self.n_bias_rounds_ = rounds
+        # the probes' scale c: the key bias's part of each logit within _BIAS_LOGIT, and for
+        # every direction at most _BIAS_LOGIT / rms(b), where the key bias's part of the query
+        # vector, c c_b, is as large as its measured part kappa W e_j: a larger c (a smaller
+        # last token) leaves the scores dominated by the bias, whose rounding in a served box
+        # (errors of order eps |k| |q|) then swamps the logit
+        rms_b = float(np.sqrt(np.mean(b * b)))
+        with np.errstate(divide="ignore"):
+            self._c_bias = np.minimum(_BIAS_LOGIT / np.abs(b),
+                                      _BIAS_LOGIT / rms_b if rms_b > 0 else np.inf)
+        v = self._U.T @ (sm / swm)  # u_l^T v at the answers' precision
+        if np.all(np.isfinite(v)) and np.linalg.norm(v) > 0:
+            self._v0 = v
+            self._uv = float(np.linalg.norm(v) / np.sqrt(d))
 
     def _solve(self, acc: _Entries) -> None:
         """W and v from the weighted means; noise, error estimates and rank."""
@@ -611,6 +791,16 @@ class LowPrecisionValueQueryLearner(BaseLearner):
             self.W_factors_ = None
             self._W = W
         self.v_ = v
+        if self.fit_bias:
+            cb = U.T @ self._b
+            # a module's key bias W_K^T b_Q / sqrt(d_h) lies in W's column space
+            self.key_bias_ = Uw[:, :r] @ (Uw[:, :r].T @ cb) if r < d else cb
+            self.offset_ = float(self._off)
+            self._c_err = float(np.sqrt(np.sum(self._b_var)))
+        else:
+            self.key_bias_ = np.zeros(d)
+            self.offset_ = 0.0
+            self._c_err = 0.0
 
     def _check_tolerance(self) -> float:
         """Relative tolerance of the check: the answers' own noise (six times its relative
@@ -633,12 +823,13 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         """Evaluate the recovered head on inputs X (B, N, d) (from the factors when set)."""
         from ..models import AttentionHead
 
+        bias = {"key_bias": self.key_bias_, "offset": self.offset_}
         if self.W_factors_ is None:
-            return AttentionHead(self.v_, W=self._W)(X)
+            return AttentionHead(self.v_, W=self._W, **bias)(X)
         L, R = self.W_factors_
         if L.shape[1] == 0:
-            return AttentionHead(self.v_, W=np.zeros((self.v_.size,) * 2))(X)
-        return AttentionHead(self.v_, K=L.T, Q=R.T)(X)
+            return AttentionHead(self.v_, W=np.zeros((self.v_.size,) * 2), **bias)(X)
+        return AttentionHead(self.v_, K=L.T, Q=R.T, **bias)(X)
 
     def queries_for(self, rel_error: float) -> int:
         """Queries this learner would need for a relative error of W of ``rel_error``: its own

@@ -1,0 +1,108 @@
+"""LowPrecisionValueQueryLearner(fit_bias=True): single heads with their biases extracted from
+served answers (float32, float16, bfloat16), ours and onnxruntime's."""
+
+import numpy as np
+import pytest
+
+from attnquery.errors import AssumptionViolation, ModelMismatchError
+from attnquery.learners import LowPrecisionValueQueryLearner
+from attnquery.models import MultiHeadAttention, random_head
+from attnquery.oracles import ValueOracle
+from attnquery.precision import Arithmetic
+from attnquery.realheads import (
+    ModuleBlackBox,
+    build_head,
+    cached_checkpoint,
+    readout_vector,
+    write_test_checkpoint,
+)
+
+from .onnx_boxes import module_box
+
+D = 32
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return write_test_checkpoint(tmp_path_factory.mktemp("served_learner") / "model.safetensors",
+                                 n_layers=1, n_heads=4, d=D, seed=7)
+
+
+def _truth(path, head):
+    c = cached_checkpoint(path)
+    return build_head(c, 0, head, readout_vector(c.d), biases=True)
+
+
+def floor_W(path, head, precision):
+    """Relative error of W from the checkpoint's weights rounded to the format."""
+    c = cached_checkpoint(path)
+    w = c.layers[0]
+    rows = slice(head * c.d_head, (head + 1) * c.d_head)
+    A = Arithmetic(precision)
+    Wk, Wq = (A.store(w[k][rows]).astype(float) for k in ("k", "q"))
+    W = _truth(path, head).W
+    return float(np.linalg.norm(Wk.T @ Wq / np.sqrt(c.d_head) - W) / np.linalg.norm(W))
+
+
+def _errors(est, h):
+    def rel(a, b):
+        return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+    return rel(est.W_, h.W), rel(est.v_, h.v), rel(est.key_bias_, h.key_bias)
+
+
+def units(q):
+    return int(q * (D * D + 2 * D + 1))
+
+
+def test_exact_box_with_biases():
+    h = random_head(16, 3, rank=4, key_bias=0.5, offset=0.3)
+    est = LowPrecisionValueQueryLearner(3000, random_state=0, fit_bias=True)
+    est.fit(ValueOracle(h, 16))
+    eW, ev, ec = _errors(est, h)
+    assert eW < 1e-9 and ev < 1e-9 and ec < 1e-8
+    assert abs(est.offset_ - 0.3) < 1e-12
+    assert est.rank_ >= 4 and est.n_overflow_ == 0  # a 5th singular value at 1e-10 may stay
+
+
+@pytest.mark.parametrize("engine", ["ours", "onnxruntime"])
+def test_float32_served_head(ckpt, engine):
+    box = (ModuleBlackBox(ckpt, 0, 1, precision="float32") if engine == "ours"
+           else module_box(ckpt, 0, 1, "float32"))
+    oracle = ValueOracle(box, D)
+    est = LowPrecisionValueQueryLearner(units(6), random_state=0, fit_bias=True).fit(oracle)
+    h = _truth(ckpt, 1)
+    eW, ev, ec = _errors(est, h)
+    assert oracle.n_queries <= units(6)
+    # measured 5.6e-7 (ours) and 6.8e-7 (onnxruntime); the issue's goal, 3e-7 at
+    # 3 (d^2 + 2d + 1), is not reached yet (docs/served.md)
+    assert eW <= 1.5e-6 and ev <= 3e-7 and ec <= 1e-6
+    assert est.rank_ == 8 and est.n_overflow_ == 0
+
+
+@pytest.mark.parametrize("precision,engine,q,bound", [
+    ("float16", "onnxruntime", 20, 0.03), ("float16", "ours", 20, 0.03),
+    ("bfloat16", "ours", 10, 0.04)])
+def test_low_precision_served_head(ckpt, precision, engine, q, bound):
+    """Recovered with its biases, no query overflowing. Measured (seed 1): W to 9.9e-3
+    (onnxruntime float16), 6.7e-3 (ours, float16), 1.3e-2 (bfloat16) against floors of
+    2.9e-4 and 2.2e-3: far from the issue's goals (2x and 1.5x the floor), see
+    docs/served.md."""
+    box = (ModuleBlackBox(ckpt, 0, 2, precision=precision) if engine == "ours"
+           else module_box(ckpt, 0, 2, precision))
+    oracle = ValueOracle(box, D)
+    est = LowPrecisionValueQueryLearner(units(q), random_state=1, fit_bias=True).fit(oracle)
+    eW, ev, ec = _errors(est, _truth(ckpt, 2))
+    assert oracle.n_queries <= units(q)
+    floor = floor_W(ckpt, 2, precision)
+    assert 0 < floor < eW <= bound, (eW, floor)
+    assert ev <= 10 * floor and ec <= bound
+    assert est.n_overflow_ == 0 and est.rank_ == 8
+
+
+def test_two_heads_are_refused():
+    a = random_head(12, 1, key_bias=0.3, offset=0.2)
+    b = random_head(12, 2, key_bias=0.3)
+    box = MultiHeadAttention([a, b], precision="float32")
+    with pytest.raises((ModelMismatchError, AssumptionViolation)):
+        LowPrecisionValueQueryLearner(2000, random_state=0,
+                                      fit_bias=True).fit(ValueOracle(box, 12))
