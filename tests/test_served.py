@@ -119,3 +119,25 @@ def test_exact_learner_refuses_a_float32_box(ckpt, engine):
            else module_box(ckpt, 0, 0, "float32"))
     with pytest.raises(ModelMismatchError):
         ExactValueQueryLearner(fit_bias=True, random_state=0).fit(ValueOracle(box, 32))
+
+
+def test_onnxruntime_example_is_extracted_with_its_biases(repo):
+    import importlib
+    import sys
+
+    from attnquery.learners import LowPrecisionValueQueryLearner
+
+    sys.path.insert(0, str(repo))
+    try:
+        ex = importlib.import_module("examples.onnxruntime_box")
+    finally:
+        sys.path.remove(str(repo))
+    oracle = ValueOracle(ex.served_head, 32)
+    with pytest.raises(ModelMismatchError):
+        ExactValueQueryLearner(fit_bias=True, random_state=0).fit(oracle)
+    est = LowPrecisionValueQueryLearner(6 * (32**2 + 2 * 32 + 1), fit_bias=True,
+                                        random_state=0).fit(ValueOracle(ex.served_head, 32))
+    assert est.rank_ == 8  # the head dimension
+    X = np.random.default_rng(0).standard_normal((64, 3, 32))
+    y = ex.served_head(X)
+    assert _rel(est.predict(X), y) < 1e-5
