@@ -138,7 +138,11 @@ class _Entries:
     ``(y+ - y-) / c = u^T v`` over the columns that share a direction.
     """
 
-    def __init__(self, d: int):
+    def __init__(self, d: int, inverse_variance: bool = False):
+        #: weigh each measurement by kappa^2 min(1, 2 / H) (its inverse variance, up to the
+        #: noise level) instead of kappa^2: a pair whose smaller answer nears the rest of the
+        #: answer (a large H) then counts little (used with fit_bias)
+        self.iv = inverse_variance
         self.ref = np.full((d, d), np.nan)  # first z of each entry
         self.s0 = np.zeros((d, d))  # sum of weights kappa^2
         self.s1 = np.zeros((d, d))  # sum of w (z - ref)
@@ -159,7 +163,14 @@ class _Entries:
         t = P[_T]
         ok = np.abs(t) <= max_logit  # False for NaN
         z = np.where(ok, t / kap, 0.0)
-        w = np.where(ok, kap * kap, 0.0)
+        if self.iv:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                g = np.where(ok, np.minimum(1.0, 2.0 / P[_H]), 0.0)
+            g = np.where(np.isfinite(g), g, 0.0)
+            ok = ok & (g > 0)
+        else:
+            g = 1.0
+        w = np.where(ok, kap * kap * g, 0.0)
         ref = self.ref[ix]
         ref = np.where(np.isnan(ref) & ok, z, ref)
         self.ref[ix] = ref
@@ -167,7 +178,7 @@ class _Entries:
         self.s0[ix] += w
         self.s1[ix] += w * dz
         self.s2[ix] += w * dz * dz
-        self.h[ix] += np.where(ok, w * P[_H], 0.0)
+        self.h[ix] += np.where(ok, w * g * P[_H], 0.0)
         self.n[ix] += ok
         m, c, q = P[_M], P[_C], P[_Q]
         good = np.isfinite(m) & (q > 0) & np.isfinite(q)
@@ -580,7 +591,7 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         if self.fit_bias:
             self._key_bias_stage(d, rng)
         p = min(int(self.pilot_rows), d)
-        acc = _Entries(d)
+        acc = _Entries(d, inverse_variance=bool(self.fit_bias))
 
         # the model's scale from a few columns, then every column's scale from its pilot rows
         scouts = np.unique(np.linspace(0, d - 1, min(_SCOUT_COLUMNS, d)).astype(int))
