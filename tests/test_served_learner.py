@@ -80,14 +80,15 @@ def test_float32_served_head(ckpt, engine):
     assert est.rank_ == 8 and est.n_overflow_ == 0
 
 
-@pytest.mark.parametrize("precision,engine,q,bound", [
-    ("float16", "onnxruntime", 20, 0.0025), ("float16", "ours", 20, 0.006),
-    ("bfloat16", "ours", 10, 0.01)])
-def test_low_precision_served_head(ckpt, precision, engine, q, bound):
-    """Recovered with its biases, no query overflowing. Measured (seed 1): W to 1.2e-3
-    (onnxruntime float16, 4x its floor 2.9e-4), 3.0e-3 (ours, float16, which rounds every
-    operation: 10x), 5.9e-3 (bfloat16, 2.6x its floor 2.2e-3): short of the issue's goals
-    (2x and 1.5x the floor), see docs/served.md."""
+@pytest.mark.parametrize("precision,engine,q,factor", [
+    ("float16", "onnxruntime", 20, 2.0), ("float16", "ours", 20, 4.0),
+    ("bfloat16", "ours", 10, 3.0)])
+def test_low_precision_served_head_near_its_floor(ckpt, precision, engine, q, factor):
+    """Recovered with its biases, no query overflowing, within ``factor`` of the floor (the
+    error of W from the weights rounded to the format). Measured (seed 1): W to 3.3e-4
+    (onnxruntime float16, 1.2x its floor 2.9e-4: the issue's goal of 2x), 8.0e-4 (ours in
+    float16, which rounds every operation: 2.8x), 5.3e-3 (bfloat16, 2.4x its floor 2.2e-3;
+    the goal is 1.5x), see docs/served.md."""
     box = (ModuleBlackBox(ckpt, 0, 2, precision=precision) if engine == "ours"
            else module_box(ckpt, 0, 2, precision))
     oracle = ValueOracle(box, D)
@@ -95,8 +96,8 @@ def test_low_precision_served_head(ckpt, precision, engine, q, bound):
     eW, ev, ec = _errors(est, _truth(ckpt, 2))
     assert oracle.n_queries <= units(q)
     floor = floor_W(ckpt, 2, precision)
-    assert 0 < floor < eW <= bound, (eW, floor)
-    assert ev <= 10 * floor and ec <= bound
+    assert 0 < floor < eW <= factor * floor, (eW, floor)
+    assert ev <= 3 * floor and ec <= 3 * factor * floor
     assert est.n_overflow_ == 0
     assert est.rank_ in (8, 9)  # 9 measured for our float16 box (one noise direction kept)
 

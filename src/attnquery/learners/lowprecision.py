@@ -409,6 +409,7 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         self.n_requeried_ = 0
         self.n_overflow_ = 0
         self._off = 0.0
+        self._z, self._zv = None, 0.0
         self._mlog = float(self.max_logit) - (_BIAS_LOGIT if self.fit_bias else 0.0)
         try:
             self._fit(oracle, d, fit_rng)
@@ -449,6 +450,19 @@ class LowPrecisionValueQueryLearner(BaseLearner):
             y = np.where(bad, np.nan, y)
         return y
 
+    def _signs(self, rows, cols) -> np.ndarray:
+        """With ``fit_bias``: the sign of each pair's last token, ``-sign(T_lj b_l)`` where the
+        entry has been measured (+1 elsewhere), so that the measured part of the logit,
+        ``kappa T_lj``, and the key bias's part, ``c b_l``, have opposite signs and the logit
+        stays moderate (a large logit leaves the smaller answer of a pair small beside the
+        rest of the answer)."""
+        acc = getattr(self, "_acc", None)
+        if acc is None:
+            return np.ones(np.broadcast_shapes(np.shape(rows), np.shape(cols)))
+        T = acc.ref[rows, cols]
+        sg = -np.sign(np.nan_to_num(T) * self._b[rows])
+        return np.where(sg == 0, 1.0, sg)
+
     def _need(self, n: int) -> None:
         if n > self._left():
             raise BudgetExceededError(
@@ -466,14 +480,19 @@ class LowPrecisionValueQueryLearner(BaseLearner):
             k = sl.stop - sl.start
             cj = cols[sl]
             c, s = self._scales(kappa[sl], cj, dither[sl], rows[sl])
+            sg = self._signs(rows[sl], cj) if self.fit_bias else 1.0
+            s = s * sg
             X = np.zeros((k, 2, 2, d))
             np.multiply(c[:, None], self._U[rows[sl]], out=X[:, 0, 0, :])
             np.negative(X[:, 0, 0, :], out=X[:, 1, 0, :])
             X[np.arange(k), :, :, cj] += s[:, None, None]
+            if self._z is not None:
+                X += self._z
             y = self._answers(X.reshape(2 * k, 2, d)).reshape(k, 2)
-            P[:, sl] = pair_logits(y[:, 0], y[:, 1], s * self._v0[cj] + self._off, c)
+            P[:, sl] = pair_logits(y[:, 0], y[:, 1], s * self._v0[cj] + self._off + self._zv,
+                                   c)
             if self.fit_bias:  # the key bias's part of the logit, c u^T c_b, taken out
-                P[_T, sl] -= c * self._b[rows[sl]]
+                P[_T, sl] = sg * (P[_T, sl] - c * self._b[rows[sl]])
         return P
 
     def _ask_rows(self, rows, kappa, dither):
@@ -492,6 +511,8 @@ class LowPrecisionValueQueryLearner(BaseLearner):
             if self.fit_bias:  # scales per pair (k, r): c depends on the direction too
                 c, s = self._scales(kappa[sl][:, None], cols, dither[sl][:, None],
                                     rows[None, :])
+                sg = self._signs(rows[None, :], cols[:, None])
+                s = s * sg
             else:
                 c, s = self._scales(kappa[sl], cols, dither[sl])
                 c, s = c[:, None], s[:, None]
@@ -500,11 +521,13 @@ class LowPrecisionValueQueryLearner(BaseLearner):
             np.negative(X[:, :, 0, 0, :], out=X[:, :, 1, 0, :])
             X[:, :, :, 1, :] = 0.0
             X[np.arange(k), :, :, :, cols] += s[:, :, None, None]
+            if self._z is not None:
+                X += self._z
             y = self._answers(X.reshape(2 * k * r, 2, d)).reshape(k, r, 2)
-            Pk = pair_logits(y[:, :, 0], y[:, :, 1], s * self._v0[cols][:, None] + self._off,
-                             c)
+            Pk = pair_logits(y[:, :, 0], y[:, :, 1],
+                             s * self._v0[cols][:, None] + self._off + self._zv, c)
             if self.fit_bias:
-                Pk[_T] -= self._b[rows][None, :] * c
+                Pk[_T] = sg * (Pk[_T] - self._b[rows][None, :] * c)
             P[:, :, sl] = Pk.transpose(0, 2, 1)
         return P
 
@@ -589,9 +612,17 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         self._uv = float(np.linalg.norm(v0) / np.sqrt(d))
         self._U = balanced_orthonormal(v0, rng)
         if self.fit_bias:
+            # every probe's tokens shifted by z = -beta v / |v|^2: the answers then no longer
+            # carry the offset (z^T v = -beta), whose rounding would swamp the smaller answer
+            # of a pair; the key-bias stage measures u_l^T (W z + c_b) at last token z
+            vv = float(v0 @ v0)
+            z = -self._off * v0 / vv
+            if self._off != 0 and np.all(np.isfinite(z)):
+                self._z, self._zv = z, float(z @ v0)
             self._key_bias_stage(d, rng)
         p = min(int(self.pilot_rows), d)
         acc = _Entries(d, inverse_variance=bool(self.fit_bias))
+        self._acc = acc if self.fit_bias else None
 
         # the model's scale from a few columns, then every column's scale from its pilot rows
         scouts = np.unique(np.linspace(0, d - 1, min(_SCOUT_COLUMNS, d)).astype(int))
@@ -636,6 +667,7 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         self.n_passes_, self.n_partial_rows_ = n_passes, partial
         self._solve(acc)
         del self._U
+        self._acc = None
 
     # -- biases ---------------------------------------------------------------------------------
     def _read_v_offset(self, d: int, rng) -> np.ndarray:
@@ -672,15 +704,18 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         return (y2 - off) / rho if np.all(np.isfinite(y2)) else va
 
     def _bias_pairs(self, rows, c) -> np.ndarray:
-        """Pairs ``[+-c u_l; 0]``: the last token is 0, so the logit is ``c u_l^T c_b`` and the
-        difference ``c u_l^T v``; returns their :func:`pair_logits` (5, n)."""
+        """Pairs ``[+-c u_l + z; z]`` with the shift z (0 at first): the logit is
+        ``c u_l^T (W z + c_b)`` and the difference ``c u_l^T v``; returns their
+        :func:`pair_logits` (5, n)."""
         n, d = rows.size, self._U.shape[1]
         self._need(2 * n)
         X = np.zeros((n, 2, 2, d))
         X[:, 0, 0, :] = c[:, None] * self._U[rows]
         X[:, 1, 0, :] = -X[:, 0, 0, :]
+        if self._z is not None:
+            X += self._z
         y = self._answers(X.reshape(2 * n, 2, d)).reshape(n, 2)
-        return pair_logits(y[:, 0], y[:, 1], self._off, c)
+        return pair_logits(y[:, 0], y[:, 1], self._off + self._zv, c)
 
     def _key_bias_stage(self, d: int, rng) -> None:
         """Measure ``b_l = u_l^T c_b`` for every direction (the key bias c_b in the basis U):
@@ -690,7 +725,7 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         which reaches every entry of its row of W, stays below the entries' own. Sets the cap
         ``_c_bias`` on the W probes' scale c and refines v from the pairs' differences."""
         T, uv = float(self.target_logit), self._uv
-        cmax = _MAX_ANSWER / uv
+        cmax = min(float(self.answer_scale), _MAX_ANSWER) / uv  # the W probes' largest c
         rows = np.arange(d)
         c0 = np.full(d, min(float(self.answer_scale) / uv, cmax))
         P = self._bias_pairs(rows, c0)
@@ -753,6 +788,8 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         if np.all(np.isfinite(v)) and np.linalg.norm(v) > 0:
             self._v0 = v
             self._uv = float(np.linalg.norm(v) / np.sqrt(d))
+            if self._z is not None:
+                self._zv = float(self._z @ v)
 
     def _solve(self, acc: _Entries) -> None:
         """W and v from the weighted means; noise, error estimates and rank."""
@@ -803,7 +840,9 @@ class LowPrecisionValueQueryLearner(BaseLearner):
             self._W = W
         self.v_ = v
         if self.fit_bias:
-            cb = U.T @ self._b
+            cb = U.T @ self._b  # u_l^T (W z + c_b) in the basis U, z the shift (if any)
+            if self._z is not None:
+                cb = cb - W @ self._z
             # a module's key bias W_K^T b_Q / sqrt(d_h) lies in W's column space
             self.key_bias_ = Uw[:, :r] @ (Uw[:, :r].T @ cb) if r < d else cb
             self.offset_ = float(self._off)
