@@ -1,0 +1,129 @@
+"""Experiment "served": single heads with their biases extracted from served answers.
+
+Beyond the paper. Each cell serves one head of a pretrained checkpoint (with every bias, the
+other heads removed, read out along r) as an engine computes it
+(:class:`attnquery.realheads.ModuleBlackBox` with ``precision``: weights, inputs and every
+operation rounded to float32, float16 or bfloat16; :mod:`attnquery.precision`), and runs
+:class:`~attnquery.learners.LowPrecisionValueQueryLearner` with ``fit_bias=True`` and a budget of
+``queries_per_unknown (d^2 + 2d + 1)`` queries. Errors are against the checkpoint's own float64
+weights; ``extra.floor_W`` is the error of W from the weights rounded to the format (what no
+learner can pass when scored against the checkpoint) and ``extra.floor_ratio`` the error over
+it. ``success`` is the issue's goal for the format: float32 W within ``FLOAT32_GOAL``, float16
+within 2x its floor, bfloat16 within 1.5x, with no answer overflowing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..metrics import fit_counted, functional_error, relative_error
+from ..oracles import ValueOracle
+from ..precision import PRECISIONS, Arithmetic
+from ..realheads import ModuleBlackBox, cached_checkpoint, head_from_checkpoint
+from . import Experiment, checkpoint_source, grid, readout_args, register
+
+__all__ = ["cells", "run", "floor_W", "GOALS", "FLOAT32_GOAL"]
+
+#: float32-served W: relative error at most this (the floor is 0 for float32 weights)
+FLOAT32_GOAL = 3e-7
+#: precision -> largest error of W over its floor (float32: absolute, FLOAT32_GOAL)
+GOALS = {"float32": FLOAT32_GOAL, "float16": 2.0, "bfloat16": 1.5}
+
+
+def cells(cfg) -> list[dict]:
+    """Cells: precision x budget x layer x head x seed."""
+    precisions = cfg["precisions"]
+    if not isinstance(precisions, list) or not precisions or any(
+            p not in PRECISIONS[1:] for p in precisions):
+        raise ConfigError(f"experiments.served.precisions must be a non-empty list of "
+                          f"{PRECISIONS[1:]}; got {precisions!r}")
+    bad = [h for h in cfg["heads"] if not 0 <= h < int(cfg["n_heads"])]
+    if bad:
+        raise ConfigError(f"experiments.served.heads: {bad} are outside "
+                          f"[0, n_heads={cfg['n_heads']})")
+    readout = f"{cfg.get('readout', 'gaussian')}:{cfg.get('readout_seed', 0)}"
+    budgets = cfg["queries_per_unknown"]
+    out = []
+    for g in grid(rounding=precisions, layer=cfg["layers"], head=cfg["heads"],
+                  seed=list(range(cfg.get("seeds", 1)))):
+        q = budgets.get(g["rounding"]) if isinstance(budgets, dict) else budgets
+        if not q:
+            raise ConfigError(f"experiments.served.queries_per_unknown has no budget for "
+                              f"{g['rounding']}")
+        for b in q:
+            out.append({"learner": "lowprecision", "family": "real", "biases": True,
+                        "checkpoint": cfg["checkpoint"], "n_heads": int(cfg["n_heads"]),
+                        "readout": readout, **g, "queries_per_unknown": float(b)})
+    return out
+
+
+def floor_W(path, layer: int, head: int, n_heads: int, precision: str) -> float:
+    """Relative error of head ``head``'s W built from the checkpoint's query and key weights
+    rounded to ``precision``, against W from the weights as stored."""
+    ck = cached_checkpoint(path, n_heads)
+    w = ck.layers[layer]
+    rows = slice(head * ck.d_head, (head + 1) * ck.d_head)
+    A = Arithmetic(precision)
+    Wk = np.asarray(A.store(w["k"][rows]), dtype=float)
+    Wq = np.asarray(A.store(w["q"][rows]), dtype=float)
+    W = w["k"][rows].T @ w["q"][rows]
+    return float(np.linalg.norm(Wk.T @ Wq - W) / np.linalg.norm(W))
+
+
+def run(cell: dict, rng: np.random.Generator) -> dict:
+    """One head served in one precision, one budget."""
+    from ..learners import LowPrecisionValueQueryLearner
+
+    learner_rng, eval_rng = rng.spawn(2)
+    prec = cell["rounding"]
+    args = dict(n_heads=cell["n_heads"], **readout_args(cell))
+    head = head_from_checkpoint(cell["checkpoint"], cell["layer"], cell["head"], biases=True,
+                                **args)
+    box = ModuleBlackBox(cell["checkpoint"], cell["layer"], cell["head"], precision=prec, **args)
+    d = head.d
+    unit = d * d + 2 * d + 1
+    oracle = ValueOracle(box, d)
+    est = LowPrecisionValueQueryLearner(int(round(cell["queries_per_unknown"] * unit)),
+                                        fit_bias=True, random_state=learner_rng)
+    counts = fit_counted(est, oracle)
+    eW = relative_error(est.W_, head.W)
+    floor = floor_W(cell["checkpoint"], cell["layer"], cell["head"], cell["n_heads"], prec)
+    goal = GOALS[prec] if prec == "float32" else GOALS[prec] * floor
+    return {
+        **counts,
+        "rel_err_W": eW,
+        "rel_err_v": relative_error(est.v_, head.v),
+        "rel_err_c": relative_error(est.key_bias_, head.key_bias),
+        "rel_err_offset": relative_error(est.offset_, head.offset),
+        "rank_found": int(est.rank_),
+        "func_err": functional_error(head, est.predict, d, eval_rng, n=32),
+        "success": bool(eW <= goal and est.n_overflow_ == 0),
+        "extra": {
+            "d": d, "floor_W": floor, "floor_ratio": eW / floor if floor > 0 else None,
+            "goal_W": goal, "spent_per_unknown": oracle.n_queries / unit,
+            "n_overflow": est.n_overflow_, "W_error_estimate": est.W_error_estimate_,
+            "noise_level": est.noise_level_, "n_passes": est.n_passes_,
+            "verify_error": est.verify_error_,
+        },
+    }
+
+
+# Estimated seconds per cell on one core: a MiniLM head (d = 384) took 18 to 40 s at
+# 3 (d^2 + 2d + 1) queries in float32 on a loaded 2-core machine; time grows with the budget
+# (bfloat16 and float16 convert every intermediate through ml_dtypes).
+def seconds(cell) -> float:
+    """About 1e-8 s per query and dimension, twice that for the narrow formats."""
+    d = 384 if "minilm" in str(cell["checkpoint"]) else 32
+    per = 1e-8 if cell["rounding"] == "float32" else 2e-8
+    return 1.0 + per * cell["queries_per_unknown"] * (d * d + 2 * d + 1) * d
+
+
+EXPERIMENT = register(Experiment(
+    name="served", cells=cells, run=run,
+    description="Single heads with their biases extracted from answers served in float32, "
+    "float16 and bfloat16 arithmetic (error of W against queries per unknown and the format's "
+    "floor)",
+    seconds=seconds,
+    data=checkpoint_source,
+))

@@ -1,0 +1,115 @@
+"""Figure "served": heads with their biases extracted from served answers (beyond the paper).
+
+Drawn from the rows of the ``served`` experiment only: the relative error of W against the
+queries spent per unknown ``(d^2 + 2d + 1)``, per precision, beside the floor set by the format
+(the error of W from the weights rounded to it), and the error over that floor.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from ..claims import Claim, extra_values
+from . import register_figure
+
+#: the issue's goals: precision -> (largest budget in (d^2 + 2d + 1), goal on W). float32: the
+#: error itself; float16 and bfloat16: the error over the format's floor
+GOALS = {"float32": (3.0, 3e-7), "float16": (50.0, 2.0), "bfloat16": (10.0, 1.5)}
+#: a fit scored against the checkpoint stays above this fraction of the format's floor
+FLOOR_SLACK = 0.9
+COLORS = {"float32": "C0", "float16": "C1", "bfloat16": "C2"}
+#: errors are drawn no lower than this on log axes
+LOW = 1e-12
+
+
+def _rows(df):
+    rows = df[df["experiment"] == "served"]
+    return rows, rows[rows["status"] == "ok"]
+
+
+def served_claims(df) -> list[Claim]:
+    """The claims of the served experiment, checked on its rows."""
+    rows, ok = _rows(df)
+    if not len(rows):
+        return []
+    floor = extra_values(ok, "floor_W").astype(float)
+    eW = ok["rel_err_W"].astype(float)
+    overflow = extra_values(ok, "n_overflow", 0).astype(float)
+    narrow = ok["rounding"] != "float32"
+    above = (eW[narrow] >= FLOOR_SLACK * floor[narrow])
+    claims = [
+        Claim("served_runs", "every served head is extracted with its biases (no refusal)",
+              bool(len(ok) == len(rows)), f"{len(ok)}/{len(rows)} cells ok", n_runs=len(ok)),
+        Claim("served_no_overflow", "no query of the learner makes the served box overflow "
+              "(every answer finite)", bool((overflow == 0).all()),
+              f"{int(overflow.sum())} answers not finite over {len(ok)} cells", n_runs=len(ok)),
+        Claim("served_floor", f"in float16 and bfloat16 no error of W is below {FLOOR_SLACK} "
+              "times the floor of its format (the error of the rounded weights): the format, "
+              "not the learner, bounds what served answers reveal",
+              bool(above.all()), f"{int(above.sum())}/{int(narrow.sum())} cells",
+              n_runs=int(narrow.sum())),
+    ]
+    for prec, (budget, goal) in GOALS.items():
+        sel = ok[(ok["rounding"] == prec) & (ok["queries_per_unknown"] <= budget)]
+        n_all = int(((rows["rounding"] == prec) & (rows["queries_per_unknown"] <= budget)).sum())
+        if not n_all:
+            continue
+        e = sel["rel_err_W"].astype(float)
+        if prec == "float32":
+            val, what = e, f"relative error of W at most {goal:g}"
+        else:
+            val = e / extra_values(sel, "floor_W").astype(float)
+            what = f"error of W within {goal:g} times the format's floor"
+        good = (val <= goal) & (extra_values(sel, "n_overflow", 0).astype(float) == 0)
+        worst = float(val.max()) if len(val) else float("nan")
+        claims.append(Claim(
+            f"served_goal_{prec}",
+            f"{prec}-served heads with biases: {what} at <= {budget:g} (d^2 + 2d + 1) queries, "
+            "no answer overflowing",
+            bool(len(sel) == n_all and good.all()),
+            f"{int(good.sum())}/{n_all} cells (worst {worst:.3g})",
+            n_runs=len(sel)))
+    return claims
+
+
+SERVED_CAPTION = """\
+**Heads served in float32, float16 and bfloat16 (beyond the paper).** Each head of the
+checkpoint, with its biases, is computed as an engine computes it (weights, inputs and every
+operation rounded to the format; ``attnquery.precision``) and extracted by
+``LowPrecisionValueQueryLearner(fit_bias=True)``. (a) Relative error of W against the checkpoint's
+weights, against the queries spent per unknown (d^2 + 2d + 1); dashed: each format's floor, the
+error of W from the weights rounded to the format (0 in float32 for float32 weights). (b) The
+error over the floor (float16, bfloat16); dotted: the goals (2x in float16, 1.5x in bfloat16).
+"""
+
+
+@register_figure("served", experiments=["served"], category="Real heads",
+                 caption=SERVED_CAPTION)
+def served(df):
+    """Errors of W against queries per unknown, and over the format's floor."""
+    claims = served_claims(df)
+    _, ok = _rows(df)
+    fig, axes = plt.subplots(1, 2, figsize=(6.75, 2.8), layout="constrained")
+    ax, bx = axes
+    for prec, color in COLORS.items():
+        sel = ok[ok["rounding"] == prec]
+        if not len(sel):
+            continue
+        q = extra_values(sel, "spent_per_unknown").astype(float)
+        e = np.maximum(sel["rel_err_W"].astype(float), LOW)
+        ax.scatter(q, e, s=12, color=color, label=prec)
+        fl = extra_values(sel, "floor_W").astype(float)
+        if prec != "float32":
+            ax.axhline(float(np.median(fl)), color=color, ls="--", lw=0.8)
+            bx.scatter(q, e / fl, s=12, color=color, label=prec)
+            bx.axhline(GOALS[prec][1], color=color, ls=":", lw=0.8)
+    ax.axhline(GOALS["float32"][1], color=COLORS["float32"], ls=":", lw=0.8)
+    ax.set(xscale="log", yscale="log", xlabel="queries / (d^2 + 2d + 1)",
+           ylabel="relative error of W", title="(a) error of W")
+    bx.set(xscale="log", yscale="log", xlabel="queries / (d^2 + 2d + 1)",
+           ylabel="error / floor", title="(b) over the format's floor")
+    for a in axes:
+        if a.has_data():
+            a.legend(fontsize=7)
+    return fig, claims

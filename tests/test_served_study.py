@@ -1,0 +1,99 @@
+"""The served experiment, its figure and its claims (claims fail on contrary data)."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from attnquery.experiments import cell_rng, expand_cells, get_experiment
+from attnquery.figures.served import GOALS, served, served_claims
+from attnquery.realheads import write_test_checkpoint
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return str(write_test_checkpoint(tmp_path_factory.mktemp("served_study") / "m.safetensors",
+                                     n_layers=1, n_heads=4, d=32, seed=0))
+
+
+def test_cells_and_run(ckpt):
+    cfg = {"checkpoint": ckpt, "n_heads": 4, "layers": [0], "heads": [1],
+           "precisions": ["float32", "bfloat16"],
+           "queries_per_unknown": {"float32": [6], "bfloat16": [10]}}
+    cells = expand_cells("served", cfg)
+    assert [(c["rounding"], c["queries_per_unknown"]) for c in cells] == [
+        ("float32", 6.0), ("bfloat16", 10.0)]
+    exp = get_experiment("served")
+    for cell in cells:
+        m = exp.run(cell, cell_rng(cell, 0))
+        extra = m["extra"]
+        assert extra["n_overflow"] == 0 and m["rank_found"] == 8
+        assert m["n_queries"] <= cell["queries_per_unknown"] * (32 * 32 + 2 * 32 + 1)
+        if cell["rounding"] == "float32":
+            assert extra["floor_W"] < 1e-12 and m["rel_err_W"] < 1e-6
+        else:  # bfloat16: above its floor, within a few times it
+            assert 2e-3 < extra["floor_W"] < m["rel_err_W"] < 3 * extra["floor_W"]
+        assert m["success"] == (m["rel_err_W"] <= extra["goal_W"])
+
+
+def _frame(rows):
+    base = {"experiment": "served", "status": "ok", "n_heads": 12, "layer": 0}
+    out = []
+    for r in rows:
+        r = {**base, **r}
+        r["extra"] = json.dumps({"floor_W": r.pop("floor"), "n_overflow": r.pop("overflow", 0),
+                                 "spent_per_unknown": r["queries_per_unknown"]})
+        out.append(r)
+    return pd.DataFrame(out)
+
+
+GOOD = [
+    {"rounding": "float32", "queries_per_unknown": 3.0, "rel_err_W": 2e-7, "floor": 0.0},
+    {"rounding": "float16", "queries_per_unknown": 50.0, "rel_err_W": 5e-4, "floor": 3e-4},
+    {"rounding": "bfloat16", "queries_per_unknown": 10.0, "rel_err_W": 3e-3, "floor": 2.4e-3},
+]
+
+
+def _claims(rows):
+    return {c.name: c for c in served_claims(_frame(rows))}
+
+
+def test_claims_pass_on_good_data_and_render():
+    claims = _claims(GOOD)
+    assert set(claims) == {"served_runs", "served_no_overflow", "served_floor",
+                           *(f"served_goal_{p}" for p in GOALS)}
+    assert all(c.passed for c in claims.values()), [str(c) for c in claims.values()]
+    fig, _ = served(_frame(GOOD))
+    assert len(fig.axes) == 2
+
+
+@pytest.mark.parametrize("index,change,broken", [
+    (0, {"rel_err_W": 9e-7}, "served_goal_float32"),
+    (1, {"rel_err_W": 9e-4}, "served_goal_float16"),
+    (2, {"rel_err_W": 4e-3}, "served_goal_bfloat16"),
+    (1, {"rel_err_W": 1e-4}, "served_floor"),  # below the format's floor: impossible
+    (2, {"overflow": 3}, "served_no_overflow"),
+    (1, {"status": "error"}, "served_runs"),
+])
+def test_claims_fail_on_contrary_data(index, change, broken):
+    rows = [dict(r) for r in GOOD]
+    rows[index].update(change)
+    claims = _claims(rows)
+    assert not claims[broken].passed
+    others = [n for n, c in claims.items() if n != broken and not c.passed]
+    if change.get("status") != "error":
+        assert not others or broken == "served_no_overflow", others
+
+
+def test_bad_config_is_refused(ckpt):
+    from attnquery.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="precisions"):
+        expand_cells("served", {"checkpoint": ckpt, "n_heads": 4, "layers": [0], "heads": [0],
+                                "precisions": ["float64"],
+                                "queries_per_unknown": {"float64": [3]}})
+    with pytest.raises(ConfigError, match="budget"):
+        expand_cells("served", {"checkpoint": ckpt, "n_heads": 4, "layers": [0], "heads": [0],
+                                "precisions": ["float16"], "queries_per_unknown": {}})
+    assert np.isfinite(GOALS["float32"][1])
