@@ -109,13 +109,13 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     }
 
 
-# Estimated seconds per cell on one core: a MiniLM head (d = 384) took 18 to 40 s at
-# 3 (d^2 + 2d + 1) queries in float32 on a loaded 2-core machine; time grows with the budget
-# (bfloat16 and float16 convert every intermediate through ml_dtypes).
+# Estimated seconds per cell on one core: a MiniLM head (d = 384) took 20 to 35 s at
+# 3 (d^2 + 2d + 1) queries in float32 and about 100 to 150 s at 10 (d^2 + 2d + 1) in bfloat16, on
+# a loaded 2-core machine (the narrow formats convert every intermediate through ml_dtypes).
 def seconds(cell) -> float:
-    """About 1e-8 s per query and dimension, twice that for the narrow formats."""
+    """About 2e-7 s per query and dimension in float32, 3e-7 in float16 and bfloat16."""
     d = 384 if "minilm" in str(cell["checkpoint"]) else 32
-    per = 1e-8 if cell["rounding"] == "float32" else 2e-8
+    per = 2e-7 if cell["rounding"] == "float32" else 3e-7
     return 1.0 + per * cell["queries_per_unknown"] * (d * d + 2 * d + 1) * d
 
 
