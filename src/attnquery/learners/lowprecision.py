@@ -89,6 +89,9 @@ _BIAS_LOGIT = 2.0
 #: with ``fit_bias``: largest |logit| of a probe pair (measured on MiniLM heads served in
 #: float32 at 3 (d^2 + 2d + 1) queries: 10 gave 7.7e-7 on W, 8 gave 3.3e-7, 12 gave 4e-6)
 _BIAS_MAX_LOGIT = 8.0
+#: with ``fit_bias``: singular values of W below this multiple of the key bias's rank-one error
+#: are taken for that error when the rank is found
+_BIAS_SV_FACTOR = 5.0
 #: with ``fit_bias``: one-row queries that average the offset
 _OFFSET_QUERIES = 64
 #: with ``fit_bias``: fewest rounds of key-bias pairs (2 d queries each)
@@ -830,7 +833,17 @@ class LowPrecisionValueQueryLearner(BaseLearner):
             r = int(self.rank)
         else:  # 2/sqrt(3) times the noise's spectral edge (rows' and columns' error norms)
             edge = E / np.sqrt(d) + float(np.max(col_err))
-            r = int(np.count_nonzero(sv > (2.0 / np.sqrt(3.0)) * edge))
+            cut = (2.0 / np.sqrt(3.0)) * edge
+            if self.fit_bias:
+                # the key bias's error reaches every entry of its direction's row through
+                # c / kappa: a rank-one error, of norm about ||db c|| ||1 / kappa||, which the
+                # entries' noise does not cover
+                c_row = np.minimum(min(float(self.answer_scale), _MAX_ANSWER) / self._uv,
+                                   self._c_bias)
+                self._bias_sv = float(np.linalg.norm(np.sqrt(self._b_var) * c_row)
+                                      * np.linalg.norm(1.0 / self.logit_scale_))
+                cut = max(cut, _BIAS_SV_FACTOR * self._bias_sv)
+            r = int(np.count_nonzero(sv > cut))
         self.rank_ = r
         shrink = np.sqrt(r * (2 * d - r)) / d if r < d else 1.0
         self.W_error_estimate_ = E * shrink / Wn if Wn > 0 else float("inf")
