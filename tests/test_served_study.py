@@ -22,8 +22,8 @@ def test_cells_and_run(ckpt):
            "precisions": ["float32", "bfloat16"],
            "queries_per_unknown": {"float32": [6], "bfloat16": [10]}}
     cells = expand_cells("served", cfg)
-    assert [(c["rounding"], c["queries_per_unknown"]) for c in cells] == [
-        ("float32", 6.0), ("bfloat16", 10.0)]
+    assert sorted((c["rounding"], c["queries_per_unknown"]) for c in cells) == [
+        ("bfloat16", 10.0), ("float32", 6.0)]
     exp = get_experiment("served")
     for cell in cells:
         m = exp.run(cell, cell_rng(cell, 0))
@@ -38,7 +38,8 @@ def test_cells_and_run(ckpt):
 
 
 def _frame(rows):
-    base = {"experiment": "served", "status": "ok", "n_heads": 12, "layer": 0}
+    base = {"experiment": "served", "status": "ok", "n_heads": 12, "layer": 0, "head": 0,
+            "seed": 0}
     out = []
     for r in rows:
         r = {**base, **r}
@@ -84,6 +85,21 @@ def test_claims_fail_on_contrary_data(index, change, broken):
     others = [n for n, c in claims.items() if n != broken and not c.passed]
     if change.get("status") != "error":
         assert not others or broken == "served_no_overflow", others
+
+
+def test_goal_is_per_head_within_its_budget():
+    # a small budget that misses the goal beside a larger one that meets it: supported
+    rows = [dict(r) for r in GOOD] + [
+        {"rounding": "float16", "queries_per_unknown": 10.0, "rel_err_W": 9e-4, "floor": 3e-4}]
+    assert _claims(rows)["served_goal_float16"].passed
+    # a second head that misses it at every budget: not supported
+    rows.append({"rounding": "float16", "queries_per_unknown": 50.0, "rel_err_W": 9e-4,
+                 "floor": 3e-4, "head": 1})
+    assert not _claims(rows)["served_goal_float16"].passed
+    # beyond the goal's budget nothing counts
+    late = [dict(r) for r in GOOD]
+    late[1]["queries_per_unknown"] = 60.0
+    assert "served_goal_float16" not in _claims(late)
 
 
 def test_bad_config_is_refused(ckpt):

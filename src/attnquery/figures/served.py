@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
 
 from ..claims import Claim, extra_values
 from . import register_figure
@@ -51,10 +52,12 @@ def served_claims(df) -> list[Claim]:
               n_runs=int(narrow.sum())),
     ]
     for prec, (budget, goal) in GOALS.items():
-        sel = ok[(ok["rounding"] == prec) & (ok["queries_per_unknown"] <= budget)]
-        n_all = int(((rows["rounding"] == prec) & (rows["queries_per_unknown"] <= budget)).sum())
-        if not n_all:
+        # per head: met when some cell within the goal's budget meets it (a smaller budget
+        # that does not, beside a larger one that does, contradicts nothing)
+        mine = rows[(rows["rounding"] == prec) & (rows["queries_per_unknown"] <= budget)]
+        if not len(mine):
             continue
+        sel = ok[(ok["rounding"] == prec) & (ok["queries_per_unknown"] <= budget)]
         e = sel["rel_err_W"].astype(float)
         if prec == "float32":
             val, what = e, f"relative error of W at most {goal:g}"
@@ -62,13 +65,19 @@ def served_claims(df) -> list[Claim]:
             val = e / extra_values(sel, "floor_W").astype(float)
             what = f"error of W within {goal:g} times the format's floor"
         good = (val <= goal) & (extra_values(sel, "n_overflow", 0).astype(float) == 0)
-        worst = float(val.max()) if len(val) else float("nan")
+        keys = ["layer", "head", "seed"]
+        heads = mine.groupby(keys).size().index
+        met = set(sel[good.to_numpy()].set_index(keys).index)
+        n_met = sum(k in met for k in heads)
+        best = (pd.Series(val.to_numpy(), index=sel.set_index(keys).index)
+                .groupby(level=[0, 1, 2]).min() if len(sel) else pd.Series(dtype=float))
+        worst = float(best.max()) if len(best) else float("nan")
         claims.append(Claim(
             f"served_goal_{prec}",
             f"{prec}-served heads with biases: {what} at <= {budget:g} (d^2 + 2d + 1) queries, "
-            "no answer overflowing",
-            bool(len(sel) == n_all and good.all()),
-            f"{int(good.sum())}/{n_all} cells (worst {worst:.3g})",
+            "no answer overflowing, on every head",
+            bool(n_met == len(heads)),
+            f"{n_met}/{len(heads)} heads (worst best-cell value {worst:.3g})",
             n_runs=len(sel)))
     return claims
 
