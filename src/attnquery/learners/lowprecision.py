@@ -43,6 +43,14 @@ and checks its estimate against the oracle on fresh random queries
 answers' noise, so a box that is not a single head raises
 :class:`~attnquery.errors.ModelMismatchError` while rounded answers of a single head pass.
 
+With ``fit_bias=True`` the head may carry a key bias and an offset, as a served module's head
+does (docs/served.md): the offset is averaged from one-token answers and cancelled by a shift of
+every probe along v, the key bias is measured in the probe basis with pairs whose last token is
+that shift and taken out of every logit, the probes' scale is capped so that the bias's part of
+a logit stays small and its sign opposes the measured part, every pair is weighed by its
+inverse variance, and logits stay within 8: in a box computed in float32, float16 or bfloat16
+the scores' own rounding, of order ``eps |k| |q|``, is what limits the precision.
+
 Floating-point formats carry more absolute precision near zero than near their largest answers;
 this learner does not exploit that (it treats every answer as carrying the same relative noise),
 so its query counts are what an attacker pays when the answers' errors are relative noise.
