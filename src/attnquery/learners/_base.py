@@ -334,6 +334,8 @@ def check_oracle(oracle, kinds: tuple[str, ...] | None = None) -> int:
 
 def check_budget(oracle, n: int, what: str) -> None:
     """Ask the oracle whether ``n`` queries fit its budget (if it has one) before spending them."""
+    if isinstance(oracle, QueryLedger):
+        oracle = oracle.oracle
     if isinstance(oracle, Oracle):
         oracle.check_budget(n, what)
     else:
