@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import AssumptionViolation, ConfigError, NotIdentifiableError
-from ._base import chunk_slices
+from ..errors import AssumptionViolation, NotIdentifiableError
+from ._base import check_scalar, chunk_slices
 
 __all__ = ["read_v", "read_key_bias", "read_head_constants", "HeadConstants", "pivot_directions",
            "check_v", "unit_directions", "balanced_orthonormal",
@@ -38,16 +38,13 @@ ZERO_LOGIT = 1e-12
 def check_probe_params(learner) -> None:
     """Check a learner's probe parameters (``max_logit``, ``min_logit``,
     ``initial_logit_scale`` and, where it has one, ``zero_tol``); raise :class:`ConfigError`."""
-    if not (np.isfinite(learner.max_logit) and 1.0 <= learner.max_logit <= 30.0):
-        raise ConfigError(f"max_logit must be in [1, 30]; got {learner.max_logit}")
-    if not (0.0 < learner.min_logit < learner.max_logit):
-        raise ConfigError(f"min_logit must be in (0, max_logit); got {learner.min_logit}")
-    if not (np.isfinite(learner.initial_logit_scale) and learner.initial_logit_scale > 0):
-        raise ConfigError(
-            f"initial_logit_scale must be positive; got {learner.initial_logit_scale}")
-    zero_tol = getattr(learner, "zero_tol", 0.0)
-    if not 0.0 <= zero_tol < 1.0:
-        raise ConfigError(f"zero_tol must be in [0, 1); got {zero_tol}")
+    check_scalar(learner.max_logit, "max_logit", min_val=1, max_val=30)
+    check_scalar(learner.min_logit, "min_logit", min_val=0, max_val=learner.max_logit,
+                 include_boundaries="neither", what="in (0, max_logit)")
+    check_scalar(learner.initial_logit_scale, "initial_logit_scale", min_val=0,
+                 include_boundaries="neither", what="positive")
+    check_scalar(getattr(learner, "zero_tol", 0.0), "zero_tol", min_val=0, max_val=1,
+                 include_boundaries="left", what="in [0, 1)")
 
 
 def read_v(oracle, d: int, offset: bool = False):

@@ -40,7 +40,7 @@ from numbers import Integral
 
 import numpy as np
 
-from ..errors import ConfigError, SearchLimitError
+from ..errors import SearchLimitError
 from ._base import DEFAULT_VERIFY, BaseLearner, check_oracle, check_scalar, check_verify_param
 
 __all__ = ["ReLUNetworkLearner", "Interval", "Kink", "Line", "FFN_VERIFY_RTOL"]
@@ -277,16 +277,11 @@ class ReLUNetworkLearner(BaseLearner):
         for name, low in (("n_line_pairs", 1), ("n_grid", 4), ("max_rounds", 1),
                           ("max_kinks", 1)):
             check_scalar(getattr(self, name), name, Integral, min_val=low)
-        if not 0 < self.rtol < 1e-2:
-            raise ConfigError(f"rtol must be in (0, 1e-2); got {self.rtol}")
-        if not 0 < self.fd_rel_step < 0.5:
-            raise ConfigError(f"fd_rel_step must be in (0, 0.5); got {self.fd_rel_step}")
-        if not 0 < self.merge_tol < 0.1:
-            raise ConfigError(f"merge_tol must be in (0, 0.1); got {self.merge_tol}")
-        if not self.n_fit_factor >= 1.0:
-            raise ConfigError(f"n_fit_factor must be >= 1; got {self.n_fit_factor}")
-        if not 0 < self.linear_tol < 1e-2:
-            raise ConfigError(f"linear_tol must be in (0, 1e-2); got {self.linear_tol}")
+        for name, high in (("rtol", 1e-2), ("fd_rel_step", 0.5), ("merge_tol", 0.1),
+                           ("linear_tol", 1e-2)):
+            check_scalar(getattr(self, name), name, min_val=0, max_val=high,
+                         include_boundaries="neither")
+        check_scalar(self.n_fit_factor, "n_fit_factor", min_val=1)
         check_verify_param(self.verify)
         check_scalar(self.max_queries, "max_queries", Integral, min_val=1, allow_none=True)
 
