@@ -257,7 +257,8 @@ def bench_lowprecision() -> list[dict]:
             box = _TimedBox(head)
             oracle = RoundingOracle(box, d, **kw)
             t0, c0 = time.perf_counter(), time.process_time()
-            est = LowPrecisionValueQueryLearner(int(q * (d * d + d)), random_state=0).fit(oracle)
+            est = LowPrecisionValueQueryLearner(n_queries=int(q * (d * d + d)),
+                                                random_state=0).fit(oracle)
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0
             rows.append({
                 "answers": spec,
