@@ -107,14 +107,25 @@ class Checkpoint:
 
 
 def _n_heads_from_config(path: Path) -> int | None:
+    """The number of heads in the ``config.json`` beside ``path`` (None if there is none, or it
+    does not say); a file that is not a JSON object, or a number of heads that is not a
+    positive integer, is a ModelError naming it."""
     cfg = path.parent / "config.json"
     if not cfg.exists():
         return None
-    with open(cfg, encoding="utf-8") as fh:
-        data = json.load(fh)
+    try:
+        with open(cfg, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelError(f"{cfg} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ModelError(f"{cfg} is not a JSON object (a model configuration)")
     for key in ("num_attention_heads", "n_head", "num_heads"):
         if key in data:
-            return int(data[key])
+            val = data[key]
+            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+                raise ModelError(f"{cfg}: {key} must be a positive integer; got {val!r}")
+            return val
     return None
 
 
@@ -171,8 +182,7 @@ def load_checkpoint(path, n_heads: int | None = None) -> Checkpoint:
     from safetensors.numpy import load_file
 
     p = Path(path)
-    if not p.exists():
-        raise ModelError(f"checkpoint {p} does not exist")
+    _check_checkpoint_path(p)
     try:
         tensors = load_file(str(p))
     except Exception as exc:  # safetensors raises its own error types on a malformed file
@@ -228,6 +238,14 @@ def load_checkpoint(path, n_heads: int | None = None) -> Checkpoint:
     return Checkpoint(str(p), style, len(layers), n_heads, d, d // n_heads, tuple(layers))
 
 
+def _check_checkpoint_path(p: Path) -> None:
+    """ModelError when the checkpoint ``p`` does not exist or is a folder."""
+    if not p.exists():
+        raise ModelError(f"checkpoint {p} does not exist")
+    if p.is_dir():
+        raise ModelError(f"checkpoint {p} is a folder, not a .safetensors file")
+
+
 @functools.lru_cache(maxsize=2)
 def _cached(path: str, mtime_ns: int, size: int, n_heads):
     return load_checkpoint(path, n_heads)
@@ -235,6 +253,7 @@ def _cached(path: str, mtime_ns: int, size: int, n_heads):
 
 def cached_checkpoint(path, n_heads: int | None = None) -> Checkpoint:
     """:func:`load_checkpoint`, cached per process (keyed by path, size and modification time)."""
+    _check_checkpoint_path(Path(path))
     st = os.stat(path)
     return _cached(str(path), st.st_mtime_ns, st.st_size, n_heads)
 
@@ -423,6 +442,21 @@ def _save_arrays(path, arrays: dict, meta: dict) -> None:
         np.savez(fh, **arrays)
 
 
+#: the first bytes of a zip archive (an .npz; an empty one too) and of an .npy array
+_NPZ_MAGIC, _NPY_MAGIC = (b"PK\x03\x04", b"PK\x05\x06"), b"\x93NUMPY"
+
+
+def _file_kind(p: Path) -> str | None:
+    """"npz" or "npy" by the file's first bytes, else None (numpy would try to unpickle it)."""
+    with open(p, "rb") as fh:
+        head = fh.read(6)
+    if head.startswith(_NPZ_MAGIC):
+        return "npz"
+    if head.startswith(_NPY_MAGIC):
+        return "npy"
+    return None
+
+
 def _load_arrays(path, what: str) -> tuple[dict, dict]:
     """The numeric arrays and the metadata of an .npz written by :func:`_save_arrays`."""
     p = Path(path)
@@ -430,6 +464,10 @@ def _load_arrays(path, what: str) -> tuple[dict, dict]:
         raise ModelError(f"{what} file {p} does not exist")
     if p.is_dir():
         raise ModelError(f"{what} file {p} is a folder")
+    kind = _file_kind(p)
+    if kind is None:
+        raise ModelError(f"{p} is not a {what} file (.npz of plain arrays, as written by "
+                         "attnquery): it is neither an .npz archive nor an .npy array")
     try:
         z = np.load(p, allow_pickle=False)
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
@@ -447,6 +485,11 @@ def _load_arrays(path, what: str) -> tuple[dict, dict]:
                  and not np.issubdtype(a.dtype, np.number))
     if bad:
         raise ModelError(f"{p}: arrays {bad} are not numeric")
+    cplx = sorted(k for k, a in data.items() if not k.startswith("meta_")
+                  and np.issubdtype(a.dtype, np.complexfloating))
+    if cplx:
+        raise ModelError(f"{p} is not a {what} file: arrays {cplx} are complex (a head's "
+                         "parameters are real; the imaginary part is not dropped)")
     if "v" not in data:
         raise ModelError(f"{p} holds no value vector 'v'; arrays: {sorted(data)}")
     meta = {k[5:]: data.pop(k).item() for k in list(data) if k.startswith("meta_")}

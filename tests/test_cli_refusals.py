@@ -1,0 +1,258 @@
+"""Command lines an adversarial run found misreported (issue 20, items 4 to 6): each is refused
+with the exit status the README documents, one line on stderr, and never a traceback; an --out
+that is not a regular file is refused before any query and left as it is."""
+
+import json
+import os
+import socket
+import stat
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from attnquery.cli import main
+from attnquery.errors import AnswerError, OracleFailure
+from attnquery.oracles import ValueOracle
+from attnquery.realheads import save_head, write_test_checkpoint
+from tests.fixtures import HEAD8
+
+BOX = ["extract", "--oracle", "tests.fixtures:head8", "--d", "8", "--no-progress"]
+
+
+def run(argv, capsys):
+    """``main(argv)``: the exit status and the one line on stderr (asserted to be one line,
+    starting with the subcommand, with no traceback anywhere)."""
+    try:
+        status = main(argv)
+    except SystemExit as exc:  # argparse's usage errors exit
+        status = exc.code
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err + out.out
+    lines = [ln for ln in out.err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"attnquery {argv[0]}"), out.err
+    return status, lines[0]
+
+
+class _Counting:
+    """A black box that counts its calls and, if ever called, answers as HEAD8."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, X):
+        self.calls += 1
+        return HEAD8(X)
+
+
+@pytest.fixture
+def counting(monkeypatch, repo):
+    monkeypatch.chdir(repo)
+    box = _Counting()
+    monkeypatch.setattr("tests.fixtures.HEAD8", box)
+    return box
+
+
+# -- item 4: --out never replaces what is not a regular file -----------------------------------
+
+
+def test_out_refuses_a_fifo_before_any_query(tmp_path, capsys, counting):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    status, line = run(BOX + ["--out", str(fifo)], capsys)
+    assert status == 2 and "not a regular file" in line and "FIFO" in line
+    assert counting.calls == 0
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)  # still the FIFO
+
+
+def test_out_refuses_a_socket(capsys, counting):
+    folder = Path(tempfile.mkdtemp(prefix="aq", dir="/tmp"))  # a short path: AF_UNIX limit
+    sock_path = folder / "s"
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(sock_path))
+        status, line = run(BOX + ["--out", str(sock_path)], capsys)
+        assert status == 2 and "not a regular file" in line and "socket" in line
+        assert stat.S_ISSOCK(os.lstat(sock_path).st_mode)
+    sock_path.unlink()
+    folder.rmdir()
+    assert counting.calls == 0
+
+
+@pytest.mark.parametrize("device", ["/dev/null", "/dev/full"])
+def test_out_refuses_a_device(device, capsys, counting):
+    if not os.path.exists(device) or not stat.S_ISCHR(os.stat(device).st_mode):
+        pytest.skip(f"{device} is not a character device here")
+    before = os.stat(device)
+    # the black box is never called: were the check missing, the run would stop at the first
+    # query (exit 1) and nothing would be written over the device
+    status, line = run(["extract", "--oracle", "tests.fixtures:failing_head", "--d", "4",
+                        "--out", device], capsys)
+    assert status == 2 and "not a regular file" in line and "character device" in line
+    after = os.stat(device)
+    assert stat.S_ISCHR(after.st_mode) and after.st_rdev == before.st_rdev
+    status, line = run(["heads", "no_such.safetensors", "--layer", "0", "--head", "0",
+                        "--out", device], capsys)
+    assert status == 2 and "not a regular file" in line
+
+
+def test_out_through_a_link_to_a_fifo_is_refused(tmp_path, capsys, counting):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    (tmp_path / "link.npz").symlink_to(fifo)
+    status, line = run(BOX + ["--out", str(tmp_path / "link.npz")], capsys)
+    assert status == 2 and "not a regular file" in line and counting.calls == 0
+
+
+# -- item 5: a BaseException from the black box --------------------------------------------------
+
+
+def test_a_cancelled_black_box_is_one_line(capsys, monkeypatch, repo):
+    monkeypatch.chdir(repo)
+    status, line = run(["extract", "--oracle", "tests.fixtures:cancelled_head", "--d", "8"],
+                       capsys)
+    assert status == 1
+    assert "the black box raised CancelledError" in line and "OracleFailure" in line
+
+
+def test_the_oracle_wraps_a_base_exception_but_not_ctrl_c():
+    import asyncio
+
+    def cancelled(X):
+        raise asyncio.CancelledError("gone")
+
+    def interrupted(X):
+        raise KeyboardInterrupt
+
+    with pytest.raises(OracleFailure, match="raised CancelledError"):
+        ValueOracle(cancelled, 4)(np.zeros((1, 2, 4)))
+    with pytest.raises(KeyboardInterrupt):
+        ValueOracle(interrupted, 4)(np.zeros((1, 2, 4)))
+
+
+# -- item 6: usage errors (exit 2), and answers that are not numbers (exit 1) ------------------
+
+
+@pytest.fixture
+def ckpt(tmp_path):
+    """A small BERT-style checkpoint, with a config.json beside it, in its own folder."""
+    return write_test_checkpoint(tmp_path / "m" / "model.safetensors", n_layers=2, n_heads=4,
+                                 d=16, seed=2)
+
+
+def test_module_that_does_not_exist(tmp_path, capsys):
+    status, line = run(["extract", "--module", str(tmp_path / "none.safetensors"), "--layer",
+                        "0"], capsys)
+    assert status == 2 and "does not exist" in line
+
+
+@pytest.mark.parametrize("config, message", [
+    ("{not json", "is not valid JSON"),
+    ('{"num_attention_heads": "abc"}', "num_attention_heads"),
+    ('{"num_attention_heads": 2.5}', "num_attention_heads"),
+    ("[4]", "is not a JSON object"),
+])
+def test_a_bad_config_json_beside_the_checkpoint(ckpt, config, message, tmp_path, capsys):
+    (ckpt.parent / "config.json").write_text(config)
+    for argv in (["extract", "--module", str(ckpt), "--layer", "0", "--head", "0"],
+                 ["heads", str(ckpt), "--layer", "0", "--head", "0", "--out",
+                  str(tmp_path / "h.npz")]):
+        status, line = run(argv, capsys)
+        assert status == 2 and message in line and "config.json" in line, line
+
+
+def test_heads_and_extract_module_agree_on_usage_errors(ckpt, tmp_path, capsys):
+    out = str(tmp_path / "h.npz")
+    # a layer out of range
+    for argv in (["extract", "--module", str(ckpt), "--layer", "5", "--head", "0"],
+                 ["heads", str(ckpt), "--layer", "5", "--head", "0", "--out", out]):
+        status, line = run(argv, capsys)
+        assert status == 2 and "layer must be in [0, 2)" in line
+    # a corrupt checkpoint
+    bad = tmp_path / "m" / "bad.safetensors"
+    bad.write_bytes(b"\x00" * 7 + os.urandom(100))
+    for argv in (["extract", "--module", str(bad), "--layer", "0", "--head", "0"],
+                 ["heads", str(bad), "--layer", "0", "--head", "0", "--out", out]):
+        status, line = run(argv, capsys)
+        assert status == 2 and "is not a readable safetensors file" in line
+    # a checkpoint that does not exist, and a folder
+    for path, message in ((tmp_path / "none.safetensors", "does not exist"),
+                          (tmp_path, "is a folder")):
+        status, line = run(["heads", str(path), "--layer", "0", "--head", "0", "--out", out],
+                           capsys)
+        assert status == 2 and message in line
+
+
+@pytest.mark.parametrize("d", ["99999999999999999999", str(2 ** 63)])
+def test_a_token_dimension_too_large(d, capsys, counting):
+    status, line = run(["extract", "--oracle", "tests.fixtures:head8", "--d", d], capsys)
+    assert status == 2 and "argument --d: must be <=" in line and counting.calls == 0
+
+
+def test_a_complex_head_file_is_refused(tmp_path, capsys):
+    path = tmp_path / "complex.npz"
+    np.savez(path, v=HEAD8.v, W=HEAD8.W + 1j * np.eye(8))
+    with _no_warning():
+        status, line = run(["extract", "--model", str(path)], capsys)
+    assert status == 2 and "complex" in line and "is not a head file" in line
+
+
+class _no_warning:
+    """Fail on any warning (a ComplexWarning meant the imaginary part was dropped)."""
+
+    def __enter__(self):
+        import warnings
+
+        self._ctx = warnings.catch_warnings()
+        self._ctx.__enter__()
+        warnings.simplefilter("error")
+
+    def __exit__(self, *exc):
+        return self._ctx.__exit__(*exc)
+
+
+def test_random_bytes_are_not_called_pickled(tmp_path, capsys):
+    path = tmp_path / "random.npz"
+    path.write_bytes(np.random.default_rng(0).bytes(512))
+    status, line = run(["extract", "--model", str(path)], capsys)
+    assert status == 2 and "is not a head file" in line
+    assert "pickle" not in line and "neither an .npz archive nor an .npy array" in line
+
+
+def test_info_with_a_config_that_does_not_exist(tmp_path, capsys, monkeypatch, repo):
+    monkeypatch.chdir(repo)
+    status, line = run(["info", "--config", str(tmp_path / "missing.yaml")], capsys)
+    assert status == 2 and "does not exist" in line
+    # without --config, a missing default config/config.yaml is only noted
+    monkeypatch.chdir(tmp_path)
+    assert main(["info", "--json"]) == 0
+    assert "not found" in json.loads(capsys.readouterr().out)["config"]
+
+
+def test_a_folder_named_like_a_python_file(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x.py").mkdir()
+    status, line = run(["extract", "--oracle", "x.py:f", "--d", "4"], capsys)
+    assert status == 2 and "is a folder" in line and "does not exist" not in line
+    status, line = run(["extract", "--oracle", "y.py:f", "--d", "4"], capsys)
+    assert status == 2 and "does not exist" in line
+
+
+def test_boolean_answers_are_refused(capsys, monkeypatch, repo):
+    monkeypatch.chdir(repo)
+    status, line = run(["extract", "--oracle", "tests.fixtures:boolean_head8", "--d", "8"],
+                       capsys)
+    assert status == 1 and "boolean" in line and "(AnswerError)" in line
+    X = np.random.default_rng(0).standard_normal((3, 2, 4))
+    for answer in (np.array([True, False, True]), [True, False, True],
+                   np.array([True, 0.5, 1.0], dtype=object)):
+        with pytest.raises(AnswerError, match="boolean"):
+            ValueOracle(lambda X, a=answer: a, 4)(X)
+    # integers and floats stay answers
+    assert ValueOracle(lambda X: np.array([1, 0, 2]), 4)(X).tolist() == [1.0, 0.0, 2.0]
+
+
+def test_a_head_file_saved_right_still_loads(tmp_path, capsys):
+    save_head(tmp_path / "h.npz", HEAD8)
+    assert main(["extract", "--model", str(tmp_path / "h.npz"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rel_err_W"] < 1e-10
