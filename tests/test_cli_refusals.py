@@ -256,3 +256,15 @@ def test_a_head_file_saved_right_still_loads(tmp_path, capsys):
     save_head(tmp_path / "h.npz", HEAD8)
     assert main(["extract", "--model", str(tmp_path / "h.npz"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["rel_err_W"] < 1e-10
+
+
+def test_out_of_memory_is_one_line(capsys, monkeypatch, repo):
+    monkeypatch.chdir(repo)
+
+    def no_memory(spec):
+        raise MemoryError("Unable to allocate 74.5 GiB for an array with shape (100000, 100000)")
+
+    monkeypatch.setattr("attnquery.cli.extract.run_extraction", no_memory)
+    status, line = run(BOX, capsys)
+    assert status == 1 and "out of memory (Unable to allocate 74.5 GiB" in line
+    assert line.endswith("(MemoryError)")

@@ -23,9 +23,9 @@ __all__ = ["EXIT_OK", "EXIT_FAILURE", "EXIT_USAGE", "EXIT_INTERRUPTED", "OutputE
 #: exit statuses: success, a failed extraction or check, a usage error, Ctrl-C
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
-#: the largest token dimension ``--d`` takes: the d^2 + d unknowns of (W, v) (Theorem 4.1)
-#: must be countable in a 64-bit integer, as the oracle counts queries
-MAX_D = math.isqrt(int(np.iinfo(np.int64).max)) - 1
+#: the largest token dimension ``--d`` takes: W, a d x d float64 matrix, must fit in the
+#: largest array numpy can address (beyond it no learner can hold its estimate)
+MAX_D = math.isqrt(int(np.iinfo(np.intp).max) // np.dtype(np.float64).itemsize)
 
 
 class OutputError(AttnQueryError):

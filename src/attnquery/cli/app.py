@@ -62,6 +62,10 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         say(prefix + "interrupted (KeyboardInterrupt)")
         return EXIT_INTERRUPTED
+    except MemoryError as exc:
+        say(prefix + f"error: out of memory ({one_line(exc) or 'no details'}); a smaller d, or a "
+            "learner of fewer queries, may fit (MemoryError)")
+        return EXIT_FAILURE
     except SystemExit as exc:
         say(prefix + f"error: SystemExit({exc.code!r}) was raised while running the command")
         return EXIT_FAILURE
