@@ -131,7 +131,7 @@ def load_config(path):
 
 #: what a file that is not a regular file is, by its stat type
 _FILE_KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-               (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"))
+               (stat.S_ISFIFO, "a FIFO, a named pipe"), (stat.S_ISSOCK, "a socket"))
 
 
 def _not_regular(path: Path) -> str | None:
