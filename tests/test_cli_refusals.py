@@ -268,3 +268,24 @@ def test_out_of_memory_is_one_line(capsys, monkeypatch, repo):
     status, line = run(BOX, capsys)
     assert status == 1 and "out of memory (Unable to allocate 74.5 GiB" in line
     assert line.endswith("(MemoryError)")
+
+
+def _zip_of_text(path):
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("hello.txt", "not an array")
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: np.savez(p, v=np.float64(3.0), W=np.eye(1)), "'v' must be a vector"),
+    (lambda p: np.savez(p, v=np.ones((2, 2, 2)), W=np.eye(2)), "'v' must be a vector"),
+    (lambda p: np.savez(p, v=np.ones(4), W=np.eye(4), meta_x=np.ones(3)),
+     "metadata 'x' is not a single value"),
+    (_zip_of_text, "member 'hello.txt' is not an .npy array"),
+], ids=["scalar v", "3-d v", "array metadata", "zip of text"])
+def test_head_files_of_the_wrong_make(make, message, tmp_path, capsys):
+    path = tmp_path / "bad.npz"
+    make(path)
+    status, line = run(["extract", "--model", str(path)], capsys)
+    assert status == 2 and message in line, line

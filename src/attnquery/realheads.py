@@ -481,6 +481,9 @@ def _load_arrays(path, what: str) -> tuple[dict, dict]:
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
         raise ModelError(f"{p} is not a {what} file of plain arrays (damaged, or holding "
                          f"objects): {type(exc).__name__}: {exc}") from None
+    odd = sorted(k for k, a in data.items() if not isinstance(a, np.ndarray))
+    if odd:
+        raise ModelError(f"{p} is not a {what} file: member {odd[0]!r} is not an .npy array")
     bad = sorted(k for k, a in data.items() if not k.startswith("meta_")
                  and not np.issubdtype(a.dtype, np.number))
     if bad:
@@ -492,6 +495,10 @@ def _load_arrays(path, what: str) -> tuple[dict, dict]:
                          "parameters are real; the imaginary part is not dropped)")
     if "v" not in data:
         raise ModelError(f"{p} holds no value vector 'v'; arrays: {sorted(data)}")
+    multi = sorted(k[5:] for k, a in data.items() if k.startswith("meta_") and a.size != 1)
+    if multi:
+        raise ModelError(f"{p} is not a {what} file: metadata {multi[0]!r} is not a single "
+                         "value")
     meta = {k[5:]: data.pop(k).item() for k in list(data) if k.startswith("meta_")}
     return data, meta
 
@@ -520,9 +527,15 @@ def load_head(path) -> tuple[AttentionHead, dict]:
     """Read a head written by :func:`save_head`; returns ``(head, metadata)``."""
     data, meta = _load_arrays(path, "head")
     p = Path(path)
-    if data["v"].ndim != 1:
+    if data["v"].ndim == 2:
         raise ModelError(f"{p} holds {data['v'].shape[0]} value vectors: a layer file "
                          "(attnquery.realheads.load_layer), not a head file")
+    if data["v"].ndim != 1:
+        raise ModelError(f"{p} is not a head file: 'v' must be a vector; got shape "
+                         f"{data['v'].shape}")
+    if "beta" in data and data["beta"].size != 1:
+        raise ModelError(f"{p} is not a head file: 'beta' must be a single number; got shape "
+                         f"{data['beta'].shape}")
     bias = {"key_bias": data.get("c"), "offset": float(data["beta"]) if "beta" in data else 0.0}
     if "W" in data:
         head = AttentionHead(data["v"], W=data["W"], **bias)
