@@ -289,3 +289,10 @@ def test_head_files_of_the_wrong_make(make, message, tmp_path, capsys):
     make(path)
     status, line = run(["extract", "--model", str(path)], capsys)
     assert status == 2 and message in line, line
+
+
+def test_a_box_module_cancelled_at_import(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cancelled.py").write_text("import asyncio\nraise asyncio.CancelledError('x')\n")
+    status, line = run(["extract", "--oracle", "cancelled.py:f", "--d", "4"], capsys)
+    assert status == 2 and "importing cancelled.py failed: CancelledError" in line

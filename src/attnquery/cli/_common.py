@@ -180,7 +180,8 @@ def write_model(save, what: str, path, model, /, **meta) -> None:
 
 def model_usage(what: str):
     """A context turning a :class:`~attnquery.errors.ModelError` (an input file or checkpoint
-    that is not what it should be) into a ConfigError prefixed by ``what``."""
+    that is not what it should be) into a ConfigError prefixed by ``what`` (unless the message
+    already names it)."""
     return _ModelUsage(what)
 
 
@@ -195,5 +196,6 @@ class _ModelUsage:
         from ..errors import ModelError
 
         if exc_type is not None and issubclass(exc_type, ModelError):
-            raise ConfigError(f"{self.what}: {exc}") from None
+            text = str(exc)
+            raise ConfigError(text if self.what in text else f"{self.what}: {text}") from None
         return False
