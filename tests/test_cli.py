@@ -387,3 +387,20 @@ def test_python_dash_m_runs_the_command_line(repo):
                           "tests.fixtures:head8", "--d", "8", "--json"], cwd=repo,
                          capture_output=True, text=True, check=True)
     assert json.loads(out.stdout)["n_queries"] == 8 * 8 + 8 + 8
+
+
+def test_the_reference_names_every_subcommand_and_option(repo):
+    import argparse
+
+    from attnquery.cli import build_parser
+
+    text = (repo / "docs" / "cli.md").read_text(encoding="utf-8")
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    missing = []
+    for name, parser in sub.choices.items():
+        if f"attnquery {name}" not in text:
+            missing.append(name)
+        for action in parser._actions:
+            missing += [f"{name} {o}" for o in action.option_strings
+                        if o.startswith("--") and o != "--help" and f"`{o}" not in text]
+    assert not missing, f"docs/cli.md does not document {missing}"
