@@ -296,3 +296,15 @@ def test_a_box_module_cancelled_at_import(tmp_path, capsys, monkeypatch):
     (tmp_path / "cancelled.py").write_text("import asyncio\nraise asyncio.CancelledError('x')\n")
     status, line = run(["extract", "--oracle", "cancelled.py:f", "--d", "4"], capsys)
     assert status == 2 and "importing cancelled.py failed: CancelledError" in line
+
+
+def test_save_head_never_replaces_what_is_not_a_regular_file(tmp_path):
+    from attnquery.errors import ModelError
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(ModelError, match="exists and is not a regular file"):
+        save_head(fifo, HEAD8)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    save_head(tmp_path / "h.npz", HEAD8)  # a new file, then a regular file, are written
+    save_head(tmp_path / "h.npz", HEAD8)

@@ -39,6 +39,7 @@ import functools
 import json
 import os
 import re
+import stat
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -436,6 +437,14 @@ def _save_arrays(path, arrays: dict, meta: dict) -> None:
         arrays[f"meta_{k}"] = np.asarray(val)
     from .results import atomic_path
 
+    # the rename below would replace a device, a FIFO or a socket by a regular file
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        mode = None  # absent: a new file
+    if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise ModelError(f"{path} exists and is not a regular file (a device, a FIFO or a "
+                         "socket); it is not replaced")
     # a temporary file beside the target, flushed and renamed over it: an existing file is
     # replaced whole or not at all (a full disk leaves it as it was)
     with atomic_path(path) as tmp, open(tmp, "wb") as fh:
