@@ -97,3 +97,13 @@ def cancelled_head(X):
 def boolean_head8(X):
     """:data:`HEAD8`'s answers as booleans (``f(X) > 0``), not numbers."""
     return HEAD8(X) > 0
+
+
+class _Unprintable(Exception):
+    def __str__(self):
+        raise ValueError("the message itself fails")
+
+
+def unprintable_head(X):
+    """A black box raising an exception whose message cannot be made."""
+    raise _Unprintable()

@@ -308,3 +308,11 @@ def test_save_head_never_replaces_what_is_not_a_regular_file(tmp_path):
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
     save_head(tmp_path / "h.npz", HEAD8)  # a new file, then a regular file, are written
     save_head(tmp_path / "h.npz", HEAD8)
+
+
+def test_an_exception_without_a_printable_message(capsys, monkeypatch, repo):
+    monkeypatch.chdir(repo)
+    status, line = run(["extract", "--oracle", "tests.fixtures:unprintable_head", "--d", "8"],
+                       capsys)
+    assert status == 1 and "the black box raised _Unprintable" in line
+    assert "(message unprintable: ValueError)" in line and "(OracleFailure)" in line

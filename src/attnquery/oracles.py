@@ -190,8 +190,17 @@ def _call_black_box(fn, X: np.ndarray) -> np.ndarray:
         what = f"SystemExit({exc.code!r})" if isinstance(exc, SystemExit) else \
             f"{type(exc).__name__}"
         raise OracleFailure(
-            f"the black box raised {what} on a batch of shape {X.shape}: {exc}"
+            f"the black box raised {what} on a batch of shape {X.shape}: {_message(exc)}"
         ) from exc
+
+
+def _message(exc: BaseException) -> str:
+    """``str(exc)``, or a note saying why it could not be made (foreign code's ``__str__``
+    may itself raise)."""
+    try:
+        return str(exc)
+    except Exception as err:  # noqa: BLE001 - any failure of foreign code is reported
+        return f"(message unprintable: {type(err).__name__})"
 
 
 class ValueOracle(Oracle):

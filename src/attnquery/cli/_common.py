@@ -80,8 +80,12 @@ def readout(text: str) -> tuple[str, int | None]:
 
 
 def one_line(exc) -> str:
-    """An exception's message on one line."""
-    return " ".join(str(exc).split())
+    """An exception's message on one line (a note if its ``__str__`` fails)."""
+    try:
+        text = str(exc)
+    except Exception as err:  # noqa: BLE001 - an error raised by foreign code, to be reported
+        text = f"(message unprintable: {type(err).__name__})"
+    return " ".join(text.split())
 
 
 def say(line: str) -> None:
