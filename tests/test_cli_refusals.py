@@ -316,3 +316,26 @@ def test_an_exception_without_a_printable_message(capsys, monkeypatch, repo):
                        capsys)
     assert status == 1 and "the black box raised _Unprintable" in line
     assert "(message unprintable: ValueError)" in line and "(OracleFailure)" in line
+
+
+def test_out_never_replaces_an_input(ckpt, tmp_path, capsys, monkeypatch, repo):
+    before = ckpt.read_bytes()
+    status, line = run(["heads", str(ckpt), "--layer", "0", "--head", "0", "--out", str(ckpt)],
+                       capsys)
+    assert status == 2 and "is the input" in line
+    status, line = run(["extract", "--module", str(ckpt), "--layer", "0", "--head", "0",
+                        "--out", str(ckpt)], capsys)
+    assert status == 2 and "is the input" in line
+    assert ckpt.read_bytes() == before
+    head = tmp_path / "h.npz"
+    save_head(head, HEAD8)
+    (tmp_path / "link.npz").symlink_to(head)
+    status, line = run(["extract", "--model", str(head), "--out", str(tmp_path / "link.npz")],
+                       capsys)
+    assert status == 2 and "is the input" in line
+    box = tmp_path / "box.py"
+    box.write_text("from tests.fixtures import head8\n")
+    monkeypatch.chdir(repo)
+    status, line = run(["extract", "--oracle", f"{box}:head8", "--d", "8", "--out", str(box)],
+                       capsys)
+    assert status == 2 and "is the input" in line and box.read_text().startswith("from")

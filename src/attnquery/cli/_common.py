@@ -150,12 +150,16 @@ def _not_regular(path: Path) -> str | None:
     return next((what for test, what in _FILE_KINDS if test(mode)), "not a regular file")
 
 
-def check_out(path) -> None:
+def check_out(path, inputs=()) -> None:
     """Usage error (before any work) when ``--out`` cannot be written, or is something the
     atomic rename would destroy: a device, a FIFO, a socket (anything that exists and is not a
-    regular file)."""
+    regular file), or one of the command's input files ``inputs`` (a link to one included)."""
     from ..results import check_writable
 
+    for source in inputs:
+        if _same_file(path, source):
+            raise ConfigError(f"--out {path} is the input {source}; refusing to replace it: "
+                              "give another file name")
     kind = _not_regular(Path(path))
     if kind is not None:
         raise ConfigError(f"--out {path}: not a regular file (it is {kind}); refusing to "
@@ -164,6 +168,14 @@ def check_out(path) -> None:
         check_writable(path)
     except OSError as exc:
         raise ConfigError(f"--out {path}: cannot write there ({os_reason(exc)})") from None
+
+
+def _same_file(a, b) -> bool:
+    """Whether ``a`` and ``b`` both exist and are the same file (links followed)."""
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return False
 
 
 def write_model(save, what: str, path, model, /, **meta) -> None:

@@ -100,7 +100,7 @@ def run(args) -> int:
     """Run ``attnquery extract``; returns the exit status."""
     _check_module_options(args)
     if args.out is not None:
-        check_out(args.out)  # before any query is spent
+        check_out(args.out, inputs=_input_files(args))  # before any query is spent
     params = _parse_params(args.param)
     if args.module is not None:
         source = _module_source(args)
@@ -126,6 +126,17 @@ def run(args) -> int:
     else:
         print(_report(summary, source, learned, args))
     return 0
+
+
+def _input_files(args) -> list:
+    """The files the run reads: ``--model``, ``--module`` (and the ``config.json`` beside it),
+    or the file of ``--oracle path/to/file.py:FUNCTION``."""
+    files = [p for p in (args.model, args.module) if p is not None]
+    if args.module is not None:
+        files.append(args.module.parent / "config.json")
+    if args.oracle is not None and args.oracle.rpartition(":")[0].endswith(".py"):
+        files.append(Path(args.oracle.rpartition(":")[0]))
+    return files
 
 
 def _check_module_options(args) -> None:

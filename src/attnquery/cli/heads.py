@@ -41,7 +41,7 @@ def run(args) -> int:
     error, as for ``extract --module``."""
     from ..realheads import build_head, head_summary, load_checkpoint, readout_vector, save_head
 
-    check_out(args.out)
+    check_out(args.out, inputs=[args.checkpoint, args.checkpoint.parent / "config.json"])
     kind, index = args.readout
     seed = index if kind == "coordinate" else args.seed
     with model_usage(str(args.checkpoint)):
