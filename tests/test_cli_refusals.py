@@ -339,3 +339,60 @@ def test_out_never_replaces_an_input(ckpt, tmp_path, capsys, monkeypatch, repo):
     status, line = run(["extract", "--oracle", f"{box}:head8", "--d", "8", "--out", str(box)],
                        capsys)
     assert status == 2 and "is the input" in line and box.read_text().startswith("from")
+
+
+class _Unblocker:
+    """Opens a FIFO for writing and closes it, again and again, for a few seconds, so that a
+    reader stuck on it (the bug: reading an input that is a FIFO blocks forever) gets an end of
+    file instead of hanging the test."""
+
+    def __init__(self, fifo, seconds=4.0):
+        import threading
+
+        self.fifo, self.seconds = fifo, seconds
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        import errno
+        import time
+
+        end = time.monotonic() + self.seconds
+        while time.monotonic() < end and not self.done.is_set():
+            try:
+                fd = os.open(self.fifo, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError as exc:
+                if exc.errno != errno.ENXIO:  # ENXIO: no reader yet
+                    raise
+                time.sleep(0.05)
+                continue
+            os.close(fd)
+            time.sleep(0.05)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join()
+
+
+def test_inputs_that_are_fifos_are_refused_not_read(ckpt, tmp_path, capsys):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    cases = [(["extract", "--model", str(fifo)], "not a regular file"),
+             (["extract", "--module", str(fifo), "--layer", "0"], "not a regular file"),
+             (["heads", str(fifo), "--layer", "0", "--head", "0", "--out",
+               str(tmp_path / "h.npz")], "not a regular file"),
+             (["info", "--config", str(fifo)], "not a regular file"),
+             (["validate", str(tmp_path), "--config", str(fifo)], "not a regular file")]
+    with _Unblocker(fifo):
+        for argv, message in cases:
+            status, line = run(argv, capsys)
+            assert status == 2 and message in line and "FIFO" in line, line
+    (ckpt.parent / "config.json").unlink()
+    os.mkfifo(ckpt.parent / "config.json")
+    with _Unblocker(ckpt.parent / "config.json"):
+        status, line = run(["extract", "--module", str(ckpt), "--layer", "0"], capsys)
+    assert status == 2 and "config.json is not a regular file" in line

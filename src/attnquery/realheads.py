@@ -39,7 +39,6 @@ import functools
 import json
 import os
 import re
-import stat
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ModelError
+from .files import special_file_kind
 from .models import AttentionHead, MultiHeadAttention, check_input, softmax_last
 
 __all__ = [
@@ -114,6 +114,9 @@ def _n_heads_from_config(path: Path) -> int | None:
     cfg = path.parent / "config.json"
     if not cfg.exists():
         return None
+    kind = special_file_kind(cfg)
+    if kind is not None:  # reading a FIFO would block
+        raise ModelError(f"{cfg} is not a regular file (it is {kind})")
     try:
         with open(cfg, encoding="utf-8") as fh:
             data = json.load(fh)
@@ -245,6 +248,9 @@ def _check_checkpoint_path(p: Path) -> None:
         raise ModelError(f"checkpoint {p} does not exist")
     if p.is_dir():
         raise ModelError(f"checkpoint {p} is a folder, not a .safetensors file")
+    kind = special_file_kind(p)
+    if kind is not None:  # reading a FIFO would block
+        raise ModelError(f"checkpoint {p} is not a regular file (it is {kind})")
 
 
 @functools.lru_cache(maxsize=2)
@@ -437,14 +443,10 @@ def _save_arrays(path, arrays: dict, meta: dict) -> None:
         arrays[f"meta_{k}"] = np.asarray(val)
     from .results import atomic_path
 
-    # the rename below would replace a device, a FIFO or a socket by a regular file
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        mode = None  # absent: a new file
-    if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-        raise ModelError(f"{path} exists and is not a regular file (a device, a FIFO or a "
-                         "socket); it is not replaced")
+    kind = special_file_kind(path)  # the rename below would replace it by a regular file
+    if kind is not None:
+        raise ModelError(f"{path} exists and is not a regular file (it is {kind}); it is not "
+                         "replaced")
     # a temporary file beside the target, flushed and renamed over it: an existing file is
     # replaced whole or not at all (a full disk leaves it as it was)
     with atomic_path(path) as tmp, open(tmp, "wb") as fh:
@@ -473,6 +475,9 @@ def _load_arrays(path, what: str) -> tuple[dict, dict]:
         raise ModelError(f"{what} file {p} does not exist")
     if p.is_dir():
         raise ModelError(f"{what} file {p} is a folder")
+    special = special_file_kind(p)
+    if special is not None:  # reading a FIFO would block
+        raise ModelError(f"{what} file {p} is not a regular file (it is {special})")
     kind = _file_kind(p)
     if kind is None:
         raise ModelError(f"{p} is not a {what} file (.npz of plain arrays, as written by "

@@ -8,13 +8,12 @@ import errno
 import json
 import math
 import os
-import stat
 import sys
-from pathlib import Path
 
 import numpy as np
 
 from ..errors import AttnQueryError, ConfigError
+from ..files import special_file_kind
 
 __all__ = ["EXIT_OK", "EXIT_FAILURE", "EXIT_USAGE", "EXIT_INTERRUPTED", "OutputError",
            "MAX_D", "int_at_least", "positive_float", "readout", "one_line", "say",
@@ -123,6 +122,9 @@ def load_config(path):
 
     from ..config import load_config as load
 
+    kind = special_file_kind(path)
+    if kind is not None:  # reading a FIFO would block
+        raise ConfigError(f"config file {path} is not a regular file (it is {kind})")
     try:
         return load(path)
     except yaml.YAMLError as exc:
@@ -132,23 +134,6 @@ def load_config(path):
 
 
 # -- --out --------------------------------------------------------------------------------------
-
-#: what a file that is not a regular file is, by its stat type
-_FILE_KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-               (stat.S_ISFIFO, "a FIFO, a named pipe"), (stat.S_ISSOCK, "a socket"))
-
-
-def _not_regular(path: Path) -> str | None:
-    """What ``path`` is when it exists and is neither a regular file nor a folder (a link is
-    followed), else None."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        return None  # absent (or a dangling link): written as a new file
-    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
-        return None
-    return next((what for test, what in _FILE_KINDS if test(mode)), "not a regular file")
-
 
 def check_out(path, inputs=()) -> None:
     """Usage error (before any work) when ``--out`` cannot be written, or is something the
@@ -160,7 +145,7 @@ def check_out(path, inputs=()) -> None:
         if _same_file(path, source):
             raise ConfigError(f"--out {path} is the input {source}; refusing to replace it: "
                               "give another file name")
-    kind = _not_regular(Path(path))
+    kind = special_file_kind(path)
     if kind is not None:
         raise ConfigError(f"--out {path}: not a regular file (it is {kind}); refusing to "
                           "replace it: give a file name")
@@ -182,7 +167,7 @@ def write_model(save, what: str, path, model, /, **meta) -> None:
     """``save`` (:func:`~attnquery.realheads.save_head` or ``save_layer``, atomic) of the
     ``what`` ("head" or "layer"), with a failed write as an :class:`OutputError`; ``path`` is
     checked again first (it may have become a device or a FIFO while the queries ran)."""
-    kind = _not_regular(Path(path))
+    kind = special_file_kind(path)
     if kind is not None:
         raise OutputError(f"--out {path}: it became {kind} while the queries ran; nothing was "
                           "written there")
