@@ -190,25 +190,14 @@ def test_a_token_dimension_too_large(d, capsys, counting):
 
 
 def test_a_complex_head_file_is_refused(tmp_path, capsys):
+    import warnings
+
     path = tmp_path / "complex.npz"
     np.savez(path, v=HEAD8.v, W=HEAD8.W + 1j * np.eye(8))
-    with _no_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a ComplexWarning meant the imaginary part was dropped
         status, line = run(["extract", "--model", str(path)], capsys)
     assert status == 2 and "complex" in line and "is not a head file" in line
-
-
-class _no_warning:
-    """Fail on any warning (a ComplexWarning meant the imaginary part was dropped)."""
-
-    def __enter__(self):
-        import warnings
-
-        self._ctx = warnings.catch_warnings()
-        self._ctx.__enter__()
-        warnings.simplefilter("error")
-
-    def __exit__(self, *exc):
-        return self._ctx.__exit__(*exc)
 
 
 def test_random_bytes_are_not_called_pickled(tmp_path, capsys):
