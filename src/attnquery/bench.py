@@ -3,7 +3,8 @@
 "queries (counted)" are the queries that learnt the parameters, as the oracle counted them; each
 learner also spends its check queries after them (8 by default), counted apart.
 
-Run ``python -m attnquery.bench NAME`` (or ``all``); ``make bench`` runs them all. Each benchmark
+Run ``attnquery bench NAME`` or ``python -m attnquery.bench NAME`` (or ``all``); ``make bench``
+runs them all. Each benchmark
 prints a table; the README reproduces the tables measured on a 2-core machine.
 """
 
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["BENCHMARKS", "register_benchmark", "main", "print_table"]
+__all__ = ["BENCHMARKS", "register_benchmark", "run_benchmarks", "main", "print_table"]
 
 #: benchmark name -> function() -> list of row dicts
 BENCHMARKS: dict[str, Callable[[], list[dict]]] = {}
@@ -318,16 +319,35 @@ def bench_layer() -> list[dict]:
     return rows
 
 
+def run_benchmarks(names=None, file=None) -> None:
+    """Run the benchmarks ``names`` (default: all, in name order) and print their tables to
+    ``file`` (default: standard output).
+
+    An unknown name is a :class:`~attnquery.errors.ConfigError`, raised before any runs.
+    """
+    from .errors import ConfigError
+
+    names = sorted(BENCHMARKS) if not names or list(names) == ["all"] else list(names)
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        raise ConfigError(f"unknown benchmark {', '.join(map(repr, unknown))}; known: all, "
+                          f"{', '.join(sorted(BENCHMARKS))}")
+    for n in names:
+        print_table(n, BENCHMARKS[n](), file=sys.stdout if file is None else file)
+
+
 def main(argv=None) -> int:
+    """``python -m attnquery.bench [NAME]`` (also ``attnquery bench``)."""
+    from .errors import ConfigError
+
     parser = argparse.ArgumentParser(prog="python -m attnquery.bench", description=__doc__)
     parser.add_argument("name", nargs="?", default="all",
                         help=f"benchmark to run: all, {', '.join(sorted(BENCHMARKS))}")
     args = parser.parse_args(argv)
-    names = sorted(BENCHMARKS) if args.name == "all" else [args.name]
-    for n in names:
-        if n not in BENCHMARKS:
-            parser.error(f"unknown benchmark {n!r}; known: {', '.join(sorted(BENCHMARKS))}")
-        print_table(n, BENCHMARKS[n]())
+    try:
+        run_benchmarks([args.name])
+    except ConfigError as exc:
+        parser.error(str(exc))
     return 0
 
 
