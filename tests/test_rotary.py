@@ -302,7 +302,10 @@ def test_learner_offset_and_position_free_heads():
     h = random_rotary_head(10, 4, head_dim=6, rope_base=1e4, offset=0.7)
     L, _ = _fit(h, fit_bias=True)
     assert L.offset_ == pytest.approx(0.7, abs=1e-12)
-    assert L.n_queries_ - L.n_verify_queries_ == rotary_query_count(10) + 1
+    assert L.n_queries_ - L.n_verify_queries_ == rotary_query_count(10, bias=True) \
+        == 2 * 100 + 5 * 10 + 3
+    np.testing.assert_allclose(L.b_Q_, 0, atol=1e-10)
+    np.testing.assert_allclose(L.b_K_, 0, atol=1e-10)
     # the paper's head is a rotary head with R = 0
     p = random_head(8, 0)
     L, _ = _fit(p)
@@ -310,6 +313,26 @@ def test_learner_offset_and_position_free_heads():
     np.testing.assert_allclose(L.M(-3), p.W, atol=1e-10)
     with pytest.raises(AssumptionViolation):
         _fit(p, rope_base=1e4)
+
+
+def test_learner_recovers_qwen_style_query_and_key_biases():
+    """q, k biases and the value bias: 2 d^2 + 5 d + 3 queries. The key bias's rotated part is
+    identifiable (its share b_K^T Rot_delta q depends on the offset); its part on the
+    dimensions not rotated adds the same to every score and is not (returned as 0)."""
+    d, dh, R = 24, 16, 12
+    h = random_rotary_head(d, 8, head_dim=dh, rotary_dim=R, rope_base=1e6, bias=0.8,
+                           offset=-0.4)
+    L, oracle = _fit(h, fit_bias=True)
+    assert L.n_queries_ - L.n_verify_queries_ == rotary_query_count(d, bias=True)
+    assert L.offset_ == pytest.approx(-0.4, abs=1e-12)
+    assert np.max(np.abs(L.frequencies_ - h.frequencies)) < 1e-12
+    for N in (1, 2, 300, 4096):
+        X = _tokens(3 if N > 300 else 30, N, d, N)
+        assert _rel(L.predict(X), h(X)) < 1e-9, N
+    np.testing.assert_array_equal(L.b_K_[R:], 0.0)
+    # the same box refused without fit_bias
+    with pytest.raises(AssumptionViolation):
+        _fit(h)
 
 
 def _alibi_box(d, seed=0, slope=0.5):

@@ -993,10 +993,13 @@ def _rotary_scores(X, W_Q, b_Q, W_K, b_K, frequencies, scale, groups=None) -> np
     b_K = b_K[None] if b_K.ndim == 1 else b_K
     B, N, _ = X.shape
     pos = np.arange(N, dtype=np.float64)
-    q = np.einsum("bd,hed->bhe", X[:, -1, :], W_Q) + b_Q  # (B, H, dh)
-    q = rotate_half(q, np.full(W_Q.shape[0], N - 1.0), frequencies)
-    k = np.einsum("bnd,ged->bgne", X, W_K) + b_K[:, None, :]  # (B, G, N, dh)
-    k = rotate_half(k, pos, frequencies)
+    H, dh, d = W_Q.shape
+    G = W_K.shape[0]
+    # projections as BLAS products: (B, d) x (d, H dh) and (B N, d) x (d, G dh)
+    q = (X[:, -1, :] @ W_Q.reshape(H * dh, d).T).reshape(B, H, dh) + b_Q  # (B, H, dh)
+    q = rotate_half(q, np.full(H, N - 1.0), frequencies)
+    k = (X.reshape(B * N, d) @ W_K.reshape(G * dh, d).T).reshape(B, N, G, dh)
+    k = rotate_half(k.transpose(0, 2, 1, 3) + b_K[:, None, :], pos, frequencies)  # (B,G,N,dh)
     if groups is None:
         groups = np.arange(W_Q.shape[0])
     return scale * np.einsum("bhne,bhe->bhn", k[:, groups], q)

@@ -62,6 +62,23 @@ plus ``n_requeried_`` and the ``verify`` check queries. Low-rank route (``rank=r
 tokens) + ``d (k + 1)`` (left sketch ``Psi^T M_{-1}``) + ``r`` (the constants ``b^T M_0 b`` of
 r last tokens in the row space) + ``r^2`` (``U_r^T M_{-2} V_r``): ``2 d k + 2 d + k + r^2 + r``.
 
+**Biases** (``fit_bias=True``, dense route). With query and key biases,
+``s_i = x_i^T M_delta x_N + x_i^T g_delta + h_delta^T x_N + k_delta`` with
+``g_delta = K^T Rot_{-delta} b_Q`` (the query bias seen through the keys),
+``h_delta = Q^T Rot_{-delta}^T b_K`` and ``k_delta = b_K^T Rot_{-delta} b_Q``; none of them
+cancels, as they depend on the offset. The answer's constant beta (the value bias read out)
+comes from the query ``[0]``; ``g_{-1}`` and ``g_{-2}`` from the probes ``[c u; 0]`` and
+``[c u; 0; 0]`` (a zero token has score ``k_delta`` and value 0), whose logit is
+``c u^T g + const`` (d + 1 probes each, the constant read by the pair ``+-u_1``). The two- and
+three-row probes then carry ``c u^T g_{-1}`` (resp. ``g_{-2}``), which is subtracted, plus a
+per-column constant, read by the pair ``+-u_1`` in both (d + 1 probes per column for M_{-2}
+too). After the factorisation, ``b_Q = D^{-1} (K_^T)^+ g_{-1}``, and the two-row columns'
+constants ``k_{-1} - k_0 + s (h_{-1} - h_0)_j - s^2 (M_0)_jj - s (g_0)_j`` give
+``h_{-1} - h_0 = Q^T (D^T - I) b_K``, hence the rotated part of ``b_K`` (pair by pair,
+dividing by ``e^{-i theta_j} - 1``). The part of ``b_K`` on the dimensions not rotated adds
+the same to every score of a sequence and is not identifiable (``b_K_`` is 0 there).
+Queries: ``1 + 2 (d + 1) + 2 d (d + 1) + d`` = ``2 d^2 + 5 d + 3``.
+
 **Precision.** ``M_{-1}`` and ``M_{-2}`` are measured to about float64 rounding, but T
 carries that rounding magnified by the condition number of ``M_{-1}``, and the eigenvectors
 of frequencies closer than ``1 / N`` mix at that level: the error of ``M_delta`` grows about
@@ -73,10 +90,10 @@ forms; 1e-11 at d = 48, d_h = 32). The check allows
 **Check.** The learner checks itself on fresh random sequences of lengths ``verify_lengths``
 (up to 4,096 tokens by default) and raises :class:`~attnquery.errors.ModelMismatchError` on a
 box that is not a rotary head in this sense: ALiBi (a bias linear in the offset), a sliding
-window, several heads, biases of queries and keys, lower precision. A position-free head (the
-paper's) is a rotary head with ``R = 0`` (T = I): with ``rope_base=None`` and
-``rotary_dim=None`` it is learnt as such (``rotary_dim_ = 0``); with ``rope_base`` or
-``rotary_dim`` given, the missing frequencies raise :class:`AssumptionViolation`.
+window, several heads, query and key biases (without ``fit_bias``), lower precision. A
+position-free head (the paper's) is a rotary head with ``R = 0`` (T = I): with
+``rope_base=None`` and ``rotary_dim=None`` it is learnt as such (``rotary_dim_ = 0``); with
+``rope_base`` or ``rotary_dim`` given, the missing frequencies raise :class:`AssumptionViolation`.
 """
 
 from __future__ import annotations
@@ -109,14 +126,15 @@ CHECK_FACTOR = 4.0
 FREQ_TOL = 1e-6
 
 
-def rotary_query_count(d: int, rank: int | None = None, oversample: int = 8) -> int:
+def rotary_query_count(d: int, rank: int | None = None, oversample: int = 8,
+                       bias: bool = False) -> int:
     """Queries the learner spends on an ordinary head (no probe asked twice, no check).
 
-    ``2 d^2 + 2 d`` on the dense route; ``2 d k + 2 d + k + r^2 + r`` (k = r + oversample)
-    with ``rank=r``.
+    ``2 d^2 + 2 d`` on the dense route (``2 d^2 + 5 d + 3`` with ``bias``, i.e.
+    ``fit_bias=True``); ``2 d k + 2 d + k + r^2 + r`` (k = r + oversample) with ``rank=r``.
     """
     if rank is None:
-        return 2 * d * d + 2 * d
+        return 2 * d * d + 2 * d + (3 * d + 3 if bias else 0)
     k = min(d, rank + oversample)
     return 2 * d * k + 2 * d + k + rank * rank + rank
 
@@ -149,8 +167,8 @@ class RotaryValueQueryLearner(BaseLearner):
         ``2 d (d_h + oversample) + d_h^2`` queries); None (default): the dense route
         (``2 (d^2 + d)`` queries), which finds the rank itself.
     fit_bias : bool
-        Also learn the constant added to every answer (the value bias read out), from the one
-        query ``[0]``. Query and key biases are not supported: a head with them fails the check.
+        Learn a head with query, key and value biases (Qwen2): ``2 d^2 + 5 d + 3`` queries,
+        dense route only (module docstring, "Biases").
     n_queries : int, optional
         A cap on the queries of the fit (the check included); the fit raises
         :class:`~attnquery.errors.BudgetExceededError` before spending any query when its plan
@@ -183,6 +201,9 @@ class RotaryValueQueryLearner(BaseLearner):
         components, then the rows not rotated), with the score scale folded into ``K_``:
         ``M_delta = K_^T Rot_{-delta} Q_`` (:meth:`M`); unique up to the gauge above.
     v_ : ndarray (d,)
+    b_Q_, b_K_ : ndarray (rank_,)
+        Query and key biases in the basis of ``Q_`` and ``K_`` (0 unless ``fit_bias``; the
+        key bias is 0 on the dimensions not rotated, where it is not identifiable).
     offset_ : float
         The constant of every answer (0 unless ``fit_bias``).
     eigenvalues_ : ndarray (rank_,) complex
@@ -275,7 +296,9 @@ class RotaryValueQueryLearner(BaseLearner):
         n_check = check_verify_param(self.verify)
         bias = bool(self.fit_bias)
         rank = None if self.rank is None or self.rank >= d else int(self.rank)
-        planned = rotary_query_count(d, rank, self.oversample) + n_check + bias
+        if bias and rank is not None:
+            raise ConfigError("fit_bias needs the dense route (rank=None)")
+        planned = rotary_query_count(d, rank, self.oversample, bias=bias) + n_check
         if self.n_queries is not None and planned > self.n_queries:
             from ..errors import BudgetExceededError
 
@@ -298,8 +321,11 @@ class RotaryValueQueryLearner(BaseLearner):
         self._factor(T, U_s, S, Vt)
         self.v_ = v
         self.offset_ = beta
-        self.v_ = v
-        self.offset_ = beta
+        self.b_Q_ = np.zeros(self.rank_)
+        self.b_K_ = np.zeros(self.rank_)
+        if bias:
+            self.b_Q_, self.b_K_ = self._biases()
+            del self._bias_data
         self.n_requeried_ = int(pr.n_requeried)
         self.logit_scale_ = float(pr.kappa)
         # error model: T carries the rounding of M_{-1} and M_{-2} magnified by the condition
@@ -310,25 +336,55 @@ class RotaryValueQueryLearner(BaseLearner):
         self._verify_fit(oracle, self.predict, r_check, rtol=self.check_rtol_, n0=n0,
                          lengths=lengths, what="a rotary attention head",
                          hint="the box may not be a rotary head (ALiBi, a sliding window, "
-                              "query or key biases), or have several heads, noise or lower "
-                              "precision than float64")
+                              "query or key biases without fit_bias), or have several "
+                              "heads, noise or lower precision than float64")
         return self
 
     # ------------------------------------------------------------------------------------------
     def _dense(self, pr, v, rng, d):
-        """M_{-1} (all d columns) and, on demand, the reduced M_{-2}: 2 d^2 + d probes."""
+        """M_{-1} (all d columns) and, on demand, the reduced M_{-2}: 2 d^2 + d probes
+        (``2 d^2 + 5 d + 1`` with ``fit_bias``, which also sets ``self._bias_data``)."""
         A = balanced_orthonormal(v, rng)  # rows u_l, |u_l^T v| = ||v|| / sqrt(d)
         eye = np.eye(d)
-        t, m0 = pr.pairs(A, eye)  # t[j] = A M_{-1} e_j
+        if self.fit_bias:
+            g1f, dk1 = pr.zero_probes(A, 1)
+            g2f, _ = pr.zero_probes(A, 2)
+            t, Cp, sc = pr.pairs(A, eye, 1, gf=g1f, raw=True)
+            self._bias_data = (A.T @ g1f, float(dk1), Cp, sc)
+        else:
+            t, m0 = pr.pairs(A, eye)  # t[j] = A M_{-1} e_j
         M1 = A.T @ t.T
         m1 = np.diag(M1).copy()
         U_s, S, Vt = _thin_svd(M1, self.rank_tol)
 
         def m2_reduced(U_r, V_r):
-            t2 = pr.triples(A, eye, m1, m0)  # t2[j] = A M_{-2} e_j
+            if self.fit_bias:  # the constants are unknown: d + 1 probes per column
+                t2, _ = pr.pairs(A, eye, 2, gf=g2f)
+            else:
+                t2 = pr.triples(A, eye, m1, m0)  # t2[j] = A M_{-2} e_j
             return U_r.T @ (A.T @ t2.T) @ V_r
 
         return U_s, S, Vt, m2_reduced
+
+    def _biases(self):
+        """The query and key biases from the zero-last-token probes and the columns'
+        constants (module docstring), in the basis of ``Q_`` and ``K_``."""
+        g1, dk1, Cp, sc = self._bias_data
+        theta = self.frequencies_
+        half = theta.size
+        # g_{-1} = K^T D b_Q
+        Db = np.linalg.lstsq(self.K_.T, g1, rcond=None)[0]
+        b_Q = rotate_half(Db[None, :], np.array([-1.0]), theta)[0]
+        m0 = np.einsum("jr,rj->j", self.K_.T, self.Q_)  # diag of M_0 = K^T Q
+        g0 = self.K_.T @ b_Q
+        # the column constant: -C' = dk1 + s (h_{-1} - h_0)_j - s^2 m0_j - s g0_j, with
+        # h_{-1} - h_0 = Q^T (D^T - I) b_K
+        w = (-Cp - dk1 + sc**2 * m0 + sc * g0) / sc
+        z = np.linalg.lstsq(self.Q_.T, w, rcond=None)[0]
+        b_K = np.zeros(self.Q_.shape[0])
+        zc = (z[:half] + 1j * z[half:2 * half]) / (np.exp(-1j * theta) - 1.0)
+        b_K[:half], b_K[half:2 * half] = zc.real, zc.imag
+        return b_Q, b_K
 
     def _lowrank(self, pr, v, rng, d, r):
         """Sketches of M_{-1} of rank r, then the r x r block of M_{-2} on its row and column
@@ -442,7 +498,8 @@ class RotaryValueQueryLearner(BaseLearner):
     # ------------------------------------------------------------------------------------------
     def _head(self) -> RotaryAttentionHead:
         return RotaryAttentionHead(self.Q_, self.K_, self.v_, frequencies=self.frequencies_,
-                                   offset=self.offset_, scale=1.0)
+                                   b_Q=self.b_Q_, b_K=self.b_K_, offset=self.offset_,
+                                   scale=1.0)
 
     def M(self, delta: int) -> np.ndarray:
         """The recovered bilinear form ``M_delta`` (d x d) of the offset ``delta <= 0``."""
@@ -515,33 +572,37 @@ class _RotaryProber:
         return max(1, self.block_bytes // (8 * n_probe_rows * self.d * n_per))
 
     # -- two-row probes: A M_{-1} b and b^T M_0 b ------------------------------------------------
-    def _pairs_block(self, A, B, kap):
-        """Per last token b (rows of B), the n + 1 probes ``[c u_l; s b]`` and ``[-c u_1; s b]``;
-        returns logits (m, n + 1), c, s, rho."""
+    def _pairs_block(self, A, B, kap, n_last=1):
+        """Per last token b (rows of B), the n + 1 probes ``[c u_l; s b (n_last times)]`` and
+        ``[-c u_1; s b ...]``; returns logits (m, n + 1), c, s, rho."""
         m, n = B.shape[0], A.shape[0]
         c, s, rho = self._scales(A, B, kap)
         F = np.concatenate([A, -A[:1]], axis=0)  # (n + 1, d)
         first = np.tile(F, (m, 1))
         last = np.repeat(B, n + 1, axis=0)
-        logit = self._ask(first, last, np.repeat(c, n + 1), np.repeat(s, n + 1), 1)
-        return logit.reshape(m, n + 1), s, rho
+        logit = self._ask(first, last, np.repeat(c, n + 1), np.repeat(s, n + 1), n_last)
+        return logit.reshape(m, n + 1), c, s, rho
 
-    def _pairs_checked(self, A, B, kap):
-        logit, s, rho = self._pairs_block(A, B, kap)
+    def _pairs_checked(self, A, B, kap, n_last=1, gf=None):
+        logit, c, s, rho = self._pairs_block(A, B, kap, n_last)
         for _ in range(8):
             bad = ~np.all(np.abs(logit) <= self.max_logit, axis=1)
             if not bad.any():
                 break
             kap[bad] *= 1e-2
-            logit[bad], s[bad], rho[bad] = self._pairs_block(A, B[bad], kap[bad])
+            logit[bad], c[bad], s[bad], rho[bad] = self._pairs_block(A, B[bad], kap[bad],
+                                                                     n_last)
             self.n_requeried += int(bad.sum()) * (A.shape[0] + 1)
         if not np.all(np.isfinite(logit)):
             raise AssumptionViolation(
                 "the answers are not those of an attention head: some attention weights fall "
                 "outside (0, 1) at every probe scale")
-        C = -(logit[:, 0] + logit[:, -1]) / 2.0  # s^2 b^T M_0 b
-        t = (logit[:, :-1] + C[:, None]) / kap[:, None]
-        return t, C / s**2, rho
+        # logit_l = kap t_l + c u_l^T g - C' and logit_0 = -kap t_1 - c u_1^T g - C'
+        Cp = -(logit[:, 0] + logit[:, -1]) / 2.0  # s^2 b^T M_0 b without biases
+        lin = logit[:, :-1] + Cp[:, None]
+        if gf is not None:
+            lin = lin - c[:, None] * gf[None, :]
+        return lin / kap[:, None], Cp, s, rho
 
     def _update(self, t, m0, rho):
         big = float(max(np.max(np.abs(t)), np.max(np.abs(m0) / rho)))
@@ -549,34 +610,64 @@ class _RotaryProber:
             kap = self.target / big
             self.kappa = kap if self.kappa is None else min(self.kappa, kap)
 
-    def pairs(self, A, B):
-        """``t[k] = A M_{-1} b_k`` (m, n) and ``m0[k] = b_k^T M_0 b_k`` for the rows b_k of B:
-        ``m (n + 1)`` queries."""
+    def pairs(self, A, B, n_last=1, gf=None, raw=False):
+        """``t[k] = A M_{-n_last} b_k`` (m, n) and ``m0[k] = b_k^T M_0 b_k`` for the rows b_k of
+        B: ``m (n + 1)`` queries. ``gf = A g`` removes the key-bias share ``c u^T g`` of the
+        logits (biased heads); with ``raw``, returns ``(t, C', s)`` (the per-column constant
+        and token scale) instead of ``(t, m0)``."""
         m, n = B.shape[0], A.shape[0]
         t = np.empty((m, n))
-        m0 = np.empty(m)
+        Cp = np.empty(m)
+        sc = np.empty(m)
         start = 0
         if self.kappa is None:  # pilot: the first last token at the initial scale
             kap = np.array([self.initial])
-            tt, mm, rho = self._pairs_checked(A, B[:1], kap)
-            peak = float(kap[0] * max(np.max(np.abs(tt)), abs(mm[0]) / rho[0]))
+            tt, cc, ss, rho = self._pairs_checked(A, B[:1], kap, n_last, gf)
+            peak = float(kap[0] * max(np.max(np.abs(tt)), abs(cc[0]) / ss[0] ** 2 / rho[0]))
             if 0 < peak < self.min_logit:  # too few digits: once more, larger
-                kap2 = kap / peak
-                tt2, mm2, rho2 = self._pairs_checked(A, B[:1], kap2)
+                kap = kap / peak
+                tt, cc, ss, rho = self._pairs_checked(A, B[:1], kap, n_last, gf)
                 self.n_requeried += n + 1
-                tt, mm, rho = tt2, mm2, rho2
-            t[0], m0[0] = tt[0], mm[0]
-            self._update(tt, mm, rho)
+            t[0], Cp[0], sc[0] = tt[0], cc[0], ss[0]
+            self._update(tt, cc / ss**2, rho)
             if self.kappa is None:
                 self.kappa = self.initial
             start = 1
-        step = self._chunk(n + 1, 2)
+        step = self._chunk(n + 1, 1 + n_last)
         for a in range(start, m, step):
             sl = slice(a, min(a + step, m))
             kap = np.full(sl.stop - sl.start, self.kappa)
-            t[sl], m0[sl], rho = self._pairs_checked(A, B[sl], kap)
-            self._update(t[sl], m0[sl], rho)
-        return t, m0
+            t[sl], Cp[sl], sc[sl], rho = self._pairs_checked(A, B[sl], kap, n_last, gf)
+            self._update(t[sl], Cp[sl] / sc[sl] ** 2, rho)
+        if raw:
+            return t, Cp, sc
+        return t, Cp / sc**2
+
+    def zero_probes(self, A, n_zero):
+        """``A g_{-n_zero}`` (n,) and the constant of the probes ``[c u; 0 (n_zero times)]``
+        (and ``[-c u_1; 0 ...]``), whose logit is ``c u^T g + const`` for a head with biases
+        (g = K^T Rot^(n_zero) b_Q: the query bias seen through the keys at that offset):
+        ``n + 1`` queries."""
+        n, d = A.shape
+        F = np.concatenate([A, -A[:1]], axis=0)
+        c = 1.0
+        for attempt in range(10):
+            logit = self._ask(F, np.zeros((n + 1, d)), np.full(n + 1, c), np.zeros(n + 1),
+                              n_zero)
+            ok = np.all(np.abs(logit) <= self.max_logit)
+            if ok:
+                const = (logit[0] + logit[-1]) / 2.0
+                lin = logit[:-1] - const
+                peak = float(np.max(np.abs(lin)))
+                if attempt == 0 and 1e-12 < peak < 1e-2:  # too few digits: once more, larger
+                    c = c / peak
+                    self.n_requeried += n + 1
+                    continue
+                return lin / c, const
+            c *= 1e-2
+            self.n_requeried += n + 1
+        raise AssumptionViolation("the answers are not those of an attention head: some "
+                                  "attention weights fall outside (0, 1) at every probe scale")
 
     def constants(self, a, B, known):
         """``b_k^T M_0 b_k`` for the rows of B from one probe ``[c a; s b_k]`` each, given
