@@ -58,9 +58,11 @@ that every eigenvalue lies on the unit circle, that they come in conjugate pairs
 **Queries** (dense route, ``rank=None``): ``d`` (v) + ``d (d + 1)`` (M_{-1} and the
 constants) + ``d^2`` (M_{-2}) = ``2 d^2 + 2 d`` = ``2 (d^2 + d)`` exactly on ordinary heads,
 plus ``n_requeried_`` and the ``verify`` check queries. Low-rank route (``rank=r``, r < d):
-``d`` (v) + ``k (d + 1)`` (right sketch ``M_{-1} Omega``, k = r + ``oversample`` Gaussian last
-tokens) + ``d (k + 1)`` (left sketch ``Psi^T M_{-1}``) + ``r`` (the constants ``b^T M_0 b`` of
-r last tokens in the row space) + ``r^2`` (``U_r^T M_{-2} V_r``): ``2 d k + 2 d + k + r^2 + r``.
+``d`` (v) + ``d (k + 1)`` (left sketch ``Psi M_{-1}``, k = r + ``oversample`` balanced first
+tokens: the row space, approximately) + ``r (d + 1)`` (``M_{-1} V_Z`` on that row space: the
+column space U, accurately) + ``d (r + 1)`` (``U^T M_{-1}``) + ``r`` (the constants
+``b^T M_0 b`` of r last tokens in the row space) + ``r^2`` (``U_r^T M_{-2} V_r``):
+``d (k + 2 r + 3) + r^2 + 2 r``.
 
 **Biases** (``fit_bias=True``, dense route). With query and key biases,
 ``s_i = x_i^T M_delta x_N + x_i^T g_delta + h_delta^T x_N + k_delta`` with
@@ -131,12 +133,12 @@ def rotary_query_count(d: int, rank: int | None = None, oversample: int = 8,
     """Queries the learner spends on an ordinary head (no probe asked twice, no check).
 
     ``2 d^2 + 2 d`` on the dense route (``2 d^2 + 5 d + 3`` with ``bias``, i.e.
-    ``fit_bias=True``); ``2 d k + 2 d + k + r^2 + r`` (k = r + oversample) with ``rank=r``.
+    ``fit_bias=True``); ``d (k + 2 r + 3) + r^2 + 2 r`` (k = r + oversample) with ``rank=r``.
     """
     if rank is None:
         return 2 * d * d + 2 * d + (3 * d + 3 if bias else 0)
     k = min(d, rank + oversample)
-    return 2 * d * k + 2 * d + k + rank * rank + rank
+    return d * (k + 2 * rank + 3) + rank * rank + 2 * rank
 
 
 def rotary_dof(d: int, head_dim: int, rotary_dim: int, positions: bool = True) -> int:
@@ -387,42 +389,35 @@ class RotaryValueQueryLearner(BaseLearner):
         return b_Q, b_K
 
     def _lowrank(self, pr, v, rng, d, r):
-        """Sketches of M_{-1} of rank r, then the r x r block of M_{-2} on its row and column
-        spaces: ``2 d k + d + k + r^2 + r`` probes."""
+        """``M_{-1}`` of rank r in three stages, then the r x r block of ``M_{-2}`` on its row
+        and column spaces: ``d (k + 2 r + 3) + r^2 + 2 r`` probes with v (module docstring).
+
+        1. A left sketch ``Psi M_{-1}`` (k = r + oversample balanced first tokens, the
+           coordinate last tokens) gives the row space approximately (its error grows with the
+           condition number of ``Psi U``, about 65 at k = r + 8).
+        2. ``M_{-1} V_Z`` on that row space (r last tokens, d first tokens) gives the column
+           space U accurately (``V^T V_Z`` is nearly orthogonal).
+        3. ``U^T M_{-1}`` (r first tokens in U, the coordinate last tokens) gives
+           ``M_{-1} = U (U^T M_{-1})``.
+        """
         k = min(d, r + int(self.oversample))
         A = balanced_orthonormal(v, rng)
-        Omega = rng.standard_normal((k, d)) / np.sqrt(d)  # last tokens of the right sketch
-        Y, _ = pr.pairs(A, Omega)  # Y[m] = A M_{-1} omega_m
-        Y = A.T @ Y.T  # (d, k) = M_{-1} Omega^T
-        # left sketch: first tokens psi_m (k of them), last tokens e_j
+        eye = np.eye(d)
         Psi = _balanced_rows(k, v, rng)
-        Z, _ = pr.pairs(Psi, np.eye(d))  # Z[j] = Psi M_{-1} e_j  -> (d, k)
-        Z = Z.T  # (k, d) = Psi M_{-1}
-        core = Psi @ Y  # (k, k) = Psi M_{-1} Omega^T
-        Uc, Sc, Vct = np.linalg.svd(core)
-        inv = (Vct[:r].T / Sc[:r]) @ Uc[:, :r].T  # rank-r pseudo-inverse
-        M1_left = Y @ inv  # (d, k)
-        # M_{-1} = M1_left @ Z, of rank r: thin SVD from the factors
-        q1, r1 = np.linalg.qr(M1_left)
-        q2, r2 = np.linalg.qr(Z.T)
-        uu, ss, vvt = np.linalg.svd(r1 @ r2.T)
-        U_s = q1 @ uu[:, :r]
-        S = ss[:r]
-        Vt = vvt[:r] @ q2.T
+        Z, _ = pr.pairs(Psi, eye)  # Z[j] = Psi M_{-1} e_j
+        Vz = np.linalg.svd(Z.T, full_matrices=False)[2][:r].T  # (d, r): approximate row space
+        Y, _ = pr.pairs(A, Vz.T)  # Y[m] = A M_{-1} Vz[:, m]
+        U = np.linalg.svd(A.T @ Y.T, full_matrices=False)[0][:, :r]  # column space (d, r)
+        F, H = _first_tokens(U, v, rng)
+        X3, _ = pr.pairs(F, eye)  # X3[j] = F M_{-1} e_j = H U^T M_{-1} e_j
+        UtM = H.T @ X3.T  # (r, d) = U^T M_{-1}
+        P, S, Vt = np.linalg.svd(UtM, full_matrices=False)
+        U_s = U @ P
         if not S[0] > 0:
             raise NotIdentifiableError("M_{-1} = 0: the scores carry no signal")
 
         def m2_reduced(U_r, V_r):
-            # first tokens: the column space U_r rotated so every |a^T v| is balanced, plus the
-            # part of v outside it (which M_{-2} does not see); last tokens: the row space V_r
-            vr = U_r.T @ v
-            Hm = balanced_orthonormal(vr, rng) if np.any(vr) else np.eye(r)
-            vperp = v - U_r @ vr
-            npp = np.linalg.norm(vperp)
-            Afirst = Hm @ U_r.T
-            if npp > 0:  # |a^T v| = |h^T U_r^T v| + ||v_perp||: never small
-                sgn = np.where(Hm @ vr < 0, -1.0, 1.0)
-                Afirst = Afirst + sgn[:, None] * (vperp / npp)[None, :]
+            Afirst, Hm = _first_tokens(U_r, v, rng)
             Blast = V_r.T  # (r, d)
             m1 = np.einsum("kd,kd->k", Blast @ (U_s * S) @ Vt, Blast)  # b^T M_{-1} b
             # b^T M_0 b from one two-row probe per b (its M_{-1} part is known)
@@ -516,6 +511,23 @@ def _thin_svd(M: np.ndarray, tol: float):
         raise NotIdentifiableError("M_{-1} = 0: the scores carry no signal")
     r = int(np.sum(S > tol * S[0]))
     return U[:, :r], S[:r], Vt[:r]
+
+
+def _first_tokens(U: np.ndarray, v: np.ndarray, rng):
+    """First tokens ``a_m = h_m^T U^T + sigma_m v_perp / ||v_perp||`` (rows of F) spanning the
+    column space U (d, r) with ``|a^T v|`` never small (H a balanced rotation, v_perp the part
+    of v outside U, invisible to any M whose column space is U's, sigma_m the sign of
+    ``h_m^T U^T v``), and H: ``F M = H U^T M`` for such M. Returns ``(F, H)``."""
+    r = U.shape[1]
+    vr = U.T @ v
+    H = balanced_orthonormal(vr, rng) if np.any(vr) else np.eye(r)
+    F = H @ U.T
+    vperp = v - U @ vr
+    npp = np.linalg.norm(vperp)
+    if npp > 1e-12 * np.linalg.norm(v):
+        sgn = np.where(H @ vr < 0, -1.0, 1.0)
+        F = F + sgn[:, None] * (vperp / npp)[None, :]
+    return F, H
 
 
 def _balanced_rows(k: int, v: np.ndarray, rng) -> np.ndarray:
