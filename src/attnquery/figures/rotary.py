@@ -19,7 +19,7 @@ FIT_MIN_D = 32
 #: largest frequency error (absolute, radians per position) the claim accepts
 FREQ_TOL = 1e-12
 #: largest functional error (relative, every length up to 4,096 tokens) per route
-FUNC_TOL = {"dense": 1e-9, "lowrank": 1e-7}
+FUNC_TOL = {"dense": 1e-9, "lowrank": 1e-8}
 
 
 def expected_queries(route: str, d: int, rank: int, oversample: int = 8) -> int:
@@ -73,7 +73,7 @@ def rotary_claims(df) -> list[Claim]:
         parts.append(f"{route}: worst {g['func_err'].max():.1e} (<= {FUNC_TOL[route]:g})")
     claims.append(Claim(
         "rotary_length", "the recovered head agrees with the box on sequences of 1 to 4,096 "
-        "tokens: functional relative error <= 1e-9 (dense; 1e-7 on the sketch route)",
+        "tokens: functional relative error <= 1e-9 (dense; 1e-8 on the sketch route)",
         bool(len(ok) > 0 and within.all() and len(ok) == n_all),
         f"{int(within.sum())}/{n_all} runs; " + "; ".join(parts), n_runs=len(ok)))
     checked = ok["verified"].fillna(False).astype(bool)
@@ -130,7 +130,7 @@ def rotary(df):
     ax3.set(xscale="log", yscale="log", xlabel="sequence length $N$",
             ylabel="functional relative error")
     ax3.set_title("Error against the sequence length")
-    ax3.legend(loc="upper left", fontsize=5, ncol=2)
+    ax3.legend(loc="lower right", fontsize=5, ncol=2)
     for ax in (ax1, ax2):
         log2_ticks(ax, ds)
     return fig, claims

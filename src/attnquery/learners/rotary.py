@@ -390,7 +390,7 @@ class RotaryValueQueryLearner(BaseLearner):
 
     def _lowrank(self, pr, v, rng, d, r):
         """``M_{-1}`` of rank r in three stages, then the r x r block of ``M_{-2}`` on its row
-        and column spaces: ``d (k + 2 r + 3) + r^2 + 2 r`` probes with v (module docstring).
+        and column spaces: ``d (k + 2 r + 3) + r^2 + 2 r`` queries with v (module docstring).
 
         1. A left sketch ``Psi M_{-1}`` (k = r + oversample balanced first tokens, the
            coordinate last tokens) gives the row space approximately (its error grows with the
