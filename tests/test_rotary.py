@@ -356,7 +356,7 @@ def _window_box(h, window):
     return box
 
 
-@pytest.mark.parametrize("kind", ["alibi", "window", "qk_bias", "two_heads"])
+@pytest.mark.parametrize("kind", ["alibi", "window", "qk_bias", "two_heads", "wide"])
 def test_learner_refuses_boxes_that_are_not_one_rotary_head(kind):
     d = 12
     h = random_rotary_head(d, 5, head_dim=8, rope_base=1e4)
@@ -366,6 +366,8 @@ def test_learner_refuses_boxes_that_are_not_one_rotary_head(kind):
         box = _window_box(h, 16)
     elif kind == "qk_bias":
         box = random_rotary_head(d, 5, head_dim=8, rope_base=1e4, bias=0.5)
+    elif kind == "wide":  # d_h > d: the forms no longer separate the frequencies
+        box = random_rotary_head(d, 5, head_dim=2 * d, rope_base=1e4)
     else:
         g = random_rotary_head(d, 6, head_dim=8, rope_base=1e4)
 

@@ -96,6 +96,8 @@ window, several heads, query and key biases (without ``fit_bias``), lower precis
 position-free head (the paper's) is a rotary head with ``R = 0`` (T = I): with
 ``rope_base=None`` and ``rotary_dim=None`` it is learnt as such (``rotary_dim_ = 0``); with
 ``rope_base`` or ``rotary_dim`` given, the missing frequencies raise :class:`AssumptionViolation`.
+A head with more head dimensions than token dimensions (``d_h > d``) has eigenvalues off the
+unit circle and is refused with :class:`AssumptionViolation` too.
 """
 
 from __future__ import annotations
