@@ -398,3 +398,38 @@ def test_learner_is_deterministic():
     b, _ = _fit(h, random_state=3)
     np.testing.assert_array_equal(a.Q_, b.Q_)
     np.testing.assert_array_equal(a.K_, b.K_)
+
+
+# ---------------------------------------------------------------------------------------------
+# Llama / Qwen2-layout checkpoints
+# ---------------------------------------------------------------------------------------------
+
+def test_rotary_checkpoint_round_trip_and_a_head_learnt_from_it(tmp_path):
+    from attnquery.rotary_checkpoints import (
+        load_rotary_head,
+        load_rotary_layer,
+        write_rotary_checkpoint,
+    )
+
+    path = write_rotary_checkpoint(tmp_path / "qwen", n_layers=2, d=32, n_heads=4,
+                                   n_kv_heads=2, rope_theta=1e6, biases=True, seed=3)
+    L = load_rotary_layer(path, 1)
+    assert (L.d, L.n_heads, L.n_kv_heads, L.head_dim) == (32, 4, 2, 8)
+    np.testing.assert_allclose(L.frequencies, rope_frequencies(8, 1e6))
+    assert np.any(L.b_Q) and np.any(L.b_K) and np.any(L.b_V)
+    X = _tokens(6, 19, 32, 2)
+    heads = [load_rotary_head(path, 1, h) for h in range(4)]
+    np.testing.assert_allclose(L(X), sum(h(X) for h in heads), rtol=1e-12, atol=1e-14)
+    # the same layer in the ONNX engine (float32), from the checkpoint's tensors
+    box, _ = _onnx_layer_box(L.W_Q, L.W_K, L.W_V, L.b_Q, L.b_K, L.frequencies, 64)
+    O = box(X) + L.b_V[L.groups][None]
+    assert _rel(O.reshape(6, -1) @ L.W_O.T @ L.readout, L(X)) < 1e-5
+    # a Qwen2 head (q, k, v biases) learnt from value queries
+    est, _ = _fit(heads[2], fit_bias=True)
+    assert np.max(np.abs(est.frequencies_ - L.frequencies)) < 1e-12
+    X = _tokens(2, 4096, 32, 3)
+    assert _rel(est.predict(X), heads[2](X)) < 1e-9
+    with pytest.raises(ModelError):
+        load_rotary_layer(path, 2)
+    with pytest.raises(ModelError):
+        load_rotary_layer(tmp_path / "missing.safetensors", 0)
