@@ -85,6 +85,12 @@ def rotary_claims(df) -> list[Claim]:
     return claims
 
 
+def _legend(ax, **kw):
+    """A legend, where the axes have labelled artists (none without data)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**kw)
+
+
 ROTARY_CAPTION = """\
 **Rotary heads from value queries (beyond the paper).** Left: the queries counted by the oracle
 against d (log-log), dense route (2 (d^2 + d), dashed) and sketch route, with the exponent
@@ -113,12 +119,12 @@ def rotary(df):
     ax1.set_title("Queries against $d$")
     ax1.text(0.97, 0.04, claims[1].detail.split(";")[0].replace(" (95% CI", "\n(95% CI"),
              transform=ax1.transAxes, ha="right", va="bottom", fontsize=6)
-    ax1.legend(loc="upper left", fontsize=6)
+    _legend(ax1, loc="upper left", fontsize=6)
     ax2.axhline(FREQ_TOL, color="k", lw=0.8, ls="--", label=f"target {FREQ_TOL:g}")
     ax2.set(xscale="log", yscale="log", xlabel="dimension $d$",
             ylabel=r"$\max_j |\hat\theta_j - \theta_j|$")
     ax2.set_title("Frequency error")
-    ax2.legend(loc="upper left", fontsize=6)
+    _legend(ax2, loc="upper left", fontsize=6)
     for k, ((route, d), g) in enumerate(ok.groupby(["variant", "d"], sort=True)):
         by = extra_values(g, "func_err_by_length", {})
         lengths = sorted({int(n) for row in by for n in row})
@@ -130,7 +136,7 @@ def rotary(df):
     ax3.set(xscale="log", yscale="log", xlabel="sequence length $N$",
             ylabel="functional relative error")
     ax3.set_title("Error against the sequence length")
-    ax3.legend(loc="lower right", fontsize=5, ncol=2)
+    _legend(ax3, loc="lower right", fontsize=5, ncol=2)
     for ax in (ax1, ax2):
         log2_ticks(ax, ds)
     return fig, claims
