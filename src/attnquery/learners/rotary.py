@@ -317,8 +317,9 @@ class RotaryValueQueryLearner(BaseLearner):
             raise NotIdentifiableError("v = 0: every answer is the same, so the scores are not "
                                        "identifiable from value queries")
         pr = _RotaryProber(oracle, v, beta, self, d)
+        bias_data = None
         if rank is None:
-            U_s, S, Vt, M2_reduced = self._dense(pr, v, r_probe, d)
+            U_s, S, Vt, M2_reduced, bias_data = self._dense(pr, v, r_probe, d)
         else:
             U_s, S, Vt, M2_reduced = self._lowrank(pr, v, r_probe, d, rank)
         T = M2_reduced(U_s, Vt.T) / S[:, None]
@@ -328,8 +329,7 @@ class RotaryValueQueryLearner(BaseLearner):
         self.b_Q_ = np.zeros(self.rank_)
         self.b_K_ = np.zeros(self.rank_)
         if bias:
-            self.b_Q_, self.b_K_ = self._biases()
-            del self._bias_data
+            self.b_Q_, self.b_K_ = self._biases(*bias_data)
         self.n_requeried_ = int(pr.n_requeried)
         self.logit_scale_ = float(pr.kappa)
         # error model: T carries the rounding of M_{-1} and M_{-2} magnified by the condition
@@ -347,16 +347,18 @@ class RotaryValueQueryLearner(BaseLearner):
     # ------------------------------------------------------------------------------------------
     def _dense(self, pr, v, rng, d):
         """M_{-1} (all d columns) and, on demand, the reduced M_{-2}: 2 d^2 + d probes
-        (``2 d^2 + 5 d + 1`` with ``fit_bias``, which also sets ``self._bias_data``)."""
+        (``2 d^2 + 4 d + 2`` with ``fit_bias``, whose measurements of the biases are returned
+        last; None without)."""
         A = balanced_orthonormal(v, rng)  # rows u_l, |u_l^T v| = ||v|| / sqrt(d)
         eye = np.eye(d)
         if self.fit_bias:
             g1f, dk1 = pr.zero_probes(A, 1)
             g2f, _ = pr.zero_probes(A, 2)
             t, Cp, sc = pr.pairs(A, eye, 1, gf=g1f, raw=True)
-            self._bias_data = (A.T @ g1f, float(dk1), Cp, sc)
+            bias_data = (A.T @ g1f, float(dk1), Cp, sc)
         else:
             t, m0 = pr.pairs(A, eye)  # t[j] = A M_{-1} e_j
+            bias_data = None
         M1 = A.T @ t.T
         m1 = np.diag(M1).copy()
         U_s, S, Vt = _thin_svd(M1, self.rank_tol)
@@ -368,12 +370,12 @@ class RotaryValueQueryLearner(BaseLearner):
                 t2 = pr.triples(A, eye, m1, m0)  # t2[j] = A M_{-2} e_j
             return U_r.T @ (A.T @ t2.T) @ V_r
 
-        return U_s, S, Vt, m2_reduced
+        return U_s, S, Vt, m2_reduced, bias_data
 
-    def _biases(self):
-        """The query and key biases from the zero-last-token probes and the columns'
-        constants (module docstring), in the basis of ``Q_`` and ``K_``."""
-        g1, dk1, Cp, sc = self._bias_data
+    def _biases(self, g1, dk1, Cp, sc):
+        """The query and key biases from the zero-last-token probes (``g1 = g_{-1}``,
+        ``dk1 = k_{-1} - k_0``) and the two-row columns' constants ``Cp`` at token scales
+        ``sc`` (module docstring), in the basis of ``Q_`` and ``K_``."""
         theta = self.frequencies_
         half = theta.size
         # g_{-1} = K^T D b_Q
