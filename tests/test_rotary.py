@@ -200,8 +200,9 @@ def test_rotary_head_agrees_with_onnx_rotary_embedding_and_attention():
     assert _rel(bad(X)[:, 0, 0], h(X)) > 1e-3
 
 
-def test_gqa_layer_agrees_with_onnx_attention():
-    L = random_rotary_layer(16, 4, 2, 5, rope_base=1e6, rotary_dim=2, bias=0.2)
+@pytest.mark.parametrize("n_kv_heads", [4, 2, 1])  # multi-head, grouped-query, multi-query
+def test_gqa_layer_agrees_with_onnx_attention(n_kv_heads):
+    L = random_rotary_layer(16, 4, n_kv_heads, 5, rope_base=1e6, rotary_dim=2, bias=0.2)
     box, engine = _onnx_layer_box(L.W_Q, L.W_K, L.W_V, L.b_Q, L.b_K, L.frequencies, 64)
     X = _tokens(5, 23, 16, 6) * 2
     O = box(X)  # (B, H, dh): per-head outputs without the value bias
@@ -286,6 +287,21 @@ def test_learner_with_a_known_rope_base_uses_its_frequencies_and_rejects_another
         _fit(h, rope_base=1e4)
     with pytest.raises(AssumptionViolation):
         _fit(h, rotary_dim=4)
+
+
+def test_learner_finds_frequencies_that_no_base_gives():
+    """Llama-3-style scaled frequencies (the low ones divided by 8, a smooth band between):
+    not base^(-2j/R) for any base, found from the answers all the same."""
+    th = rope_frequencies(16, 5e5)
+    wavelen = 2 * np.pi / th
+    smooth = np.clip((8192 / wavelen - 1) / 3, 0, 1)
+    th = np.where(wavelen > 8192, th / 8, (1 - smooth) * th / 8 + smooth * th)
+    base = random_rotary_head(32, 9, head_dim=16, rope_base=5e5)
+    h = RotaryAttentionHead(base.W_Q, base.W_K, base.v, frequencies=th)
+    L, _ = _fit(h)
+    assert np.max(np.abs(L.frequencies_ - th)) < 1e-12
+    X = _tokens(3, 4096, 32, 10)
+    assert _rel(L.predict(X), h(X)) < 1e-9
 
 
 def test_learner_low_rank_route():
