@@ -319,6 +319,43 @@ def bench_layer() -> list[dict]:
     return rows
 
 
+@register_benchmark("rotary")
+def bench_rotary() -> list[dict]:
+    """RotaryValueQueryLearner on random rotary heads (beyond the paper): dense route at
+    d_h = d / 2 and d_h = d, low-rank route at Llama-like shapes; queries counted, frequency
+    errors, functional errors on 1, 64 and 4,096 tokens and wall time."""
+    from .learners import RotaryValueQueryLearner
+    from .models import random_rotary_head
+    from .oracles import ValueOracle
+
+    rows = []
+    cases = [("dense", d, d // 2, 1e4) for d in (16, 32, 64, 128)]
+    cases += [("dense", d, d, 1e6) for d in (16, 32, 64)]
+    cases += [("lowrank", 256, 64, 5e5), ("lowrank", 512, 128, 5e5),
+              ("lowrank", 1024, 128, 5e5)]
+    for route, d, dh, base in cases:
+        head = random_rotary_head(d, [d, dh], head_dim=dh, rope_base=base)
+        oracle = ValueOracle(head, d)
+        t0 = time.perf_counter()
+        est = RotaryValueQueryLearner(rank=dh if route == "lowrank" else None,
+                                      random_state=0).fit(oracle)
+        wall = time.perf_counter() - t0
+        n = est.n_queries_ - est.n_verify_queries_
+        row = {"route": route, "d": d, "d_h": dh, "base": f"{base:.0e}",
+               "queries (counted)": n, "queries / 2(d^2+d)": round(n / (2 * (d * d + d)), 3),
+               "max freq. error": float(np.max(np.abs(est.frequencies_ - head.frequencies))),
+               "cond M_-1": float(f"{est.condition_:.3g}")}
+        rng = np.random.default_rng(1)
+        for N in (1, 64, 4096):
+            X = rng.standard_normal((64 if N < 4096 else 4, N, d)) / np.sqrt(d)
+            y = head(X)
+            row[f"func. error N={N}"] = float(np.max(np.abs(est.predict(X) - y))
+                                              / np.max(np.abs(y)))
+        row["wall time (s)"] = round(wall, 1)
+        rows.append(row)
+    return rows
+
+
 def run_benchmarks(names=None, file=None) -> None:
     """Run the benchmarks ``names`` (default: all, in name order) and print their tables to
     ``file`` (default: standard output).
