@@ -230,6 +230,8 @@ class RotaryValueQueryLearner(BaseLearner):
         The logit scale ``c s`` learnt from the answers.
     n_queries_, n_verify_queries_, verify_error_, n_requeried_
         As in the other learners.
+    head_ : RotaryAttentionHead
+        The recovered head (``predict`` evaluates it).
     n_queries_by_stage_ : dict
         Queries per stage of :data:`STAGES`: ``v``, ``bias`` (``fit_bias``), ``M1``, ``M2``,
         ``verify`` (counted by the oracle, see :class:`~attnquery.learners._base.QueryLedger`).
@@ -531,6 +533,14 @@ class RotaryValueQueryLearner(BaseLearner):
         return RotaryAttentionHead(self.Q_, self.K_, self.v_, frequencies=self.frequencies_,
                                    b_Q=self.b_Q_, b_K=self.b_K_, offset=self.offset_,
                                    scale=1.0)
+
+    @property
+    def head_(self) -> RotaryAttentionHead:
+        """The recovered head as a :class:`~attnquery.models.RotaryAttentionHead` (after
+        ``fit``; its ``W_Q``, ``W_K`` are ``Q_``, ``K_`` with the scale folded in)."""
+        if not hasattr(self, "Q_"):
+            raise AttributeError("head_ is available after fit()")
+        return self._head()
 
     def M(self, delta: int) -> np.ndarray:
         """The recovered bilinear form ``M_delta`` (d x d) of the offset ``delta <= 0``."""
