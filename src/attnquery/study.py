@@ -309,7 +309,7 @@ def read_shard_keys(path) -> dict[str, tuple[str, str]] | None:
     a cache (unreadable, without keys, or without its timing table)."""
     import pyarrow.parquet as pq
 
-    from .pipeline import timing_path
+    from .results import timing_path
 
     p = Path(path)
     if not timing_path(p).is_file():
@@ -351,7 +351,9 @@ class ShardPlan:
         return sorted(c["cell_key"] for c in self.cells)
 
     def shard_path(self, digest: str, results_dir="results") -> str:
-        return f"{results_dir}/{self.name}/shards/{digest}.parquet"
+        from .results import shard_path
+
+        return shard_path(self.name, digest, results_dir)
 
     def inputs(self, results_dir="results") -> list[str]:
         """The shard tables the experiment's table is assembled from."""
@@ -384,18 +386,19 @@ def plan_experiment(name: str, cells: list[dict], section: Mapping, study_seed: 
     order, each within the runtime cap; a new shard is named by the digest of its cells' keys.
     """
     from .experiments import get_experiment
+    from .results import is_timing_table, shard_path
 
     exp = get_experiment(name)
     keyed = sorted(keyed_cells(name, cells, section, study_seed), key=lambda c: c["cell_id"])
     wanted = {c["cell_key"] for c in keyed}
     holder: dict[str, str] = {}
     for p in sorted(Path(results_dir, name, "shards").glob("*.parquet")):
-        if p.name.endswith(".timing.parquet"):
+        if is_timing_table(p):
             continue
         stored = read_shard_keys(p)
         for k, (status, message) in (stored or {}).items():
             if k in wanted and k not in holder and _reusable(status, message, time_limit):
-                holder[k] = f"{results_dir}/{name}/shards/{p.name}"
+                holder[k] = shard_path(name, p.stem, results_dir)
     plan = ShardPlan(name, keyed, stored=sorted(set(holder.values())))
     missing = [c for c in keyed if c["cell_key"] not in holder]
     res = resource_settings(resources)
