@@ -117,6 +117,17 @@ def test_a_noise_cell_depends_on_no_real_weights_code():
     assert {"experiments/noise.py", "learners/noisy.py", "oracles.py"} <= closure
 
 
+def test_a_figure_module_never_imports_another_figure_module():
+    import attnquery.figures as figs
+
+    names = [m.name for m in pkgutil.iter_modules(figs.__path__) if not m.name.startswith("_")]
+    for name in names:
+        deps = _dependencies(f"attnquery.figures.{name}")
+        others = sorted(d for d in deps if d.startswith("attnquery.figures.")
+                        and not d.rsplit(".", 1)[1].startswith("_"))
+        assert not others, f"figures/{name}.py imports {others}"
+
+
 def _schema_learners(name: str):
     sec = load_schema()["$defs"].get(name, {}).get("properties", {})
     return set(sec["learners"]["items"]["enum"]) if "learners" in sec else None

@@ -14,11 +14,11 @@ import numpy as np
 import pandas as pd
 
 from ..claims import Claim, extra_values, ok_rows
-from ..metrics import fit_power_law_within
 from ..theory import LOWPRECISION_GOAL_QUERIES_PER_UNKNOWN as GOAL_QUERIES_PER_UNKNOWN
 from ..theory import LOWPRECISION_GOALS as GOALS
 from ..theory import LOWPRECISION_TARGET as TARGET_REL_ERR
 from . import register_figure, tight_layout
+from ._common import SLOPE_FROM_PASSES, queries_needed, slope_fits
 
 __all__ = ["lowprecision_claims", "lowprecision_frame", "slope_fits", "queries_needed",
            "lowprecision", "SLOPE_RANGE", "PRECISION_SLOPE_RANGE", "ESTIMATE_RANGE",
@@ -26,10 +26,6 @@ __all__ = ["lowprecision_claims", "lowprecision_frame", "slope_fits", "queries_n
 
 #: interval the exponent of the error against queries, pooled over precisions, must fall in
 SLOPE_RANGE = (-0.6, -0.4)
-#: the exponents are fitted on runs with at least this many complete passes over W: with fewer,
-#: the first pass (asked at a lower logit scale while the columns' scales are still being
-#: learnt) and the fixed costs (v, the scale search, the check) weigh more than averaging does
-SLOPE_FROM_PASSES = 4
 #: interval each precision's exponent must fall in
 PRECISION_SLOPE_RANGE = (-0.75, -0.25)
 #: measured error / the learner's estimate must lie in this range ...
@@ -63,57 +59,6 @@ def _order(rows) -> list[str]:
     """Precisions from the most to the fewest digits."""
     dig = rows.groupby("rounding")["digits"].first()
     return list(dig.sort_values(ascending=False).index)
-
-
-def slope_fits(rows, min_passes: int = SLOPE_FROM_PASSES) -> dict:
-    """Exponent of the error of W against the queries spent, on runs with at least
-    ``min_passes`` complete passes over W: per (family, precision) and pooled over every
-    precision but float64 (per family and all; family None), with a constant per head and
-    precision."""
-    out = {}
-    sub = rows[(rows["rounding"] != "float64") & (rows["passes"] >= min_passes)]
-    for fam in [*sorted(sub["family"].unique()), None]:
-        g = sub if fam is None else sub[sub["family"] == fam]
-        keys = [None, *sorted(g["rounding"].unique())]
-        for spec in keys:
-            h = g if spec is None else g[g["rounding"] == spec]
-            try:
-                out[(fam, spec)] = fit_power_law_within(h["spent"], h["rel_err_W"],
-                                                        h["unit"] + "|" + h["rounding"])
-            except Exception:  # too few points for a fit
-                continue
-    return out
-
-
-def queries_needed(rows, target: float = TARGET_REL_ERR, stat: str = "median",
-                   fits: dict | None = None) -> dict:
-    """Per (family, precision): queries per unknown for a relative error of W of ``target``.
-
-    The ``stat`` ("median" or "max") over heads of the error at each budget of the grid is
-    interpolated on log-log axes against the queries spent. Returns ``(queries, kind)``:
-    ``"at most"`` when the smallest budget already reaches the target, ``"measured"`` when two
-    budgets of the grid bracket it, ``"extrapolated"`` (with the precision's fitted exponent from
-    ``fits``, else -1/2) when no budget of the grid reaches it.
-    """
-    fits = slope_fits(rows) if fits is None else fits
-    out = {}
-    for (fam, spec), g in rows.groupby(["family", "rounding"], sort=True):
-        per = g.groupby("queries_per_unknown").agg(err=("rel_err_W", stat),
-                                                   spent=("spent", "median")).sort_index()
-        lx, ly = np.log(per["spent"].to_numpy()), np.log(per["err"].to_numpy())
-        lt = np.log(target)
-        hit = np.flatnonzero(ly <= lt)
-        if hit.size and hit[0] == 0:
-            out[(fam, spec)] = (float(np.exp(lx[0])), "at most")
-        elif hit.size:
-            i = hit[0]
-            x = lx[i - 1] + (lt - ly[i - 1]) * (lx[i] - lx[i - 1]) / (ly[i] - ly[i - 1])
-            out[(fam, spec)] = (float(np.exp(x)), "measured")
-        else:
-            f = fits.get((fam, spec))
-            b = f.slope if f is not None and f.slope < 0 else -0.5
-            out[(fam, spec)] = (float(np.exp(lx[-1] + (lt - ly[-1]) / b)), "extrapolated")
-    return out
 
 
 def _frames(df):

@@ -53,16 +53,18 @@ def membership_claims(df) -> list[Claim]:
         "membership_target",
         f"queries within {TARGET_FACTOR}x of d^2 log2(2Wd/eps) + d log2(1/eps) for eps <= "
         f"{TARGET_MAX_EPS:g}",
-        bool(len(small) > 0 and (ratio <= TARGET_FACTOR).all()),
+        bool((ratio <= TARGET_FACTOR).all()),
         f"ratio in [{ratio.min():.3f}, {ratio.max():.3f}] over {len(small)} runs; over all eps "
-        f"[{all_ratio.min():.3f}, {all_ratio.max():.3f}]" if len(small) else "no runs"))
+        f"[{all_ratio.min():.3f}, {all_ratio.max():.3f}]" if len(small) else "no runs",
+        n_runs=len(small)))
     succ = cnt["abs_err_W"] <= cnt["eps"]
     every = df[(df["experiment"] == "membership") & (df["variant"] == "count")]
     claims.append(Claim(
         "membership_error", "every run reaches ||W_hat - W||_F <= eps",
-        bool(len(cnt) > 0 and succ.all() and len(cnt) == len(every)),
+        bool(succ.all() and len(cnt) == len(every)),
         f"{int(succ.sum())}/{len(every)} runs; largest "
-        f"error/eps {(cnt['abs_err_W'] / cnt['eps']).max():.3g}" if len(cnt) else "no runs"))
+        f"error/eps {(cnt['abs_err_W'] / cnt['eps']).max():.3g}" if len(cnt) else "no runs",
+        n_runs=len(cnt)))
     cmp_rows = ok_rows(df, "membership")
     cmp_rows = cmp_rows[(cmp_rows["variant"] == "v_compare")
                         & np.isclose(cmp_rows["eps"], V_RATIO_EPS)]
