@@ -113,14 +113,28 @@ def noise_scaling(df):
     """Error against tau (with Theorem 6.1's guarantee), baselines, and oversampling."""
     claims = noise_claims(df)
     rows = _tau_rows(df)
-    noisy = rows[(rows["learner"] == "noisy") & (rows["oversample"] == 1)]
     fig, axes = plt.subplots(2, 2, figsize=(6.75, 5.6))
     (ax1, ax2), (ax3, ax4) = axes
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    dmax = _error_panels(ax1, ax2, rows, claims, colors)
+    if len(rows):
+        _baselines_panel(ax3, rows, _tau_rows(df, ok_only=False), dmax, colors)
+    _oversample_panel(ax4, df, claims, colors)
+    tight_layout(fig)
+    return fig, claims
+
+
+_MARKS = {"uniform": "o", "adversarial": "^"}
+
+
+def _error_panels(ax1, ax2, rows, claims, colors) -> int:
+    """(a) the error of W and (b) of v against tau at the largest d, per (mu, W_bound), with
+    the theorem's guarantees; returns that d."""
+    marks = _MARKS
+    noisy = rows[(rows["learner"] == "noisy") & (rows["oversample"] == 1)]
     dmax = int(noisy["d"].max()) if len(noisy) else 0
     sub = noisy[noisy["d"] == dmax]
     combos = sorted(set(zip(sub["mu"], sub["W_bound"], strict=True)))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    marks = {"uniform": "o", "adversarial": "^"}
     for c, (mu, Wb) in enumerate(combos):
         col = colors[c % len(colors)]
         g = sub[(sub["mu"] == mu) & (sub["W_bound"] == Wb)]
@@ -154,40 +168,45 @@ def noise_scaling(df):
             ylabel=r"$\|\hat v - v\|_2$")
     ax2.set_title(f"(b) v error, d = {dmax}")
     ax2.legend(fontsize=6, loc="upper left")
+    return dmax
 
-    # (c) baselines at one (mu, W_bound), all d pooled
-    every = _tau_rows(df, ok_only=False)
-    if len(rows):
-        mu0, W0 = float(rows["mu"].min()), float(rows["W_bound"].max())
-        base = every[(every["mu"] == mu0) & (every["W_bound"] == W0) & (every["d"] == dmax)]
-        finite = base["abs_err_W"][np.isfinite(base["abs_err_W"].astype(float))]
-        top = float(finite.max()) * 30 if len(finite) else 1.0
-        for c, (lname, label) in enumerate([("noisy", "Thm 6.1 (clipped)"),
-                                            ("unclipped", "no clipping"),
-                                            ("exact", "Thm 4.1 exact learner")]):
-            h = base[base["learner"] == lname]
-            if h.empty:
-                continue
-            agg = h[h["status"] == "ok"].groupby("tau")["abs_err_W"].median()
-            ax3.plot(agg.index, agg.values, "o-", ms=3, color=colors[c],
-                     label=label + " (median of ok runs)")
-            bad = h.groupby("tau")["status"].apply(lambda s: (s != "ok").mean())
-            for t, frac in bad.items():
-                if frac > 0:
-                    y_x = top / 4.0**c  # one row of crosses per learner
-                    ax3.plot([t], [y_x], "x", color=colors[c], ms=6)
-                    ax3.annotate(f"{frac:.0%}", (t, y_x), textcoords="offset points",
-                                 xytext=(-4, 0), ha="right", va="center", fontsize=5.5,
-                                 color=colors[c])
-        ax3.axhline(top, color="0.5", lw=0.5, ls=":")
-        ax3.text(0.02, 0.97, "x: share of runs failed or undefined (top rows)",
-                 transform=ax3.transAxes, va="top", fontsize=6)
-        ax3.set(xscale="log", yscale="log", xlabel=r"tolerance $\tau$",
-                ylabel=r"$\|\hat W - W\|_F$")
-        ax3.set_title(rf"(c) baselines, $\mu$={mu0:g}, W={W0:g}, d={dmax}")
-        ax3.legend(fontsize=6, loc="lower right")
 
-    # (d) oversampling
+def _baselines_panel(ax3, rows, every, dmax, colors) -> None:
+    """(c) the clipped learner against the unclipped one and the exact learner, at one
+    (mu, W_bound) and the largest d; crosses at the top: the share of failed runs."""
+    mu0, W0 = float(rows["mu"].min()), float(rows["W_bound"].max())
+    base = every[(every["mu"] == mu0) & (every["W_bound"] == W0) & (every["d"] == dmax)]
+    finite = base["abs_err_W"][np.isfinite(base["abs_err_W"].astype(float))]
+    top = float(finite.max()) * 30 if len(finite) else 1.0
+    for c, (lname, label) in enumerate([("noisy", "Thm 6.1 (clipped)"),
+                                        ("unclipped", "no clipping"),
+                                        ("exact", "Thm 4.1 exact learner")]):
+        h = base[base["learner"] == lname]
+        if h.empty:
+            continue
+        agg = h[h["status"] == "ok"].groupby("tau")["abs_err_W"].median()
+        ax3.plot(agg.index, agg.values, "o-", ms=3, color=colors[c],
+                 label=label + " (median of ok runs)")
+        bad = h.groupby("tau")["status"].apply(lambda s: (s != "ok").mean())
+        for t, frac in bad.items():
+            if frac > 0:
+                y_x = top / 4.0**c  # one row of crosses per learner
+                ax3.plot([t], [y_x], "x", color=colors[c], ms=6)
+                ax3.annotate(f"{frac:.0%}", (t, y_x), textcoords="offset points",
+                             xytext=(-4, 0), ha="right", va="center", fontsize=5.5,
+                             color=colors[c])
+    ax3.axhline(top, color="0.5", lw=0.5, ls=":")
+    ax3.text(0.02, 0.97, "x: share of runs failed or undefined (top rows)",
+             transform=ax3.transAxes, va="top", fontsize=6)
+    ax3.set(xscale="log", yscale="log", xlabel=r"tolerance $\tau$",
+            ylabel=r"$\|\hat W - W\|_F$")
+    ax3.set_title(rf"(c) baselines, $\mu$={mu0:g}, W={W0:g}, d={dmax}")
+    ax3.legend(fontsize=6, loc="lower right")
+
+
+def _oversample_panel(ax4, df, claims, colors) -> None:
+    """(d) the error against the distinct probes per unknown, with the fitted exponent."""
+    marks = _MARKS
     ov = ok_rows(df, "noise")
     ov = ov[ov["variant"] == "oversample"]
     for c, model in enumerate(NOISE_MODELS):
@@ -214,8 +233,6 @@ def noise_scaling(df):
     if ax4.has_data():
         ax4.set(xscale="log", yscale="log")
     ax4.legend(fontsize=6)
-    tight_layout(fig)
-    return fig, claims
 
 
 __all__ = ["noise_claims", "noise_scaling"]

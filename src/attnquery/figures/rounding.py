@@ -146,6 +146,15 @@ def defence_rounding(df):
     costs = _rounding_costs(rows, COST_TARGETS)
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(6.75, 3.4), width_ratios=(1.6, 1))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    _digits_panel(ax, rows, useful, colors)
+    _cost_panel(ax2, rows, costs, colors)
+    tight_layout(fig)
+    return fig, claims
+
+
+def _digits_panel(ax, rows, useful, colors) -> None:
+    """(a) the median error of W against the digits kept, per curve, with the usefulness
+    threshold (failed runs drawn at the top)."""
     finite = rows["rel_err_W"][np.isfinite(rows["rel_err_W"].astype(float))]
     top = max(float(finite.max()) * 10, 10.0) if len(finite) else 10.0
     labels = {"exact": "exact (Thm 4.1)", "noisy": "noisy (Thm 6.1)",
@@ -180,7 +189,10 @@ def defence_rounding(df):
                      r"$\|W\|_F$" + f" = {r0['W_bound']:g});\nfailed runs count as infinite "
                      "error", fontsize=7.5)
     ax.legend(fontsize=5.5, loc="lower left", ncol=1)
-    # (b) what a rounding costs: queries per unknown for a target error
+
+
+def _cost_panel(ax2, rows, costs, colors) -> None:
+    """(b) what a rounding costs: queries per unknown for each target error."""
     for ti, (tgt, mk) in enumerate(zip(COST_TARGETS, ("o", "s", "^"), strict=True)):
         cost = costs[tgt]
         pts = sorted((precision_digits(s), v) for s, v in cost.items())
@@ -202,5 +214,3 @@ def defence_rounding(df):
     ax2.set_title("(b) queries per unknown for a relative error of W\n(low-precision learner; "
                   "hollow: smallest budget or fewer, or extrapolated)", fontsize=7.5)
     ax2.legend(fontsize=5.5, loc="upper right", title="median head", title_fontsize=5.5)
-    tight_layout(fig)
-    return fig, claims
