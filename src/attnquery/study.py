@@ -25,6 +25,7 @@ that no request exceeds the cap (:func:`shard_runtime_min`, :func:`study_size`).
 from __future__ import annotations
 
 import ast
+import copy
 import functools
 import hashlib
 import json
@@ -53,7 +54,6 @@ __all__ = [
     "shard_runtime_min",
     "resource_settings",
     "study_size",
-    "RESOURCE_DEFAULTS",
 ]
 
 PACKAGE = "attnquery"
@@ -63,8 +63,6 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 LIBRARIES = ("numpy", "scipy", "cvxpy", "scs", "clarabel")
 
 #: resources of the compute jobs when the config's ``resources`` section leaves a key out
-RESOURCE_DEFAULTS = {"runtime_safety": 3.0, "max_runtime_min": 1440, "mem_mb": 4000,
-                     "job_overhead_s": 300}
 
 _TIMEOUT_LIMIT = re.compile(r"time limit of ([0-9.eE+-]+) s")
 
@@ -412,8 +410,11 @@ def plan_experiment(name: str, cells: list[dict], section: Mapping, study_seed: 
 # resources
 # ---------------------------------------------------------------------------------------------
 def resource_settings(resources: Mapping | None) -> dict:
-    """The config's ``resources`` section with defaults filled in, checked."""
-    res = {**RESOURCE_DEFAULTS, **dict(resources or {})}
+    """The config's ``resources`` section with the schema's defaults filled in, checked."""
+    from .schema import fill_defaults
+
+    res = copy.deepcopy(dict(resources or {}))
+    fill_defaults({"seed": 0, "experiments": {}, "resources": res})
     if not res["runtime_safety"] >= 1:
         raise ConfigError(f"resources.runtime_safety must be >= 1; got {res['runtime_safety']}")
     if not res["max_runtime_min"] >= 1:
