@@ -309,7 +309,7 @@ def test_noisy_learner_never_refuses_a_head_within_its_assumptions(d, tau, noise
     if not tau < mu / 2:
         return
     oracle = ApproximateValueOracle(head, d, tau, noise=noise, random_state=seed)
-    est = NoisyValueQueryLearner(4.0, mu, random_state=seed).fit(oracle)
+    est = NoisyValueQueryLearner(W_bound=4.0, mu=mu, random_state=seed).fit(oracle)
     assert np.isfinite(est.verify_error_)
 
 

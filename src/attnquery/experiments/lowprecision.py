@@ -31,7 +31,7 @@ __all__ = ["LEARNERS", "cells", "run", "seconds"]
 #: low-precision learner with a budget of ``queries_per_unknown (d^2 + d)`` queries)
 LEARNERS = {
     "lowprecision": lambda cell, d, rng: LowPrecisionValueQueryLearner(
-        budget_queries(cell["queries_per_unknown"], d), random_state=rng),
+        n_queries=budget_queries(cell["queries_per_unknown"], d), random_state=rng),
 }
 
 

@@ -33,7 +33,7 @@ LEARNERS = {
         W_bound=cell["W_bound"], mu=cell["mu"], strict=False, random_state=rng),
     "lowrank": lambda cell, d, rng: SketchLowRankLearner(rank=cell["rank"], random_state=rng),
     "lowprecision": lambda cell, d, rng: LowPrecisionValueQueryLearner(
-        budget_queries(cell["queries_per_unknown"], d), random_state=rng),
+        n_queries=budget_queries(cell["queries_per_unknown"], d), random_state=rng),
 }
 
 #: learners run at several budgets: name -> the config key of their budgets (queries per unknown)
