@@ -29,7 +29,7 @@ from attnquery.figures.lowprecision import (
     lowprecision_frame,
     queries_needed,
 )
-from attnquery.figures.noise import rounding_claims, rounding_costs
+from attnquery.figures.rounding import rounding_claims, rounding_costs
 from attnquery.learners import LowPrecisionValueQueryLearner
 from attnquery.learners.lowprecision import MAX_NOISE_LEVEL, pair_logits
 from attnquery.metrics import fit_power_law_within, relative_error

@@ -10,11 +10,12 @@ from attnquery.errors import (
     NotIdentifiableError,
 )
 from attnquery.experiments import expand_cells, run_cells
-from attnquery.experiments.noise import assumptions_met, theorem_head, within
-from attnquery.figures.noise import noise_claims, rounding_claims, useful_digits
+from attnquery.experiments.noise import within
+from attnquery.figures.noise import noise_claims
+from attnquery.figures.rounding import rounding_claims, useful_digits
 from attnquery.learners import NoisyValueQueryLearner
 from attnquery.learners.noisy import L_CLIP, TAU_CLIP, theorem61_guarantee
-from attnquery.models import AttentionHead
+from attnquery.models import AttentionHead, assumptions_met, theorem_head
 from attnquery.oracles import ApproximateValueOracle, MembershipOracle, ValueOracle
 from attnquery.results import rows_to_table
 

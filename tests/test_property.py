@@ -12,8 +12,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from attnquery.errors import AttnQueryError
-from attnquery.experiments.membership import membership_head
-from attnquery.experiments.noise import theorem_head
 from attnquery.learners import (
     ExactValueQueryLearner,
     MembershipLearner,
@@ -23,7 +21,13 @@ from attnquery.learners import (
     TransformerLearner,
 )
 from attnquery.learners._base import output_error_bound
-from attnquery.models import AttentionHead, random_head, random_transformer
+from attnquery.models import (
+    AttentionHead,
+    membership_head,
+    random_head,
+    random_transformer,
+    theorem_head,
+)
 from attnquery.oracles import (
     AntisymmetricOracle,
     ApproximateValueOracle,

@@ -18,6 +18,7 @@ __all__ = [
     "AssumptionViolation",
     "ModelMismatchError",
     "SearchLimitError",
+    "UndefinedEstimate",
 ]
 
 
@@ -79,3 +80,8 @@ class ModelMismatchError(AssumptionViolation):
 
 class SearchLimitError(AttnQueryError):
     """An adaptive loop (doubling, line search, retries) reached its cap in queries or rounds."""
+
+
+class UndefinedEstimate(AttnQueryError):
+    """An estimate is undefined: non-finite entries, or the unclipped baseline of Theorem 6.1's
+    learner applied sigma^{-1} to a weight estimate outside (0, 1)."""

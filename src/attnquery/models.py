@@ -13,6 +13,7 @@ Notation follows the paper (Section 3): scores ``s_i = x_i^T W x_N``, attention 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -31,6 +32,9 @@ __all__ = [
     "check_input",
     "random_head",
     "random_v",
+    "theorem_head",
+    "assumptions_met",
+    "membership_head",
     "as_rng",
     "random_transformer",
     "random_multihead",
@@ -524,6 +528,79 @@ def random_head(
         s = np.sqrt(scale)
         return AttentionHead(v, K=K * s, Q=Q * s, key_bias=c, offset=offset)
     return AttentionHead(v, W=W * scale, key_bias=c, offset=offset)
+
+
+# ---------------------------------------------------------------------------------------------
+# heads meeting a theorem's assumptions (the ground truth of the noise, rounding and membership
+# experiments)
+# ---------------------------------------------------------------------------------------------
+def theorem_head(d: int, rng, W_bound: float, mu: float, zero_frac: float = 0.0,
+                 W_frac: float = 1.0, rank: int | None = None) -> AttentionHead:
+    """A head meeting Theorem 6.1's assumptions (when ``mu <= 1 / sqrt(d)``).
+
+    W is Gaussian (or ``K^T Q`` of rank ``rank``) rescaled to ``||W||_F = W_frac * W_bound``;
+    the nonzero ``|v_i|`` are uniform in ``[mu, max(mu, 1/sqrt(d))]`` with one equal to ``mu``
+    (so ``||v|| <= 1``), and ``floor(zero_frac * d)`` entries (never all) are exactly 0.
+    """
+    rng = np.random.default_rng(rng)
+    if not 0 < mu <= 1:
+        raise ModelError(f"mu must be in (0, 1]; got {mu}")
+    if rank is None:
+        W = rng.standard_normal((d, d))
+    else:
+        W = rng.standard_normal((rank, d)).T @ rng.standard_normal((rank, d))
+    nrm = np.linalg.norm(W)
+    W = W * (W_frac * W_bound / nrm) if nrm > 0 else W
+    hi = max(mu, 1.0 / np.sqrt(d))
+    v = rng.choice([-1.0, 1.0], size=d) * rng.uniform(mu, hi, size=d)
+    n_zero = min(int(np.floor(zero_frac * d)), d - 1)
+    v[rng.permutation(d)[:n_zero]] = 0.0
+    k = int(rng.choice(np.flatnonzero(v)))
+    v[k] = np.sign(v[k]) * mu
+    return AttentionHead(v, W=W)
+
+
+def assumptions_met(head: AttentionHead, tau: float, W_bound: float, mu: float) -> bool:
+    """Whether (head, tau) meet Theorem 6.1's assumptions for (W_bound, mu).
+
+    The tolerance must be strictly below ``mu / 2``: at ``tau = mu / 2`` an entry
+    ``|v_i| = mu`` can be answered as ``mu / 2``, which the proof's zero test
+    (``|v_hat_i| <= mu / 2``) takes for a zero, and the adversarial oracle does exactly that.
+    """
+    v = head.v
+    nz = np.abs(v[v != 0])
+    return bool(
+        W_bound >= 2
+        and np.linalg.norm(head.W) <= W_bound * (1 + 1e-12)
+        and np.linalg.norm(v) <= 1 + 1e-12
+        and nz.size > 0
+        and nz.min() >= mu * (1 - 1e-12)
+        and tau < mu / 2
+    )
+
+
+def membership_head(d: int, rng, W_bound: float, mu: float, W_frac: float = 1.0
+                    ) -> AttentionHead:
+    """A head meeting Appendix B's assumptions: ``||v|| = 1``, ``min |v_i| = mu``,
+    ``||W||_F = W_frac * W_bound``.
+
+    One entry of v is ``+-mu``; the others are ``+-U[1, 2]`` rescaled to complete the unit norm
+    (which needs ``mu`` small enough that they stay ``>= mu``; else :class:`ModelError`).
+    """
+    rng = np.random.default_rng(rng)
+    W = rng.standard_normal((d, d))
+    W *= W_frac * W_bound / np.linalg.norm(W)
+    sgn = rng.choice([-1.0, 1.0], size=d)
+    if d == 1:
+        return AttentionHead(sgn.copy(), W=W)
+    k = int(rng.integers(d))
+    mag = rng.uniform(1.0, 2.0, size=d)
+    mag[k] = 0.0
+    mag *= math.sqrt(1.0 - mu**2) / np.linalg.norm(mag)
+    mag[k] = mu
+    if np.min(mag) < mu * (1 - 1e-12):
+        raise ModelError(f"mu = {mu} is too large for a unit v with margin mu at d = {d}")
+    return AttentionHead(sgn * mag, W=W)
 
 
 def random_transformer(

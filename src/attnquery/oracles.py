@@ -20,7 +20,7 @@ from .errors import (
     QueryError,
 )
 from .rng import seed_int
-from .theory import FORMAT_BITS, ROUNDING_DTYPES, relative_rounding_error  # noqa: F401
+from .theory import FORMAT_BITS, ROUNDING_DTYPES, parse_rounding, relative_rounding_error  # noqa: F401
 
 __all__ = ["Oracle", "ValueOracle", "AntisymmetricOracle", "ApproximateValueOracle",
            "RoundingOracle", "MembershipOracle", "ToleranceError", "query_hash",
@@ -520,6 +520,12 @@ class RoundingOracle(Oracle):
         self.__fn = fn
         self._digits = None if digits is None else int(digits)
         self._dtype = dtype
+
+    @classmethod
+    def from_spec(cls, fn, d: int, spec: str, budget: int | None = None) -> RoundingOracle:
+        """The rounding oracle a precision string names (``"float16"``, ``"digits=3"``, ...:
+        :func:`attnquery.theory.parse_rounding`)."""
+        return cls(fn, d, budget=budget, **parse_rounding(spec))
 
     @property
     def digits(self) -> int | None:

@@ -47,6 +47,7 @@ def run_study(config, directory, cores: int, *extra: str, log=None) -> None:
 def compared_files(directory) -> list[str]:
     """Result tables and figures under ``directory`` that must be bit-identical."""
     from .figures import timing_figures
+    from .results import is_timing_table
 
     timed = timing_figures()
     d = Path(directory)
@@ -54,7 +55,7 @@ def compared_files(directory) -> list[str]:
     for p in sorted((d / "results").rglob("*")) + sorted((d / "figures").rglob("*")):
         if not p.is_file() or p.name.startswith("."):
             continue
-        if p.name.endswith(".timing.parquet"):
+        if is_timing_table(p):
             continue
         if p.parent.name in ("figures", "claims") and p.stem in timed:
             continue

@@ -51,12 +51,12 @@ def _validate(results_dir, cfg) -> list[str]:
     except (KeyError, ValueError, TypeError, OSError) as exc:
         import pyarrow.parquet as pq
 
-        from ..results import RESULT_SCHEMA, TIMING_SCHEMA
+        from ..results import RESULT_SCHEMA, TIMING_SCHEMA, is_timing_table
         from ..validate import check_table_schema
 
         problems = []
         for path in sorted(Path(results_dir).glob("*.parquet")):
-            schema = TIMING_SCHEMA if path.name.endswith(".timing.parquet") else RESULT_SCHEMA
+            schema = TIMING_SCHEMA if is_timing_table(path) else RESULT_SCHEMA
             try:
                 problems += check_table_schema(pq.read_schema(path), schema, path.name)
             except Exception as err:  # noqa: BLE001 - any unreadable file is a problem to list

@@ -35,8 +35,8 @@ def head_dim_of(d: int, fraction: float) -> int:
 
 def cells(cfg) -> list[dict]:
     out = []
-    for g in grid(d=cfg["d"], head_fraction=cfg.get("head_fraction", [0.5]),
-                  rope_base=cfg.get("rope_base", [1e4]), variant=cfg.get("routes", ["dense"]),
+    for g in grid(d=cfg["d"], head_fraction=cfg["head_fraction"],
+                  rope_base=cfg["rope_base"], variant=cfg["routes"],
                   seed=list(range(cfg["seeds"]))):
         dh = head_dim_of(g["d"], g.pop("head_fraction"))
         if g["variant"] == "lowrank" and dh > g["d"] // 2:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..claims import Claim, extra_values, ok_rows
+from ..claims import Claim, extra_values, ok_rows, threshold_claim
 from ..metrics import fit_power_law
 from . import log2_ticks, register_figure
 
@@ -41,11 +41,9 @@ def rotary_claims(df) -> list[Claim]:
                      for r, d, k in zip(ok["variant"], ok["d"], ok["rank"], strict=True)],
                     dtype=float)
     exact = ok["n_queries"].to_numpy(dtype=float) == want
-    claims.append(Claim(
+    claims.append(threshold_claim(
         "rotary_count", "every run uses exactly 2 (d^2 + d) queries (dense route; the sketch "
-        "route its own count), as counted by the oracle",
-        bool(len(ok) > 0 and exact.all() and len(ok) == n_all),
-        f"{int(exact.sum())}/{n_all} runs", n_runs=len(ok)))
+        "route its own count), as counted by the oracle", exact, of=n_all))
     dense = ok[(ok["variant"] == "dense") & (ok["d"] >= FIT_MIN_D)]
     if len(dense["d"].unique()) >= 2 and len(dense) >= 3:
         fit = fit_power_law(dense["d"], dense["n_queries"])
@@ -61,11 +59,9 @@ def rotary_claims(df) -> list[Claim]:
                             f"too few dense grid points with d >= {FIT_MIN_D} to fit", n_runs=0))
     freq = extra_values(ok, "freq_err", float("inf")).astype(float)
     good = freq <= FREQ_TOL
-    claims.append(Claim(
+    claims.append(threshold_claim(
         "rotary_frequencies", f"the frequencies are found from the answers to {FREQ_TOL:g}",
-        bool(len(ok) > 0 and good.all() and len(ok) == n_all),
-        f"{int(good.sum())}/{n_all} runs; worst {freq.max() if len(ok) else float('nan'):.1e}",
-        n_runs=len(ok)))
+        good, of=n_all, worst=freq.max() if len(ok) else float("nan"), fmt=".1e"))
     tol = ok["variant"].map(FUNC_TOL).astype(float)
     within = ok["func_err"].astype(float) <= tol
     parts = []
@@ -74,14 +70,12 @@ def rotary_claims(df) -> list[Claim]:
     claims.append(Claim(
         "rotary_length", "the recovered head agrees with the box on sequences of 1 to 4,096 "
         "tokens: functional relative error <= 1e-9 (dense; 1e-8 on the sketch route)",
-        bool(len(ok) > 0 and within.all() and len(ok) == n_all),
+        bool(within.all() and len(ok) == n_all),
         f"{int(within.sum())}/{n_all} runs; " + "; ".join(parts), n_runs=len(ok)))
     checked = ok["verified"].fillna(False).astype(bool)
-    claims.append(Claim(
+    claims.append(threshold_claim(
         "rotary_checked", "every run passed the learner's own check on sequences of up to "
-        "4,096 tokens, its check queries counted apart",
-        bool(len(ok) > 0 and checked.all() and len(ok) == n_all),
-        f"{int(checked.sum())}/{n_all} runs", n_runs=len(ok)))
+        "4,096 tokens, its check queries counted apart", checked, of=n_all))
     return claims
 
 
