@@ -1,0 +1,225 @@
+"""A whole rotary attention layer with grouped-query attention (Llama-style), beyond the paper.
+
+Reached through :class:`~attnquery.learners.AttentionLayerLearner` with ``positions="rotary"``.
+The box is a self-attention layer with rotary positions (RoPE, "rotate half"), H query heads
+and G key/value heads, read out along a vector (:class:`attnquery.models.RotaryAttentionLayer`
+without biases): a sum of H rotary heads (:mod:`attnquery.learners.rotary`)
+
+    f(X) = sum_h sum_i softmax(s_h)_i v_h^T x_i,   s_{h,i} = x_i^T M^h_{i-N} x_N,
+
+with ``M^h_delta = K_g^T Rot_{-delta} Q_h`` (g the key/value head of h). Heads of one group
+share ``K_g`` (so the column space of every ``M^h``) but not ``v_h`` (a slice of the output
+projection read out), so the H value vectors are in general position.
+
+**The method.** Two facts about the probes ``[x + delta; x]`` and ``[x + delta; x; x]``:
+
+* their answer is ``x^T V + sum_h alpha_h delta^T v_h`` (V = sum_h v_h), whatever the positions,
+  and the logit of ``alpha_h`` is ``delta^T M^h_{-1} x + k_h(x)`` (two rows; three rows:
+  ``delta^T M^h_{-2} x + k'_h(x)``), with a constant ``k_h(x)`` that does not depend on delta;
+* for a large delta every logit is saturated and f is linear in delta.
+
+So, as in :mod:`attnquery.learners.multihead_generic.layer`:
+
+1. ``V`` from the d one-row queries, then every ``v_h`` from the arcs of a circle of saturated
+   queries (the layer learner's scan, unchanged: with a small last token the constants
+   ``k_h`` only shift the crossings);
+2. head g isolated by its value vector: deltas in ``Delta_g`` (orthogonal to every ``v_h`` but
+   ``v_g``, dimension ``m = d - H + 1``) silence every other head, and the rotary learner's
+   scaled probes (first token ``s b + c u``, last token ``s b``; the constant read by the pair
+   ``+-u_0``, ``m + 1`` probes per last token) give ``Y1 = B_g^T M^g_{-1}`` (m x d, every
+   coordinate last token) and ``Y2 = B_g^T M^g_{-2} V_r`` (m x r, the r last tokens of its row
+   space). With ``Y1 = U S V_r^T``, ``T = S^{-1} U^T Y2 = G^{-1} D G`` as for one head
+   (:class:`~attnquery.learners.RotaryValueQueryLearner`), whose eigenvalues are the frequencies
+   and eigenvectors give ``Q_h`` up to the rotary gauge: the restriction ``B_g^T K_g^T`` of the
+   keys is enough for that;
+3. the H - 1 missing directions of the keys ``nu_j^T M^g_{-1}`` (nu the dual basis of the
+   v's) from the layer learner's silencing probes (head j silenced at logit -60, each probe with
+   and without ``t nu_j``, so the constants cancel), r last tokens along the row space each
+   (scaled so that the constants stay about 1);
+4. ``M^g_{-1}`` then gives ``K_h = D (M^g_{-1} Q_h^+)^T``; heads whose ``M^h_{-1}`` share a
+   column space share their keys: ``kv_groups_``.
+
+Queries: ``d`` (V), the circle (as the layer learner), ``H (m + 1)(d + r)`` for the isolated
+heads (plus the pilots asked again, ``n_requeried_``) and ``2 H (H - 1) r`` for the missing
+directions, plus the check (:func:`rotary_layer_probe_count`). Biases are not supported
+(``fit_bias=False``; Llama and Mistral have none).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import AssumptionViolation, ConfigError
+from ..models import RotaryAttentionHead, rotate_half
+from ._base import check_budget
+from ._probes import read_head_constants
+from .rotary import FREQ_TOL, RotaryValueQueryLearner, _RotaryProber
+
+__all__ = ["fit_rotary_layer", "predict_rotary_layer", "rotary_layer_probe_count",
+           "ROTARY_STAGES", "ROTARY_VERIFY_LENGTHS"]
+
+#: the stages ``n_queries_by_stage_`` counts with ``positions="rotary"``
+ROTARY_STAGES = ("v_sum", "circle", "isolated", "missing", "verify")
+#: sequence lengths of the check queries
+ROTARY_VERIFY_LENGTHS = (2, 3, 64, 1024)
+#: two heads share their keys when the column spaces of their forms differ by less than this
+GROUP_TOL = 1e-6
+
+
+def rotary_layer_probe_count(d: int, n_heads: int, rank: int) -> int:
+    """Queries outside the circle scan and the check, when no probe is asked twice:
+    ``d + H (d - H + 2)(d + r) + 2 H (H - 1) r``."""
+    H, r = int(n_heads), int(rank)
+    return int(d + H * (d - H + 2) * (d + r) + 2 * H * (H - 1) * r)
+
+
+class _LayerProber(_RotaryProber):
+    """The rotary learner's probes with first token ``s b + c u`` (last tokens ``s b``), whose
+    answer is ``s b^T V + alpha c u^T V`` when u lies in an isolated head's ``Delta_g``."""
+
+    def _ask(self, first, last, c, s, n_last):
+        n, d = first.shape
+        X = np.empty((n, 1 + n_last, d))
+        X[:, 1:, :] = (s[:, None] * last)[:, None, :]
+        X[:, 0, :] = c[:, None] * first + X[:, 1, :]
+        y = self.oracle(X) - self.beta - s * (last @ self.v)
+        alpha = y / (c * (first @ self.v))
+        ok = (alpha > 0) & (alpha < 1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            a = np.where(ok, alpha, 0.5)
+            return np.where(ok, np.log(a) - np.log1p(-a), np.nan)
+
+
+def fit_rotary_layer(est, oracle, d: int, H: int, r: int) -> None:
+    """``AttentionLayerLearner.fit`` for ``positions="rotary"`` (module docstring); sets the
+    fitted attributes on ``est``."""
+    from .multihead_generic.layer import _Layer
+
+    if est.fit_bias:
+        raise ConfigError("positions='rotary' learns layers without biases: fit_bias=False")
+    r_scan, r_probe, r_verify = est._rng().spawn(3)
+    with est._open_ledger(oracle, ROTARY_STAGES, what="the rotary layer") as ledger:
+        check_budget(ledger, d, "reading V")
+        with ledger.stage("v_sum"):
+            V = read_head_constants(ledger, d, bias=False, key_bias=False).v
+        run = _Layer(ledger, V, 0.0)
+        vs = est._scan(run, H, r_scan)
+        with ledger.stage("isolated"):
+            iso = [_isolated(est, run, vs, g, r, r_probe) for g in range(H)]
+        with ledger.stage("missing"):
+            M1 = _missing_directions(est, run, vs, iso)
+        _set_heads(est, vs, iso, M1, H, r)
+        with ledger.stage("verify"):
+            est._verify_fit(oracle, est.predict, r_verify, rtol=est.rtol,
+                            what=f"a rotary attention layer of {H} heads of rank {r}",
+                            lengths=ROTARY_VERIFY_LENGTHS)
+        est.n_requeried_ = int(ledger.n_requeried)
+        est.n_queries_ = ledger.total
+
+
+def predict_rotary_layer(est, X) -> np.ndarray:
+    """The sum of the recovered rotary heads on inputs X (B, N, d)."""
+    return sum(h(X) for h in est.heads_) + est.offset_
+
+
+def _coords(t: np.ndarray) -> np.ndarray:
+    """``B^T y`` from the values ``u_l^T y`` of the probe directions ``u_0 = b_0``,
+    ``u_l = b_l + b_0`` (rows of t: one per direction)."""
+    out = t.copy()
+    out[1:] -= t[0]
+    return out
+
+
+def _isolated(est, run, vs, g: int, r: int, rng) -> dict:
+    """Head g isolated: ``Y1 = B^T M_{-1}`` (all d coordinate last tokens), the rank-r SVD of
+    Y1, and the rotary factorisation from ``B^T M_{-2}`` on its row space."""
+    d = run.d
+    B = est._probe_basis(vs, g)
+    U = B.T.copy()
+    U[1:] += B[:, 0]  # every u_l^T v_g = |P v_g|: the same signal for every probe
+    pr = _LayerProber(run.ledger, run.V, 0.0, est, d)
+    t1, _ = pr.pairs(U, np.eye(d), 1)  # t1[j] = U M_{-1} e_j
+    Y1 = _coords(t1.T)  # (m, d)
+    Us, S, Vt = np.linalg.svd(Y1, full_matrices=False)
+    if S.size < r or not S[r - 1] > 1e-9 * S[0]:
+        raise AssumptionViolation(
+            f"head {g}'s form M_(-1), seen along its isolated directions, has rank below {r}: "
+            "not a layer of rotary heads of that rank")
+    Us, S, Vt = Us[:, :r], S[:r], Vt[:r]
+    t2, _ = pr.pairs(U, Vt, 2)  # t2[k] = U M_{-2} V[:, k]
+    T = (Us.T @ _coords(t2.T)) / S[:, None]
+    one = RotaryValueQueryLearner()
+    one._factor(T, Us, S, Vt)
+    run.ledger.n_requeried += int(pr.n_requeried)
+    return {"B": B, "Y1": Y1, "Vt": Vt, "Q": one.Q_, "freq": one.frequencies_,
+            "rotary_dim": one.rotary_dim_}
+
+
+def _missing_directions(est, run, vs, iso) -> list[np.ndarray]:
+    """Every head's full ``M^g_{-1}`` (d x d, rank r): its rows along ``Delta_g`` from the
+    isolated head, the H - 1 missing rows ``nu_j^T M^g_{-1}`` measured (module docstring)."""
+    from .multihead_generic.layer import _Head
+
+    H = vs.shape[0]
+    nu = np.linalg.pinv(vs).T  # (H, d): nu_j^T v_h = [j = h]
+    perp = np.linalg.svd(vs)[2][H:].T  # (d, d - H): orthogonal to every v
+    heads = [_Head(h["B"], h["Y1"] @ h["Vt"].T, h["Vt"].T, np.zeros(h["B"].shape[1]))
+             for h in iso]
+    silent = (perp, [perp.T @ h["B"] for h in iso])
+    # last tokens of norm eps: the constants k(x) ~ eps^2 |M| stay about 1 or less
+    eps = min(1.0, 1.0 / np.sqrt(max(np.linalg.norm(h["Y1"], 2) for h in iso)))
+    out = []
+    for g in range(H):
+        Qo = iso[g]["Vt"].T  # (d, r) orthonormal basis of the row space
+        rows = [heads[g].L]  # B_g^T M Qo
+        for j in range(H):
+            if j != g:
+                rho, _ = est._missing(run, nu, heads, silent, g, j, eps * Qo, False)
+                rows.append(rho[None, :] / eps)
+        others = [j for j in range(H) if j != g]
+        Tm = np.concatenate([iso[g]["B"], nu[others].T], axis=1)  # (d, d)
+        MQ = np.linalg.solve(Tm.T, np.concatenate(rows))  # M Qo (d, r)
+        out.append(MQ @ Qo.T)
+    return out
+
+
+def _set_heads(est, vs, iso, M1, H: int, r: int) -> None:
+    """The heads ``K_h^T Rot Q_h`` from ``M^h_{-1}`` and the isolated factorisation, the
+    frequencies (the same for every head), and the heads that share their keys."""
+    freqs = [h["freq"] for h in iso]
+    if any(f.size != freqs[0].size or (f.size and np.max(np.abs(f - freqs[0])) > FREQ_TOL)
+           for f in freqs):
+        raise AssumptionViolation("the heads' frequencies differ: not one rotary layer")
+    heads = []
+    for g in range(H):
+        Q, theta = iso[g]["Q"], iso[g]["freq"]
+        KT = M1[g] @ np.linalg.pinv(Q)  # (d, r): K^T D, as M_{-1} = K^T D Q
+        K = rotate_half(KT, np.full(KT.shape[0], 1.0), theta).T
+        heads.append(RotaryAttentionHead(Q, K, vs[g], frequencies=theta, scale=1.0))
+    est.heads_ = heads
+    est.v_ = [v.copy() for v in vs]
+    est.offset_ = 0.0
+    est.frequencies_ = freqs[0]
+    est.rotary_dim_ = int(iso[0]["rotary_dim"])
+    est.n_heads_, est.rank_ = H, r
+    est.kv_groups_ = _groups(M1, r)
+    est.n_kv_heads_ = int(est.kv_groups_.max()) + 1
+    want = getattr(est, "n_kv_heads", None)
+    if want is not None and est.n_kv_heads_ != want:
+        raise AssumptionViolation(
+            f"the heads share keys in {est.n_kv_heads_} groups, not n_kv_heads={want}")
+
+
+def _groups(M1, r: int) -> np.ndarray:
+    """Group index per head: heads whose forms have the same column space (their keys)."""
+    P = [np.linalg.svd(M, full_matrices=False)[0][:, :r] for M in M1]
+    groups = -np.ones(len(P), dtype=int)
+    n = 0
+    for h in range(len(P)):
+        if groups[h] >= 0:
+            continue
+        for k in range(h, len(P)):
+            if groups[k] < 0 and np.linalg.norm(P[h] - P[k] @ (P[k].T @ P[h]), 2) < GROUP_TOL:
+                groups[k] = n
+        n += 1
+    return groups
