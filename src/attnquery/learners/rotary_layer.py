@@ -63,7 +63,7 @@ from ._base import check_budget
 from ._probes import read_head_constants
 from .rotary import FREQ_TOL, RotaryValueQueryLearner, _first_tokens, _RotaryProber
 
-__all__ = ["fit_rotary_layer", "predict_rotary_layer", "rotary_layer_probe_count",
+__all__ = ["fit_rotary_layer", "predict_rotary_layer", "is_rotary_fit", "rotary_layer_probe_count",
            "ROTARY_STAGES", "ROTARY_VERIFY_LENGTHS"]
 
 #: the stages ``n_queries_by_stage_`` counts with ``positions="rotary"``
@@ -128,6 +128,12 @@ def fit_rotary_layer(est, oracle, d: int, H: int, r: int) -> None:
                             lengths=ROTARY_VERIFY_LENGTHS)
         est.n_requeried_ = int(ledger.n_requeried)
         est.n_queries_ = ledger.total
+
+
+def is_rotary_fit(est) -> bool:
+    """Whether ``est`` holds a fitted rotary layer (its ``heads_`` are rotary heads)."""
+    heads = getattr(est, "heads_", None)
+    return isinstance(heads, list) and bool(heads) and isinstance(heads[0], RotaryAttentionHead)
 
 
 def predict_rotary_layer(est, X) -> np.ndarray:

@@ -76,7 +76,7 @@ from .._base import (
     check_scalar,
 )
 from .._probes import Prober, check_probe_params, coordinate_rows, read_head_constants
-from ..rotary_layer import fit_rotary_layer, predict_rotary_layer
+from ..rotary_layer import fit_rotary_layer, is_rotary_fit, predict_rotary_layer
 
 __all__ = ["AttentionLayerLearner", "layer_dof", "layer_probe_count", "STAGES"]
 
@@ -334,7 +334,7 @@ class AttentionLayerLearner(BaseLearner):
 
     def predict(self, X) -> np.ndarray:
         """Evaluate the recovered layer on inputs X (B, N, d)."""
-        if isinstance(getattr(self, "heads_", None), list) and self.positions == "rotary":
+        if is_rotary_fit(self):  # heads_ are rotary heads: learners/rotary_layer.py
             return predict_rotary_layer(self, X)
         return MultiHeadAttention(self.heads_, offset=self.offset_)(X)
 
