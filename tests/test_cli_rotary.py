@@ -51,3 +51,10 @@ def test_extract_rotary_low_rank_route_and_library():
     assert s["n_queries"] - s["n_verify_queries"] == rotary_query_count(d, 8)
     assert s["rel_err_W"] < 1e-9 and s["func_err"] < 1e-9
     assert isinstance(learned, RotaryAttentionHead)
+
+
+def test_rotary_layers_are_refused_before_any_query(capsys, monkeypatch, repo):
+    monkeypatch.chdir(repo)
+    assert main(["extract", "--oracle", "tests.fixtures:rotary_head", "--d", "16", "--method",
+                 "layer", "--param", "n_heads=2", "--param", "positions=rotary"]) == 2
+    assert "learnt from Python" in capsys.readouterr().err

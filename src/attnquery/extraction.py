@@ -502,6 +502,10 @@ def run_extraction(spec: ExtractionSpec) -> tuple[dict, object]:
     learner = make_learner(method, seed=spec.seed, rank=spec.rank,
                            tau=spec.tau if approximate else None, eps=spec.eps,
                            probes=spec.probes, params=dict(spec.params))
+    if getattr(learner, "positions", "none") != "none":  # before any query is spent
+        raise ConfigError("a rotary layer (--param positions=rotary) is learnt from Python "
+                          "(attnquery.learners.AttentionLayerLearner); the command line reports "
+                          "and saves position-free layers, and one rotary head (--method rotary)")
     total = expected_queries(method, d, spec.rank, int(getattr(learner, "verify", 0) or 0))
     # a bar only when stderr is a terminal (never in logs or pipes), after 2 s
     show = spec.progress and hasattr(sys.stderr, "isatty") and sys.stderr.isatty()

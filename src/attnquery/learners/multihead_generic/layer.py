@@ -76,6 +76,7 @@ from .._base import (
     check_scalar,
 )
 from .._probes import Prober, check_probe_params, coordinate_rows, read_head_constants
+from ..rotary_layer import fit_rotary_layer, is_rotary_fit, predict_rotary_layer
 
 __all__ = ["AttentionLayerLearner", "layer_dof", "layer_probe_count", "STAGES"]
 
@@ -167,6 +168,15 @@ class AttentionLayerLearner(BaseLearner):
         Logit window of the probes (see :class:`~attnquery.learners.SketchLowRankLearner`).
     block_bytes : int
         Memory bound on one batch of probes.
+    n_kv_heads : int, optional
+        Number G of key/value heads (grouped-query attention) with ``positions="rotary"``: the
+        heads found sharing keys must form that many groups. None: not checked.
+    positions : {"none", "rotary"}
+        "none" (default): the layer of the module docstring. "rotary": a Llama-style layer with
+        rotary positions and grouped-query attention, without biases
+        (:mod:`attnquery.learners.rotary_layer`; ``heads_`` are then
+        :class:`~attnquery.models.RotaryAttentionHead` s and ``kv_groups_``,
+        ``frequencies_`` are set).
     random_state : int, sequence of ints, Generator or None
         Seed of every random choice (scan plane, sketches, checks).
 
@@ -210,6 +220,8 @@ class AttentionLayerLearner(BaseLearner):
         min_logit: float = 1e-5,
         initial_logit_scale: float = 1.0,
         block_bytes: int = 16 * 2**20,
+        n_kv_heads: int | None = None,
+        positions: str = "none",
         random_state=None,
     ):
         self.n_heads = n_heads
@@ -224,6 +236,8 @@ class AttentionLayerLearner(BaseLearner):
         self.min_logit = min_logit
         self.initial_logit_scale = initial_logit_scale
         self.block_bytes = block_bytes
+        self.n_kv_heads = n_kv_heads
+        self.positions = positions
         self.random_state = random_state
 
     # ------------------------------------------------------------------------------------------
@@ -241,6 +255,12 @@ class AttentionLayerLearner(BaseLearner):
         check_scalar(self.max_planes, "max_planes", Integral, min_val=1)
         check_scalar(self.rtol, "rtol", min_val=0, max_val=1, include_boundaries="neither")
         check_probe_params(self)
+        if self.positions not in ("none", "rotary"):
+            raise ConfigError(f"positions must be 'none' or 'rotary'; got {self.positions!r}")
+        G = check_scalar(self.n_kv_heads, "n_kv_heads", Integral, min_val=1, max_val=H,
+                         allow_none=True)
+        if G is not None and H % G:
+            raise ConfigError(f"n_kv_heads must divide n_heads = {H}; got {G}")
         return H, r
 
     def fit(self, oracle):
@@ -260,6 +280,9 @@ class AttentionLayerLearner(BaseLearner):
         """
         d = check_oracle(oracle)
         H, r = self._validate(d)
+        if self.positions == "rotary":  # a Llama-style layer: learners/rotary_layer.py
+            fit_rotary_layer(self, oracle, d, H, r)
+            return self
         rng = self._rng()
         r_scan, r_sketch, r_verify = rng.spawn(3)
         bias = bool(self.fit_bias)
@@ -311,6 +334,8 @@ class AttentionLayerLearner(BaseLearner):
 
     def predict(self, X) -> np.ndarray:
         """Evaluate the recovered layer on inputs X (B, N, d)."""
+        if is_rotary_fit(self):  # heads_ are rotary heads: learners/rotary_layer.py
+            return predict_rotary_layer(self, X)
         return MultiHeadAttention(self.heads_, offset=self.offset_)(X)
 
     # -- the circle: every v_h ------------------------------------------------------------------
