@@ -118,6 +118,10 @@ class _Run:
     V: np.ndarray
     stage: dict = field(default_factory=lambda: dict.fromkeys(STAGES, 0))
     requeried: int = 0
+    #: with biases, the last token (a random unit vector) from which each missing direction's
+    #: key-bias term is read: at x = 0 a head without key bias has a zero query vector and
+    #: cannot be silenced
+    base: np.ndarray | None = None
 
     def ask(self, X, stage: str) -> np.ndarray:
         check_budget(self.oracle, X.shape[0], f"the layer's {stage} stage")
@@ -272,13 +276,16 @@ class AttentionLayerLearner(BaseLearner):
         d = check_oracle(oracle)
         H, r = self._validate(d)
         rng = self._rng()
-        r_scan, r_sketch, r_verify = rng.spawn(3)
+        r_scan, r_sketch, r_verify, r_base = rng.spawn(4)
         n0 = oracle.n_queries
         bias = bool(self.fit_bias)
         check_budget(oracle, d + 1, "reading V and beta")
         V, beta = read_v(oracle, d, offset=True) if bias else (read_v(oracle, d), 0.0)
         check_v(V)
         run = _Run(oracle, d, float(beta), V)
+        if bias:
+            w = r_base.standard_normal(d)
+            run.base = w / np.linalg.norm(w)
         run.stage["v_sum"] = d + bias
         vs = self._scan(run, H, r_scan)
         nu = np.linalg.pinv(vs).T  # (H, d) dual basis: nu_j^T v_h = [j = h]
@@ -656,8 +663,11 @@ class AttentionLayerLearner(BaseLearner):
         perp, perp_B = silent
         d = run.d
         # last tokens along W_g's row space: nu_j^T W_g x = rho^T Q^T x is read exactly,
-        # through the identity (and x = 0 for nu_j^T c_g)
-        X = np.concatenate([np.zeros((1, d)), Q.T]) if bias else Q.T.copy()
+        # through the identity; with biases, from the base token w and Q + w (differences give
+        # rho, and nu_j^T a_g(w) - rho^T Q^T w gives nu_j^T c_g; x = 0 would not do: a head
+        # without key bias has a zero query vector there and cannot be silenced)
+        w = run.base
+        X = np.concatenate([w[None, :], Q.T + w]) if bias else Q.T.copy()
         n = X.shape[0]
         hg, hj = heads[g], heads[j]
         ag = hg.query_vectors(X)  # (n, m): a_g(x) along B_g
@@ -692,5 +702,6 @@ class AttentionLayerLearner(BaseLearner):
         logit = np.log(alpha) - np.log1p(-alpha)
         val = (logit[:n] - logit[n:]) / t  # nu_j^T a_g(x)
         if bias:
-            return val[1:] - val[0], float(val[0])
+            rho = val[1:] - val[0]
+            return rho, float(val[0] - rho @ (Q.T @ w))
         return val, 0.0
