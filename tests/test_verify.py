@@ -365,3 +365,18 @@ def test_membership_signs_change_under_a_permutation_of_a_windowed_box():
     with pytest.raises(ModelMismatchError, match="change sign on"):
         MembershipLearner(eps=1e-3, W_bound=4.0, mu=0.05, random_state=0).fit(
             MembershipOracle(box, 6))
+
+
+def test_answers_off_by_exactly_tau_pass_the_order_test():
+    # each answer f(X) +- tau with the sign set by the first token: a query and its permuted copy
+    # differ by 2 tau (plus rounding) and the noisy learner must not refuse the head
+    d, tau = 6, 1e-4
+    head = IN_MODEL["noisy"][1](d)
+
+    def box(X):
+        X = np.asarray(X, dtype=float)
+        return head(X) + tau * np.where(X[:, 0, 0] > 0, 1.0, -1.0)
+
+    est = NoisyValueQueryLearner(W_bound=4.0, mu=0.05, tau=tau, random_state=0)
+    est.fit(ValueOracle(box, d))
+    assert est.n_verify_queries_ == DEFAULT_VERIFY and np.isfinite(est.verify_error_)

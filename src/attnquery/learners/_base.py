@@ -320,8 +320,9 @@ def _run_check(oracle, predict, rng, n_checks, rtol, atol=0.0, what="a single at
     allowed = allow + rtol * scale
     # a permuted copy: a position-free box answers both alike, to within its answers' error
     pdiff = np.abs(y[a] - y[b])
+    # (with pair_atol, float64 rounding on top: the two sums run in different orders)
     pallowed = (allowed[a] + allowed[b]) if pair_atol is None else \
-        np.full(a.size, float(pair_atol) + 2 * rtol * scale)
+        np.full(a.size, float(pair_atol) + 2 * max(rtol, ROUNDING_RTOL) * scale)
     pbad = ~(pdiff <= pallowed)
     if pbad.any():
         k = int(np.argmax(np.where(pbad, pdiff - pallowed, -np.inf)))
@@ -362,11 +363,11 @@ def check_answers(oracle, predict, rng: np.random.Generator, n_checks: int, rtol
     ``|y - y_hat| <= atol + rtol * max |y|`` on every query, where ``y`` are the oracle's
     answers and ``y_hat = predict(X)``; ``atol`` is a number or a function of the queries
     ``X (B, N, d)`` giving each query's own allowance (B,). The box's answers on a query and on
-    its prefix-permuted copy must also agree, to within ``pair_atol + 2 rtol max |y|`` (the
-    answers' own error, when known) or else the sum of the two queries' allowances: a
-    position-free estimate answers both alike, so this catches position-dependent boxes even
-    where the estimate's allowance is loose. ``hint`` (what the disagreement may mean) ends the
-    error message.
+    its prefix-permuted copy must also agree, to within ``pair_atol + 2 max(rtol,
+    ROUNDING_RTOL) max |y|`` (the answers' own error, when known, and rounding) or else the
+    sum of the two queries' allowances: a position-free estimate answers both alike, so this
+    catches position-dependent boxes even where the estimate's allowance is loose. ``hint``
+    (what the disagreement may mean) ends the error message.
 
     Returns
     -------
