@@ -102,10 +102,10 @@ class BaseLearner:
         if self.verify_vacuous_:
             warnings.warn(
                 f"{type(self).__name__}'s check of its estimate could not fail (only the "
-                "order of the tokens was tested): on every one of "
-                f"its {res.n_queries} check queries of two tokens or more the allowed "
-                f"disagreement ({res.allowed_rel:.3g} relative, at the least) is at least the "
-                f"estimate's own answer, so a box far from {what} would pass too "
+                "order of the tokens was tested): on every one of its check queries of two "
+                f"tokens or more (of {res.n_queries} in all) the allowed disagreement "
+                f"({res.allowed_rel:.3g} relative, at the least) is at least the estimate's "
+                "own answer, so a box far from {what} would pass too "
                 "(verify_vacuous_ = True): the error model is too loose for a check (a smaller "
                 "tau, or more accurate answers, make it one)",
                 VacuousCheckWarning, stacklevel=3)
