@@ -28,6 +28,7 @@ from attnquery.learners import (
     NoisyValueQueryLearner,
     NuclearNormROPLearner,
     OrthogonalSubspaceLearner,
+    RotaryValueQueryLearner,
     SketchLowRankLearner,
     TransformerLearner,
 )
@@ -37,6 +38,7 @@ from attnquery.models import (
     orthogonal_subspace_multihead,
     random_head,
     random_multihead,
+    random_rotary_head,
     random_transformer,
     random_v,
 )
@@ -92,6 +94,9 @@ LEARNERS = {
                   lambda d, s: random_multihead(d, 2, s), False),
     "layer": (lambda: AttentionLayerLearner(n_heads=2, random_state=0),
               lambda d, s: random_multihead(d, 2, s, rank=d // 2), False),
+    # a rotary head depends on positions: its check asks no permuted copies
+    "rotary": (lambda: RotaryValueQueryLearner(random_state=0),
+               lambda d, s: random_rotary_head(d, s), False),
 }
 
 #: box -> builder (d, seed)

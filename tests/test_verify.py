@@ -84,7 +84,7 @@ IN_MODEL = {
                     lambda d: random_transformer(d, 3, d), ValueOracle),
     "ffn": (lambda: ReLUNetworkLearner(random_state=0),
             lambda d: random_transformer(d, 3, d), ValueOracle),
-    "orthogonal": (lambda: OrthogonalSubspaceLearner(2, random_state=0),
+    "orthogonal": (lambda: OrthogonalSubspaceLearner(n_heads=2, random_state=0),
                    lambda d: orthogonal_subspace_multihead(d, 2, d), ValueOracle),
 }
 

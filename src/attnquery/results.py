@@ -105,6 +105,7 @@ PARAM_COLUMNS: dict[str, pa.DataType] = {
     "checkpoint": pa.string(),
     "readout": pa.string(),
     "biases": pa.bool_(),
+    "rope_base": pa.float64(),
 }
 
 #: metrics: name -> arrow type (deterministic values only; timings go to TIMING_COLUMNS)

@@ -85,7 +85,7 @@ def budget_learner(queries_per_unknown: float, d: int, rng) -> LowPrecisionValue
     """The low-precision learner with a budget of ``queries_per_unknown (d^2 + d)`` queries
     (rounded to the nearest integer)."""
     n = int(round(queries_per_unknown * (d * d + d)))
-    return LowPrecisionValueQueryLearner(n, random_state=rng)
+    return LowPrecisionValueQueryLearner(n_queries=n, random_state=rng)
 
 
 def run(cell: dict, rng: np.random.Generator) -> dict:

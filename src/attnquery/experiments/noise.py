@@ -159,7 +159,7 @@ def noise_run(cell: dict, rng: np.random.Generator) -> dict:
         est = ExactValueQueryLearner(probes="basis", random_state=learner_rng)
     else:
         est = NoisyValueQueryLearner(
-            Wb, mu, eps_W=eps, eps_v=eps, oversample=cell["oversample"],
+            W_bound=Wb, mu=mu, eps_W=eps, eps_v=eps, oversample=cell["oversample"],
             random_state=learner_rng, clip=(learner == "noisy"),
             strict=(learner == "noisy"),
         )
@@ -234,7 +234,7 @@ def rounding_run(cell: dict, rng: np.random.Generator) -> dict:
         est = ExactValueQueryLearner(probes="basis", random_state=learner_rng)
     elif learner == "noisy":
         # rounding error is relative, not a fixed tau: no assumption check
-        est = NoisyValueQueryLearner(Wb, mu, strict=False, random_state=learner_rng)
+        est = NoisyValueQueryLearner(W_bound=Wb, mu=mu, strict=False, random_state=learner_rng)
     elif learner == "lowrank":
         est = SketchLowRankLearner(rank=cell["rank"], random_state=learner_rng)
     elif learner == "lowprecision":

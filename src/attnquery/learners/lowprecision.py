@@ -50,6 +50,8 @@ so its query counts are what an attacker pays when the answers' errors are relat
 
 from __future__ import annotations
 
+from numbers import Integral
+
 import numpy as np
 import scipy.stats
 
@@ -59,6 +61,7 @@ from ._base import (
     BaseLearner,
     check_budget,
     check_oracle,
+    check_scalar,
     check_verify_param,
     chunk_slices,
 )
@@ -84,6 +87,9 @@ MAX_NOISE_LEVEL = 0.03
 #: half-width of the per-pass dither of a column's logit scale, in log units
 _KAPPA_DITHER = 0.1
 
+
+#: the stages ``n_queries_by_stage_`` counts
+STAGES = ("v", "scale_search", "passes", "verify")
 
 #: rows of the array :func:`pair_logits` returns
 _T, _M, _C, _Q, _H = range(5)
@@ -183,6 +189,176 @@ class _Entries:
         return float(np.sqrt(self.ss / self.dof)) if self.dof else float("nan")
 
 
+def _fill_pairs(X, c, U, s, cols) -> None:
+    """Write antipodal probe pairs into ``X`` (k, ..., 2, 2, d): for each k (a column) and
+    each direction ``u`` of ``U`` (broadcast over the middle axes), the queries
+    ``[(c_k u + s_k e_j); s_k e_j]`` and ``[(-c_k u + s_k e_j); s_k e_j]`` with
+    ``j = cols[k]``. The one pair-query builder of the learner."""
+    extra = X.ndim - 4  # axes between the column and the pair
+    np.multiply(c.reshape(c.shape + (1,) * (extra + 1)), U, out=X[..., 0, 0, :])
+    np.negative(X[..., 0, 0, :], out=X[..., 1, 0, :])
+    X[..., 1, :] = 0.0
+    X[np.arange(len(cols)), ..., cols] += s.reshape(s.shape + (1,) * (extra + 2))
+
+
+class _Pairs:
+    """The probe pairs of one ``fit``: the directions, the rough v that sets their scales,
+    the ledger they are asked through and the budget left for them.
+
+    Parameters
+    ----------
+    learner : LowPrecisionValueQueryLearner
+        Its parameters (``answer_scale``, ``max_logit``, ``target_logit``, ``block_bytes``).
+    ledger : QueryLedger
+    v0 : ndarray (d,)
+        v from the one-row queries.
+    U : ndarray (d, d)
+        The directions, one per row.
+    budget : int
+        Queries this fit may spend before its check.
+    """
+
+    def __init__(self, learner, ledger, v0: np.ndarray, U: np.ndarray, budget: int):
+        self.learner = learner
+        self.ledger = ledger
+        self.v0 = v0
+        self.uv = float(np.linalg.norm(v0) / np.sqrt(v0.size))
+        self.U = U
+        self.budget = budget
+        self.n_requeried = 0
+
+    def left(self) -> int:
+        """Queries of the budget not spent yet."""
+        return self.budget - self.ledger.total
+
+    def scales(self, kappa, cols, dither):
+        """Token scales ``(c, s)`` with ``c s = kappa``: answers ``|c u^T v|`` of at least
+        ``answer_scale`` and large enough that ``|beta| <= 1e-6 |c u^T v|``, times ``dither``,
+        and at most 1e4."""
+        uv = self.uv
+        size = np.maximum(float(self.learner.answer_scale),
+                          np.sqrt(kappa * np.abs(self.v0[cols]) * uv / _BETA_RATIO))
+        c = np.minimum(size * dither, _MAX_ANSWER) / uv
+        return c, kappa / c
+
+    def need(self, n: int) -> None:
+        if n > self.left():
+            raise BudgetExceededError(
+                f"{n} more queries are needed to measure every entry of W once but only "
+                f"{self.left()} of n_queries = {self.learner.n_queries} remain for fitting (the "
+                "search for the logit scale and pairs asked again at a smaller scale took the "
+                "rest)")
+
+    def ask(self, rows, cols, kappa, dither):
+        """Ask the pairs (direction ``rows[k]``, column ``cols[k]``); returns their
+        :func:`pair_logits` (5, n)."""
+        n, d = rows.size, self.U.shape[1]
+        self.need(2 * n)
+        P = np.empty((5, n))
+        for sl in chunk_slices(n, max(1, self.learner.block_bytes // (32 * d))):
+            k = sl.stop - sl.start
+            cj = cols[sl]
+            c, s = self.scales(kappa[sl], cj, dither[sl])
+            X = np.empty((k, 2, 2, d))
+            _fill_pairs(X, c, self.U[rows[sl]], s, cj)
+            y = self.ledger(X.reshape(2 * k, 2, d)).reshape(k, 2)
+            P[:, sl] = pair_logits(y[:, 0], y[:, 1], s * self.v0[cj], c)
+        return P
+
+    def ask_rows(self, rows, kappa, dither):
+        """Directions ``rows`` against every column at the columns' ``kappa`` and ``dither``
+        (d,): their :func:`pair_logits`, (5, len(rows), d). The pairs of a column share their
+        last token and are asked one after the other."""
+        U = self.U[rows]
+        r, d = U.shape
+        self.need(2 * r * d)
+        P = np.empty((5, r, d))
+        per = max(1, min(d, self.learner.block_bytes // (32 * r * d)))  # columns per batch
+        buf = np.empty((per, r, 2, 2, d))  # reused: no page faults per batch
+        for sl in chunk_slices(d, per):
+            cols = np.arange(sl.start, sl.stop)
+            k = cols.size
+            c, s = self.scales(kappa[sl], cols, dither[sl])
+            X = buf[:k]
+            _fill_pairs(X, c, U, s, cols)
+            y = self.ledger(X.reshape(2 * k * r, 2, d)).reshape(k, r, 2)
+            P[:, :, sl] = pair_logits(y[:, :, 0], y[:, :, 1], (s * self.v0[cols])[:, None],
+                                      c[:, None]).transpose(0, 2, 1)
+        return P
+
+    def sweep(self, rows, kappa, dither):
+        """One pass of ``rows`` over every column; pairs with a non-finite or too large logit
+        are asked again at a tenth of the scale. Returns the :func:`pair_logits` of every entry
+        and its scale."""
+        P = self.ask_rows(rows, kappa, dither)
+        kap = np.broadcast_to(kappa, P.shape[1:]).copy()
+        dit = np.broadcast_to(dither, P.shape[1:])
+        for _ in range(_MAX_ROUNDS):
+            bad = ~(np.abs(P[_T]) <= self.learner.max_logit)
+            if not bad.any():
+                return P, kap
+            r, c = np.nonzero(bad)
+            kap[r, c] /= 10.0
+            P[:, r, c] = self.ask(rows[r], c, kap[r, c], dit[r, c])
+            self.n_requeried += r.size
+        raise ModelMismatchError(
+            "the answers are not those of a single attention head: some probe pairs give no "
+            f"positive ratio at any of {_MAX_ROUNDS} scales")
+
+    def search(self, rows, cols, kappa, acc):
+        """For each column, a scale at which directions ``rows`` give usable logits (all finite,
+        within ``max_logit``, root-mean-square at least ``target_logit / 10`` unless the column
+        shows only noise). Every round's answers go into ``acc`` (a measurement at any scale
+        counts, with its weight). Returns ``kappa`` and the accepted logits (len(rows),
+        len(cols))."""
+        T, max_logit = float(self.learner.target_logit), self.learner.max_logit
+        p = rows.size
+        kappa = np.asarray(kappa, dtype=float).copy()
+        dither = np.ones(cols.size)
+        t = np.full((p, cols.size), np.nan)
+        todo = np.ones(cols.size, dtype=bool)
+        prev_rms = np.full(cols.size, np.nan)
+        prev_kap = np.full(cols.size, np.nan)
+        for rnd in range(_MAX_ROUNDS):
+            idx = np.flatnonzero(todo)
+            if idx.size == 0:
+                return kappa, t
+            if rnd:
+                self.n_requeried += p * idx.size
+            rr, cc = np.tile(rows, idx.size), np.repeat(idx, p)
+            P = self.ask(rr, cols[cc], kappa[cc], dither[cc]).reshape(5, idx.size, p)
+            P = P.transpose(0, 2, 1)
+            acc.add(rows, cols[idx], P, kappa[idx][None, :], max_logit)
+            tt = P[_T]
+            t[:, idx] = tt
+            rms = np.sqrt(np.mean(tt**2, axis=0))
+            finite = np.all(np.isfinite(tt), axis=0)
+            big = ~(np.max(np.abs(tt), axis=0) <= max_logit)  # NaN counts as big
+            small = ~big & (rms < T / 10)
+            # a scale raised tenfold that raised the logits less than twofold shows noise only:
+            # the column is zero to the answers' precision, and its scale is kept
+            stalled = small & (kappa[idx] >= 10 * prev_kap[idx]) & (rms < 2 * prev_rms[idx])
+            prev_rms[idx], prev_kap[idx] = rms, kappa[idx]
+            kappa[idx[big & ~finite]] /= 100.0
+            fix = (big & finite) | (small & ~stalled)
+            kappa[idx[fix]] *= np.minimum(1e4, T / np.maximum(rms[fix], 1e-300))
+            todo[idx[~big & (~small | stalled)]] = False
+        _check_noise(acc)
+        raise ModelMismatchError(
+            f"the answers are not those of a single attention head: no logit scale gave usable "
+            f"answers within {_MAX_ROUNDS} rounds for {int(todo.sum())} columns")
+
+
+def _check_noise(acc) -> None:
+    """Raise when the answers are too coarse for the learner's error model."""
+    rel = acc.noise() if acc.dof >= 10 else 0.0
+    if rel > MAX_NOISE_LEVEL:
+        raise AssumptionViolation(
+            f"the answers carry a relative noise of {rel:.3g}, above "
+            f"the {MAX_NOISE_LEVEL:g} this learner allows: a pair's log-ratio is then biased "
+            "by about the noise squared, which no number of queries averages away")
+
+
 class LowPrecisionValueQueryLearner(BaseLearner):
     """Recovery of (W, v) from answers rounded to low precision, with a given query budget.
 
@@ -270,13 +446,13 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         Relative disagreement and number of the check queries.
     """
 
-    def __init__(self, n_queries: int, rank: int | None = None, random_state=None, *,
-                 target_logit: float = 2.5, answer_scale: float = 16.0, max_logit: float = 10.0,
+    def __init__(self, *, n_queries: int, rank: int | None = None, target_logit: float = 2.5,
+                 answer_scale: float = 16.0, max_logit: float = 10.0,
                  initial_logit_scale: float = 1.0, pilot_rows: int = 8,
-                 block_bytes: int = 16 * 2**20, verify: int = DEFAULT_VERIFY):
+                 block_bytes: int = 16 * 2**20, verify: int = DEFAULT_VERIFY,
+                 random_state=None):
         self.n_queries = n_queries
         self.rank = rank
-        self.random_state = random_state
         self.target_logit = target_logit
         self.answer_scale = answer_scale
         self.max_logit = max_logit
@@ -284,6 +460,7 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         self.pilot_rows = pilot_rows
         self.block_bytes = block_bytes
         self.verify = verify
+        self.random_state = random_state
 
     # ------------------------------------------------------------------------------------------
     @staticmethod
@@ -295,23 +472,11 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         return int(2 * d * d + d + verify + _SCOUT_ALLOWANCE)
 
     def _validate_params(self) -> None:
-        def number(name, lo):
-            val = getattr(self, name)
-            if (isinstance(val, bool) or not isinstance(val, int | float | np.integer | np.floating)
-                    or not np.isfinite(val) or val <= lo):
-                raise ConfigError(f"{name} must be a finite number > {lo:g}; got {val!r}")
-
-        def integer(name, lo):
-            val = getattr(self, name)
-            if isinstance(val, bool) or not isinstance(val, int | np.integer) or val < lo:
-                raise ConfigError(f"{name} must be an integer >= {lo}; got {val!r}")
-
-        integer("n_queries", 1)
-        if self.rank is not None:
-            integer("rank", 1)
+        check_scalar(self.n_queries, "n_queries", Integral, min_val=1)
+        check_scalar(self.rank, "rank", Integral, min_val=1, allow_none=True)
         for name in ("target_logit", "answer_scale", "initial_logit_scale"):
-            number(name, 0.0)
-        number("max_logit", 1.0)
+            check_scalar(getattr(self, name), name, min_val=0, include_boundaries="neither")
+        check_scalar(self.max_logit, "max_logit", min_val=1, include_boundaries="neither")
         if self.max_logit > 12.0:
             raise ConfigError(f"max_logit must be at most 12 (beyond it the smaller answer of a "
                               f"pair, exp(-max_logit) of the larger, nears the last token's own "
@@ -319,8 +484,8 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         if 2 * self.target_logit > self.max_logit:
             raise ConfigError(f"target_logit must be at most max_logit / 2; got "
                               f"{self.target_logit} with max_logit {self.max_logit}")
-        integer("pilot_rows", 2)
-        integer("block_bytes", 1)
+        check_scalar(self.pilot_rows, "pilot_rows", Integral, min_val=2)
+        check_scalar(self.block_bytes, "block_bytes", Integral, min_val=1)
         check_verify_param(self.verify)
 
     # ------------------------------------------------------------------------------------------
@@ -348,6 +513,34 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         """
         self._validate_params()
         d = check_oracle(oracle)
+        budget = self._check_budget(oracle, d)
+        fit_rng, check_rng = self._rng().spawn(2)
+        with self._open_ledger(oracle, STAGES) as ledger:
+            with ledger.stage("v"):
+                v0 = read_v(ledger, d)
+                check_v(v0)
+            pairs = _Pairs(self, ledger, v0, balanced_orthonormal(v0, fit_rng), budget)
+            try:
+                acc = _Entries(d)
+                with ledger.stage("scale_search"):  # the model's scale, then each column's
+                    kappa_p, zero = self._scale_search(pairs, acc)
+                with ledger.stage("passes"):  # passes over every entry, then a partial one
+                    self.logit_scale_ = self._first_pass(pairs, acc, kappa_p, zero)
+                    self._more_passes(pairs, acc, self.logit_scale_, fit_rng)
+            finally:
+                self.n_requeried_ = int(pairs.n_requeried)
+            W_err_noise = self._solve(acc, pairs.U)
+            Wn = float(np.linalg.norm(self.singular_values_))
+            with ledger.stage("verify"):
+                self._verify_fit(oracle, self.predict, check_rng,
+                                 rtol=self._check_tolerance(W_err_noise),
+                                 token_scale=float(np.sqrt(d / Wn)) if Wn > 0 else 1.0,
+                                 n0=ledger.n0)
+        return self
+
+    def _check_budget(self, oracle, d: int) -> int:
+        """The queries the fit may spend before its check; raises before any query when
+        ``n_queries`` or the oracle's budget is too small."""
         if getattr(oracle, "kind", "value") == "membership":
             raise ConfigError("LowPrecisionValueQueryLearner needs value answers; got a "
                               "membership oracle (use MembershipLearner)")
@@ -362,180 +555,33 @@ class LowPrecisionValueQueryLearner(BaseLearner):
                 f"needs at d = {d} (2 d^2 + d + verify + {_SCOUT_ALLOWANCE}; see "
                 "LowPrecisionValueQueryLearner.min_queries)")
         check_budget(oracle, budget, f"LowPrecisionValueQueryLearner(n_queries={budget})")
-        fit_rng, check_rng = self._rng().spawn(2)
-        n0 = oracle.n_queries
-        self._oracle, self._n0, self._budget = oracle, n0, budget - n_verify
-        self.n_requeried_ = 0
-        try:
-            self._fit(oracle, d, fit_rng)
-        finally:
-            del self._oracle
-        Wn = float(np.linalg.norm(self.singular_values_))
-        self._verify_fit(oracle, self.predict, check_rng, rtol=self._check_tolerance(),
-                         token_scale=float(np.sqrt(d / Wn)) if Wn > 0 else 1.0, n0=n0)
-        return self
+        return budget - n_verify
 
-    # -- probes ----------------------------------------------------------------------------------
-    def _left(self) -> int:
-        return self._budget - (self._oracle.n_queries - self._n0)
-
-    def _scales(self, kappa, cols, dither):
-        """Token scales ``(c, s)`` with ``c s = kappa``: answers ``|c u^T v|`` of at least
-        ``answer_scale`` and large enough that ``|beta| <= 1e-6 |c u^T v|``, times ``dither``,
-        and at most 1e4."""
-        uv = self._uv
-        size = np.maximum(float(self.answer_scale),
-                          np.sqrt(kappa * np.abs(self._v0[cols]) * uv / _BETA_RATIO))
-        c = np.minimum(size * dither, _MAX_ANSWER) / uv
-        return c, kappa / c
-
-    def _need(self, n: int) -> None:
-        if n > self._left():
-            raise BudgetExceededError(
-                f"{n} more queries are needed to measure every entry of W once but only "
-                f"{self._left()} of n_queries = {self.n_queries} remain for fitting (the search "
-                "for the logit scale and pairs asked again at a smaller scale took the rest)")
-
-    def _ask(self, rows, cols, kappa, dither):
-        """Ask the pairs (direction ``rows[k]``, column ``cols[k]``); returns their
-        :func:`pair_logits` (5, n)."""
-        n, d = rows.size, self._U.shape[1]
-        self._need(2 * n)
-        P = np.empty((5, n))
-        for sl in chunk_slices(n, max(1, self.block_bytes // (32 * d))):
-            k = sl.stop - sl.start
-            cj = cols[sl]
-            c, s = self._scales(kappa[sl], cj, dither[sl])
-            X = np.zeros((k, 2, 2, d))
-            np.multiply(c[:, None], self._U[rows[sl]], out=X[:, 0, 0, :])
-            np.negative(X[:, 0, 0, :], out=X[:, 1, 0, :])
-            X[np.arange(k), :, :, cj] += s[:, None, None]
-            y = np.asarray(self._oracle(X.reshape(2 * k, 2, d)), dtype=float).reshape(k, 2)
-            P[:, sl] = pair_logits(y[:, 0], y[:, 1], s * self._v0[cj], c)
-        return P
-
-    def _ask_rows(self, rows, kappa, dither):
-        """Directions ``rows`` against every column at the columns' ``kappa`` and ``dither``
-        (d,): their :func:`pair_logits`, (5, len(rows), d). The pairs of a column share their
-        last token and are asked one after the other."""
-        U = self._U[rows]
-        r, d = U.shape
-        self._need(2 * r * d)
-        P = np.empty((5, r, d))
-        per = max(1, min(d, self.block_bytes // (32 * r * d)))  # columns per batch
-        buf = np.empty((per, r, 2, 2, d))  # reused: no page faults per batch
-        for sl in chunk_slices(d, per):
-            cols = np.arange(sl.start, sl.stop)
-            k = cols.size
-            c, s = self._scales(kappa[sl], cols, dither[sl])
-            X = buf[:k]
-            np.multiply(c[:, None, None], U[None], out=X[:, :, 0, 0, :])
-            np.negative(X[:, :, 0, 0, :], out=X[:, :, 1, 0, :])
-            X[:, :, :, 1, :] = 0.0
-            X[np.arange(k), :, :, :, cols] += s[:, None, None, None]
-            y = np.asarray(self._oracle(X.reshape(2 * k * r, 2, d)), dtype=float)
-            y = y.reshape(k, r, 2)
-            P[:, :, sl] = pair_logits(y[:, :, 0], y[:, :, 1], (s * self._v0[cols])[:, None],
-                                      c[:, None]).transpose(0, 2, 1)
-        return P
-
-    def _pass(self, rows, kappa, dither):
-        """One pass of ``rows`` over every column; pairs with a non-finite or too large logit
-        are asked again at a tenth of the scale. Returns the :func:`pair_logits` of every entry
-        and its scale."""
-        P = self._ask_rows(rows, kappa, dither)
-        kap = np.broadcast_to(kappa, P.shape[1:]).copy()
-        dit = np.broadcast_to(dither, P.shape[1:])
-        for _ in range(_MAX_ROUNDS):
-            bad = ~(np.abs(P[_T]) <= self.max_logit)
-            if not bad.any():
-                return P, kap
-            r, c = np.nonzero(bad)
-            kap[r, c] /= 10.0
-            P[:, r, c] = self._ask(rows[r], c, kap[r, c], dit[r, c])
-            self.n_requeried_ += r.size
-        raise ModelMismatchError(
-            "the answers are not those of a single attention head: some probe pairs give no "
-            f"positive ratio at any of {_MAX_ROUNDS} scales")
-
-    def _search(self, rows, cols, kappa, acc):
-        """For each column, a scale at which directions ``rows`` give usable logits (all finite,
-        within ``max_logit``, root-mean-square at least ``target_logit / 10`` unless the column
-        shows only noise). Every round's answers go into ``acc`` (a measurement at any scale
-        counts, with its weight). Returns ``kappa`` and the accepted logits (len(rows),
-        len(cols))."""
-        T = float(self.target_logit)
-        p = rows.size
-        kappa = np.asarray(kappa, dtype=float).copy()
-        dither = np.ones(cols.size)
-        t = np.full((p, cols.size), np.nan)
-        todo = np.ones(cols.size, dtype=bool)
-        prev_rms = np.full(cols.size, np.nan)
-        prev_kap = np.full(cols.size, np.nan)
-        for rnd in range(_MAX_ROUNDS):
-            idx = np.flatnonzero(todo)
-            if idx.size == 0:
-                return kappa, t
-            if rnd:
-                self.n_requeried_ += p * idx.size
-            rr, cc = np.tile(rows, idx.size), np.repeat(idx, p)
-            P = self._ask(rr, cols[cc], kappa[cc], dither[cc]).reshape(5, idx.size, p)
-            P = P.transpose(0, 2, 1)
-            acc.add(rows, cols[idx], P, kappa[idx][None, :], self.max_logit)
-            tt = P[_T]
-            t[:, idx] = tt
-            rms = np.sqrt(np.mean(tt**2, axis=0))
-            finite = np.all(np.isfinite(tt), axis=0)
-            big = ~(np.max(np.abs(tt), axis=0) <= self.max_logit)  # NaN counts as big
-            small = ~big & (rms < T / 10)
-            # a scale raised tenfold that raised the logits less than twofold shows noise only:
-            # the column is zero to the answers' precision, and its scale is kept
-            stalled = small & (kappa[idx] >= 10 * prev_kap[idx]) & (rms < 2 * prev_rms[idx])
-            prev_rms[idx], prev_kap[idx] = rms, kappa[idx]
-            kappa[idx[big & ~finite]] /= 100.0
-            fix = (big & finite) | (small & ~stalled)
-            kappa[idx[fix]] *= np.minimum(1e4, T / np.maximum(rms[fix], 1e-300))
-            todo[idx[~big & (~small | stalled)]] = False
-        self._check_noise(acc)
-        raise ModelMismatchError(
-            f"the answers are not those of a single attention head: no logit scale gave usable "
-            f"answers within {_MAX_ROUNDS} rounds for {int(todo.sum())} columns")
-
-    @staticmethod
-    def _check_noise(acc) -> None:
-        """Raise when the answers are too coarse for the learner's error model."""
-        rel = acc.noise() if acc.dof >= 10 else 0.0
-        if rel > MAX_NOISE_LEVEL:
-            raise AssumptionViolation(
-                f"the answers carry a relative noise of {rel:.3g}, above "
-                f"the {MAX_NOISE_LEVEL:g} this learner allows: a pair's log-ratio is then biased "
-                "by about the noise squared, which no number of queries averages away")
-
-    # -- fit ------------------------------------------------------------------------------------
-    def _fit(self, oracle, d: int, rng: np.random.Generator) -> None:
-        T = float(self.target_logit)
-        v0 = read_v(oracle, d)
-        check_v(v0)
-        self._v0 = v0
-        self._uv = float(np.linalg.norm(v0) / np.sqrt(d))
-        self._U = balanced_orthonormal(v0, rng)
+    def _scale_search(self, pairs: _Pairs, acc: _Entries):
+        """The model's logit scale from a few scout columns, then every column's from its
+        pilot rows. Returns the columns' scales and which columns are zero to the answers'
+        precision."""
+        d = pairs.U.shape[0]
         p = min(int(self.pilot_rows), d)
-        acc = _Entries(d)
-
-        # the model's scale from a few columns, then every column's scale from its pilot rows
         scouts = np.unique(np.linspace(0, d - 1, min(_SCOUT_COLUMNS, d)).astype(int))
-        kap_s, _ = self._search(np.arange(min(_SCOUT_ROWS, d)), scouts,
+        kap_s, _ = pairs.search(np.arange(min(_SCOUT_ROWS, d)), scouts,
                                 np.full(scouts.size, float(self.initial_logit_scale)), acc)
+        kappa_p, tp = pairs.search(np.arange(p), np.arange(d),
+                                   np.full(d, np.median(kap_s) / 2.0), acc)
+        return kappa_p, np.sqrt(np.mean(tp**2, axis=0)) < float(self.target_logit) / 10
+
+    def _first_pass(self, pairs: _Pairs, acc: _Entries, kappa_p, zero):
+        """The first pass over the rows after the pilot's, in stages growing fourfold, each
+        column's scale re-estimated from the rows measured so far. Returns the scales."""
+        d = pairs.U.shape[0]
         cols = np.arange(d)
-        kappa_p, tp = self._search(np.arange(p), cols, np.full(d, np.median(kap_s) / 2.0), acc)
-        zero = np.sqrt(np.mean(tp**2, axis=0)) < T / 10  # zero to the answers' precision: these
-        # columns keep the pilot's scale. The others aim at a root-mean-square logit lowered
-        # where the largest of a column's d logits (about sqrt(2 ln 2d) times it) would pass
-        # max_logit, with a margin for the spread of the scale estimated from the rows measured
-        # so far; the first pass grows fourfold per stage as that estimate sharpens
+        # columns zero to the answers' precision keep the pilot's scale. The others aim at a
+        # root-mean-square logit lowered where the largest of a column's d logits (about
+        # sqrt(2 ln 2d) times it) would pass max_logit, with a margin for the spread of the
+        # scale estimated from the rows measured so far
         tail = float(np.sqrt(2.0 * np.log(2.0 * d)))
-        T = min(T, self.max_logit / (np.exp(_KAPPA_DITHER) * tail))
-        n = p
+        T = min(float(self.target_logit), self.max_logit / (np.exp(_KAPPA_DITHER) * tail))
+        n = min(int(self.pilot_rows), d)
         while True:
             z = acc.ref[:n] + acc.s1[:n] / acc.s0[:n]  # u^T w of the rows measured
             rms = np.sqrt(np.mean(z**2, axis=0))
@@ -545,30 +591,35 @@ class LowPrecisionValueQueryLearner(BaseLearner):
             if n >= d:
                 break
             rows = np.arange(n, min(4 * n, d))
-            acc.add(rows, cols, *self._pass(rows, kappa, np.ones(d)))  # (P, kappa)
+            acc.add(rows, cols, *pairs.sweep(rows, kappa, np.ones(d)))  # (P, kappa)
             n = rows[-1] + 1
-        self._check_noise(acc)  # before the rest of the budget is spent
-        self.logit_scale_ = kappa
+        _check_noise(acc)  # before the rest of the budget is spent
+        return kappa
+
+    def _more_passes(self, pairs: _Pairs, acc: _Entries, kappa, rng) -> None:
+        """Full passes while the budget pays for them, then a partial one over random
+        directions, each at a dithered scale and answer size; sets ``n_passes_`` and
+        ``n_partial_rows_``."""
+        d = kappa.size
+        cols = np.arange(d)
         n_passes, partial = 1, 0
         while True:
-            left = self._left() - 2 * d  # one direction's worth kept for re-asked pairs
+            left = pairs.left() - 2 * d  # one direction's worth kept for re-asked pairs
             rows = np.arange(d) if left >= 2 * d * d else np.sort(
                 rng.choice(d, size=max(0, min(d, left // (2 * d))), replace=False))
             if rows.size == 0:
                 break
             kap_b = kappa * np.exp(rng.uniform(-_KAPPA_DITHER, _KAPPA_DITHER, size=d))
-            acc.add(rows, cols, *self._pass(rows, kap_b, 10.0 ** rng.uniform(0.0, 1.0, size=d)))
+            acc.add(rows, cols, *pairs.sweep(rows, kap_b, 10.0 ** rng.uniform(0.0, 1.0, size=d)))
             if rows.size < d:
                 partial = rows.size
                 break
             n_passes += 1
         self.n_passes_, self.n_partial_rows_ = n_passes, partial
-        self._solve(acc)
-        del self._U
 
-    def _solve(self, acc: _Entries) -> None:
-        """W and v from the weighted means; noise, error estimates and rank."""
-        U = self._U
+    def _solve(self, acc: _Entries, U: np.ndarray) -> float:
+        """W and v from the weighted means; noise, error estimates and rank. Returns the
+        relative error of W that the answers' noise alone explains (the check's share)."""
         d = U.shape[0]
         if not (np.all(acc.s0 > 0) and np.all(acc.om > 0)):  # every pass re-asks until usable
             raise AssumptionViolation("some entries of W were never measured by a usable pair")
@@ -605,8 +656,7 @@ class LowPrecisionValueQueryLearner(BaseLearner):
                                   else float("inf"))
         # the check's tolerance uses the answers' noise alone, which a box that is not a single
         # head does not inflate (unlike the scatter of the logits)
-        self._W_err_noise = (float(np.sqrt(np.sum(col_model))) * shrink / Wn if Wn > 0
-                             else 0.0)
+        W_err_noise = (float(np.sqrt(np.sum(col_model))) * shrink / Wn if Wn > 0 else 0.0)
         if r < d:
             self.W_factors_ = (Uw[:, :r] * sv[:r], Vt[:r].T.copy())
             self._W = None
@@ -614,12 +664,13 @@ class LowPrecisionValueQueryLearner(BaseLearner):
             self.W_factors_ = None
             self._W = W
         self.v_ = v
+        return W_err_noise
 
-    def _check_tolerance(self) -> float:
+    def _check_tolerance(self, W_err_noise: float) -> float:
         """Relative tolerance of the check: the answers' own noise (six times its relative
         size) and the estimate's error, with a margin of ten."""
         return float(6.0 * self.noise_level_
-                     + 10.0 * (self._W_err_noise + self.v_error_estimate_) + 1e-9)
+                     + 10.0 * (W_err_noise + self.v_error_estimate_) + 1e-9)
 
     # -- results ----------------------------------------------------------------------------------
     @property
