@@ -578,8 +578,8 @@ def _run_check(oracle, predict, rng, n_checks, rtol, atol=0.0, what="a single at
         longest = int(ns.max())
         raise ModelMismatchError(
             f"answers differ from {what} by {error:.3g} (relative) on {n_checks} check "
-            f"queries of 1 to {longest} tokens, {int(bad.sum())} of them by more than expected "
-            f"(the farthest, of {int(ns[k])} tokens, by {seen:.3g} where at most "
+            f"queries of {int(ns.min())} to {longest} tokens, {int(bad.sum())} of them by more "
+            f"than expected (the farthest, of {int(ns[k])} tokens, by {seen:.3g} where at most "
             f"{allowed_rel:.3g} is expected); {hint or MISMATCH_HINT}",
             error=error, allowed=allowed_rel, n_checks=n_used)
     # one-token answers x^T v test v alone: the check of the rest (W, the positions) rests on
