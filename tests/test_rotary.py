@@ -229,6 +229,8 @@ def test_learner_recovers_a_rotary_head_at_2_d2_plus_d_queries():
     assert L.n_queries_ - L.n_verify_queries_ == 2 * (d * d + d) == rotary_query_count(d)
     assert L.n_requeried_ == 0
     assert (L.rotary_dim_, L.rank_) == (16, 16)
+    assert L.n_queries_by_stage_ == {"v": d, "bias": 0, "M1": d * (d + 1), "M2": d * d,
+                                     "verify": L.n_verify_queries_}
     assert np.max(np.abs(L.frequencies_ - h.frequencies)) < 1e-12
     for delta in (0, -1, -2, -37, -4095):
         assert _rel(L.M(delta), h.M(delta)) < 1e-10, delta
@@ -309,6 +311,9 @@ def test_learner_low_rank_route():
     h = random_rotary_head(d, 3, head_dim=r, rope_base=1e4)
     L, _ = _fit(h, rank=r)
     assert L.n_queries_ - L.n_verify_queries_ == rotary_query_count(d, r) < 2 * (d * d + d) / 2
+    k = r + 8  # the left sketch's first tokens; then M_{-1} V_Z, U^T M_{-1}; r constants, r^2
+    assert L.n_queries_by_stage_ == {"v": d, "bias": 0, "M1": d * (k + 2 * r + 2) + r,
+                                     "M2": r + r * r, "verify": L.n_verify_queries_}
     assert np.max(np.abs(L.frequencies_ - h.frequencies)) < 1e-12
     X = _tokens(3, 4096, d, 9)
     assert _rel(L.predict(X), h(X)) < 1e-9
@@ -340,6 +345,9 @@ def test_learner_recovers_qwen_style_query_and_key_biases():
                            offset=-0.4)
     L, oracle = _fit(h, fit_bias=True)
     assert L.n_queries_ - L.n_verify_queries_ == rotary_query_count(d, bias=True)
+    # beta and v; g_{-1}, g_{-2}; M_{-1} with d + 1 probes per column, M_{-2} the same
+    assert L.n_queries_by_stage_ == {"v": d + 1, "bias": 2 * (d + 1), "M1": d * (d + 1),
+                                     "M2": d * (d + 1), "verify": L.n_verify_queries_}
     assert L.offset_ == pytest.approx(-0.4, abs=1e-12)
     assert np.max(np.abs(L.frequencies_ - h.frequencies)) < 1e-12
     for N in (1, 2, 300, 4096):

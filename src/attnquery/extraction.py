@@ -83,6 +83,9 @@ METHODS: dict[str, Method] = {
     "layer": Method("attnquery.learners.multihead_generic", "AttentionLayerLearner", "value",
                     "a whole attention layer, H heads of rank d / H with their biases (beyond "
                     "the paper; --param n_heads=H)"),
+    "rotary": Method("attnquery.learners.rotary", "RotaryValueQueryLearner", "value",
+                     "a rotary (RoPE) head, 2 (d^2 + d) queries (beyond the paper; "
+                     "--param rope_base=B optional, --rank r for the low-rank route)"),
 }
 
 #: --method names whose learners fit a head's key bias and offset (``fit_bias``)
@@ -352,9 +355,13 @@ class _guard_import:
 
 def _learned_model(est, d: int):
     """The learner's estimate as a model: an AttentionHead (with the key bias and offset a
-    ``fit_bias`` learner found), or a MultiHeadAttention for a layer learner."""
-    from .models import AttentionHead, MultiHeadAttention
+    ``fit_bias`` learner found), a MultiHeadAttention for a layer learner, or the
+    RotaryAttentionHead of the rotary learner."""
+    from .models import AttentionHead, MultiHeadAttention, RotaryAttentionHead
 
+    rotary = getattr(est, "head_", None)
+    if isinstance(rotary, RotaryAttentionHead):
+        return rotary
     heads = getattr(est, "heads_", None)
     if isinstance(heads, list) and heads and all(isinstance(h, AttentionHead) for h in heads):
         return MultiHeadAttention(heads, offset=float(getattr(est, "offset_", 0.0)))
@@ -371,10 +378,12 @@ def _learned_model(est, d: int):
 def _errors(learned, truth, d: int) -> dict:
     """Errors of a learned head or layer against the ground truth (simulations)."""
     from .metrics import functional_error, head_errors, layer_errors, relative_error
-    from .models import MultiHeadAttention
+    from .models import MultiHeadAttention, RotaryAttentionHead
 
     out = {}
-    if isinstance(truth, MultiHeadAttention):
+    if isinstance(learned, RotaryAttentionHead) or isinstance(truth, RotaryAttentionHead):
+        out.update(_rotary_errors(learned, truth))
+    elif isinstance(truth, MultiHeadAttention):
         if not isinstance(learned, MultiHeadAttention):
             raise ConfigError("the ground truth is a layer: extract it with --method layer")
         m = layer_errors([h.W for h in learned.heads], [h.v for h in learned.heads],
@@ -391,6 +400,25 @@ def _errors(learned, truth, d: int) -> dict:
             out["rel_err_c"] = relative_error(learned.key_bias, truth.key_bias)
             out["rel_err_offset"] = relative_error(learned.offset, truth.offset)
     out["func_err"] = functional_error(truth, learned, d, np.random.default_rng(0), n=64)
+    return out
+
+
+def _form(head, delta: int = -1) -> np.ndarray:
+    """The bilinear form of a head at the offset ``delta``: ``M_delta`` of a rotary head, W
+    (the same at every offset) of a head without positions."""
+    return head.M(delta) if hasattr(head, "M") else head.W
+
+
+def _rotary_errors(learned, truth) -> dict:
+    """Errors of a rotary head (or of a head without positions, a rotary head with R = 0)
+    against the ground truth: the forms at offsets -1 and -4095 and v."""
+    from .metrics import relative_error
+
+    if isinstance(learned, list) or not hasattr(learned, "v") or not hasattr(truth, "v"):
+        raise ConfigError("--method rotary learns one head: the ground truth must be one head")
+    out = {"rel_err_W": relative_error(_form(learned), _form(truth)),
+           "rel_err_M_4095": relative_error(_form(learned, -4095), _form(truth, -4095)),
+           "rel_err_v": relative_error(learned.v, truth.v)}
     return out
 
 
@@ -535,11 +563,21 @@ def _summary(spec: ExtractionSpec, learner, oracle, learned, n: int, elapsed: fl
         "n_calls": int(getattr(oracle, "n_calls", 0)),
         "time_s": elapsed,
         "rank_found": int(rank_found),
-        "W_fro": float(np.sqrt(sum(np.sum(h.W ** 2) for h in heads))),
+        "W_fro": float(np.sqrt(sum(np.sum(_form(h, 0) ** 2) for h in heads))),
         "fit_bias": bool(getattr(learner, "fit_bias", False)),
         "offset": float(learned.total_offset if layer else learned.offset),
         "budget": spec.budget,
+        **_rotary_summary(learner),
     }
+
+
+def _rotary_summary(learner) -> dict:
+    """The rotated dimensions and frequencies a rotary learner found (empty for the others)."""
+    freqs = getattr(learner, "frequencies_", None)
+    if freqs is None:
+        return {}
+    return {"rotary_dim": int(learner.rotary_dim_),
+            "frequencies": [float(t) for t in np.asarray(freqs)]}
 
 
 def _errors_against(method: str, learned, truth, d: int) -> dict:

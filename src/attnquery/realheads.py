@@ -47,7 +47,13 @@ import numpy as np
 
 from .errors import ModelError
 from .files import special_file_kind
-from .models import AttentionHead, MultiHeadAttention, check_input, softmax_last
+from .models import (
+    AttentionHead,
+    MultiHeadAttention,
+    RotaryAttentionHead,
+    check_input,
+    softmax_last,
+)
 
 __all__ = [
     "Checkpoint",
@@ -524,7 +530,16 @@ def save_head(path, head: AttentionHead, /, **meta) -> None:
     Written atomically (:func:`attnquery.results.atomic_path`).
 
     Extra keyword arguments (ints, floats, strings) are stored as metadata arrays ``meta_<key>``.
+
+    A :class:`~attnquery.models.RotaryAttentionHead` is written as its factors ``W_Q``, ``W_K``,
+    its ``frequencies``, biases ``b_Q``, ``b_K``, ``beta`` and score ``scale``.
     """
+    if isinstance(head, RotaryAttentionHead):
+        arrays = {"v": head.v, "W_Q": head.W_Q, "W_K": head.W_K, "frequencies": head.frequencies,
+                  "b_Q": head.b_Q, "b_K": head.b_K, "beta": np.asarray(head.offset),
+                  "scale": np.asarray(head.scale)}
+        _save_arrays(path, arrays, meta)
+        return
     arrays = {"v": head.v}
     if head.is_lowrank:
         arrays["K"] = head.K
@@ -537,8 +552,9 @@ def save_head(path, head: AttentionHead, /, **meta) -> None:
     _save_arrays(path, arrays, meta)
 
 
-def load_head(path) -> tuple[AttentionHead, dict]:
-    """Read a head written by :func:`save_head`; returns ``(head, metadata)``."""
+def load_head(path) -> tuple[AttentionHead | RotaryAttentionHead, dict]:
+    """Read a head written by :func:`save_head`; returns ``(head, metadata)`` (a
+    :class:`~attnquery.models.RotaryAttentionHead` for a rotary head's file)."""
     data, meta = _load_arrays(path, "head")
     p = Path(path)
     if data["v"].ndim == 2:
@@ -550,6 +566,8 @@ def load_head(path) -> tuple[AttentionHead, dict]:
     if "beta" in data and data["beta"].size != 1:
         raise ModelError(f"{p} is not a head file: 'beta' must be a single number; got shape "
                          f"{data['beta'].shape}")
+    if "frequencies" in data:  # a rotary head (save_head of a RotaryAttentionHead)
+        return _load_rotary(p, data), meta
     bias = {"key_bias": data.get("c"), "offset": float(data["beta"]) if "beta" in data else 0.0}
     if "W" in data:
         head = AttentionHead(data["v"], W=data["W"], **bias)
@@ -558,6 +576,16 @@ def load_head(path) -> tuple[AttentionHead, dict]:
     else:
         raise ModelError(f"{p} holds neither 'W' nor the factors 'K' and 'Q'")
     return head, meta
+
+
+def _load_rotary(p: Path, data: dict) -> RotaryAttentionHead:
+    missing = [k for k in ("W_Q", "W_K", "b_Q", "b_K", "beta", "scale") if k not in data]
+    if missing:
+        raise ModelError(f"{p} is not a rotary head file: it lacks {missing}")
+    return RotaryAttentionHead(data["W_Q"], data["W_K"], data["v"],
+                               frequencies=data["frequencies"], b_Q=data["b_Q"],
+                               b_K=data["b_K"], offset=float(data["beta"]),
+                               scale=float(data["scale"]))
 
 
 def save_layer(path, layer: MultiHeadAttention, /, **meta) -> None:

@@ -248,6 +248,10 @@ def _report(s: dict, source: _Source, learned, args) -> str:
     ]
     if not layer:
         lines.append(f"  rank found     {s['rank_found']}")
+    if "rotary_dim" in s:
+        f = s["frequencies"]
+        lines.append(f"  rotary         {s['rotary_dim']} rotated dimensions"
+                     + (f", frequencies {f[0]:.6g} to {f[-1]:.6g}" if f else ""))
     lines.append(f"  ||W||_F        {s['W_fro']:.6g}" + (" (all heads)" if layer else ""))
     if s["fit_bias"]:
         lines.append(f"  offset beta    {s['offset']:.6g} (key bias and offset fitted)")
@@ -262,16 +266,26 @@ def _report(s: dict, source: _Source, learned, args) -> str:
                                                            for k, v in source.meta.items()))
     if args.out is not None:
         lines.append(f"  saved          {args.out} "
-                     + ("(v, c, K, Q per head, beta: attnquery.realheads.load_layer)" if layer
-                        else "(v, W" + (", c, beta)" if learned.has_bias else ")")))
+                     + _saved_what(layer, learned))
     return "\n".join(lines)
+
+
+def _saved_what(layer: bool, learned) -> str:
+    if layer:
+        return "(v, c, K, Q per head, beta: attnquery.realheads.load_layer)"
+    if hasattr(learned, "frequencies"):
+        return "(v, W_Q, W_K, frequencies, b_Q, b_K, beta: attnquery.realheads.load_head)"
+    return "(v, W" + (", c, beta)" if learned.has_bias else ")")
 
 
 def _error_lines(s: dict, layer: bool, module: bool) -> list[str]:
     against = " (against the checkpoint's weights)" if module else ""
     heads = " (worst head, matched)" if layer else ""
-    lines = [f"  rel. error W   {s['rel_err_W']:.3e}{heads}{against}",
+    form = "M_-1" if "rel_err_M_4095" in s else "W   "
+    lines = [f"  rel. error {form} {s['rel_err_W']:.3e}{heads}{against}",
              f"  rel. error v   {s['rel_err_v']:.3e}{heads}"]
+    if "rel_err_M_4095" in s:
+        lines.append(f"  rel. error M_-4095 {s['rel_err_M_4095']:.3e}")
     if "rel_err_c" in s:
         lines += [f"  rel. error c   {s['rel_err_c']:.3e}{heads}",
                   f"  rel. error beta {s['rel_err_offset']:.3e}"]

@@ -102,21 +102,31 @@ unit circle and is refused with :class:`AssumptionViolation` too.
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
-from ..errors import AssumptionViolation, ConfigError, NotIdentifiableError
+from ..errors import AssumptionViolation, BudgetExceededError, ConfigError, NotIdentifiableError
 from ..models import RotaryAttentionHead, rope_frequencies, rotate_half
 from ._base import (
     DEFAULT_VERIFY,
     ROUNDING_RTOL,
     BaseLearner,
+    check_bool,
     check_budget,
     check_oracle,
+    check_scalar,
     check_verify_param,
 )
 from ._probes import balanced_orthonormal
 
-__all__ = ["RotaryValueQueryLearner", "rotary_query_count", "rotary_dof", "VERIFY_LENGTHS"]
+__all__ = ["RotaryValueQueryLearner", "rotary_query_count", "rotary_dof", "VERIFY_LENGTHS",
+           "STAGES"]
+
+#: the stages ``n_queries_by_stage_`` counts, in the order the fit runs them: v (and the
+#: answers' constant), the biases' zero-token probes (``fit_bias``), the form M_{-1} (and the
+#: constants b^T M_0 b), the form M_{-2} on M_{-1}'s spaces, the check
+STAGES = ("v", "bias", "M1", "M2", "verify")
 
 #: sequence lengths of the check queries: short ones and long ones (up to 4,096 tokens)
 VERIFY_LENGTHS = (2, 3, 64, 4096)
@@ -177,8 +187,6 @@ class RotaryValueQueryLearner(BaseLearner):
         A cap on the queries of the fit (the check included); the fit raises
         :class:`~attnquery.errors.BudgetExceededError` before spending any query when its plan
         exceeds it.
-    random_state : int, sequence of ints, Generator or None
-        Seed of the probe directions and of the check queries.
     oversample : int
         Extra columns of the sketches of the low-rank route.
     max_logit, min_logit, initial_logit_scale : float
@@ -192,6 +200,8 @@ class RotaryValueQueryLearner(BaseLearner):
         Lengths of the check sequences.
     block_bytes : int
         Memory bound on one batch of probes.
+    random_state : int, sequence of ints, Generator or None
+        Seed of the probe directions and of the check queries.
 
     Attributes
     ----------
@@ -221,20 +231,24 @@ class RotaryValueQueryLearner(BaseLearner):
         The logit scale ``c s`` learnt from the answers.
     n_queries_, n_verify_queries_, verify_error_, n_requeried_
         As in the other learners.
+    head_ : RotaryAttentionHead
+        The recovered head (``predict`` evaluates it).
+    n_queries_by_stage_ : dict
+        Queries per stage of :data:`STAGES`: ``v``, ``bias`` (``fit_bias``), ``M1``, ``M2``,
+        ``verify`` (counted by the oracle, see :class:`~attnquery.learners._base.QueryLedger`).
     """
 
-    def __init__(self, rope_base=None, rotary_dim=None, rank=None, fit_bias=False,
-                 n_queries=None, random_state=None, *, oversample: int = 8,
-                 max_logit: float = 10.0, min_logit: float = 1e-5,
-                 initial_logit_scale: float = 1e-2, rank_tol: float = 1e-9,
-                 verify: int = DEFAULT_VERIFY, verify_lengths=VERIFY_LENGTHS,
-                 block_bytes: int = 64 * 2**20):
+    def __init__(self, *, rope_base=None, rotary_dim=None, rank=None, fit_bias=False,
+                 n_queries=None, oversample: int = 8, max_logit: float = 10.0,
+                 min_logit: float = 1e-5, initial_logit_scale: float = 1e-2,
+                 rank_tol: float = 1e-9, verify: int = DEFAULT_VERIFY,
+                 verify_lengths=VERIFY_LENGTHS, block_bytes: int = 64 * 2**20,
+                 random_state=None):
         self.rope_base = rope_base
         self.rotary_dim = rotary_dim
         self.rank = rank
         self.fit_bias = fit_bias
         self.n_queries = n_queries
-        self.random_state = random_state
         self.oversample = oversample
         self.max_logit = max_logit
         self.min_logit = min_logit
@@ -243,42 +257,57 @@ class RotaryValueQueryLearner(BaseLearner):
         self.verify = verify
         self.verify_lengths = verify_lengths
         self.block_bytes = block_bytes
+        self.random_state = random_state
 
     # ------------------------------------------------------------------------------------------
     def _validate(self, d: int):
-        if self.rope_base is not None and not (np.isfinite(self.rope_base)
-                                               and self.rope_base > 1):
-            raise ConfigError(f"rope_base must be a number > 1 or None; got {self.rope_base!r}")
-        for name in ("rotary_dim", "rank", "n_queries"):
-            val = getattr(self, name)
-            if val is not None and (isinstance(val, bool) or not isinstance(val, int | np.integer)
-                                    or val < 0):
-                raise ConfigError(f"{name} must be a non-negative integer or None; got {val!r}")
-        if self.rotary_dim is not None and (self.rotary_dim % 2 or self.rotary_dim > d):
-            raise ConfigError(f"rotary_dim must be even and at most d = {d}; got "
-                              f"{self.rotary_dim}")
-        if self.rank is not None and not 1 <= self.rank <= d:
-            raise ConfigError(f"rank must be in [1, d = {d}]; got {self.rank}")
-        if (self.rank is not None and self.rotary_dim is not None
-                and self.rotary_dim > self.rank):
+        """Check the parameters; return the check lengths and the route's rank (None: dense)."""
+        check_scalar(self.rope_base, "rope_base", min_val=1, include_boundaries="neither",
+                     allow_none=True)
+        rotary_dim = check_scalar(self.rotary_dim, "rotary_dim", numbers.Integral, min_val=0,
+                                  max_val=d, allow_none=True)
+        rank = check_scalar(self.rank, "rank", numbers.Integral, min_val=1, max_val=d,
+                            allow_none=True)
+        check_scalar(self.n_queries, "n_queries", numbers.Integral, min_val=0, allow_none=True)
+        if rotary_dim is not None and rotary_dim % 2:
+            raise ConfigError(f"rotary_dim must be even and at most d = {d}; got {rotary_dim}")
+        if rank is not None and rotary_dim is not None and rotary_dim > rank:
             raise ConfigError("rotary_dim cannot exceed rank (the head dimension)")
-        if not isinstance(self.fit_bias, bool | np.bool_):
-            raise ConfigError(f"fit_bias must be True or False; got {self.fit_bias!r}")
-        if not (1.0 <= self.max_logit <= 30.0 and 0 < self.min_logit < self.max_logit
-                and self.initial_logit_scale > 0):
-            raise ConfigError("need 1 <= max_logit <= 30, 0 < min_logit < max_logit and "
-                              "initial_logit_scale > 0")
-        if not 0 < self.rank_tol < 1:
-            raise ConfigError(f"rank_tol must be in (0, 1); got {self.rank_tol}")
+        bias = check_bool(self.fit_bias, "fit_bias")
+        check_scalar(self.oversample, "oversample", numbers.Integral, min_val=0)
+        max_logit = check_scalar(self.max_logit, "max_logit", min_val=1, max_val=30)
+        check_scalar(self.min_logit, "min_logit", min_val=0, max_val=max_logit,
+                     include_boundaries="neither")
+        check_scalar(self.initial_logit_scale, "initial_logit_scale", min_val=0,
+                     include_boundaries="neither")
+        check_scalar(self.rank_tol, "rank_tol", min_val=0, max_val=1,
+                     include_boundaries="neither")
+        check_scalar(self.block_bytes, "block_bytes", numbers.Integral, min_val=1)
         lengths = tuple(int(n) for n in self.verify_lengths)
         if not lengths or min(lengths) < 1:
             raise ConfigError(f"verify_lengths must be positive lengths; got "
                               f"{self.verify_lengths!r}")
         check_verify_param(self.verify)
-        return lengths
+        rank = None if rank is None or rank >= d else rank
+        if bias and rank is not None:
+            raise ConfigError("fit_bias needs the dense route (rank=None)")
+        return lengths, rank
+
+    def _check_plan(self, oracle, d: int, rank) -> None:
+        """Raise BudgetExceededError before any query when the plan exceeds ``n_queries`` or
+        the oracle's budget."""
+        n_check = check_verify_param(self.verify)
+        planned = rotary_query_count(d, rank, self.oversample, bias=bool(self.fit_bias)) + n_check
+        if self.n_queries is not None and planned > self.n_queries:
+            raise BudgetExceededError(
+                f"rotary recovery needs {planned} queries (with {n_check} check queries); "
+                f"n_queries={self.n_queries}")
+        check_budget(oracle, planned, f"rotary recovery ({planned} queries with the check)")
 
     def fit(self, oracle):
         """Recover the head from ``oracle``; returns self.
+
+        The queries are counted per stage in ``n_queries_by_stage_`` (:data:`STAGES`).
 
         Raises
         ------
@@ -294,56 +323,60 @@ class RotaryValueQueryLearner(BaseLearner):
             When the plan exceeds ``n_queries`` or the oracle's budget.
         """
         d = check_oracle(oracle)
-        lengths = self._validate(d)
-        rng = self._rng()
-        r_probe, r_check = rng.spawn(2)
-        n0 = oracle.n_queries
-        n_check = check_verify_param(self.verify)
-        bias = bool(self.fit_bias)
-        rank = None if self.rank is None or self.rank >= d else int(self.rank)
-        if bias and rank is not None:
-            raise ConfigError("fit_bias needs the dense route (rank=None)")
-        planned = rotary_query_count(d, rank, self.oversample, bias=bias) + n_check
-        if self.n_queries is not None and planned > self.n_queries:
-            from ..errors import BudgetExceededError
+        lengths, rank = self._validate(d)
+        r_probe, r_check = self._rng().spawn(2)
+        self._check_plan(oracle, d, rank)
+        with self._open_ledger(oracle, STAGES) as ledger:
+            with ledger.stage("v"):
+                beta, v = self._read_v(ledger, d)
+            pr = _RotaryProber(ledger, v, beta, self, d)
+            with ledger.stage("M1"):
+                if rank is None:
+                    U_s, S, Vt, m2_reduced, bias_data = self._dense(pr, v, r_probe, d)
+                else:
+                    U_s, S, Vt, m2_reduced = self._lowrank(pr, v, r_probe, d, rank)
+                    bias_data = None
+            with ledger.stage("M2"):
+                T = m2_reduced(U_s, Vt.T) / S[:, None]
+            self._factor(T, U_s, S, Vt)
+            self._set_estimate(v, beta, bias_data, pr, S, lengths)
+            with ledger.stage("verify"):
+                self._check(oracle, r_check, ledger.n0, lengths)
+        return self
 
-            raise BudgetExceededError(
-                f"rotary recovery needs {planned} queries (with {n_check} check queries); "
-                f"n_queries={self.n_queries}")
-        check_budget(oracle, planned, f"rotary recovery ({planned} queries with the check)")
-
-        beta = float(oracle(np.zeros((1, 1, d)))[0]) if bias else 0.0
-        v = oracle(np.eye(d)[:, None, :].copy()) - beta
+    def _read_v(self, ledger, d: int):
+        """The answers' constant beta (from ``[0]``, with ``fit_bias``; else 0) and v from the
+        d one-row queries ``[e_i]`` (paper Theorem 4.1, phase 1)."""
+        beta = float(ledger(np.zeros((1, 1, d)))[0]) if self.fit_bias else 0.0
+        v = ledger(np.eye(d)[:, None, :].copy()) - beta
         if not np.any(v):
             raise NotIdentifiableError("v = 0: every answer is the same, so the scores are not "
                                        "identifiable from value queries")
-        pr = _RotaryProber(oracle, v, beta, self, d)
-        bias_data = None
-        if rank is None:
-            U_s, S, Vt, M2_reduced, bias_data = self._dense(pr, v, r_probe, d)
-        else:
-            U_s, S, Vt, M2_reduced = self._lowrank(pr, v, r_probe, d, rank)
-        T = M2_reduced(U_s, Vt.T) / S[:, None]
-        self._factor(T, U_s, S, Vt)
+        return beta, v
+
+    def _set_estimate(self, v, beta, bias_data, pr, S, lengths) -> None:
+        """v, the biases, the probe bookkeeping and the check's tolerance (error model: T
+        carries the rounding of M_{-1} and M_{-2} magnified by the condition number of
+        M_{-1}; at offset delta it has grown about delta-fold, module docstring)."""
         self.v_ = v
         self.offset_ = beta
         self.b_Q_ = np.zeros(self.rank_)
         self.b_K_ = np.zeros(self.rank_)
-        if bias:
+        if bias_data is not None:
             self.b_Q_, self.b_K_ = self._biases(*bias_data)
         self.n_requeried_ = int(pr.n_requeried)
         self.logit_scale_ = float(pr.kappa)
-        # error model: T carries the rounding of M_{-1} and M_{-2} magnified by the condition
-        # number of M_{-1}; at offset delta it has grown about delta-fold (module docstring)
         self.condition_ = float(S[0] / S[-1])
         self.check_rtol_ = max(ROUNDING_RTOL, CHECK_FACTOR * np.finfo(float).eps
                                * self.condition_ * max(lengths))
-        self._verify_fit(oracle, self.predict, r_check, rtol=self.check_rtol_, n0=n0,
+
+    def _check(self, oracle, rng, n0: int, lengths) -> None:
+        """The self-check on fresh sequences of ``lengths`` tokens."""
+        self._verify_fit(oracle, self.predict, rng, rtol=self.check_rtol_, n0=n0,
                          lengths=lengths, permuted=False, what="a rotary attention head",
                          hint="the box may not be a rotary head (ALiBi, a sliding window, "
                               "query or key biases without fit_bias), or have several "
                               "heads, noise or lower precision than float64")
-        return self
 
     # ------------------------------------------------------------------------------------------
     def _dense(self, pr, v, rng, d):
@@ -353,8 +386,9 @@ class RotaryValueQueryLearner(BaseLearner):
         A = balanced_orthonormal(v, rng)  # rows u_l, |u_l^T v| = ||v|| / sqrt(d)
         eye = np.eye(d)
         if self.fit_bias:
-            g1f, dk1 = pr.zero_probes(A, 1)
-            g2f, _ = pr.zero_probes(A, 2)
+            with pr.oracle.stage("bias"):
+                g1f, dk1 = pr.zero_probes(A, 1)
+                g2f, _ = pr.zero_probes(A, 2)
             t, Cp, sc = pr.pairs(A, eye, 1, gf=g1f, raw=True)
             bias_data = (A.T @ g1f, float(dk1), Cp, sc)
         else:
@@ -500,6 +534,14 @@ class RotaryValueQueryLearner(BaseLearner):
         return RotaryAttentionHead(self.Q_, self.K_, self.v_, frequencies=self.frequencies_,
                                    b_Q=self.b_Q_, b_K=self.b_K_, offset=self.offset_,
                                    scale=1.0)
+
+    @property
+    def head_(self) -> RotaryAttentionHead:
+        """The recovered head as a :class:`~attnquery.models.RotaryAttentionHead` (after
+        ``fit``; its ``W_Q``, ``W_K`` are ``Q_``, ``K_`` with the scale folded in)."""
+        if not hasattr(self, "Q_"):
+            raise AttributeError("head_ is available after fit()")
+        return self._head()
 
     def M(self, delta: int) -> np.ndarray:
         """The recovered bilinear form ``M_delta`` (d x d) of the offset ``delta <= 0``."""
