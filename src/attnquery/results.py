@@ -70,8 +70,9 @@ __all__ = [
 ]
 
 #: version 2 added ``verify_queries``, ``verify_error`` and ``verified`` (``n_queries`` no longer
-#: counts the check queries), and the per-cell provenance ``code_version`` and ``cell_key``
-SCHEMA_VERSION = 2
+#: counts the check queries), and the per-cell provenance ``code_version`` and ``cell_key``;
+#: version 3 added ``verify_vacuous`` (the check could not have failed)
+SCHEMA_VERSION = 3
 
 #: every status a row can have
 STATUSES = ("ok", "not_identifiable", "error", "timeout", "skipped")
@@ -118,6 +119,7 @@ METRIC_COLUMNS: dict[str, pa.DataType] = {
     "verify_queries": pa.int64(),
     "verify_error": pa.float64(),
     "verified": pa.bool_(),
+    "verify_vacuous": pa.bool_(),
     "n_queries_attention": pa.int64(),
     "n_queries_ffn": pa.int64(),
     "n_queries_v": pa.int64(),

@@ -6,19 +6,31 @@ from __future__ import annotations
 import contextlib
 import inspect
 import numbers
+import warnings
+from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ConfigError, ModelMismatchError
+from ..errors import ConfigError, ModelMismatchError, VacuousCheckWarning
 from ..oracles import Oracle
 from ..rng import as_rng
 
 __all__ = ["BaseLearner", "QueryLedger", "check_scalar", "check_bool", "check_oracle",
            "check_budget", "chunk_slices", "check_answers", "check_signs", "check_queries",
-           "check_verify_param", "DEFAULT_VERIFY", "ROUNDING_RTOL", "output_error_bound"]
+           "check_plan", "check_verify_param", "DEFAULT_VERIFY", "CHECK_LENGTHS", "ROUNDING_RTOL",
+           "output_error_bound"]
 
-#: check queries a learner spends after fitting, unless told otherwise (``verify=0`` turns it off)
+#: check queries a learner spends after fitting, unless told otherwise (``verify=0`` turns it off):
+#: with the default :data:`CHECK_LENGTHS`, 6 fresh queries of 2, 4, 8, 32, 64 and 128 tokens and
+#: prefix-permuted copies of the two longest (see :func:`check_plan`)
 DEFAULT_VERIFY = 8
+#: sequence lengths of the fresh check queries (:func:`check_plan` spreads them over these, the
+#: shortest and the longest always included): long sequences are where a windowed or
+#: position-dependent box differs from a head (a 4-token window is exact on 2 and 4 tokens)
+CHECK_LENGTHS = (2, 4, 8, 16, 32, 64, 128)
+#: one check query in PERMUTED_SHARE is a copy of a fresh one with its first N - 1 tokens
+#: permuted, which a position-free box must answer alike
+PERMUTED_SHARE = 4
 #: relative disagreement of the check queries that float64 rounding explains, for the learners
 #: that are exact in float64 (exact, sketch, polished nuclear-norm): the default study's exact
 #: grid and the 72 MiniLM heads stay below 1.1e-11 (Gaussian probes at d = 512; 6e-14 with
@@ -267,29 +279,51 @@ class BaseLearner:
 
     def _verify_fit(self, oracle, predict, rng: np.random.Generator, rtol: float,
                     atol=0.0, what: str = "a single attention head",
-                    token_scale: float = 1.0, n0: int | None = None, lengths=(2, 4),
-                    signs: bool = False, hint: str | None = None) -> None:
+                    token_scale: float = 1.0, n0: int | None = None, lengths=CHECK_LENGTHS,
+                    signs: bool = False, hint: str | None = None,
+                    pair_atol: float | None = None, permuted: bool = True) -> None:
         """Spend ``self.verify`` check queries and raise when the estimate disagrees.
 
+        The queries are :func:`check_queries`'s: fresh random ones with lengths spread over
+        ``lengths`` (up to 128 tokens by default) and prefix-permuted copies of the longest.
         Sets ``verify_error_`` and ``n_verify_queries_`` (see :func:`check_answers`; with
         ``signs``, :func:`check_signs`), also when the check fails; with ``n0`` (the oracle's
         count when ``fit`` began) it also sets ``n_queries_``, so that the count includes the
-        check queries whatever the outcome. A learner calls this last in ``fit``, with the
-        tolerances of its own error model.
+        check queries whatever the outcome. Sets ``verify_vacuous_``: True when the comparison
+        with the estimate could not have failed (on no query of two tokens or more was the
+        allowed disagreement below the estimate's own answer; only the order of the tokens was
+        tested), with a :class:`~attnquery.errors.VacuousCheckWarning`. A learner calls this
+        last in ``fit``, with the tolerances of its own error model; ``pair_atol`` is the
+        allowed difference between the box's answers on a query and on its prefix-permuted
+        copy when the answers' own error is known (twice a tolerance tau), tighter than the
+        estimate's allowance (the default). ``permuted=False`` asks no permuted copies (a
+        learner of a position-dependent model, such as rotary heads).
         """
         n = check_verify_param(getattr(self, "verify", DEFAULT_VERIFY))
-        check = check_signs if signs else check_answers
         self.verify_error_, self.n_verify_queries_ = float("nan"), 0
+        self.verify_vacuous_ = False
         try:
-            self.verify_error_, self.n_verify_queries_ = check(
-                oracle, predict, rng, n, rtol=rtol, atol=atol, what=what,
-                token_scale=token_scale, lengths=lengths, hint=hint)
+            res = _run_check(oracle, predict, rng, n, rtol=rtol, atol=atol, what=what,
+                             token_scale=token_scale, lengths=lengths, hint=hint, signs=signs,
+                             pair_atol=pair_atol, permuted=permuted)
         except ModelMismatchError as exc:
             self.verify_error_, self.n_verify_queries_ = float(exc.error), int(exc.n_checks)
             raise
         finally:
             if n0 is not None:
                 self.n_queries_ = int(oracle.n_queries - n0)
+        self.verify_error_, self.n_verify_queries_ = res.error, res.n_queries
+        self.verify_vacuous_ = bool(res.n_queries > 0 and res.n_informative == 0)
+        if self.verify_vacuous_:
+            warnings.warn(
+                f"{type(self).__name__}'s check of its estimate could not fail (only the "
+                "order of the tokens was tested): on every one of its check queries of two "
+                f"tokens or more (of {res.n_queries} in all) the allowed disagreement "
+                f"({res.allowed_rel:.3g} relative, at the least) is at least the estimate's "
+                f"own answer, so a box far from {what} would pass too "
+                "(verify_vacuous_ = True): the error model is too loose for a check (a smaller "
+                "tau, or more accurate answers, make it one)",
+                VacuousCheckWarning, stacklevel=3)
 
     def _rng(self) -> np.random.Generator:
         return as_rng(getattr(self, "random_state", None))
@@ -384,16 +418,86 @@ def output_error_bound(X: np.ndarray, v_hat: np.ndarray, err_W, err_v) -> np.nda
     return xv_err.max(axis=1) + np.minimum(2.0, spread) * xv.max(axis=1)
 
 
+def check_plan(n_checks: int, lengths=CHECK_LENGTHS,
+               permuted: bool = True) -> tuple[list[int], int]:
+    """How ``n_checks`` check queries are spent: the lengths of the fresh random queries and the
+    number of prefix-permuted copies.
+
+    One query in :data:`PERMUTED_SHARE` (rounded down) is a copy of one of the longest fresh
+    queries with its first N - 1 tokens permuted (only queries of N >= 3 tokens have a prefix
+    to permute; without any, or with ``permuted=False``, every query is fresh). The fresh
+    queries' lengths are spread over ``lengths``: with fewer queries than lengths, the
+    shortest, the longest and evenly spaced ones between; with more, every length about
+    equally often.
+
+    Examples: 8 queries with :data:`CHECK_LENGTHS` are 6 fresh of 2, 4, 8, 32, 64 and 128
+    tokens and copies of the 128- and 64-token ones; 64 are 48 fresh (about 7 of each
+    length) and 16 copies.
+    """
+    lengths = sorted(int(n) for n in lengths)
+    if not lengths or lengths[0] < 1:
+        raise ConfigError(f"check lengths must be positive integers; got {lengths!r}")
+
+    def spread(m):
+        L = len(lengths)
+        if m <= L:
+            idx = np.round(np.linspace(0, L - 1, m)).astype(int) if m > 1 else [L - 1][:m]
+        else:
+            idx = (np.arange(m) * L) // m
+        return [lengths[i] for i in idx]
+
+    n_perm = n_checks // PERMUTED_SHARE if permuted else 0
+    fresh = spread(n_checks - n_perm)
+    n_perm = min(n_perm, sum(n >= 3 for n in fresh))
+    if n_perm == 0:
+        fresh = spread(n_checks)
+    return fresh, n_perm
+
+
+def _permute_prefix(rng: np.random.Generator, X: np.ndarray) -> np.ndarray:
+    """``X`` (B, N, d) with each query's first N - 1 tokens in a random order other than the
+    given one (N >= 3)."""
+    B, N, _ = X.shape
+    perm = np.argsort(rng.random((B, N - 1)), axis=1)
+    same = np.all(perm == np.arange(N - 1), axis=1)
+    perm[same] = np.arange(N - 1)[::-1]
+    out = X.copy()
+    out[:, : N - 1] = np.take_along_axis(X[:, : N - 1], perm[:, :, None], axis=1)
+    return out
+
+
 def check_queries(rng: np.random.Generator, d: int, n_checks: int, token_scale: float = 1.0,
-                  lengths=(2, 4)) -> list[np.ndarray]:
-    """Fresh random check queries: i.i.d. Gaussian tokens of norm about ``token_scale``, the
-    ``n_checks`` queries split evenly between the sequence lengths ``lengths`` (one batch per
-    length)."""
-    lengths = [int(n) for n in lengths]
-    sizes = [n_checks // len(lengths) + (i < n_checks % len(lengths))
-             for i in range(len(lengths))]
-    return [rng.standard_normal((size, n_tok, d)) * (token_scale / np.sqrt(d))
-            for n_tok, size in zip(lengths, sizes, strict=True) if size > 0]
+                  lengths=CHECK_LENGTHS, return_pairs: bool = False, permuted: bool = True):
+    """Fresh random check queries: i.i.d. Gaussian tokens of norm about ``token_scale``, their
+    lengths and the prefix-permuted copies as :func:`check_plan` says, one batch per length
+    (the copies in batches of their own, after the fresh ones).
+
+    With ``return_pairs``, also an (n_perm, 2) array of the positions, in the concatenated
+    answers, of each fresh query and its permuted copy.
+    """
+    fresh, n_perm = check_plan(n_checks, lengths, permuted)
+    sizes = {n: fresh.count(n) for n in sorted(set(fresh))}
+    batches = [rng.standard_normal((size, n_tok, d)) * (token_scale / np.sqrt(d))
+               for n_tok, size in sizes.items()]
+    starts = np.cumsum([0] + [b.shape[0] for b in batches])
+    pairs = []
+    if n_perm:
+        # copies of the n_perm longest fresh queries: the last rows of the last batches
+        chosen = []  # (batch, row)
+        for k in range(len(batches) - 1, -1, -1):
+            for row in range(batches[k].shape[0] - 1, -1, -1):
+                if len(chosen) < n_perm:
+                    chosen.append((k, row))
+        pos = int(starts[-1])
+        for k in sorted({k for k, _ in chosen}):
+            rows = sorted(r for kk, r in chosen if kk == k)
+            batches.append(_permute_prefix(rng, batches[k][rows]))
+            for r in rows:
+                pairs.append((int(starts[k] + r), pos))
+                pos += 1
+    if return_pairs:
+        return batches, np.array(pairs, dtype=int).reshape(-1, 2)
+    return batches
 
 
 def _allowance(atol, X: np.ndarray) -> np.ndarray:
@@ -403,30 +507,104 @@ def _allowance(atol, X: np.ndarray) -> np.ndarray:
     return np.full(X.shape[0], float(atol))
 
 
-def _ask_checks(oracle, predict, rng, n_checks, atol, token_scale, lengths):
+@dataclass
+class _CheckResult:
+    error: float
+    n_queries: int
+    n_informative: int
+    allowed_rel: float
+
+
+def _ask_checks(oracle, predict, rng, n_checks, atol, token_scale, lengths, permuted=True):
     d = int(oracle.d)
     check_budget(oracle, n_checks, "the check of the estimate")
     n0 = oracle.n_queries
-    ys, yhats, allow = [], [], []
-    for X in check_queries(rng, d, n_checks, token_scale, lengths):
+    ys, yhats, allow, ns = [], [], [], []
+    batches, pairs = check_queries(rng, d, n_checks, token_scale, lengths, return_pairs=True,
+                                   permuted=permuted)
+    for X in batches:
         ys.append(np.asarray(oracle(X), dtype=float))
         yhats.append(np.asarray(predict(X), dtype=float))
         allow.append(_allowance(atol, X))
+        ns.append(np.full(X.shape[0], X.shape[1]))
     return (np.concatenate(ys), np.concatenate(yhats), np.concatenate(allow),
-            int(oracle.n_queries - n0))
+            np.concatenate(ns), pairs, int(oracle.n_queries - n0))
+
+
+_POSITION_HINT = ("the box's answer depends on the order of the tokens (a sliding window, ALiBi, "
+                  "rotary or other positions), which {what} cannot; or {hint}")
+
+
+def _run_check(oracle, predict, rng, n_checks, rtol, atol=0.0, what="a single attention head",
+               token_scale=1.0, lengths=CHECK_LENGTHS, hint=None, signs=False,
+               pair_atol=None, permuted=True) -> _CheckResult:
+    """The check of :func:`check_answers` (or, with ``signs``, :func:`check_signs`), with the
+    number of informative queries: those whose allowed disagreement is below the estimate's
+    own answer, counting one-token queries only when there are no longer ones (they test v
+    alone). The permuted pairs are not counted: they test the order of the tokens only."""
+    if n_checks == 0:
+        return _CheckResult(float("nan"), 0, 0, float("nan"))
+    y, yhat, allow, ns, pairs, n_used = _ask_checks(oracle, predict, rng, n_checks, atol,
+                                                    token_scale, lengths, permuted)
+    a, b = pairs[:, 0], pairs[:, 1]
+    if signs:
+        return _signs_verdict(y, yhat, allow, pairs, rtol, what, hint, n_checks, n_used)
+    diffs = np.abs(y - yhat)
+    diff = float(np.max(diffs))
+    scale = float(np.max(np.abs(y)))
+    error = diff / scale if scale > 0 else diff
+    unit = scale if scale > 0 else 1.0
+    allowed = allow + rtol * scale
+    # a permuted copy: a position-free box answers both alike, to within its answers' error
+    pdiff = np.abs(y[a] - y[b])
+    # (with pair_atol, float64 rounding on top: the two sums run in different orders)
+    pallowed = (allowed[a] + allowed[b]) if pair_atol is None else \
+        np.full(a.size, float(pair_atol) + 2 * max(rtol, ROUNDING_RTOL) * scale)
+    pbad = ~(pdiff <= pallowed)
+    if pbad.any():
+        k = int(np.argmax(np.where(pbad, pdiff - pallowed, -np.inf)))
+        raise ModelMismatchError(
+            f"answers change by {pdiff[k] / unit:.3g} (relative) when the first "
+            f"{int(ns[a[k]]) - 1} tokens of a {int(ns[a[k]])}-token check query are permuted, "
+            f"where at most {pallowed[k] / unit:.3g} is expected; "
+            + _POSITION_HINT.format(what=what, hint=hint or MISMATCH_HINT),
+            error=max(error, float(pdiff[k] / unit)), allowed=float(pallowed[k] / unit),
+            n_checks=n_used)
+    bad = ~(diffs <= allowed)  # NaN included
+    if bad.any():
+        with np.errstate(divide="ignore", invalid="ignore"):
+            k = int(np.argmax(np.where(bad, np.nan_to_num(diffs / allowed, nan=np.inf), -1.0)))
+        seen, allowed_rel = float(diffs[k] / unit), float(allowed[k] / unit)
+        longest = int(ns.max())
+        raise ModelMismatchError(
+            f"answers differ from {what} by {error:.3g} (relative) on {n_checks} check "
+            f"queries of {int(ns.min())} to {longest} tokens, {int(bad.sum())} of them by more "
+            f"than expected (the farthest, of {int(ns[k])} tokens, by {seen:.3g} where at most "
+            f"{allowed_rel:.3g} is expected); {hint or MISMATCH_HINT}",
+            error=error, allowed=allowed_rel, n_checks=n_used)
+    # one-token answers x^T v test v alone: the check of the rest (W, the positions) rests on
+    # the longer queries, when there are any
+    multi = ns >= 2 if np.any(ns >= 2) else np.ones(ns.size, dtype=bool)
+    informative = int(np.count_nonzero((allowed < np.abs(yhat)) & multi))
+    return _CheckResult(error, n_used, informative, float(np.min((allowed / unit)[multi])))
 
 
 def check_answers(oracle, predict, rng: np.random.Generator, n_checks: int, rtol: float,
                   atol=0.0, what: str = "a single attention head",
-                  token_scale: float = 1.0, lengths=(2, 4),
-                  hint: str | None = None) -> tuple[float, int]:
+                  token_scale: float = 1.0, lengths=CHECK_LENGTHS,
+                  hint: str | None = None, pair_atol: float | None = None) -> tuple[float, int]:
     """Compare the oracle with an estimate on ``n_checks`` fresh random queries.
 
-    The check queries come from :func:`check_queries`. The estimate passes when
+    The check queries come from :func:`check_queries` (lengths spread over ``lengths``, and
+    prefix-permuted copies of the longest, :func:`check_plan`). The estimate passes when
     ``|y - y_hat| <= atol + rtol * max |y|`` on every query, where ``y`` are the oracle's
     answers and ``y_hat = predict(X)``; ``atol`` is a number or a function of the queries
-    ``X (B, N, d)`` giving each query's own allowance (B,). ``hint`` (what the disagreement may
-    mean) ends the error message.
+    ``X (B, N, d)`` giving each query's own allowance (B,). The box's answers on a query and on
+    its prefix-permuted copy must also agree, to within ``pair_atol + 2 max(rtol,
+    ROUNDING_RTOL) max |y|`` (the answers' own error, when known, and rounding) or else the
+    sum of the two queries' allowances: a position-free estimate answers both alike, so this
+    catches position-dependent boxes even where the estimate's allowance is loose. ``hint``
+    (what the disagreement may mean) ends the error message.
 
     Returns
     -------
@@ -439,40 +617,25 @@ def check_answers(oracle, predict, rng: np.random.Generator, n_checks: int, rtol
     Raises
     ------
     ModelMismatchError
-        When the estimate fails the test.
+        When the estimate fails the test, or the answers change under a permutation of a
+        query's first N - 1 tokens.
     """
-    if n_checks == 0:
-        return float("nan"), 0
-    y, yhat, allow, n_used = _ask_checks(oracle, predict, rng, n_checks, atol, token_scale,
-                                         lengths)
-    diffs = np.abs(y - yhat)
-    diff = float(np.max(diffs))
-    scale = float(np.max(np.abs(y)))
-    error = diff / scale if scale > 0 else diff
-    allowed = allow + rtol * scale
-    bad = ~(diffs <= allowed)  # NaN included
-    if bad.any():
-        with np.errstate(divide="ignore", invalid="ignore"):
-            k = int(np.argmax(np.where(bad, np.nan_to_num(diffs / allowed, nan=np.inf), -1.0)))
-        unit = scale if scale > 0 else 1.0
-        seen, allowed_rel = float(diffs[k] / unit), float(allowed[k] / unit)
-        raise ModelMismatchError(
-            f"answers differ from {what} by {error:.3g} (relative) on {n_checks} check "
-            f"queries, {int(bad.sum())} of them by more than expected (the farthest by "
-            f"{seen:.3g} where at most {allowed_rel:.3g} is expected); {hint or MISMATCH_HINT}",
-            error=error, allowed=allowed_rel, n_checks=n_used)
-    return error, n_used
+    res = _run_check(oracle, predict, rng, n_checks, rtol, atol=atol, what=what,
+                     token_scale=token_scale, lengths=lengths, hint=hint, pair_atol=pair_atol)
+    return res.error, res.n_queries
 
 
 def check_signs(oracle, predict, rng: np.random.Generator, n_checks: int, rtol: float = 0.0,
                 atol=0.0, what: str = "a single attention head", token_scale: float = 1.0,
-                lengths=(2, 4), hint: str | None = None) -> tuple[float, int]:
+                lengths=CHECK_LENGTHS, hint: str | None = None) -> tuple[float, int]:
     """Compare a membership oracle's signs with an estimate's on ``n_checks`` fresh queries.
 
     ``predict(X)`` gives the estimate's values; a query where the estimate says
     ``f(X) > 0`` and the oracle answers 0 (or the reverse) is a disagreement unless
     ``|predict(X)| <= atol + rtol * max |predict(X)|`` (the estimate's own uncertainty there;
-    ``atol`` a number or a function of the queries, as in :func:`check_answers`).
+    ``atol`` a number or a function of the queries, as in :func:`check_answers`). The queries
+    are :func:`check_queries`'s; the box must answer a query and its prefix-permuted copy
+    with the same sign (a position-free head does, whatever the estimate's uncertainty).
 
     Returns
     -------
@@ -484,13 +647,25 @@ def check_signs(oracle, predict, rng: np.random.Generator, n_checks: int, rtol: 
     Raises
     ------
     ModelMismatchError
-        When any sign disagrees beyond the estimate's uncertainty.
+        When any sign disagrees beyond the estimate's uncertainty, or the box's sign changes
+        under a permutation of a query's first N - 1 tokens.
     """
-    if n_checks == 0:
-        return float("nan"), 0
-    ans, yhat, allow, n_used = _ask_checks(oracle, predict, rng, n_checks, atol, token_scale,
-                                           lengths)
-    sure = ~(np.abs(yhat) <= allow + rtol * float(np.max(np.abs(yhat))))  # NaN: never sure
+    res = _run_check(oracle, predict, rng, n_checks, rtol, atol=atol, what=what,
+                     token_scale=token_scale, lengths=lengths, hint=hint, signs=True)
+    return res.error, res.n_queries
+
+
+def _signs_verdict(ans, yhat, allow, pairs, rtol, what, hint, n_checks, n_used):
+    a, b = pairs[:, 0], pairs[:, 1]
+    flipped = (ans[a] > 0.5) != (ans[b] > 0.5)
+    if flipped.any():
+        raise ModelMismatchError(
+            f"membership answers change sign on {int(flipped.sum())} of {a.size} check queries "
+            "when their first N - 1 tokens are permuted; "
+            + _POSITION_HINT.format(what=what, hint=hint or MISMATCH_HINT),
+            error=float(np.mean(flipped)), allowed=0.0, n_checks=n_used)
+    bound = allow + rtol * float(np.max(np.abs(yhat)))
+    sure = ~(np.abs(yhat) <= bound)  # NaN: never sure
     wrong = sure & ((ans > 0.5) != (yhat > 0))
     error = float(np.mean(wrong))
     if wrong.any():
@@ -498,4 +673,7 @@ def check_signs(oracle, predict, rng: np.random.Generator, n_checks: int, rtol: 
             f"membership answers differ from {what} on {int(wrong.sum())} of {n_checks} check "
             f"queries where the estimate's sign is certain; {hint or MISMATCH_HINT}",
             error=error, allowed=0.0, n_checks=n_used)
-    return error, n_used
+    informative = int(np.count_nonzero(sure))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = float(np.min(bound / np.max(np.abs(yhat)))) if np.any(yhat) else float("nan")
+    return _CheckResult(error, n_used, informative, rel)

@@ -111,8 +111,11 @@ class ExactValueQueryLearner(BaseLearner):
         ``d^2 + 2d + 1`` queries, see the module docstring). Default False: the paper's head,
         ``d^2 + d`` queries, and ``key_bias_`` and ``offset_`` are 0.
     verify : int
-        Check queries spent after fitting (0: no check): the oracle's answers to fresh random
-        queries must agree with the estimate's to ``ROUNDING_RTOL`` (relative), else
+        Check queries spent after fitting (0: no check)
+        (default 8: 6 fresh random queries of 2 to 128 tokens and copies of the two longest
+        with their first N - 1 tokens permuted, which the box must answer alike;
+        :func:`~attnquery.learners._base.check_plan`): the oracle's
+        answers must agree with the estimate's to ``ROUNDING_RTOL`` (relative), else
         :class:`~attnquery.errors.ModelMismatchError`.
     random_state : int, sequence of ints, Generator or None
         Seed of the Gaussian probes.

@@ -401,7 +401,10 @@ class LowPrecisionValueQueryLearner(BaseLearner):
     block_bytes : int
         Memory bound on one batch of queries.
     verify : int
-        Check queries spent after fitting (0 turns the check off).
+        Check queries spent after fitting (0 turns the check off)
+        (default 8: 6 fresh random queries of 2 to 128 tokens and copies of the two longest
+        with their first N - 1 tokens permuted, which the box must answer alike;
+        :func:`~attnquery.learners._base.check_plan`).
 
     Attributes
     ----------

@@ -110,7 +110,10 @@ class NuclearNormROPLearner(BaseLearner):
     max_logit, min_logit, initial_logit_scale : float
         Logit window of the probes (see :class:`SketchLowRankLearner`).
     verify : int
-        Check queries spent after fitting (0: no check); the tolerance is
+        Check queries spent after fitting (0: no check)
+        (default 8: 6 fresh random queries of 2 to 128 tokens and copies of the two longest
+        with their first N - 1 tokens permuted, which the box must answer alike;
+        :func:`~attnquery.learners._base.check_plan`); the tolerance is
         :data:`ROUNDING_RTOL` when the solution is polished, else
         ``NUCLEAR_VERIFY_FACTOR * solver_eps``.
     random_state : int, sequence of ints, Generator or None
@@ -475,7 +478,11 @@ class SketchLowRankLearner(BaseLearner):
         Also learn the key bias c and the offset beta of a module's head (``d + 1`` more
         queries). Default False: the paper's head; ``key_bias_`` and ``offset_`` are 0.
     verify : int
-        Check queries spent after fitting (0: no check); see :data:`ROUNDING_RTOL`.
+        Check queries spent after fitting (0: no check)
+        (default 8: 6 fresh random queries of 2 to 128 tokens and copies of the two longest
+        with their first N - 1 tokens permuted, which the box must answer alike;
+        :func:`~attnquery.learners._base.check_plan`); see
+        :data:`ROUNDING_RTOL`.
     random_state : int, sequence of ints, Generator or None
         Seed of the sketches.
 

@@ -99,7 +99,12 @@ class MembershipLearner(BaseLearner):
         :func:`~attnquery.learners._base.output_error_bound` with ``eps / d`` per entry of W
         and the v stage's precision), the oracle must give the same sign, else
         :class:`~attnquery.errors.ModelMismatchError`. An answer carries one bit, so the
-        default is :data:`MEMBERSHIP_VERIFY`, more than the value learners' 8.
+        default is :data:`MEMBERSHIP_VERIFY`, more than the value learners' 8: 48 fresh
+        random queries of 2 to 128 tokens and 16 copies of the longest with their first N - 1
+        tokens permuted, whose signs must equal the originals'
+        (:func:`~attnquery.learners._base.check_plan`). Where the estimate is unsure on every
+        query the check is vacuous: ``verify_vacuous_`` and a
+        :class:`~attnquery.errors.VacuousCheckWarning`.
     random_state : int, Generator or None
         Seed of the sphere samples and of the check queries.
 

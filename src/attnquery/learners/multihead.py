@@ -131,7 +131,11 @@ class OrthogonalSubspaceLearner(BaseLearner):
         Probe design of the per-head exact learner (default: the paper's deterministic set,
         well conditioned in the small reduced dimensions d_h).
     verify : int
-        Check queries spent after fitting (0: no check): the multi-head model found must agree
+        Check queries spent after fitting (0: no check)
+        (default 8: 6 fresh random queries of 2 to 128 tokens and copies of the two longest
+        with their first N - 1 tokens permuted, which the box must answer alike;
+        :func:`~attnquery.learners._base.check_plan`): the multi-head
+        model found must agree
         with the oracle to :data:`ROUNDING_RTOL` with the bases given, or to
         :data:`DISCOVERY_VERIFY_RTOL` with the bases discovered (finite differences), else
         :class:`~attnquery.errors.ModelMismatchError`.

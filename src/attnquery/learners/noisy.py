@@ -38,6 +38,7 @@ import scipy.special
 from ..errors import AssumptionViolation, ConfigError, NotIdentifiableError
 from ..theory import THEOREM_CONSTANT, theorem61_guarantee, theorem61_required_tau  # noqa: F401
 from ._base import (
+    CHECK_LENGTHS,
     DEFAULT_VERIFY,
     BaseLearner,
     check_budget,
@@ -130,7 +131,10 @@ class NoisyValueQueryLearner(BaseLearner):
         clipping range by more than the tolerance allows (``||W||_F > W_bound``). With
         ``False`` such weights are clipped silently and counted in ``n_out_of_range_``.
     verify : int
-        Check queries (of 1, 2 and 4 tokens) spent after fitting (0: no check). The answers
+        Check queries spent after fitting (0: no check): by default 6 fresh random queries of
+        1, 2, 8, 16, 64 and 128 tokens and copies of the two longest with their first N - 1
+        tokens permuted, whose answers must differ by at most ``2 tau`` (a position-free head
+        answers both alike; :func:`~attnquery.learners._base.check_plan`). The answers
         must agree with the estimate's within ``tau`` plus the error the estimate can have: on
         one-row queries ``[x]``, ``|x|^T err_v`` (tight, so answers off by more than tau show);
         on longer ones, the proof's bound on
@@ -169,6 +173,13 @@ class NoisyValueQueryLearner(BaseLearner):
         Queries counted by the oracle during ``fit`` (the check queries included).
     n_verify_queries_ : int
         Check queries (``verify``).
+    verify_vacuous_ : bool
+        The check could not have failed: on every check query of two tokens or more, tau and
+        the estimate's error bounds allow more disagreement than the estimate's own answer
+        (a loose tau: at d = 8, ``W_bound = 8``, ``tau = 5e-3`` the bounds on W exceed 6 per
+        entry). Such a fit warns with :class:`~attnquery.errors.VacuousCheckWarning` and the
+        study records ``verify_vacuous`` in its row; only the order test (the permuted copies,
+        to within 2 tau) then holds.
     verify_error_ : float
         Largest disagreement on the check queries, relative to the largest answer.
     n_queries_by_stage_ : dict
@@ -244,11 +255,12 @@ class NoisyValueQueryLearner(BaseLearner):
             self.ref_index_ = probes.p
             self._check_defined(ledger, probes.n)
             # one-row check queries test the answers' tolerance almost exactly (their
-            # allowance is tau + |x|^T err_v); longer ones test W within the propagated bound
+            # allowance is tau + |x|^T err_v); longer ones test W within the propagated bound;
+            # a query and its prefix-permuted copy must agree to within 2 tau
             with ledger.stage("verify"):
                 self._verify_fit(
                     oracle, self.predict, rng.spawn(1)[0], rtol=0.0, n0=ledger.n0,
-                    lengths=(1, 2, 4),
+                    lengths=(1, *CHECK_LENGTHS), pair_atol=2.0 * self.tau_,
                     atol=lambda X: self.tau_ + output_error_bound(X, self.v_, self.err_W_,
                                                                   self.err_v_),
                     hint=f"the answers may be off by more than tau = {self.tau_:.3g}, or the "

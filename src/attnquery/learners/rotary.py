@@ -194,7 +194,8 @@ class RotaryValueQueryLearner(BaseLearner):
     rank_tol : float
         Singular values of ``M_{-1}`` below ``rank_tol`` times the largest are zero (dense route).
     verify : int
-        Check queries (0: none), split between ``verify_lengths``.
+        Check queries (0: none), split between ``verify_lengths`` (no permuted copies: a
+        rotary head depends on the order of the tokens).
     verify_lengths : tuple of int
         Lengths of the check sequences.
     block_bytes : int
@@ -372,7 +373,7 @@ class RotaryValueQueryLearner(BaseLearner):
     def _check(self, oracle, rng, n0: int, lengths) -> None:
         """The self-check on fresh sequences of ``lengths`` tokens."""
         self._verify_fit(oracle, self.predict, rng, rtol=self.check_rtol_, n0=n0,
-                         lengths=lengths, what="a rotary attention head",
+                         lengths=lengths, permuted=False, what="a rotary attention head",
                          hint="the box may not be a rotary head (ALiBi, a sliding window, "
                               "query or key biases without fit_bias), or have several "
                               "heads, noise or lower precision than float64")

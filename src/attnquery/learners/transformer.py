@@ -48,7 +48,10 @@ class TransformerLearner(BaseLearner):
         Extra parameters of :class:`ReLUNetworkLearner` (its own check is replaced by the
         transformer's).
     verify : int
-        Check queries (lengths 2 and 4) spent after fitting (0: no check): the transformer
+        Check queries spent after fitting (0: no check)
+        (default 8: 6 fresh random queries of 2 to 128 tokens and copies of the two longest
+        with their first N - 1 tokens permuted, which the box must answer alike;
+        :func:`~attnquery.learners._base.check_plan`): the transformer
         found must agree with the oracle to :data:`FFN_VERIFY_RTOL`, else
         :class:`~attnquery.errors.ModelMismatchError`.
     random_state : int, sequence of ints, Generator or None

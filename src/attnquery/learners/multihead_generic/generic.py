@@ -102,7 +102,10 @@ class MultiHeadLearner(BaseLearner):
     max_line_rounds : int
         Rounds of new lines drawn per anchor when lines are rejected.
     verify : int
-        Fresh random check queries spent last, after the held-out check (0 turns it off);
+        Fresh random check queries spent last, after the held-out check (0 turns it off)
+        (default 8: 6 fresh random queries of 2 to 128 tokens and copies of the two longest
+        with their first N - 1 tokens permuted, which the box must answer alike;
+        :func:`~attnquery.learners._base.check_plan`);
         raises :class:`~attnquery.errors.ModelMismatchError` when the heads disagree with them.
     random_state : int, sequence of ints, Generator or None
         Seed of the random anchors, directions and refit queries.

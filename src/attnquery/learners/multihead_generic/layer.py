@@ -119,6 +119,10 @@ class _Layer:
     ledger: QueryLedger
     V: np.ndarray
     beta: float
+    #: with biases, the last token (a random unit vector) from which each missing direction's
+    #: key-bias term is read: at x = 0 a head without key bias has a zero query vector and
+    #: cannot be silenced
+    base: np.ndarray | None = None
 
     @property
     def d(self) -> int:
@@ -284,13 +288,15 @@ class AttentionLayerLearner(BaseLearner):
             fit_rotary_layer(self, oracle, d, H, r)
             return self
         rng = self._rng()
-        r_scan, r_sketch, r_verify = rng.spawn(3)
+        r_scan, r_sketch, r_verify, r_base = rng.spawn(4)
         bias = bool(self.fit_bias)
+        base = r_base.standard_normal(d) if bias else None
         with self._open_ledger(oracle, STAGES, what="the layer") as ledger:
             check_budget(ledger, d + 1, "reading V and beta")
             with ledger.stage("v_sum"):
                 head = read_head_constants(ledger, d, bias=bias, key_bias=False)
-            run = _Layer(ledger, head.v, head.offset)
+            run = _Layer(ledger, head.v, head.offset,
+                         None if base is None else base / np.linalg.norm(base))
             vs = self._scan(run, H, r_scan)  # every v_h, from a circle of saturated queries
             heads = [self._isolated(run, vs, g, r, bias, r_sketch) for g in range(H)]
             Ks, Qs, cs = self._missing_directions(run, vs, heads, bias)
@@ -675,8 +681,11 @@ class AttentionLayerLearner(BaseLearner):
         perp, perp_B = silent
         d = run.d
         # last tokens along W_g's row space: nu_j^T W_g x = rho^T Q^T x is read exactly,
-        # through the identity (and x = 0 for nu_j^T c_g)
-        X = np.concatenate([np.zeros((1, d)), Q.T]) if bias else Q.T.copy()
+        # through the identity; with biases, from the base token w and Q + w (differences give
+        # rho, and nu_j^T a_g(w) - rho^T Q^T w gives nu_j^T c_g; x = 0 would not do: a head
+        # without key bias has a zero query vector there and cannot be silenced)
+        w = run.base
+        X = np.concatenate([w[None, :], Q.T + w]) if bias else Q.T.copy()
         n = X.shape[0]
         hg, hj = heads[g], heads[j]
         ag = hg.query_vectors(X)  # (n, m): a_g(x) along B_g
@@ -711,5 +720,6 @@ class AttentionLayerLearner(BaseLearner):
         logit = np.log(alpha) - np.log1p(-alpha)
         val = (logit[:n] - logit[n:]) / t  # nu_j^T a_g(x)
         if bias:
-            return val[1:] - val[0], float(val[0])
+            rho = val[1:] - val[0]
+            return rho, float(val[0] - rho @ (Q.T @ w))
         return val, 0.0
