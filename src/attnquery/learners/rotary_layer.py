@@ -125,7 +125,7 @@ def fit_rotary_layer(est, oracle, d: int, H: int, r: int) -> None:
         with ledger.stage("verify"):
             est._verify_fit(oracle, est.predict, r_verify, rtol=est.rtol,
                             what=f"a rotary attention layer of {H} heads of rank {r}",
-                            lengths=ROTARY_VERIFY_LENGTHS)
+                            lengths=ROTARY_VERIFY_LENGTHS, permuted=False)
         est.n_requeried_ = int(ledger.n_requeried)
         est.n_queries_ = ledger.total
 
