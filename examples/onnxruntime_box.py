@@ -17,7 +17,7 @@ from the same session (in Python; see docs/served.md)::
     from attnquery.learners import LowPrecisionValueQueryLearner
     from attnquery.oracles import ValueOracle
     from examples.onnxruntime_box import served_head
-    est = LowPrecisionValueQueryLearner(6 * (32**2 + 2 * 32 + 1), fit_bias=True,
+    est = LowPrecisionValueQueryLearner(n_queries=6 * (32**2 + 2 * 32 + 1), fit_bias=True,
                                         random_state=0).fit(ValueOracle(served_head, 32))
     est.W_, est.v_, est.key_bias_, est.offset_
 """

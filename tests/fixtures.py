@@ -85,3 +85,41 @@ def exiting_head(X):
 def interrupted_head(X):
     """A black box interrupted by Ctrl-C."""
     raise KeyboardInterrupt
+
+
+def cancelled_head(X):
+    """A black box whose async client was cancelled (a BaseException, not an Exception)."""
+    import asyncio
+
+    raise asyncio.CancelledError("the request was cancelled")
+
+
+def boolean_head8(X):
+    """:data:`HEAD8`'s answers as booleans (``f(X) > 0``), not numbers."""
+    return HEAD8(X) > 0
+
+
+class _Unprintable(Exception):
+    def __str__(self):
+        raise ValueError("the message itself fails")
+
+
+def unprintable_head(X):
+    """A black box raising an exception whose message cannot be made."""
+    raise _Unprintable()
+
+
+# -- a rotary head (RoPE), for --method rotary --------------------------------------------------
+def _rotary_head():
+    from attnquery.models import random_rotary_head
+
+    return random_rotary_head(16, 11, head_dim=8, rope_base=1e4)
+
+
+#: the head behind :func:`rotary_head` (d = 16, head_dim 8, fully rotary, base 1e4)
+ROTARY_HEAD = _rotary_head()
+
+
+def rotary_head(X):
+    """A rotary attention head (Llama-style RoPE), d = 16."""
+    return ROTARY_HEAD(X)

@@ -8,7 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from attnquery.cli import METHODS, ProgressOracle, main
+from attnquery.cli import main
+from attnquery.extraction import METHODS, ProgressOracle
 from attnquery.oracles import ValueOracle
 from attnquery.realheads import (
     ModuleBlackBox,
@@ -106,8 +107,9 @@ def test_heads_then_extract_model(tmp_path, capsys):
     assert "gpt2-style, 2 layers x 4 heads, d = 32" in out and "coordinate" in out
     assert main(["extract", "--model", str(tmp_path / "h0.npz")]) == 0
     assert "rel. error W" in capsys.readouterr().out
+    # no such layer: a usage error, as for extract --module (issue 20: it was exit 1)
     assert main(["heads", str(ckpt), "--layer", "2", "--head", "0", "--out",
-                 str(tmp_path / "x.npz")]) == 1
+                 str(tmp_path / "x.npz")]) == 2
     assert "layer must be in [0, 2)" in capsys.readouterr().err
 
 
@@ -244,14 +246,14 @@ def test_membership_method(tmp_path, capsys):
 
 
 def test_query_count_cannot_silently_read_zero(monkeypatch):
-    from attnquery.cli import Method, run_extraction
     from attnquery.errors import AttnQueryError
+    from attnquery.extraction import ExtractionSpec, Method, run_extraction
 
     monkeypatch.setitem(METHODS, "fake", Method("tests.fixtures", "NoQueryLearner", "value", ""))
     with pytest.raises(AttnQueryError, match="counted 0 queries"):
-        run_extraction("fake", SOME_HEAD, 16)
+        run_extraction(ExtractionSpec("fake", SOME_HEAD, 16))
     with pytest.raises(AttnQueryError, match="reports 5 queries but the oracle counted 1"):
-        run_extraction("fake", SOME_HEAD, 16, params={"n_queries_": 5})
+        run_extraction(ExtractionSpec("fake", SOME_HEAD, 16, params={"n_queries_": 5}))
 
 
 def test_progress_oracle_delegates_and_counts():
@@ -280,7 +282,8 @@ def test_info(capsys, repo, monkeypatch):
 
 
 def test_every_command_has_help(capsys):
-    for cmd in ([], ["extract"], ["heads"], ["validate"], ["info"]):
+    for cmd in ([], ["extract"], ["heads"], ["validate"], ["info"], ["bench"],
+                ["check-reproducible"]):
         with pytest.raises(SystemExit) as exc:
             main([*cmd, "--help"])
         assert exc.value.code == 0
@@ -293,3 +296,111 @@ def test_console_script_runs_from_the_repo_root(repo):
                           "--method", "exact", "--json"], cwd=repo, capture_output=True,
                          text=True, check=True)
     assert json.loads(out.stdout)["n_queries"] == 280
+
+
+def test_bench_subcommand_runs_the_named_benchmarks(capsys, monkeypatch):
+    from attnquery import bench
+
+    ran = []
+    monkeypatch.setitem(bench.BENCHMARKS, "tiny", lambda: ran.append("tiny") or [{"d": 4}])
+    monkeypatch.setitem(bench.BENCHMARKS, "other", lambda: ran.append("other") or [])
+    assert main(["bench", "tiny"]) == 0
+    assert ran == ["tiny"] and "### tiny" in capsys.readouterr().out
+    assert main(["bench", "tiny", "nonesuch"]) == 2  # refused before anything runs
+    err = capsys.readouterr().err
+    assert ran == ["tiny"] and "unknown benchmark 'nonesuch'" in err
+    assert err.startswith("attnquery bench: error:") and len(err.splitlines()) == 1
+
+
+def test_check_reproducible_subcommand(tmp_path, capsys, monkeypatch, repo):
+    import subprocess
+
+    from attnquery import reproducible
+
+    monkeypatch.chdir(repo)
+    outputs = {"cores1": b"same", "cores3": b"same"}
+
+    def fake_run(config, directory, cores, *extra, log=None):
+        (directory / "results").mkdir(parents=True)
+        (directory / "results" / "t.parquet").write_bytes(outputs[directory.name])
+
+    monkeypatch.setattr(reproducible, "run_study", fake_run)
+    argv = ["check-reproducible", "--config", "config/quick.yaml", "--cores", "3"]
+    assert main([*argv, "--workdir", str(tmp_path / "a")]) == 0
+    assert "reproducible: 1 result tables and figures are byte-identical" in \
+        capsys.readouterr().out
+    outputs["cores3"] = b"different"
+    assert main([*argv, "--workdir", str(tmp_path / "b")]) == 1
+    assert "differs: results/t.parquet" in capsys.readouterr().out
+
+    def failing_run(config, directory, cores, *extra, log=None):
+        raise subprocess.CalledProcessError(1, ["snakemake"])
+
+    monkeypatch.setattr(reproducible, "run_study", failing_run)
+    assert main([*argv, "--workdir", str(tmp_path / "c")]) == 1
+    assert "the workflow failed with exit status 1" in capsys.readouterr().err
+    assert main(["check-reproducible", "--config", str(tmp_path / "none.yaml")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["check-reproducible", "--cores", "0"])
+    assert exc.value.code == 2
+
+
+def test_module_source_leaves_the_arguments_unchanged(bert):
+    from attnquery.cli.app import build_parser
+    from attnquery.cli.extract import _module_source
+
+    for extra, method, rank in ((["--layer", "0"], "layer", 8),
+                                (["--layer", "1", "--head", "2"], "exact", None)):
+        args = build_parser().parse_args(["extract", "--module", str(bert), *extra])
+        before = dict(vars(args))
+        source = _module_source(args)
+        assert vars(args) == before
+        assert (source.method, source.rank, source.d) == (method, rank, 32)
+
+
+def test_extraction_spec_and_expected_queries():
+    from attnquery import theory
+    from attnquery.errors import ConfigError
+    from attnquery.extraction import ExtractionSpec, expected_queries, run_extraction
+
+    assert expected_queries("exact", 16, n_check=8) == theory.exact_queries(16) + 8 == 280
+    assert expected_queries("sketch", 24, 3, n_check=8) == theory.lowrank_floor(24, 3) + 8
+    assert expected_queries("sketch", 24) is None and expected_queries("nuclear", 24, 3) is None
+    with pytest.raises(ConfigError, match="unknown method 'magic'"):
+        ExtractionSpec("magic", SOME_HEAD, 16)
+    summary, learned = run_extraction(ExtractionSpec("exact", SOME_HEAD, 16, truth=SOME_HEAD))
+    assert summary["n_queries"] == 280 and rel(learned.W, SOME_HEAD.W) < 1e-10
+    assert summary["rel_err_W"] < 1e-10
+
+
+def test_the_library_never_imports_the_command_line():
+    code = ("import sys, attnquery.extraction, attnquery.bench, attnquery.reproducible; "
+            "print(sorted(m for m in sys.modules if m.startswith('attnquery.cli')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_python_dash_m_runs_the_command_line(repo):
+    out = subprocess.run([sys.executable, "-m", "attnquery.cli", "extract", "--oracle",
+                          "tests.fixtures:head8", "--d", "8", "--json"], cwd=repo,
+                         capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout)["n_queries"] == 8 * 8 + 8 + 8
+
+
+def test_the_reference_names_every_subcommand_and_option(repo):
+    import argparse
+
+    from attnquery.cli import build_parser
+
+    text = (repo / "docs" / "cli.md").read_text(encoding="utf-8")
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    missing = []
+    for name, parser in sub.choices.items():
+        if f"attnquery {name}" not in text:
+            missing.append(name)
+        for action in parser._actions:
+            missing += [f"{name} {o}" for o in action.option_strings
+                        if o.startswith("--") and o != "--help" and f"`{o}" not in text]
+    assert not missing, f"docs/cli.md does not document {missing}"

@@ -47,8 +47,9 @@ def test_workflow_conda_env_uses_the_same_versions(repo):
     py = _pyproject_pins(repo)
     for dep in env["dependencies"]:
         name, ver = dep.split("=", 1)
+        key = name.lower().replace("_", "-")
         if name != "python":
-            assert py.get(name.lower().replace("_", "-")) == ver, f"workflow/envs/attnquery.yaml: {dep}"
+            assert py.get(key) == ver, f"workflow/envs/attnquery.yaml: {dep}"
     runtime = {k for k in py if k not in ("pytest", "pytest-xdist", "hypothesis", "ruff",
                                           "onnx", "onnxruntime",
                                           "snakemake", "snakemake-executor-plugin-slurm")}

@@ -29,7 +29,7 @@ from attnquery.figures.lowprecision import (
     lowprecision_frame,
     queries_needed,
 )
-from attnquery.figures.noise import rounding_claims, rounding_costs
+from attnquery.figures.rounding import rounding_claims, rounding_costs
 from attnquery.learners import LowPrecisionValueQueryLearner
 from attnquery.learners.lowprecision import MAX_NOISE_LEVEL, pair_logits
 from attnquery.metrics import fit_power_law_within, relative_error
@@ -51,7 +51,8 @@ def _oracle(head, spec, **kw):
 def _fit(head, spec, per_unknown, seed=0, **kw):
     d = head.d
     oracle = _oracle(head, spec)
-    est = LowPrecisionValueQueryLearner(int(per_unknown * (d * d + d)), random_state=seed,
+    est = LowPrecisionValueQueryLearner(n_queries=int(per_unknown * (d * d + d)),
+                                        random_state=seed,
                                         **kw).fit(oracle)
     return est, oracle
 
@@ -185,7 +186,8 @@ def test_rank_found_from_the_noise_and_factors_returned():
     assert est_full.rank_ == 24 and est_full.W_factors_ is None
     # a given rank truncates, and truncation lowers the error of a low-rank head
     given, _ = _fit(head, "float16", 4, rank=3)
-    dense = LowPrecisionValueQueryLearner(4 * (24 * 24 + 24), rank=24, random_state=0).fit(
+    dense = LowPrecisionValueQueryLearner(n_queries=4 * (24 * 24 + 24), rank=24,
+                                          random_state=0).fit(
         _oracle(head, "float16"))
     assert relative_error(given.W_, head.W) < 0.7 * relative_error(dense.W_, head.W)
     X = np.random.default_rng(0).standard_normal((5, 3, 24))
@@ -203,7 +205,7 @@ def test_two_heads_are_refused(weight):
     box = MultiHeadAttention([h1, AttentionHead(weight * h2.v, W=h2.W)])
     oracle = RoundingOracle(box, 12, dtype="float16")
     with pytest.raises(ModelMismatchError) as info:
-        LowPrecisionValueQueryLearner(4 * (12 * 12 + 12), random_state=0).fit(oracle)
+        LowPrecisionValueQueryLearner(n_queries=4 * (12 * 12 + 12), random_state=0).fit(oracle)
     if weight < 1:
         assert info.value.error > 5 * info.value.allowed
 
@@ -219,7 +221,8 @@ def test_v_zero_is_not_identifiable():
     head = AttentionHead(np.zeros(4), W=np.eye(4))
     oracle = _oracle(head, "float16")
     with pytest.raises(NotIdentifiableError):
-        LowPrecisionValueQueryLearner(LowPrecisionValueQueryLearner.min_queries(4)).fit(oracle)
+        LowPrecisionValueQueryLearner(
+            n_queries=LowPrecisionValueQueryLearner.min_queries(4)).fit(oracle)
     assert oracle.n_queries == 4  # the one-row queries, nothing more
 
 
@@ -228,21 +231,21 @@ def test_bad_parameters_and_budgets():
     oracle = _oracle(head, "float16")
     need = LowPrecisionValueQueryLearner.min_queries(8)
     with pytest.raises(ConfigError, match="below"):
-        LowPrecisionValueQueryLearner(need - 1).fit(oracle)
+        LowPrecisionValueQueryLearner(n_queries=need - 1).fit(oracle)
     assert oracle.n_queries == 0
     with pytest.raises(ConfigError, match="rank"):
-        LowPrecisionValueQueryLearner(10 * need, rank=9).fit(oracle)
+        LowPrecisionValueQueryLearner(n_queries=10 * need, rank=9).fit(oracle)
     with pytest.raises(ConfigError, match="max_logit"):
-        LowPrecisionValueQueryLearner(10 * need, max_logit=20.0).fit(oracle)
+        LowPrecisionValueQueryLearner(n_queries=10 * need, max_logit=20.0).fit(oracle)
     with pytest.raises(ConfigError, match="target_logit"):
-        LowPrecisionValueQueryLearner(10 * need, target_logit=6.0).fit(oracle)
+        LowPrecisionValueQueryLearner(n_queries=10 * need, target_logit=6.0).fit(oracle)
     with pytest.raises(ConfigError, match="n_queries"):
-        LowPrecisionValueQueryLearner(2.5).fit(oracle)
+        LowPrecisionValueQueryLearner(n_queries=2.5).fit(oracle)
     with pytest.raises(ConfigError, match="membership"):
-        LowPrecisionValueQueryLearner(10 * need).fit(MembershipOracle(head, 8))
+        LowPrecisionValueQueryLearner(n_queries=10 * need).fit(MembershipOracle(head, 8))
     small = RoundingOracle(head, 8, dtype="float16", budget=need)
     with pytest.raises(BudgetExceededError):
-        LowPrecisionValueQueryLearner(2 * need).fit(small)
+        LowPrecisionValueQueryLearner(n_queries=2 * need).fit(small)
     assert small.n_queries == 0
     est, oracle = _fit(head, "float16", 6)
     with pytest.raises(ConfigError, match="rel_error"):
@@ -262,7 +265,7 @@ def test_only_documented_errors_and_finite_estimates(d, log_scale, zero_frac, sp
     head = random_head(d, seed=seed, W_fro=10.0**log_scale, zero_frac=zero_frac)
     n = max(LowPrecisionValueQueryLearner.min_queries(d) + 64, 6 * (d * d + d))
     try:
-        est = LowPrecisionValueQueryLearner(n, random_state=0).fit(_oracle(head, spec))
+        est = LowPrecisionValueQueryLearner(n_queries=n, random_state=0).fit(_oracle(head, spec))
     except AttnQueryError:
         return
     assert np.all(np.isfinite(est.W_)) and np.all(np.isfinite(est.v_))

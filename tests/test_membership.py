@@ -10,11 +10,10 @@ from attnquery.errors import (
     NotIdentifiableError,
 )
 from attnquery.experiments import expand_cells, run_cells
-from attnquery.experiments.membership import membership_head
 from attnquery.figures.membership import membership_claims
 from attnquery.learners import MembershipLearner
 from attnquery.learners.membership import sphere_constant
-from attnquery.models import AttentionHead
+from attnquery.models import AttentionHead, membership_head
 from attnquery.oracles import MembershipOracle, ValueOracle
 from attnquery.results import rows_to_table
 from attnquery.theory import membership_target as target_queries

@@ -101,7 +101,7 @@ def test_orthogonal_subspace_generator_satisfies_assumption_c1():
 def test_known_bases_recovery_is_exact(d, H, dims):
     model, bases = orthogonal_subspace_multihead(d, H, seed=[d, H], dims=dims, return_bases=True)
     oracle = ValueOracle(model, d)
-    est = OrthogonalSubspaceLearner(H, bases=bases, random_state=0).fit(oracle)
+    est = OrthogonalSubspaceLearner(n_heads=H, bases=bases, random_state=0).fit(oracle)
     # heads come back in a shuffled order only if the bases are: match anyway
     W, v = truth(model)
     m = match_heads(est.W_, est.v_, W, v)
@@ -113,7 +113,7 @@ def test_known_bases_recovery_is_exact(d, H, dims):
 
 def test_known_bases_in_another_order_give_permuted_heads():
     model, bases = orthogonal_subspace_multihead(9, 3, seed=2, return_bases=True)
-    est = OrthogonalSubspaceLearner(3, bases=bases[::-1], random_state=0).fit(
+    est = OrthogonalSubspaceLearner(n_heads=3, bases=bases[::-1], random_state=0).fit(
         ValueOracle(model, 9)
     )
     W, v = truth(model)
@@ -126,7 +126,7 @@ def test_known_bases_in_another_order_give_permuted_heads():
 def test_basis_discovery_recovers_every_head(d, H):
     model = orthogonal_subspace_multihead(d, H, seed=[d, H, 1])
     oracle = ValueOracle(model, d)
-    est = OrthogonalSubspaceLearner(H, random_state=0).fit(oracle)
+    est = OrthogonalSubspaceLearner(n_heads=H, random_state=0).fit(oracle)
     W, v = truth(model)
     m = match_heads(est.W_, est.v_, W, v)
     assert m["max_rel_err_W"] <= 1e-6 and m["max_rel_err_v"] <= 1e-6
@@ -140,9 +140,10 @@ def test_basis_discovery_fails_with_too_few_anchors():
     d, H = 12, 2
     model = orthogonal_subspace_multihead(d, H, seed=3)
     W, v = truth(model)
-    enough = OrthogonalSubspaceLearner(H, random_state=0).fit(ValueOracle(model, d))
+    enough = OrthogonalSubspaceLearner(n_heads=H, random_state=0).fit(ValueOracle(model, d))
     try:  # wrong subspaces: wrong heads, or a subspace that shows no value vector at all
-        few = OrthogonalSubspaceLearner(H, random_state=0, n_anchors=2).fit(ValueOracle(model, d))
+        few = OrthogonalSubspaceLearner(n_heads=H, random_state=0, n_anchors=2).fit(
+            ValueOracle(model, d))
         assert match_heads(few.W_, few.v_, W, v)["max_rel_err_W"] > 1e-2
     except NotIdentifiableError as exc:
         assert "value vector is 0 on its subspace" in str(exc)
@@ -153,15 +154,15 @@ def test_orthogonal_learner_rejects_bad_input():
     model, bases = orthogonal_subspace_multihead(6, 2, seed=0, return_bases=True)
     oracle = ValueOracle(model, 6)
     with pytest.raises(ConfigError, match="n_heads"):
-        OrthogonalSubspaceLearner(7).fit(oracle)
+        OrthogonalSubspaceLearner(n_heads=7).fit(oracle)
     with pytest.raises(ConfigError, match="orthonormal"):
-        OrthogonalSubspaceLearner(2, bases=[bases[0] * 2, bases[1]]).fit(oracle)
+        OrthogonalSubspaceLearner(n_heads=2, bases=[bases[0] * 2, bases[1]]).fit(oracle)
     with pytest.raises(ConfigError, match="bases"):
-        OrthogonalSubspaceLearner(3, bases=bases).fit(oracle)
+        OrthogonalSubspaceLearner(n_heads=3, bases=bases).fit(oracle)
     # a head with v = 0 has no identifiable W
     dead = MultiHeadAttention([model.heads[0], AttentionHead(np.zeros(6), W=model.heads[1].W)])
     with pytest.raises(NotIdentifiableError, match="head 1"):
-        OrthogonalSubspaceLearner(2, bases=bases).fit(ValueOracle(dead, 6))
+        OrthogonalSubspaceLearner(n_heads=2, bases=bases).fit(ValueOracle(dead, 6))
 
 
 def test_random_multihead_is_seeded():
@@ -217,4 +218,4 @@ def test_dead_first_head_is_reported_as_not_identifiable():
     model, bases = orthogonal_subspace_multihead(6, 2, seed=1, return_bases=True)
     dead = MultiHeadAttention([AttentionHead(np.zeros(6), W=model.heads[0].W), model.heads[1]])
     with pytest.raises(NotIdentifiableError, match="head 0"):
-        OrthogonalSubspaceLearner(2, bases=bases).fit(ValueOracle(dead, 6))
+        OrthogonalSubspaceLearner(n_heads=2, bases=bases).fit(ValueOracle(dead, 6))

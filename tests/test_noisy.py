@@ -10,11 +10,12 @@ from attnquery.errors import (
     NotIdentifiableError,
 )
 from attnquery.experiments import expand_cells, run_cells
-from attnquery.experiments.noise import assumptions_met, theorem_head, within
-from attnquery.figures.noise import noise_claims, rounding_claims, useful_digits
+from attnquery.experiments.noise import within
+from attnquery.figures.noise import noise_claims
+from attnquery.figures.rounding import rounding_claims, useful_digits
 from attnquery.learners import NoisyValueQueryLearner
 from attnquery.learners.noisy import L_CLIP, TAU_CLIP, theorem61_guarantee
-from attnquery.models import AttentionHead
+from attnquery.models import AttentionHead, assumptions_met, theorem_head
 from attnquery.oracles import ApproximateValueOracle, MembershipOracle, ValueOracle
 from attnquery.results import rows_to_table
 
@@ -26,7 +27,7 @@ def test_clip_constants_match_lemma_a1():
 
 def test_exact_answers_give_exact_recovery():
     head = theorem_head(6, 0, 4.0, 0.1, zero_frac=0.34)
-    est = NoisyValueQueryLearner(4.0, 0.1).fit(ValueOracle(head, 6))
+    est = NoisyValueQueryLearner(W_bound=4.0, mu=0.1).fit(ValueOracle(head, 6))
     assert np.max(np.abs(est.W_ - head.W)) < 1e-12
     assert np.array_equal(est.v_ == 0, head.v == 0)
     assert est.n_queries_ == 6 + 36 + est.n_verify_queries_ and est.n_verify_queries_ == 8
@@ -40,7 +41,7 @@ def test_error_within_theorem_guarantee(noise, d, W_bound, mu):
         for tau in (1e-8, 1e-5, 1e-3, 0.49 * mu):
             assert assumptions_met(head, tau, W_bound, mu)
             o = ApproximateValueOracle(head, d, tau, noise=noise, random_state=seed)
-            est = NoisyValueQueryLearner(W_bound, mu).fit(o)
+            est = NoisyValueQueryLearner(W_bound=W_bound, mu=mu).fit(o)
             bW, bv = theorem61_guarantee(tau, d, W_bound, mu)
             assert np.linalg.norm(est.W_ - head.W) <= bW
             # adversarial noise meets the v bound with equality (up to float64 rounding)
@@ -51,7 +52,7 @@ def test_error_within_theorem_guarantee(noise, d, W_bound, mu):
 def test_error_is_linear_in_tau():
     head = theorem_head(5, 1, 4.0, 0.1, zero_frac=0.2)
     taus = np.geomspace(1e-9, 1e-5, 5)
-    errs = [np.linalg.norm(NoisyValueQueryLearner(4.0, 0.1).fit(
+    errs = [np.linalg.norm(NoisyValueQueryLearner(W_bound=4.0, mu=0.1).fit(
         ApproximateValueOracle(head, 5, t, noise="adversarial", random_state=0)).W_ - head.W)
         for t in taus]
     slope = np.polyfit(np.log(taus), np.log(errs), 1)[0]
@@ -59,7 +60,7 @@ def test_error_is_linear_in_tau():
 
 
 def test_required_tau_is_the_theorems():
-    est = NoisyValueQueryLearner(4.0, 0.1, eps_W=1e-2, eps_v=1e-2).fit(
+    est = NoisyValueQueryLearner(W_bound=4.0, mu=0.1, eps_W=1e-2, eps_v=1e-2).fit(
         ValueOracle(theorem_head(4, 0, 4.0, 0.1), 4))
     assert est.required_tau_ == pytest.approx(min(0.05, 1e-2 / 2, 0.1 * 1e-2 / (160 * 16 * 4)))
 
@@ -72,7 +73,7 @@ def test_a_value_oracle_around_a_noisy_function_works():
     def noisy(X):  # a black box that is noisy by itself (not deterministic even)
         return head(X) + tau * rng.uniform(-1, 1, size=X.shape[0])
 
-    est = NoisyValueQueryLearner(4.0, 0.1, tau=tau).fit(ValueOracle(noisy, 5))
+    est = NoisyValueQueryLearner(W_bound=4.0, mu=0.1, tau=tau).fit(ValueOracle(noisy, 5))
     bW, bv = theorem61_guarantee(tau, 5, 4.0, 0.1)
     assert np.linalg.norm(est.W_ - head.W) <= bW and np.linalg.norm(est.v_ - head.v) <= bv
 
@@ -84,7 +85,7 @@ def test_oversampling_reduces_random_error_and_counts_queries():
         errs = []
         for s in range(6):
             o = ApproximateValueOracle(head, 4, 1e-4, random_state=s)
-            est = NoisyValueQueryLearner(2.0, 0.1, oversample=k, random_state=s).fit(o)
+            est = NoisyValueQueryLearner(W_bound=2.0, mu=0.1, oversample=k, random_state=s).fit(o)
             assert o.n_queries == k * (4 + 16) + est.n_verify_queries_
             errs.append(np.linalg.norm(est.W_ - head.W))
         med[k] = np.median(errs)
@@ -94,10 +95,10 @@ def test_oversampling_reduces_random_error_and_counts_queries():
 def test_unclipped_baseline_is_undefined_under_large_noise():
     head = theorem_head(6, 0, 8.0, 0.05, zero_frac=0.0)
     o = ApproximateValueOracle(head, 6, 1e-2, noise="adversarial")
-    unc = NoisyValueQueryLearner(8.0, 0.05, clip=False, strict=False)
+    unc = NoisyValueQueryLearner(W_bound=8.0, mu=0.05, clip=False, strict=False)
     with pytest.raises(AssumptionViolation, match="undefined"):
         unc.fit(o)
-    clipped = NoisyValueQueryLearner(8.0, 0.05).fit(o)
+    clipped = NoisyValueQueryLearner(W_bound=8.0, mu=0.05).fit(o)
     assert unc.n_undefined_ > 0 and np.isnan(unc.W_).any()
     assert np.all(np.isfinite(clipped.W_)) and clipped.n_clipped_ > 0
 
@@ -106,9 +107,9 @@ def test_norm_bound_violation_is_detected():
     head = theorem_head(4, 0, 4.0, 0.1)
     big = AttentionHead(head.v, W=head.W * 6)  # ||W||_F = 24 > W_bound = 4
     with pytest.raises(AssumptionViolation, match="W_bound"):
-        NoisyValueQueryLearner(4.0, 0.1).fit(ApproximateValueOracle(big, 4, 1e-6))
+        NoisyValueQueryLearner(W_bound=4.0, mu=0.1).fit(ApproximateValueOracle(big, 4, 1e-6))
     # non-strict: clipped and counted, and the clipped estimate fails its check
-    est = NoisyValueQueryLearner(4.0, 0.1, strict=False)
+    est = NoisyValueQueryLearner(W_bound=4.0, mu=0.1, strict=False)
     with pytest.raises(ModelMismatchError, match="tau = 1e-06"):
         est.fit(ApproximateValueOracle(big, 4, 1e-6))
     assert est.n_out_of_range_ > 0 and est.verify_error_ > 0.01
@@ -134,9 +135,9 @@ def test_assumption_parameters_are_also_assumption_violations(kw):
 def test_zero_v_is_not_identifiable_and_membership_oracles_are_refused():
     zero = AttentionHead(np.zeros(3), W=np.eye(3))
     with pytest.raises(NotIdentifiableError, match="v = 0"):
-        NoisyValueQueryLearner(4.0, 0.1).fit(ApproximateValueOracle(zero, 3, 1e-4))
+        NoisyValueQueryLearner(W_bound=4.0, mu=0.1).fit(ApproximateValueOracle(zero, 3, 1e-4))
     with pytest.raises(ConfigError, match="membership"):
-        NoisyValueQueryLearner(4.0, 0.1).fit(MembershipOracle(zero, 3))
+        NoisyValueQueryLearner(W_bound=4.0, mu=0.1).fit(MembershipOracle(zero, 3))
 
 
 def _rows(name, cfg):

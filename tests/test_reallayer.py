@@ -9,7 +9,7 @@ from attnquery.errors import ConfigError, ModelMismatchError, SearchLimitError
 from attnquery.learners import AttentionLayerLearner
 from attnquery.learners.multihead_generic import layer_dof, layer_probe_count
 from attnquery.metrics import functional_error, match_heads, relative_error
-from attnquery.models import MultiHeadAttention, random_head
+from attnquery.models import MultiHeadAttention, random_head, random_multihead
 from attnquery.oracles import ValueOracle
 from attnquery.realheads import (
     ModuleBlackBox,
@@ -53,6 +53,18 @@ def test_recovers_every_head_with_the_stated_count(d, H, seed):
     assert est.verify_error_ <= 1e-10
     assert functional_error(model, est.predict, d, np.random.default_rng(0)) <= 1e-10
     assert est.rank_ == r and all(L.shape == (d, r) for L, _ in est.W_factors_)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_fit_bias_never_refuses_a_layer_without_biases(seed):
+    # the paper's model: zero key biases and offset, learnt with the default fit_bias=True (at
+    # x = 0 such a head has a zero query vector and cannot be silenced; this used to end in
+    # AssumptionViolation "the heads are not those of an attention layer" on every seed)
+    model = random_multihead(8, 2, seed, rank=4)
+    est = AttentionLayerLearner(n_heads=2, random_state=seed).fit(ValueOracle(model, 8))
+    _check(est, model, 1e-9)
+    assert max(float(np.max(np.abs(c))) for c in est.key_bias_) <= 1e-9
+    assert est.verify_error_ <= 1e-10
 
 
 def test_without_biases_and_a_smaller_true_rank():

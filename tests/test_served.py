@@ -135,7 +135,7 @@ def test_onnxruntime_example_is_extracted_with_its_biases(repo):
     oracle = ValueOracle(ex.served_head, 32)
     with pytest.raises(ModelMismatchError):
         ExactValueQueryLearner(fit_bias=True, random_state=0).fit(oracle)
-    est = LowPrecisionValueQueryLearner(6 * (32**2 + 2 * 32 + 1), fit_bias=True,
+    est = LowPrecisionValueQueryLearner(n_queries=6 * (32**2 + 2 * 32 + 1), fit_bias=True,
                                         random_state=0).fit(ValueOracle(ex.served_head, 32))
     assert est.rank_ == 8  # the head dimension
     X = np.random.default_rng(0).standard_normal((64, 3, 32))

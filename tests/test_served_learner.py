@@ -56,7 +56,7 @@ def units(q):
 
 def test_exact_box_with_biases():
     h = random_head(16, 3, rank=4, key_bias=0.5, offset=0.3)
-    est = LowPrecisionValueQueryLearner(3000, random_state=0, fit_bias=True)
+    est = LowPrecisionValueQueryLearner(n_queries=3000, random_state=0, fit_bias=True)
     est.fit(ValueOracle(h, 16))
     eW, ev, ec = _errors(est, h)
     assert eW < 1e-9 and ev < 1e-9 and ec < 1e-8
@@ -69,7 +69,8 @@ def test_float32_served_head(ckpt, engine):
     box = (ModuleBlackBox(ckpt, 0, 1, precision="float32") if engine == "ours"
            else module_box(ckpt, 0, 1, "float32"))
     oracle = ValueOracle(box, D)
-    est = LowPrecisionValueQueryLearner(units(6), random_state=0, fit_bias=True).fit(oracle)
+    est = LowPrecisionValueQueryLearner(n_queries=units(6), random_state=0,
+                                        fit_bias=True).fit(oracle)
     h = _truth(ckpt, 1)
     eW, ev, ec = _errors(est, h)
     assert oracle.n_queries <= units(6)
@@ -92,7 +93,8 @@ def test_low_precision_served_head_near_its_floor(ckpt, precision, engine, q, fa
     box = (ModuleBlackBox(ckpt, 0, 2, precision=precision) if engine == "ours"
            else module_box(ckpt, 0, 2, precision))
     oracle = ValueOracle(box, D)
-    est = LowPrecisionValueQueryLearner(units(q), random_state=1, fit_bias=True).fit(oracle)
+    est = LowPrecisionValueQueryLearner(n_queries=units(q), random_state=1,
+                                        fit_bias=True).fit(oracle)
     eW, ev, ec = _errors(est, _truth(ckpt, 2))
     assert oracle.n_queries <= units(q)
     floor = floor_W(ckpt, 2, precision)
@@ -107,5 +109,5 @@ def test_two_heads_are_refused():
     b = random_head(12, 2, key_bias=0.3)
     box = MultiHeadAttention([a, b], precision="float32")
     with pytest.raises((ModelMismatchError, AssumptionViolation)):
-        LowPrecisionValueQueryLearner(2000, random_state=0,
+        LowPrecisionValueQueryLearner(n_queries=2000, random_state=0,
                                       fit_bias=True).fit(ValueOracle(box, 12))

@@ -7,6 +7,7 @@ to answer silently and wrongly now end in a named error.
 """
 
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ from attnquery.errors import (
     ConfigError,
     ModelMismatchError,
     SearchLimitError,
+    VacuousCheckWarning,
 )
 from attnquery.learners import (
     ExactValueQueryLearner,
@@ -29,11 +31,15 @@ from attnquery.learners import (
     TransformerLearner,
 )
 from attnquery.learners._base import (
+    CHECK_LENGTHS,
     DEFAULT_VERIFY,
     check_answers,
+    check_plan,
+    check_queries,
     check_signs,
     output_error_bound,
 )
+from attnquery.metrics import fit_counted
 from attnquery.models import (
     AttentionHead,
     orthogonal_subspace_multihead,
@@ -42,7 +48,17 @@ from attnquery.models import (
     random_v,
 )
 from attnquery.oracles import ApproximateValueOracle, MembershipOracle, ValueOracle
-from tests.boxes import biased_head, in_dtype, relative_noise, two_heads
+from tests.boxes import (
+    alibi,
+    attention_sink,
+    biased_head,
+    in_dtype,
+    relative_noise,
+    rotary,
+    sliding_window,
+    three_heads,
+    two_heads,
+)
 
 
 def _membership_head(d):
@@ -68,7 +84,7 @@ IN_MODEL = {
                     lambda d: random_transformer(d, 3, d), ValueOracle),
     "ffn": (lambda: ReLUNetworkLearner(random_state=0),
             lambda d: random_transformer(d, 3, d), ValueOracle),
-    "orthogonal": (lambda: OrthogonalSubspaceLearner(2, random_state=0),
+    "orthogonal": (lambda: OrthogonalSubspaceLearner(n_heads=2, random_state=0),
                    lambda d: orthogonal_subspace_multihead(d, 2, d), ValueOracle),
 }
 
@@ -264,3 +280,103 @@ def test_default_exact_learner_on_real_minilm_heads(layer, head):
     assert oracle.n_queries - est.n_verify_queries_ == d * d + d == 147_840
     assert est.n_verify_queries_ == DEFAULT_VERIFY and est.verify_error_ <= 1e-13
     assert relative_error(est.W_, truth.W) <= 1e-12
+
+
+# -- long sequences and permuted prefixes ---------------------------------------------------------
+
+
+def test_check_plan_spreads_lengths_to_128_and_permutes_the_longest():
+    assert check_plan(8) == ([2, 4, 8, 32, 64, 128], 2)
+    fresh, n_perm = check_plan(64)
+    assert len(fresh) + n_perm == 64 and n_perm == 16
+    assert set(fresh) == set(CHECK_LENGTHS) and max(fresh.count(n) for n in fresh) <= 7
+    assert check_plan(8, (1,)) == ([1] * 8, 0)  # nothing to permute: every query fresh
+    assert check_plan(8, (1, *CHECK_LENGTHS)) == ([1, 2, 8, 16, 64, 128], 2)
+    assert check_plan(1) == ([128], 0) and check_plan(0) == ([], 0)
+    batches, pairs = check_queries(np.random.default_rng(0), 5, 8, return_pairs=True)
+    flat = [x for b in batches for x in b]
+    assert len(flat) == 8 and [x.shape[0] for x in flat] == [2, 4, 8, 32, 64, 128, 64, 128]
+    assert pairs.tolist() == [[4, 6], [5, 7]]
+    for a, b in pairs:  # the same tokens, the same last token, another order
+        assert np.array_equal(flat[a][-1], flat[b][-1])
+        assert not np.array_equal(flat[a], flat[b])
+        assert np.array_equal(np.sort(flat[a][:-1], axis=0), np.sort(flat[b][:-1], axis=0))
+
+
+@pytest.mark.parametrize("box", ["window_4", "window_5", "window_8", "alibi", "rotary"])
+def test_position_dependent_boxes_are_refused_by_the_exact_learner(box):
+    # a 4-token window is exactly a head on the 2- and 4-token queries the check used to ask,
+    # and was returned with verify_error_ 3e-15 while off by 0.87 on 16-token inputs
+    make = {"window_4": lambda: sliding_window(8, 0, 4),
+            "window_5": lambda: sliding_window(8, 0, 5),
+            "window_8": lambda: sliding_window(8, 0, 8), "alibi": lambda: alibi(8, 0),
+            "rotary": lambda: rotary(8, 0)}[box]
+    est = ExactValueQueryLearner(random_state=0)
+    oracle = ValueOracle(make(), 8)
+    with pytest.raises(ModelMismatchError, match="order of the tokens") as info:
+        est.fit(oracle)
+    assert info.value.n_checks == est.n_verify_queries_ == DEFAULT_VERIFY
+    assert est.n_queries_ == oracle.n_queries
+    assert "permuted" in str(info.value) and info.value.error > 1e-3
+
+
+def test_a_window_is_a_head_on_short_inputs_and_not_on_long_ones():
+    head, box = random_head(8, seed=0), sliding_window(8, 0, 4)
+    rng = np.random.default_rng(1)
+    short, long = rng.standard_normal((20, 4, 8)), rng.standard_normal((20, 16, 8))
+    np.testing.assert_allclose(box(short), head(short), rtol=1e-12, atol=1e-14)
+    assert np.max(np.abs(box(long) - head(long))) > 0.1 * np.max(np.abs(head(long)))
+
+
+def test_a_noisy_learner_with_a_loose_tau_says_its_check_is_vacuous():
+    # Theorem 6.1's error bounds at tau = 5e-3 (d = 8) allow more disagreement than the answers
+    # themselves on every check query of two tokens or more: such a check cannot fail
+    d, returned = 8, 0
+    for box in (three_heads(d, 0), attention_sink(d, 0)):
+        est = NoisyValueQueryLearner(W_bound=8.0, mu=0.01, tau=5e-3, random_state=0)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                m = fit_counted(est, ValueOracle(box, d))
+            except AttnQueryError:
+                continue
+        vacuous = [w for w in caught if issubclass(w.category, VacuousCheckWarning)]
+        assert len(vacuous) == 1 and "could not fail" in str(vacuous[0].message)
+        assert est.verify_vacuous_ is True and m["verify_vacuous"] is True
+        returned += 1
+    assert returned >= 1  # the three heads are returned, flagged (functional error 2)
+    # the order of the tokens is still tested, to within 2 tau: ALiBi and rotary boxes raise
+    for box in (alibi(d, 0), rotary(d, 0), sliding_window(d, 0, 4)):
+        with pytest.raises(ModelMismatchError, match="permuted"):
+            NoisyValueQueryLearner(W_bound=8.0, mu=0.01, tau=5e-3, random_state=0).fit(
+                ValueOracle(box, d))
+    # with a tight tau the same learner's check is not vacuous and refuses three heads
+    est = NoisyValueQueryLearner(W_bound=8.0, mu=0.01, tau=1e-9, random_state=0)
+    with pytest.raises(ModelMismatchError):
+        est.fit(ValueOracle(three_heads(d, 0), d))
+    head = IN_MODEL["noisy"][1](d)
+    est = NoisyValueQueryLearner(W_bound=4.0, mu=0.05, tau=1e-9, random_state=0)
+    assert fit_counted(est, ValueOracle(head, d))["verify_vacuous"] is False
+    assert est.verify_vacuous_ is False
+
+
+def test_membership_signs_change_under_a_permutation_of_a_windowed_box():
+    box = sliding_window(6, window=4, head=_membership_head(6))
+    with pytest.raises(ModelMismatchError, match="change sign on"):
+        MembershipLearner(eps=1e-3, W_bound=4.0, mu=0.05, random_state=0).fit(
+            MembershipOracle(box, 6))
+
+
+def test_answers_off_by_exactly_tau_pass_the_order_test():
+    # each answer f(X) +- tau with the sign set by the first token: a query and its permuted copy
+    # differ by 2 tau (plus rounding) and the noisy learner must not refuse the head
+    d, tau = 6, 1e-4
+    head = IN_MODEL["noisy"][1](d)
+
+    def box(X):
+        X = np.asarray(X, dtype=float)
+        return head(X) + tau * np.where(X[:, 0, 0] > 0, 1.0, -1.0)
+
+    est = NoisyValueQueryLearner(W_bound=4.0, mu=0.05, tau=tau, random_state=0)
+    est.fit(ValueOracle(box, d))
+    assert est.n_verify_queries_ == DEFAULT_VERIFY and np.isfinite(est.verify_error_)

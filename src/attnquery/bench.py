@@ -3,7 +3,8 @@
 "queries (counted)" are the queries that learnt the parameters, as the oracle counted them; each
 learner also spends its check queries after them (8 by default), counted apart.
 
-Run ``python -m attnquery.bench NAME`` (or ``all``); ``make bench`` runs them all. Each benchmark
+Run ``attnquery bench NAME`` or ``python -m attnquery.bench NAME`` (or ``all``); ``make bench``
+runs them all. Each benchmark
 prints a table; the README reproduces the tables measured on a 2-core machine.
 """
 
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["BENCHMARKS", "register_benchmark", "main", "print_table"]
+__all__ = ["BENCHMARKS", "register_benchmark", "run_benchmarks", "main", "print_table"]
 
 #: benchmark name -> function() -> list of row dicts
 BENCHMARKS: dict[str, Callable[[], list[dict]]] = {}
@@ -257,7 +258,8 @@ def bench_lowprecision() -> list[dict]:
             box = _TimedBox(head)
             oracle = RoundingOracle(box, d, **kw)
             t0, c0 = time.perf_counter(), time.process_time()
-            est = LowPrecisionValueQueryLearner(int(q * (d * d + d)), random_state=0).fit(oracle)
+            est = LowPrecisionValueQueryLearner(n_queries=int(q * (d * d + d)),
+                                                random_state=0).fit(oracle)
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0
             rows.append({
                 "answers": spec,
@@ -317,16 +319,72 @@ def bench_layer() -> list[dict]:
     return rows
 
 
+@register_benchmark("rotary")
+def bench_rotary() -> list[dict]:
+    """RotaryValueQueryLearner on random rotary heads (beyond the paper): dense route at
+    d_h = d / 2 and d_h = d, low-rank route at Llama-like shapes; queries counted, frequency
+    errors, functional errors on 1, 64 and 4,096 tokens and wall time."""
+    from .learners import RotaryValueQueryLearner
+    from .models import random_rotary_head
+    from .oracles import ValueOracle
+
+    rows = []
+    cases = [("dense", d, d // 2, 1e4) for d in (16, 32, 64, 128)]
+    cases += [("dense", d, d, 1e6) for d in (16, 32, 64)]
+    cases += [("lowrank", 256, 64, 5e5), ("lowrank", 512, 128, 5e5),
+              ("lowrank", 1024, 128, 5e5)]
+    for route, d, dh, base in cases:
+        head = random_rotary_head(d, [d, dh], head_dim=dh, rope_base=base)
+        oracle = ValueOracle(head, d)
+        t0 = time.perf_counter()
+        est = RotaryValueQueryLearner(rank=dh if route == "lowrank" else None,
+                                      random_state=0).fit(oracle)
+        wall = time.perf_counter() - t0
+        n = est.n_queries_ - est.n_verify_queries_
+        row = {"route": route, "d": d, "d_h": dh, "base": f"{base:.0e}",
+               "queries (counted)": n, "queries / 2(d^2+d)": round(n / (2 * (d * d + d)), 3),
+               "max freq. error": float(np.max(np.abs(est.frequencies_ - head.frequencies))),
+               "cond M_-1": float(f"{est.condition_:.3g}")}
+        rng = np.random.default_rng(1)
+        for N in (1, 64, 4096):
+            X = rng.standard_normal((64 if N < 4096 else 4, N, d)) / np.sqrt(d)
+            y = head(X)
+            row[f"func. error N={N}"] = float(np.max(np.abs(est.predict(X) - y))
+                                              / np.max(np.abs(y)))
+        row["wall time (s)"] = round(wall, 1)
+        rows.append(row)
+    return rows
+
+
+def run_benchmarks(names=None, file=None) -> None:
+    """Run the benchmarks ``names`` (default: all, in name order) and print their tables to
+    ``file`` (default: standard output).
+
+    An unknown name is a :class:`~attnquery.errors.ConfigError`, raised before any runs.
+    """
+    from .errors import ConfigError
+
+    names = sorted(BENCHMARKS) if not names or list(names) == ["all"] else list(names)
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        raise ConfigError(f"unknown benchmark {', '.join(map(repr, unknown))}; known: all, "
+                          f"{', '.join(sorted(BENCHMARKS))}")
+    for n in names:
+        print_table(n, BENCHMARKS[n](), file=sys.stdout if file is None else file)
+
+
 def main(argv=None) -> int:
+    """``python -m attnquery.bench [NAME]`` (also ``attnquery bench``)."""
+    from .errors import ConfigError
+
     parser = argparse.ArgumentParser(prog="python -m attnquery.bench", description=__doc__)
     parser.add_argument("name", nargs="?", default="all",
                         help=f"benchmark to run: all, {', '.join(sorted(BENCHMARKS))}")
     args = parser.parse_args(argv)
-    names = sorted(BENCHMARKS) if args.name == "all" else [args.name]
-    for n in names:
-        if n not in BENCHMARKS:
-            parser.error(f"unknown benchmark {n!r}; known: {', '.join(sorted(BENCHMARKS))}")
-        print_table(n, BENCHMARKS[n]())
+    try:
+        run_benchmarks([args.name])
+    except ConfigError as exc:
+        parser.error(str(exc))
     return 0
 
 

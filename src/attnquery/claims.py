@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-__all__ = ["Claim", "ok_rows", "no_data", "extra_values"]
+__all__ = ["Claim", "ok_rows", "no_data", "extra_values", "threshold_claim"]
 
 
 @dataclass(frozen=True)
@@ -63,3 +63,32 @@ def extra_values(df, key: str, default=None):
     """The ``key`` entry of each row's ``extra`` JSON column (``default`` where it is absent)."""
     return df["extra"].map(lambda s: json.loads(s).get(key, default) if isinstance(s, str)
                            else default)
+
+
+def threshold_claim(name: str, statement: str, passes, *, of: int | None = None,
+                    worst=None, worst_label: str = "worst", fmt: str = ".2e",
+                    runs: str = "runs") -> Claim:
+    """A claim that every run meets a threshold, with the evidence ``"k/n runs; worst x"``.
+
+    Parameters
+    ----------
+    name, statement : str
+    passes : sequence of bool
+        Whether each run the claim rests on meets the threshold (the runs that ran to an
+        answer); the claim's :attr:`Claim.n_runs` is their number, so with none it is "not
+        supported (no data)".
+    of : int, optional
+        The runs the claim is about (default: ``len(passes)``); when more runs were asked for
+        than ran, the claim fails (a failed run is no evidence for it).
+    worst : float, optional
+        The worst value seen, printed as ``"; <worst_label> <worst:fmt>"``.
+    runs : str
+        What the runs are called in the evidence (``"runs with m <= d"``).
+    """
+    passes = [bool(p) for p in passes]
+    n, k = len(passes), sum(passes)
+    total = n if of is None else int(of)
+    detail = f"{k}/{total} {runs}"
+    if worst is not None:
+        detail += f"; {worst_label} {worst:{fmt}}"
+    return Claim(name, statement, bool(k == n == total), detail, n_runs=n)

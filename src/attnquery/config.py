@@ -13,15 +13,10 @@ from pathlib import Path
 import yaml
 
 from .errors import ConfigError
+from .schema import default_schema_path, fill_defaults, section_with_defaults
 
 __all__ = ["load_config", "validate_config", "check_config", "enabled_experiments",
            "default_schema_path"]
-
-
-def default_schema_path() -> Path:
-    """``config/schema.yaml`` of the source tree (or of the current directory)."""
-    here = Path(__file__).resolve().parents[2] / "config" / "schema.yaml"
-    return here if here.exists() else Path("config/schema.yaml")
 
 
 def load_config(path) -> dict:
@@ -46,35 +41,12 @@ def load_config(path) -> dict:
     return cfg
 
 
-def _fill_defaults(instance, schema, root):
-    if not isinstance(instance, dict):
-        return
-    if "$ref" in schema:
-        schema = _resolve(schema["$ref"], root)
-    for key, sub in schema.get("properties", {}).items():
-        if "$ref" in sub:
-            sub = {**_resolve(sub["$ref"], root), **{k: v for k, v in sub.items() if k != "$ref"}}
-        if key not in instance and "default" in sub:
-            instance[key] = sub["default"]
-        if key in instance:
-            _fill_defaults(instance[key], sub, root)
-
-
-def _resolve(ref: str, root):
-    node = root
-    for part in ref.lstrip("#/").split("/"):
-        node = node[part]
-    return node
-
-
 def validate_config(cfg: dict, schema_path=None) -> dict:
-    """Validate ``cfg`` against the JSON schema; fill defaults in place; return it."""
-    import jsonschema
+    """Validate ``cfg`` against the JSON schema, filling its defaults in place
+    (:mod:`attnquery.schema`: the schema is the one home of the defaults); return it."""
+    from .schema import defaults_validator, load_schema
 
-    schema_path = Path(schema_path or default_schema_path())
-    with open(schema_path, encoding="utf-8") as fh:
-        schema = yaml.safe_load(fh)
-    validator = jsonschema.Draft202012Validator(schema)
+    validator = defaults_validator(load_schema(schema_path))
     errors = sorted(validator.iter_errors(cfg), key=lambda e: list(e.absolute_path))
     if errors:
         lines = []
@@ -82,22 +54,25 @@ def validate_config(cfg: dict, schema_path=None) -> dict:
             where = ".".join(str(p) for p in e.absolute_path) or "(top level)"
             lines.append(f"{where}: {e.message}")
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines))
-    _fill_defaults(cfg, schema, schema)
     return cfg
 
 
 def enabled_experiments(cfg: dict) -> list[str]:
-    """Names of the enabled experiments, in config order."""
-    return [k for k, v in cfg["experiments"].items() if v.get("enabled", True)]
+    """Names of the enabled experiments, in config order (``enabled`` as given, else the
+    schema's default)."""
+    return [k for k, v in cfg["experiments"].items() if section_with_defaults(k, v)["enabled"]]
 
 
 def check_config(cfg: dict) -> dict[str, list]:
     """Expand every enabled experiment's grid; raise ConfigError naming the key on failure.
 
+    Fills the schema's defaults into ``cfg`` first (in place: the workflow's config is then
+    complete, ``$ref``-defined defaults included, which ``snakemake.utils.validate`` leaves out).
     Returns the cells of each enabled experiment.
     """
     from .experiments import expand_cells
 
+    fill_defaults(cfg)
     out = {}
     names = enabled_experiments(cfg)
     if not names:

@@ -18,6 +18,8 @@ __all__ = [
     "AssumptionViolation",
     "ModelMismatchError",
     "SearchLimitError",
+    "UndefinedEstimate",
+    "VacuousCheckWarning",
 ]
 
 
@@ -79,3 +81,15 @@ class ModelMismatchError(AssumptionViolation):
 
 class SearchLimitError(AttnQueryError):
     """An adaptive loop (doubling, line search, retries) reached its cap in queries or rounds."""
+
+
+class UndefinedEstimate(AttnQueryError):
+    """An estimate is undefined: non-finite entries, or the unclipped baseline of Theorem 6.1's
+    learner applied sigma^{-1} to a weight estimate outside (0, 1)."""
+
+
+class VacuousCheckWarning(UserWarning):
+    """A learner's check of its estimate could not have failed: on every check query the
+    disagreement its error model allows was at least the estimate's own answer (a loose
+    tolerance tau, say), so the returned estimate is unverified. The learner sets
+    ``verify_vacuous_ = True``; the study records it in the row (``verify_vacuous``)."""

@@ -33,7 +33,9 @@ def fit_counted(learner, oracle, record_refusal: bool = False) -> dict:
     Returns the metrics ``n_queries`` (queries the oracle counted for learning: all of the fit's
     but the check queries), ``verify_queries`` (the check queries, counted by the oracle),
     ``verify_error`` (the disagreement the check saw; None without a check, or where it is not
-    a number) and ``verified`` (whether the estimate passed its check; None without a check).
+    a number), ``verified`` (whether the estimate passed its check; None without a check) and
+    ``verify_vacuous`` (whether that check could not have failed, the learner's
+    ``verify_vacuous_``; None without a check).
 
     With ``record_refusal``, a learner that refuses its estimate
     (:class:`~attnquery.errors.ModelMismatchError`: the answers are not what it assumes) is
@@ -58,6 +60,7 @@ def fit_counted(learner, oracle, record_refusal: bool = False) -> dict:
         "verify_queries": n_check,
         "verify_error": err if n_check and np.isfinite(err) else None,
         "verified": verified if n_check else None,
+        "verify_vacuous": bool(getattr(learner, "verify_vacuous_", False)) if n_check else None,
     }
 
 

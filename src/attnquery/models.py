@@ -13,6 +13,7 @@ Notation follows the paper (Section 3): scores ``s_i = x_i^T W x_N``, attention 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -32,6 +33,9 @@ __all__ = [
     "check_input",
     "random_head",
     "random_v",
+    "theorem_head",
+    "assumptions_met",
+    "membership_head",
     "as_rng",
     "random_transformer",
     "random_multihead",
@@ -604,6 +608,79 @@ def random_head(
     return AttentionHead(v, W=W * scale, key_bias=c, offset=offset)
 
 
+# ---------------------------------------------------------------------------------------------
+# heads meeting a theorem's assumptions (the ground truth of the noise, rounding and membership
+# experiments)
+# ---------------------------------------------------------------------------------------------
+def theorem_head(d: int, rng, W_bound: float, mu: float, zero_frac: float = 0.0,
+                 W_frac: float = 1.0, rank: int | None = None) -> AttentionHead:
+    """A head meeting Theorem 6.1's assumptions (when ``mu <= 1 / sqrt(d)``).
+
+    W is Gaussian (or ``K^T Q`` of rank ``rank``) rescaled to ``||W||_F = W_frac * W_bound``;
+    the nonzero ``|v_i|`` are uniform in ``[mu, max(mu, 1/sqrt(d))]`` with one equal to ``mu``
+    (so ``||v|| <= 1``), and ``floor(zero_frac * d)`` entries (never all) are exactly 0.
+    """
+    rng = np.random.default_rng(rng)
+    if not 0 < mu <= 1:
+        raise ModelError(f"mu must be in (0, 1]; got {mu}")
+    if rank is None:
+        W = rng.standard_normal((d, d))
+    else:
+        W = rng.standard_normal((rank, d)).T @ rng.standard_normal((rank, d))
+    nrm = np.linalg.norm(W)
+    W = W * (W_frac * W_bound / nrm) if nrm > 0 else W
+    hi = max(mu, 1.0 / np.sqrt(d))
+    v = rng.choice([-1.0, 1.0], size=d) * rng.uniform(mu, hi, size=d)
+    n_zero = min(int(np.floor(zero_frac * d)), d - 1)
+    v[rng.permutation(d)[:n_zero]] = 0.0
+    k = int(rng.choice(np.flatnonzero(v)))
+    v[k] = np.sign(v[k]) * mu
+    return AttentionHead(v, W=W)
+
+
+def assumptions_met(head: AttentionHead, tau: float, W_bound: float, mu: float) -> bool:
+    """Whether (head, tau) meet Theorem 6.1's assumptions for (W_bound, mu).
+
+    The tolerance must be strictly below ``mu / 2``: at ``tau = mu / 2`` an entry
+    ``|v_i| = mu`` can be answered as ``mu / 2``, which the proof's zero test
+    (``|v_hat_i| <= mu / 2``) takes for a zero, and the adversarial oracle does exactly that.
+    """
+    v = head.v
+    nz = np.abs(v[v != 0])
+    return bool(
+        W_bound >= 2
+        and np.linalg.norm(head.W) <= W_bound * (1 + 1e-12)
+        and np.linalg.norm(v) <= 1 + 1e-12
+        and nz.size > 0
+        and nz.min() >= mu * (1 - 1e-12)
+        and tau < mu / 2
+    )
+
+
+def membership_head(d: int, rng, W_bound: float, mu: float, W_frac: float = 1.0
+                    ) -> AttentionHead:
+    """A head meeting Appendix B's assumptions: ``||v|| = 1``, ``min |v_i| = mu``,
+    ``||W||_F = W_frac * W_bound``.
+
+    One entry of v is ``+-mu``; the others are ``+-U[1, 2]`` rescaled to complete the unit norm
+    (which needs ``mu`` small enough that they stay ``>= mu``; else :class:`ModelError`).
+    """
+    rng = np.random.default_rng(rng)
+    W = rng.standard_normal((d, d))
+    W *= W_frac * W_bound / np.linalg.norm(W)
+    sgn = rng.choice([-1.0, 1.0], size=d)
+    if d == 1:
+        return AttentionHead(sgn.copy(), W=W)
+    k = int(rng.integers(d))
+    mag = rng.uniform(1.0, 2.0, size=d)
+    mag[k] = 0.0
+    mag *= math.sqrt(1.0 - mu**2) / np.linalg.norm(mag)
+    mag[k] = mu
+    if np.min(mag) < mu * (1 - 1e-12):
+        raise ModelError(f"mu = {mu} is too large for a unit v with margin mu at d = {d}")
+    return AttentionHead(sgn * mag, W=W)
+
+
 def random_transformer(
     d: int,
     m: int,
@@ -839,3 +916,467 @@ def non_identifiable_pair(name: str, d: int, H: int, seed=None):
         return ma, mb
     raise ModelError(f"unknown construction {name!r}; choose from "
                      f"{NON_IDENTIFIABLE_CONSTRUCTIONS}")
+
+
+# ==============================================================================================
+# Rotary positions (RoPE) and grouped-query attention (beyond the paper)
+# ==============================================================================================
+#
+# The paper's head ignores token positions. The heads of Llama, Qwen and Mistral rotate queries
+# and keys by their positions ("rotate half" convention of the GPT-NeoX and Llama code) and share
+# keys and values between groups of query heads (grouped-query attention). This section is
+# separate from the models above and changes none of them.
+
+__all__ += ["RotaryAttentionHead", "RotaryAttentionLayer", "rope_frequencies", "rotate_half",
+            "random_rotary_head", "random_rotary_layer"]
+
+
+def rope_frequencies(rotary_dim: int, rope_base: float) -> np.ndarray:
+    """The rotary frequencies ``theta_j = rope_base^(-2 j / R)``, ``j < R / 2`` (R = rotary_dim).
+
+    Parameters
+    ----------
+    rotary_dim : int
+        The number R of rotated dimensions of a head vector (even, >= 2).
+    rope_base : float
+        The base (10,000 in Llama 2, 500,000 in Llama 3, 1,000,000 in Qwen2); > 1.
+    """
+    if isinstance(rotary_dim, bool) or int(rotary_dim) != rotary_dim or rotary_dim < 2 \
+            or rotary_dim % 2:
+        raise ModelError(f"rotary_dim must be an even integer >= 2; got {rotary_dim!r}")
+    if not (np.isfinite(rope_base) and rope_base > 1.0):
+        raise ModelError(f"rope_base must be a finite number > 1; got {rope_base!r}")
+    R = int(rotary_dim)
+    return float(rope_base) ** (-np.arange(0, R, 2, dtype=np.float64) / R)
+
+
+def rotate_half(Z: np.ndarray, positions: np.ndarray, frequencies: np.ndarray) -> np.ndarray:
+    """Rotate head vectors by their positions, "rotate half" convention (GPT-NeoX, Llama).
+
+    With ``R = 2 len(frequencies)``, the dimensions ``(j, j + R/2)`` of every vector are rotated
+    by the angle ``p theta_j`` at position ``p``::
+
+        z'_j = z_j cos(p theta_j) - z_{j+R/2} sin(p theta_j)
+        z'_{j+R/2} = z_{j+R/2} cos(p theta_j) + z_j sin(p theta_j)
+
+    and the dimensions from R on are left as they are (partial rotary).
+
+    Parameters
+    ----------
+    Z : ndarray (..., n, dh)
+        Head vectors; the axis before last is the one the positions run along.
+    positions : ndarray (n,)
+        The position of each vector along that axis.
+    frequencies : ndarray (R/2,)
+
+    Returns
+    -------
+    ndarray, same shape as Z
+    """
+    half = frequencies.size
+    if half == 0:
+        return Z
+    ang = np.asarray(positions, dtype=np.float64)[:, None] * frequencies[None, :]
+    cos, sin = np.cos(ang), np.sin(ang)
+    a, b = Z[..., :half], Z[..., half:2 * half]
+    out = np.empty(Z.shape)
+    out[..., :half] = a * cos - b * sin
+    out[..., half:2 * half] = b * cos + a * sin
+    out[..., 2 * half:] = Z[..., 2 * half:]
+    return out
+
+
+def _rotary_frequencies_arg(frequencies, rope_base, rotary_dim, head_dim: int) -> np.ndarray:
+    """The frequencies of a rotary model from either ``frequencies`` or ``rope_base``."""
+    if frequencies is not None:
+        if rope_base is not None:
+            raise ModelError("give either frequencies or rope_base, not both")
+        th = np.atleast_1d(np.asarray(frequencies, dtype=np.float64))
+        if th.ndim != 1 or not np.all(np.isfinite(th)):
+            raise ModelError("frequencies must be a finite vector")
+        if rotary_dim is not None and 2 * th.size != rotary_dim:
+            raise ModelError(f"rotary_dim={rotary_dim} needs {rotary_dim // 2} frequencies; "
+                             f"got {th.size}")
+    else:
+        if rope_base is None:
+            raise ModelError("a rotary model needs rope_base or frequencies")
+        th = rope_frequencies(head_dim if rotary_dim is None else rotary_dim, rope_base)
+    if 2 * th.size > head_dim:
+        raise ModelError(f"rotary_dim = {2 * th.size} exceeds the head dimension {head_dim}")
+    return th
+
+
+def _vec_or_zeros(b, n: int, name: str) -> np.ndarray:
+    if b is None:
+        return np.zeros(n)
+    b = np.asarray(b, dtype=np.float64)
+    if b.shape != (n,) or not np.all(np.isfinite(b)):
+        raise ModelError(f"{name} must be a finite vector of shape ({n},); got {b.shape}")
+    return b
+
+
+#: entries of the (batch x tokens x head_dim) key arrays of one block of a rotary evaluation
+_ROTARY_BLOCK_ENTRIES = 2**22
+
+
+class RotaryAttentionHead:
+    """One attention head with rotary positions (RoPE, "rotate half") and Qwen-style biases.
+
+    Positions are ``0..N-1`` and the query token is the last, ``x_N`` at position ``N - 1``::
+
+        q = W_Q x_N + b_Q,   k_i = W_K x_i + b_K,
+        s_i = scale (Rot_{N-1} q)^T (Rot_{i-1} k_i),
+        f(X) = sum_i softmax(s)_i v^T x_i + offset,
+
+    (tokens numbered from 1, positions from 0), where ``Rot_p`` rotates the dimension pairs
+    ``(j, j + R/2)`` by ``p theta_j`` (:func:`rotate_half`) and ``scale = 1 / sqrt(head_dim)``.
+    A head read out along a vector u with value weights ``W_V`` and bias ``b_V`` is the case
+    ``v = W_V^T u`` and ``offset = u^T b_V``. Since ``Rot_a^T Rot_b = Rot_{b-a}``, the score
+    depends on the positions only through the offset ``delta = i - N`` (<= 0):
+    ``s_i = x_i^T M_delta x_N`` + bias terms, with one bilinear form per offset,
+    ``M_delta = scale W_K^T Rot_{-delta} W_Q`` (:meth:`M`).
+
+    The head is stored as its factors ``W_Q, W_K`` (head_dim x d) and evaluated from them in
+    O(N d head_dim) per sequence; no d x d matrix is formed unless :meth:`M` is asked for.
+
+    Parameters
+    ----------
+    W_Q, W_K : array_like (head_dim, d)
+        Query and key weights.
+    v : array_like (d,)
+        Value vector (value weights read out).
+    frequencies : array_like (R/2,), optional
+        The rotary frequencies ``theta_j`` of the dimension pairs ``(j, j + R/2)``.
+    rope_base : float, optional
+        Instead of ``frequencies``: ``theta_j = rope_base^(-2j/R)`` (:func:`rope_frequencies`).
+    rotary_dim : int, optional
+        R, the rotated dimensions (the first R of each head vector); default head_dim.
+    b_Q, b_K : array_like (head_dim,), optional
+        Query and key biases (Qwen2); default 0.
+    offset : float
+        Constant added to every answer (the value bias read out); default 0.
+    scale : float, optional
+        Score scale; default ``1 / sqrt(head_dim)``.
+    """
+
+    def __init__(self, W_Q, W_K, v, *, frequencies=None, rope_base=None, rotary_dim=None,
+                 b_Q=None, b_K=None, offset=0.0, scale=None):
+        W_Q = np.atleast_2d(np.asarray(W_Q, dtype=np.float64))
+        W_K = np.atleast_2d(np.asarray(W_K, dtype=np.float64))
+        v = np.asarray(v, dtype=np.float64)
+        if v.ndim != 1 or v.size < 1:
+            raise ModelError(f"v must be a non-empty vector; got shape {v.shape}")
+        d = v.size
+        if W_Q.shape != W_K.shape or W_Q.shape[1] != d or W_Q.ndim != 2:
+            raise ModelError(f"W_Q and W_K must both have shape (head_dim, {d}); got "
+                             f"{W_Q.shape} and {W_K.shape}")
+        dh = W_Q.shape[0]
+        if not all(np.all(np.isfinite(a)) for a in (W_Q, W_K, v)):
+            raise ModelError("model parameters must be finite")
+        self.frequencies = _rotary_frequencies_arg(frequencies, rope_base, rotary_dim, dh)
+        self.W_Q, self.W_K, self.v = W_Q, W_K, v
+        self.b_Q = _vec_or_zeros(b_Q, dh, "b_Q")
+        self.b_K = _vec_or_zeros(b_K, dh, "b_K")
+        if not np.isfinite(offset):
+            raise ModelError(f"offset must be finite; got {offset}")
+        self.offset = float(offset)
+        self.scale = 1.0 / np.sqrt(dh) if scale is None else float(scale)
+        if not np.isfinite(self.scale):
+            raise ModelError(f"scale must be finite; got {scale}")
+
+    @property
+    def d(self) -> int:
+        """Token dimension."""
+        return self.v.size
+
+    @property
+    def head_dim(self) -> int:
+        return self.W_Q.shape[0]
+
+    @property
+    def rotary_dim(self) -> int:
+        """R, the number of rotated dimensions."""
+        return 2 * self.frequencies.size
+
+    @property
+    def has_bias(self) -> bool:
+        return bool(self.offset != 0.0 or np.any(self.b_Q) or np.any(self.b_K))
+
+    def M(self, delta: int) -> np.ndarray:
+        """The bilinear form ``M_delta`` (d x d) of the relative offset ``delta = i - N <= 0``:
+        the score of token i is ``x_i^T M_delta x_N`` plus the bias terms."""
+        RQ = rotate_half(self.W_Q.T, np.full(self.d, -float(delta)), self.frequencies)
+        return self.scale * (self.W_K.T @ RQ.T)
+
+    def scores(self, X) -> np.ndarray:
+        """Attention scores ``s_i``, shape (B, N)."""
+        X = check_input(X, self.d)
+        return np.concatenate([_rotary_scores(X[sl], self.W_Q, self.b_Q, self.W_K, self.b_K,
+                                              self.frequencies, self.scale)[:, 0]
+                               for sl in _rotary_blocks(X.shape, self.head_dim)], axis=0)
+
+    def attention(self, X) -> np.ndarray:
+        """Attention weights ``softmax(s)``, shape (B, N)."""
+        return softmax_last(self.scores(X))
+
+    def __call__(self, X) -> np.ndarray:
+        X = check_input(X, self.d)
+        out = np.empty(X.shape[0])
+        for sl in _rotary_blocks(X.shape, self.head_dim):
+            s = _rotary_scores(X[sl], self.W_Q, self.b_Q, self.W_K, self.b_K,
+                               self.frequencies, self.scale)[:, 0]
+            out[sl] = np.einsum("bn,bn->b", softmax_last(s), X[sl] @ self.v)
+        return out + self.offset
+
+
+def _rotary_blocks(shape, width: int):
+    """Slices of a batch (B, N, d) small enough for the key arrays of one evaluation block."""
+    B, N = shape[0], shape[1]
+    step = max(1, _ROTARY_BLOCK_ENTRIES // max(1, N * width))
+    return [slice(a, min(a + step, B)) for a in range(0, B, step)]
+
+
+def _rotary_scores(X, W_Q, b_Q, W_K, b_K, frequencies, scale, groups=None) -> np.ndarray:
+    """Scores of rotary heads on a validated batch X (B, N, d): shape (B, H, N).
+
+    ``W_Q`` (H, dh, d) or (dh, d), ``W_K`` (G, dh, d) or (dh, d); query head h reads key head
+    ``groups[h]`` (default: h, with G = H).
+    """
+    W_Q = W_Q[None] if W_Q.ndim == 2 else W_Q
+    W_K = W_K[None] if W_K.ndim == 2 else W_K
+    b_Q = b_Q[None] if b_Q.ndim == 1 else b_Q
+    b_K = b_K[None] if b_K.ndim == 1 else b_K
+    B, N, _ = X.shape
+    pos = np.arange(N, dtype=np.float64)
+    H, dh, d = W_Q.shape
+    G = W_K.shape[0]
+    # projections as BLAS products: (B, d) x (d, H dh) and (B N, d) x (d, G dh)
+    q = (X[:, -1, :] @ W_Q.reshape(H * dh, d).T).reshape(B, H, dh) + b_Q  # (B, H, dh)
+    q = rotate_half(q, np.full(H, N - 1.0), frequencies)
+    k = (X.reshape(B * N, d) @ W_K.reshape(G * dh, d).T).reshape(B, N, G, dh)
+    k = rotate_half(k.transpose(0, 2, 1, 3) + b_K[:, None, :], pos, frequencies)  # (B,G,N,dh)
+    if groups is None:
+        groups = np.arange(W_Q.shape[0])
+    return scale * np.einsum("bhne,bhe->bhn", k[:, groups], q)
+
+
+class RotaryAttentionLayer:
+    """A self-attention layer with rotary positions and grouped-query attention, read out.
+
+    H query heads and G key/value heads (G divides H; G = H is multi-head attention, G = 1
+    multi-query attention); query head h reads key/value head ``h // (H / G)``::
+
+        s_{h,i} = scale (Rot_{N-1} (W_Q[h] x_N + b_Q[h]))^T (Rot_{i-1} (W_K[g] x_i + b_K[g])),
+        o_h = sum_i softmax(s_h)_i (W_V[g] x_i + b_V[g]),
+        f(X) = r^T (W_O [o_1; ...; o_H] + b_O),
+
+    so ``f`` is a sum of :class:`RotaryAttentionHead` s (:meth:`heads`) with value vectors
+    ``v_h = W_V[g]^T W_O[:, h]^T r`` (``W_O[:, h]`` the columns of head h) and one offset.
+    Evaluated from the factors: O(N d dh (H + G)) per sequence.
+
+    Parameters
+    ----------
+    W_Q : array_like (H, dh, d)
+    W_K, W_V : array_like (G, dh, d)
+    W_O : array_like (d, H dh)
+    readout : array_like (d,)
+        The vector r that reads the layer's output out as one number.
+    frequencies, rope_base, rotary_dim, scale
+        As in :class:`RotaryAttentionHead` (shared by every head).
+    b_Q : array_like (H, dh), optional
+    b_K, b_V : array_like (G, dh), optional
+    b_O : array_like (d,), optional
+        Biases (default 0).
+    """
+
+    def __init__(self, W_Q, W_K, W_V, W_O, readout, *, frequencies=None, rope_base=None,
+                 rotary_dim=None, b_Q=None, b_K=None, b_V=None, b_O=None, scale=None):
+        W_Q = np.asarray(W_Q, dtype=np.float64)
+        W_K = np.asarray(W_K, dtype=np.float64)
+        W_V = np.asarray(W_V, dtype=np.float64)
+        W_O = np.asarray(W_O, dtype=np.float64)
+        r = np.asarray(readout, dtype=np.float64)
+        if W_Q.ndim != 3 or W_K.ndim != 3 or W_K.shape != W_V.shape:
+            raise ModelError("W_Q must have shape (H, dh, d) and W_K, W_V the shape (G, dh, d)")
+        H, dh, d = W_Q.shape
+        G = W_K.shape[0]
+        if W_K.shape[1:] != (dh, d) or G < 1 or H % G:
+            raise ModelError(f"W_K must have shape (G, {dh}, {d}) with G dividing H = {H}; "
+                             f"got {W_K.shape}")
+        if W_O.shape != (d, H * dh) or r.shape != (d,):
+            raise ModelError(f"W_O must have shape ({d}, {H * dh}) and readout ({d},); got "
+                             f"{W_O.shape} and {r.shape}")
+        if not all(np.all(np.isfinite(a)) for a in (W_Q, W_K, W_V, W_O, r)):
+            raise ModelError("model parameters must be finite")
+
+        def bias(b, shape, name):
+            if b is None:
+                return np.zeros(shape)
+            b = np.asarray(b, dtype=np.float64)
+            if b.shape != shape or not np.all(np.isfinite(b)):
+                raise ModelError(f"{name} must be finite with shape {shape}; got {b.shape}")
+            return b
+
+        self.frequencies = _rotary_frequencies_arg(frequencies, rope_base, rotary_dim, dh)
+        self.W_Q, self.W_K, self.W_V, self.W_O, self.readout = W_Q, W_K, W_V, W_O, r
+        self.b_Q = bias(b_Q, (H, dh), "b_Q")
+        self.b_K = bias(b_K, (G, dh), "b_K")
+        self.b_V = bias(b_V, (G, dh), "b_V")
+        self.b_O = bias(b_O, (d,), "b_O")
+        self.scale = 1.0 / np.sqrt(dh) if scale is None else float(scale)
+        self.groups = np.arange(H) // (H // G)
+        # value vectors and offset read out along r
+        Or = (W_O.T @ r).reshape(H, dh)  # (H, dh): W_O[:, h]^T r
+        self.values = np.einsum("he,hed->hd", Or, W_V[self.groups])
+        self.offset = float(np.einsum("he,he->", Or, self.b_V[self.groups]) + r @ self.b_O)
+
+    @property
+    def d(self) -> int:
+        return self.W_Q.shape[2]
+
+    @property
+    def n_heads(self) -> int:
+        return self.W_Q.shape[0]
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.W_K.shape[0]
+
+    @property
+    def head_dim(self) -> int:
+        return self.W_Q.shape[1]
+
+    @property
+    def rotary_dim(self) -> int:
+        return 2 * self.frequencies.size
+
+    def heads(self) -> list[RotaryAttentionHead]:
+        """The layer as H single rotary heads (the offset carried by the first)."""
+        return [RotaryAttentionHead(self.W_Q[h], self.W_K[g], self.values[h],
+                                    frequencies=self.frequencies, b_Q=self.b_Q[h],
+                                    b_K=self.b_K[g], offset=self.offset if h == 0 else 0.0,
+                                    scale=self.scale)
+                for h, g in enumerate(self.groups)]
+
+    def __call__(self, X) -> np.ndarray:
+        X = check_input(X, self.d)
+        out = np.empty(X.shape[0])
+        for sl in _rotary_blocks(X.shape, self.head_dim * (self.n_heads + self.n_kv_heads)):
+            s = _rotary_scores(X[sl], self.W_Q, self.b_Q, self.W_K, self.b_K, self.frequencies,
+                               self.scale, self.groups)  # (B, H, N)
+            vals = np.einsum("bnd,hd->bhn", X[sl], self.values)
+            out[sl] = np.einsum("bhn,bhn->b", softmax_last(s), vals)
+        return out + self.offset
+
+
+def random_rotary_head(
+    d: int,
+    seed=None,
+    *,
+    head_dim: int | None = None,
+    rotary_dim: int | None = None,
+    rope_base: float = 1e4,
+    logit_scale: float = 1.0,
+    bias: float = 0.0,
+    offset: float = 0.0,
+    mu: float | None = None,
+) -> RotaryAttentionHead:
+    """Draw a random rotary head (Llama-style shapes: head_dim 64 or 128, base 1e4 to 1e6).
+
+    ``W_Q`` and ``W_K`` have i.i.d. ``N(0, logit_scale)`` entries, so a score between two
+    unit tokens has standard deviation about ``logit_scale`` (after the ``1/sqrt(head_dim)``
+    scale); v is drawn by :func:`random_v`.
+
+    Parameters
+    ----------
+    d : int
+        Token dimension.
+    seed : int, sequence of ints or Generator
+    head_dim : int, optional
+        Default ``min(d, 64)`` rounded down to an even number.
+    rotary_dim : int, optional
+        Rotated dimensions R (even, <= head_dim); default head_dim.
+    rope_base : float
+        Base of the frequencies ``theta_j = rope_base^(-2j/R)``.
+    logit_scale : float
+    bias : float
+        Standard deviation of the entries of the query and key biases (Qwen2); 0 (default)
+        draws none.
+    offset : float
+        The constant added to every answer (the value bias read out).
+    mu : float, optional
+        Margin of v (see :func:`random_v`).
+    """
+    rng = as_rng(seed)
+    if d < 2:
+        raise ModelError(f"a rotary head needs d >= 2; got {d}")
+    dh = (min(d, 64) // 2) * 2 if head_dim is None else int(head_dim)
+    if dh < 2:
+        raise ModelError(f"head_dim must be >= 2; got {head_dim}")
+    R = dh if rotary_dim is None else int(rotary_dim)
+    if not (np.isfinite(logit_scale) and logit_scale > 0):
+        raise ModelError(f"logit_scale must be positive; got {logit_scale}")
+    if not (np.isfinite(bias) and bias >= 0):
+        raise ModelError(f"bias must be a non-negative standard deviation; got {bias}")
+    sd = np.sqrt(logit_scale)
+    W_Q = rng.standard_normal((dh, d)) * sd
+    W_K = rng.standard_normal((dh, d)) * sd
+    v = random_v(d, rng, mu=mu)
+    b_Q = b_K = None
+    if bias > 0:
+        b_Q = rng.standard_normal(dh) * bias
+        b_K = rng.standard_normal(dh) * bias
+    return RotaryAttentionHead(W_Q, W_K, v, rope_base=rope_base, rotary_dim=R, b_Q=b_Q,
+                               b_K=b_K, offset=offset)
+
+
+def random_rotary_layer(
+    d: int,
+    n_heads: int,
+    n_kv_heads: int | None = None,
+    seed=None,
+    *,
+    head_dim: int | None = None,
+    rotary_dim: int | None = None,
+    rope_base: float = 1e4,
+    logit_scale: float = 1.0,
+    bias: float = 0.0,
+) -> RotaryAttentionLayer:
+    """Draw a random rotary layer with grouped-query attention, read out along a unit vector.
+
+    Parameters
+    ----------
+    d, n_heads : int
+        Token dimension and number H of query heads.
+    n_kv_heads : int, optional
+        Number G of key/value heads (dividing H); default H.
+    seed : int, sequence of ints or Generator
+    head_dim : int, optional
+        Default ``d // n_heads``.
+    rotary_dim, rope_base, logit_scale : as in :func:`random_rotary_head`.
+    bias : float
+        Standard deviation of every bias entry (q, k, v and output; Qwen2 has q, k, v); 0 (the
+        default) draws none.
+    """
+    rng = as_rng(seed)
+    H = int(n_heads)
+    G = H if n_kv_heads is None else int(n_kv_heads)
+    if H < 1 or G < 1 or H % G:
+        raise ModelError(f"n_kv_heads must divide n_heads; got H={n_heads}, G={n_kv_heads}")
+    dh = d // H if head_dim is None else int(head_dim)
+    if dh < 2:
+        raise ModelError(f"head_dim must be >= 2; got {dh}")
+    sd = np.sqrt(logit_scale)
+    W_Q = rng.standard_normal((H, dh, d)) * sd
+    W_K = rng.standard_normal((G, dh, d)) * sd
+    W_V = rng.standard_normal((G, dh, d)) / np.sqrt(d)
+    W_O = rng.standard_normal((d, H * dh)) / np.sqrt(H * dh)
+    r = rng.standard_normal(d)
+    r /= np.linalg.norm(r)
+    b = {}
+    if bias > 0:
+        b = dict(b_Q=rng.standard_normal((H, dh)) * bias,
+                 b_K=rng.standard_normal((G, dh)) * bias,
+                 b_V=rng.standard_normal((G, dh)) * bias, b_O=rng.standard_normal(d) * bias)
+    return RotaryAttentionLayer(W_Q, W_K, W_V, W_O, r, rope_base=rope_base,
+                                rotary_dim=dh if rotary_dim is None else rotary_dim, **b)

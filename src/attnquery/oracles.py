@@ -20,7 +20,7 @@ from .errors import (
     QueryError,
 )
 from .rng import seed_int
-from .theory import FORMAT_BITS, ROUNDING_DTYPES, relative_rounding_error  # noqa: F401
+from .theory import FORMAT_BITS, ROUNDING_DTYPES, parse_rounding, relative_rounding_error  # noqa: F401
 
 __all__ = ["Oracle", "ValueOracle", "AntisymmetricOracle", "ApproximateValueOracle",
            "RoundingOracle", "MembershipOracle", "ToleranceError", "query_hash",
@@ -148,13 +148,16 @@ class Oracle:
             raise AnswerError(f"the black box returned a non-numeric answer: {exc}") from None
         if raw.dtype.kind == "O":  # Python objects: only real numbers pass
             kinds = {np.asarray(x).dtype.kind for x in raw.ravel()}
-            kind = "c" if "c" in kinds else ("f" if kinds <= set("biuf") else "U")
+            kind = next((k for k in "cb" if k in kinds), "f" if kinds <= set("iuf") else "U")
         else:
             kind = raw.dtype.kind
         if kind == "c":
             raise AnswerError("the black box returned complex answers; answers must be real "
                               "numbers (the imaginary part is not dropped silently)")
-        if kind not in "biuf":
+        if kind == "b":
+            raise AnswerError("the black box returned boolean answers; answers must be real "
+                              "numbers (True and False are not taken as 1 and 0)")
+        if kind not in "iuf":
             raise AnswerError(f"the black box returned answers that are not real numbers "
                               f"(dtype {raw.dtype})")
         try:
@@ -180,12 +183,24 @@ def _call_black_box(fn, X: np.ndarray) -> np.ndarray:
     view.flags.writeable = False
     try:
         return fn(view)
-    except (Exception, SystemExit) as exc:  # foreign code: report whatever it raised
+    except KeyboardInterrupt:  # an interruption stays one
+        raise
+    except BaseException as exc:  # noqa: BLE001 - foreign code: report whatever it raised
+        # (SystemExit, and BaseExceptions such as asyncio.CancelledError from an async client)
         what = f"SystemExit({exc.code!r})" if isinstance(exc, SystemExit) else \
             f"{type(exc).__name__}"
         raise OracleFailure(
-            f"the black box raised {what} on a batch of shape {X.shape}: {exc}"
+            f"the black box raised {what} on a batch of shape {X.shape}: {_message(exc)}"
         ) from exc
+
+
+def _message(exc: BaseException) -> str:
+    """``str(exc)``, or a note saying why it could not be made (foreign code's ``__str__``
+    may itself raise)."""
+    try:
+        return str(exc)
+    except Exception as err:  # noqa: BLE001 - any failure of foreign code is reported
+        return f"(message unprintable: {type(err).__name__})"
 
 
 class ValueOracle(Oracle):
@@ -505,6 +520,12 @@ class RoundingOracle(Oracle):
         self.__fn = fn
         self._digits = None if digits is None else int(digits)
         self._dtype = dtype
+
+    @classmethod
+    def from_spec(cls, fn, d: int, spec: str, budget: int | None = None) -> RoundingOracle:
+        """The rounding oracle a precision string names (``"float16"``, ``"digits=3"``, ...:
+        :func:`attnquery.theory.parse_rounding`)."""
+        return cls(fn, d, budget=budget, **parse_rounding(spec))
 
     @property
     def digits(self) -> int | None:

@@ -13,12 +13,14 @@ from .provenance import provenance
 from .results import (
     RESULT_SCHEMA,
     TIMING_SCHEMA,
+    is_timing_table,
     read_results,
+    timing_path,
     write_rows,
     write_table,
 )
 
-__all__ = ["run_shard", "aggregate", "render_figure", "merge_all", "timing_path", "Logger",
+__all__ = ["run_shard", "aggregate", "render_figure", "merge_all", "Logger",
            "ClaimsText", "claims_path", "claims_rst", "validate_study", "make_tables"]
 
 
@@ -82,12 +84,6 @@ def _concat(paths, schema):
     tables = [pq.read_table(p, schema=schema) for p in paths]
     return pa.concat_tables(tables).sort_by([("experiment", "ascending"),
                                              ("cell_id", "ascending")])
-
-
-def timing_path(path) -> Path:
-    """The timing table stored beside a result table."""
-    p = Path(path)
-    return p.with_name(p.name.replace(".parquet", ".timing.parquet"))
 
 
 def aggregate(inputs, keys, out, timing_out, log=None) -> int:
@@ -183,7 +179,7 @@ def validate_study(inputs, config, out, log=None) -> None:
                 f"{len(problems)} problems in {results_dir}:\n  " + "\n  ".join(problems)
             )
         tables = [p for p in inputs if p.name != "all.parquet"
-                  and not p.name.endswith(".timing.parquet")]
+                  and not is_timing_table(p)]
         shares = error_shares(read_results(tables))
         lines = [f"valid: {len(inputs)} tables checked ({', '.join(p.name for p in inputs)})"]
         for name, (failed, n) in shares.items():

@@ -12,7 +12,7 @@ import subprocess
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-__all__ = ["provenance", "git_commit", "library_versions"]
+__all__ = ["provenance", "git_commit", "library_versions", "versions", "REPORTED_PACKAGES"]
 
 
 def _version(pkg: str) -> str:
@@ -45,6 +45,19 @@ def library_versions() -> dict[str, str]:
         "scipy_version": _version("scipy"),
         "cvxpy_version": _version("cvxpy"),
     }
+
+
+#: libraries ``attnquery info`` reports beside attnquery and Python
+REPORTED_PACKAGES = ("numpy", "scipy", "cvxpy", "pyarrow", "pandas", "safetensors", "snakemake",
+                     "matplotlib")
+
+
+def versions(packages=REPORTED_PACKAGES) -> dict[str, str]:
+    """attnquery's, Python's and ``packages``' versions, by name ("not installed" if absent)."""
+    from . import __version__
+
+    return {"attnquery": __version__, "python": platform.python_version(),
+            **{pkg: _version(pkg) for pkg in packages}}
 
 
 def provenance() -> dict:

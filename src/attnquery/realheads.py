@@ -46,7 +46,14 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ModelError
-from .models import AttentionHead, MultiHeadAttention, check_input, softmax_last
+from .files import special_file_kind
+from .models import (
+    AttentionHead,
+    MultiHeadAttention,
+    RotaryAttentionHead,
+    check_input,
+    softmax_last,
+)
 from .precision import Arithmetic, check_precision
 
 __all__ = [
@@ -108,14 +115,28 @@ class Checkpoint:
 
 
 def _n_heads_from_config(path: Path) -> int | None:
+    """The number of heads in the ``config.json`` beside ``path`` (None if there is none, or it
+    does not say); a file that is not a JSON object, or a number of heads that is not a
+    positive integer, is a ModelError naming it."""
     cfg = path.parent / "config.json"
     if not cfg.exists():
         return None
-    with open(cfg, encoding="utf-8") as fh:
-        data = json.load(fh)
+    kind = special_file_kind(cfg)
+    if kind is not None:  # reading a FIFO would block
+        raise ModelError(f"{cfg} is not a regular file (it is {kind})")
+    try:
+        with open(cfg, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelError(f"{cfg} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ModelError(f"{cfg} is not a JSON object (a model configuration)")
     for key in ("num_attention_heads", "n_head", "num_heads"):
         if key in data:
-            return int(data[key])
+            val = data[key]
+            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+                raise ModelError(f"{cfg}: {key} must be a positive integer; got {val!r}")
+            return val
     return None
 
 
@@ -172,8 +193,7 @@ def load_checkpoint(path, n_heads: int | None = None) -> Checkpoint:
     from safetensors.numpy import load_file
 
     p = Path(path)
-    if not p.exists():
-        raise ModelError(f"checkpoint {p} does not exist")
+    _check_checkpoint_path(p)
     try:
         tensors = load_file(str(p))
     except Exception as exc:  # safetensors raises its own error types on a malformed file
@@ -229,6 +249,17 @@ def load_checkpoint(path, n_heads: int | None = None) -> Checkpoint:
     return Checkpoint(str(p), style, len(layers), n_heads, d, d // n_heads, tuple(layers))
 
 
+def _check_checkpoint_path(p: Path) -> None:
+    """ModelError when the checkpoint ``p`` does not exist or is a folder."""
+    if not p.exists():
+        raise ModelError(f"checkpoint {p} does not exist")
+    if p.is_dir():
+        raise ModelError(f"checkpoint {p} is a folder, not a .safetensors file")
+    kind = special_file_kind(p)
+    if kind is not None:  # reading a FIFO would block
+        raise ModelError(f"checkpoint {p} is not a regular file (it is {kind})")
+
+
 @functools.lru_cache(maxsize=2)
 def _cached(path: str, mtime_ns: int, size: int, n_heads):
     return load_checkpoint(path, n_heads)
@@ -236,6 +267,7 @@ def _cached(path: str, mtime_ns: int, size: int, n_heads):
 
 def cached_checkpoint(path, n_heads: int | None = None) -> Checkpoint:
     """:func:`load_checkpoint`, cached per process (keyed by path, size and modification time)."""
+    _check_checkpoint_path(Path(path))
     st = os.stat(path)
     return _cached(str(path), st.st_mtime_ns, st.st_size, n_heads)
 
@@ -455,10 +487,29 @@ def _save_arrays(path, arrays: dict, meta: dict) -> None:
         arrays[f"meta_{k}"] = np.asarray(val)
     from .results import atomic_path
 
+    kind = special_file_kind(path)  # the rename below would replace it by a regular file
+    if kind is not None:
+        raise ModelError(f"{path} exists and is not a regular file (it is {kind}); it is not "
+                         "replaced")
     # a temporary file beside the target, flushed and renamed over it: an existing file is
     # replaced whole or not at all (a full disk leaves it as it was)
     with atomic_path(path) as tmp, open(tmp, "wb") as fh:
         np.savez(fh, **arrays)
+
+
+#: the first bytes of a zip archive (an .npz; an empty one too) and of an .npy array
+_NPZ_MAGIC, _NPY_MAGIC = (b"PK\x03\x04", b"PK\x05\x06"), b"\x93NUMPY"
+
+
+def _file_kind(p: Path) -> str | None:
+    """"npz" or "npy" by the file's first bytes, else None (numpy would try to unpickle it)."""
+    with open(p, "rb") as fh:
+        head = fh.read(6)
+    if head.startswith(_NPZ_MAGIC):
+        return "npz"
+    if head.startswith(_NPY_MAGIC):
+        return "npy"
+    return None
 
 
 def _load_arrays(path, what: str) -> tuple[dict, dict]:
@@ -468,6 +519,13 @@ def _load_arrays(path, what: str) -> tuple[dict, dict]:
         raise ModelError(f"{what} file {p} does not exist")
     if p.is_dir():
         raise ModelError(f"{what} file {p} is a folder")
+    special = special_file_kind(p)
+    if special is not None:  # reading a FIFO would block
+        raise ModelError(f"{what} file {p} is not a regular file (it is {special})")
+    kind = _file_kind(p)
+    if kind is None:
+        raise ModelError(f"{p} is not a {what} file (.npz of plain arrays, as written by "
+                         "attnquery): it is neither an .npz archive nor an .npy array")
     try:
         z = np.load(p, allow_pickle=False)
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
@@ -481,12 +539,24 @@ def _load_arrays(path, what: str) -> tuple[dict, dict]:
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
         raise ModelError(f"{p} is not a {what} file of plain arrays (damaged, or holding "
                          f"objects): {type(exc).__name__}: {exc}") from None
+    odd = sorted(k for k, a in data.items() if not isinstance(a, np.ndarray))
+    if odd:
+        raise ModelError(f"{p} is not a {what} file: member {odd[0]!r} is not an .npy array")
     bad = sorted(k for k, a in data.items() if not k.startswith("meta_")
                  and not np.issubdtype(a.dtype, np.number))
     if bad:
         raise ModelError(f"{p}: arrays {bad} are not numeric")
+    cplx = sorted(k for k, a in data.items() if not k.startswith("meta_")
+                  and np.issubdtype(a.dtype, np.complexfloating))
+    if cplx:
+        raise ModelError(f"{p} is not a {what} file: arrays {cplx} are complex (a head's "
+                         "parameters are real; the imaginary part is not dropped)")
     if "v" not in data:
         raise ModelError(f"{p} holds no value vector 'v'; arrays: {sorted(data)}")
+    multi = sorted(k[5:] for k, a in data.items() if k.startswith("meta_") and a.size != 1)
+    if multi:
+        raise ModelError(f"{p} is not a {what} file: metadata {multi[0]!r} is not a single "
+                         "value")
     meta = {k[5:]: data.pop(k).item() for k in list(data) if k.startswith("meta_")}
     return data, meta
 
@@ -498,7 +568,16 @@ def save_head(path, head: AttentionHead, /, **meta) -> None:
     Written atomically (:func:`attnquery.results.atomic_path`).
 
     Extra keyword arguments (ints, floats, strings) are stored as metadata arrays ``meta_<key>``.
+
+    A :class:`~attnquery.models.RotaryAttentionHead` is written as its factors ``W_Q``, ``W_K``,
+    its ``frequencies``, biases ``b_Q``, ``b_K``, ``beta`` and score ``scale``.
     """
+    if isinstance(head, RotaryAttentionHead):
+        arrays = {"v": head.v, "W_Q": head.W_Q, "W_K": head.W_K, "frequencies": head.frequencies,
+                  "b_Q": head.b_Q, "b_K": head.b_K, "beta": np.asarray(head.offset),
+                  "scale": np.asarray(head.scale)}
+        _save_arrays(path, arrays, meta)
+        return
     arrays = {"v": head.v}
     if head.is_lowrank:
         arrays["K"] = head.K
@@ -511,13 +590,22 @@ def save_head(path, head: AttentionHead, /, **meta) -> None:
     _save_arrays(path, arrays, meta)
 
 
-def load_head(path) -> tuple[AttentionHead, dict]:
-    """Read a head written by :func:`save_head`; returns ``(head, metadata)``."""
+def load_head(path) -> tuple[AttentionHead | RotaryAttentionHead, dict]:
+    """Read a head written by :func:`save_head`; returns ``(head, metadata)`` (a
+    :class:`~attnquery.models.RotaryAttentionHead` for a rotary head's file)."""
     data, meta = _load_arrays(path, "head")
     p = Path(path)
-    if data["v"].ndim != 1:
+    if data["v"].ndim == 2:
         raise ModelError(f"{p} holds {data['v'].shape[0]} value vectors: a layer file "
                          "(attnquery.realheads.load_layer), not a head file")
+    if data["v"].ndim != 1:
+        raise ModelError(f"{p} is not a head file: 'v' must be a vector; got shape "
+                         f"{data['v'].shape}")
+    if "beta" in data and data["beta"].size != 1:
+        raise ModelError(f"{p} is not a head file: 'beta' must be a single number; got shape "
+                         f"{data['beta'].shape}")
+    if "frequencies" in data:  # a rotary head (save_head of a RotaryAttentionHead)
+        return _load_rotary(p, data), meta
     bias = {"key_bias": data.get("c"), "offset": float(data["beta"]) if "beta" in data else 0.0}
     if "W" in data:
         head = AttentionHead(data["v"], W=data["W"], **bias)
@@ -526,6 +614,16 @@ def load_head(path) -> tuple[AttentionHead, dict]:
     else:
         raise ModelError(f"{p} holds neither 'W' nor the factors 'K' and 'Q'")
     return head, meta
+
+
+def _load_rotary(p: Path, data: dict) -> RotaryAttentionHead:
+    missing = [k for k in ("W_Q", "W_K", "b_Q", "b_K", "beta", "scale") if k not in data]
+    if missing:
+        raise ModelError(f"{p} is not a rotary head file: it lacks {missing}")
+    return RotaryAttentionHead(data["W_Q"], data["W_K"], data["v"],
+                               frequencies=data["frequencies"], b_Q=data["b_Q"],
+                               b_K=data["b_K"], offset=float(data["beta"]),
+                               scale=float(data["scale"]))
 
 
 def save_layer(path, layer: MultiHeadAttention, /, **meta) -> None:

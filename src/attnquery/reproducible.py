@@ -1,9 +1,10 @@
 """Reproducibility check: run a study twice and compare every output byte for byte.
 
-``python -m attnquery.reproducible --config config/quick.yaml`` (``make check-reproducible``) runs
-the workflow once on 1 core and once on all cores, into two fresh folders, and compares every
-result table and every figure. Timing tables (``*.timing.parquet``) and the figures drawn from
-them (:func:`attnquery.figures.timing_figures`) hold wall-clock measurements and are excluded;
+``attnquery check-reproducible --config config/quick.yaml`` (or ``python -m
+attnquery.reproducible``; ``make check-reproducible``) runs the workflow once on 1 core and once
+on all cores, into two fresh folders, and compares every result table and every figure. Timing
+tables (``*.timing.parquet``) and the figures drawn from them
+(:func:`attnquery.figures.timing_figures`) hold wall-clock measurements and are excluded;
 everything else must be identical.
 """
 
@@ -17,7 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["snakemake_command", "run_study", "compared_files", "compare_dirs", "main"]
+__all__ = ["snakemake_command", "run_study", "compared_files", "compare_dirs",
+           "check_reproducible", "report", "main"]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -45,6 +47,7 @@ def run_study(config, directory, cores: int, *extra: str, log=None) -> None:
 def compared_files(directory) -> list[str]:
     """Result tables and figures under ``directory`` that must be bit-identical."""
     from .figures import timing_figures
+    from .results import is_timing_table
 
     timed = timing_figures()
     d = Path(directory)
@@ -52,7 +55,7 @@ def compared_files(directory) -> list[str]:
     for p in sorted((d / "results").rglob("*")) + sorted((d / "figures").rglob("*")):
         if not p.is_file() or p.name.startswith("."):
             continue
-        if p.name.endswith(".timing.parquet"):
+        if is_timing_table(p):
             continue
         if p.parent.name in ("figures", "claims") and p.stem in timed:
             continue
@@ -75,7 +78,35 @@ def compare_dirs(a, b) -> list[str]:
     return problems
 
 
+def check_reproducible(config, cores: int, workdir=None, say=print) -> tuple[list[str], int]:
+    """Run the study ``config`` on 1 core and on ``cores`` cores, into two fresh folders of
+    ``workdir`` (default: a new temporary folder), and compare their outputs.
+
+    Returns ``(problems, n_compared)``: the differences (empty when reproducible) and the number
+    of result tables and figures compared. ``say`` reports progress, one line per run. A run
+    that fails raises :class:`subprocess.CalledProcessError`.
+    """
+    base = Path(workdir or tempfile.mkdtemp(prefix="attnquery-repro-"))
+    one, many = base / "cores1", base / f"cores{cores}"
+    say(f"run 1: {config} on 1 core into {one}")
+    run_study(config, one, 1)
+    say(f"run 2: {config} on {cores} cores into {many}")
+    run_study(config, many, cores)
+    return compare_dirs(one, many), len(compared_files(one))
+
+
+def report(problems: list[str], n_compared: int) -> int:
+    """Print the outcome of :func:`check_reproducible`; returns the exit status (1 if not
+    reproducible)."""
+    if problems:
+        print("NOT reproducible:\n  " + "\n  ".join(problems))
+        return 1
+    print(f"reproducible: {n_compared} result tables and figures are byte-identical")
+    return 0
+
+
 def main(argv=None) -> int:
+    """``python -m attnquery.reproducible`` (also ``attnquery check-reproducible``)."""
     parser = argparse.ArgumentParser(prog="python -m attnquery.reproducible",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="config/quick.yaml", help="study config")
@@ -84,19 +115,8 @@ def main(argv=None) -> int:
     parser.add_argument("--workdir", default=None,
                         help="folder for the two runs (default: a temporary folder)")
     args = parser.parse_args(argv)
-    base = Path(args.workdir or tempfile.mkdtemp(prefix="attnquery-repro-"))
-    one, many = base / "cores1", base / f"cores{args.cores}"
-    print(f"run 1: {args.config} on 1 core into {one}", flush=True)
-    run_study(args.config, one, 1)
-    print(f"run 2: {args.config} on {args.cores} cores into {many}", flush=True)
-    run_study(args.config, many, args.cores)
-    files = compared_files(one)
-    problems = compare_dirs(one, many)
-    if problems:
-        print("NOT reproducible:\n  " + "\n  ".join(problems))
-        return 1
-    print(f"reproducible: {len(files)} result tables and figures are byte-identical")
-    return 0
+    return report(*check_reproducible(args.config, args.cores, args.workdir,
+                                      say=lambda line: print(line, flush=True)))
 
 
 if __name__ == "__main__":

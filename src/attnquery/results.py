@@ -62,11 +62,17 @@ __all__ = [
     "atomic_path",
     "check_writable",
     "fsync_path",
+    "TIMING_SUFFIX",
+    "timing_path",
+    "is_timing_table",
+    "shard_path",
+    "experiment_tables",
 ]
 
 #: version 2 added ``verify_queries``, ``verify_error`` and ``verified`` (``n_queries`` no longer
-#: counts the check queries), and the per-cell provenance ``code_version`` and ``cell_key``
-SCHEMA_VERSION = 2
+#: counts the check queries), and the per-cell provenance ``code_version`` and ``cell_key``;
+#: version 3 added ``verify_vacuous`` (the check could not have failed)
+SCHEMA_VERSION = 3
 
 #: every status a row can have
 STATUSES = ("ok", "not_identifiable", "error", "timeout", "skipped")
@@ -104,6 +110,7 @@ PARAM_COLUMNS: dict[str, pa.DataType] = {
     "checkpoint": pa.string(),
     "readout": pa.string(),
     "biases": pa.bool_(),
+    "rope_base": pa.float64(),
 }
 
 #: metrics: name -> arrow type (deterministic values only; timings go to TIMING_COLUMNS)
@@ -112,6 +119,7 @@ METRIC_COLUMNS: dict[str, pa.DataType] = {
     "verify_queries": pa.int64(),
     "verify_error": pa.float64(),
     "verified": pa.bool_(),
+    "verify_vacuous": pa.bool_(),
     "n_queries_attention": pa.int64(),
     "n_queries_ffn": pa.int64(),
     "n_queries_v": pa.int64(),
@@ -344,10 +352,41 @@ def write_table(table: pa.Table, path) -> None:
         )
 
 
-def write_rows(rows, timings, path, timing_path) -> None:
+# ---------------------------------------------------------------------------------------------
+# where the tables are stored (the one home of these names)
+# ---------------------------------------------------------------------------------------------
+#: the name ending of a timing table (beside the result table it belongs to)
+TIMING_SUFFIX = ".timing.parquet"
+
+
+def timing_path(path) -> Path:
+    """The timing table stored beside the result table ``path`` (``x.parquet`` ->
+    ``x.timing.parquet``)."""
+    p = Path(path)
+    return p.with_name(p.name.replace(".parquet", TIMING_SUFFIX))
+
+
+def is_timing_table(path) -> bool:
+    """Whether ``path`` names a timing table (``*.timing.parquet``)."""
+    return str(path).endswith(TIMING_SUFFIX)
+
+
+def shard_path(name: str, digest: str, results_dir="results") -> str:
+    """The result table of shard ``digest`` of experiment ``name``
+    (``<results_dir>/<name>/shards/<digest>.parquet``)."""
+    return f"{results_dir}/{name}/shards/{digest}.parquet"
+
+
+def experiment_tables(name: str, results_dir="results") -> list[str]:
+    """The result table of experiment ``name`` and its timing table."""
+    rows = f"{results_dir}/{name}.parquet"
+    return [rows, str(timing_path(rows))]
+
+
+def write_rows(rows, timings, path, timing_out) -> None:
     """Write result rows and their timing rows to two Parquet files."""
     write_table(rows_to_table(rows, RESULT_SCHEMA), path)
-    write_table(rows_to_table(timings, TIMING_SCHEMA), timing_path)
+    write_table(rows_to_table(timings, TIMING_SCHEMA), timing_out)
 
 
 def read_results(path, with_timing: bool = False):
@@ -363,8 +402,7 @@ def read_results(path, with_timing: bool = False):
         return rows_to_table([], RESULT_SCHEMA).to_pandas()
     df = pd.concat([pq.read_table(p).to_pandas() for p in paths], ignore_index=True)
     if with_timing:
-        tpaths = [p.with_name(p.name.replace(".parquet", ".timing.parquet")) for p in paths]  # noqa
-        tpaths = [p for p in tpaths if p.exists()]
+        tpaths = [t for t in map(timing_path, paths) if t.exists()]
         if tpaths:
             t = pd.concat([pq.read_table(p).to_pandas() for p in tpaths], ignore_index=True)
             df = df.merge(t, on=["experiment", "cell_id"], how="left")
@@ -376,6 +414,6 @@ def _result_paths(path) -> list[Path]:
         return [Path(p) for p in path]
     p = Path(path)
     if p.is_dir():
-        return sorted(q for q in p.rglob("*.parquet") if not q.name.endswith(".timing.parquet")
+        return sorted(q for q in p.rglob("*.parquet") if not is_timing_table(q)
                       and "shards" not in q.parts and q.name != "all.parquet")
     return [p]

@@ -25,6 +25,7 @@ that no request exceeds the cap (:func:`shard_runtime_min`, :func:`study_size`).
 from __future__ import annotations
 
 import ast
+import copy
 import functools
 import hashlib
 import json
@@ -53,7 +54,6 @@ __all__ = [
     "shard_runtime_min",
     "resource_settings",
     "study_size",
-    "RESOURCE_DEFAULTS",
 ]
 
 PACKAGE = "attnquery"
@@ -63,8 +63,6 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 LIBRARIES = ("numpy", "scipy", "cvxpy", "scs", "clarabel")
 
 #: resources of the compute jobs when the config's ``resources`` section leaves a key out
-RESOURCE_DEFAULTS = {"runtime_safety": 3.0, "max_runtime_min": 1440, "mem_mb": 4000,
-                     "job_overhead_s": 300}
 
 _TIMEOUT_LIMIT = re.compile(r"time limit of ([0-9.eE+-]+) s")
 
@@ -309,7 +307,7 @@ def read_shard_keys(path) -> dict[str, tuple[str, str]] | None:
     a cache (unreadable, without keys, or without its timing table)."""
     import pyarrow.parquet as pq
 
-    from .pipeline import timing_path
+    from .results import timing_path
 
     p = Path(path)
     if not timing_path(p).is_file():
@@ -351,7 +349,9 @@ class ShardPlan:
         return sorted(c["cell_key"] for c in self.cells)
 
     def shard_path(self, digest: str, results_dir="results") -> str:
-        return f"{results_dir}/{self.name}/shards/{digest}.parquet"
+        from .results import shard_path
+
+        return shard_path(self.name, digest, results_dir)
 
     def inputs(self, results_dir="results") -> list[str]:
         """The shard tables the experiment's table is assembled from."""
@@ -384,18 +384,19 @@ def plan_experiment(name: str, cells: list[dict], section: Mapping, study_seed: 
     order, each within the runtime cap; a new shard is named by the digest of its cells' keys.
     """
     from .experiments import get_experiment
+    from .results import is_timing_table, shard_path
 
     exp = get_experiment(name)
     keyed = sorted(keyed_cells(name, cells, section, study_seed), key=lambda c: c["cell_id"])
     wanted = {c["cell_key"] for c in keyed}
     holder: dict[str, str] = {}
     for p in sorted(Path(results_dir, name, "shards").glob("*.parquet")):
-        if p.name.endswith(".timing.parquet"):
+        if is_timing_table(p):
             continue
         stored = read_shard_keys(p)
         for k, (status, message) in (stored or {}).items():
             if k in wanted and k not in holder and _reusable(status, message, time_limit):
-                holder[k] = f"{results_dir}/{name}/shards/{p.name}"
+                holder[k] = shard_path(name, p.stem, results_dir)
     plan = ShardPlan(name, keyed, stored=sorted(set(holder.values())))
     missing = [c for c in keyed if c["cell_key"] not in holder]
     res = resource_settings(resources)
@@ -409,8 +410,11 @@ def plan_experiment(name: str, cells: list[dict], section: Mapping, study_seed: 
 # resources
 # ---------------------------------------------------------------------------------------------
 def resource_settings(resources: Mapping | None) -> dict:
-    """The config's ``resources`` section with defaults filled in, checked."""
-    res = {**RESOURCE_DEFAULTS, **dict(resources or {})}
+    """The config's ``resources`` section with the schema's defaults filled in, checked."""
+    from .schema import fill_defaults
+
+    res = copy.deepcopy(dict(resources or {}))
+    fill_defaults({"seed": 0, "experiments": {}, "resources": res})
     if not res["runtime_safety"] >= 1:
         raise ConfigError(f"resources.runtime_safety must be >= 1; got {res['runtime_safety']}")
     if not res["max_runtime_min"] >= 1:

@@ -18,6 +18,7 @@ from .errors import ConfigError
 
 __all__ = [
     "exact_queries",
+    "budget_queries",
     "EXACT_TOL",
     "lowrank_floor",
     "PHASE_TOL",
@@ -65,6 +66,12 @@ EXACT_TOL = 1e-10
 def exact_queries(d: int) -> int:
     """Queries of Theorem 4.1: ``d^2 + d``, the number of unknowns of (W, v)."""
     return int(d * d + d)
+
+
+def budget_queries(queries_per_unknown: float, d: int) -> int:
+    """A query budget of ``queries_per_unknown`` per unknown: ``q (d^2 + d)``, rounded to the
+    nearest integer."""
+    return int(round(queries_per_unknown * (d * d + d)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -265,7 +272,7 @@ def theorem61_premise(d, tau, mu, W_bound) -> bool:
     """Whether heads made as the noise experiment makes them, and a tolerance, meet Theorem
     6.1's assumptions.
 
-    Those heads (``attnquery.experiments.noise.theorem_head``) meet ``||W||_F <= W_bound``,
+    Those heads (:func:`attnquery.models.theorem_head`) meet ``||W||_F <= W_bound``,
     ``min |v_i| >= mu`` and, when ``mu <= 1 / sqrt(d)``, ``||v|| <= 1``; the tolerance must be
     below ``mu / 2``.
     """

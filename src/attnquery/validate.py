@@ -35,6 +35,9 @@ from .results import (
     SCHEMA_VERSION,
     STATUSES,
     TIMING_SCHEMA,
+    experiment_tables,
+    is_timing_table,
+    timing_path,
 )
 
 __all__ = ["validate_results", "check_table_schema", "check_metrics", "table_to_frame",
@@ -187,7 +190,7 @@ def validate_results(results_dir, config, files=None) -> list[str]:
     for path in paths:
         if not path.exists():
             continue  # reported below, as the table of its experiment
-        timing = path.name.endswith(".timing.parquet")
+        timing = is_timing_table(path)
         table = _read(path, TIMING_SCHEMA if timing else RESULT_SCHEMA, problems)
         if table is not None:
             tables[path.name] = table
@@ -199,7 +202,7 @@ def validate_results(results_dir, config, files=None) -> list[str]:
             continue
         table = tables[fname]
         problems += _check_rows(table, fname, {name: ids})
-        tname = f"{name}.timing.parquet"
+        tname = timing_path(fname).name
         if tname in tables and {"cell_id"} <= set(tables[tname].column_names) & set(
                 table.column_names):  # a missing column is reported by the schema check
             tids = Counter(tables[tname].column("cell_id").to_pylist())
@@ -212,7 +215,7 @@ def validate_results(results_dir, config, files=None) -> list[str]:
             problems.append(f"{tname}: missing")
     if "all.parquet" in tables:
         problems += _check_rows(tables["all.parquet"], "all.parquet", expected, check=False)
-    own = {f"{n}{suffix}" for n in expected for suffix in (".parquet", ".timing.parquet")}
+    own = {Path(f).name for n in expected for f in experiment_tables(n)}
     problems += [f"{p.name}: missing" for p in paths if not p.exists() and p.name not in own]
     return problems
 

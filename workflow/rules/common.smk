@@ -7,7 +7,8 @@ from attnquery.config import check_config, enabled_experiments
 from attnquery.errors import ConfigError
 from attnquery.experiments import get_experiment
 from attnquery.figures import figures_for, get_spec
-from attnquery.pipeline import ClaimsText, timing_path
+from attnquery.pipeline import ClaimsText
+from attnquery.results import experiment_tables, timing_path
 from attnquery.study import (
     figure_sources,
     data_sources,
@@ -75,7 +76,7 @@ def shard_inputs(wildcards):
 
 def result_files(names):
     """Result and timing tables of the given experiments."""
-    return [f"results/{n}{suffix}" for n in names for suffix in (".parquet", ".timing.parquet")]
+    return [f for n in names for f in experiment_tables(n)]
 
 
 def figure_tables(wildcards):

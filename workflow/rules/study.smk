@@ -7,7 +7,7 @@ rule run_shard:
         lambda w: list(get_experiment(w.experiment).data(section(w.experiment))),
     output:
         rows="results/{experiment}/shards/{shard}.parquet",
-        timing="results/{experiment}/shards/{shard}.timing.parquet",
+        timing=str(timing_path("results/{experiment}/shards/{shard}.parquet")),
     params:
         cells=shard_cells,
         seed=config["seed"],
@@ -30,7 +30,7 @@ rule aggregate_results:
         shard_inputs,
     output:
         rows="results/{experiment}.parquet",
-        timing="results/{experiment}.timing.parquet",
+        timing=str(timing_path("results/{experiment}.parquet")),
     params:
         cell_keys=lambda w: PLANS[w.experiment].keys,
     log:

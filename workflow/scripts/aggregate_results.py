@@ -1,8 +1,9 @@
 """Assemble an experiment's table from its shards (shim around attnquery.pipeline.aggregate)."""
 from attnquery.pipeline import aggregate
+from attnquery.results import is_timing_table
 
 aggregate(
-    [p for p in snakemake.input if not p.endswith(".timing.parquet")],
+    [p for p in snakemake.input if not is_timing_table(p)],
     snakemake.params.cell_keys,
     snakemake.output.rows,
     snakemake.output.timing,

@@ -125,7 +125,8 @@ def register(exp: Experiment) -> Experiment:
 
 #: the experiment families: each has a module here and one in attnquery.figures
 FAMILIES = ("exact", "lowprecision", "lowrank", "membership", "multihead", "multihead_generic",
-            "noise", "reallayer", "realheads", "served", "transformer")
+            "noise", "reallayer", "realheads", "rotary", "rounding", "served",
+            "transformer")
 
 
 def _load_all() -> None:
@@ -168,8 +169,12 @@ def cell_rng(cell: Mapping, study_seed: int) -> np.random.Generator:
 
 
 def expand_cells(name: str, cfg: Mapping) -> list[dict]:
-    """The cells of experiment ``name`` for its config section, sorted by cell id."""
+    """The cells of experiment ``name`` for its config section (the schema's defaults filled
+    in: :func:`attnquery.schema.section_with_defaults`), sorted by cell id."""
+    from ..schema import section_with_defaults
+
     exp = get_experiment(name)
+    cfg = section_with_defaults(name, cfg)
     cells = []
     seen = set()
     for c in exp.cells(cfg):

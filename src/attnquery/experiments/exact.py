@@ -14,6 +14,7 @@ from ..models import random_head
 from ..oracles import ValueOracle
 from ..theory import EXACT_TOL
 from . import Experiment, grid, register
+from ._costs import exact_learner_seconds
 
 
 def cells(cfg) -> list[dict]:
@@ -21,8 +22,8 @@ def cells(cfg) -> list[dict]:
     for g in grid(
         d=cfg["d"],
         probes=cfg["probes"],
-        W_spectral=cfg.get("W_spectral", [None]),
-        zero_frac=cfg.get("zero_frac", [0.0]),
+        W_spectral=cfg["W_spectral"],
+        zero_frac=cfg["zero_frac"],
         seed=list(range(cfg["seeds"])),
     ):
         out.append({"learner": "exact", **g})
@@ -42,12 +43,10 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     return m
 
 
-# Estimated seconds per cell on one core (attnquery.study: the cluster's runtime requests), from
-# the wall times of the default study on a 2-core machine shared with other work, extrapolated
-# with the benchmarks (README) to the sizes of config/paper.yaml.
 def seconds(cell) -> float:
-    """3.3 s at d = 512 (default study), 15 s at d = 1024 (benchmark): d^2.2."""
-    return 0.01 + 3.3 * (cell["d"] / 512) ** 2.2
+    """Estimated seconds of a cell (:func:`~attnquery.experiments._costs.exact_learner_seconds`).
+    """
+    return exact_learner_seconds(cell["d"])
 
 
 EXPERIMENT = register(

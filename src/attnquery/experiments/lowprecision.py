@@ -19,14 +19,20 @@ from ..errors import ConfigError
 from ..learners import LowPrecisionValueQueryLearner
 from ..metrics import fit_counted, functional_error, head_errors
 from ..models import AttentionHead, random_head
+from ..oracles import RoundingOracle
 from ..realheads import head_from_checkpoint
-from ..theory import parse_rounding, precision_digits, precision_relative_tau
-from . import Experiment, checkpoint_source, grid, readout_args, register
-from .noise import rounding_oracle
-
-__all__ = ["cells", "run", "budget_learner"]
-
 from ..theory import LOWPRECISION_TARGET as TARGET_REL_ERR
+from ..theory import budget_queries, parse_rounding, precision_digits, precision_relative_tau
+from . import Experiment, checkpoint_source, grid, readout_args, register
+
+__all__ = ["LEARNERS", "cells", "run", "seconds"]
+
+#: the learners of this experiment, by name: a factory (cell, d, rng) -> estimator (the
+#: low-precision learner with a budget of ``queries_per_unknown (d^2 + d)`` queries)
+LEARNERS = {
+    "lowprecision": lambda cell, d, rng: LowPrecisionValueQueryLearner(
+        n_queries=budget_queries(cell["queries_per_unknown"], d), random_state=rng),
+}
 
 
 def _check_specs(specs, where):
@@ -56,7 +62,7 @@ def cells(cfg) -> list[dict]:
     if real:
         r_specs = real.get("precisions", specs)
         _check_specs(r_specs, "experiments.lowprecision.real")
-        readout = f"{real.get('readout', 'gaussian')}:{real.get('readout_seed', 0)}"
+        readout = f"{real['readout']}:{real['readout_seed']}"
         bad = [h for h in real["heads"] if not 0 <= h < int(real["n_heads"])]
         if bad:
             raise ConfigError(f"experiments.lowprecision.real.heads: {bad} are outside "
@@ -64,7 +70,7 @@ def cells(cfg) -> list[dict]:
         for g in grid(rounding=r_specs,
                       queries_per_unknown=real.get("queries_per_unknown", budgets),
                       layer=real["layers"], head=real["heads"],
-                      seed=list(range(real.get("seeds", 1)))):
+                      seed=list(range(real["seeds"]))):
             out.append({"learner": "lowprecision", "family": "real",
                         "checkpoint": real["checkpoint"], "n_heads": int(real["n_heads"]),
                         "readout": readout, **g,
@@ -81,20 +87,13 @@ def _head(cell, rng) -> AttentionHead:
                                 n_heads=cell["n_heads"], **readout_args(cell))
 
 
-def budget_learner(queries_per_unknown: float, d: int, rng) -> LowPrecisionValueQueryLearner:
-    """The low-precision learner with a budget of ``queries_per_unknown (d^2 + d)`` queries
-    (rounded to the nearest integer)."""
-    n = int(round(queries_per_unknown * (d * d + d)))
-    return LowPrecisionValueQueryLearner(n, random_state=rng)
-
-
 def run(cell: dict, rng: np.random.Generator) -> dict:
     """One head behind one rounding oracle, one budget."""
     model_rng, learner_rng, eval_rng = rng.spawn(3)
     head = _head(cell, model_rng)
     d = head.d
-    oracle = rounding_oracle(head, d, cell["rounding"])
-    est = budget_learner(cell["queries_per_unknown"], d, learner_rng)
+    oracle = RoundingOracle.from_spec(head, d, cell["rounding"])
+    est = LEARNERS[cell["learner"]](cell, d, learner_rng)
     counts = fit_counted(est, oracle)
     m = head_errors(est.W_, est.v_, head.W, head.v)
     m.update(counts)

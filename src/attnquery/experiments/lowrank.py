@@ -23,7 +23,7 @@ from ..metrics import fit_counted, functional_error, head_errors, relative_error
 from ..models import random_head
 from ..theory import PHASE_TOL, SKETCH_TOL, lowrank_floor
 from . import Experiment, grid, register
-from .exact import seconds as exact_seconds
+from ._costs import exact_learner_seconds
 
 #: tag mixed into the seed of the heads (so they differ from other experiments' heads)
 _HEAD_TAG = 5_0001
@@ -100,14 +100,37 @@ def phase_run(cell: dict, rng: np.random.Generator) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------
+def _sketch(head, oracle, rng):
+    """The sketch learner (rank found from the answers); its error from the factors."""
+    est = SketchLowRankLearner(random_state=rng)
+    counts = fit_counted(est, oracle)
+    L, R = est.W_factors_
+    abs_err, rel = factored_error(L, R, head.K, head.Q)
+    extra = {"n_requeried": est.n_requeried_, "oversample": est.oversample_}
+    return est, counts, abs_err, rel, est.rank_, extra
+
+
+def _exact(head, oracle, rng):
+    """Theorem 4.1's exact learner (d^2 + d queries); its error from the dense W."""
+    est = ExactValueQueryLearner(random_state=rng)
+    counts = fit_counted(est, oracle)
+    W = head.W
+    abs_err = float(np.linalg.norm(est.W_ - W))
+    return est, counts, abs_err, relative_error(est.W_, W), None, {"n_requeried": est.n_requeried_}
+
+
+#: the learners of "lowrank_scale", by name: (head, oracle, rng) -> (estimator, query counts,
+#: absolute and relative error of W, rank found, extra)
+SCALE_LEARNERS = {"sketch": _sketch, "exact": _exact}
+
+
 def scale_cells(cfg) -> list[dict]:
     out = []
-    exact_max = cfg.get("exact_max_d", 256)
     for g in grid(d=cfg["d"], rank=cfg["rank"], learner=cfg["learners"],
                   seed=list(range(cfg["seeds"]))):
         if not 2 * g["rank"] <= g["d"]:
             continue
-        if g["learner"] == "exact" and g["d"] > exact_max:
+        if g["learner"] == "exact" and g["d"] > cfg["exact_max_d"]:
             continue
         out.append(g)
     if not out:
@@ -122,25 +145,11 @@ def scale_run(cell: dict, rng: np.random.Generator) -> dict:
     from ..oracles import ValueOracle
 
     oracle = ValueOracle(head, d)
-    floor = lowrank_floor(d, r)
-    extra = {"floor": floor}
-    if cell["learner"] == "sketch":
-        est = SketchLowRankLearner(random_state=learner_rng)
-        counts = fit_counted(est, oracle)
-        L, R = est.W_factors_
-        abs_err, rel = factored_error(L, R, head.K, head.Q)
-        rank_found = est.rank_
-        extra.update(n_requeried=est.n_requeried_, oversample=est.oversample_)
-    elif cell["learner"] == "exact":
-        est = ExactValueQueryLearner(random_state=learner_rng)
-        counts = fit_counted(est, oracle)
-        W = head.W
-        abs_err = float(np.linalg.norm(est.W_ - W))
-        rel = relative_error(est.W_, W)
-        rank_found = None
-        extra.update(n_requeried=est.n_requeried_)
-    else:
+    if cell["learner"] not in SCALE_LEARNERS:
         raise ConfigError(f"lowrank_scale: unknown learner {cell['learner']!r}")
+    est, counts, abs_err, rel, rank_found, extra = SCALE_LEARNERS[cell["learner"]](
+        head, oracle, learner_rng)
+    extra = {"floor": lowrank_floor(d, r), **extra}
     rel_v = relative_error(est.v_, head.v)
     out = {
         **counts,
@@ -170,10 +179,11 @@ def phase_seconds(cell) -> float:
 def scale_seconds(cell) -> float:
     """Sketch: 3.4 s at d = 1024, r = 128 (default study), 50 s at d = 4096, r = 128
     (benchmark): r d^2; exact: as the exact experiment."""
-    d = cell["d"]
-    if cell["learner"] == "sketch":
-        return 0.02 + 3e-8 * cell["rank"] * d**2
-    return exact_seconds(cell)
+    return _SCALE_SECONDS[cell["learner"]](cell["d"], cell["rank"])
+
+
+_SCALE_SECONDS = {"sketch": lambda d, r: 0.02 + 3e-8 * r * d**2,
+                  "exact": lambda d, r: exact_learner_seconds(d)}
 
 
 PHASE = register(Experiment(

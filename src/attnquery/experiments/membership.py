@@ -18,39 +18,35 @@ import math
 
 import numpy as np
 
-from ..errors import ModelError
 from ..learners import MembershipLearner
 from ..metrics import fit_counted
-from ..models import AttentionHead
+from ..models import membership_head
 from ..oracles import MembershipOracle
 from ..theory import membership_target
 from . import Experiment, grid, register
 
-__all__ = ["membership_head"]
+__all__ = ["LEARNERS", "SAMPLE_BUDGET", "cells", "run", "seconds"]
+
+#: largest sphere sample a cell runs (larger ones are computed, not run)
+SAMPLE_BUDGET = 2_000_000
 
 
-def membership_head(d: int, rng, W_bound: float, mu: float, W_frac: float = 1.0
-                    ) -> AttentionHead:
-    """A head meeting Appendix B's assumptions: ``||v|| = 1``, ``min |v_i| = mu``,
-    ``||W||_F = W_frac * W_bound``.
+def _membership_learner(v_method: str):
+    def factory(cell, d, rng) -> MembershipLearner:
+        eps = cell["eps"]
+        return MembershipLearner(
+            eps=eps, v_method=v_method, W_bound=cell["W_bound"], mu=cell["mu"],
+            random_state=rng, eps_v=eps if cell["variant"] == "v_compare" else None,
+            sample_budget=SAMPLE_BUDGET)
+    return factory
 
-    One entry of v is ``+-mu``; the others are ``+-U[1, 2]`` rescaled to complete the unit norm
-    (which needs ``mu`` small enough that they stay ``>= mu``; else :class:`ModelError`).
-    """
-    rng = np.random.default_rng(rng)
-    W = rng.standard_normal((d, d))
-    W *= W_frac * W_bound / np.linalg.norm(W)
-    sgn = rng.choice([-1.0, 1.0], size=d)
-    if d == 1:
-        return AttentionHead(sgn.copy(), W=W)
-    k = int(rng.integers(d))
-    mag = rng.uniform(1.0, 2.0, size=d)
-    mag[k] = 0.0
-    mag *= math.sqrt(1.0 - mu**2) / np.linalg.norm(mag)
-    mag[k] = mu
-    if np.min(mag) < mu * (1 - 1e-12):
-        raise ModelError(f"mu = {mu} is too large for a unit v with margin mu at d = {d}")
-    return AttentionHead(sgn * mag, W=W)
+
+#: the learners of this experiment, by name: a factory (cell, d, rng) -> estimator (the v stage
+#: by bisection, or by sphere sampling as in the paper)
+LEARNERS = {
+    "mq_bisection": _membership_learner("bisection"),
+    "mq_sampling": _membership_learner("sampling"),
+}
 
 
 def cells(cfg) -> list[dict]:
@@ -76,10 +72,7 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     head = membership_head(d, model_rng, Wb, mu)
     v_unit = head.v / np.linalg.norm(head.v)
     compare = cell["variant"] == "v_compare"
-    learner = MembershipLearner(
-        eps=eps, v_method=cell["v_method"], W_bound=Wb, mu=mu, random_state=learner_rng,
-        eps_v=eps if compare else None, sample_budget=SAMPLE_BUDGET,
-    )
+    learner = LEARNERS[cell["learner"]](cell, d, learner_rng)
     plan = learner.planned_queries(d)
     target = membership_target(d, eps, Wb)
     extra = {"target_queries": target, "planned_v": plan["v"], "planned_W": plan["W"]}
@@ -117,9 +110,6 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
         m.update(errs)
     return m
 
-
-#: largest sphere sample a cell runs (larger ones are computed, not run)
-SAMPLE_BUDGET = 2_000_000
 
 # Estimated seconds per cell on one core (attnquery.study: the cluster's runtime requests), from
 # the wall times of the default study on a 2-core machine shared with other work, extrapolated

@@ -228,12 +228,13 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     v = [h.v for h in model.heads]
     oracle = ValueOracle(model, d)
     if variant == "known":
-        est = OrthogonalSubspaceLearner(H, bases=bases, random_state=learner_rng)
+        est = OrthogonalSubspaceLearner(n_heads=H, bases=bases, random_state=learner_rng)
         counts = fit_counted(est, oracle)
     elif variant == "discover":
         # a finite-difference step far from the default can give heads the learner's own check
         # refuses (verified = False); the row keeps their errors
-        est = OrthogonalSubspaceLearner(H, fd_step=cell["fd_step"], random_state=learner_rng)
+        est = OrthogonalSubspaceLearner(n_heads=H, fd_step=cell["fd_step"],
+                                        random_state=learner_rng)
         counts = fit_counted(est, oracle, record_refusal=True)
     else:
         raise ValueError(f"unknown variant {variant!r}")

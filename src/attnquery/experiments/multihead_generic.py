@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..learners import MultiHeadLearner
+from ..learners import MultiHeadLearner, OrthogonalSubspaceLearner
 from ..metrics import fit_counted, functional_error, match_heads
 from ..models import (
     AttentionHead,
@@ -36,8 +36,19 @@ from ..oracles import ValueOracle
 from ..theory import MULTIHEAD_GENERIC_TOL as SUCCESS_TOL
 from . import Experiment, grid, register
 
-LEARNERS = ("multihead_generic", "multihead_generic_auto", "multihead_generic_2row",
-            "orthogonal_subspace")
+#: the learners of this experiment, by name: a factory (cell, d, rng) -> estimator
+LEARNERS = {
+    "multihead_generic": lambda cell, d, rng: MultiHeadLearner(
+        n_heads=cell["n_heads"], three_row_queries=True, random_state=rng),
+    # H chosen from the answers
+    "multihead_generic_auto": lambda cell, d, rng: MultiHeadLearner(
+        n_heads=None, three_row_queries=True, random_state=rng),
+    # without the three-row queries (the W_2 = -W_1 comparison)
+    "multihead_generic_2row": lambda cell, d, rng: MultiHeadLearner(
+        n_heads=cell["n_heads"], three_row_queries=False, random_state=rng),
+    "orthogonal_subspace": lambda cell, d, rng: OrthogonalSubspaceLearner(
+        n_heads=cell["n_heads"], random_state=rng),
+}
 
 
 def cells(cfg) -> list[dict]:
@@ -45,18 +56,18 @@ def cells(cfg) -> list[dict]:
     out = []
     for g in grid(d=cfg["d"], n_heads=cfg["n_heads"], seed=seeds):
         out.append({"learner": "multihead_generic", "variant": "grid", **g})
-    if cfg.get("auto_d"):
+    if cfg["auto_d"]:
         for g in grid(d=cfg["auto_d"], n_heads=cfg["auto_n_heads"], seed=seeds):
             out.append({"learner": "multihead_generic_auto", "variant": "auto", **g})
-    if cfg.get("separation_eps"):
+    if cfg["separation_eps"]:
         for g in grid(d=[cfg["separation_d"]], separation=cfg["separation_eps"], seed=seeds):
             out.append({"learner": "multihead_generic", "variant": "separation", "n_heads": 2,
                         **g})
-    if cfg.get("negated_d"):
+    if cfg["negated_d"]:
         for g in grid(d=cfg["negated_d"], seed=seeds,
                       learner=["multihead_generic", "multihead_generic_2row"]):
             out.append({"variant": "negated", "n_heads": 2, **g})
-    if cfg.get("orthogonal_d"):
+    if cfg["orthogonal_d"]:
         for g in grid(d=cfg["orthogonal_d"], n_heads=cfg["orthogonal_n_heads"], seed=seeds,
                       learner=["multihead_generic", "orthogonal_subspace"]):
             out.append({"variant": "orthogonal", **g})
@@ -87,25 +98,16 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     d, H = cell["d"], cell["n_heads"]
     model = _model(cell, model_rng)
     oracle = ValueOracle(model, d)
-    learner = cell["learner"]
     extra = {}
-    if learner == "orthogonal_subspace":
-        from ..learners import OrthogonalSubspaceLearner
-
-        est = OrthogonalSubspaceLearner(n_heads=H, random_state=learner_rng)
-        counts = fit_counted(est, oracle)
+    est = LEARNERS[cell["learner"]](cell, d, learner_rng)
+    counts = fit_counted(est, oracle)
+    if isinstance(est, OrthogonalSubspaceLearner):
         W_hat, v_hat = est.W_, est.v_
         predict = MultiHeadAttention([AttentionHead(v, W=W) for W, v in zip(W_hat, v_hat,
                                                                           strict=True)])
         n_found = len(W_hat)
         sep = None
     else:
-        est = MultiHeadLearner(
-            n_heads=None if learner == "multihead_generic_auto" else H,
-            three_row_queries=learner != "multihead_generic_2row",
-            random_state=learner_rng,
-        )
-        counts = fit_counted(est, oracle)
         W_hat, v_hat, predict = est.W_, est.v_, est.predict
         n_found = est.n_heads_
         sep = est.head_separation_

@@ -28,6 +28,9 @@ Every cell records the head's scale facts (``||W||_F``, spectral norm, ``min |v_
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..errors import ConfigError
@@ -38,9 +41,6 @@ from ..theory import BIAS_EXACT_TOL, BIAS_PARAM_TOL, BIAS_SKETCH_TOL
 from ..theory import REALHEADS_EXACT_TOL as EXACT_TOL
 from ..theory import REALHEADS_SKETCH_TOL as SKETCH_TOL
 from . import Experiment, checkpoint_source, grid, readout_args, register
-
-#: learners of this experiment
-LEARNERS = ("exact", "sketch", "noisy")
 
 
 def _ints(cfg, key):
@@ -65,30 +65,68 @@ def cells(cfg) -> list[dict]:
     bad = [h for h in heads if not 0 <= h < n_heads]
     if bad:
         raise ConfigError(f"heads {bad} are outside [0, n_heads={n_heads})")
-    readout = f"{cfg.get('readout', 'gaussian')}:{cfg.get('readout_seed', 0)}"
+    readout = f"{cfg['readout']}:{cfg['readout_seed']}"
     common = {"checkpoint": cfg["checkpoint"], "n_heads": n_heads, "readout": readout}
     out = []
     for learner in cfg["learners"]:
         if learner not in LEARNERS:
             raise ConfigError(f"learners: unknown learner {learner!r}; known: {list(LEARNERS)}")
-        if learner == "noisy":
-            sub = cfg.get("noisy") or {}
-            if "tau" not in sub:
-                raise ConfigError("noisy: the noisy learner needs a list of tau")
-            axes = {"layer": sub.get("layers", cfg["layers"]),
-                    "head": sub.get("heads", heads), "tau": sub["tau"]}
-        else:
-            axes = {"layer": _ints(cfg, "layers"), "head": heads,
-                    "biases": [False, True] if cfg.get("biases", False) else [False]}
-        for g in grid(**axes, seed=list(range(cfg.get("seeds", 1)))):
-            cell = {"learner": learner, **common, **g}
-            if learner == "exact":
-                cell["probes"] = cfg.get("probes", "basis")
-            out.append(cell)
+        axes, fixed = LEARNERS[learner].axes(cfg, heads)
+        for g in grid(**axes, seed=list(range(cfg["seeds"]))):
+            out.append({"learner": learner, **common, **g, **fixed})
     return out
 
 
+def _head_axes(cfg, heads):
+    """Every selected head, with and without the module's biases when ``biases`` is set."""
+    return {"layer": _ints(cfg, "layers"), "head": heads,
+            "biases": [False, True] if cfg["biases"] else [False]}, {}
+
+
+def _exact_axes(cfg, heads):
+    axes, _ = _head_axes(cfg, heads)
+    return axes, {"probes": cfg["probes"]}
+
+
+def _noisy_axes(cfg, heads):
+    """The heads of the section ``noisy`` (default: the section's own), at each tau."""
+    sub = cfg.get("noisy") or {}
+    if "tau" not in sub:
+        raise ConfigError("noisy: the noisy learner needs a list of tau")
+    return {"layer": sub.get("layers", cfg["layers"]),
+            "head": sub.get("heads", heads), "tau": sub["tau"]}, {}
+
+
+def _exact(head, cell, learner_rng, oracle_rng, summary):
+    """Theorem 4.1's exact learner (with the key bias and offset when ``biases``)."""
+    from ..learners.exact import ExactValueQueryLearner
+
+    biases = bool(cell.get("biases", False))
+    oracle = ValueOracle(head, head.d)
+    est = ExactValueQueryLearner(probes=cell["probes"], random_state=learner_rng,
+                                 fit_bias=biases)
+    m = fit_counted(est, oracle)
+    extra = {"n_requeried": int(est.n_requeried_)}
+    return oracle, est, m, extra, BIAS_EXACT_TOL if biases else EXACT_TOL
+
+
+def _sketch(head, cell, learner_rng, oracle_rng, summary):
+    """The sketch learner at the head's rank (with the biases when ``biases``)."""
+    from ..learners.lowrank import SketchLowRankLearner
+
+    biases = bool(cell.get("biases", False))
+    oracle = ValueOracle(head, head.d)
+    est = SketchLowRankLearner(rank=summary["rank"], random_state=learner_rng,
+                               fit_bias=biases)
+    m = fit_counted(est, oracle)
+    m["rank_found"] = int(est.rank_)
+    extra = {"n_requeried": int(est.n_requeried_)}
+    return oracle, est, m, extra, BIAS_SKETCH_TOL if biases else SKETCH_TOL
+
+
 def _noisy(head, cell, learner_rng, oracle_rng, summary):
+    """Theorem 6.1's learner against uniform noise of tolerance ``tau`` (no success tolerance:
+    judged against the theorem's guarantee)."""
     from ..learners.noisy import NoisyValueQueryLearner, theorem61_guarantee
     from ..oracles import ApproximateValueOracle
 
@@ -108,7 +146,24 @@ def _noisy(head, cell, learner_rng, oracle_rng, summary):
     extra = {"W_bound": W_bound, "mu": mu, "n_clipped": int(est.n_clipped_),
              "n_out_of_range": int(est.n_out_of_range_), "n_zero_v": int(est.zero_mask_.sum()),
              "margin_premise": bool(tau <= mu / 2)}
-    return oracle, est, m, extra
+    return oracle, est, m, extra, None
+
+
+@dataclass(frozen=True)
+class _Learner:
+    #: (section, heads) -> (grid axes, fixed cell entries)
+    axes: Callable
+    #: (head, cell, learner_rng, oracle_rng, summary) -> (oracle, estimator, metrics, extra,
+    #: success tolerance or None)
+    fit: Callable
+
+
+#: the learners of this experiment, by name: their grid and how a cell fits them
+LEARNERS = {
+    "exact": _Learner(_exact_axes, _exact),
+    "sketch": _Learner(_head_axes, _sketch),
+    "noisy": _Learner(_noisy_axes, _noisy),
+}
 
 
 def run(cell: dict, rng: np.random.Generator) -> dict:
@@ -118,31 +173,10 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
                                 n_heads=cell["n_heads"], **readout_args(cell), biases=biases)
     d = head.d
     summary = head_summary(head)
-    m, extra = {}, {}
-    if cell["learner"] == "exact":
-        from ..learners.exact import ExactValueQueryLearner
-
-        oracle = ValueOracle(head, d)
-        est = ExactValueQueryLearner(probes=cell["probes"], random_state=learner_rng,
-                                     fit_bias=biases)
-        m = fit_counted(est, oracle)
-        extra["n_requeried"] = int(est.n_requeried_)
-        tol = BIAS_EXACT_TOL if biases else EXACT_TOL
-    elif cell["learner"] == "sketch":
-        from ..learners.lowrank import SketchLowRankLearner
-
-        oracle = ValueOracle(head, d)
-        est = SketchLowRankLearner(rank=summary["rank"], random_state=learner_rng,
-                                   fit_bias=biases)
-        m = fit_counted(est, oracle)
-        m["rank_found"] = int(est.rank_)
-        extra["n_requeried"] = int(est.n_requeried_)
-        tol = BIAS_SKETCH_TOL if biases else SKETCH_TOL
-    elif cell["learner"] == "noisy":
-        oracle, est, m, extra = _noisy(head, cell, learner_rng, oracle_rng, summary)
-        tol = None
-    else:
+    if cell["learner"] not in LEARNERS:
         raise ConfigError(f"unknown learner {cell['learner']!r}")
+    oracle, est, m, extra, tol = LEARNERS[cell["learner"]].fit(head, cell, learner_rng,
+                                                               oracle_rng, summary)
     W_hat = est.W_
     m.update(head_errors(W_hat, est.v_, head.W, head.v))
     from ..models import AttentionHead

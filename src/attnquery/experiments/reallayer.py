@@ -44,12 +44,12 @@ def cells(cfg) -> list[dict]:
     layers = cfg["layers"]
     if not isinstance(layers, list) or not layers:
         raise ConfigError(f"layers must be a non-empty list of integers; got {layers!r}")
-    readout = f"{cfg.get('readout', 'gaussian')}:{cfg.get('readout_seed', 0)}"
+    readout = f"{cfg['readout']}:{cfg['readout_seed']}"
     common = {"learner": "attention_layer", "checkpoint": cfg["checkpoint"],
               "n_heads": n_heads, "readout": readout,
-              "biases": bool(cfg.get("biases", True))}
+              "biases": bool(cfg["biases"])}
     return [{**common, **g} for g in grid(layer=layers,
-                                          seed=list(range(cfg.get("seeds", 1))))]
+                                          seed=list(range(cfg["seeds"])))]
 
 
 def run(cell: dict, rng: np.random.Generator) -> dict:

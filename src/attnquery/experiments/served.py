@@ -84,8 +84,8 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     d = head.d
     unit = d * d + 2 * d + 1
     oracle = ValueOracle(box, d)
-    est = LowPrecisionValueQueryLearner(int(round(cell["queries_per_unknown"] * unit)),
-                                        fit_bias=True, random_state=learner_rng)
+    n = int(round(cell["queries_per_unknown"] * unit))
+    est = LowPrecisionValueQueryLearner(n_queries=n, fit_bias=True, random_state=learner_rng)
     counts = fit_counted(est, oracle)
     eW = relative_error(est.W_, head.W)
     floor = floor_W(cell["checkpoint"], cell["layer"], cell["head"], cell["n_heads"], prec)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..claims import Claim, ok_rows
+from ..claims import Claim, ok_rows, threshold_claim
 from ..metrics import fit_power_law
 from ..theory import EXACT_TOL
 from . import log2_ticks, register_figure
@@ -34,26 +34,23 @@ def exact_claims(df) -> list[Claim]:
         claims.append(Claim("exact_exponent", "queries grow as d^2", False,
                             f"too few grid points with d >= {FIT_MIN_D} to fit"))
     exact_count = (ok["n_queries"] == ok["d"] ** 2 + ok["d"])
-    claims.append(Claim(
+    claims.append(threshold_claim(
         "exact_count", "every run uses exactly d^2 + d queries (as counted by the oracle)",
-        bool(len(ok) > 0 and exact_count.all()),
-        f"{int(exact_count.sum())}/{len(ok)} runs",
-    ))
+        exact_count))
     checked = ok["verified"].fillna(False).astype(bool) & (ok["verify_queries"].fillna(0) > 0)
     claims.append(Claim(
         "exact_checked", "every run passed the learner's own check, its check queries counted "
         "apart from the d^2 + d",
-        bool(len(ok) > 0 and checked.all()),
+        bool(checked.all()),
         f"{int(checked.sum())}/{len(ok)} runs; {int(ok['verify_queries'].max()) if len(ok) else 0}"
         " check queries each, largest disagreement "
         f"{ok['verify_error'].astype(float).max() if len(ok) else float('nan'):.1e}",
+        n_runs=len(ok),
     ))
     succ = ok["success"].fillna(False).astype(bool)
-    claims.append(Claim(
+    claims.append(threshold_claim(
         "exact_error", f"every head is recovered to relative error <= {EXACT_TOL:g}",
-        bool(len(ok) > 0 and succ.all() and len(ok) == len(all_rows)),
-        f"{int(succ.sum())}/{len(all_rows)} runs; worst {ok['rel_err_W'].max():.2e}",
-    ))
+        succ, of=len(all_rows), worst=ok["rel_err_W"].max()))
     return claims
 
 

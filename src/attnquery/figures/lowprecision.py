@@ -14,11 +14,11 @@ import numpy as np
 import pandas as pd
 
 from ..claims import Claim, extra_values, ok_rows
-from ..metrics import fit_power_law_within
 from ..theory import LOWPRECISION_GOAL_QUERIES_PER_UNKNOWN as GOAL_QUERIES_PER_UNKNOWN
 from ..theory import LOWPRECISION_GOALS as GOALS
 from ..theory import LOWPRECISION_TARGET as TARGET_REL_ERR
 from . import register_figure, tight_layout
+from ._common import SLOPE_FROM_PASSES, queries_needed, slope_fits
 
 __all__ = ["lowprecision_claims", "lowprecision_frame", "slope_fits", "queries_needed",
            "lowprecision", "SLOPE_RANGE", "PRECISION_SLOPE_RANGE", "ESTIMATE_RANGE",
@@ -26,10 +26,6 @@ __all__ = ["lowprecision_claims", "lowprecision_frame", "slope_fits", "queries_n
 
 #: interval the exponent of the error against queries, pooled over precisions, must fall in
 SLOPE_RANGE = (-0.6, -0.4)
-#: the exponents are fitted on runs with at least this many complete passes over W: with fewer,
-#: the first pass (asked at a lower logit scale while the columns' scales are still being
-#: learnt) and the fixed costs (v, the scale search, the check) weigh more than averaging does
-SLOPE_FROM_PASSES = 4
 #: interval each precision's exponent must fall in
 PRECISION_SLOPE_RANGE = (-0.75, -0.25)
 #: measured error / the learner's estimate must lie in this range ...
@@ -63,57 +59,6 @@ def _order(rows) -> list[str]:
     """Precisions from the most to the fewest digits."""
     dig = rows.groupby("rounding")["digits"].first()
     return list(dig.sort_values(ascending=False).index)
-
-
-def slope_fits(rows, min_passes: int = SLOPE_FROM_PASSES) -> dict:
-    """Exponent of the error of W against the queries spent, on runs with at least
-    ``min_passes`` complete passes over W: per (family, precision) and pooled over every
-    precision but float64 (per family and all; family None), with a constant per head and
-    precision."""
-    out = {}
-    sub = rows[(rows["rounding"] != "float64") & (rows["passes"] >= min_passes)]
-    for fam in [*sorted(sub["family"].unique()), None]:
-        g = sub if fam is None else sub[sub["family"] == fam]
-        keys = [None, *sorted(g["rounding"].unique())]
-        for spec in keys:
-            h = g if spec is None else g[g["rounding"] == spec]
-            try:
-                out[(fam, spec)] = fit_power_law_within(h["spent"], h["rel_err_W"],
-                                                        h["unit"] + "|" + h["rounding"])
-            except Exception:  # too few points for a fit
-                continue
-    return out
-
-
-def queries_needed(rows, target: float = TARGET_REL_ERR, stat: str = "median",
-                   fits: dict | None = None) -> dict:
-    """Per (family, precision): queries per unknown for a relative error of W of ``target``.
-
-    The ``stat`` ("median" or "max") over heads of the error at each budget of the grid is
-    interpolated on log-log axes against the queries spent. Returns ``(queries, kind)``:
-    ``"at most"`` when the smallest budget already reaches the target, ``"measured"`` when two
-    budgets of the grid bracket it, ``"extrapolated"`` (with the precision's fitted exponent from
-    ``fits``, else -1/2) when no budget of the grid reaches it.
-    """
-    fits = slope_fits(rows) if fits is None else fits
-    out = {}
-    for (fam, spec), g in rows.groupby(["family", "rounding"], sort=True):
-        per = g.groupby("queries_per_unknown").agg(err=("rel_err_W", stat),
-                                                   spent=("spent", "median")).sort_index()
-        lx, ly = np.log(per["spent"].to_numpy()), np.log(per["err"].to_numpy())
-        lt = np.log(target)
-        hit = np.flatnonzero(ly <= lt)
-        if hit.size and hit[0] == 0:
-            out[(fam, spec)] = (float(np.exp(lx[0])), "at most")
-        elif hit.size:
-            i = hit[0]
-            x = lx[i - 1] + (lt - ly[i - 1]) * (lx[i] - lx[i - 1]) / (ly[i] - ly[i - 1])
-            out[(fam, spec)] = (float(np.exp(x)), "measured")
-        else:
-            f = fits.get((fam, spec))
-            b = f.slope if f is not None and f.slope < 0 else -0.5
-            out[(fam, spec)] = (float(np.exp(lx[-1] + (lt - ly[-1]) / b)), "extrapolated")
-    return out
 
 
 def _frames(df):
@@ -235,47 +180,58 @@ def lowprecision(df):
     cmap = plt.get_cmap("viridis")
     color = {s: cmap(i / max(1, len(order) - 1)) for i, s in enumerate(order)}
     for ax, fam in zip(axes[0], FAMILIES, strict=True):
-        g = rows[rows["family"] == fam]
-        for spec in order:
-            h = g[g["rounding"] == spec]
-            if h.empty:
-                continue
-            agg = h.groupby("queries_per_unknown").agg(
-                spent=("spent", "median"), med=("rel_err_W", "median"),
-                lo=("rel_err_W", "min"), hi=("rel_err_W", "max")).sort_index()
-            f = fits.get((fam, spec))
-            lab = spec + (f" ({f.slope:.2f})" if f is not None else "")
-            ax.errorbar(agg["spent"], agg["med"], yerr=[agg["med"] - agg["lo"],
-                                                        agg["hi"] - agg["med"]],
-                        fmt="o-", ms=3, capsize=1.5, lw=0.9, color=color[spec], label=lab)
-        ref = g[(g["rounding"] == "float16") & (g["passes"] >= SLOPE_FROM_PASSES)]
-        if len(ref):
-            k0 = ref["queries_per_unknown"].min()
-            x0 = float(ref[ref["queries_per_unknown"] == k0]["spent"].median())
-            y0 = float(ref[ref["queries_per_unknown"] == k0]["rel_err_W"].median())
-            xs = np.array([x0, float(g["spent"].max())])
-            ax.plot(xs, 3 * y0 * (xs / x0) ** -0.5, "k--", lw=0.7,
-                    label=r"$\propto$ queries$^{-1/2}$")
-        ax.axhline(TARGET_REL_ERR, color="k", lw=0.6, ls=":")
-        ax.set(xscale="log", yscale="log", xlabel="queries per unknown, counted / (d^2 + d)",
-               ylabel=r"$\|\hat W - W\|_F / \|W\|_F$")
-        pooled = fits.get((fam, None))
-        heads = g["unit"].astype(str).str.rsplit("|", n=1).str[0].nunique()
-        desc = (f"d = {', '.join(str(int(x)) for x in sorted(g['d'].dropna().unique()))}"
-                if fam == "random" else "d = 384" if len(g) else "")
-        ax.set_title(f"({'ab'[list(FAMILIES).index(fam)]}) {FAMILIES[fam]} ({heads} heads"
-                     f"{', ' + desc if desc else ''})"
-                     + (f"\nexponent {pooled.slope:.3f} [{pooled.lo:.3f}, {pooled.hi:.3f}] "
-                        f"(>= {SLOPE_FROM_PASSES} passes)" if pooled is not None else ""),
-                     fontsize=7.5)
-        if len(g):  # room below the curves for the legend
-            lo = float(g["rel_err_W"].min())
-            ax.set_ylim(bottom=lo / 10 ** (0.5 + 0.12 * g["rounding"].nunique()))
-            ax.legend(fontsize=5.5, ncol=2, loc="lower center", title="precision (exponent)",
-                      title_fontsize=5.5,  # above the float64 curve, which lies lowest
-                      bbox_to_anchor=(0.5, 0.13 if (g["rounding"] == "float64").any() else 0))
-    # (c) what each precision costs: queries per unknown for several target errors
-    ax = axes[1, 0]
+        _error_panel(ax, rows[rows["family"] == fam], fam, fits, order, color)
+    _cost_panel(axes[1, 0], rows, fits, order)
+    _estimate_panel(axes[1, 1], rows, order, color, claims)
+    tight_layout(fig)
+    return fig, claims
+
+
+def _error_panel(ax, g, fam, fits, order, color) -> None:
+    """(a), (b): the error of W against the queries per unknown spent, one curve per precision
+    (median and range over heads), for the heads ``g`` of family ``fam``."""
+    for spec in order:
+        h = g[g["rounding"] == spec]
+        if h.empty:
+            continue
+        agg = h.groupby("queries_per_unknown").agg(
+            spent=("spent", "median"), med=("rel_err_W", "median"),
+            lo=("rel_err_W", "min"), hi=("rel_err_W", "max")).sort_index()
+        f = fits.get((fam, spec))
+        lab = spec + (f" ({f.slope:.2f})" if f is not None else "")
+        ax.errorbar(agg["spent"], agg["med"], yerr=[agg["med"] - agg["lo"],
+                                                    agg["hi"] - agg["med"]],
+                    fmt="o-", ms=3, capsize=1.5, lw=0.9, color=color[spec], label=lab)
+    ref = g[(g["rounding"] == "float16") & (g["passes"] >= SLOPE_FROM_PASSES)]
+    if len(ref):
+        k0 = ref["queries_per_unknown"].min()
+        x0 = float(ref[ref["queries_per_unknown"] == k0]["spent"].median())
+        y0 = float(ref[ref["queries_per_unknown"] == k0]["rel_err_W"].median())
+        xs = np.array([x0, float(g["spent"].max())])
+        ax.plot(xs, 3 * y0 * (xs / x0) ** -0.5, "k--", lw=0.7,
+                label=r"$\propto$ queries$^{-1/2}$")
+    ax.axhline(TARGET_REL_ERR, color="k", lw=0.6, ls=":")
+    ax.set(xscale="log", yscale="log", xlabel="queries per unknown, counted / (d^2 + d)",
+           ylabel=r"$\|\hat W - W\|_F / \|W\|_F$")
+    pooled = fits.get((fam, None))
+    heads = g["unit"].astype(str).str.rsplit("|", n=1).str[0].nunique()
+    desc = (f"d = {', '.join(str(int(x)) for x in sorted(g['d'].dropna().unique()))}"
+            if fam == "random" else "d = 384" if len(g) else "")
+    ax.set_title(f"({'ab'[list(FAMILIES).index(fam)]}) {FAMILIES[fam]} ({heads} heads"
+                 f"{', ' + desc if desc else ''})"
+                 + (f"\nexponent {pooled.slope:.3f} [{pooled.lo:.3f}, {pooled.hi:.3f}] "
+                    f"(>= {SLOPE_FROM_PASSES} passes)" if pooled is not None else ""),
+                 fontsize=7.5)
+    if len(g):  # room below the curves for the legend
+        lo = float(g["rel_err_W"].min())
+        ax.set_ylim(bottom=lo / 10 ** (0.5 + 0.12 * g["rounding"].nunique()))
+        ax.legend(fontsize=5.5, ncol=2, loc="lower center", title="precision (exponent)",
+                  title_fontsize=5.5,  # above the float64 curve, which lies lowest
+                  bbox_to_anchor=(0.5, 0.13 if (g["rounding"] == "float64").any() else 0))
+
+
+def _cost_panel(ax, rows, fits, order) -> None:
+    """(c) what each precision costs: queries per unknown for several target errors."""
     specs = [s for s in order if s != "float64"][::-1]  # fewest digits first
     fam_color = {"random": "C0", "real": "C1"}
     for ti, tgt in enumerate(TARGETS):
@@ -300,8 +256,10 @@ def lowprecision(df):
     ax.set_title("(c) queries per unknown for a relative error of W (median head)\nfilled: "
                  "measured; open: smallest budget or fewer / extrapolated", fontsize=7.5)
     ax.legend(fontsize=5.5, loc="upper right", ncol=2)
-    # (d) the learner's estimate against the measured error
-    ax = axes[1, 1]
+
+
+def _estimate_panel(ax, rows, order, color, claims) -> None:
+    """(d) the learner's estimate of its error against the measured error."""
     est = rows[rows["rounding"] != "float64"]
     for spec in order:
         h = est[est["rounding"] == spec]
@@ -319,5 +277,3 @@ def lowprecision(df):
            ylabel="measured relative error of W")
     ax.set_title("(d) estimated against measured error"
                  + (f"\n{c[0].detail}" if c else ""), fontsize=7.5)
-    tight_layout(fig)
-    return fig, claims

@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ..claims import Claim, ok_rows
+from ..claims import Claim, ok_rows, threshold_claim
 from ..metrics import fit_power_law
 from ..theory import PHASE_TOL, SKETCH_TOL, lowrank_floor, nuclear_statdim
 from . import register_figure
@@ -188,14 +188,12 @@ def lowrank_claims(df) -> list[Claim]:
         floor = [lowrank_floor(int(d), int(r)) for d, r in zip(big["d"], big["rank"],
                                                                strict=True)]
         ratio = big["n_queries"] / np.asarray(floor, dtype=float)
-        claims.append(Claim(
+        claims.append(threshold_claim(
             "sketch_floor",
             f"the sketch learner uses <= {SKETCH_FACTOR} (r (2d - r) + d) queries whenever "
             f"d >= {SKETCH_MIN_D}",
-            bool(len(big) > 0 and (ratio <= SKETCH_FACTOR).all()),
-            f"{int((ratio <= SKETCH_FACTOR).sum())}/{len(big)} runs; largest ratio "
-            f"{ratio.max() if len(big) else float('nan'):.4f}",
-        ))
+            ratio <= SKETCH_FACTOR, worst=ratio.max() if len(big) else float("nan"),
+            worst_label="largest ratio", fmt=".4f"))
     return claims
 
 

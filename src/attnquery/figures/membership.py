@@ -53,16 +53,18 @@ def membership_claims(df) -> list[Claim]:
         "membership_target",
         f"queries within {TARGET_FACTOR}x of d^2 log2(2Wd/eps) + d log2(1/eps) for eps <= "
         f"{TARGET_MAX_EPS:g}",
-        bool(len(small) > 0 and (ratio <= TARGET_FACTOR).all()),
+        bool((ratio <= TARGET_FACTOR).all()),
         f"ratio in [{ratio.min():.3f}, {ratio.max():.3f}] over {len(small)} runs; over all eps "
-        f"[{all_ratio.min():.3f}, {all_ratio.max():.3f}]" if len(small) else "no runs"))
+        f"[{all_ratio.min():.3f}, {all_ratio.max():.3f}]" if len(small) else "no runs",
+        n_runs=len(small)))
     succ = cnt["abs_err_W"] <= cnt["eps"]
     every = df[(df["experiment"] == "membership") & (df["variant"] == "count")]
     claims.append(Claim(
         "membership_error", "every run reaches ||W_hat - W||_F <= eps",
-        bool(len(cnt) > 0 and succ.all() and len(cnt) == len(every)),
+        bool(succ.all() and len(cnt) == len(every)),
         f"{int(succ.sum())}/{len(every)} runs; largest "
-        f"error/eps {(cnt['abs_err_W'] / cnt['eps']).max():.3g}" if len(cnt) else "no runs"))
+        f"error/eps {(cnt['abs_err_W'] / cnt['eps']).max():.3g}" if len(cnt) else "no runs",
+        n_runs=len(cnt)))
     cmp_rows = ok_rows(df, "membership")
     cmp_rows = cmp_rows[(cmp_rows["variant"] == "v_compare")
                         & np.isclose(cmp_rows["eps"], V_RATIO_EPS)]
@@ -117,6 +119,16 @@ def membership_cost(df):
     fig, axes = plt.subplots(2, 2, figsize=(6.75, 5.6))
     (ax1, ax2), (ax3, ax4) = axes
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    _eps_panel(ax1, cnt, colors)
+    _d_panel(ax2, cnt, colors)
+    _error_panel(ax3, cnt, colors)
+    _v_compare_panel(ax4, df, claims, colors)
+    tight_layout(fig)
+    return fig, claims
+
+
+def _eps_panel(ax1, cnt, colors) -> None:
+    """(a) queries / d^2 against log2(1/eps), with the target and linear fits."""
     for c, (d, g) in enumerate(cnt.groupby("d", sort=True)):
         col = colors[c % len(colors)]
         x = np.log2(1.0 / g["eps"].astype(float))
@@ -136,6 +148,9 @@ def membership_cost(df):
                   fontsize=7)
     ax1.legend(fontsize=6, loc="upper left", ncol=2)
 
+
+def _d_panel(ax2, cnt, colors) -> None:
+    """(b) queries against d for each eps, with the target."""
     for c, (eps, g) in enumerate(cnt.groupby("eps", sort=True)):
         col = colors[c % len(colors)]
         agg = g.groupby("d")["n_queries"].median()
@@ -154,6 +169,9 @@ def membership_cost(df):
     ax2.set_title(title, fontsize=7)
     ax2.legend(fontsize=6, loc="upper left", ncol=2)
 
+
+def _error_panel(ax3, cnt, colors) -> None:
+    """(c) the error of W reached against the target eps."""
     for c, (d, g) in enumerate(cnt.groupby("d", sort=True)):
         agg = g.groupby("eps")["abs_err_W"].max()
         ax3.plot(agg.index, agg.values, "o-", color=colors[c % len(colors)], ms=3.5,
@@ -166,6 +184,9 @@ def membership_cost(df):
     ax3.set_title("(c) error reached against target")
     ax3.legend(fontsize=6, loc="upper left")
 
+
+def _v_compare_panel(ax4, df, claims, colors) -> None:
+    """(d) the v stage: sphere sampling against bisection (computed counts hollow)."""
     cmp_rows = ok_rows(df, "membership")
     cmp_rows = cmp_rows[cmp_rows["variant"] == "v_compare"]
     dmarks = dict(zip(sorted(cmp_rows["d"].unique()), "osD^v<>", strict=False))
@@ -190,8 +211,6 @@ def membership_cost(df):
     ax4.set_title("(d) direction of v: sampling vs bisection"
                   + (f"\n{vc[0].detail.split(' (sampling')[0]}" if vc else ""), fontsize=6)
     ax4.legend(fontsize=6, loc="upper right")
-    tight_layout(fig)
-    return fig, claims
 
 
 __all__ = ["membership_claims", "membership_cost"]

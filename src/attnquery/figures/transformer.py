@@ -5,7 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..claims import Claim, ok_rows
+from ..claims import Claim, ok_rows, threshold_claim
 from ..theory import FFN_TOL
 from ..theory import TRANSFORMER_W_TOL as W_TOL
 from . import log2_ticks, register_figure
@@ -20,29 +20,24 @@ def transformer_claims(df) -> list[Claim]:
     n = len(all_rows)
     claims = [Claim(
         "transformer_runs", "every cell ran to completion (status ok)",
-        bool(n > 0 and len(ok) == n), f"{len(ok)}/{n} ok",
+        bool(len(ok) == n), f"{len(ok)}/{n} ok", n_runs=n,
     )]
     w_ok = ok["rel_err_W"] <= W_TOL
-    claims.append(Claim(
+    claims.append(threshold_claim(
         "transformer_W",
         f"W is recovered from antisymmetric queries to relative error <= {W_TOL:g}",
-        bool(len(ok) > 0 and w_ok.all()),
-        f"{int(w_ok.sum())}/{len(ok)} runs; worst {ok['rel_err_W'].max():.2e}",
-    ))
+        w_ok, worst=ok["rel_err_W"].max()))
     le = ok[ok["width"] <= ok["d"]]
     f_ok = le["func_err_ffn"] <= FFN_TOL
-    claims.append(Claim(
+    claims.append(threshold_claim(
         "transformer_ffn",
         f"the FFN is recovered to relative functional error <= {FFN_TOL:g} for m <= d",
-        bool(len(le) > 0 and f_ok.all()),
-        f"{int(f_ok.sum())}/{len(le)} runs with m <= d; worst {le['func_err_ffn'].max():.2e}",
-    ))
+        f_ok, worst=le["func_err_ffn"].max(), runs="runs with m <= d"))
     q_ok = ok["n_queries_attention"] == 2 * (ok["d"] ** 2 + ok["d"])
-    claims.append(Claim(
+    claims.append(threshold_claim(
         "transformer_attention_queries",
         "the attention part uses exactly 2 (d^2 + d) value queries (two per antisymmetric query)",
-        bool(len(ok) > 0 and q_ok.all()), f"{int(q_ok.sum())}/{len(ok)} runs",
-    ))
+        q_ok))
     return claims
 
 

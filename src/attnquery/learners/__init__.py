@@ -12,6 +12,7 @@ from .membership import MembershipLearner
 from .multihead import OrthogonalSubspaceLearner
 from .multihead_generic import AttentionLayerLearner, MultiHeadLearner
 from .noisy import NoisyValueQueryLearner
+from .rotary import RotaryValueQueryLearner
 from .transformer import TransformerLearner
 
 __all__ = [
@@ -26,4 +27,5 @@ __all__ = [
     "OrthogonalSubspaceLearner",
     "MultiHeadLearner",
     "AttentionLayerLearner",
+    "RotaryValueQueryLearner",
 ]

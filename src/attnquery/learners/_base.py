@@ -1,21 +1,36 @@
-"""Shared pieces of every learner: scikit-learn style parameters and oracle checks."""
+"""Shared pieces of every learner: scikit-learn style parameters, parameter checks, the query
+ledger every fit asks its oracle through, and the check of a fitted estimate."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import numbers
+import warnings
+from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ConfigError, ModelMismatchError
+from ..errors import ConfigError, ModelMismatchError, VacuousCheckWarning
 from ..oracles import Oracle
 from ..rng import as_rng
 
-__all__ = ["BaseLearner", "check_oracle", "check_budget", "chunk_slices", "check_answers",
-           "check_signs", "check_queries", "check_verify_param", "DEFAULT_VERIFY", "ROUNDING_RTOL",
+__all__ = ["BaseLearner", "QueryLedger", "check_scalar", "check_bool", "check_oracle",
+           "check_budget", "chunk_slices", "check_answers", "check_signs", "check_queries",
+           "check_plan", "check_verify_param", "DEFAULT_VERIFY", "CHECK_LENGTHS", "ROUNDING_RTOL",
            "output_error_bound"]
 
-#: check queries a learner spends after fitting, unless told otherwise (``verify=0`` turns it off)
+#: check queries a learner spends after fitting, unless told otherwise (``verify=0`` turns it off):
+#: with the default :data:`CHECK_LENGTHS`, 6 fresh queries of 2, 4, 8, 32, 64 and 128 tokens and
+#: prefix-permuted copies of the two longest (see :func:`check_plan`)
 DEFAULT_VERIFY = 8
+#: sequence lengths of the fresh check queries (:func:`check_plan` spreads them over these, the
+#: shortest and the longest always included): long sequences are where a windowed or
+#: position-dependent box differs from a head (a 4-token window is exact on 2 and 4 tokens)
+CHECK_LENGTHS = (2, 4, 8, 16, 32, 64, 128)
+#: one check query in PERMUTED_SHARE is a copy of a fresh one with its first N - 1 tokens
+#: permuted, which a position-free box must answer alike
+PERMUTED_SHARE = 4
 #: relative disagreement of the check queries that float64 rounding explains, for the learners
 #: that are exact in float64 (exact, sketch, polished nuclear-norm): the default study's exact
 #: grid and the 72 MiniLM heads stay below 1.1e-11 (Gaussian probes at d = 512; 6e-14 with
@@ -25,6 +40,216 @@ ROUNDING_RTOL = 1e-9
 #: what a failed check may mean, unless a learner says better
 MISMATCH_HINT = ("the box may have several heads, biases, noise or lower precision than "
                  "float64")
+
+
+def _describe(kind: str, min_val, max_val, closed: str) -> str:
+    """``an integer >= 1``, ``a number in (0, 1]``, ... for :func:`check_scalar`'s message."""
+    lo_in, hi_in = closed in ("both", "left"), closed in ("both", "right")
+    if min_val is not None and max_val is not None:
+        return (f"{kind} in {'[' if lo_in else '('}{min_val:g}, {max_val:g}"
+                f"{']' if hi_in else ')'}")
+    if min_val is not None:
+        return f"{kind} {'>=' if lo_in else '>'} {min_val:g}"
+    if max_val is not None:
+        return f"{kind} {'<=' if hi_in else '<'} {max_val:g}"
+    return kind
+
+
+def check_scalar(x, name: str, target_type: type | tuple = numbers.Real, *, min_val=None,
+                 max_val=None, include_boundaries: str = "both", allow_none: bool = False,
+                 exc: type[Exception] = ConfigError, what: str | None = None):
+    """Check one scalar parameter and return it (``int`` or ``float``; ``None`` if allowed).
+
+    The learners' single parameter check (in the manner of scikit-learn's ``check_scalar``):
+    ``x`` must be an instance of ``target_type`` (``numbers.Integral`` or ``numbers.Real``;
+    ``bool`` is never a number), finite, and within ``[min_val, max_val]``, whose ends are
+    included as ``include_boundaries`` says.
+
+    Parameters
+    ----------
+    x : object
+        The value to check.
+    name : str
+        The parameter's name, first word of the error message.
+    target_type : type or tuple of types
+        ``numbers.Integral`` for a count, ``numbers.Real`` (the default) for a number.
+    min_val, max_val : float, optional
+        Bounds (``None``: unbounded on that side).
+    include_boundaries : {"both", "left", "right", "neither"}
+        Which of the bounds are allowed values.
+    allow_none : bool
+        Accept ``None`` (returned as is).
+    exc : Exception type
+        Raised on a bad value (default :class:`ConfigError`; a theorem's assumption parameter
+        raises :class:`~attnquery.learners.noisy.AssumptionParameterError`).
+    what : str, optional
+        What the value must be, in place of the description built from the bounds (the
+        message is ``"{name} must be {what}; got {x!r}"``).
+
+    Returns
+    -------
+    int, float or None
+
+    Raises
+    ------
+    ConfigError (or ``exc``)
+        The message names the parameter, what it must be, and the value given.
+    """
+    if x is None and allow_none:
+        return None
+    integral = target_type is numbers.Integral or (
+        isinstance(target_type, tuple) and all(t is numbers.Integral for t in target_type))
+    if what is None:
+        what = _describe("an integer" if integral else "a number", min_val, max_val,
+                         include_boundaries)
+        if allow_none:
+            what += " or None"
+    ok = isinstance(x, target_type) and not isinstance(x, bool | np.bool_)
+    if ok:
+        ok = bool(np.isfinite(x))
+    if ok and min_val is not None:
+        ok = x >= min_val if include_boundaries in ("both", "left") else x > min_val
+    if ok and max_val is not None:
+        ok = x <= max_val if include_boundaries in ("both", "right") else x < max_val
+    if not ok:
+        raise exc(f"{name} must be {what}; got {x!r}")
+    return int(x) if integral else float(x)
+
+
+def check_bool(x, name: str) -> bool:
+    """Check a True/False parameter; return it as ``bool``."""
+    if not isinstance(x, bool | np.bool_):
+        raise ConfigError(f"{name} must be True or False; got {x!r}")
+    return bool(x)
+
+
+class QueryLedger:
+    """The queries of one ``fit``: asked through it, checked against the budget, counted per
+    stage.
+
+    Every learner asks its oracle through one ledger per call to ``fit``. The ledger counts
+    what the oracle counts (``oracle.n_queries``), never a formula, and attributes every query
+    to the stage that was current when the oracle counted it, so queries asked by helpers that
+    take an oracle (:class:`~attnquery.learners._probes.Prober`, a nested learner,
+    :meth:`BaseLearner._verify_fit`) are counted too, as long as they are asked inside
+    ``with ledger.stage(name):``. Stages nest: an inner stage's queries are counted once, in
+    the inner stage.
+
+    The ledger is itself a value oracle (``__call__``, ``d``, ``n_queries``, ``kind``,
+    ``remaining``, ``check_budget``): a helper given the ledger in place of the oracle asks in
+    the current stage, with the budget checked per batch.
+
+    Parameters
+    ----------
+    oracle : oracle
+        Any object with the oracle interface (see :func:`check_oracle`).
+    stages : sequence of str
+        The stage names, in the order the learner runs them; each appears in :meth:`counts`
+        (with 0 when the fit asked nothing in it). A stage not listed is added when used.
+    what : str
+        Names the learner in budget messages (``"{what}'s {stage} stage needs n queries"``).
+
+    Attributes
+    ----------
+    n0 : int
+        The oracle's count when the ledger was opened.
+    n_requeried : int
+        Queries the learner asked again (a saturated probe at a smaller scale); learners add
+        to it, :attr:`BaseLearner.n_requeried_` reports it.
+
+    Examples
+    --------
+    A learner's ``fit`` opens a ledger through :meth:`BaseLearner._open_ledger`, which sets
+    ``n_queries_by_stage_`` when the fit ends, also when it raises::
+
+        with self._open_ledger(oracle, ("v", "W", "verify")) as ledger:
+            with ledger.stage("v"):
+                v = read_v(ledger, d)
+            y = ledger.ask(X, "W")            # one batch, budget-checked, counted under "W"
+            with ledger.stage("verify"):
+                self._verify_fit(oracle, self.predict, rng, rtol=..., n0=ledger.n0)
+    """
+
+    def __init__(self, oracle, stages=(), what: str = "the learner"):
+        self.oracle = oracle
+        self.what = what
+        self.n0 = int(oracle.n_queries)
+        self.n_requeried = 0
+        self._counts = dict.fromkeys(stages, 0)
+        self._current: str | None = None
+        self._mark = self.n0
+
+    # -- the oracle interface --------------------------------------------------------------------
+    @property
+    def d(self) -> int:
+        return int(self.oracle.d)
+
+    @property
+    def n_queries(self) -> int:
+        """The oracle's count now (as the oracle reports it, not since the ledger opened)."""
+        return int(self.oracle.n_queries)
+
+    @property
+    def remaining(self):
+        """Queries the oracle's budget has left (None without a budget)."""
+        return getattr(self.oracle, "remaining", None)
+
+    @property
+    def kind(self) -> str:
+        """The wrapped oracle's kind (``"value"`` unless it says otherwise)."""
+        return getattr(self.oracle, "kind", "value")
+
+    def check_budget(self, n: int, what: str = "this step") -> None:
+        """Raise :class:`~attnquery.errors.BudgetExceededError` before spending ``n`` queries
+        the budget cannot pay for (:func:`check_budget`)."""
+        check_budget(self.oracle, n, what)
+
+    def __call__(self, X) -> np.ndarray:
+        """Ask the batch ``X`` in the current stage (see :meth:`ask`)."""
+        return self.ask(X)
+
+    # -- asking and counting ---------------------------------------------------------------------
+    def ask(self, X, stage: str | None = None) -> np.ndarray:
+        """Ask the batch ``X`` (B, N, d) in ``stage`` (default: the current one), after checking
+        that the budget pays for its B queries; returns the answers as float (B,)."""
+        stage = self._current if stage is None else stage
+        X = np.asarray(X)
+        self.check_budget(X.shape[0], f"{self.what}'s {stage or 'fit'} stage")
+        with self.stage(stage):
+            return np.asarray(self.oracle(X), dtype=float)
+
+    def _flush(self) -> None:
+        now = int(self.oracle.n_queries)
+        if now != self._mark:
+            key = self._current if self._current is not None else "other"
+            self._counts[key] = self._counts.get(key, 0) + now - self._mark
+        self._mark = now
+
+    @contextlib.contextmanager
+    def stage(self, name: str | None):
+        """Count every query the oracle counts inside the block under ``name`` (``None``: the
+        current stage)."""
+        if name is None:
+            yield self
+            return
+        self._flush()
+        outer, self._current = self._current, name
+        self._counts.setdefault(name, 0)
+        try:
+            yield self
+        finally:
+            self._flush()
+            self._current = outer
+
+    @property
+    def total(self) -> int:
+        """Queries the oracle counted since the ledger opened."""
+        return int(self.oracle.n_queries - self.n0)
+
+    def counts(self) -> dict:
+        """Queries per stage so far, in the order of ``stages`` (a new dict)."""
+        self._flush()
+        return {k: int(v) for k, v in self._counts.items()}
 
 
 class BaseLearner:
@@ -54,32 +279,71 @@ class BaseLearner:
 
     def _verify_fit(self, oracle, predict, rng: np.random.Generator, rtol: float,
                     atol=0.0, what: str = "a single attention head",
-                    token_scale: float = 1.0, n0: int | None = None, lengths=(2, 4),
-                    signs: bool = False, hint: str | None = None) -> None:
+                    token_scale: float = 1.0, n0: int | None = None, lengths=CHECK_LENGTHS,
+                    signs: bool = False, hint: str | None = None,
+                    pair_atol: float | None = None, permuted: bool = True) -> None:
         """Spend ``self.verify`` check queries and raise when the estimate disagrees.
 
+        The queries are :func:`check_queries`'s: fresh random ones with lengths spread over
+        ``lengths`` (up to 128 tokens by default) and prefix-permuted copies of the longest.
         Sets ``verify_error_`` and ``n_verify_queries_`` (see :func:`check_answers`; with
         ``signs``, :func:`check_signs`), also when the check fails; with ``n0`` (the oracle's
         count when ``fit`` began) it also sets ``n_queries_``, so that the count includes the
-        check queries whatever the outcome. A learner calls this last in ``fit``, with the
-        tolerances of its own error model.
+        check queries whatever the outcome. Sets ``verify_vacuous_``: True when the comparison
+        with the estimate could not have failed (on no query of two tokens or more was the
+        allowed disagreement below the estimate's own answer; only the order of the tokens was
+        tested), with a :class:`~attnquery.errors.VacuousCheckWarning`. A learner calls this
+        last in ``fit``, with the tolerances of its own error model; ``pair_atol`` is the
+        allowed difference between the box's answers on a query and on its prefix-permuted
+        copy when the answers' own error is known (twice a tolerance tau), tighter than the
+        estimate's allowance (the default). ``permuted=False`` asks no permuted copies (a
+        learner of a position-dependent model, such as rotary heads).
         """
         n = check_verify_param(getattr(self, "verify", DEFAULT_VERIFY))
-        check = check_signs if signs else check_answers
         self.verify_error_, self.n_verify_queries_ = float("nan"), 0
+        self.verify_vacuous_ = False
         try:
-            self.verify_error_, self.n_verify_queries_ = check(
-                oracle, predict, rng, n, rtol=rtol, atol=atol, what=what,
-                token_scale=token_scale, lengths=lengths, hint=hint)
+            res = _run_check(oracle, predict, rng, n, rtol=rtol, atol=atol, what=what,
+                             token_scale=token_scale, lengths=lengths, hint=hint, signs=signs,
+                             pair_atol=pair_atol, permuted=permuted)
         except ModelMismatchError as exc:
             self.verify_error_, self.n_verify_queries_ = float(exc.error), int(exc.n_checks)
             raise
         finally:
             if n0 is not None:
                 self.n_queries_ = int(oracle.n_queries - n0)
+        self.verify_error_, self.n_verify_queries_ = res.error, res.n_queries
+        self.verify_vacuous_ = bool(res.n_queries > 0 and res.n_informative == 0)
+        if self.verify_vacuous_:
+            warnings.warn(
+                f"{type(self).__name__}'s check of its estimate could not fail (only the "
+                "order of the tokens was tested): on every one of its check queries of two "
+                f"tokens or more (of {res.n_queries} in all) the allowed disagreement "
+                f"({res.allowed_rel:.3g} relative, at the least) is at least the estimate's "
+                f"own answer, so a box far from {what} would pass too "
+                "(verify_vacuous_ = True): the error model is too loose for a check (a smaller "
+                "tau, or more accurate answers, make it one)",
+                VacuousCheckWarning, stacklevel=3)
 
     def _rng(self) -> np.random.Generator:
         return as_rng(getattr(self, "random_state", None))
+
+    @contextlib.contextmanager
+    def _open_ledger(self, oracle, stages=(), what: str | None = None):
+        """Open the :class:`QueryLedger` of one ``fit``; when the block ends (also by an
+        exception) set ``n_queries_by_stage_`` (a dict stage -> queries) from it."""
+        ledger = QueryLedger(oracle, stages, what or type(self).__name__)
+        try:
+            yield ledger
+        finally:
+            self.n_queries_by_stage_ = ledger.counts()
+
+    def _stage_count(self, stage: str) -> int:
+        """``n_queries_by_stage_[stage]``, for the per-stage attributes derived from it."""
+        stages = getattr(self, "n_queries_by_stage_", None)
+        if stages is None:
+            raise AttributeError("the per-stage query counts are available after fit()")
+        return int(stages.get(stage, 0))
 
 
 def check_oracle(oracle, kinds: tuple[str, ...] | None = None) -> int:
@@ -104,6 +368,8 @@ def check_oracle(oracle, kinds: tuple[str, ...] | None = None) -> int:
 
 def check_budget(oracle, n: int, what: str) -> None:
     """Ask the oracle whether ``n`` queries fit its budget (if it has one) before spending them."""
+    if isinstance(oracle, QueryLedger):
+        oracle = oracle.oracle
     if isinstance(oracle, Oracle):
         oracle.check_budget(n, what)
     else:
@@ -152,16 +418,86 @@ def output_error_bound(X: np.ndarray, v_hat: np.ndarray, err_W, err_v) -> np.nda
     return xv_err.max(axis=1) + np.minimum(2.0, spread) * xv.max(axis=1)
 
 
+def check_plan(n_checks: int, lengths=CHECK_LENGTHS,
+               permuted: bool = True) -> tuple[list[int], int]:
+    """How ``n_checks`` check queries are spent: the lengths of the fresh random queries and the
+    number of prefix-permuted copies.
+
+    One query in :data:`PERMUTED_SHARE` (rounded down) is a copy of one of the longest fresh
+    queries with its first N - 1 tokens permuted (only queries of N >= 3 tokens have a prefix
+    to permute; without any, or with ``permuted=False``, every query is fresh). The fresh
+    queries' lengths are spread over ``lengths``: with fewer queries than lengths, the
+    shortest, the longest and evenly spaced ones between; with more, every length about
+    equally often.
+
+    Examples: 8 queries with :data:`CHECK_LENGTHS` are 6 fresh of 2, 4, 8, 32, 64 and 128
+    tokens and copies of the 128- and 64-token ones; 64 are 48 fresh (about 7 of each
+    length) and 16 copies.
+    """
+    lengths = sorted(int(n) for n in lengths)
+    if not lengths or lengths[0] < 1:
+        raise ConfigError(f"check lengths must be positive integers; got {lengths!r}")
+
+    def spread(m):
+        L = len(lengths)
+        if m <= L:
+            idx = np.round(np.linspace(0, L - 1, m)).astype(int) if m > 1 else [L - 1][:m]
+        else:
+            idx = (np.arange(m) * L) // m
+        return [lengths[i] for i in idx]
+
+    n_perm = n_checks // PERMUTED_SHARE if permuted else 0
+    fresh = spread(n_checks - n_perm)
+    n_perm = min(n_perm, sum(n >= 3 for n in fresh))
+    if n_perm == 0:
+        fresh = spread(n_checks)
+    return fresh, n_perm
+
+
+def _permute_prefix(rng: np.random.Generator, X: np.ndarray) -> np.ndarray:
+    """``X`` (B, N, d) with each query's first N - 1 tokens in a random order other than the
+    given one (N >= 3)."""
+    B, N, _ = X.shape
+    perm = np.argsort(rng.random((B, N - 1)), axis=1)
+    same = np.all(perm == np.arange(N - 1), axis=1)
+    perm[same] = np.arange(N - 1)[::-1]
+    out = X.copy()
+    out[:, : N - 1] = np.take_along_axis(X[:, : N - 1], perm[:, :, None], axis=1)
+    return out
+
+
 def check_queries(rng: np.random.Generator, d: int, n_checks: int, token_scale: float = 1.0,
-                  lengths=(2, 4)) -> list[np.ndarray]:
-    """Fresh random check queries: i.i.d. Gaussian tokens of norm about ``token_scale``, the
-    ``n_checks`` queries split evenly between the sequence lengths ``lengths`` (one batch per
-    length)."""
-    lengths = [int(n) for n in lengths]
-    sizes = [n_checks // len(lengths) + (i < n_checks % len(lengths))
-             for i in range(len(lengths))]
-    return [rng.standard_normal((size, n_tok, d)) * (token_scale / np.sqrt(d))
-            for n_tok, size in zip(lengths, sizes, strict=True) if size > 0]
+                  lengths=CHECK_LENGTHS, return_pairs: bool = False, permuted: bool = True):
+    """Fresh random check queries: i.i.d. Gaussian tokens of norm about ``token_scale``, their
+    lengths and the prefix-permuted copies as :func:`check_plan` says, one batch per length
+    (the copies in batches of their own, after the fresh ones).
+
+    With ``return_pairs``, also an (n_perm, 2) array of the positions, in the concatenated
+    answers, of each fresh query and its permuted copy.
+    """
+    fresh, n_perm = check_plan(n_checks, lengths, permuted)
+    sizes = {n: fresh.count(n) for n in sorted(set(fresh))}
+    batches = [rng.standard_normal((size, n_tok, d)) * (token_scale / np.sqrt(d))
+               for n_tok, size in sizes.items()]
+    starts = np.cumsum([0] + [b.shape[0] for b in batches])
+    pairs = []
+    if n_perm:
+        # copies of the n_perm longest fresh queries: the last rows of the last batches
+        chosen = []  # (batch, row)
+        for k in range(len(batches) - 1, -1, -1):
+            for row in range(batches[k].shape[0] - 1, -1, -1):
+                if len(chosen) < n_perm:
+                    chosen.append((k, row))
+        pos = int(starts[-1])
+        for k in sorted({k for k, _ in chosen}):
+            rows = sorted(r for kk, r in chosen if kk == k)
+            batches.append(_permute_prefix(rng, batches[k][rows]))
+            for r in rows:
+                pairs.append((int(starts[k] + r), pos))
+                pos += 1
+    if return_pairs:
+        return batches, np.array(pairs, dtype=int).reshape(-1, 2)
+    return batches
 
 
 def _allowance(atol, X: np.ndarray) -> np.ndarray:
@@ -171,30 +507,104 @@ def _allowance(atol, X: np.ndarray) -> np.ndarray:
     return np.full(X.shape[0], float(atol))
 
 
-def _ask_checks(oracle, predict, rng, n_checks, atol, token_scale, lengths):
+@dataclass
+class _CheckResult:
+    error: float
+    n_queries: int
+    n_informative: int
+    allowed_rel: float
+
+
+def _ask_checks(oracle, predict, rng, n_checks, atol, token_scale, lengths, permuted=True):
     d = int(oracle.d)
     check_budget(oracle, n_checks, "the check of the estimate")
     n0 = oracle.n_queries
-    ys, yhats, allow = [], [], []
-    for X in check_queries(rng, d, n_checks, token_scale, lengths):
+    ys, yhats, allow, ns = [], [], [], []
+    batches, pairs = check_queries(rng, d, n_checks, token_scale, lengths, return_pairs=True,
+                                   permuted=permuted)
+    for X in batches:
         ys.append(np.asarray(oracle(X), dtype=float))
         yhats.append(np.asarray(predict(X), dtype=float))
         allow.append(_allowance(atol, X))
+        ns.append(np.full(X.shape[0], X.shape[1]))
     return (np.concatenate(ys), np.concatenate(yhats), np.concatenate(allow),
-            int(oracle.n_queries - n0))
+            np.concatenate(ns), pairs, int(oracle.n_queries - n0))
+
+
+_POSITION_HINT = ("the box's answer depends on the order of the tokens (a sliding window, ALiBi, "
+                  "rotary or other positions), which {what} cannot; or {hint}")
+
+
+def _run_check(oracle, predict, rng, n_checks, rtol, atol=0.0, what="a single attention head",
+               token_scale=1.0, lengths=CHECK_LENGTHS, hint=None, signs=False,
+               pair_atol=None, permuted=True) -> _CheckResult:
+    """The check of :func:`check_answers` (or, with ``signs``, :func:`check_signs`), with the
+    number of informative queries: those whose allowed disagreement is below the estimate's
+    own answer, counting one-token queries only when there are no longer ones (they test v
+    alone). The permuted pairs are not counted: they test the order of the tokens only."""
+    if n_checks == 0:
+        return _CheckResult(float("nan"), 0, 0, float("nan"))
+    y, yhat, allow, ns, pairs, n_used = _ask_checks(oracle, predict, rng, n_checks, atol,
+                                                    token_scale, lengths, permuted)
+    a, b = pairs[:, 0], pairs[:, 1]
+    if signs:
+        return _signs_verdict(y, yhat, allow, pairs, rtol, what, hint, n_checks, n_used)
+    diffs = np.abs(y - yhat)
+    diff = float(np.max(diffs))
+    scale = float(np.max(np.abs(y)))
+    error = diff / scale if scale > 0 else diff
+    unit = scale if scale > 0 else 1.0
+    allowed = allow + rtol * scale
+    # a permuted copy: a position-free box answers both alike, to within its answers' error
+    pdiff = np.abs(y[a] - y[b])
+    # (with pair_atol, float64 rounding on top: the two sums run in different orders)
+    pallowed = (allowed[a] + allowed[b]) if pair_atol is None else \
+        np.full(a.size, float(pair_atol) + 2 * max(rtol, ROUNDING_RTOL) * scale)
+    pbad = ~(pdiff <= pallowed)
+    if pbad.any():
+        k = int(np.argmax(np.where(pbad, pdiff - pallowed, -np.inf)))
+        raise ModelMismatchError(
+            f"answers change by {pdiff[k] / unit:.3g} (relative) when the first "
+            f"{int(ns[a[k]]) - 1} tokens of a {int(ns[a[k]])}-token check query are permuted, "
+            f"where at most {pallowed[k] / unit:.3g} is expected; "
+            + _POSITION_HINT.format(what=what, hint=hint or MISMATCH_HINT),
+            error=max(error, float(pdiff[k] / unit)), allowed=float(pallowed[k] / unit),
+            n_checks=n_used)
+    bad = ~(diffs <= allowed)  # NaN included
+    if bad.any():
+        with np.errstate(divide="ignore", invalid="ignore"):
+            k = int(np.argmax(np.where(bad, np.nan_to_num(diffs / allowed, nan=np.inf), -1.0)))
+        seen, allowed_rel = float(diffs[k] / unit), float(allowed[k] / unit)
+        longest = int(ns.max())
+        raise ModelMismatchError(
+            f"answers differ from {what} by {error:.3g} (relative) on {n_checks} check "
+            f"queries of {int(ns.min())} to {longest} tokens, {int(bad.sum())} of them by more "
+            f"than expected (the farthest, of {int(ns[k])} tokens, by {seen:.3g} where at most "
+            f"{allowed_rel:.3g} is expected); {hint or MISMATCH_HINT}",
+            error=error, allowed=allowed_rel, n_checks=n_used)
+    # one-token answers x^T v test v alone: the check of the rest (W, the positions) rests on
+    # the longer queries, when there are any
+    multi = ns >= 2 if np.any(ns >= 2) else np.ones(ns.size, dtype=bool)
+    informative = int(np.count_nonzero((allowed < np.abs(yhat)) & multi))
+    return _CheckResult(error, n_used, informative, float(np.min((allowed / unit)[multi])))
 
 
 def check_answers(oracle, predict, rng: np.random.Generator, n_checks: int, rtol: float,
                   atol=0.0, what: str = "a single attention head",
-                  token_scale: float = 1.0, lengths=(2, 4),
-                  hint: str | None = None) -> tuple[float, int]:
+                  token_scale: float = 1.0, lengths=CHECK_LENGTHS,
+                  hint: str | None = None, pair_atol: float | None = None) -> tuple[float, int]:
     """Compare the oracle with an estimate on ``n_checks`` fresh random queries.
 
-    The check queries come from :func:`check_queries`. The estimate passes when
+    The check queries come from :func:`check_queries` (lengths spread over ``lengths``, and
+    prefix-permuted copies of the longest, :func:`check_plan`). The estimate passes when
     ``|y - y_hat| <= atol + rtol * max |y|`` on every query, where ``y`` are the oracle's
     answers and ``y_hat = predict(X)``; ``atol`` is a number or a function of the queries
-    ``X (B, N, d)`` giving each query's own allowance (B,). ``hint`` (what the disagreement may
-    mean) ends the error message.
+    ``X (B, N, d)`` giving each query's own allowance (B,). The box's answers on a query and on
+    its prefix-permuted copy must also agree, to within ``pair_atol + 2 max(rtol,
+    ROUNDING_RTOL) max |y|`` (the answers' own error, when known, and rounding) or else the
+    sum of the two queries' allowances: a position-free estimate answers both alike, so this
+    catches position-dependent boxes even where the estimate's allowance is loose. ``hint``
+    (what the disagreement may mean) ends the error message.
 
     Returns
     -------
@@ -207,40 +617,25 @@ def check_answers(oracle, predict, rng: np.random.Generator, n_checks: int, rtol
     Raises
     ------
     ModelMismatchError
-        When the estimate fails the test.
+        When the estimate fails the test, or the answers change under a permutation of a
+        query's first N - 1 tokens.
     """
-    if n_checks == 0:
-        return float("nan"), 0
-    y, yhat, allow, n_used = _ask_checks(oracle, predict, rng, n_checks, atol, token_scale,
-                                         lengths)
-    diffs = np.abs(y - yhat)
-    diff = float(np.max(diffs))
-    scale = float(np.max(np.abs(y)))
-    error = diff / scale if scale > 0 else diff
-    allowed = allow + rtol * scale
-    bad = ~(diffs <= allowed)  # NaN included
-    if bad.any():
-        with np.errstate(divide="ignore", invalid="ignore"):
-            k = int(np.argmax(np.where(bad, np.nan_to_num(diffs / allowed, nan=np.inf), -1.0)))
-        unit = scale if scale > 0 else 1.0
-        seen, allowed_rel = float(diffs[k] / unit), float(allowed[k] / unit)
-        raise ModelMismatchError(
-            f"answers differ from {what} by {error:.3g} (relative) on {n_checks} check "
-            f"queries, {int(bad.sum())} of them by more than expected (the farthest by "
-            f"{seen:.3g} where at most {allowed_rel:.3g} is expected); {hint or MISMATCH_HINT}",
-            error=error, allowed=allowed_rel, n_checks=n_used)
-    return error, n_used
+    res = _run_check(oracle, predict, rng, n_checks, rtol, atol=atol, what=what,
+                     token_scale=token_scale, lengths=lengths, hint=hint, pair_atol=pair_atol)
+    return res.error, res.n_queries
 
 
 def check_signs(oracle, predict, rng: np.random.Generator, n_checks: int, rtol: float = 0.0,
                 atol=0.0, what: str = "a single attention head", token_scale: float = 1.0,
-                lengths=(2, 4), hint: str | None = None) -> tuple[float, int]:
+                lengths=CHECK_LENGTHS, hint: str | None = None) -> tuple[float, int]:
     """Compare a membership oracle's signs with an estimate's on ``n_checks`` fresh queries.
 
     ``predict(X)`` gives the estimate's values; a query where the estimate says
     ``f(X) > 0`` and the oracle answers 0 (or the reverse) is a disagreement unless
     ``|predict(X)| <= atol + rtol * max |predict(X)|`` (the estimate's own uncertainty there;
-    ``atol`` a number or a function of the queries, as in :func:`check_answers`).
+    ``atol`` a number or a function of the queries, as in :func:`check_answers`). The queries
+    are :func:`check_queries`'s; the box must answer a query and its prefix-permuted copy
+    with the same sign (a position-free head does, whatever the estimate's uncertainty).
 
     Returns
     -------
@@ -252,13 +647,25 @@ def check_signs(oracle, predict, rng: np.random.Generator, n_checks: int, rtol: 
     Raises
     ------
     ModelMismatchError
-        When any sign disagrees beyond the estimate's uncertainty.
+        When any sign disagrees beyond the estimate's uncertainty, or the box's sign changes
+        under a permutation of a query's first N - 1 tokens.
     """
-    if n_checks == 0:
-        return float("nan"), 0
-    ans, yhat, allow, n_used = _ask_checks(oracle, predict, rng, n_checks, atol, token_scale,
-                                           lengths)
-    sure = ~(np.abs(yhat) <= allow + rtol * float(np.max(np.abs(yhat))))  # NaN: never sure
+    res = _run_check(oracle, predict, rng, n_checks, rtol, atol=atol, what=what,
+                     token_scale=token_scale, lengths=lengths, hint=hint, signs=True)
+    return res.error, res.n_queries
+
+
+def _signs_verdict(ans, yhat, allow, pairs, rtol, what, hint, n_checks, n_used):
+    a, b = pairs[:, 0], pairs[:, 1]
+    flipped = (ans[a] > 0.5) != (ans[b] > 0.5)
+    if flipped.any():
+        raise ModelMismatchError(
+            f"membership answers change sign on {int(flipped.sum())} of {a.size} check queries "
+            "when their first N - 1 tokens are permuted; "
+            + _POSITION_HINT.format(what=what, hint=hint or MISMATCH_HINT),
+            error=float(np.mean(flipped)), allowed=0.0, n_checks=n_used)
+    bound = allow + rtol * float(np.max(np.abs(yhat)))
+    sure = ~(np.abs(yhat) <= bound)  # NaN: never sure
     wrong = sure & ((ans > 0.5) != (yhat > 0))
     error = float(np.mean(wrong))
     if wrong.any():
@@ -266,4 +673,7 @@ def check_signs(oracle, predict, rng: np.random.Generator, n_checks: int, rtol: 
             f"membership answers differ from {what} on {int(wrong.sum())} of {n_checks} check "
             f"queries where the estimate's sign is certain; {hint or MISMATCH_HINT}",
             error=error, allowed=0.0, n_checks=n_used)
-    return error, n_used
+    informative = int(np.count_nonzero(sure))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = float(np.min(bound / np.max(np.abs(yhat)))) if np.any(yhat) else float("nan")
+    return _CheckResult(error, n_used, informative, rel)

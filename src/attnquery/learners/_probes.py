@@ -18,12 +18,15 @@ logit ``c u^T c`` (``make`` returning ``None`` for the last tokens).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from ..errors import AssumptionViolation, ConfigError, NotIdentifiableError
-from ._base import chunk_slices
+from ..errors import AssumptionViolation, NotIdentifiableError
+from ._base import check_scalar, chunk_slices
 
-__all__ = ["read_v", "read_key_bias", "check_v", "unit_directions", "balanced_orthonormal",
+__all__ = ["read_v", "read_key_bias", "read_head_constants", "HeadConstants", "pivot_directions",
+           "check_v", "unit_directions", "balanced_orthonormal",
            "SparseRows",
            "coordinate_rows", "rows_dot", "probe_logits", "Prober", "check_probe_params",
            "ZERO_LOGIT"]
@@ -35,16 +38,13 @@ ZERO_LOGIT = 1e-12
 def check_probe_params(learner) -> None:
     """Check a learner's probe parameters (``max_logit``, ``min_logit``,
     ``initial_logit_scale`` and, where it has one, ``zero_tol``); raise :class:`ConfigError`."""
-    if not (np.isfinite(learner.max_logit) and 1.0 <= learner.max_logit <= 30.0):
-        raise ConfigError(f"max_logit must be in [1, 30]; got {learner.max_logit}")
-    if not (0.0 < learner.min_logit < learner.max_logit):
-        raise ConfigError(f"min_logit must be in (0, max_logit); got {learner.min_logit}")
-    if not (np.isfinite(learner.initial_logit_scale) and learner.initial_logit_scale > 0):
-        raise ConfigError(
-            f"initial_logit_scale must be positive; got {learner.initial_logit_scale}")
-    zero_tol = getattr(learner, "zero_tol", 0.0)
-    if not 0.0 <= zero_tol < 1.0:
-        raise ConfigError(f"zero_tol must be in [0, 1); got {zero_tol}")
+    check_scalar(learner.max_logit, "max_logit", min_val=1, max_val=30)
+    check_scalar(learner.min_logit, "min_logit", min_val=0, max_val=learner.max_logit,
+                 include_boundaries="neither", what="in (0, max_logit)")
+    check_scalar(learner.initial_logit_scale, "initial_logit_scale", min_val=0,
+                 include_boundaries="neither", what="positive")
+    check_scalar(getattr(learner, "zero_tol", 0.0), "zero_tol", min_val=0, max_val=1,
+                 include_boundaries="left", what="in [0, 1)")
 
 
 def read_v(oracle, d: int, offset: bool = False):
@@ -80,10 +80,7 @@ def read_key_bias(oracle, v: np.ndarray, beta: float, chunk: int, *, max_logit: 
         The prober used (its ``n_requeried`` counts probes asked twice).
     """
     d = v.size
-    p = int(np.argmax(np.abs(v)))
-    sig = np.sign(v * v[p])
-    sig[sig == 0] = 1.0
-    sig[p] = 0.0
+    p, sig = pivot_directions(v)
     rows = np.arange(d)
     extra = np.flatnonzero(sig)
 
@@ -100,6 +97,77 @@ def read_key_bias(oracle, v: np.ndarray, beta: float, chunk: int, *, max_logit: 
                     min_logit=min_logit, chunk=chunk, pilot=32, target=1.0, offset=beta)
     t = prober.measure(make, d)
     return t - sig * t[p], prober
+
+
+def pivot_directions(v: np.ndarray, zero_tol: float | None = None) -> tuple[int, np.ndarray]:
+    """The pivot design of the probe directions ``u_j = e_j + coef_j e_p``.
+
+    ``p = argmax |v_i|``. Signed (``zero_tol`` None, the design of a head with an offset):
+    ``coef_j = sign(v_j v_p)`` (+1 where ``v_j = 0``) for every ``j != p``, so that
+    ``|u_j^T v| = |v_j| + |v_p| >= max |v_i|``. With ``zero_tol``: ``coef_j = 1`` only where
+    ``|v_j| < zero_tol max |v_i|`` (``u_j = e_j`` elsewhere, the paper's basis design). Always
+    ``coef_p = 0``, so ``u_j^T x = x_j + coef_j x_p`` is undone by ``t_j - coef_j t_p``.
+
+    Returns
+    -------
+    p : int
+    coef : ndarray (d,)
+    """
+    p = int(np.argmax(np.abs(v)))
+    if zero_tol is None:
+        coef = np.where(v * v[p] < 0, -1.0, 1.0)
+    else:
+        coef = (np.abs(v) < zero_tol * np.max(np.abs(v))).astype(float)
+    coef[p] = 0.0
+    return p, coef
+
+
+@dataclass(frozen=True)
+class HeadConstants:
+    """What a head's probes need before any probe of W: v, the offset beta and the key bias c.
+
+    Attributes
+    ----------
+    v : ndarray (d,)
+    offset : float
+        beta (0 when the head was read without biases).
+    key_bias : ndarray (d,) or None
+        c (None when the head was read without biases).
+    n_requeried : int
+        Key-bias probes asked twice (:class:`Prober`).
+    """
+
+    v: np.ndarray
+    offset: float
+    key_bias: np.ndarray | None
+    n_requeried: int = 0
+
+    def key_bias_or_zero(self) -> np.ndarray:
+        """``key_bias``, or zeros for a head read without biases (the fitted ``key_bias_``)."""
+        return np.zeros(self.v.size) if self.key_bias is None else self.key_bias
+
+
+def read_head_constants(oracle, d: int, *, bias: bool, key_bias: bool | None = None,
+                        chunk: int = 1, max_logit: float = 10.0,
+                        min_logit: float = 1e-5) -> HeadConstants:
+    """Read v (:func:`read_v`), and with ``bias`` the offset beta and the key bias c
+    (:func:`read_key_bias`), in that order: ``d`` queries, or ``2 d + 1`` with ``bias``.
+
+    ``key_bias`` (default: ``bias``) False reads v and beta only (a layer reads each head's key
+    bias along its own subspace). Raises :class:`NotIdentifiableError` when v = 0
+    (:func:`check_v`), before any key-bias probe.
+    """
+    key_bias = bias if key_bias is None else key_bias
+    if bias:
+        v, beta = read_v(oracle, d, offset=True)
+    else:
+        v, beta = read_v(oracle, d), 0.0
+    check_v(v)
+    if not (bias and key_bias):
+        return HeadConstants(v, float(beta), None)
+    c, prober = read_key_bias(oracle, v, beta, chunk, max_logit=max_logit,
+                              min_logit=min_logit)
+    return HeadConstants(v, float(beta), c, int(prober.n_requeried))
 
 
 def check_v(v: np.ndarray) -> float:

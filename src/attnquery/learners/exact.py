@@ -42,6 +42,7 @@ from ._base import (
     DEFAULT_VERIFY,
     ROUNDING_RTOL,
     BaseLearner,
+    check_bool,
     check_budget,
     check_oracle,
     check_verify_param,
@@ -52,8 +53,9 @@ from ._probes import (
     check_probe_params,
     check_v,
     coordinate_rows,
+    pivot_directions,
     probe_logits,
-    read_key_bias,
+    read_head_constants,
     read_v,
     unit_directions,
 )
@@ -63,6 +65,9 @@ __all__ = ["ExactValueQueryLearner", "read_v", "probe_logits", "check_v", "unit_
 
 #: the probe designs, the default first
 PROBE_DESIGNS = ("basis", "gaussian", "orthogonal")
+
+#: the stages ``n_queries_by_stage_`` counts: v (and beta, c), the columns of W, the check
+STAGES = ("constants", "W", "verify")
 
 #: pilot probes of a head with biases: its pilot logits are mostly the bias's share, so the few
 #: probes asked at the initial scale carry few digits of u^T W b, and the rest use the learnt one
@@ -87,8 +92,6 @@ class ExactValueQueryLearner(BaseLearner):
         (beyond the paper): a random orthonormal basis (QR of a Gaussian matrix) reflected so
         that every ``|u_l^T v| = ||v|| / sqrt(d)``; its probe matrix has condition number 1,
         where a d x d Gaussian matrix has one of order d, which the error of W inherits.
-    random_state : int, sequence of ints, Generator or None
-        Seed of the Gaussian probes.
     max_logit : float
         Largest |logit| accepted before a probe is asked again at a smaller scale.
     zero_tol : float
@@ -108,9 +111,14 @@ class ExactValueQueryLearner(BaseLearner):
         ``d^2 + 2d + 1`` queries, see the module docstring). Default False: the paper's head,
         ``d^2 + d`` queries, and ``key_bias_`` and ``offset_`` are 0.
     verify : int
-        Check queries spent after fitting (0: no check): the oracle's answers to fresh random
-        queries must agree with the estimate's to ``ROUNDING_RTOL`` (relative), else
+        Check queries spent after fitting (0: no check)
+        (default 8: 6 fresh random queries of 2 to 128 tokens and copies of the two longest
+        with their first N - 1 tokens permuted, which the box must answer alike;
+        :func:`~attnquery.learners._base.check_plan`): the oracle's
+        answers must agree with the estimate's to ``ROUNDING_RTOL`` (relative), else
         :class:`~attnquery.errors.ModelMismatchError`.
+    random_state : int, sequence of ints, Generator or None
+        Seed of the Gaussian probes.
 
     Attributes
     ----------
@@ -129,6 +137,9 @@ class ExactValueQueryLearner(BaseLearner):
         Largest disagreement on the check queries, relative to the largest answer.
     n_requeried_ : int
         Probes asked again because their first answer was saturated (0 on ordinary heads).
+    n_queries_by_stage_ : dict
+        Queries per stage: ``constants`` (v, and beta and c with ``fit_bias``), ``W`` (the
+        column probes) and ``verify``.
     probe_matrix_ : ndarray (d, d)
         The probe directions, one per row.
     logit_scale_ : ndarray (d,)
@@ -137,8 +148,8 @@ class ExactValueQueryLearner(BaseLearner):
 
     def __init__(
         self,
+        *,
         probes: str = "basis",
-        random_state=None,
         max_logit: float = 10.0,
         zero_tol: float = 1e-3,
         min_logit: float = 1e-5,
@@ -146,9 +157,9 @@ class ExactValueQueryLearner(BaseLearner):
         block_bytes: int = 64 * 2**20,
         fit_bias: bool = False,
         verify: int = DEFAULT_VERIFY,
+        random_state=None,
     ):
         self.probes = probes
-        self.random_state = random_state
         self.max_logit = max_logit
         self.zero_tol = zero_tol
         self.min_logit = min_logit
@@ -156,31 +167,24 @@ class ExactValueQueryLearner(BaseLearner):
         self.block_bytes = block_bytes
         self.fit_bias = fit_bias
         self.verify = verify
+        self.random_state = random_state
 
     # ------------------------------------------------------------------------------------------
     def _probe_matrix(self, v: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        d = v.size
-        vmax = np.max(np.abs(v))
         if self.probes == "orthogonal":
             return balanced_orthonormal(v, rng)
-        if self.probes == "basis":
-            U = np.eye(d)
-            p = int(np.argmax(np.abs(v)))
-            if self.fit_bias:  # every direction signed: |u^T v| >= max |v_i| (see fit)
-                U[:, p] += np.where(v * v[p] < 0, -1.0, 1.0)
-                U[p, p] = 1.0
-                return U
-            small = np.abs(v) < self.zero_tol * vmax
-            U[small, p] += 1.0
+        if self.probes == "basis":  # u_l = e_l + coef_l e_p; signed with an offset (see fit)
+            p, coef = pivot_directions(v, None if self.fit_bias else self.zero_tol)
+            U = np.eye(v.size)
+            U[:, p] += coef
             return U
-        return unit_directions(d, v, rng)
+        return unit_directions(v.size, v, rng)
 
     def _validate_params(self):
         if self.probes not in PROBE_DESIGNS:
             raise ConfigError(f"probes must be one of {PROBE_DESIGNS}; got {self.probes!r}")
         check_probe_params(self)
-        if not isinstance(self.fit_bias, bool | np.bool_):
-            raise ConfigError(f"fit_bias must be True or False; got {self.fit_bias!r}")
+        check_bool(self.fit_bias, "fit_bias")
 
     def fit(self, oracle):
         """Recover (W, v), and (c, beta) with ``fit_bias``, from ``oracle``; returns self.
@@ -199,50 +203,59 @@ class ExactValueQueryLearner(BaseLearner):
         self._validate_params()
         d = check_oracle(oracle)
         rng = self._rng()
-        n0 = oracle.n_queries
+        with self._open_ledger(oracle, STAGES) as ledger:
+            self._check_budget(ledger, d)
+            with ledger.stage("constants"):  # v (and beta, c with fit_bias)
+                head = read_head_constants(ledger, d, bias=bool(self.fit_bias),
+                                           chunk=self._chunk(d), max_logit=self.max_logit,
+                                           min_logit=self.min_logit)
+            with ledger.stage("W"):  # d^2 probes, d per column j
+                T, kappa_col, n_requeried = self._measure_columns(ledger, head, rng)
+            self.W_ = scipy.linalg.lu_solve(scipy.linalg.lu_factor(self.probe_matrix_), T)
+            self.v_ = head.v
+            self.key_bias_ = head.key_bias_or_zero()
+            self.offset_ = head.offset
+            self.logit_scale_ = kappa_col
+            self.n_requeried_ = int(n_requeried + head.n_requeried)
+            with ledger.stage("verify"):
+                self._verify_fit(oracle, self.predict, rng.spawn(1)[0], rtol=ROUNDING_RTOL,
+                                 n0=ledger.n0)
+        return self
+
+    def _chunk(self, d: int) -> int:
+        return max(1, int(self.block_bytes // (32 * d)))
+
+    def _check_budget(self, oracle, d: int) -> None:
         n_check = check_verify_param(self.verify)
-        bias = bool(self.fit_bias)
-        if bias:
+        if self.fit_bias:
             check_budget(oracle, d * d + 2 * d + 1 + n_check,
                          f"exact recovery with biases (d^2 + 2d + 1 queries and {n_check} check "
                          "queries)")
-            v, beta = read_v(oracle, d, offset=True)
         else:
             check_budget(oracle, d * d + d + n_check,
                          f"exact recovery (d^2 + d queries and {n_check} check queries)")
-            v, beta = read_v(oracle, d), 0.0
-        check_v(v)
-        U = self._probe_matrix(v, rng)
-        uv_min = float(np.min(np.abs(U @ v)))
-        lu = scipy.linalg.lu_factor(U)
-        params = dict(initial_logit_scale=self.initial_logit_scale, max_logit=self.max_logit,
-                      min_logit=self.min_logit, chunk=max(1, int(self.block_bytes // (32 * d))),
-                      pilot=PILOT_BIAS if bias else d, target=1.0, offset=beta)
-        c = None
-        if bias:  # d probes [kappa a_m; 0]
-            c, c_prober = read_key_bias(oracle, v, beta, params["chunk"],
-                                        max_logit=self.max_logit, min_logit=self.min_logit)
-        prober = Prober(oracle, v, key_bias=c, **params)
+
+    def _measure_columns(self, oracle, head, rng):
+        """``T[l, j] = u_l^T w_j`` from the d^2 column probes (Theorem 4.1, phase 2); sets
+        ``probe_matrix_``. Returns T, the scale ``c s`` of each column's probes and the
+        probes asked again."""
+        d = head.v.size
+        U = self._probe_matrix(head.v, rng)
+        self.probe_matrix_ = U
+        prober = Prober(oracle, head.v, key_bias=head.key_bias,
+                        initial_logit_scale=self.initial_logit_scale, max_logit=self.max_logit,
+                        min_logit=self.min_logit, chunk=self._chunk(d),
+                        pilot=PILOT_BIAS if self.fit_bias else d, target=1.0,
+                        offset=head.offset)
 
         def make(idx):
             # probe (l, j) is number j d + l: the d probes of column j share their last token
             jj, ll = np.divmod(idx, d)
             return U[ll], coordinate_rows(jj, d)
 
-        t, kap = prober.measure(make, d * d, uv_min, return_scale=True)
-        T = t.reshape(d, d).T  # T[l, j] = u_l^T w_j
-        kappa_col = kap.reshape(d, d).min(axis=1)
-        n_requeried = prober.n_requeried + (c_prober.n_requeried if bias else 0)
-
-        self.W_ = scipy.linalg.lu_solve(lu, T)
-        self.v_ = v
-        self.key_bias_ = np.zeros(d) if c is None else c
-        self.offset_ = float(beta)
-        self.probe_matrix_ = U
-        self.logit_scale_ = kappa_col
-        self.n_requeried_ = int(n_requeried)
-        self._verify_fit(oracle, self.predict, rng.spawn(1)[0], rtol=ROUNDING_RTOL, n0=n0)
-        return self
+        t, kap = prober.measure(make, d * d, float(np.min(np.abs(U @ head.v))),
+                                return_scale=True)
+        return t.reshape(d, d).T, kap.reshape(d, d).min(axis=1), prober.n_requeried
 
     def predict(self, X) -> np.ndarray:
         """Evaluate the recovered head on inputs X (B, N, d)."""

@@ -36,17 +36,20 @@ linear at ``rtol``: noise, low precision), and the whole fit never asks more tha
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from numbers import Integral
 
 import numpy as np
 
-from ..errors import ConfigError, SearchLimitError
-from ._base import DEFAULT_VERIFY, BaseLearner, check_oracle, check_verify_param
+from ..errors import SearchLimitError
+from ._base import DEFAULT_VERIFY, BaseLearner, check_oracle, check_scalar, check_verify_param
 
 __all__ = ["ReLUNetworkLearner", "Interval", "Kink", "Line", "FFN_VERIFY_RTOL"]
 
 #: relative disagreement of the check queries the FFN learner's own error explains (its
 #: networks agree with the target to about 1e-10 relative; float32 answers differ by 1e-7)
 FFN_VERIFY_RTOL = 1e-8
+#: the stages ``n_queries_by_stage_`` counts
+STAGES = ("lines", "kinks", "refine", "fit", "verify")
 
 #: the search along a line covers t in [-T_END, T_END]
 T_END = 1.25
@@ -207,6 +210,7 @@ class ReLUNetworkLearner(BaseLearner):
     max_queries : int, optional
         Cap on the queries of the whole fit; default :meth:`query_cap`.
     random_state : int, sequence of ints, Generator or None
+        Seed of the lines, the refinement points, the fit points and the check queries.
 
     Attributes
     ----------
@@ -233,10 +237,14 @@ class ReLUNetworkLearner(BaseLearner):
         Check queries.
     n_queries_ : int
         Queries counted by the oracle during ``fit`` (the check queries included).
+    n_queries_by_stage_ : dict
+        Queries per stage: ``lines`` (the line search), ``kinks`` (the gradient jumps),
+        ``refine``, ``fit`` (the output weights and linear part) and ``verify``.
     """
 
     def __init__(
         self,
+        *,
         n_line_pairs: int = 2,
         n_grid: int = 32,
         rtol: float = 1e-10,
@@ -268,24 +276,14 @@ class ReLUNetworkLearner(BaseLearner):
     def _validate_params(self):
         for name, low in (("n_line_pairs", 1), ("n_grid", 4), ("max_rounds", 1),
                           ("max_kinks", 1)):
-            val = getattr(self, name)
-            if isinstance(val, bool) or not isinstance(val, int | np.integer) or val < low:
-                raise ConfigError(f"{name} must be an integer >= {low}; got {val!r}")
-        if not 0 < self.rtol < 1e-2:
-            raise ConfigError(f"rtol must be in (0, 1e-2); got {self.rtol}")
-        if not 0 < self.fd_rel_step < 0.5:
-            raise ConfigError(f"fd_rel_step must be in (0, 0.5); got {self.fd_rel_step}")
-        if not 0 < self.merge_tol < 0.1:
-            raise ConfigError(f"merge_tol must be in (0, 0.1); got {self.merge_tol}")
-        if not self.n_fit_factor >= 1.0:
-            raise ConfigError(f"n_fit_factor must be >= 1; got {self.n_fit_factor}")
-        if not 0 < self.linear_tol < 1e-2:
-            raise ConfigError(f"linear_tol must be in (0, 1e-2); got {self.linear_tol}")
+            check_scalar(getattr(self, name), name, Integral, min_val=low)
+        for name, high in (("rtol", 1e-2), ("fd_rel_step", 0.5), ("merge_tol", 0.1),
+                           ("linear_tol", 1e-2)):
+            check_scalar(getattr(self, name), name, min_val=0, max_val=high,
+                         include_boundaries="neither")
+        check_scalar(self.n_fit_factor, "n_fit_factor", min_val=1)
         check_verify_param(self.verify)
-        q = self.max_queries
-        if q is not None and (isinstance(q, bool) or not isinstance(q, int | np.integer)
-                              or q < 1):
-            raise ConfigError(f"max_queries must be a positive integer or None; got {q!r}")
+        check_scalar(self.max_queries, "max_queries", Integral, min_val=1, allow_none=True)
 
     def query_cap(self, d: int) -> int:
         """The most queries a fit at dimension ``d`` may ask (``max_queries`` when given).
@@ -323,23 +321,30 @@ class ReLUNetworkLearner(BaseLearner):
         n0 = oracle.n_queries
         self.query_cap_ = self.query_cap(d)
         f = _CappedFunction(oracle, self.query_cap_)
-        lines = self._search_lines(f, d, rng)
-        U, _, n_kinks, Xk = self._jumps(f, lines, d)
-        N, groups = self._merge(U, Xk)
-        if self.refine:
-            N = self._refine_normals(f, N, groups, Xk, d, rng)
-        A, w_o, recovered = self._linear_part(f, N, d, rng)
-        self.A_ = A
-        self.w_o_ = w_o
-        self.n_neurons_ = int(A.shape[1] - (0 if recovered else 2))
-        self.width_recovered_ = bool(recovered)
-        self.n_kinks_ = int(n_kinks)
-        self.n_lost_ = int(sum(ln.lost for ln in lines))
-        self._verify_fit(oracle, lambda X: self.predict(X[:, 0, :]), rng.spawn(1)[0],
-                         rtol=FFN_VERIFY_RTOL, n0=n0, lengths=(1,),
-                         what="the network found",
-                         hint="the box may not be a bias-free two-layer ReLU network, or its "
-                         "answers may carry noise or lower precision than float64")
+        with self._open_ledger(oracle, STAGES) as ledger:
+            with ledger.stage("lines"):
+                lines = self._search_lines(f, d, rng)
+            with ledger.stage("kinks"):
+                U, _, n_kinks, Xk = self._jumps(f, lines, d)
+            N, groups = self._merge(U, Xk)
+            if self.refine:
+                with ledger.stage("refine"):
+                    N = self._refine_normals(f, N, groups, Xk, d, rng)
+            with ledger.stage("fit"):
+                A, w_o, recovered = self._linear_part(f, N, d, rng)
+            self.A_ = A
+            self.w_o_ = w_o
+            self.n_neurons_ = int(A.shape[1] - (0 if recovered else 2))
+            self.width_recovered_ = bool(recovered)
+            self.n_kinks_ = int(n_kinks)
+            self.n_lost_ = int(sum(ln.lost for ln in lines))
+            with ledger.stage("verify"):
+                self._verify_fit(oracle, lambda X: self.predict(X[:, 0, :]), rng.spawn(1)[0],
+                                 rtol=FFN_VERIFY_RTOL, n0=n0, lengths=(1,),
+                                 what="the network found",
+                                 hint="the box may not be a bias-free two-layer ReLU network, "
+                                 "or its answers may carry noise or lower precision than "
+                                 "float64")
         return self
 
     def predict(self, Z) -> np.ndarray:

@@ -58,6 +58,8 @@ so its query counts are what an attacker pays when the answers' errors are relat
 
 from __future__ import annotations
 
+from numbers import Integral
+
 import numpy as np
 import scipy.stats
 
@@ -67,6 +69,7 @@ from ._base import (
     BaseLearner,
     check_budget,
     check_oracle,
+    check_scalar,
     check_verify_param,
     chunk_slices,
 )
@@ -105,6 +108,10 @@ _OFFSET_QUERIES = 64
 #: with ``fit_bias``: fewest rounds of key-bias pairs (2 d queries each)
 _MIN_BIAS_ROUNDS = 16
 
+
+
+#: the stages ``n_queries_by_stage_`` counts
+STAGES = ("v", "scale_search", "passes", "verify")
 
 #: rows of the array :func:`pair_logits` returns
 _T, _M, _C, _Q, _H = range(5)
@@ -158,6 +165,7 @@ class _Entries:
         #: answer (a large H) then counts little (used with fit_bias)
         self.iv = inverse_variance
         self.ref = np.full((d, d), np.nan)  # first z of each entry
+
         self.s0 = np.zeros((d, d))  # sum of weights kappa^2
         self.s1 = np.zeros((d, d))  # sum of w (z - ref)
         self.s2 = np.zeros((d, d))  # sum of w (z - ref)^2
@@ -215,6 +223,240 @@ class _Entries:
         return float(np.sqrt(self.ss / self.dof)) if self.dof else float("nan")
 
 
+def _fill_pairs(X, c, U, s, cols) -> None:
+    """Write antipodal probe pairs into ``X`` (k, ..., 2, 2, d): for each k (a column) and
+    each direction ``u`` of ``U`` (broadcast over the middle axes), the queries
+    ``[(c_k u + s_k e_j); s_k e_j]`` and ``[(-c_k u + s_k e_j); s_k e_j]`` with
+    ``j = cols[k]``. The one pair-query builder of the learner."""
+    extra = X.ndim - 4  # axes between the column and the pair
+    np.multiply(c.reshape(c.shape + (1,) * (extra + 1)), U, out=X[..., 0, 0, :])
+    np.negative(X[..., 0, 0, :], out=X[..., 1, 0, :])
+    X[..., 1, :] = 0.0
+    X[np.arange(len(cols)), ..., cols] += s.reshape(s.shape + (1,) * (extra + 2))
+
+
+class _Pairs:
+    """The probe pairs of one ``fit``: the directions, the rough v that sets their scales,
+    the ledger they are asked through and the budget left for them.
+
+    Parameters
+    ----------
+    learner : LowPrecisionValueQueryLearner
+        Its parameters (``answer_scale``, ``max_logit``, ``target_logit``, ``block_bytes``).
+    ledger : QueryLedger
+    v0 : ndarray (d,)
+        v from the one-row queries.
+    U : ndarray (d, d)
+        The directions, one per row.
+    budget : int
+        Queries this fit may spend before its check.
+    """
+
+    def __init__(self, learner, ledger, v0: np.ndarray, U: np.ndarray, budget: int):
+        self.learner = learner
+        self.ledger = ledger
+        self.v0 = v0
+        self.uv = float(np.linalg.norm(v0) / np.sqrt(v0.size)) if v0 is not None else np.nan
+        self.U = U
+        self.budget = budget
+        self.n_requeried = 0
+        # with fit_bias (LowPrecisionValueQueryLearner): the offset, the shift z of every probe
+        # and z^T v, the key bias in the basis U, each direction's cap on c, the entries'
+        # running means (for the last tokens' signs), the logit limits, overflowed answers
+        self.fit_bias = bool(getattr(learner, "fit_bias", False))
+        self.off, self.z, self.zv = 0.0, None, 0.0
+        self.b = self.c_bias = self.acc = None
+        self.max = float(learner.max_logit)
+        self.mlog = self.max
+        if self.fit_bias:
+            self.max = min(self.max, _BIAS_MAX_LOGIT)
+            self.mlog = self.max - _BIAS_LOGIT
+        self.n_overflow = 0
+
+    def answers(self, X) -> np.ndarray:
+        """The ledger's answers to X; answers that are not finite (the box's format
+        overflowed) are counted in ``n_overflow`` and, NaN to the pairs, make the probes that
+        met them be asked again at a smaller scale: the overflow bounds the input scale."""
+        y = np.asarray(self.ledger(X), dtype=float)
+        bad = ~np.isfinite(y)
+        if bad.any():
+            self.n_overflow += int(bad.sum())
+            y = np.where(bad, np.nan, y)
+        return y
+
+    def signs(self, rows, cols) -> np.ndarray:
+        """With ``fit_bias``: the sign of each pair's last token, ``-sign(T_lj b_l)`` where the
+        entry has been measured (+1 elsewhere), so that the measured part of the logit,
+        ``kappa T_lj``, and the key bias's part, ``c b_l``, have opposite signs and the logit
+        stays moderate (a large logit leaves the smaller answer of a pair small beside the
+        rest of the answer)."""
+        if self.acc is None:
+            return np.ones(np.broadcast_shapes(np.shape(rows), np.shape(cols)))
+        T = self.acc.ref[rows, cols]
+        sg = -np.sign(np.nan_to_num(T) * self.b[rows])
+        return np.where(sg == 0, 1.0, sg)
+
+    def left(self) -> int:
+        """Queries of the budget not spent yet."""
+        return self.budget - self.ledger.total
+
+    def scales(self, kappa, cols, dither, rows=None):
+        """Token scales ``(c, s)`` with ``c s = kappa``: answers ``|c u^T v|`` of at least
+        ``answer_scale`` and large enough that ``|beta| <= 1e-6 |c u^T v|``, times ``dither``,
+        and at most 1e4 (with ``fit_bias``: c capped per direction, see ``c_bias``)."""
+        uv = self.uv
+        if self.fit_bias:  # each direction's key-bias logit c u_l^T c_b stays within _BIAS_LOGIT
+            c = np.minimum(min(float(self.learner.answer_scale), _MAX_ANSWER) / uv,
+                           self.c_bias[rows]) * dither ** -0.1
+            c = np.broadcast_to(c, np.broadcast_shapes(np.shape(c), np.shape(kappa)))
+            return c, kappa / c
+        size = np.maximum(float(self.learner.answer_scale),
+                          np.sqrt(kappa * np.abs(self.v0[cols]) * uv / _BETA_RATIO))
+        c = np.minimum(size * dither, _MAX_ANSWER) / uv
+        return c, kappa / c
+
+    def need(self, n: int) -> None:
+        if n > self.left():
+            raise BudgetExceededError(
+                f"{n} more queries are needed to measure every entry of W once but only "
+                f"{self.left()} of n_queries = {self.learner.n_queries} remain for fitting (the "
+                "search for the logit scale and pairs asked again at a smaller scale took the "
+                "rest)")
+
+    def ask(self, rows, cols, kappa, dither):
+        """Ask the pairs (direction ``rows[k]``, column ``cols[k]``); returns their
+        :func:`pair_logits` (5, n)."""
+        n, d = rows.size, self.U.shape[1]
+        self.need(2 * n)
+        P = np.empty((5, n))
+        for sl in chunk_slices(n, max(1, self.learner.block_bytes // (32 * d))):
+            k = sl.stop - sl.start
+            cj = cols[sl]
+            c, s = self.scales(kappa[sl], cj, dither[sl], rows[sl])
+            sg = self.signs(rows[sl], cj) if self.fit_bias else 1.0
+            s = s * sg
+            X = np.empty((k, 2, 2, d))
+            _fill_pairs(X, c, self.U[rows[sl]], s, cj)
+            if self.z is not None:
+                X += self.z
+            y = self.answers(X.reshape(2 * k, 2, d)).reshape(k, 2)
+            P[:, sl] = pair_logits(y[:, 0], y[:, 1], s * self.v0[cj] + self.off + self.zv, c)
+            if self.fit_bias:  # the key bias's part of the logit, c u^T c_b, taken out
+                P[_T, sl] = sg * (P[_T, sl] - c * self.b[rows[sl]])
+        return P
+
+    def ask_rows(self, rows, kappa, dither):
+        """Directions ``rows`` against every column at the columns' ``kappa`` and ``dither``
+        (d,): their :func:`pair_logits`, (5, len(rows), d). The pairs of a column share their
+        last token and are asked one after the other."""
+        U = self.U[rows]
+        r, d = U.shape
+        self.need(2 * r * d)
+        P = np.empty((5, r, d))
+        per = max(1, min(d, self.learner.block_bytes // (32 * r * d)))  # columns per batch
+        buf = np.empty((per, r, 2, 2, d))  # reused: no page faults per batch
+        for sl in chunk_slices(d, per):
+            cols = np.arange(sl.start, sl.stop)
+            k = cols.size
+            X = buf[:k]
+            if self.fit_bias:  # scales per pair (k, r): c depends on the direction too
+                c, s = self.scales(kappa[sl][:, None], cols, dither[sl][:, None],
+                                   rows[None, :])
+                sg = self.signs(rows[None, :], cols[:, None])
+                s = s * sg
+                np.multiply(c[:, :, None], U[None], out=X[:, :, 0, 0, :])
+                np.negative(X[:, :, 0, 0, :], out=X[:, :, 1, 0, :])
+                X[:, :, :, 1, :] = 0.0
+                X[np.arange(k), :, :, :, cols] += s[:, :, None, None]
+                if self.z is not None:
+                    X += self.z
+                y = self.answers(X.reshape(2 * k * r, 2, d)).reshape(k, r, 2)
+                Pk = pair_logits(y[:, :, 0], y[:, :, 1],
+                                 s * self.v0[cols][:, None] + self.off + self.zv, c)
+                Pk[_T] = sg * (Pk[_T] - self.b[rows][None, :] * c)
+                P[:, :, sl] = Pk.transpose(0, 2, 1)
+                continue
+            c, s = self.scales(kappa[sl], cols, dither[sl])
+            _fill_pairs(X, c, U, s, cols)
+            y = self.answers(X.reshape(2 * k * r, 2, d)).reshape(k, r, 2)
+            P[:, :, sl] = pair_logits(y[:, :, 0], y[:, :, 1], (s * self.v0[cols])[:, None],
+                                      c[:, None]).transpose(0, 2, 1)
+        return P
+
+    def sweep(self, rows, kappa, dither):
+        """One pass of ``rows`` over every column; pairs with a non-finite or too large logit
+        are asked again at a tenth of the scale. Returns the :func:`pair_logits` of every entry
+        and its scale."""
+        P = self.ask_rows(rows, kappa, dither)
+        kap = np.broadcast_to(kappa, P.shape[1:]).copy()
+        dit = np.broadcast_to(dither, P.shape[1:])
+        for _ in range(_MAX_ROUNDS):
+            bad = ~(np.abs(P[_T]) <= self.mlog)
+            if not bad.any():
+                return P, kap
+            r, c = np.nonzero(bad)
+            kap[r, c] /= 10.0
+            P[:, r, c] = self.ask(rows[r], c, kap[r, c], dit[r, c])
+            self.n_requeried += r.size
+        raise ModelMismatchError(
+            "the answers are not those of a single attention head: some probe pairs give no "
+            f"positive ratio at any of {_MAX_ROUNDS} scales")
+
+    def search(self, rows, cols, kappa, acc):
+        """For each column, a scale at which directions ``rows`` give usable logits (all finite,
+        within ``max_logit``, root-mean-square at least ``target_logit / 10`` unless the column
+        shows only noise). Every round's answers go into ``acc`` (a measurement at any scale
+        counts, with its weight). Returns ``kappa`` and the accepted logits (len(rows),
+        len(cols))."""
+        # the rows' largest logit is about three times their root-mean-square
+        T, max_logit = min(float(self.learner.target_logit), self.mlog / 3.0), self.mlog
+        p = rows.size
+        kappa = np.asarray(kappa, dtype=float).copy()
+        dither = np.ones(cols.size)
+        t = np.full((p, cols.size), np.nan)
+        todo = np.ones(cols.size, dtype=bool)
+        prev_rms = np.full(cols.size, np.nan)
+        prev_kap = np.full(cols.size, np.nan)
+        for rnd in range(_MAX_ROUNDS):
+            idx = np.flatnonzero(todo)
+            if idx.size == 0:
+                return kappa, t
+            if rnd:
+                self.n_requeried += p * idx.size
+            rr, cc = np.tile(rows, idx.size), np.repeat(idx, p)
+            P = self.ask(rr, cols[cc], kappa[cc], dither[cc]).reshape(5, idx.size, p)
+            P = P.transpose(0, 2, 1)
+            acc.add(rows, cols[idx], P, kappa[idx][None, :], max_logit)
+            tt = P[_T]
+            t[:, idx] = tt
+            rms = np.sqrt(np.mean(tt**2, axis=0))
+            finite = np.all(np.isfinite(tt), axis=0)
+            big = ~(np.max(np.abs(tt), axis=0) <= max_logit)  # NaN counts as big
+            small = ~big & (rms < T / 10)
+            # a scale raised tenfold that raised the logits less than twofold shows noise only:
+            # the column is zero to the answers' precision, and its scale is kept
+            stalled = small & (kappa[idx] >= 10 * prev_kap[idx]) & (rms < 2 * prev_rms[idx])
+            prev_rms[idx], prev_kap[idx] = rms, kappa[idx]
+            kappa[idx[big & ~finite]] /= 100.0
+            fix = (big & finite) | (small & ~stalled)
+            kappa[idx[fix]] *= np.minimum(1e4, T / np.maximum(rms[fix], 1e-300))
+            todo[idx[~big & (~small | stalled)]] = False
+        _check_noise(acc)
+        raise ModelMismatchError(
+            f"the answers are not those of a single attention head: no logit scale gave usable "
+            f"answers within {_MAX_ROUNDS} rounds for {int(todo.sum())} columns")
+
+
+def _check_noise(acc) -> None:
+    """Raise when the answers are too coarse for the learner's error model."""
+    rel = acc.noise() if acc.dof >= 10 else 0.0
+    if rel > MAX_NOISE_LEVEL:
+        raise AssumptionViolation(
+            f"the answers carry a relative noise of {rel:.3g}, above "
+            f"the {MAX_NOISE_LEVEL:g} this learner allows: a pair's log-ratio is then biased "
+            "by about the noise squared, which no number of queries averages away")
+
+
 class LowPrecisionValueQueryLearner(BaseLearner):
     """Recovery of (W, v) from answers rounded to low precision, with a given query budget.
 
@@ -257,7 +499,10 @@ class LowPrecisionValueQueryLearner(BaseLearner):
     block_bytes : int
         Memory bound on one batch of queries.
     verify : int
-        Check queries spent after fitting (0 turns the check off).
+        Check queries spent after fitting (0 turns the check off)
+        (default 8: 6 fresh random queries of 2 to 128 tokens and copies of the two longest
+        with their first N - 1 tokens permuted, which the box must answer alike;
+        :func:`~attnquery.learners._base.check_plan`).
     fit_bias : bool
         The head may carry a key bias c and an offset beta, as a real module's head does
         (``f(X) = softmax(X (W x_N + c))^T (X v) + beta``; served boxes, docs/served.md). The
@@ -319,14 +564,13 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         Rounds of key-bias pairs (with ``fit_bias``).
     """
 
-    def __init__(self, n_queries: int, rank: int | None = None, random_state=None, *,
-                 target_logit: float = 2.5, answer_scale: float = 16.0, max_logit: float = 10.0,
+    def __init__(self, *, n_queries: int, rank: int | None = None, target_logit: float = 2.5,
+                 answer_scale: float = 16.0, max_logit: float = 10.0,
                  initial_logit_scale: float = 1.0, pilot_rows: int = 8,
                  block_bytes: int = 16 * 2**20, verify: int = DEFAULT_VERIFY,
-                 fit_bias: bool = False):
+                 random_state=None, fit_bias: bool = False):
         self.n_queries = n_queries
         self.rank = rank
-        self.random_state = random_state
         self.target_logit = target_logit
         self.answer_scale = answer_scale
         self.max_logit = max_logit
@@ -334,6 +578,7 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         self.pilot_rows = pilot_rows
         self.block_bytes = block_bytes
         self.verify = verify
+        self.random_state = random_state
         self.fit_bias = fit_bias
 
     # ------------------------------------------------------------------------------------------
@@ -348,23 +593,11 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         return int(2 * d * d + d + verify + _SCOUT_ALLOWANCE + extra)
 
     def _validate_params(self) -> None:
-        def number(name, lo):
-            val = getattr(self, name)
-            if (isinstance(val, bool) or not isinstance(val, int | float | np.integer | np.floating)
-                    or not np.isfinite(val) or val <= lo):
-                raise ConfigError(f"{name} must be a finite number > {lo:g}; got {val!r}")
-
-        def integer(name, lo):
-            val = getattr(self, name)
-            if isinstance(val, bool) or not isinstance(val, int | np.integer) or val < lo:
-                raise ConfigError(f"{name} must be an integer >= {lo}; got {val!r}")
-
-        integer("n_queries", 1)
-        if self.rank is not None:
-            integer("rank", 1)
+        check_scalar(self.n_queries, "n_queries", Integral, min_val=1)
+        check_scalar(self.rank, "rank", Integral, min_val=1, allow_none=True)
         for name in ("target_logit", "answer_scale", "initial_logit_scale"):
-            number(name, 0.0)
-        number("max_logit", 1.0)
+            check_scalar(getattr(self, name), name, min_val=0, include_boundaries="neither")
+        check_scalar(self.max_logit, "max_logit", min_val=1, include_boundaries="neither")
         if self.max_logit > 12.0:
             raise ConfigError(f"max_logit must be at most 12 (beyond it the smaller answer of a "
                               f"pair, exp(-max_logit) of the larger, nears the last token's own "
@@ -372,8 +605,8 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         if 2 * self.target_logit > self.max_logit:
             raise ConfigError(f"target_logit must be at most max_logit / 2; got "
                               f"{self.target_logit} with max_logit {self.max_logit}")
-        integer("pilot_rows", 2)
-        integer("block_bytes", 1)
+        check_scalar(self.pilot_rows, "pilot_rows", Integral, min_val=2)
+        check_scalar(self.block_bytes, "block_bytes", Integral, min_val=1)
         check_verify_param(self.verify)
         if not isinstance(self.fit_bias, bool | np.bool_):
             raise ConfigError(f"fit_bias must be True or False; got {self.fit_bias!r}")
@@ -403,6 +636,47 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         """
         self._validate_params()
         d = check_oracle(oracle)
+        budget = self._check_budget(oracle, d)
+        fit_rng, check_rng = self._rng().spawn(2)
+        with self._open_ledger(oracle, STAGES) as ledger:
+            pairs = _Pairs(self, ledger, None, None, budget)
+            with ledger.stage("v"):  # with fit_bias, the offset and the key bias too
+                v0 = self._read_v_offset(pairs, d, fit_rng) if self.fit_bias else read_v(
+                    ledger, d)
+                check_v(v0)
+                pairs.v0, pairs.uv = v0, float(np.linalg.norm(v0) / np.sqrt(d))
+                pairs.U = balanced_orthonormal(v0, fit_rng)
+                if self.fit_bias:
+                    # every later probe shifted by z = -beta v / |v|^2: the answers then no
+                    # longer carry the offset (z^T v = -beta), whose rounding would swamp the
+                    # smaller answer of a pair; the key bias is measured at last token z
+                    z = -pairs.off * v0 / float(v0 @ v0)
+                    if pairs.off != 0 and np.all(np.isfinite(z)):
+                        pairs.z, pairs.zv = z, float(z @ v0)
+                    self._key_bias_stage(pairs, d, fit_rng)
+            try:
+                acc = _Entries(d, inverse_variance=bool(self.fit_bias))
+                pairs.acc = acc if self.fit_bias else None
+                with ledger.stage("scale_search"):  # the model's scale, then each column's
+                    kappa_p, zero = self._scale_search(pairs, acc)
+                with ledger.stage("passes"):  # passes over every entry, then a partial one
+                    self.logit_scale_ = self._first_pass(pairs, acc, kappa_p, zero)
+                    self._more_passes(pairs, acc, self.logit_scale_, fit_rng)
+            finally:
+                self.n_requeried_ = int(pairs.n_requeried)
+                self.n_overflow_ = int(pairs.n_overflow)
+            W_err_noise = self._solve(acc, pairs.U, pairs)
+            Wn = float(np.linalg.norm(self.singular_values_))
+            with ledger.stage("verify"):
+                self._verify_fit(oracle, self.predict, check_rng,
+                                 rtol=self._check_tolerance(W_err_noise),
+                                 token_scale=float(np.sqrt(d / Wn)) if Wn > 0 else 1.0,
+                                 n0=ledger.n0)
+        return self
+
+    def _check_budget(self, oracle, d: int) -> int:
+        """The queries the fit may spend before its check; raises before any query when
+        ``n_queries`` or the oracle's budget is too small."""
         if getattr(oracle, "kind", "value") == "membership":
             raise ConfigError("LowPrecisionValueQueryLearner needs value answers; got a "
                               "membership oracle (use MembershipLearner)")
@@ -417,287 +691,78 @@ class LowPrecisionValueQueryLearner(BaseLearner):
                 f"needs at d = {d} (2 d^2 + d + verify + {_SCOUT_ALLOWANCE}; see "
                 "LowPrecisionValueQueryLearner.min_queries)")
         check_budget(oracle, budget, f"LowPrecisionValueQueryLearner(n_queries={budget})")
-        fit_rng, check_rng = self._rng().spawn(2)
-        n0 = oracle.n_queries
-        self._oracle, self._n0, self._budget = oracle, n0, budget - n_verify
-        self.n_requeried_ = 0
-        self.n_overflow_ = 0
-        self._off = 0.0
-        self._z, self._zv = None, 0.0
-        # with fit_bias every logit stays within _BIAS_MAX_LOGIT: in a served box a pair's
-        # smaller answer, exp(-|t|) of the larger, carries the rounding of the whole answer
-        self._max = min(float(self.max_logit), _BIAS_MAX_LOGIT) if self.fit_bias else float(
-            self.max_logit)
-        self._mlog = self._max - (_BIAS_LOGIT if self.fit_bias else 0.0)
-        try:
-            self._fit(oracle, d, fit_rng)
-        finally:
-            del self._oracle
-        Wn = float(np.linalg.norm(self.singular_values_))
-        self._verify_fit(oracle, self.predict, check_rng, rtol=self._check_tolerance(),
-                         token_scale=float(np.sqrt(d / Wn)) if Wn > 0 else 1.0, n0=n0)
-        return self
+        return budget - n_verify
 
-    # -- probes ----------------------------------------------------------------------------------
-    def _left(self) -> int:
-        return self._budget - (self._oracle.n_queries - self._n0)
-
-    def _scales(self, kappa, cols, dither, rows=None):
-        """Token scales ``(c, s)`` with ``c s = kappa``: answers ``|c u^T v|`` of at least
-        ``answer_scale`` and large enough that ``|beta| <= 1e-6 |c u^T v|``, times ``dither``,
-        and at most 1e4."""
-        uv = self._uv
-        if self.fit_bias:  # each direction's key-bias logit c u_l^T c_b stays within _BIAS_LOGIT
-            c = np.minimum(min(float(self.answer_scale), _MAX_ANSWER) / uv,
-                           self._c_bias[rows]) * dither ** -0.1
-            c = np.broadcast_to(c, np.broadcast_shapes(np.shape(c), np.shape(kappa)))
-            return c, kappa / c
-        size = np.maximum(float(self.answer_scale),
-                          np.sqrt(kappa * np.abs(self._v0[cols]) * uv / _BETA_RATIO))
-        c = np.minimum(size * dither, _MAX_ANSWER) / uv
-        return c, kappa / c
-
-    def _answers(self, X) -> np.ndarray:
-        """The oracle's answers to X; answers that are not finite (the box's format overflowed)
-        are counted in ``n_overflow_`` and, NaN to the pairs, make the probes that met them be
-        asked again at a smaller scale: the overflow bounds the input scale."""
-        y = np.asarray(self._oracle(X), dtype=float)
-        bad = ~np.isfinite(y)
-        if bad.any():
-            self.n_overflow_ += int(bad.sum())
-            y = np.where(bad, np.nan, y)
-        return y
-
-    def _signs(self, rows, cols) -> np.ndarray:
-        """With ``fit_bias``: the sign of each pair's last token, ``-sign(T_lj b_l)`` where the
-        entry has been measured (+1 elsewhere), so that the measured part of the logit,
-        ``kappa T_lj``, and the key bias's part, ``c b_l``, have opposite signs and the logit
-        stays moderate (a large logit leaves the smaller answer of a pair small beside the
-        rest of the answer)."""
-        acc = getattr(self, "_acc", None)
-        if acc is None:
-            return np.ones(np.broadcast_shapes(np.shape(rows), np.shape(cols)))
-        T = acc.ref[rows, cols]
-        sg = -np.sign(np.nan_to_num(T) * self._b[rows])
-        return np.where(sg == 0, 1.0, sg)
-
-    def _need(self, n: int) -> None:
-        if n > self._left():
-            raise BudgetExceededError(
-                f"{n} more queries are needed to measure every entry of W once but only "
-                f"{self._left()} of n_queries = {self.n_queries} remain for fitting (the search "
-                "for the logit scale and pairs asked again at a smaller scale took the rest)")
-
-    def _ask(self, rows, cols, kappa, dither):
-        """Ask the pairs (direction ``rows[k]``, column ``cols[k]``); returns their
-        :func:`pair_logits` (5, n)."""
-        n, d = rows.size, self._U.shape[1]
-        self._need(2 * n)
-        P = np.empty((5, n))
-        for sl in chunk_slices(n, max(1, self.block_bytes // (32 * d))):
-            k = sl.stop - sl.start
-            cj = cols[sl]
-            c, s = self._scales(kappa[sl], cj, dither[sl], rows[sl])
-            sg = self._signs(rows[sl], cj) if self.fit_bias else 1.0
-            s = s * sg
-            X = np.zeros((k, 2, 2, d))
-            np.multiply(c[:, None], self._U[rows[sl]], out=X[:, 0, 0, :])
-            np.negative(X[:, 0, 0, :], out=X[:, 1, 0, :])
-            X[np.arange(k), :, :, cj] += s[:, None, None]
-            if self._z is not None:
-                X += self._z
-            y = self._answers(X.reshape(2 * k, 2, d)).reshape(k, 2)
-            P[:, sl] = pair_logits(y[:, 0], y[:, 1], s * self._v0[cj] + self._off + self._zv,
-                                   c)
-            if self.fit_bias:  # the key bias's part of the logit, c u^T c_b, taken out
-                P[_T, sl] = sg * (P[_T, sl] - c * self._b[rows[sl]])
-        return P
-
-    def _ask_rows(self, rows, kappa, dither):
-        """Directions ``rows`` against every column at the columns' ``kappa`` and ``dither``
-        (d,): their :func:`pair_logits`, (5, len(rows), d). The pairs of a column share their
-        last token and are asked one after the other."""
-        U = self._U[rows]
-        r, d = U.shape
-        self._need(2 * r * d)
-        P = np.empty((5, r, d))
-        per = max(1, min(d, self.block_bytes // (32 * r * d)))  # columns per batch
-        buf = np.empty((per, r, 2, 2, d))  # reused: no page faults per batch
-        for sl in chunk_slices(d, per):
-            cols = np.arange(sl.start, sl.stop)
-            k = cols.size
-            if self.fit_bias:  # scales per pair (k, r): c depends on the direction too
-                c, s = self._scales(kappa[sl][:, None], cols, dither[sl][:, None],
-                                    rows[None, :])
-                sg = self._signs(rows[None, :], cols[:, None])
-                s = s * sg
-            else:
-                c, s = self._scales(kappa[sl], cols, dither[sl])
-                c, s = c[:, None], s[:, None]
-            X = buf[:k]
-            np.multiply(c[:, :, None], U[None], out=X[:, :, 0, 0, :])
-            np.negative(X[:, :, 0, 0, :], out=X[:, :, 1, 0, :])
-            X[:, :, :, 1, :] = 0.0
-            X[np.arange(k), :, :, :, cols] += s[:, :, None, None]
-            if self._z is not None:
-                X += self._z
-            y = self._answers(X.reshape(2 * k * r, 2, d)).reshape(k, r, 2)
-            Pk = pair_logits(y[:, :, 0], y[:, :, 1],
-                             s * self._v0[cols][:, None] + self._off + self._zv, c)
-            if self.fit_bias:
-                Pk[_T] = sg * (Pk[_T] - self._b[rows][None, :] * c)
-            P[:, :, sl] = Pk.transpose(0, 2, 1)
-        return P
-
-    def _pass(self, rows, kappa, dither):
-        """One pass of ``rows`` over every column; pairs with a non-finite or too large logit
-        are asked again at a tenth of the scale. Returns the :func:`pair_logits` of every entry
-        and its scale."""
-        P = self._ask_rows(rows, kappa, dither)
-        kap = np.broadcast_to(kappa, P.shape[1:]).copy()
-        dit = np.broadcast_to(dither, P.shape[1:])
-        for _ in range(_MAX_ROUNDS):
-            bad = ~(np.abs(P[_T]) <= self._mlog)
-            if not bad.any():
-                return P, kap
-            r, c = np.nonzero(bad)
-            kap[r, c] /= 10.0
-            P[:, r, c] = self._ask(rows[r], c, kap[r, c], dit[r, c])
-            self.n_requeried_ += r.size
-        raise ModelMismatchError(
-            "the answers are not those of a single attention head: some probe pairs give no "
-            f"positive ratio at any of {_MAX_ROUNDS} scales")
-
-    def _search(self, rows, cols, kappa, acc):
-        """For each column, a scale at which directions ``rows`` give usable logits (all finite,
-        within ``max_logit``, root-mean-square at least ``target_logit / 10`` unless the column
-        shows only noise). Every round's answers go into ``acc`` (a measurement at any scale
-        counts, with its weight). Returns ``kappa`` and the accepted logits (len(rows),
-        len(cols))."""
-        # the rows' largest logit is about three times their root-mean-square
-        T = min(float(self.target_logit), self._mlog / 3.0)
-        p = rows.size
-        kappa = np.asarray(kappa, dtype=float).copy()
-        dither = np.ones(cols.size)
-        t = np.full((p, cols.size), np.nan)
-        todo = np.ones(cols.size, dtype=bool)
-        prev_rms = np.full(cols.size, np.nan)
-        prev_kap = np.full(cols.size, np.nan)
-        for rnd in range(_MAX_ROUNDS):
-            idx = np.flatnonzero(todo)
-            if idx.size == 0:
-                return kappa, t
-            if rnd:
-                self.n_requeried_ += p * idx.size
-            rr, cc = np.tile(rows, idx.size), np.repeat(idx, p)
-            P = self._ask(rr, cols[cc], kappa[cc], dither[cc]).reshape(5, idx.size, p)
-            P = P.transpose(0, 2, 1)
-            acc.add(rows, cols[idx], P, kappa[idx][None, :], self._mlog)
-            tt = P[_T]
-            t[:, idx] = tt
-            rms = np.sqrt(np.mean(tt**2, axis=0))
-            finite = np.all(np.isfinite(tt), axis=0)
-            big = ~(np.max(np.abs(tt), axis=0) <= self._mlog)  # NaN counts as big
-            small = ~big & (rms < T / 10)
-            # a scale raised tenfold that raised the logits less than twofold shows noise only:
-            # the column is zero to the answers' precision, and its scale is kept
-            stalled = small & (kappa[idx] >= 10 * prev_kap[idx]) & (rms < 2 * prev_rms[idx])
-            prev_rms[idx], prev_kap[idx] = rms, kappa[idx]
-            kappa[idx[big & ~finite]] /= 100.0
-            fix = (big & finite) | (small & ~stalled)
-            kappa[idx[fix]] *= np.minimum(1e4, T / np.maximum(rms[fix], 1e-300))
-            todo[idx[~big & (~small | stalled)]] = False
-        self._check_noise(acc)
-        raise ModelMismatchError(
-            f"the answers are not those of a single attention head: no logit scale gave usable "
-            f"answers within {_MAX_ROUNDS} rounds for {int(todo.sum())} columns")
-
-    @staticmethod
-    def _check_noise(acc) -> None:
-        """Raise when the answers are too coarse for the learner's error model."""
-        rel = acc.noise() if acc.dof >= 10 else 0.0
-        if rel > MAX_NOISE_LEVEL:
-            raise AssumptionViolation(
-                f"the answers carry a relative noise of {rel:.3g}, above "
-                f"the {MAX_NOISE_LEVEL:g} this learner allows: a pair's log-ratio is then biased "
-                "by about the noise squared, which no number of queries averages away")
-
-    # -- fit ------------------------------------------------------------------------------------
-    def _fit(self, oracle, d: int, rng: np.random.Generator) -> None:
-        T = float(self.target_logit)
-        v0 = self._read_v_offset(d, rng) if self.fit_bias else read_v(oracle, d)
-        check_v(v0)
-        self._v0 = v0
-        self._uv = float(np.linalg.norm(v0) / np.sqrt(d))
-        self._U = balanced_orthonormal(v0, rng)
-        if self.fit_bias:
-            # every probe's tokens shifted by z = -beta v / |v|^2: the answers then no longer
-            # carry the offset (z^T v = -beta), whose rounding would swamp the smaller answer
-            # of a pair; the key-bias stage measures u_l^T (W z + c_b) at last token z
-            vv = float(v0 @ v0)
-            z = -self._off * v0 / vv
-            if self._off != 0 and np.all(np.isfinite(z)):
-                self._z, self._zv = z, float(z @ v0)
-            self._key_bias_stage(d, rng)
+    def _scale_search(self, pairs: _Pairs, acc: _Entries):
+        """The model's logit scale from a few scout columns, then every column's from its
+        pilot rows. Returns the columns' scales and which columns are zero to the answers'
+        precision."""
+        d = pairs.U.shape[0]
         p = min(int(self.pilot_rows), d)
-        acc = _Entries(d, inverse_variance=bool(self.fit_bias))
-        self._acc = acc if self.fit_bias else None
-
-        # the model's scale from a few columns, then every column's scale from its pilot rows
         scouts = np.unique(np.linspace(0, d - 1, min(_SCOUT_COLUMNS, d)).astype(int))
-        kap_s, _ = self._search(np.arange(min(_SCOUT_ROWS, d)), scouts,
+        kap_s, _ = pairs.search(np.arange(min(_SCOUT_ROWS, d)), scouts,
                                 np.full(scouts.size, float(self.initial_logit_scale)), acc)
+        kappa_p, tp = pairs.search(np.arange(p), np.arange(d),
+                                   np.full(d, np.median(kap_s) / 2.0), acc)
+        return kappa_p, np.sqrt(np.mean(tp**2, axis=0)) < float(self.target_logit) / 10
+
+    def _first_pass(self, pairs: _Pairs, acc: _Entries, kappa_p, zero):
+        """The first pass over the rows after the pilot's, in stages growing fourfold, each
+        column's scale re-estimated from the rows measured so far. Returns the scales."""
+        d = pairs.U.shape[0]
         cols = np.arange(d)
-        kappa_p, tp = self._search(np.arange(p), cols, np.full(d, np.median(kap_s) / 2.0), acc)
-        zero = np.sqrt(np.mean(tp**2, axis=0)) < T / 10  # zero to the answers' precision: these
-        # columns keep the pilot's scale. The others aim at a root-mean-square logit lowered
-        # where the largest of a column's d logits (about sqrt(2 ln 2d) times it) would pass
-        # max_logit, with a margin for the spread of the scale estimated from the rows measured
-        # so far; the first pass grows fourfold per stage as that estimate sharpens
+        # columns zero to the answers' precision keep the pilot's scale. The others aim at a
+        # root-mean-square logit lowered where the largest of a column's d logits (about
+        # sqrt(2 ln 2d) times it) would pass max_logit, with a margin for the spread of the
+        # scale estimated from the rows measured so far
         tail = float(np.sqrt(2.0 * np.log(2.0 * d)))
-        T = min(T, self._mlog / (np.exp(_KAPPA_DITHER) * tail))
-        n = p
+        T = min(float(self.target_logit), pairs.mlog / (np.exp(_KAPPA_DITHER) * tail))
+        n = min(int(self.pilot_rows), d)
         while True:
             z = acc.ref[:n] + acc.s1[:n] / acc.s0[:n]  # u^T w of the rows measured
             rms = np.sqrt(np.mean(z**2, axis=0))
             spread = 1.0 / np.sqrt(scipy.stats.chi2.ppf(0.025, n) / n) if n < d else 1.0
             kappa = np.where(zero | (rms == 0), kappa_p,
-                             min(T, self._mlog / (spread * tail)) / np.where(rms > 0, rms, 1))
+                             min(T, pairs.mlog / (spread * tail)) / np.where(rms > 0, rms, 1))
             if n >= d:
                 break
             rows = np.arange(n, min(4 * n, d))
-            acc.add(rows, cols, *self._pass(rows, kappa, np.ones(d)))  # (P, kappa)
+            acc.add(rows, cols, *pairs.sweep(rows, kappa, np.ones(d)))  # (P, kappa)
             n = rows[-1] + 1
-        self._check_noise(acc)  # before the rest of the budget is spent
-        self.logit_scale_ = kappa
+        _check_noise(acc)  # before the rest of the budget is spent
+        return kappa
+
+    def _more_passes(self, pairs: _Pairs, acc: _Entries, kappa, rng) -> None:
+        """Full passes while the budget pays for them, then a partial one over random
+        directions, each at a dithered scale and answer size; sets ``n_passes_`` and
+        ``n_partial_rows_``."""
+        d = kappa.size
+        cols = np.arange(d)
         n_passes, partial = 1, 0
         while True:
-            left = self._left() - 2 * d  # one direction's worth kept for re-asked pairs
+            left = pairs.left() - 2 * d  # one direction's worth kept for re-asked pairs
             rows = np.arange(d) if left >= 2 * d * d else np.sort(
                 rng.choice(d, size=max(0, min(d, left // (2 * d))), replace=False))
             if rows.size == 0:
                 break
             kap_b = kappa * np.exp(rng.uniform(-_KAPPA_DITHER, _KAPPA_DITHER, size=d))
-            acc.add(rows, cols, *self._pass(rows, kap_b, 10.0 ** rng.uniform(0.0, 1.0, size=d)))
+            acc.add(rows, cols, *pairs.sweep(rows, kap_b, 10.0 ** rng.uniform(0.0, 1.0, size=d)))
             if rows.size < d:
                 partial = rows.size
                 break
             n_passes += 1
         self.n_passes_, self.n_partial_rows_ = n_passes, partial
-        self._solve(acc)
-        del self._U
-        self._acc = None
 
     # -- biases ---------------------------------------------------------------------------------
-    def _read_v_offset(self, d: int, rng) -> np.ndarray:
+    def _read_v_offset(self, pairs, d: int, rng) -> np.ndarray:
         """v and the offset beta from one-row queries: ``[0]`` and ``[e_j]`` (v roughly), then
         ``[rho e_j]`` with answers ``rho v_j`` of order 1 (v to the answers' precision), then
         the offset as the mean of ``y - x^T v`` over 64 small random tokens (each answer is
         rounded afresh, so their errors average)."""
-        self._need(2 * d + 1 + _OFFSET_QUERIES)
+        pairs.need(2 * d + 1 + _OFFSET_QUERIES)
         X = np.zeros((d + 1, 1, d))
         X[np.arange(1, d + 1), 0, np.arange(d)] = 1.0
-        y = self._answers(X)
+        y = pairs.answers(X)
         if not np.all(np.isfinite(y)):
             raise ModelMismatchError("the box gives no finite answer to one-token queries of "
                                      "unit size")
@@ -705,7 +770,7 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         va = y[1:] - off0
         amax = float(np.max(np.abs(va)))
         rho = float(np.clip(1.0 / amax, 1.0, 1e3)) if amax > 0 else 1.0
-        y2 = self._answers(rho * X[1:])
+        y2 = pairs.answers(rho * X[1:])
         g = rng.standard_normal((_OFFSET_QUERIES, d))
         vb = (y2 - off0) / rho
         if not np.all(np.isfinite(vb)):
@@ -716,41 +781,41 @@ class LowPrecisionValueQueryLearner(BaseLearner):
                                                                             keepdims=True)
         if vn == 0:
             x = np.zeros_like(g)
-        y3 = self._answers(x[:, None, :])
+        y3 = pairs.answers(x[:, None, :])
         ok = np.isfinite(y3)
         off = float(np.mean((y3 - x @ vb)[ok])) if ok.any() else off0
-        self._off = off
+        pairs.off = off
         return (y2 - off) / rho if np.all(np.isfinite(y2)) else va
 
-    def _bias_pairs(self, rows, c) -> np.ndarray:
+    def _bias_pairs(self, pairs, rows, c) -> np.ndarray:
         """Pairs ``[+-c u_l + z; z]`` with the shift z (0 at first): the logit is
         ``c u_l^T (W z + c_b)`` and the difference ``c u_l^T v``; returns their
         :func:`pair_logits` (5, n)."""
-        n, d = rows.size, self._U.shape[1]
-        self._need(2 * n)
+        n, d = rows.size, pairs.U.shape[1]
+        pairs.need(2 * n)
         X = np.zeros((n, 2, 2, d))
-        X[:, 0, 0, :] = c[:, None] * self._U[rows]
+        X[:, 0, 0, :] = c[:, None] * pairs.U[rows]
         X[:, 1, 0, :] = -X[:, 0, 0, :]
-        if self._z is not None:
-            X += self._z
-        y = self._answers(X.reshape(2 * n, 2, d)).reshape(n, 2)
-        return pair_logits(y[:, 0], y[:, 1], self._off + self._zv, c)
+        if pairs.z is not None:
+            X += pairs.z
+        y = pairs.answers(X.reshape(2 * n, 2, d)).reshape(n, 2)
+        return pair_logits(y[:, 0], y[:, 1], pairs.off + pairs.zv, c)
 
-    def _key_bias_stage(self, d: int, rng) -> None:
+    def _key_bias_stage(self, pairs, d: int, rng) -> None:
         """Measure ``b_l = u_l^T c_b`` for every direction (the key bias c_b in the basis U):
         a search for each direction's scale, then rounds of pairs with a zero last token at
         that scale (dithered), averaged with weights ``c^2``. The number of rounds grows with
         the budget (four per pass over W expected, 16 to 256), so that the key bias's error,
         which reaches every entry of its row of W, stays below the entries' own. Sets the cap
         ``_c_bias`` on the W probes' scale c and refines v from the pairs' differences."""
-        T, uv = float(self.target_logit), self._uv
+        T, uv = float(self.target_logit), pairs.uv
         cmax = min(float(self.answer_scale), _MAX_ANSWER) / uv  # the W probes' largest c
         rows = np.arange(d)
         c0 = np.full(d, min(float(self.answer_scale) / uv, cmax))
-        P = self._bias_pairs(rows, c0)
+        P = self._bias_pairs(pairs, rows, c0)
         for _ in range(_MAX_ROUNDS):
             t = P[_T]
-            big = ~(np.abs(t) <= self._mlog)
+            big = ~(np.abs(t) <= pairs.mlog)
             small = ~big & (np.abs(t) < T / 10) & (c0 < cmax)
             redo = big | small
             if not redo.any():
@@ -759,8 +824,8 @@ class LowPrecisionValueQueryLearner(BaseLearner):
             c0[small] = np.minimum(cmax, c0[small] * np.minimum(
                 1e4, T / np.maximum(np.abs(t[small]), 1e-300)))
             idx = np.flatnonzero(redo)
-            P[:, idx] = self._bias_pairs(idx, c0[idx])
-            self.n_requeried_ += idx.size
+            P[:, idx] = self._bias_pairs(pairs, idx, c0[idx])
+            pairs.n_requeried += idx.size
         else:
             raise ModelMismatchError(
                 "the answers are not those of a single attention head with biases: probes "
@@ -768,7 +833,7 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         b0 = P[_T] / c0
         c0 = np.where(b0 != 0, np.minimum(cmax, T / np.maximum(np.abs(b0), 1e-300)), cmax)
         per_pass = 2 * d * d
-        rounds = int(np.clip(4 * (self._left() // per_pass), _MIN_BIAS_ROUNDS, 256))
+        rounds = int(np.clip(4 * (pairs.left() // per_pass), _MIN_BIAS_ROUNDS, 256))
         sw = np.zeros(d)
         s1 = np.zeros(d)
         s2 = np.zeros(d)
@@ -776,8 +841,8 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         swm = np.zeros(d)
         for _ in range(rounds):
             c = c0 * rng.uniform(0.8, 1.0, size=d)
-            P = self._bias_pairs(rows, c)
-            ok = np.abs(P[_T]) <= self._max
+            P = self._bias_pairs(pairs, rows, c)
+            ok = np.abs(P[_T]) <= pairs.max
             z = np.where(ok, P[_T] / c, 0.0)
             w = np.where(ok, c * c, 0.0)
             sw += w
@@ -790,9 +855,9 @@ class LowPrecisionValueQueryLearner(BaseLearner):
             raise AssumptionViolation("some directions' key bias was never measured by a "
                                       "usable pair")
         b = s1 / sw
-        self._b = b
+        pairs.b = b
         # variance of each b_l's weighted mean, from the scatter of its rounds
-        self._b_var = np.maximum(s2 / sw - b * b, 0.0) / np.maximum(rounds - 1, 1)
+        pairs.b_var = np.maximum(s2 / sw - b * b, 0.0) / np.maximum(rounds - 1, 1)
         self.n_bias_rounds_ = rounds
         # the probes' scale c: the key bias's part of each logit within _BIAS_LOGIT, and for
         # every direction at most _BIAS_LOGIT / rms(b), where the key bias's part of the query
@@ -801,18 +866,18 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         # (errors of order eps |k| |q|) then swamps the logit
         rms_b = float(np.sqrt(np.mean(b * b)))
         with np.errstate(divide="ignore"):
-            self._c_bias = np.minimum(_BIAS_LOGIT / np.abs(b),
+            pairs.c_bias = np.minimum(_BIAS_LOGIT / np.abs(b),
                                       _BIAS_LOGIT / rms_b if rms_b > 0 else np.inf)
-        v = self._U.T @ (sm / swm)  # u_l^T v at the answers' precision
+        v = pairs.U.T @ (sm / swm)  # u_l^T v at the answers' precision
         if np.all(np.isfinite(v)) and np.linalg.norm(v) > 0:
-            self._v0 = v
-            self._uv = float(np.linalg.norm(v) / np.sqrt(d))
-            if self._z is not None:
-                self._zv = float(self._z @ v)
+            pairs.v0 = v
+            pairs.uv = float(np.linalg.norm(v) / np.sqrt(d))
+            if pairs.z is not None:
+                pairs.zv = float(pairs.z @ v)
 
-    def _solve(self, acc: _Entries) -> None:
-        """W and v from the weighted means; noise, error estimates and rank."""
-        U = self._U
+    def _solve(self, acc: _Entries, U: np.ndarray, pairs=None) -> float:
+        """W and v from the weighted means; noise, error estimates and rank. Returns the
+        relative error of W that the answers' noise alone explains (the check's share)."""
         d = U.shape[0]
         if not (np.all(acc.s0 > 0) and np.all(acc.om > 0)):  # every pass re-asks until usable
             raise AssumptionViolation("some entries of W were never measured by a usable pair")
@@ -846,11 +911,11 @@ class LowPrecisionValueQueryLearner(BaseLearner):
                 # the key bias's error reaches every entry of its direction's row through
                 # c / kappa: a rank-one error, of norm about ||db c|| ||1 / kappa||, which the
                 # entries' noise does not cover
-                c_row = np.minimum(min(float(self.answer_scale), _MAX_ANSWER) / self._uv,
-                                   self._c_bias)
-                self._bias_sv = float(np.linalg.norm(np.sqrt(self._b_var) * c_row)
-                                      * np.linalg.norm(1.0 / self.logit_scale_))
-                cut = max(cut, _BIAS_SV_FACTOR * self._bias_sv)
+                c_row = np.minimum(min(float(self.answer_scale), _MAX_ANSWER) / pairs.uv,
+                                   pairs.c_bias)
+                bias_sv = float(np.linalg.norm(np.sqrt(pairs.b_var) * c_row)
+                                * np.linalg.norm(1.0 / self.logit_scale_))
+                cut = max(cut, _BIAS_SV_FACTOR * bias_sv)
             r = int(np.count_nonzero(sv > cut))
         self.rank_ = r
         shrink = np.sqrt(r * (2 * d - r)) / d if r < d else 1.0
@@ -859,8 +924,7 @@ class LowPrecisionValueQueryLearner(BaseLearner):
                                   else float("inf"))
         # the check's tolerance uses the answers' noise alone, which a box that is not a single
         # head does not inflate (unlike the scatter of the logits)
-        self._W_err_noise = (float(np.sqrt(np.sum(col_model))) * shrink / Wn if Wn > 0
-                             else 0.0)
+        W_err_noise = (float(np.sqrt(np.sum(col_model))) * shrink / Wn if Wn > 0 else 0.0)
         if r < d:
             self.W_factors_ = (Uw[:, :r] * sv[:r], Vt[:r].T.copy())
             self._W = None
@@ -869,23 +933,22 @@ class LowPrecisionValueQueryLearner(BaseLearner):
             self._W = W
         self.v_ = v
         if self.fit_bias:
-            cb = U.T @ self._b  # u_l^T (W z + c_b) in the basis U, z the shift (if any)
-            if self._z is not None:
-                cb = cb - W @ self._z
+            cb = U.T @ pairs.b  # u_l^T (W z + c_b) in the basis U, z the shift (if any)
+            if pairs.z is not None:
+                cb = cb - W @ pairs.z
             # a module's key bias W_K^T b_Q / sqrt(d_h) lies in W's column space
             self.key_bias_ = Uw[:, :r] @ (Uw[:, :r].T @ cb) if r < d else cb
-            self.offset_ = float(self._off)
-            self._c_err = float(np.sqrt(np.sum(self._b_var)))
+            self.offset_ = float(pairs.off)
         else:
             self.key_bias_ = np.zeros(d)
             self.offset_ = 0.0
-            self._c_err = 0.0
+        return W_err_noise
 
-    def _check_tolerance(self) -> float:
+    def _check_tolerance(self, W_err_noise: float) -> float:
         """Relative tolerance of the check: the answers' own noise (six times its relative
         size) and the estimate's error, with a margin of ten."""
         return float(6.0 * self.noise_level_
-                     + 10.0 * (self._W_err_noise + self.v_error_estimate_) + 1e-9)
+                     + 10.0 * (W_err_noise + self.v_error_estimate_) + 1e-9)
 
     # -- results ----------------------------------------------------------------------------------
     @property

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from numbers import Integral
 
 import numpy as np
 import scipy.linalg
@@ -31,8 +32,10 @@ from ._base import (
     DEFAULT_VERIFY,
     ROUNDING_RTOL,
     BaseLearner,
+    check_bool,
     check_budget,
     check_oracle,
+    check_scalar,
     check_verify_param,
 )
 from ._probes import (
@@ -42,7 +45,8 @@ from ._probes import (
     check_probe_params,
     check_v,
     coordinate_rows,
-    read_key_bias,
+    pivot_directions,
+    read_head_constants,
     read_v,
     unit_directions,
 )
@@ -50,6 +54,10 @@ from ._probes import (
 __all__ = ["NuclearNormROPLearner", "SketchLowRankLearner", "lowrank_floor", "SOLVERS"]
 
 SOLVERS = ("SCS", "CLARABEL")
+#: the stages the sketch learner's ``n_queries_by_stage_`` counts
+SKETCH_STAGES = ("constants", "right_sketch", "left_sketch", "verify")
+#: the stages the nuclear-norm learner's ``n_queries_by_stage_`` counts
+NUCLEAR_STAGES = ("v", "measurements", "verify")
 #: the nuclear-norm learner's check tolerance without polishing, in units of ``solver_eps``
 NUCLEAR_VERIFY_FACTOR = 100.0
 SKETCH_HINT = ("the head's rank may exceed the given rank, or the box may have several heads, "
@@ -90,8 +98,6 @@ class NuclearNormROPLearner(BaseLearner):
         above ``gap_floor`` of the largest) and refine the factors by Gauss-Newton on the
         measurements, so that a success reaches rounding-level error rather than the solver's
         tolerance. Skipped (and reported) when that rank's degrees of freedom exceed m.
-    random_state : int, sequence of ints, Generator or None
-        Seed of the Gaussian probes.
     solver_eps : float
         Relative tolerance asked of the solver.
     max_iters : int
@@ -104,9 +110,14 @@ class NuclearNormROPLearner(BaseLearner):
     max_logit, min_logit, initial_logit_scale : float
         Logit window of the probes (see :class:`SketchLowRankLearner`).
     verify : int
-        Check queries spent after fitting (0: no check); the tolerance is
+        Check queries spent after fitting (0: no check)
+        (default 8: 6 fresh random queries of 2 to 128 tokens and copies of the two longest
+        with their first N - 1 tokens permuted, which the box must answer alike;
+        :func:`~attnquery.learners._base.check_plan`); the tolerance is
         :data:`ROUNDING_RTOL` when the solution is polished, else
         ``NUCLEAR_VERIFY_FACTOR * solver_eps``.
+    random_state : int, sequence of ints, Generator or None
+        Seed of the Gaussian probes.
 
     Attributes
     ----------
@@ -138,15 +149,17 @@ class NuclearNormROPLearner(BaseLearner):
         Whether the polishing step was applied.
     measurement_residual_ : float
         Relative residual ``||A(W_) - t|| / ||t||``.
+    n_queries_by_stage_ : dict
+        Queries per stage: ``v``, ``measurements`` and ``verify``.
     """
 
     def __init__(
         self,
+        *,
         n_measurements: int | None = None,
         rank: int | None = None,
         solver: str = "SCS",
         polish: bool = True,
-        random_state=None,
         solver_eps: float = 1e-7,
         max_iters: int = 5000,
         gap_floor: float = 1e-12,
@@ -155,12 +168,12 @@ class NuclearNormROPLearner(BaseLearner):
         min_logit: float = 1e-5,
         initial_logit_scale: float = 1e-2,
         verify: int = DEFAULT_VERIFY,
+        random_state=None,
     ):
         self.n_measurements = n_measurements
         self.rank = rank
         self.solver = solver
         self.polish = polish
-        self.random_state = random_state
         self.solver_eps = solver_eps
         self.max_iters = max_iters
         self.gap_floor = gap_floor
@@ -169,26 +182,23 @@ class NuclearNormROPLearner(BaseLearner):
         self.min_logit = min_logit
         self.initial_logit_scale = initial_logit_scale
         self.verify = verify
+        self.random_state = random_state
 
     def _validate(self, d: int) -> int:
         if self.solver not in SOLVERS:
             raise ConfigError(f"solver must be one of {SOLVERS}; got {self.solver!r}")
         check_probe_params(self)
-        r = self.rank
-        if r is not None:
-            if isinstance(r, bool) or not isinstance(r, int | np.integer) or r < 1:
-                raise ConfigError(f"rank must be a positive integer or None; got {r!r}")
-            if 2 * r > d:
-                raise ConfigError(
-                    f"rank={r} is larger than d / 2 = {d / 2:g}: a low-rank learner needs "
-                    f"more queries than the exact learner's d^2 + d here; use "
-                    "ExactValueQueryLearner"
-                )
-        m = self.n_measurements
+        r = check_scalar(self.rank, "rank", Integral, min_val=1, allow_none=True)
+        if r is not None and 2 * r > d:
+            raise ConfigError(
+                f"rank={r} is larger than d / 2 = {d / 2:g}: a low-rank learner needs "
+                f"more queries than the exact learner's d^2 + d here; use "
+                "ExactValueQueryLearner"
+            )
+        m = check_scalar(self.n_measurements, "n_measurements", Integral, min_val=1,
+                         allow_none=True)
         if m is None:
             m = 4 * r * 2 * d if r is not None else d * d
-        elif isinstance(m, bool) or not isinstance(m, int | np.integer) or m < 1:
-            raise ConfigError(f"n_measurements must be a positive integer or None; got {m!r}")
         return int(m)
 
     def fit(self, oracle):
@@ -213,10 +223,27 @@ class NuclearNormROPLearner(BaseLearner):
         check_budget(oracle, d + m + n_check, f"nuclear-norm recovery (d + m = {d} + {m} "
                      f"queries and {n_check} check queries)")
         rng = self._rng()
-        n0 = oracle.n_queries
-        v = read_v(oracle, d)
-        check_v(v)
-        # a, b ~ N(0, I): the paper's measurement ensemble (unnormalised, as in Theorem A.2).
+        with self._open_ledger(oracle, NUCLEAR_STAGES) as ledger:
+            with ledger.stage("v"):
+                v = read_v(ledger, d)
+                check_v(v)
+            with ledger.stage("measurements"):
+                Aa, Bb, t = self._measure(ledger, v, m, rng)
+            self.n_queries_ = ledger.total
+            self.v_ = v
+            self.n_measurements_ = m
+            self._solve_and_polish(Aa, Bb, t)
+            rtol = (ROUNDING_RTOL if self.polished_
+                    else NUCLEAR_VERIFY_FACTOR * float(self.solver_eps))
+            with ledger.stage("verify"):
+                self._verify_fit(oracle, self.predict, rng.spawn(1)[0], rtol=rtol, n0=ledger.n0,
+                                 what="a single low-rank head", hint=NUCLEAR_HINT)
+        return self
+
+    def _measure(self, oracle, v, m, rng):
+        """m rank-one measurements ``t_k = a_k^T W b_k``, a, b ~ N(0, I): the paper's ensemble
+        (unnormalised, as in Theorem A.2); sets ``n_requeried_``. Returns (A, B, t)."""
+        d = v.size
         Aa = rng.standard_normal((m, d))
         Bb = rng.standard_normal((m, d))
         # redraw the rare a with tiny a^T v (the answer is divided by it); no query is spent
@@ -231,10 +258,13 @@ class NuclearNormROPLearner(BaseLearner):
             min_logit=self.min_logit, chunk=max(1, (32 * 2**20) // (40 * d)),
         )
         t = prober.measure(lambda idx: (Aa[idx], Bb[idx]), m)
-        self.n_queries_ = int(oracle.n_queries - n0)
         self.n_requeried_ = int(prober.n_requeried)
-        self.v_ = v
-        self.n_measurements_ = m
+        return Aa, Bb, t
+
+    def _solve_and_polish(self, Aa, Bb, t) -> None:
+        """``min ||W||_* s.t. <a_k b_k^T, W> = t_k``, then the polish where the spectrum
+        shows a rank; sets ``W_``, ``W_raw_``, the solver's and the polish's attributes."""
+        m, d = Aa.shape
         # M vec(W) = t with vec row-major: row k is kron(a_k, b_k)
         M = (Aa[:, :, None] * Bb[:, None, :]).reshape(m, d * d)
         W_raw, status, iters, t_solve = self._solve(M, t, d)
@@ -255,10 +285,6 @@ class NuclearNormROPLearner(BaseLearner):
         tn = float(np.linalg.norm(t))
         res = float(np.linalg.norm(np.einsum("ki,ij,kj->k", Aa, W, Bb) - t))
         self.measurement_residual_ = res / tn if tn > 0 else res
-        rtol = ROUNDING_RTOL if self.polished_ else NUCLEAR_VERIFY_FACTOR * float(self.solver_eps)
-        self._verify_fit(oracle, self.predict, rng.spawn(1)[0], rtol=rtol, n0=n0,
-                         what="a single low-rank head", hint=NUCLEAR_HINT)
-        return self
 
     def _spectral_rank(self, W) -> int:
         """Rank at the largest drop of the spectrum; sets ``gap_`` (a drop >= ``min_gap``)."""
@@ -364,6 +390,42 @@ def _gauss_newton(Aa, Bb, t, W0, r, iters: int = 20) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------
 
 
+class _ColumnProbes:
+    """The probes of a column ``W b``: directions ``u_j = e_j + coef_j e_p``
+    (:func:`~attnquery.learners._probes.pivot_directions`) against the last token b."""
+
+    def __init__(self, v: np.ndarray, zero_tol: float | None):
+        self.pivot, self.coef = pivot_directions(v, zero_tol)
+        self.uv_floor = float(np.min(np.abs(v + self.coef * v[self.pivot])))  # min |u_j^T v|
+
+    def make(self, b, rows):
+        """``make(idx)`` for :meth:`Prober.measure`: the probes of ``rows[idx]`` against b."""
+        coef, pidx = self.coef, self.pivot
+        d = coef.size
+
+        def make(idx):
+            jj = rows[idx]
+            n = idx.size
+            extra = np.flatnonzero(coef[jj])  # u = e_j + coef_j e_p
+            U = SparseRows((n, d), np.concatenate([np.arange(n), extra]),
+                           np.concatenate([jj, np.full(extra.size, pidx)]),
+                           np.concatenate([np.ones(n), coef[jj[extra]]]))
+            return U, np.broadcast_to(b, (n, d))
+        return make
+
+    def solve(self, tcol):
+        """``W b`` from the measured ``t_j = u_j^T W b = y_j + coef_j y_p`` (``coef_p = 0``)."""
+        return tcol - self.coef * tcol[self.pivot]
+
+
+def _residual(Ts, piv, tcol):
+    """``tcol`` minus its interpolation from the pivot rows of the columns so far."""
+    Tk = np.stack(Ts, axis=1)
+    P = np.asarray(piv)
+    return tcol - Tk @ scipy.linalg.solve(Tk[P], tcol[P])
+
+
+
 class SketchLowRankLearner(BaseLearner):
     """Low-rank recovery from ``r (2d - r) + d`` value queries by a two-sided sketch.
 
@@ -400,8 +462,6 @@ class SketchLowRankLearner(BaseLearner):
     oversample : int, optional
         Extra left sketch vectors (each costs ``d - r`` queries). Default: as many as fit in 2%
         of the degrees-of-freedom floor, which keeps the count within ``1.05`` times the floor.
-    random_state : int, sequence of ints, Generator or None
-        Seed of the sketches.
     rank_tol : float
         Relative residual below which a new sketch column counts as in the span of the others.
     n_check : int
@@ -418,7 +478,13 @@ class SketchLowRankLearner(BaseLearner):
         Also learn the key bias c and the offset beta of a module's head (``d + 1`` more
         queries). Default False: the paper's head; ``key_bias_`` and ``offset_`` are 0.
     verify : int
-        Check queries spent after fitting (0: no check); see :data:`ROUNDING_RTOL`.
+        Check queries spent after fitting (0: no check)
+        (default 8: 6 fresh random queries of 2 to 128 tokens and copies of the two longest
+        with their first N - 1 tokens permuted, which the box must answer alike;
+        :func:`~attnquery.learners._base.check_plan`); see
+        :data:`ROUNDING_RTOL`.
+    random_state : int, sequence of ints, Generator or None
+        Seed of the sketches.
 
     Attributes
     ----------
@@ -443,13 +509,16 @@ class SketchLowRankLearner(BaseLearner):
     n_sketch_ : int
         Right sketch size k (= rank_); the left sketch has ``k + oversample_`` vectors.
     oversample_ : int
+    n_queries_by_stage_ : dict
+        Queries per stage: ``constants`` (v, and beta and c with ``fit_bias``),
+        ``right_sketch``, ``left_sketch`` and ``verify``.
     """
 
     def __init__(
         self,
+        *,
         rank: int | None = None,
         oversample: int | None = None,
-        random_state=None,
         rank_tol: float = 1e-9,
         n_check: int = 2,
         zero_tol: float = 1e-3,
@@ -459,10 +528,10 @@ class SketchLowRankLearner(BaseLearner):
         block_bytes: int = 4 * 2**20,
         fit_bias: bool = False,
         verify: int = DEFAULT_VERIFY,
+        random_state=None,
     ):
         self.rank = rank
         self.oversample = oversample
-        self.random_state = random_state
         self.rank_tol = rank_tol
         self.n_check = n_check
         self.zero_tol = zero_tol
@@ -472,29 +541,21 @@ class SketchLowRankLearner(BaseLearner):
         self.block_bytes = block_bytes
         self.fit_bias = fit_bias
         self.verify = verify
+        self.random_state = random_state
 
     # ------------------------------------------------------------------------------------------
     def _validate(self, d: int):
-        if not isinstance(self.fit_bias, bool | np.bool_):
-            raise ConfigError(f"fit_bias must be True or False; got {self.fit_bias!r}")
-        r = self.rank
-        if r is not None:
-            if isinstance(r, bool) or not isinstance(r, int | np.integer) or r < 0:
-                raise ConfigError(f"rank must be a non-negative integer or None; got {r!r}")
-            if 2 * r > d:
-                raise ConfigError(
-                    f"rank={r} is larger than d / 2 = {d / 2:g}: the sketch would need more "
-                    "queries than the exact learner's d^2 + d; use ExactValueQueryLearner"
-                )
-        p = self.oversample
-        if p is not None and (isinstance(p, bool) or not isinstance(p, int | np.integer)
-                              or p < 0):
-            raise ConfigError(f"oversample must be a non-negative integer or None; got {p!r}")
-        if not (np.isfinite(self.rank_tol) and 0 < self.rank_tol < 1):
-            raise ConfigError(f"rank_tol must be in (0, 1); got {self.rank_tol}")
-        if isinstance(self.n_check, bool) or not isinstance(self.n_check, int | np.integer) \
-                or self.n_check < 1:
-            raise ConfigError(f"n_check must be a positive integer; got {self.n_check!r}")
+        check_bool(self.fit_bias, "fit_bias")
+        r = check_scalar(self.rank, "rank", Integral, min_val=0, allow_none=True)
+        if r is not None and 2 * r > d:
+            raise ConfigError(
+                f"rank={r} is larger than d / 2 = {d / 2:g}: the sketch would need more "
+                "queries than the exact learner's d^2 + d; use ExactValueQueryLearner"
+            )
+        check_scalar(self.oversample, "oversample", Integral, min_val=0, allow_none=True)
+        check_scalar(self.rank_tol, "rank_tol", min_val=0, max_val=1,
+                     include_boundaries="neither")
+        check_scalar(self.n_check, "n_check", Integral, min_val=1)
         check_probe_params(self)
 
     def _default_oversample(self, d: int, r: int) -> int:
@@ -524,16 +585,37 @@ class SketchLowRankLearner(BaseLearner):
         """
         self._validate(d := check_oracle(oracle))
         rng = self._rng()
-        n0 = oracle.n_queries
-        self._fit(oracle, d, rng)
-        self._verify_fit(oracle, self.predict, rng.spawn(1)[0], rtol=ROUNDING_RTOL, n0=n0,
-                         what=f"a single head of rank {self.rank_}", hint=SKETCH_HINT)
+        rng_b, rng_a, rng_check = rng.spawn(3)
+        with self._open_ledger(oracle, SKETCH_STAGES) as ledger:
+            self._check_budget(ledger, d)
+            with ledger.stage("constants"):  # 1. v (and beta, c with fit_bias)
+                head = read_head_constants(ledger, d, bias=bool(self.fit_bias),
+                                           chunk=self._chunk(d), max_logit=self.max_logit,
+                                           min_logit=self.min_logit)
+            prober = Prober(ledger, head.v, initial_logit_scale=self.initial_logit_scale,
+                            max_logit=self.max_logit, min_logit=self.min_logit,
+                            chunk=self._chunk(d), key_bias=head.key_bias, offset=head.offset)
+            columns = _ColumnProbes(head.v, None if self.fit_bias else self.zero_tol)
+            with ledger.stage("right_sketch"):  # 2. Y = W B, the rank found on the way
+                B, Y = self._right_sketch(ledger, prober, columns, rng_b, rng_check)
+            with ledger.stage("left_sketch"):  # 3-4. Z = A^T W, then W = Y core^+ Z
+                self._left_sketch(ledger, prober, head.v, B, Y, rng_a)
+            self.v_ = head.v
+            self.key_bias_ = head.key_bias_or_zero()
+            self.offset_ = head.offset
+            self.n_sketch_ = B.shape[1]
+            self.n_requeried_ = int(prober.n_requeried + head.n_requeried)
+            with ledger.stage("verify"):
+                self._verify_fit(oracle, self.predict, rng.spawn(1)[0], rtol=ROUNDING_RTOL,
+                                 n0=ledger.n0, what=f"a single head of rank {self.rank_}",
+                                 hint=SKETCH_HINT)
         return self
 
-    def _fit(self, oracle, d: int, rng: np.random.Generator) -> None:
-        """The sketch itself: sets every fitted attribute but the check's and ``n_queries_``
-        (which ``fit`` has :meth:`_verify_fit` set)."""
-        rng_b, rng_a, rng_check = rng.spawn(3)
+    def _chunk(self, d: int) -> int:
+        return max(1, int(self.block_bytes // (32 * d)))
+
+    def _check_budget(self, oracle, d: int) -> None:
+        """With the rank known, the whole count before any query; else v's (and the biases')."""
         bias = bool(self.fit_bias)
         n_bias = d + 1 if bias else 0  # the zero token and the d key-bias probes
         if self.rank is not None:
@@ -549,119 +631,85 @@ class SketchLowRankLearner(BaseLearner):
         else:
             check_budget(oracle, d + n_bias, "reading v" + (" and the biases" if bias else "")
                          + f" ({d + n_bias} queries)")
-        chunk = max(1, int(self.block_bytes // (32 * d)))
-        v, beta = read_v(oracle, d, offset=True) if bias else (read_v(oracle, d), 0.0)
-        vmax = check_v(v)
-        cb, c_prober = None, None
-        if bias:
-            cb, c_prober = read_key_bias(oracle, v, beta, chunk, max_logit=self.max_logit,
-                                        min_logit=self.min_logit)
-        pidx = int(np.argmax(np.abs(v)))
-        # u_j = e_j + coef_j e_p: where v_j is near 0 (|u_j^T v| >= |v_p|); with an offset,
-        # every j, signed (see Prober)
-        if bias:
-            coef = np.where(v * v[pidx] < 0, -1.0, 1.0)
-        else:
-            coef = (np.abs(v) < self.zero_tol * vmax).astype(float)
-        coef[pidx] = 0.0
-        prober = Prober(oracle, v, initial_logit_scale=self.initial_logit_scale,
-                        max_logit=self.max_logit, min_logit=self.min_logit, chunk=chunk,
-                        key_bias=cb, offset=beta)
 
-        def column_probes(b, rows):
-            def make(idx):
-                jj = rows[idx]
-                n = idx.size
-                extra = np.flatnonzero(coef[jj])  # u = e_j + coef_j e_p
-                U = SparseRows((n, d), np.concatenate([np.arange(n), extra]),
-                               np.concatenate([jj, np.full(extra.size, pidx)]),
-                               np.concatenate([np.ones(n), coef[jj[extra]]]))
-                return U, np.broadcast_to(b, (n, d))
-            return make
-
-        uv_col = float(np.min(np.abs(v + coef * v[pidx])))  # min |u_j^T v| of the probes
-
-        def solve_column(tcol):
-            # t_j = y_j + coef_j y_p, and coef_p = 0
-            return tcol - coef * tcol[pidx]
-
-        # ---- right sketch: T = U W B (columns), Y = W B ------------------------------------
-        all_rows = np.arange(d)
+    def _right_sketch(self, oracle, prober, columns, rng_b, rng_check):
+        """Step 2: sketch vectors ``b`` (unit Gaussian) and their columns ``W b``, until the
+        given rank, or (rank unknown) until a new ``W b`` lies in the span of the others.
+        Returns B (d, k) and Y = W B (d, k)."""
+        d = columns.coef.size
         Bs, Ts = [], []
         piv: list[int] = []  # pivot rows of T (greedy, as in LU with partial pivoting)
-        while True:
+        while self.rank is None or len(Bs) < int(self.rank):
             k = len(Bs)
-            if self.rank is not None and k == int(self.rank):
-                break
             b = rng_b.standard_normal(d)
             b /= np.linalg.norm(b)
             if self.rank is None and k > 0:
-                Tk = np.stack(Ts, axis=1)
-                P = np.asarray(piv)
-                rest = np.setdiff1d(all_rows, P)
-                extra = rng_check.choice(rest, size=min(self.n_check, rest.size),
-                                         replace=False)
-                test_rows = np.concatenate([P, extra])
-                check_budget(oracle, test_rows.size, f"span test of sketch column {k + 1}")
-                t_test = prober.measure(column_probes(b, test_rows), test_rows.size,
-                                       uv_col)
-                # interpolate the new column from the pivot rows; check it on the extra rows
-                c = scipy.linalg.solve(Tk[P], t_test[:k])
-                res = np.linalg.norm(Tk[extra] @ c - t_test[k:])
-                scale = max(float(np.linalg.norm(t_test)), 1e-300)
-                if res <= self.rank_tol * scale:
+                tcol, e = self._next_column(oracle, prober, columns, b, Ts, piv, rng_check)
+                if tcol is None:
                     break  # W b lies in span(W B): rank = k
-                if 2 * (k + 1) > d:
-                    raise AssumptionViolation(
-                        f"W has rank above d / 2 = {d / 2:g}: the sketch learner would need "
-                        "more queries than the exact learner; use ExactValueQueryLearner"
-                    )
-                other = np.setdiff1d(all_rows, test_rows)
-                check_budget(oracle, other.size, f"sketch column {k + 1}")
-                tcol = np.empty(d)
-                tcol[test_rows] = t_test
-                tcol[other] = prober.measure(column_probes(b, other), other.size, uv_col)
-                e = tcol - Tk @ c
             else:
-                tcol = prober.measure(column_probes(b, all_rows), d, uv_col)
+                tcol = prober.measure(columns.make(b, np.arange(d)), d, columns.uv_floor)
                 if self.rank is None and k == 0 and \
                         np.max(np.abs(tcol)) * prober.kappa <= ZERO_LOGIT:
                     break  # every logit is at rounding level: W b = 0 for a random b, W = 0
-                if k == 0:
-                    e = tcol.copy()
-                else:
-                    Tk = np.stack(Ts, axis=1)
-                    P = np.asarray(piv)
-                    e = tcol - Tk @ scipy.linalg.solve(Tk[P], tcol[P])
+                e = tcol.copy() if k == 0 else _residual(Ts, piv, tcol)
             if piv:
                 e[np.asarray(piv)] = 0.0
             piv.append(int(np.argmax(np.abs(e))))
             Bs.append(b)
             Ts.append(tcol)
-        k = len(Bs)
-        self.v_ = v
-        self.key_bias_ = np.zeros(d) if cb is None else cb
-        self.offset_ = float(beta)
-        self.n_sketch_ = k
-        n_requeried = prober.n_requeried + (c_prober.n_requeried if bias else 0)
-        if k == 0:
-            self.rank_ = 0
-            self.oversample_ = 0
-            self.W_factors_ = (np.zeros((d, 0)), np.zeros((d, 0)))
-            self.n_requeried_ = int(n_requeried)
-            return
-        B = np.stack(Bs, axis=1)  # d x k
-        Y = np.stack([solve_column(tc) for tc in Ts], axis=1)  # W B, d x k
-        del Ts
+        if not Bs:
+            return np.zeros((d, 0)), np.zeros((d, 0))
+        return (np.stack(Bs, axis=1),  # d x k
+                np.stack([columns.solve(tc) for tc in Ts], axis=1))  # W B, d x k
 
-        # ---- left sketch: Z = A^T W ----------------------------------------------------------
+    def _next_column(self, oracle, prober, columns, b, Ts, piv, rng_check):
+        """Rank unknown: test ``W b`` on the pivot rows and ``n_check`` more; returns
+        ``(None, None)`` when it lies in the span of the columns so far, else the whole
+        column and its residual against them."""
+        d, k = columns.coef.size, len(Ts)
+        all_rows = np.arange(d)
+        Tk = np.stack(Ts, axis=1)
+        P = np.asarray(piv)
+        rest = np.setdiff1d(all_rows, P)
+        extra = rng_check.choice(rest, size=min(self.n_check, rest.size), replace=False)
+        test_rows = np.concatenate([P, extra])
+        check_budget(oracle, test_rows.size, f"span test of sketch column {k + 1}")
+        t_test = prober.measure(columns.make(b, test_rows), test_rows.size, columns.uv_floor)
+        # interpolate the new column from the pivot rows; check it on the extra rows
+        c = scipy.linalg.solve(Tk[P], t_test[:k])
+        res = np.linalg.norm(Tk[extra] @ c - t_test[k:])
+        scale = max(float(np.linalg.norm(t_test)), 1e-300)
+        if res <= self.rank_tol * scale:
+            return None, None
+        if 2 * (k + 1) > d:
+            raise AssumptionViolation(
+                f"W has rank above d / 2 = {d / 2:g}: the sketch learner would need "
+                "more queries than the exact learner; use ExactValueQueryLearner"
+            )
+        other = np.setdiff1d(all_rows, test_rows)
+        check_budget(oracle, other.size, f"sketch column {k + 1}")
+        tcol = np.empty(d)
+        tcol[test_rows] = t_test
+        tcol[other] = prober.measure(columns.make(b, other), other.size, columns.uv_floor)
+        return tcol, tcol - Tk @ c
+
+    def _left_sketch(self, oracle, prober, v, B, Y, rng_a) -> None:
+        """Steps 3-4: ``Z = A^T W`` outside a well-conditioned pivot set of B's rows, then
+        ``W = Y core^+ Z`` as factors; sets ``rank_``, ``oversample_`` and ``W_factors_``."""
+        d, k = B.shape
+        if k == 0:
+            self.rank_, self.oversample_ = 0, 0
+            self.W_factors_ = (np.zeros((d, 0)), np.zeros((d, 0)))
+            return
         p = self._default_oversample(d, k)
         kA = k + p
         A = unit_directions(kA, v, rng_a)  # kA x d, rows a_i
         PB = scipy.linalg.qr(B.T, pivoting=True, mode="r")[1][:k]
-        CB = np.setdiff1d(all_rows, PB)
+        CB = np.setdiff1d(np.arange(d), PB)
         nC = CB.size
         check_budget(oracle, kA * nC, f"left sketch ({kA} x {nC} queries)")
+
         def row_probes(idx):
             # probe (i, j) is number j kA + i: the kA probes of a coordinate j share their
             # last token e_j
@@ -675,7 +723,7 @@ class SketchLowRankLearner(BaseLearner):
         Z[:, CB] = S
         rhs = core - S @ B[CB]  # = Z[:, PB] B[PB]
         Z[:, PB] = scipy.linalg.solve(B[PB].T, rhs.T).T
-        # ---- W = Y core^+ Z, through the truncated SVD of the core ---------------------------
+        # W = Y core^+ Z, through the truncated SVD of the core
         Uc, sc, Vct = np.linalg.svd(core, full_matrices=False)
         rk = int(np.sum(sc > sc[0] * max(self.rank_tol, np.finfo(float).eps * kA)))
         rk = min(rk, k)
@@ -684,8 +732,6 @@ class SketchLowRankLearner(BaseLearner):
         self.rank_ = rk
         self.oversample_ = p
         self.W_factors_ = (L, R)
-        # recounted: the left sketch above re-asks through prober as well
-        self.n_requeried_ = int(prober.n_requeried + (c_prober.n_requeried if bias else 0))
 
     @property
     def W_(self) -> np.ndarray:

@@ -39,6 +39,7 @@ Query count of the bisection learner: ``d + (d - 1) + (d - 1) n_rho + d^2 n_W``
 from __future__ import annotations
 
 import math
+from numbers import Integral
 
 import numpy as np
 import scipy.special
@@ -48,6 +49,7 @@ from ._base import (
     BaseLearner,
     check_budget,
     check_oracle,
+    check_scalar,
     check_verify_param,
     chunk_slices,
     output_error_bound,
@@ -57,6 +59,8 @@ from .noisy import TAU_CLIP, AssumptionParameterError
 __all__ = ["MembershipLearner", "sphere_constant", "V_METHODS"]
 
 V_METHODS = ("sampling", "bisection")
+#: the stages ``n_queries_by_stage_`` counts
+STAGES = ("v", "W", "verify")
 #: default number of membership check queries
 MEMBERSHIP_VERIFY = 64
 
@@ -65,10 +69,6 @@ def sphere_constant(d: int) -> float:
     """``R = E|x_1|`` for x uniform on the unit sphere of R^d (paper eq. (12))."""
     return float(np.exp(scipy.special.gammaln(d / 2) - scipy.special.gammaln((d + 1) / 2))
                  / np.sqrt(np.pi))
-
-
-def _is_number(x) -> bool:
-    return isinstance(x, int | float | np.integer | np.floating) and not isinstance(x, bool)
 
 
 class MembershipLearner(BaseLearner):
@@ -84,8 +84,6 @@ class MembershipLearner(BaseLearner):
         Known bound on ``||W||_F``.
     mu : float in (0, 1]
         Margin: ``min_i |v_i| >= mu`` with ``||v|| = 1`` (every entry nonzero, App. B).
-    random_state : int, Generator or None
-        Seed of the sphere samples.
     eps_v : float, optional
         Target ``||v_hat - v/||v|| ||_inf`` of the v stage. Default: Theorem B.1's
         ``eps mu^3 / (40 W d)`` for sampling; for bisection, whatever the W stage needs.
@@ -101,7 +99,14 @@ class MembershipLearner(BaseLearner):
         :func:`~attnquery.learners._base.output_error_bound` with ``eps / d`` per entry of W
         and the v stage's precision), the oracle must give the same sign, else
         :class:`~attnquery.errors.ModelMismatchError`. An answer carries one bit, so the
-        default is :data:`MEMBERSHIP_VERIFY`, more than the value learners' 8.
+        default is :data:`MEMBERSHIP_VERIFY`, more than the value learners' 8: 48 fresh
+        random queries of 2 to 128 tokens and 16 copies of the longest with their first N - 1
+        tokens permuted, whose signs must equal the originals'
+        (:func:`~attnquery.learners._base.check_plan`). Where the estimate is unsure on every
+        query the check is vacuous: ``verify_vacuous_`` and a
+        :class:`~attnquery.errors.VacuousCheckWarning`.
+    random_state : int, Generator or None
+        Seed of the sphere samples and of the check queries.
 
     Attributes
     ----------
@@ -111,6 +116,9 @@ class MembershipLearner(BaseLearner):
     n_queries_, n_queries_v_, n_queries_W_ : int
         Queries counted by the oracle (in all, v stage, W stage); ``n_queries_`` includes the
         check queries.
+    n_queries_by_stage_ : dict
+        Queries per stage: ``v``, ``W`` and ``verify`` (``n_queries_v_`` and ``n_queries_W_``
+        read it).
     n_verify_queries_ : int
         Check queries (``verify``).
     verify_error_ : float
@@ -134,38 +142,43 @@ class MembershipLearner(BaseLearner):
         is left at the bound).
     """
 
-    def __init__(self, eps: float = 1e-3, v_method: str = "bisection", W_bound: float = 4.0,
-                 mu: float = 0.1, random_state=None, eps_v: float | None = None,
+    def __init__(self, *, eps: float = 1e-3, v_method: str = "bisection",
+                 W_bound: float = 4.0, mu: float = 0.1, eps_v: float | None = None,
                  delta: float = 0.05, sample_budget: int = 10**7,
-                 verify: int = MEMBERSHIP_VERIFY):
+                 verify: int = MEMBERSHIP_VERIFY, random_state=None):
         self.eps = eps
         self.v_method = v_method
         self.W_bound = W_bound
         self.mu = mu
-        self.random_state = random_state
         self.eps_v = eps_v
         self.delta = delta
         self.sample_budget = sample_budget
         self.verify = verify
+        self.random_state = random_state
+
+    @property
+    def n_queries_v_(self) -> int:
+        """Queries of the v stage (``n_queries_by_stage_["v"]``)."""
+        return self._stage_count("v")
+
+    @property
+    def n_queries_W_(self) -> int:
+        """Queries of the W stage (``n_queries_by_stage_["W"]``)."""
+        return self._stage_count("W")
 
     # -- sizes, computable before any query --------------------------------------------------
     def _validate_params(self):
         if self.v_method not in V_METHODS:
             raise ConfigError(f"v_method must be one of {V_METHODS}; got {self.v_method!r}")
-        if not (_is_number(self.eps) and 0 < self.eps < 1):
-            raise ConfigError(f"eps must be in (0, 1); got {self.eps!r}")
-        if not (_is_number(self.W_bound) and np.isfinite(self.W_bound) and self.W_bound >= 2):
-            raise AssumptionParameterError(
-                f"W_bound must be a finite number >= 2 (App. B); got {self.W_bound!r}")
-        if not (_is_number(self.mu) and 0 < self.mu <= 1):
-            raise AssumptionParameterError(f"mu must be in (0, 1]; got {self.mu!r}")
-        if self.eps_v is not None and not (_is_number(self.eps_v) and 0 < self.eps_v < 1):
-            raise ConfigError(f"eps_v must be in (0, 1) or None; got {self.eps_v!r}")
-        if not (_is_number(self.delta) and 0 < self.delta < 1):
-            raise ConfigError(f"delta must be in (0, 1); got {self.delta!r}")
-        if not (isinstance(self.sample_budget, int | np.integer) and self.sample_budget >= 1):
-            raise ConfigError(f"sample_budget must be a positive integer; got "
-                              f"{self.sample_budget!r}")
+        check_scalar(self.eps, "eps", min_val=0, max_val=1, include_boundaries="neither")
+        check_scalar(self.W_bound, "W_bound", min_val=2, exc=AssumptionParameterError,
+                     what="a finite number >= 2 (App. B)")
+        check_scalar(self.mu, "mu", min_val=0, max_val=1, include_boundaries="right",
+                     exc=AssumptionParameterError)
+        check_scalar(self.eps_v, "eps_v", min_val=0, max_val=1, include_boundaries="neither",
+                     allow_none=True)
+        check_scalar(self.delta, "delta", min_val=0, max_val=1, include_boundaries="neither")
+        check_scalar(self.sample_budget, "sample_budget", Integral, min_val=1)
 
     def _sampling_eps_v(self, d: int) -> float:
         if self.eps_v is not None:
@@ -232,20 +245,21 @@ class MembershipLearner(BaseLearner):
         check_budget(oracle, plan["total"] + n_check,
                      f"membership recovery ({plan['v']} queries for v, {plan['W']} for W, "
                      f"{n_check} check queries)")
-        if self.v_method == "bisection":
-            v_dir, sgn = self._v_bisection(oracle, d)
-        else:
-            v_dir, sgn = self._v_sampling(oracle, d, plan["v"])
-        n1 = oracle.n_queries
-        self.W_ = self._W_bisection(oracle, d, v_dir, sgn)
-        self.v_ = v_dir
-        self.n_queries_v_ = int(n1 - n0)
-        self.n_queries_W_ = int(oracle.n_queries - n1)
-        self.err_v_ = self._v_error(d)
-        self.err_W_ = self._W_error(d, self.err_v_)
-        self._verify_fit(
-            oracle, self.predict, self._rng().spawn(1)[0], rtol=0.0, n0=n0, signs=True,
-            atol=lambda X: output_error_bound(X, self.v_, self.err_W_, self.err_v_))
+        with self._open_ledger(oracle, STAGES) as ledger:
+            with ledger.stage("v"):
+                if self.v_method == "bisection":
+                    v_dir, sgn = self._v_bisection(ledger, d)
+                else:
+                    v_dir, sgn = self._v_sampling(ledger, d, plan["v"])
+            with ledger.stage("W"):
+                self.W_ = self._W_bisection(ledger, d, v_dir, sgn)
+            self.v_ = v_dir
+            self.err_v_ = self._v_error(d)
+            self.err_W_ = self._W_error(d, self.err_v_)
+            with ledger.stage("verify"):
+                self._verify_fit(
+                    oracle, self.predict, self._rng().spawn(1)[0], rtol=0.0, n0=n0, signs=True,
+                    atol=lambda X: output_error_bound(X, self.v_, self.err_W_, self.err_v_))
         return self
 
     def _W_error(self, d: int, err_v: float) -> float:

@@ -13,14 +13,26 @@ Hessians (see the class docstring).
 
 from __future__ import annotations
 
+from numbers import Integral
+
 import numpy as np
 
 from ..errors import AssumptionViolation, ConfigError, NotIdentifiableError
 from ..models import AttentionHead, MultiHeadAttention
-from ._base import DEFAULT_VERIFY, ROUNDING_RTOL, BaseLearner, check_budget, check_oracle
+from ._base import (
+    DEFAULT_VERIFY,
+    ROUNDING_RTOL,
+    BaseLearner,
+    check_budget,
+    check_oracle,
+    check_scalar,
+)
 from .exact import ExactValueQueryLearner, read_v
 
 __all__ = ["OrthogonalSubspaceLearner"]
+
+#: the stages ``n_queries_by_stage_`` counts: the bases' discovery, the heads, the check
+STAGES = ("bases", "heads", "verify")
 
 
 class _SubspaceOracle:
@@ -118,12 +130,17 @@ class OrthogonalSubspaceLearner(BaseLearner):
     probes : {"basis", "gaussian"}
         Probe design of the per-head exact learner (default: the paper's deterministic set,
         well conditioned in the small reduced dimensions d_h).
-    random_state : int, sequence of ints, Generator or None
     verify : int
-        Check queries spent after fitting (0: no check): the multi-head model found must agree
+        Check queries spent after fitting (0: no check)
+        (default 8: 6 fresh random queries of 2 to 128 tokens and copies of the two longest
+        with their first N - 1 tokens permuted, which the box must answer alike;
+        :func:`~attnquery.learners._base.check_plan`): the multi-head
+        model found must agree
         with the oracle to :data:`ROUNDING_RTOL` with the bases given, or to
         :data:`DISCOVERY_VERIFY_RTOL` with the bases discovered (finite differences), else
         :class:`~attnquery.errors.ModelMismatchError`.
+    random_state : int, sequence of ints, Generator or None
+        Seed of the anchors, the per-head learners and the check queries.
 
     Attributes
     ----------
@@ -139,21 +156,29 @@ class OrthogonalSubspaceLearner(BaseLearner):
     n_queries_, n_queries_bases_ : int
         Queries counted by the oracle during ``fit`` (the check queries included), and those
         spent on discovering the bases.
+    n_queries_by_stage_ : dict
+        Queries per stage: ``bases``, ``heads`` and ``verify`` (``n_queries_bases_`` reads it).
     n_verify_queries_ : int
         Check queries (``verify``).
     verify_error_ : float
         Largest disagreement on the check queries, relative to the largest answer.
     """
 
-    def __init__(self, n_heads: int, bases=None, random_state=None, n_anchors: int | None = None,
-                 fd_step: float = 1e-2, probes: str = "basis", verify: int = DEFAULT_VERIFY):
+    def __init__(self, *, n_heads: int, bases=None, n_anchors: int | None = None,
+                 fd_step: float = 1e-2, probes: str = "basis", verify: int = DEFAULT_VERIFY,
+                 random_state=None):
         self.n_heads = n_heads
         self.bases = bases
-        self.random_state = random_state
         self.n_anchors = n_anchors
         self.fd_step = fd_step
         self.probes = probes
         self.verify = verify
+        self.random_state = random_state
+
+    @property
+    def n_queries_bases_(self) -> int:
+        """Queries spent discovering the bases (``n_queries_by_stage_["bases"]``)."""
+        return self._stage_count("bases")
 
     def fit(self, oracle):
         """Recover every head (up to permutation); returns self.
@@ -169,26 +194,37 @@ class OrthogonalSubspaceLearner(BaseLearner):
             that are not orthogonal, a finite-difference step too small or too large).
         """
         d = check_oracle(oracle)
-        H = self.n_heads
-        if isinstance(H, bool) or not isinstance(H, int | np.integer) or not 1 <= H <= d:
-            raise ConfigError(f"n_heads must be an integer in [1, d={d}]; got {H!r}")
-        H = int(H)
-        if not (np.isfinite(self.fd_step) and 0 < self.fd_step < 1):
-            raise ConfigError(f"fd_step must be in (0, 1); got {self.fd_step}")
-        if self.n_anchors is not None and int(self.n_anchors) < 1:
-            raise ConfigError(f"n_anchors must be None or >= 1; got {self.n_anchors}")
+        H = check_scalar(self.n_heads, "n_heads", Integral, min_val=1, max_val=d)
+        check_scalar(self.fd_step, "fd_step", min_val=0, max_val=1, include_boundaries="neither")
+        check_scalar(self.n_anchors, "n_anchors", Integral, min_val=1, allow_none=True)
         rng = self._rng()
         r_disc, r_heads = rng.spawn(2)
-        n0 = oracle.n_queries
         self.commutant_gap_ = np.nan
         self.cluster_gap_ = np.nan
-        if self.bases is not None:
-            bases = _check_bases(list(self.bases), d, H)
-        else:
-            bases = self._discover(oracle, d, H, r_disc)
-        n1 = oracle.n_queries
+        with self._open_ledger(oracle, STAGES) as ledger:
+            with ledger.stage("bases"):
+                if self.bases is not None:
+                    bases = _check_bases(list(self.bases), d, H)
+                else:
+                    bases = self._discover(oracle, d, H, r_disc)
+            with ledger.stage("heads"):
+                W, v = self._fit_heads(oracle, bases, r_heads)
+            self.W_ = W
+            self.v_ = v
+            self.bases_ = bases
+            rtol = ROUNDING_RTOL if self.bases is not None else DISCOVERY_VERIFY_RTOL
+            with ledger.stage("verify"):
+                self._verify_fit(oracle, self.predict, rng.spawn(1)[0], rtol=rtol, n0=ledger.n0,
+                                 what=f"the {H} heads found",
+                                 hint="the box may not satisfy Assumption C.1 (orthogonal "
+                                 "subspaces) with this number of heads, or its answers may "
+                                 "carry noise")
+        return self
+
+    def _fit_heads(self, oracle, bases, rng):
+        """Each head by the exact learner on its subspace; raises when a head's v is 0."""
         W, v = [], []
-        for h, (E, r) in enumerate(zip(bases, r_heads.spawn(H), strict=True)):
+        for h, (E, r) in enumerate(zip(bases, rng.spawn(len(bases)), strict=True)):
             sub = _SubspaceOracle(oracle, E)
             try:
                 est = ExactValueQueryLearner(probes=self.probes, random_state=r,
@@ -217,16 +253,7 @@ class OrthogonalSubspaceLearner(BaseLearner):
                     f"head {h}: its value vector is 0 on its subspace (|v~| = {nh:.1e}), so its "
                     "W is not identifiable"
                 )
-        self.W_ = W
-        self.v_ = v
-        self.bases_ = bases
-        self.n_queries_bases_ = int(n1 - n0)
-        rtol = ROUNDING_RTOL if self.bases is not None else DISCOVERY_VERIFY_RTOL
-        self._verify_fit(oracle, self.predict, rng.spawn(1)[0], rtol=rtol, n0=n0,
-                         what=f"the {H} heads found",
-                         hint="the box may not satisfy Assumption C.1 (orthogonal subspaces) "
-                         "with this number of heads, or its answers may carry noise")
-        return self
+        return W, v
 
     def predict(self, X) -> np.ndarray:
         """Evaluate the recovered multi-head model on inputs X (B, N, d)."""

@@ -30,16 +30,20 @@ like ``1 / sqrt(k)``; under adversarial noise it need not.
 
 from __future__ import annotations
 
+from numbers import Integral
+
 import numpy as np
 import scipy.special
 
 from ..errors import AssumptionViolation, ConfigError, NotIdentifiableError
 from ..theory import THEOREM_CONSTANT, theorem61_guarantee, theorem61_required_tau  # noqa: F401
 from ._base import (
+    CHECK_LENGTHS,
     DEFAULT_VERIFY,
     BaseLearner,
     check_budget,
     check_oracle,
+    check_scalar,
     check_verify_param,
     chunk_slices,
     output_error_bound,
@@ -54,6 +58,8 @@ __all__ = [
     "L_CLIP",
 ]
 
+#: the stages ``n_queries_by_stage_`` counts
+STAGES = ("v", "W", "verify")
 #: sigma(-1/2): the lower end of the clipping range
 TAU_CLIP = float(1.0 / (1.0 + np.exp(0.5)))
 #: Lipschitz constant of sigma^{-1} on [sigma(-1/2), sigma(1/2)] (Lemma A.1), about 4.26
@@ -64,6 +70,38 @@ class AssumptionParameterError(ConfigError, AssumptionViolation):
     """A learner parameter that states a theorem's assumption is out of its range (``mu``
     outside (0, 1], ``W_bound < 2``, ``tau <= 0``); both a :class:`ConfigError` and an
     :class:`AssumptionViolation`."""
+
+
+class _WProbes:
+    """The two-row probes ``[(b_i u_i + a_m e_j); a_m e_j]`` of W, one per (m, i, j).
+
+    ``u_i = e_i``, or ``e_i + e_p`` where ``v_i = 0`` (p the largest ``|v_hat_p|``), with
+    ``b_i = 1 / W_bound``, or ``1 / (sqrt(2) W_bound)`` for those rows (module docstring).
+    """
+
+    def __init__(self, d: int, a: np.ndarray, v: np.ndarray, zero: np.ndarray, W: float):
+        k = a.size
+        self.d, self.v, self.zero = d, v, zero
+        self.p = int(np.argmax(np.abs(v)))
+        b_row = np.where(zero, 1.0 / (W * np.sqrt(2.0)), 1.0 / W)  # (d,) per row i
+        q_row = np.where(zero, self.p, np.arange(d))  # index whose v divides alpha
+        mm, self.ii, self.jj = (g.ravel() for g in np.meshgrid(
+            np.arange(k), np.arange(d), np.arange(d), indexing="ij"))
+        self.n = mm.size
+        self.am, self.bi, self.qi = a[mm], b_row[self.ii], q_row[self.ii]
+
+    def queries(self, sl: slice) -> np.ndarray:
+        """The probes ``sl`` (m, 2, d)."""
+        ii, jj, am, bi = self.ii[sl], self.jj[sl], self.am[sl], self.bi[sl]
+        m = sl.stop - sl.start
+        Xb = np.zeros((m, 2, self.d))
+        r = np.arange(m)
+        Xb[r, 0, ii] += bi
+        zr = self.zero[ii]
+        Xb[r[zr], 0, self.p] += bi[zr]
+        Xb[r, 0, jj] += am
+        Xb[r, 1, jj] = am
+        return Xb
 
 
 class NoisyValueQueryLearner(BaseLearner):
@@ -81,8 +119,6 @@ class NoisyValueQueryLearner(BaseLearner):
     oversample : int >= 1
         Distinct probes per unknown, combined by least squares (1 = the theorem as written:
         ``d + d^2`` queries; ``k``: ``k (d + d^2)``).
-    random_state : int, Generator or None
-        Seed of the extra probe scales (only used when ``oversample > 1``).
     clip : bool
         Clip the attention-weight estimate to ``[sigma(-1/2), sigma(1/2)]`` before the logit
         (the theorem). ``False`` is the unclipped baseline: ``sigma^{-1}`` is applied to the raw
@@ -95,7 +131,10 @@ class NoisyValueQueryLearner(BaseLearner):
         clipping range by more than the tolerance allows (``||W||_F > W_bound``). With
         ``False`` such weights are clipped silently and counted in ``n_out_of_range_``.
     verify : int
-        Check queries (of 1, 2 and 4 tokens) spent after fitting (0: no check). The answers
+        Check queries spent after fitting (0: no check): by default 6 fresh random queries of
+        1, 2, 8, 16, 64 and 128 tokens and copies of the two longest with their first N - 1
+        tokens permuted, whose answers must differ by at most ``2 tau`` (a position-free head
+        answers both alike; :func:`~attnquery.learners._base.check_plan`). The answers
         must agree with the estimate's within ``tau`` plus the error the estimate can have: on
         one-row queries ``[x]``, ``|x|^T err_v`` (tight, so answers off by more than tau show);
         on longer ones, the proof's bound on
@@ -103,6 +142,9 @@ class NoisyValueQueryLearner(BaseLearner):
         tau and the measured ``v_hat``), carried to the outputs by
         :func:`~attnquery.learners._base.output_error_bound`; else
         :class:`~attnquery.errors.ModelMismatchError`.
+    random_state : int, Generator or None
+        Seed of the extra probe scales (only used when ``oversample > 1``) and of the check
+        queries.
 
     Attributes
     ----------
@@ -131,44 +173,45 @@ class NoisyValueQueryLearner(BaseLearner):
         Queries counted by the oracle during ``fit`` (the check queries included).
     n_verify_queries_ : int
         Check queries (``verify``).
+    verify_vacuous_ : bool
+        The check could not have failed: on every check query of two tokens or more, tau and
+        the estimate's error bounds allow more disagreement than the estimate's own answer
+        (a loose tau: at d = 8, ``W_bound = 8``, ``tau = 5e-3`` the bounds on W exceed 6 per
+        entry). Such a fit warns with :class:`~attnquery.errors.VacuousCheckWarning` and the
+        study records ``verify_vacuous`` in its row; only the order test (the permuted copies,
+        to within 2 tau) then holds.
     verify_error_ : float
         Largest disagreement on the check queries, relative to the largest answer.
+    n_queries_by_stage_ : dict
+        Queries per stage: ``v``, ``W`` and ``verify``.
     """
 
-    def __init__(self, W_bound: float, mu: float, eps_W: float = 1e-2, eps_v: float = 1e-2,
-                 oversample: int = 1, random_state=None, clip: bool = True,
-                 tau: float | None = None, strict: bool = True, verify: int = DEFAULT_VERIFY):
+    def __init__(self, *, W_bound: float, mu: float, eps_W: float = 1e-2, eps_v: float = 1e-2,
+                 oversample: int = 1, clip: bool = True, tau: float | None = None,
+                 strict: bool = True, verify: int = DEFAULT_VERIFY, random_state=None):
         self.W_bound = W_bound
         self.mu = mu
         self.eps_W = eps_W
         self.eps_v = eps_v
         self.oversample = oversample
-        self.random_state = random_state
         self.clip = clip
         self.tau = tau
         self.strict = strict
         self.verify = verify
+        self.random_state = random_state
 
     # ------------------------------------------------------------------------------------------
     def _validate_params(self):
-        W, mu = self.W_bound, self.mu
-        if not (isinstance(W, int | float | np.floating | np.integer) and np.isfinite(W)
-                and W >= 2):
-            raise AssumptionParameterError(
-                f"W_bound must be a finite number >= 2 (Theorem 6.1); got {W!r}")
-        if not (isinstance(mu, int | float | np.floating | np.integer) and 0 < mu <= 1):
-            raise AssumptionParameterError(f"mu must be in (0, 1]; got {mu!r}")
+        check_scalar(self.W_bound, "W_bound", min_val=2, exc=AssumptionParameterError,
+                     what="a finite number >= 2 (Theorem 6.1)")
+        check_scalar(self.mu, "mu", min_val=0, max_val=1, include_boundaries="right",
+                     exc=AssumptionParameterError)
         for name in ("eps_W", "eps_v"):
-            e = getattr(self, name)
-            if not (isinstance(e, int | float | np.floating | np.integer) and np.isfinite(e)
-                    and e > 0):
-                raise ConfigError(f"{name} must be a positive number; got {e!r}")
-        k = self.oversample
-        if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
-            raise ConfigError(f"oversample must be an integer >= 1; got {k!r}")
-        if self.tau is not None and not (np.isfinite(self.tau) and self.tau > 0):
-            raise AssumptionParameterError(
-                f"tau must be a positive number or None; got {self.tau!r}")
+            check_scalar(getattr(self, name), name, min_val=0, include_boundaries="neither",
+                         what="a positive number")
+        check_scalar(self.oversample, "oversample", Integral, min_val=1)
+        check_scalar(self.tau, "tau", min_val=0, include_boundaries="neither", allow_none=True,
+                     exc=AssumptionParameterError, what="a positive number or None")
 
     def fit(self, oracle):
         """Recover (W, v) from ``oracle`` (any object with the value-oracle interface).
@@ -195,27 +238,57 @@ class NoisyValueQueryLearner(BaseLearner):
         if getattr(oracle, "kind", "value") == "membership":
             raise ConfigError("NoisyValueQueryLearner needs a value oracle; got a membership "
                               "oracle (use MembershipLearner)")
+        with self._open_ledger(oracle, STAGES) as ledger:
+            scale = self._prepare(ledger, d)
+            rng = self._rng()
+            if scale.size > 1:  # probe scales: the theorem's (1) first, then k - 1 in [1/2, 1]
+                scale[1:] = rng.uniform(0.5, 1.0, size=scale.size - 1)
+            v_hat, tau_v, zero = self._read_v(ledger, d, scale)  # v: one-row queries
+            probes = _WProbes(d, 0.5 * scale, v_hat, zero, float(self.W_bound))
+            yW = self._ask_W(ledger, probes)  # W: two-row probes, one per (m, i, j)
+            alpha, slack = self._weights(probes, yW, tau_v)
+            logit, lip = self._invert(alpha, slack)  # clipped (Lemma A.1) or not
+            self._solve_W(probes, logit, lip, slack)
+            self.v_ = v_hat
+            self.err_v_ = np.where(zero, 0.0, tau_v)  # zeros are exact under the margin
+            self.zero_mask_ = zero
+            self.ref_index_ = probes.p
+            self._check_defined(ledger, probes.n)
+            # one-row check queries test the answers' tolerance almost exactly (their
+            # allowance is tau + |x|^T err_v); longer ones test W within the propagated bound;
+            # a query and its prefix-permuted copy must agree to within 2 tau
+            with ledger.stage("verify"):
+                self._verify_fit(
+                    oracle, self.predict, rng.spawn(1)[0], rtol=0.0, n0=ledger.n0,
+                    lengths=(1, *CHECK_LENGTHS), pair_atol=2.0 * self.tau_,
+                    atol=lambda X: self.tau_ + output_error_bound(X, self.v_, self.err_W_,
+                                                                  self.err_v_),
+                    hint=f"the answers may be off by more than tau = {self.tau_:.3g}, or the "
+                    "box may have several heads or biases")
+        return self
+
+    def _prepare(self, oracle, d: int) -> np.ndarray:
+        """Check the budget; set ``required_tau_`` and ``tau_``. Returns the probe scales (k,),
+        all 1 (the theorem's) until drawn."""
         W, mu, k = float(self.W_bound), float(self.mu), int(self.oversample)
-        n0 = oracle.n_queries
         n_check = check_verify_param(self.verify)
         check_budget(oracle, k * (d + d * d) + n_check,
                      f"Theorem 6.1 recovery with oversample={k} ({k} (d + d^2) queries and "
                      f"{n_check} check queries)")
         self.required_tau_ = theorem61_required_tau(d, W, mu, self.eps_W, self.eps_v)
-        tau = self.tau if self.tau is not None else getattr(oracle, "tau", None)
+        tau = self.tau if self.tau is not None else getattr(oracle.oracle, "tau", None)
         self.tau_ = float(tau) if tau is not None else self.required_tau_
-        rng = self._rng()
-        # probe scales: the theorem's (1) first, then k - 1 draws in [1/2, 1]
-        scale = np.ones(k)
-        if k > 1:
-            scale[1:] = rng.uniform(0.5, 1.0, size=k - 1)
+        return np.ones(k)
 
-        # -- v: one-row queries [c_m e_i], least squares over m --------------------------------
+    def _read_v(self, ledger, d: int, scale: np.ndarray):
+        """``v_hat``: one-row queries ``[c_m e_i]``, least squares over m; entries with
+        ``|v_hat_i| <= mu / 2`` are zero. Returns v_hat, its error bound and the zero mask."""
+        k, mu = scale.size, float(self.mu)
         X = np.zeros((k * d, 1, d))
         ii = np.tile(np.arange(d), k)
         cm = np.repeat(scale, d)
         X[np.arange(k * d), 0, ii] = cm
-        y = np.asarray(oracle(X), dtype=float).reshape(k, d)
+        y = ledger.ask(X, "v").reshape(k, d)
         v_hat = (scale @ y) / float(scale @ scale)
         tau_v = self.tau_ * float(scale.sum() / (scale @ scale))  # worst case of the LS error
         zero = np.abs(v_hat) <= mu / 2.0
@@ -224,33 +297,25 @@ class NoisyValueQueryLearner(BaseLearner):
                 f"every |v_hat_i| <= mu/2 = {mu / 2:g}: under the margin assumption v = 0, and "
                 "W is not identifiable from value queries"
             )
-        v_hat = np.where(zero, 0.0, v_hat)
-        p = int(np.argmax(np.abs(v_hat)))
+        return np.where(zero, 0.0, v_hat), tau_v, zero
 
-        # -- W: two-row probes [(b_i u_i + a_m e_j); a_m e_j] ----------------------------------
-        a = 0.5 * scale  # (k,)
-        b_row = np.where(zero, 1.0 / (W * np.sqrt(2.0)), 1.0 / W)  # (d,) per row i
-        q_row = np.where(zero, p, np.arange(d))  # index whose v divides alpha
-        # enumerate (m, i, j)
-        mm, ii, jj = (g.ravel() for g in np.meshgrid(np.arange(k), np.arange(d), np.arange(d),
-                                                      indexing="ij"))
-        n = mm.size
-        am, bi, qi = a[mm], b_row[ii], q_row[ii]
+    @staticmethod
+    def _ask_W(ledger, probes: _WProbes) -> np.ndarray:
+        """Answers to the probes ``[(b_i u_i + a_m e_j); a_m e_j]``, in bounded batches."""
+        d, n = probes.d, probes.n
         yW = np.empty(n)
         block = max(1, (32 * 2**20) // (16 * d))
         for sl in chunk_slices(n, block):
-            m = sl.stop - sl.start
-            Xb = np.zeros((m, 2, d))
-            r = np.arange(m)
-            Xb[r, 0, ii[sl]] += bi[sl]
-            zr = zero[ii[sl]]
-            Xb[r[zr], 0, p] += bi[sl][zr]
-            Xb[r, 0, jj[sl]] += am[sl]
-            Xb[r, 1, jj[sl]] = am[sl]
-            yW[sl] = oracle(Xb)
-        den = bi * v_hat[qi]
-        alpha = (yW - am * v_hat[jj]) / den
-        # worst-case |alpha_hat - alpha| allowed by the tolerance (proof of Thm 6.1, eq. (6))
+            yW[sl] = ledger.ask(probes.queries(sl), "W")
+        return yW
+
+    def _weights(self, probes: _WProbes, yW, tau_v):
+        """``alpha_hat`` of every probe and its worst-case error (proof of Thm 6.1, eq. (6));
+        ``n_out_of_range_``, and with ``strict`` the error, for weights beyond the clipping
+        range by more than that."""
+        am, bi = probes.am, probes.bi
+        den = bi * probes.v[probes.qi]
+        alpha = (yW - am * probes.v[probes.jj]) / den
         slack = (self.tau_ + am * tau_v + bi * tau_v) / np.abs(den)
         lo, hi = TAU_CLIP, 1.0 - TAU_CLIP
         out = (alpha < lo - slack) | (alpha > hi + slack)
@@ -260,27 +325,37 @@ class NoisyValueQueryLearner(BaseLearner):
             raise AssumptionViolation(
                 f"an attention weight estimate of {alpha[worst]:.6g} lies outside the clipping "
                 f"range [{lo:.4f}, {hi:.4f}] by more than the tolerance tau = {self.tau_:.3g} "
-                f"allows ({slack[worst]:.3g}), at entry ({ii[worst]}, {jj[worst]}) of W: the "
-                f"answers imply ||W||_F > W_bound = {W:g} (or an oracle error larger than tau); "
-                f"{self.n_out_of_range_} of {n} probes are affected"
+                f"allows ({slack[worst]:.3g}), at entry ({probes.ii[worst]}, "
+                f"{probes.jj[worst]}) of W: the answers imply ||W||_F > W_bound = "
+                f"{float(self.W_bound):g} (or an oracle error larger than tau); "
+                f"{self.n_out_of_range_} of {probes.n} probes are affected"
             )
+        return alpha, slack
+
+    def _invert(self, alpha, slack):
+        """The logits ``sigma^{-1}(alpha_hat)`` (clipped first, with ``clip``) and the slope of
+        ``sigma^{-1}`` that carries each weight's error to its logit; sets ``n_clipped_`` and
+        ``n_undefined_``."""
+        lo, hi = TAU_CLIP, 1.0 - TAU_CLIP
         if self.clip:
             clipped = np.clip(alpha, lo, hi)
             self.n_clipped_ = int(np.count_nonzero(clipped != alpha))
             self.n_undefined_ = 0
-            logit = scipy.special.logit(clipped)
-            lip = np.full(n, L_CLIP)  # Lemma A.1, where the true weight is in the range
-        else:
-            self.n_clipped_ = 0
-            logit = scipy.special.logit(alpha)
-            self.n_undefined_ = int(np.count_nonzero(~np.isfinite(logit)))
-            # sigma^{-1}'s slope 1 / (q (1 - q)) is largest at the end of alpha_hat +- slack
-            # farther from 1/2; unbounded when that interval leaves (0, 1)
-            q = 0.5 + np.abs(alpha - 0.5) + slack
-            with np.errstate(divide="ignore", invalid="ignore"):
-                lip = np.where(q < 1.0, 1.0 / (q * (1.0 - q)), np.inf)
-        # least squares over m of (a_m b_i) t_ij = logit
-        g = am * bi
+            return scipy.special.logit(clipped), np.full(alpha.size, L_CLIP)  # Lemma A.1
+        self.n_clipped_ = 0
+        logit = scipy.special.logit(alpha)
+        self.n_undefined_ = int(np.count_nonzero(~np.isfinite(logit)))
+        # sigma^{-1}'s slope 1 / (q (1 - q)) is largest at the end of alpha_hat +- slack
+        # farther from 1/2; unbounded when that interval leaves (0, 1)
+        q = 0.5 + np.abs(alpha - 0.5) + slack
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return logit, np.where(q < 1.0, 1.0 / (q * (1.0 - q)), np.inf)
+
+    def _solve_W(self, probes: _WProbes, logit, lip, slack) -> None:
+        """Least squares over m of ``(a_m b_i) T_ij = logit``, then ``W`` from T (rows with
+        ``v_i = 0`` less row p); sets ``W_`` and ``err_W_``."""
+        d, ii, jj, zero, p = probes.d, probes.ii, probes.jj, probes.zero, probes.p
+        g = probes.am * probes.bi
         num = np.zeros((d, d))
         nrm = np.zeros((d, d))
         err = np.zeros((d, d))
@@ -294,26 +369,17 @@ class NoisyValueQueryLearner(BaseLearner):
         eW = eT.copy()
         eW[zero, :] = eT[zero, :] + eT[p, :][None, :]
         self.W_ = W_hat
-        self.v_ = v_hat
         self.err_W_ = eW
-        self.err_v_ = np.where(zero, 0.0, tau_v)  # zeros are exact under the margin assumption
-        self.zero_mask_ = zero
-        self.ref_index_ = p
+
+    def _check_defined(self, ledger, n: int) -> None:
+        """Raise when the unclipped estimate is undefined (its attributes set)."""
         if self.n_undefined_:
             self.verify_error_, self.n_verify_queries_ = float("nan"), 0
-            self.n_queries_ = int(oracle.n_queries - n0)
+            self.n_queries_ = ledger.total
             raise AssumptionViolation(
                 f"the unclipped estimate of W is undefined at {self.n_undefined_} of {n} probes: "
                 "sigma^(-1) of attention-weight estimates outside (0, 1) (the answers' error is "
                 "too large to go without clipping)")
-        # one-row check queries test the answers' tolerance almost exactly (their allowance is
-        # tau + |x|^T err_v); longer ones test W within the (looser) propagated bound
-        self._verify_fit(
-            oracle, self.predict, rng.spawn(1)[0], rtol=0.0, n0=n0, lengths=(1, 2, 4),
-            atol=lambda X: self.tau_ + output_error_bound(X, self.v_, self.err_W_, self.err_v_),
-            hint=f"the answers may be off by more than tau = {self.tau_:.3g}, or the box may "
-            "have several heads or biases")
-        return self
 
     def guarantee(self, tau: float, d: int):
         """``(eps_W, eps_v)`` that Theorem 6.1 guarantees at tolerance ``tau`` for this learner."""

@@ -25,6 +25,8 @@ from .ffn import FFN_VERIFY_RTOL, ReLUNetworkLearner
 
 __all__ = ["ReLUNetworkLearner", "TransformerLearner", "FFN_LEARNERS"]
 
+#: the stages ``n_queries_by_stage_`` counts
+STAGES = ("attention", "ffn", "verify")
 #: FFN learners TransformerLearner knows
 FFN_LEARNERS = ("kinks",)
 
@@ -40,16 +42,20 @@ class TransformerLearner(BaseLearner):
     ----------
     ffn : {"kinks"}
         The FFN learner.
-    random_state : int, sequence of ints, Generator or None
     probes : {"basis", "gaussian"}
         Probe design of the exact learner (default: the paper's deterministic set).
     ffn_params : dict, optional
         Extra parameters of :class:`ReLUNetworkLearner` (its own check is replaced by the
         transformer's).
     verify : int
-        Check queries (lengths 2 and 4) spent after fitting (0: no check): the transformer
+        Check queries spent after fitting (0: no check)
+        (default 8: 6 fresh random queries of 2 to 128 tokens and copies of the two longest
+        with their first N - 1 tokens permuted, which the box must answer alike;
+        :func:`~attnquery.learners._base.check_plan`): the transformer
         found must agree with the oracle to :data:`FFN_VERIFY_RTOL`, else
         :class:`~attnquery.errors.ModelMismatchError`.
+    random_state : int, sequence of ints, Generator or None
+        Seed of the attention part's probes, the FFN learner and the check queries.
 
     Attributes
     ----------
@@ -64,6 +70,9 @@ class TransformerLearner(BaseLearner):
         Value queries used by the attention part (twice the antisymmetric queries).
     n_queries_ffn_ : int
         Value queries used by the FFN part.
+    n_queries_by_stage_ : dict
+        Queries per stage: ``attention``, ``ffn`` and ``verify`` (``n_queries_attention_`` and
+        ``n_queries_ffn_`` read it).
     n_queries_ : int
         All value queries counted by the oracle during ``fit`` (the check queries included).
     n_verify_queries_ : int
@@ -72,13 +81,24 @@ class TransformerLearner(BaseLearner):
         Largest disagreement on the check queries, relative to the largest answer.
     """
 
-    def __init__(self, ffn: str = "kinks", random_state=None, probes: str = "basis",
-                 ffn_params: dict | None = None, verify: int = DEFAULT_VERIFY):
+    def __init__(self, *, ffn: str = "kinks", probes: str = "basis",
+                 ffn_params: dict | None = None, verify: int = DEFAULT_VERIFY,
+                 random_state=None):
         self.ffn = ffn
-        self.random_state = random_state
         self.probes = probes
         self.ffn_params = ffn_params
         self.verify = verify
+        self.random_state = random_state
+
+    @property
+    def n_queries_attention_(self) -> int:
+        """Queries of the attention part (``n_queries_by_stage_["attention"]``)."""
+        return self._stage_count("attention")
+
+    @property
+    def n_queries_ffn_(self) -> int:
+        """Queries of the FFN part (``n_queries_by_stage_["ffn"]``)."""
+        return self._stage_count("ffn")
 
     def fit(self, oracle):
         """Recover (W, v) and an equivalent FFN from ``oracle``; returns self.
@@ -98,34 +118,37 @@ class TransformerLearner(BaseLearner):
         d = check_oracle(oracle)
         rng = self._rng()
         r_att, r_ffn = rng.spawn(2)
-        n0 = oracle.n_queries
         check_budget(oracle, 2 * (d * d + d) + check_verify_param(self.verify),
                      "the attention part (2 (d^2 + d) queries) and the check")
-        anti = AntisymmetricOracle(oracle)
+        with self._open_ledger(oracle, STAGES) as ledger:
+            with ledger.stage("attention"):
+                att = self._fit_attention(oracle, r_att)
+            with ledger.stage("ffn"):
+                ffn_params = {**(self.ffn_params or {}), "verify": 0}
+                ffn = ReLUNetworkLearner(random_state=r_ffn, **ffn_params).fit(oracle)
+            self.W_ = att.W_
+            self.v_ = att.v_
+            self.A_ = ffn.A_
+            self.w_o_ = ffn.w_o_
+            self.attention_ = att
+            self.ffn_ = ffn
+            with ledger.stage("verify"):
+                self._verify_fit(oracle, self.predict, rng.spawn(1)[0], rtol=FFN_VERIFY_RTOL,
+                                 n0=ledger.n0, what="the transformer found",
+                                 hint="the box may not be a bias-free one-layer transformer, or "
+                                 "its answers may carry noise or lower precision than float64")
+        return self
+
+    def _fit_attention(self, oracle, rng) -> ExactValueQueryLearner:
+        """W and ``v = A w_o`` from antisymmetric queries (two value queries each)."""
         try:
-            att = ExactValueQueryLearner(probes=self.probes, random_state=r_att,
-                                         verify=0).fit(anti)
+            return ExactValueQueryLearner(probes=self.probes, random_state=rng,
+                                          verify=0).fit(AntisymmetricOracle(oracle))
         except NotIdentifiableError:
             raise NotIdentifiableError(
                 "A w_o = 0: every antisymmetric query VQ(X) - VQ(-X) answers 0, so W is not "
                 "identifiable (paper Sec. 4.1)"
             ) from None
-        n1 = oracle.n_queries
-        ffn_params = {**(self.ffn_params or {}), "verify": 0}
-        ffn = ReLUNetworkLearner(random_state=r_ffn, **ffn_params).fit(oracle)
-        self.W_ = att.W_
-        self.v_ = att.v_
-        self.A_ = ffn.A_
-        self.w_o_ = ffn.w_o_
-        self.attention_ = att
-        self.ffn_ = ffn
-        self.n_queries_attention_ = int(n1 - n0)
-        self.n_queries_ffn_ = int(oracle.n_queries - n1)
-        self._verify_fit(oracle, self.predict, rng.spawn(1)[0], rtol=FFN_VERIFY_RTOL,
-                         n0=n0, what="the transformer found",
-                         hint="the box may not be a bias-free one-layer transformer, or its "
-                         "answers may carry noise or lower precision than float64")
-        return self
 
     def predict(self, X) -> np.ndarray:
         """Evaluate the recovered transformer on inputs X (B, N, d)."""

@@ -43,12 +43,12 @@ from __future__ import annotations
 
 import itertools
 import warnings
-from dataclasses import dataclass, field
+from numbers import Integral
 
 import numpy as np
 
-from ...errors import AssumptionViolation, ConfigError, NotIdentifiableError
-from .._base import DEFAULT_VERIFY, BaseLearner, check_oracle
+from ...errors import AssumptionViolation, NotIdentifiableError
+from .._base import DEFAULT_VERIFY, BaseLearner, QueryLedger, check_oracle, check_scalar
 from .._probes import read_v
 from .lines import LineFit, fit_tanh_sum, predicted_error
 from .matching import match_additive, match_by_v
@@ -67,19 +67,6 @@ __all__ = ["MultiHeadLearner"]
 STAGES = ("v_sum", "lines", "hidden", "refit", "check", "verify")
 
 
-@dataclass
-class _Run:
-    """State of one call to ``fit``: the oracle, the v-sum, and the queries per stage."""
-
-    oracle: object
-    vsum: np.ndarray
-    stage: dict = field(default_factory=lambda: dict.fromkeys(STAGES, 0))
-
-    def ask(self, X, stage: str) -> np.ndarray:
-        self.stage[stage] += X.shape[0]
-        return self.oracle(X)
-
-
 def _unit(x):
     return x / np.linalg.norm(x)
 
@@ -91,8 +78,6 @@ class MultiHeadLearner(BaseLearner):
     ----------
     n_heads : int or None
         Number of heads H. ``None``: chosen from the data (see Notes).
-    random_state : int, sequence of ints, Generator or None
-        Seed of the random anchors, directions and refit queries.
     three_row_queries : bool
         Use three-row queries, which see heads that two-row queries cannot separate (a head with
         ``W = 0``, a pair with ``W_2 = -W_1``). With ``False`` the learner asks only one- and
@@ -117,8 +102,13 @@ class MultiHeadLearner(BaseLearner):
     max_line_rounds : int
         Rounds of new lines drawn per anchor when lines are rejected.
     verify : int
-        Fresh random check queries spent last, after the held-out check (0 turns it off);
+        Fresh random check queries spent last, after the held-out check (0 turns it off)
+        (default 8: 6 fresh random queries of 2 to 128 tokens and copies of the two longest
+        with their first N - 1 tokens permuted, which the box must answer alike;
+        :func:`~attnquery.learners._base.check_plan`);
         raises :class:`~attnquery.errors.ModelMismatchError` when the heads disagree with them.
+    random_state : int, sequence of ints, Generator or None
+        Seed of the random anchors, directions and refit queries.
 
     Attributes
     ----------
@@ -169,8 +159,8 @@ class MultiHeadLearner(BaseLearner):
 
     def __init__(
         self,
+        *,
         n_heads: int | None = None,
-        random_state=None,
         three_row_queries: bool = True,
         max_heads: int = 8,
         n_t: int | None = None,
@@ -182,9 +172,9 @@ class MultiHeadLearner(BaseLearner):
         refit_factor: float = 1.5,
         max_line_rounds: int = 4,
         verify: int = DEFAULT_VERIFY,
+        random_state=None,
     ):
         self.n_heads = n_heads
-        self.random_state = random_state
         self.three_row_queries = three_row_queries
         self.max_heads = max_heads
         self.n_t = n_t
@@ -196,30 +186,24 @@ class MultiHeadLearner(BaseLearner):
         self.refit_factor = refit_factor
         self.max_line_rounds = max_line_rounds
         self.verify = verify
+        self.random_state = random_state
 
     # ------------------------------------------------------------------------------------------
     def _validate_params(self):
-        H = self.n_heads
-        if H is not None and (isinstance(H, bool) or not isinstance(H, int | np.integer)
-                              or H < 1):
-            raise ConfigError(f"n_heads must be a positive integer or None; got {H!r}")
-        if not isinstance(self.max_heads, int | np.integer) or self.max_heads < 1:
-            raise ConfigError(f"max_heads must be a positive integer; got {self.max_heads!r}")
-        if self.n_t is not None and (not isinstance(self.n_t, int | np.integer) or self.n_t < 4):
-            raise ConfigError(f"n_t must be an integer >= 4 or None; got {self.n_t!r}")
+        check_scalar(self.n_heads, "n_heads", Integral, min_val=1, allow_none=True)
+        check_scalar(self.max_heads, "max_heads", Integral, min_val=1)
+        check_scalar(self.n_t, "n_t", Integral, min_val=4, allow_none=True)
         for name in ("fit_tol", "line_tol", "match_tol", "func_tol", "separation_warn"):
-            val = getattr(self, name)
-            if not (np.isfinite(val) and 0 < val < 1):
-                raise ConfigError(f"{name} must be in (0, 1); got {val!r}")
-        if not (np.isfinite(self.refit_factor) and self.refit_factor >= 1):
-            raise ConfigError(f"refit_factor must be >= 1; got {self.refit_factor!r}")
-        if not isinstance(self.max_line_rounds, int | np.integer) or self.max_line_rounds < 1:
-            raise ConfigError(f"max_line_rounds must be >= 1; got {self.max_line_rounds!r}")
+            check_scalar(getattr(self, name), name, min_val=0, max_val=1,
+                         include_boundaries="neither")
+        check_scalar(self.refit_factor, "refit_factor", min_val=1)
+        check_scalar(self.max_line_rounds, "max_line_rounds", Integral, min_val=1)
 
     # -- queries ---------------------------------------------------------------------------------
     @staticmethod
-    def _ask_lines(run: _Run, y, U, t):
-        """Even part over t of ``g(t u) = f([y + t u; y]) - y^T s`` for each row u of U.
+    def _ask_lines(ledger: QueryLedger, vsum, y, U, t):
+        """Even part over t of ``g(t u) = f([y + t u; y]) - y^T s`` for each row u of U
+        (``s = vsum``).
 
         Returns e (n_lines, n_t) = even part / t.
         """
@@ -228,8 +212,8 @@ class MultiHeadLearner(BaseLearner):
         X = np.empty((n, ts.size, 2, d))
         X[:, :, 0, :] = y + ts[None, :, None] * U[:, None, :]
         X[:, :, 1, :] = y
-        ans = run.ask(X.reshape(-1, 2, d), "lines").reshape(n, ts.size)
-        return (ans[:, : t.size] + ans[:, t.size:] - 2.0 * float(y @ run.vsum)) / (2.0 * t)
+        ans = ledger.ask(X.reshape(-1, 2, d), "lines").reshape(n, ts.size)
+        return (ans[:, : t.size] + ans[:, t.size:] - 2.0 * float(y @ vsum)) / (2.0 * t)
 
     def _fit_lines(self, E, t, kmax) -> list[LineFit]:
         out = []
@@ -259,40 +243,62 @@ class MultiHeadLearner(BaseLearner):
         self._validate_params()
         d = check_oracle(oracle)
         rng = self._rng()
-        n0 = oracle.n_queries
         H = None if self.n_heads is None else int(self.n_heads)
         kmax = H if H is not None else int(self.max_heads)
+        with self._open_ledger(oracle, STAGES) as ledger:
+            with ledger.stage("v_sum"):  # 1. v-sum
+                vsum = read_v(ledger, d)
+            r_anchor, r_dir, r_refit, r_check = rng.spawn(4)
+            r_verify = rng.spawn(1)[0]
+            Y = r_anchor.standard_normal((d, d))
+            Y /= np.linalg.norm(Y, axis=0)
+            # 2-3. first anchor: pilot line on a wide t range, then u0 +- u_i
+            t = self._pilot_line(ledger, vsum, Y[:, 0], kmax, r_dir)
+            wy, V, K, n_acc, n_rej = self._first_anchor_heads(ledger, vsum, Y[:, 0], t, kmax,
+                                                              r_dir)
+            # 4. other anchors: match terms by |u^T v_k|
+            Wk = self._other_anchors(ledger, vsum, Y, t, wy, V, K, n_acc, n_rej, r_dir)
+            # 5. signs and hidden heads
+            Ws, vs, hidden = self._resolve(ledger, vsum, Wk, V, H, r_check)
+            with ledger.stage("refit"):  # 6. refit on raw queries
+                refit = refit_heads(oracle, Ws, vs, r_refit, factor=self.refit_factor,
+                                    lengths=self._lengths())
+            Ws, vs = refit.W, refit.v
+            self.refit_rel_residual_ = refit.rel_residual
+            ferr = self._check(ledger, Ws, vs, r_check)  # 7. check on held-out queries
+            self._accept(Ws, vs, ferr, H, K, hidden)
+            with ledger.stage("verify"):
+                self._verify_fit(oracle, self.predict, r_verify, rtol=self.func_tol,
+                                 what=f"{self.n_heads_} attention heads",
+                                 token_scale=float(np.sqrt(d) * query_scale(Ws)))
+            self.n_queries_ = ledger.total
+        return self
+
+    def _pilot_line(self, ledger, vsum, y, kmax, r_dir):
+        """The line parameters t: a pilot line asked on a wide range of t sets their scale."""
         n_t = self.n_t or 3 * kmax + 12
-
-        # 1. v-sum
-        run = _Run(oracle, read_v(oracle, d))
-        run.stage["v_sum"] += d
-        r_anchor, r_dir, r_refit, r_check = rng.spawn(4)
-        r_verify = rng.spawn(1)[0]
-
-        # 2-3. first anchor: pilot reference line on a wide t range, then u0 +- u_i
-        Y = r_anchor.standard_normal((d, d))
-        Y /= np.linalg.norm(Y, axis=0)
-        y = Y[:, 0]
-        t = None
-        for _ in range(8):  # pilot: a wide range of t sets the scale of the line parameter
+        d = y.size
+        for _ in range(8):
             u0 = _unit(r_dir.standard_normal(d))
             tp = np.geomspace(1e-3, 1e3, 4 * n_t)
-            e0 = self._ask_lines(run, y, u0[None], tp)[0]
+            e0 = self._ask_lines(ledger, vsum, y, u0[None], tp)[0]
             pilot = fit_tanh_sum(tp, e0, kmax, self.fit_tol)[0]
             if pilot.n_terms:
-                t = np.geomspace(0.02, 50.0, n_t) / float(np.median(pilot.rates))
-                break
-        if t is None:
-            raise AssumptionViolation(
-                "no line could be fitted by a sum of at most "
-                f"{kmax} attention terms: the oracle does not behave like multi-head attention "
-                "with this many heads, or its heads are too close to be resolved"
-            )
+                return np.geomspace(0.02, 50.0, n_t) / float(np.median(pilot.rates))
+        raise AssumptionViolation(
+            "no line could be fitted by a sum of at most "
+            f"{kmax} attention terms: the oracle does not behave like multi-head attention "
+            "with this many heads, or its heads are too close to be resolved"
+        )
+
+    def _first_anchor_heads(self, ledger, vsum, y, t, kmax, r_dir):
+        """``W_k y`` (d, K) and ``v_k`` (K, d) at the first anchor (up to the gauge), from
+        reference lines tried until one gives enough matched lines. Returns
+        (wy, V, K, n_accepted, n_rejected)."""
         n_rej = 0
         first = None
         for _ in range(self.max_line_rounds):
-            first = self._first_anchor(run, y, t, kmax, r_dir)
+            first = self._first_anchor(ledger, vsum, y, t, kmax, r_dir)
             n_rej += first[-1]
             if first[0] is not None:
                 break
@@ -305,9 +311,13 @@ class MultiHeadLearner(BaseLearner):
         Umat = np.array(rows_u)
         wy = np.linalg.lstsq(Umat, np.array(rows_a), rcond=None)[0]  # (d, K): W_k y
         V = np.linalg.lstsq(Umat, np.array(rows_b), rcond=None)[0].T  # (K, d)
-        cols = [wy.T]
+        return wy, V, K, n_acc, n_rej
 
-        # 4. other anchors: match terms by |u^T v_k|
+    def _other_anchors(self, ledger, vsum, Y, t, wy, V, K, n_acc, n_rej, r_dir):
+        """``W_k`` (K, d, d) from ``W_k y_j`` at every anchor: lines matched to heads by
+        ``|u^T v_k|``; sets ``lines_used_`` and ``lines_rejected_``."""
+        d = Y.shape[0]
+        cols = [wy.T]
         for j in range(1, d):
             yj = Y[:, j]
             rows_u, rows_a = [], []
@@ -319,7 +329,7 @@ class MultiHeadLearner(BaseLearner):
                 need += n_rej * need // max(n_acc, 1)
                 Uj = r_dir.standard_normal((need, d))
                 Uj /= np.linalg.norm(Uj, axis=1, keepdims=True)
-                fits = self._fit_lines(self._ask_lines(run, yj, Uj, t), t, K)
+                fits = self._fit_lines(self._ask_lines(ledger, vsum, yj, Uj, t), t, K)
                 for i in range(need):
                     a = match_by_v(Uj[i] @ V.T, fits[i], K, **self._tols())
                     if a is None:
@@ -335,22 +345,13 @@ class MultiHeadLearner(BaseLearner):
                 )
             cols.append(np.linalg.lstsq(np.array(rows_u), np.array(rows_a), rcond=None)[0].T)
         WY = np.stack(cols, axis=2)  # (K, d, d): column j = W_k y_j
-        Wk = WY @ np.linalg.inv(Y)
         self.lines_used_ = int(n_acc + 1)
         self.lines_rejected_ = int(n_rej)
+        return WY @ np.linalg.inv(Y)
 
-        # 5. signs and hidden heads
-        Ws, vs, hidden = self._resolve(run, Wk, V, H, r_check)
-
-        # 6. refit on raw queries
-        refit = refit_heads(oracle, Ws, vs, r_refit, factor=self.refit_factor,
-                            lengths=self._lengths())
-        run.stage["refit"] += refit.n_queries
-        Ws, vs = refit.W, refit.v
-        self.refit_rel_residual_ = refit.rel_residual
-
-        # 7. check on held-out queries
-        ferr = self._check(run, Ws, vs, r_check)
+    def _accept(self, Ws, vs, ferr, H, K, hidden) -> None:
+        """Refuse heads that do not reproduce the oracle, or fewer heads than ``n_heads``;
+        else set the fitted heads (warning when they nearly coincide)."""
         if ferr > self.func_tol:
             why = ""
             if H is not None and K < H:
@@ -385,23 +386,15 @@ class MultiHeadLearner(BaseLearner):
                 "heads are ill-conditioned even though the function is reproduced "
                 f"(functional error {ferr:.1e})",
                 UserWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
-        n_before = oracle.n_queries
-        self._verify_fit(oracle, self.predict, r_verify, rtol=self.func_tol,
-                         what=f"{self.n_heads_} attention heads",
-                         token_scale=float(np.sqrt(d) * query_scale(Ws)))
-        run.stage["verify"] += int(oracle.n_queries - n_before)
-        self.n_queries_by_stage_ = dict(run.stage)
-        self.n_queries_ = int(oracle.n_queries - n0)
-        return self
 
     def predict(self, X) -> np.ndarray:
         """Evaluate the recovered multi-head model on inputs X (B, N, d)."""
         X = np.asarray(X, dtype=np.float64)
         return multihead_eval(np.array(self.W_), np.array(self.v_), X)
 
-    def _first_anchor(self, run: _Run, y, t, kmax, r_dir):
+    def _first_anchor(self, ledger: QueryLedger, vsum, y, t, kmax, r_dir):
         """Terms at the first anchor: a reference line u0 and lines u0 +- u_i (additivity).
 
         Returns (rows_u, rows_a, rows_b, K, n_accepted, n_rejected); rows_u is None when too
@@ -412,7 +405,7 @@ class MultiHeadLearner(BaseLearner):
         # best conditioned line with K terms
         U0 = r_dir.standard_normal((4, d))
         U0 /= np.linalg.norm(U0, axis=1, keepdims=True)
-        fits = self._fit_lines(self._ask_lines(run, y, U0, t), t, kmax)
+        fits = self._fit_lines(self._ask_lines(ledger, vsum, y, U0, t), t, kmax)
         ks = np.array([f.n_terms for f in fits])
         if not np.any(ks):
             return None, None, None, 0, 0, len(fits)
@@ -435,7 +428,7 @@ class MultiHeadLearner(BaseLearner):
             Ui = r_dir.standard_normal((need, d))
             Ui /= 2.0 * np.linalg.norm(Ui, axis=1, keepdims=True)
             fits = self._fit_lines(
-                self._ask_lines(run, y, np.concatenate([u0 + Ui, u0 - Ui]), t), t, K)
+                self._ask_lines(ledger, vsum, y, np.concatenate([u0 + Ui, u0 - Ui]), t), t, K)
             for i in range(need):
                 res = match_additive(p0, fits[i], fits[need + i], **self._tols())
                 if res is None:
@@ -452,12 +445,12 @@ class MultiHeadLearner(BaseLearner):
         return rows_u, rows_a, rows_b, K, n_acc, n_rej
 
     # -- signs and hidden heads ----------------------------------------------------------------
-    def _resolve(self, run: _Run, Wk, V, H, rng):
+    def _resolve(self, ledger: QueryLedger, vsum, Wk, V, H, rng):
         """Choose each term's sign, and find heads invisible to two-row queries."""
         K, d = V.shape
         S = np.array(list(itertools.product([1.0, -1.0], repeat=K)))  # (2^K, K)
-        L = run.vsum[None, :] - S @ V  # linear residual of each pattern
-        scale = max(float(np.abs(V).max()), float(np.abs(run.vsum).max()), 1e-300)
+        L = vsum[None, :] - S @ V  # linear residual of each pattern
+        scale = max(float(np.abs(V).max()), float(np.abs(vsum).max()), 1e-300)
         resid = np.linalg.norm(L, axis=1) / scale
         best = int(np.argmin(resid))
         tol = 1e-3
@@ -504,7 +497,7 @@ class MultiHeadLearner(BaseLearner):
                 cands.append((np.concatenate([Wb, -Wb[k][None]]),
                               np.concatenate([v2, 0.5 * Ls[None]]), "pair"))
         X = random_queries(rng, d, 4 * d + 16, (3,), Wk)[0]
-        yq = run.ask(X, "hidden")
+        yq = ledger.ask(X, "hidden")
         errs = np.array([np.linalg.norm(multihead_eval(Wc, vc, X) - yq) for Wc, vc, _ in cands])
         errs /= max(float(np.linalg.norm(yq)), 1e-300)
         i = int(np.argmin(errs))
@@ -515,9 +508,9 @@ class MultiHeadLearner(BaseLearner):
     def _lengths(self):
         return (2, 3) if self.three_row_queries else (2,)
 
-    def _check(self, run: _Run, W, v, rng) -> float:
+    def _check(self, ledger: QueryLedger, W, v, rng) -> float:
         d = W.shape[1]
         lengths = (1, 2, 3, 5) if self.three_row_queries else (1, 2)
         Xs = random_queries(rng, d, 32 * len(lengths), lengths, W)
-        ys = [run.ask(X, "check") for X in Xs]
+        ys = [ledger.ask(X, "check") for X in Xs]
         return relative_rms_error(lambda X: multihead_eval(W, v, X), Xs, ys)

@@ -58,21 +58,25 @@ queries.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from numbers import Integral
 
 import numpy as np
 import scipy.linalg
 
 from ...errors import AssumptionViolation, ConfigError, SearchLimitError
 from ...models import AttentionHead, MultiHeadAttention
-from .._base import DEFAULT_VERIFY, BaseLearner, check_budget, check_oracle
-from .._probes import (
-    Prober,
-    check_probe_params,
-    check_v,
-    coordinate_rows,
-    read_v,
+from .._base import (
+    DEFAULT_VERIFY,
+    BaseLearner,
+    QueryLedger,
+    check_bool,
+    check_budget,
+    check_oracle,
+    check_scalar,
 )
+from .._probes import Prober, check_probe_params, coordinate_rows, read_head_constants
+from ..rotary_layer import fit_rotary_layer, is_rotary_fit, predict_rotary_layer
 
 __all__ = ["AttentionLayerLearner", "layer_dof", "layer_probe_count", "STAGES"]
 
@@ -108,23 +112,21 @@ def layer_probe_count(d: int, n_heads: int, rank: int, oversample: int = 2,
                + 2 * H * (H - 1) * (r + b))
 
 
-@dataclass
-class _Run:
-    """State of one call to ``fit``."""
+@dataclass(frozen=True)
+class _Layer:
+    """What every step of one ``fit`` reads: the ledger it asks through, V and beta."""
 
-    oracle: object
-    d: int
-    beta: float
+    ledger: QueryLedger
     V: np.ndarray
-    stage: dict = field(default_factory=lambda: dict.fromkeys(STAGES, 0))
-    requeried: int = 0
+    beta: float
+    #: with biases, the last token (a random unit vector) from which each missing direction's
+    #: key-bias term is read: at x = 0 a head without key bias has a zero query vector and
+    #: cannot be silenced
+    base: np.ndarray | None = None
 
-    def ask(self, X, stage: str) -> np.ndarray:
-        check_budget(self.oracle, X.shape[0], f"the layer's {stage} stage")
-        n0 = self.oracle.n_queries
-        y = np.asarray(self.oracle(X), dtype=float)
-        self.stage[stage] += int(self.oracle.n_queries - n0)
-        return y
+    @property
+    def d(self) -> int:
+        return int(self.V.size)
 
 
 @dataclass(frozen=True)
@@ -156,8 +158,6 @@ class AttentionLayerLearner(BaseLearner):
     fit_bias : bool
         Learn the key biases ``c_h`` and the offset ``beta`` (default). With False the layer is
         taken to have none (the zero token and the key-bias probes are not asked).
-    random_state : int, sequence of ints, Generator or None
-        Seed of every random choice (scan plane, sketches, checks).
     n_grid : int
         Points of the coarse scan of the circle.
     max_planes : int
@@ -172,6 +172,17 @@ class AttentionLayerLearner(BaseLearner):
         Logit window of the probes (see :class:`~attnquery.learners.SketchLowRankLearner`).
     block_bytes : int
         Memory bound on one batch of probes.
+    n_kv_heads : int, optional
+        Number G of key/value heads (grouped-query attention) with ``positions="rotary"``: the
+        heads found sharing keys must form that many groups. None: not checked.
+    positions : {"none", "rotary"}
+        "none" (default): the layer of the module docstring. "rotary": a Llama-style layer with
+        rotary positions and grouped-query attention, without biases
+        (:mod:`attnquery.learners.rotary_layer`; ``heads_`` are then
+        :class:`~attnquery.models.RotaryAttentionHead` s and ``kv_groups_``,
+        ``frequencies_`` are set).
+    random_state : int, sequence of ints, Generator or None
+        Seed of every random choice (scan plane, sketches, checks).
 
     Attributes
     ----------
@@ -200,10 +211,10 @@ class AttentionLayerLearner(BaseLearner):
 
     def __init__(
         self,
+        *,
         n_heads: int,
         rank: int | None = None,
         fit_bias: bool = True,
-        random_state=None,
         n_grid: int = 720,
         max_planes: int = 6,
         oversample: int = 2,
@@ -213,11 +224,13 @@ class AttentionLayerLearner(BaseLearner):
         min_logit: float = 1e-5,
         initial_logit_scale: float = 1.0,
         block_bytes: int = 16 * 2**20,
+        n_kv_heads: int | None = None,
+        positions: str = "none",
+        random_state=None,
     ):
         self.n_heads = n_heads
         self.rank = rank
         self.fit_bias = fit_bias
-        self.random_state = random_state
         self.n_grid = n_grid
         self.max_planes = max_planes
         self.oversample = oversample
@@ -227,32 +240,32 @@ class AttentionLayerLearner(BaseLearner):
         self.min_logit = min_logit
         self.initial_logit_scale = initial_logit_scale
         self.block_bytes = block_bytes
+        self.n_kv_heads = n_kv_heads
+        self.positions = positions
+        self.random_state = random_state
 
     # ------------------------------------------------------------------------------------------
     def _validate(self, d: int) -> tuple[int, int]:
-        H = self.n_heads
-        if isinstance(H, bool) or not isinstance(H, int | np.integer) or not 1 <= H <= d:
-            raise ConfigError(f"n_heads must be an integer in [1, d={d}]; got {H!r}")
-        r = d // int(H) if self.rank is None else self.rank
-        m = d - int(H) + 1
-        if isinstance(r, bool) or not isinstance(r, int | np.integer) or not 1 <= r <= d // 2:
-            raise ConfigError(f"rank must be an integer in [1, d / 2 = {d // 2}]; got {r!r}")
-        p = self.oversample
-        if isinstance(p, bool) or not isinstance(p, int | np.integer) or p < 0:
-            raise ConfigError(f"oversample must be a non-negative integer; got {p!r}")
+        H = check_scalar(self.n_heads, "n_heads", Integral, min_val=1, max_val=d)
+        r = check_scalar(d // H if self.rank is None else self.rank, "rank", Integral,
+                         min_val=1, max_val=d // 2)
+        m = d - H + 1
+        p = check_scalar(self.oversample, "oversample", Integral, min_val=0)
         if r + p > m:
             raise ConfigError(f"rank + oversample = {r + p} exceeds d - n_heads + 1 = {m}, the "
                               "dimension in which each head is isolated")
-        if not isinstance(self.fit_bias, bool | np.bool_):
-            raise ConfigError(f"fit_bias must be True or False; got {self.fit_bias!r}")
-        for name, lo in (("n_grid", 64), ("max_planes", 1)):
-            val = getattr(self, name)
-            if isinstance(val, bool) or not isinstance(val, int | np.integer) or val < lo:
-                raise ConfigError(f"{name} must be an integer >= {lo}; got {val!r}")
-        if not (np.isfinite(self.rtol) and 0 < self.rtol < 1):
-            raise ConfigError(f"rtol must be in (0, 1); got {self.rtol!r}")
+        check_bool(self.fit_bias, "fit_bias")
+        check_scalar(self.n_grid, "n_grid", Integral, min_val=64)
+        check_scalar(self.max_planes, "max_planes", Integral, min_val=1)
+        check_scalar(self.rtol, "rtol", min_val=0, max_val=1, include_boundaries="neither")
         check_probe_params(self)
-        return int(H), int(r)
+        if self.positions not in ("none", "rotary"):
+            raise ConfigError(f"positions must be 'none' or 'rotary'; got {self.positions!r}")
+        G = check_scalar(self.n_kv_heads, "n_kv_heads", Integral, min_val=1, max_val=H,
+                         allow_none=True)
+        if G is not None and H % G:
+            raise ConfigError(f"n_kv_heads must divide n_heads = {H}; got {G}")
+        return H, r
 
     def fit(self, oracle):
         """Recover the layer behind ``oracle``; returns self.
@@ -271,18 +284,43 @@ class AttentionLayerLearner(BaseLearner):
         """
         d = check_oracle(oracle)
         H, r = self._validate(d)
+        if self.positions == "rotary":  # a Llama-style layer: learners/rotary_layer.py
+            fit_rotary_layer(self, oracle, d, H, r)
+            return self
         rng = self._rng()
-        r_scan, r_sketch, r_verify = rng.spawn(3)
-        n0 = oracle.n_queries
+        r_scan, r_sketch, r_verify, r_base = rng.spawn(4)
         bias = bool(self.fit_bias)
-        check_budget(oracle, d + 1, "reading V and beta")
-        V, beta = read_v(oracle, d, offset=True) if bias else (read_v(oracle, d), 0.0)
-        check_v(V)
-        run = _Run(oracle, d, float(beta), V)
-        run.stage["v_sum"] = d + bias
-        vs = self._scan(run, H, r_scan)
+        base = r_base.standard_normal(d) if bias else None
+        with self._open_ledger(oracle, STAGES, what="the layer") as ledger:
+            check_budget(ledger, d + 1, "reading V and beta")
+            with ledger.stage("v_sum"):
+                head = read_head_constants(ledger, d, bias=bias, key_bias=False)
+            run = _Layer(ledger, head.v, head.offset,
+                         None if base is None else base / np.linalg.norm(base))
+            vs = self._scan(run, H, r_scan)  # every v_h, from a circle of saturated queries
+            heads = [self._isolated(run, vs, g, r, bias, r_sketch) for g in range(H)]
+            Ks, Qs, cs = self._missing_directions(run, vs, heads, bias)
+            self.heads_ = [AttentionHead(vs[g], K=Ks[g], Q=Qs[g], key_bias=cs[g])
+                           for g in range(H)]
+            self.W_factors_ = [(K.T, Q.T) for K, Q in zip(Ks, Qs, strict=True)]
+            self.v_ = [vs[g].copy() for g in range(H)]
+            self.key_bias_ = [c.copy() for c in cs]
+            self.offset_ = run.beta
+            self.n_heads_, self.rank_ = H, r
+            token = float(np.sqrt(d) / np.sqrt(max(np.linalg.norm(K.T @ Q) for K, Q in
+                                                   zip(Ks, Qs, strict=True))))
+            with ledger.stage("verify"):
+                self._verify_fit(oracle, self.predict, r_verify, rtol=self.rtol,
+                                 what=f"an attention layer of {H} heads of rank {r}",
+                                 token_scale=token)
+            self.n_requeried_ = int(ledger.n_requeried)
+            self.n_queries_ = ledger.total
+        return self
+
+    def _missing_directions(self, run: _Layer, vs, heads, bias):
+        """Every head's factors (K, Q) and key bias, its H - 1 missing directions measured."""
+        H = vs.shape[0]
         nu = np.linalg.pinv(vs).T  # (H, d) dual basis: nu_j^T v_h = [j = h]
-        heads = [self._isolated(run, vs, g, r, bias, r_sketch) for g in range(H)]
         perp = np.linalg.svd(vs)[2][H:].T  # (d, d - H): orthogonal to every v
         silent = (perp, [perp.T @ h.B for h in heads])
         Ks, Qs, cs = [], [], []
@@ -291,23 +329,7 @@ class AttentionLayerLearner(BaseLearner):
             Ks.append(K)
             Qs.append(Q)
             cs.append(c)
-        self.heads_ = [AttentionHead(vs[g], K=Ks[g], Q=Qs[g], key_bias=cs[g])
-                       for g in range(H)]
-        self.W_factors_ = [(K.T, Q.T) for K, Q in zip(Ks, Qs, strict=True)]
-        self.v_ = [vs[g].copy() for g in range(H)]
-        self.key_bias_ = [c.copy() for c in cs]
-        self.offset_ = float(beta)
-        self.n_heads_, self.rank_ = H, r
-        n_before = oracle.n_queries
-        token = float(np.sqrt(d) / np.sqrt(max(np.linalg.norm(K.T @ Q) for K, Q in
-                                               zip(Ks, Qs, strict=True))))
-        self._verify_fit(oracle, self.predict, r_verify, rtol=self.rtol,
-                         what=f"an attention layer of {H} heads of rank {r}", token_scale=token)
-        run.stage["verify"] = int(oracle.n_queries - n_before)
-        self.n_queries_by_stage_ = dict(run.stage)
-        self.n_requeried_ = int(run.requeried)
-        self.n_queries_ = int(oracle.n_queries - n0)
-        return self
+        return Ks, Qs, cs
 
     @property
     def W_(self) -> list[np.ndarray]:
@@ -318,16 +340,18 @@ class AttentionLayerLearner(BaseLearner):
 
     def predict(self, X) -> np.ndarray:
         """Evaluate the recovered layer on inputs X (B, N, d)."""
+        if is_rotary_fit(self):  # heads_ are rotary heads: learners/rotary_layer.py
+            return predict_rotary_layer(self, X)
         return MultiHeadAttention(self.heads_, offset=self.offset_)(X)
 
     # -- the circle: every v_h ------------------------------------------------------------------
-    def _phi(self, run: _Run, x0, p, q, T, theta) -> tuple[np.ndarray, np.ndarray]:
+    def _phi(self, run: _Layer, x0, p, q, T, theta) -> tuple[np.ndarray, np.ndarray]:
         """``f([x0 + T (cos p + sin q); x0]) - beta - x0^T V`` and the raw answers."""
         theta = np.atleast_1d(theta)
         X = np.empty((theta.size, 2, run.d))
         X[:, 1] = x0
         X[:, 0] = x0 + T * (np.cos(theta)[:, None] * p + np.sin(theta)[:, None] * q)
-        f = run.ask(X, "circle")
+        f = run.ledger.ask(X, "circle")
         return f - run.beta - float(x0 @ run.V), f
 
     @staticmethod
@@ -348,7 +372,7 @@ class AttentionLayerLearner(BaseLearner):
         out[2:-2] = ok[1:-3] & ok[2:-2] & ok[3:-1]
         return out
 
-    def _arcs(self, run: _Run, x0, p, q, T, n_heads):
+    def _arcs(self, run: _Layer, x0, p, q, T, n_heads):
         """The saturated arcs of a half-turn from a saturated angle: one per head, plus one.
 
         A coarse grid of the whole circle gives a saturated starting angle; on the half-turn
@@ -416,7 +440,7 @@ class AttentionLayerLearner(BaseLearner):
             runs.append((start, len(clean) - 1))
         return runs
 
-    def _saturated(self, run: _Run, x0, p, q, T, mids, widths) -> bool:
+    def _saturated(self, run: _Layer, x0, p, q, T, mids, widths) -> bool:
         """Whether every arc's centre is saturated: five angles around it, a tenth of the arc
         apart, pass the sinusoid test."""
         offs = np.arange(-2, 3)
@@ -426,7 +450,7 @@ class AttentionLayerLearner(BaseLearner):
         return all(self._clean(ph[5 * k: 5 * k + 5], f[5 * k: 5 * k + 5], 0.1 * w, scale)[2]
                    for k, w in enumerate(widths))
 
-    def _gradient(self, run: _Run, delta, x0, h) -> np.ndarray:
+    def _gradient(self, run: _Layer, delta, x0, h) -> np.ndarray:
         """Gradient of f at ``[x0 + delta; x0]`` along the coordinates, where f is linear.
 
         Each coordinate is stepped by h and by h / 2; where the two differences disagree
@@ -443,13 +467,13 @@ class AttentionLayerLearner(BaseLearner):
             X[:, 0] = x0 + delta
             X[np.arange(rows.size), 0, rows] += steps
             X[rows.size + np.arange(rows.size), 0, rows] += 0.5 * steps
-            y = run.ask(X, "circle")
+            y = run.ledger.ask(X, "circle")
             return y[: rows.size], y[rows.size:]
 
         X0 = np.empty((1, 2, d))
         X0[0, 1] = x0
         X0[0, 0] = x0 + delta
-        y0 = float(run.ask(X0, "circle")[0])
+        y0 = float(run.ledger.ask(X0, "circle")[0])
         y1, y2 = np.full(d, np.nan), np.full(d, np.nan)
         todo = idx
         for _ in range(12):
@@ -464,7 +488,7 @@ class AttentionLayerLearner(BaseLearner):
         raise SearchLimitError("the answers are not linear around a saturated query: a head's "
                                "logit changes sign within every step tried")
 
-    def _scan(self, run: _Run, H: int, rng) -> np.ndarray:
+    def _scan(self, run: _Layer, H: int, rng) -> np.ndarray:
         """Every ``v_h``, from the arcs of a circle of saturated queries."""
         d = run.d
         x0 = rng.standard_normal(d) / np.sqrt(d)
@@ -518,7 +542,7 @@ class AttentionLayerLearner(BaseLearner):
             "nearly equal query vectors, a head that never changes sign, another number of "
             "heads than n_heads, or biases the learner was told are absent: fit_bias=False)")
 
-    def _start_scale(self, run: _Run, x0, p, q) -> float:
+    def _start_scale(self, run: _Layer, x0, p, q) -> float:
         """The circle scale at which the logits are of order 1.
 
         On a small circle (``T0``) the answers are ``phi = T0 delta^T V / 2 + T0^2 delta^T S
@@ -553,21 +577,22 @@ class AttentionLayerLearner(BaseLearner):
         rest = np.linalg.svd(np.concatenate([others, w[None]]), full_matrices=True)[2]
         return np.concatenate([w[:, None], rest[others.shape[0] + 1:].T], axis=1)
 
-    def _prober(self, run: _Run, key_bias=None) -> Prober:
-        return Prober(run.oracle, run.V, initial_logit_scale=self.initial_logit_scale,
+    def _prober(self, run: _Layer, key_bias=None) -> Prober:
+        return Prober(run.ledger, run.V, initial_logit_scale=self.initial_logit_scale,
                       max_logit=self.max_logit, min_logit=self.min_logit,
                       chunk=max(1, int(self.block_bytes // (32 * run.d))),
                       key_bias=key_bias, offset=run.beta, target=0.1, pilot=PILOT)
 
-    def _measure(self, run: _Run, prober, make, n, floor):
-        n0, r0 = run.oracle.n_queries, prober.n_requeried
-        check_budget(run.oracle, n, "the layer's isolated heads")
-        out = prober.measure(make, n, floor)
-        run.stage["isolated"] += int(run.oracle.n_queries - n0)
-        run.requeried += int(prober.n_requeried - r0)
+    @staticmethod
+    def _measure(run: _Layer, prober, make, n, floor):
+        r0 = prober.n_requeried
+        check_budget(run.ledger, n, "the layer's isolated heads")
+        with run.ledger.stage("isolated"):
+            out = prober.measure(make, n, floor)
+        run.ledger.n_requeried += int(prober.n_requeried - r0)
         return out
 
-    def _isolated(self, run: _Run, vs, g, r, bias, rng) -> _Head:
+    def _isolated(self, run: _Layer, vs, g, r, bias, rng) -> _Head:
         """``B_g^T W_g`` (rank r, two-sided sketch) and ``B_g^T c_g`` of head g, isolated."""
         d = run.d
         B = self._probe_basis(vs, g)
@@ -626,7 +651,7 @@ class AttentionLayerLearner(BaseLearner):
         return _Head(B, L, R, t_c)
 
     # -- the missing directions -----------------------------------------------------------------
-    def _assemble(self, run: _Run, nu, heads, silent, g, bias):
+    def _assemble(self, run: _Layer, nu, heads, silent, g, bias):
         """Head g's factors and key bias, its H - 1 missing directions measured."""
         d, H = run.d, nu.shape[0]
         hg = heads[g]
@@ -646,7 +671,7 @@ class AttentionLayerLearner(BaseLearner):
         return Kt.T, Q.T, c
 
     @staticmethod
-    def _missing(run: _Run, nu, heads, silent, g, j, Q, bias):
+    def _missing(run: _Layer, nu, heads, silent, g, j, Q, bias):
         """``nu_j^T W_g`` (as coefficients in the row-space basis Q) and ``nu_j^T c_g``.
 
         ``silent = (perp, perp_B)``: an orthonormal basis ``perp`` of the directions orthogonal
@@ -656,8 +681,11 @@ class AttentionLayerLearner(BaseLearner):
         perp, perp_B = silent
         d = run.d
         # last tokens along W_g's row space: nu_j^T W_g x = rho^T Q^T x is read exactly,
-        # through the identity (and x = 0 for nu_j^T c_g)
-        X = np.concatenate([np.zeros((1, d)), Q.T]) if bias else Q.T.copy()
+        # through the identity; with biases, from the base token w and Q + w (differences give
+        # rho, and nu_j^T a_g(w) - rho^T Q^T w gives nu_j^T c_g; x = 0 would not do: a head
+        # without key bias has a zero query vector there and cannot be silenced)
+        w = run.base
+        X = np.concatenate([w[None, :], Q.T + w]) if bias else Q.T.copy()
         n = X.shape[0]
         hg, hj = heads[g], heads[j]
         ag = hg.query_vectors(X)  # (n, m): a_g(x) along B_g
@@ -683,7 +711,7 @@ class AttentionLayerLearner(BaseLearner):
         Xq[:, 1] = np.concatenate([X, X])
         Xq[:n, 0] = X + delta
         Xq[n:, 0] = X + delta - t[:, None] * nu[j]
-        y = run.ask(Xq, "missing") - run.beta - np.concatenate([X, X]) @ run.V
+        y = run.ledger.ask(Xq, "missing") - run.beta - np.concatenate([X, X]) @ run.V
         alpha = y / np.concatenate([s, s])
         if not np.all((alpha > 0) & (alpha < 1)):
             raise AssumptionViolation(
@@ -692,5 +720,6 @@ class AttentionLayerLearner(BaseLearner):
         logit = np.log(alpha) - np.log1p(-alpha)
         val = (logit[:n] - logit[n:]) / t  # nu_j^T a_g(x)
         if bias:
-            return val[1:] - val[0], float(val[0])
+            rho = val[1:] - val[0]
+            return rho, float(val[0] - rho @ (Q.T @ w))
         return val, 0.0

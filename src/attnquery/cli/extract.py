@@ -1,0 +1,293 @@
+"""``attnquery extract``: learn the parameters of a black box (``--oracle``), of a saved head in
+simulation (``--model``) or of a checkpoint's attention module (``--module``), and save them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import ConfigError
+from ..extraction import BIAS_METHODS, METHODS, ExtractionSpec, load_black_box, run_extraction
+from ._common import (
+    MAX_D,
+    check_out,
+    int_at_least,
+    model_usage,
+    one_line,
+    positive_float,
+    print_json,
+    readout,
+    write_model,
+)
+
+__all__ = ["register", "run"]
+
+
+def register(sub) -> None:
+    """Add the ``extract`` subcommand to the subparsers ``sub``."""
+    from ..oracles import ApproximateValueOracle
+
+    e = sub.add_parser(
+        "extract", help="extract the parameters of a black box, a saved head or a checkpoint's "
+        "attention module",
+        description="Extract the parameters (W, v) of an attention head from queries, or every "
+        "head of a whole layer (--method layer). The black box is a Python callable taking a "
+        "float64 array (B, N, d) and returning (B,), or the attention module of a safetensors "
+        "checkpoint (--module).",
+    )
+    src = e.add_mutually_exclusive_group(required=True)
+    src.add_argument("--oracle", metavar="MODULE:FUNCTION",
+                     help="the black box, e.g. examples.black_boxes:some_head (a path "
+                     "file.py:FUNCTION works too)")
+    src.add_argument("--model", metavar="HEAD.npz", type=Path,
+                     help="a head saved by 'attnquery heads': run in simulation and report errors")
+    src.add_argument("--module", metavar="CHECKPOINT", type=Path,
+                     help="the self-attention module of layer --layer of a BERT- or GPT-2-style "
+                     ".safetensors checkpoint, with its biases, read out along a vector r: one "
+                     "head (--head) or the whole layer; errors are reported against its weights")
+    e.add_argument("--d", type=int_at_least(1, MAX_D), help="token dimension of the black box "
+                   "(required with --oracle)")
+    e.add_argument("--method", choices=sorted(METHODS),
+                   help="learner (default: exact; layer for --module without --head)")
+    e.add_argument("--out", type=Path, help="write the learned head (v, W) to this .npz (a "
+                   "regular file, or a new one)")
+    e.add_argument("--budget", type=int_at_least(0), help="maximum number of queries, the "
+                   "check queries included (checked before they are spent)")
+    e.add_argument("--seed", type=int_at_least(0), default=0,
+                   help="seed of the learner's random probes and check queries (default 0)")
+    e.add_argument("--rank", type=int_at_least(0), help="rank of W (sketch, nuclear)")
+    e.add_argument("--tau", type=positive_float, help="answer tolerance (noisy)")
+    e.add_argument("--noise", choices=ApproximateValueOracle.NOISE_MODELS,
+                   help="noise model of the simulated approximate oracle (noisy with --model)")
+    e.add_argument("--eps", type=positive_float, help="target accuracy (membership)")
+    e.add_argument("--probes", help="probe design (exact: basis, the default; gaussian, the "
+                   "paper's Theorem 4.1; orthogonal)")
+    e.add_argument("--param", action="append", metavar="KEY=VALUE",
+                   help="further learner parameter (repeatable)")
+    m = e.add_argument_group("with --module")
+    m.add_argument("--layer", type=int_at_least(0), help="layer index (from 0); required")
+    m.add_argument("--head", type=int_at_least(0),
+                   help="one head of the layer (the others removed); default: the whole layer")
+    m.add_argument("--n-heads", type=int_at_least(1), help="heads per layer (default: "
+                   "config.json beside the checkpoint)")
+    m.add_argument("--readout", type=readout, default=("gaussian", None),
+                   help="readout vector r: 'gaussian' (the default), 'ones' or a coordinate index")
+    m.add_argument("--readout-seed", type=int_at_least(0), default=0,
+                   help="seed of the Gaussian readout (default 0)")
+    m.add_argument("--no-biases", action="store_true",
+                   help="drop the module's biases (the paper's head; any method)")
+    e.add_argument("--json", action="store_true", help="print one JSON object")
+    e.add_argument("--no-progress", action="store_true", help="no progress bar")
+    e.set_defaults(func=run)
+
+
+@dataclass(frozen=True)
+class _Source:
+    """The black box an extraction runs against, and what the command line chose for it."""
+
+    fn: object
+    d: int
+    name: str
+    truth: object = None
+    meta: dict = field(default_factory=dict)
+    method: str = "exact"
+    rank: int | None = None
+    params: dict = field(default_factory=dict)  # learner parameters the source implies
+    simulated: bool | None = None
+
+
+def run(args) -> int:
+    """Run ``attnquery extract``; returns the exit status."""
+    _check_module_options(args)
+    if args.out is not None:
+        check_out(args.out, inputs=_input_files(args))  # before any query is spent
+    params = _parse_params(args.param)
+    if args.module is not None:
+        source = _module_source(args)
+    elif args.model is not None:
+        source = _model_source(args)
+    else:
+        if args.d is None:
+            raise ConfigError("--d is required with --oracle (the black box's token dimension)")
+        source = _Source(load_black_box(args.oracle), args.d, args.oracle,
+                         method=args.method or "exact", rank=args.rank)
+    spec = ExtractionSpec(
+        source.method, source.fn, source.d, truth=source.truth, budget=args.budget,
+        seed=args.seed, rank=source.rank, tau=args.tau, eps=args.eps, probes=args.probes,
+        noise=args.noise, params={**source.params, **params}, progress=not args.no_progress,
+        simulated=source.simulated)
+    summary, learned = run_extraction(spec)
+    summary["source"] = source.name
+    if args.out is not None:
+        _save(args.out, source, learned, summary)
+        summary["out"] = str(args.out)
+    if args.json:
+        print_json(summary)
+    else:
+        print(_report(summary, source, learned, args))
+    return 0
+
+
+def _input_files(args) -> list:
+    """The files the run reads: ``--model``, ``--module`` (and the ``config.json`` beside it),
+    or the file of ``--oracle path/to/file.py:FUNCTION``."""
+    files = [p for p in (args.model, args.module) if p is not None]
+    if args.module is not None:
+        files.append(args.module.parent / "config.json")
+    if args.oracle is not None and args.oracle.rpartition(":")[0].endswith(".py"):
+        files.append(Path(args.oracle.rpartition(":")[0]))
+    return files
+
+
+def _check_module_options(args) -> None:
+    module_only = [name for name in ("layer", "head", "n_heads") if getattr(args, name) is not None]
+    module_only += ["no_biases"] if args.no_biases else []
+    if args.module is None and module_only:
+        opts = ", ".join("--" + n.replace("_", "-") for n in module_only)
+        raise ConfigError(f"{opts}: only with --module (a checkpoint's attention module)")
+
+
+def _parse_params(items) -> dict:
+    """``--param KEY=VALUE`` options as a dict, each value read as YAML."""
+    import yaml
+
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ConfigError(f"--param must be KEY=VALUE; got {item!r}")
+        k, _, val = item.partition("=")
+        try:
+            out[k.strip()] = yaml.safe_load(val)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--param {item}: the value is not readable ({one_line(exc)})") \
+                from None
+    return out
+
+
+def _model_source(args) -> _Source:
+    """The head saved in ``--model``, run in simulation."""
+    from ..realheads import load_head
+
+    with model_usage("--model"):
+        truth, meta = load_head(args.model)
+    if args.d is not None and args.d != truth.d:
+        raise ConfigError(f"--d {args.d} does not match the head in {args.model} "
+                          f"(d = {truth.d})")
+    return _Source(truth, truth.d, str(args.model), truth=truth, meta=meta,
+                   method=args.method or "exact", rank=args.rank)
+
+
+def _module_source(args) -> _Source:
+    """The attention module of ``--module``: one head (``--head``) or the whole layer, with the
+    method, rank and learner parameters that fit it (``args`` is not changed)."""
+    from ..realheads import ModuleBlackBox, build_head, build_layer, cached_checkpoint
+
+    if args.layer is None:
+        raise ConfigError("--module needs --layer (the layer to extract, from 0)")
+    kind, index = args.readout
+    readout_seed = index if kind == "coordinate" else args.readout_seed
+    biases = not args.no_biases
+    with model_usage("--module"):
+        ckpt = cached_checkpoint(args.module, args.n_heads)
+        box = ModuleBlackBox(args.module, args.layer, args.head, biases=biases,
+                             n_heads=args.n_heads, readout=kind, readout_seed=readout_seed)
+        if args.head is None:
+            truth = build_layer(ckpt, args.layer, box.r, biases=biases)
+        else:
+            truth = build_head(ckpt, args.layer, args.head, box.r, biases=biases)
+    method, rank, params = _module_method(args, ckpt, biases)
+    if args.d is not None and args.d != box.d:
+        raise ConfigError(f"--d {args.d} does not match the module (d = {box.d})")
+    what = f"layer {args.layer}" + ("" if args.head is None else f" head {args.head}")
+    name = f"{args.module} ({what}, {ckpt.style}-style, readout {kind}:{readout_seed}, " \
+           f"{'with' if biases else 'without'} biases)"
+    # a real module: its answers are taken as they are
+    return _Source(box, box.d, name, truth=truth, method=method, rank=rank, params=params,
+                   simulated=False)
+
+
+def _module_method(args, ckpt, biases: bool) -> tuple[str, int | None, dict]:
+    """The method, rank and learner parameters for ``--module``: ``layer`` with the
+    checkpoint's heads for a whole layer, else ``--method`` (default ``exact``), fitting the
+    biases when the head has them."""
+    if args.head is None:
+        if args.method not in (None, "layer"):
+            raise ConfigError(f"--method {args.method} learns one head; without --head the box "
+                              "is the whole layer: give --head H, or --method layer")
+        rank = ckpt.d_head if args.rank is None else args.rank
+        return "layer", rank, {"n_heads": ckpt.n_heads, "fit_bias": biases}
+    method = args.method or "exact"
+    if method == "layer":
+        raise ConfigError("--method layer learns a whole layer: leave out --head")
+    if biases and method not in BIAS_METHODS:
+        raise ConfigError(f"the module's head has biases, which --method {method} does "
+                          "not fit: use --method exact or sketch, or drop the biases with "
+                          "--no-biases (the paper's head)")
+    return method, args.rank, {"fit_bias": True} if biases else {}
+
+
+def _save(out, source: _Source, learned, summary: dict) -> None:
+    from ..realheads import save_head, save_layer
+
+    layer = source.method == "layer"
+    write_model(save_layer if layer else save_head, "layer" if layer else "head", out, learned,
+                method=source.method, n_queries=summary["n_queries"], source=source.name)
+
+
+def _report(s: dict, source: _Source, learned, args) -> str:
+    """The human-readable summary of a run."""
+    layer = source.method == "layer"
+    what = f"a layer of {s['n_heads']} heads of rank {s['rank_found']}" if layer else "a head"
+    lines = [
+        f"extracted {what} of dimension d = {source.d} from {source.name} with --method "
+        f"{source.method}",
+        f"  queries        {s['n_queries']} (counted by the oracle, "
+        f"{s['n_calls']} batches: {s['n_queries'] - s['n_verify_queries']} to "
+        f"learn, {s['n_verify_queries']} to check the result)",
+        f"  time           {s['time_s']:.2f} s",
+    ]
+    if not layer:
+        lines.append(f"  rank found     {s['rank_found']}")
+    if "rotary_dim" in s:
+        f = s["frequencies"]
+        lines.append(f"  rotary         {s['rotary_dim']} rotated dimensions"
+                     + (f", frequencies {f[0]:.6g} to {f[-1]:.6g}" if f else ""))
+    lines.append(f"  ||W||_F        {s['W_fro']:.6g}" + (" (all heads)" if layer else ""))
+    if s["fit_bias"]:
+        lines.append(f"  offset beta    {s['offset']:.6g} (key bias and offset fitted)")
+    if s["verify_error"] is not None:
+        lines.append(f"  check          answers and the result agree to "
+                     f"{s['verify_error']:.1e} (relative) on "
+                     f"{s['n_verify_queries']} fresh queries")
+    if source.truth is not None:
+        lines += _error_lines(s, layer, module=args.module is not None)
+        if source.meta:
+            lines.insert(1, "  ground truth   " + ", ".join(f"{k}={v}"
+                                                           for k, v in source.meta.items()))
+    if args.out is not None:
+        lines.append(f"  saved          {args.out} "
+                     + _saved_what(layer, learned))
+    return "\n".join(lines)
+
+
+def _saved_what(layer: bool, learned) -> str:
+    if layer:
+        return "(v, c, K, Q per head, beta: attnquery.realheads.load_layer)"
+    if hasattr(learned, "frequencies"):
+        return "(v, W_Q, W_K, frequencies, b_Q, b_K, beta: attnquery.realheads.load_head)"
+    return "(v, W" + (", c, beta)" if learned.has_bias else ")")
+
+
+def _error_lines(s: dict, layer: bool, module: bool) -> list[str]:
+    against = " (against the checkpoint's weights)" if module else ""
+    heads = " (worst head, matched)" if layer else ""
+    form = "M_-1" if "rel_err_M_4095" in s else "W   "
+    lines = [f"  rel. error {form} {s['rel_err_W']:.3e}{heads}{against}",
+             f"  rel. error v   {s['rel_err_v']:.3e}{heads}"]
+    if "rel_err_M_4095" in s:
+        lines.append(f"  rel. error M_-4095 {s['rel_err_M_4095']:.3e}")
+    if "rel_err_c" in s:
+        lines += [f"  rel. error c   {s['rel_err_c']:.3e}{heads}",
+                  f"  rel. error beta {s['rel_err_offset']:.3e}"]
+    lines.append(f"  func. error    {s['func_err']:.3e} (held-out random inputs)")
+    return lines

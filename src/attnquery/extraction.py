@@ -1,0 +1,598 @@
+"""Extraction as a library: the learners reachable by name, black boxes, oracles, one run.
+
+What ``attnquery extract`` does, without the command line:
+
+* :data:`METHODS` maps a method name (``--method``) to its learner, imported only when used, so
+  a method whose learner is not installed fails with a clear message while the others work;
+  :func:`make_learner` builds one with checked parameters (:func:`construct`);
+* :func:`load_black_box` imports a user's black box given as ``MODULE:FUNCTION`` or
+  ``path/to/file.py:FUNCTION``;
+* :func:`make_oracle` puts the oracle a method needs around a callable (the paper's value
+  oracle, Section 3; approximate value oracle, Section 6; membership oracle, Appendix B);
+* :func:`run_extraction` runs one :class:`ExtractionSpec` and returns its summary and the
+  learned model.
+
+Every failure is an :class:`~attnquery.errors.AttnQueryError`: a :class:`ConfigError` for what
+the caller asked wrongly (an unknown name, a missing or ill-typed learner parameter, a black box
+that cannot be imported), another subclass for a run that failed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import theory
+from .errors import AttnQueryError, ConfigError
+
+__all__ = ["METHODS", "Method", "BIAS_METHODS", "construct", "make_learner", "make_oracle",
+           "DeclaredApproximateOracle", "ProgressOracle", "expected_queries", "load_black_box",
+           "ExtractionSpec", "run_extraction"]
+
+
+@dataclass(frozen=True)
+class Method:
+    """A learner reachable from ``--method``: where its class lives and what oracle it needs."""
+
+    module: str
+    cls: str
+    oracle: str  # "value", "approximate value" or "membership"
+    description: str
+
+    def load(self):
+        """Import and return the learner class (ConfigError if it is not available)."""
+        try:
+            mod = importlib.import_module(self.module)
+            return getattr(mod, self.cls)
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError(
+                f"learner {self.cls} ({self.module}) is not available in this installation: "
+                f"{exc}"
+            ) from None
+
+    @property
+    def available(self) -> bool:
+        try:
+            self.load()
+        except ConfigError:
+            return False
+        return True
+
+
+#: --method name -> learner
+METHODS: dict[str, Method] = {
+    "exact": Method("attnquery.learners.exact", "ExactValueQueryLearner", "value",
+                    "exact value queries, d^2 + d queries (Theorem 4.1)"),
+    "sketch": Method("attnquery.learners.lowrank", "SketchLowRankLearner", "value",
+                     "low-rank sketch, r(2d - r) + d queries"),
+    "nuclear": Method("attnquery.learners.lowrank", "NuclearNormROPLearner", "value",
+                      "nuclear-norm minimisation from rank-one projections (Theorem 5.1)"),
+    "noisy": Method("attnquery.learners.noisy", "NoisyValueQueryLearner", "approximate value",
+                    "approximate value queries within +-tau (Theorem 6.1)"),
+    "membership": Method("attnquery.learners.membership", "MembershipLearner", "membership",
+                         "membership queries 1[f(X) > 0] (Appendix B)"),
+    "layer": Method("attnquery.learners.multihead_generic", "AttentionLayerLearner", "value",
+                    "a whole attention layer, H heads of rank d / H with their biases (beyond "
+                    "the paper; --param n_heads=H)"),
+    "rotary": Method("attnquery.learners.rotary", "RotaryValueQueryLearner", "value",
+                     "a rotary (RoPE) head, 2 (d^2 + d) queries (beyond the paper; "
+                     "--param rope_base=B optional, --rank r for the low-rank route)"),
+}
+
+#: --method names whose learners fit a head's key bias and offset (``fit_bias``)
+BIAS_METHODS = ("exact", "sketch", "layer")
+
+
+def _accepts(cls, params=None) -> tuple[set[str], bool]:
+    """Keyword names ``cls`` takes, and whether it takes ``**kwargs`` (``params``: its
+    signature's parameters, when already in hand)."""
+    params = inspect.signature(cls).parameters if params is None else params
+    names = {n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    var_kw = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    return names, var_kw
+
+
+def _check_param_type(cls, name: str, value, params=None) -> None:
+    """ConfigError when ``value`` is not of the kind the default of ``cls``'s parameter is
+    (``params``: its signature's parameters, when already in hand)."""
+    param = (inspect.signature(cls).parameters if params is None else params).get(name)
+    if param is None or param.default is inspect.Parameter.empty or param.default is None:
+        return
+    default = param.default
+    number = (int, float, np.integer, np.floating)
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+        want = "true or false"
+    elif isinstance(default, number):
+        ok = isinstance(value, number) and not isinstance(value, bool)
+        if isinstance(default, int | np.integer) and ok:
+            ok = float(value) == int(value)
+        want = "an integer" if isinstance(default, int | np.integer) else "a number"
+    elif isinstance(default, str):
+        ok = isinstance(value, str)
+        want = "a string"
+    else:
+        return
+    if not ok:
+        raise ConfigError(f"{cls.__name__} parameter {name!r} takes {want}; got {value!r}")
+
+
+def construct(cls, *args, optional=None, required=None):
+    """Call ``cls(*args, **kwargs)`` with the ``optional`` keywords its signature accepts.
+
+    ``required`` keywords must all be accepted (ConfigError naming the unaccepted ones), and
+    each must be of the kind its default is (a number, an integer, a string, a bool);
+    ``optional`` keywords the class does not take are left out. None values are never passed.
+    A parameter without a default that is not given is a ConfigError naming it.
+    """
+    sig_params = inspect.signature(cls).parameters
+    names, var_kw = _accepts(cls, sig_params)
+    kwargs = {}
+    for k, val in (optional or {}).items():
+        if val is not None and (var_kw or k in names):
+            kwargs[k] = val
+    bad = []
+    for k, val in (required or {}).items():
+        if val is None:
+            continue
+        if var_kw or k in names:
+            kwargs[k] = val
+        else:
+            bad.append(k)
+    if bad:
+        raise ConfigError(
+            f"{cls.__name__} takes no parameter {', '.join(repr(b) for b in bad)}; "
+            f"its parameters: {sorted(names)}"
+        )
+    for k, val in kwargs.items():
+        _check_param_type(cls, k, val, sig_params)
+    params = list(sig_params.values())
+    missing = [p.name for p in params[len(args):]
+               if p.default is inspect.Parameter.empty and p.name not in kwargs
+               and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if missing:
+        raise ConfigError(
+            f"{cls.__name__} needs {', '.join(repr(m) for m in missing)}: give "
+            + " ".join(f"--param {m}=VALUE" for m in missing))
+    return cls(*args, **kwargs)
+
+
+def make_learner(method: str, *, seed=None, rank=None, tau=None, eps=None, probes=None,
+                 params=None):
+    """The learner of ``method`` with the given options.
+
+    Parameters
+    ----------
+    method : str
+        A key of :data:`METHODS`.
+    seed : int or Generator, optional
+        The learner's ``random_state``.
+    rank, tau, eps, probes : optional
+        Passed when given; an option the learner does not take raises ConfigError.
+    params : dict, optional
+        Further constructor parameters, by name.
+    """
+    if method not in METHODS:
+        raise ConfigError(f"unknown method {method!r}; choose from {sorted(METHODS)}")
+    cls = METHODS[method].load()
+    required = {"rank": rank, "tau": tau, "eps": eps, "probes": probes, **(params or {})}
+    return construct(cls, optional={"random_state": seed}, required=required)
+
+
+class DeclaredApproximateOracle:
+    """A user's black box taken as an approximate value oracle with a declared tolerance.
+
+    Used when ``--method noisy`` is run against a real black box: its answers are already
+    approximate, so no noise is added; ``tau`` is the tolerance the user declares.
+    """
+
+    kind = "approximate value"
+
+    def __init__(self, fn, d: int, tau: float, budget: int | None = None):
+        from .oracles import ValueOracle
+
+        self._inner = ValueOracle(fn, d, budget=budget)
+        self.tau = float(tau)
+
+    def __call__(self, X):
+        return self._inner(X)
+
+    query = __call__
+
+    def __getattr__(self, name):
+        if name == "_inner":
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+def make_oracle(method: str, fn, d: int, *, budget=None, tau=None, noise=None, seed=None,
+                simulated: bool = False):
+    """The oracle ``method``'s learner needs, around the callable ``fn``.
+
+    For a simulated head (``simulated=True``) the approximate value oracle adds noise of size
+    ``tau`` (noise model ``noise``); for a user's black box its answers are taken as they are.
+    """
+    from . import oracles
+
+    kind = METHODS[method].oracle
+    if kind == "value":
+        return oracles.ValueOracle(fn, d, budget=budget)
+    if kind == "approximate value":
+        if tau is None:
+            raise ConfigError(f"--method {method} needs --tau (the answers' tolerance)")
+        if not simulated:
+            return DeclaredApproximateOracle(fn, d, tau, budget=budget)
+        cls = getattr(oracles, "ApproximateValueOracle", None)
+        if cls is None:
+            raise ConfigError("ApproximateValueOracle is not available in this installation")
+        return construct(cls, fn, d, optional={"budget": budget, "seed": seed,
+                                                "random_state": seed},
+                         required={"tau": tau, "noise": noise})
+    cls = getattr(oracles, "MembershipOracle", None)
+    if cls is None:
+        raise ConfigError("MembershipOracle is not available in this installation")
+    return construct(cls, fn, d, optional={"budget": budget})
+
+
+def expected_queries(method: str, d: int, rank: int | None = None,
+                     n_check: int = 0) -> int | None:
+    """Queries a method is expected to ask, ``n_check`` check queries included (for the
+    progress bar), or None if unknown: Theorem 4.1's ``d^2 + d`` for ``exact``, the
+    degrees-of-freedom floor ``r (2d - r) + d`` for ``sketch`` (:mod:`attnquery.theory`)."""
+    if method == "exact":
+        return theory.exact_queries(d) + n_check
+    if method == "sketch" and rank is not None:
+        return theory.lowrank_floor(d, rank) + n_check
+    return None
+
+
+class ProgressOracle:
+    """A thin wrapper with the oracle interface that advances a progress bar on every batch.
+
+    Everything but ``__call__`` is delegated to the wrapped oracle, so the counts and the budget
+    are the wrapped oracle's own.
+    """
+
+    def __init__(self, oracle, bar):
+        self._oracle = oracle
+        self._bar = bar
+
+    def __call__(self, X):
+        y = self._oracle(X)
+        self._bar.update(int(np.shape(X)[0]))
+        return y
+
+    query = __call__
+
+    def __getattr__(self, name):
+        if name in ("_oracle", "_bar"):
+            raise AttributeError(name)
+        return getattr(self._oracle, name)
+
+
+def load_black_box(spec: str):
+    """Import ``MODULE:FUNCTION`` (or ``path/to/file.py:FUNCTION``) and return the callable.
+
+    A module is searched in the installed packages first and then in the current directory
+    (appended to the end of ``sys.path``), so ``tests.fixtures:some_head`` works from the
+    repository root while a file of the user's can never shadow a module the tool imports
+    (a ``./tqdm.py`` stays the user's). A module named like an installed one is given by
+    path. A path is loaded under a private module name, its folder appended to ``sys.path``
+    for its own imports.
+    """
+    if ":" not in spec:
+        raise ConfigError("--oracle must be MODULE:FUNCTION (e.g. "
+                          f"examples.black_boxes:some_head); got {spec!r}")
+    mod_name, _, attr = spec.rpartition(":")
+    if not mod_name or not attr:
+        raise ConfigError(f"--oracle must be MODULE:FUNCTION; got {spec!r}")
+    if mod_name.endswith(".py"):
+        path = Path(mod_name)
+        if path.is_dir():
+            raise ConfigError(f"--oracle: {path} is a folder, not a Python file")
+        if not path.exists():
+            raise ConfigError(f"--oracle: file {path} does not exist")
+        if not path.is_file():
+            raise ConfigError(f"--oracle: {path} is not a regular file")
+        _append_path(str(path.resolve().parent))
+        mspec = importlib.util.spec_from_file_location(f"_attnquery_box_{path.stem}", path)
+        module = importlib.util.module_from_spec(mspec)
+        with _guard_import(str(path)):
+            mspec.loader.exec_module(module)
+    else:
+        _append_path(os.getcwd())
+        try:
+            with _guard_import(repr(mod_name)):
+                module = importlib.import_module(mod_name)
+        except ImportError as exc:
+            raise ConfigError(f"--oracle: cannot import module {mod_name!r}: {exc}") from None
+    try:
+        fn = getattr(module, attr)
+    except AttributeError:
+        where = getattr(module, "__file__", None)
+        hint = "" if mod_name.endswith(".py") else (
+            f"; a module of yours named like an installed one is given by path "
+            f"(--oracle ./{mod_name.replace('.', '/')}.py:{attr})")
+        raise ConfigError(f"--oracle: module {mod_name!r} ({where}) has no attribute "
+                          f"{attr!r}{hint}") from None
+    if not callable(fn):
+        raise ConfigError(f"--oracle: {spec} is not callable (it is a {type(fn).__name__})")
+    return fn
+
+
+def _append_path(folder: str) -> None:
+    """Put ``folder`` last on ``sys.path`` (installed packages keep precedence)."""
+    if folder not in sys.path:
+        sys.path.append(folder)
+
+
+class _guard_import:
+    """Turn whatever importing the user's module raises (SystemExit and other BaseExceptions
+    included) into a ConfigError naming it; ImportError passes through, to be named by the
+    caller, and KeyboardInterrupt too (an interruption)."""
+
+    def __init__(self, what: str):
+        self.what = what
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None or issubclass(exc_type, ImportError | KeyboardInterrupt):
+            return False
+        raise ConfigError(f"--oracle: importing {self.what} failed: {exc_type.__name__}: "
+                          f"{exc}") from None
+
+
+def _learned_model(est, d: int):
+    """The learner's estimate as a model: an AttentionHead (with the key bias and offset a
+    ``fit_bias`` learner found), a MultiHeadAttention for a layer learner, or the
+    RotaryAttentionHead of the rotary learner."""
+    from .models import AttentionHead, MultiHeadAttention, RotaryAttentionHead
+
+    rotary = getattr(est, "head_", None)
+    if isinstance(rotary, RotaryAttentionHead):
+        return rotary
+    heads = getattr(est, "heads_", None)
+    if isinstance(heads, list) and heads and all(isinstance(h, AttentionHead) for h in heads):
+        return MultiHeadAttention(heads, offset=float(getattr(est, "offset_", 0.0)))
+    W = getattr(est, "W_", None)
+    v = getattr(est, "v_", None)
+    if W is None or v is None:
+        raise ConfigError(f"{type(est).__name__} did not produce W_ and v_")
+    c = getattr(est, "key_bias_", None)
+    return AttentionHead(np.asarray(v, dtype=float).reshape(d), W=np.asarray(W, dtype=float),
+                         key_bias=None if c is None else np.asarray(c, dtype=float),
+                         offset=float(getattr(est, "offset_", 0.0)))
+
+
+def _errors(learned, truth, d: int) -> dict:
+    """Errors of a learned head or layer against the ground truth (simulations)."""
+    from .metrics import functional_error, head_errors, layer_errors, relative_error
+    from .models import MultiHeadAttention, RotaryAttentionHead
+
+    out = {}
+    if isinstance(learned, RotaryAttentionHead) or isinstance(truth, RotaryAttentionHead):
+        out.update(_rotary_errors(learned, truth))
+    elif isinstance(truth, MultiHeadAttention):
+        if not isinstance(learned, MultiHeadAttention):
+            raise ConfigError("the ground truth is a layer: extract it with --method layer")
+        m = layer_errors([h.W for h in learned.heads], [h.v for h in learned.heads],
+                         [h.key_bias for h in learned.heads], [h.W for h in truth.heads],
+                         [h.v for h in truth.heads], [h.key_bias for h in truth.heads])
+        out.update(rel_err_W=m["max_rel_err_W"], rel_err_v=m["max_rel_err_v"],
+                   rel_err_c=m["max_rel_err_c"],
+                   rel_err_W_heads=m["rel_err_W"].tolist(),
+                   matched=m["perm"].tolist())
+        out["rel_err_offset"] = relative_error(learned.total_offset, truth.total_offset)
+    else:
+        out.update(head_errors(learned.W, learned.v, truth.W, truth.v))
+        if truth.has_bias or learned.has_bias:
+            out["rel_err_c"] = relative_error(learned.key_bias, truth.key_bias)
+            out["rel_err_offset"] = relative_error(learned.offset, truth.offset)
+    out["func_err"] = functional_error(truth, learned, d, np.random.default_rng(0), n=64)
+    return out
+
+
+def _form(head, delta: int = -1) -> np.ndarray:
+    """The bilinear form of a head at the offset ``delta``: ``M_delta`` of a rotary head, W
+    (the same at every offset) of a head without positions."""
+    return head.M(delta) if hasattr(head, "M") else head.W
+
+
+def _rotary_errors(learned, truth) -> dict:
+    """Errors of a rotary head (or of a head without positions, a rotary head with R = 0)
+    against the ground truth: the forms at offsets -1 and -4095 and v."""
+    from .metrics import relative_error
+
+    if isinstance(learned, list) or not hasattr(learned, "v") or not hasattr(truth, "v"):
+        raise ConfigError("--method rotary learns one head: the ground truth must be one head")
+    out = {"rel_err_W": relative_error(_form(learned), _form(truth)),
+           "rel_err_M_4095": relative_error(_form(learned, -4095), _form(truth, -4095)),
+           "rel_err_v": relative_error(learned.v, truth.v)}
+    return out
+
+
+@dataclass(frozen=True)
+class ExtractionSpec:
+    """One extraction: the learner, the black box, and the run's options.
+
+    Parameters
+    ----------
+    method : str
+        A key of :data:`METHODS`.
+    fn : callable
+        The black box: a float64 array (B, N, d) -> (B,).
+    d : int
+        Token dimension.
+    truth : AttentionHead or MultiHeadAttention, optional
+        The ground truth (a model of the kind the method learns): the summary then holds the
+        errors against it.
+    budget : int, optional
+        Maximum number of queries, the check queries included.
+    seed : int, optional
+        The learner's ``random_state`` (and the simulated noise's seed).
+    rank, tau, eps, probes : optional
+        Learner options, passed when given; one the learner does not take is a ConfigError.
+    noise : str, optional
+        Noise model of a simulated approximate value oracle.
+    params : mapping, optional
+        Further learner constructor parameters, by name.
+    progress : bool
+        Show a progress bar on stderr (only when it is a terminal).
+    simulated : bool, optional
+        Whether the approximate value oracle adds its own noise to exact answers of ``fn``
+        (default: whether ``truth`` is given); a real black box's answers are taken as they
+        are.
+    """
+
+    method: str
+    fn: Callable
+    d: int
+    truth: object = None
+    budget: int | None = None
+    seed: int | None = None
+    rank: int | None = None
+    tau: float | None = None
+    eps: float | None = None
+    probes: str | None = None
+    noise: str | None = None
+    params: Mapping = field(default_factory=dict)
+    progress: bool = False
+    simulated: bool | None = None
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ConfigError(f"unknown method {self.method!r}; choose from {sorted(METHODS)}")
+
+    @property
+    def simulates_noise(self) -> bool:
+        """Whether the approximate value oracle adds noise (``simulated``, else ``truth``)."""
+        return self.truth is not None if self.simulated is None else bool(self.simulated)
+
+
+def run_extraction(spec: ExtractionSpec) -> tuple[dict, object]:
+    """Run one extraction and return ``(summary, learned model)``.
+
+    The learned model is an :class:`~attnquery.models.AttentionHead` (with the key bias and
+    offset a ``fit_bias`` learner found) or, for ``method="layer"``, a
+    :class:`~attnquery.models.MultiHeadAttention`. ``spec.truth`` (a model of the same kind)
+    adds the errors against it to the summary. The query count is the oracle's own (the
+    learner's check queries included, and reported apart as ``n_verify_queries``); a run that
+    reports 0 queries raises an error rather than printing 0. A learner whose check fails
+    raises :class:`~attnquery.errors.ModelMismatchError`.
+    """
+    from tqdm import tqdm
+
+    from .errors import BudgetExceededError
+
+    method, d = spec.method, spec.d
+    approximate = METHODS[method].oracle == "approximate value"
+    oracle = make_oracle(method, spec.fn, d, budget=spec.budget, tau=spec.tau, noise=spec.noise,
+                         seed=spec.seed, simulated=spec.simulates_noise)
+    learner = make_learner(method, seed=spec.seed, rank=spec.rank,
+                           tau=spec.tau if approximate else None, eps=spec.eps,
+                           probes=spec.probes, params=dict(spec.params))
+    if getattr(learner, "positions", "none") != "none":  # before any query is spent
+        raise ConfigError("a rotary layer (--param positions=rotary) is learnt from Python "
+                          "(attnquery.learners.AttentionLayerLearner); the command line reports "
+                          "and saves position-free layers, and one rotary head (--method rotary)")
+    total = expected_queries(method, d, spec.rank, int(getattr(learner, "verify", 0) or 0))
+    # a bar only when stderr is a terminal (never in logs or pipes), after 2 s
+    show = spec.progress and hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
+    bar = tqdm(total=total, unit="query", unit_scale=True, file=sys.stderr, delay=2.0,
+               disable=not show, desc=f"{method} d={d}", leave=False)
+    t0 = time.perf_counter()
+    try:
+        learner.fit(ProgressOracle(oracle, bar))
+    except BudgetExceededError as exc:
+        raise BudgetExceededError(f"{exc} (raise --budget, or leave it out)") from None
+    finally:
+        bar.close()
+    elapsed = time.perf_counter() - t0
+    n = _counted_queries(method, oracle, learner)
+    learned = _learned_model(learner, d)
+    summary = _summary(spec, learner, oracle, learned, n, elapsed)
+    if spec.truth is not None:
+        summary.update(_errors_against(method, learned, spec.truth, d))
+    return summary, learned
+
+
+def _counted_queries(method: str, oracle, learner) -> int:
+    """The oracle's query count, checked: never 0 for a completed run, and equal to the count
+    the learner reports."""
+    n = int(oracle.n_queries)
+    if n <= 0:
+        raise AttnQueryError(
+            f"the oracle counted {n} queries for a completed {method} run; the count is wrong"
+        )
+    reported = getattr(learner, "n_queries_", None)
+    if reported is not None and int(reported) != n:
+        raise AttnQueryError(
+            f"the learner reports {reported} queries but the oracle counted {n}"
+        )
+    return n
+
+
+def _summary(spec: ExtractionSpec, learner, oracle, learned, n: int, elapsed: float) -> dict:
+    """What a run found and spent, without the errors against a ground truth."""
+    from .models import MultiHeadAttention
+
+    layer = isinstance(learned, MultiHeadAttention)
+    heads = learned.heads if layer else (learned,)
+    rank_found = getattr(learner, "rank_", None)
+    if rank_found is None:
+        W = learned.W
+        sv = np.linalg.svd(W, compute_uv=False)
+        tol = sv.max() * max(W.shape) * np.finfo(float).eps * 1e3 if sv.size and sv.max() else 0
+        rank_found = int(np.sum(sv > tol))
+    verify_error = float(getattr(learner, "verify_error_", float("nan")))
+    return {
+        "method": spec.method,
+        "learner": repr(learner),
+        "d": spec.d,
+        "n_heads": len(heads),
+        "n_queries": n,
+        "n_verify_queries": int(getattr(learner, "n_verify_queries_", 0) or 0),
+        "verify_error": verify_error if np.isfinite(verify_error) else None,
+        "n_calls": int(getattr(oracle, "n_calls", 0)),
+        "time_s": elapsed,
+        "rank_found": int(rank_found),
+        "W_fro": float(np.sqrt(sum(np.sum(_form(h, 0) ** 2) for h in heads))),
+        "fit_bias": bool(getattr(learner, "fit_bias", False)),
+        "offset": float(learned.total_offset if layer else learned.offset),
+        "budget": spec.budget,
+        **_rotary_summary(learner),
+    }
+
+
+def _rotary_summary(learner) -> dict:
+    """The rotated dimensions and frequencies a rotary learner found (empty for the others)."""
+    freqs = getattr(learner, "frequencies_", None)
+    if freqs is None:
+        return {}
+    return {"rotary_dim": int(learner.rotary_dim_),
+            "frequencies": [float(t) for t in np.asarray(freqs)]}
+
+
+def _errors_against(method: str, learned, truth, d: int) -> dict:
+    """The errors of ``learned`` against ``truth``; a membership learner's v against the
+    direction of the truth's (membership answers fix v only up to a positive scale)."""
+    from .models import AttentionHead
+
+    out = {}
+    if METHODS[method].oracle == "membership":
+        norm = float(np.linalg.norm(truth.v))
+        truth = AttentionHead(truth.v / norm, W=truth.W) if norm > 0 else truth
+        out["v_compared"] = "direction (v / ||v||)"
+    out.update(_errors(learned, truth, d))
+    return out

@@ -1,0 +1,459 @@
+"""Rotary heads (RoPE) and grouped-query layers: the models, an independent ONNX engine, and
+the rotary learner (recovery, identifiability and gauge, query count, refusals)."""
+
+import numpy as np
+import pytest
+
+from attnquery.errors import (
+    AssumptionViolation,
+    BudgetExceededError,
+    ConfigError,
+    ModelError,
+    NotIdentifiableError,
+)
+from attnquery.learners import RotaryValueQueryLearner
+from attnquery.learners.rotary import rotary_dof, rotary_query_count
+from attnquery.models import (
+    RotaryAttentionHead,
+    random_head,
+    random_rotary_head,
+    random_rotary_layer,
+    rope_frequencies,
+    rotate_half,
+    softmax_last,
+)
+from attnquery.oracles import ValueOracle
+
+
+def _tokens(B, N, d, seed=0):
+    return np.random.default_rng(seed).standard_normal((B, N, d)) / np.sqrt(d)
+
+
+def _rel(a, b):
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+def _pair_gauge(rng, dh, R):
+    """A rotation-and-scale of every rotated pair and any invertible map of the rest."""
+    half = R // 2
+    A = np.zeros((dh, dh))
+    for j in range(half):
+        a, b = rng.standard_normal(2)
+        A[j, j], A[j, j + half], A[j + half, j], A[j + half, j + half] = a, -b, b, a
+    if dh > R:
+        A[R:, R:] = rng.standard_normal((dh - R, dh - R)) + 3 * np.eye(dh - R)
+    return A
+
+
+# ---------------------------------------------------------------------------------------------
+# models
+# ---------------------------------------------------------------------------------------------
+
+def test_rope_frequencies_and_rotate_half_convention():
+    th = rope_frequencies(8, 1e4)
+    np.testing.assert_allclose(th, [1.0, 1e-1, 1e-2, 1e-3])
+    z = np.arange(1.0, 11.0)[None, :]  # dh = 10, R = 8: dims 8, 9 not rotated
+    out = rotate_half(z, np.array([3.0]), th)[0]
+    for j in range(4):  # the pair (j, j + 4) rotated by 3 theta_j
+        c, s = np.cos(3 * th[j]), np.sin(3 * th[j])
+        assert out[j] == pytest.approx(z[0, j] * c - z[0, j + 4] * s)
+        assert out[j + 4] == pytest.approx(z[0, j + 4] * c + z[0, j] * s)
+    np.testing.assert_array_equal(out[8:], z[0, 8:])
+    with pytest.raises(ModelError):
+        rope_frequencies(7, 1e4)
+    with pytest.raises(ModelError):
+        rope_frequencies(8, 1.0)
+
+
+def test_rotary_head_scores_are_bilinear_forms_of_the_offset():
+    h = random_rotary_head(12, 0, head_dim=8, rotary_dim=6, rope_base=1e4)
+    X = _tokens(3, 9, 12)
+    s = h.scores(X)
+    N = X.shape[1]
+    want = np.array([[X[b, i] @ h.M(i - (N - 1)) @ X[b, -1] for i in range(N)]
+                     for b in range(3)])
+    np.testing.assert_allclose(s, want, atol=1e-13)
+    # M_0 is the paper's W = W_K^T W_Q / sqrt(d_h); the forms differ between offsets
+    np.testing.assert_allclose(h.M(0), h.W_K.T @ h.W_Q / np.sqrt(8), atol=1e-13)
+    assert _rel(h.M(-1), h.M(0)) > 1e-2
+    y = h(X)
+    np.testing.assert_allclose(y, np.einsum("bn,bn->b", softmax_last(s), X @ h.v))
+
+
+def test_rotary_head_gauge_and_what_it_is_not():
+    """A rotation-and-scale per pair (and any GL on the rest) leaves f unchanged; a generic map
+    of the head space that keeps M_0 (the paper's gauge) changes the other forms."""
+    rng = np.random.default_rng(3)
+    d, dh, R = 10, 8, 6
+    h = random_rotary_head(d, 1, head_dim=dh, rotary_dim=R, rope_base=1e4)
+    A = _pair_gauge(rng, dh, R)
+    g = RotaryAttentionHead(A @ h.W_Q, np.linalg.inv(A).T @ h.W_K, h.v,
+                            frequencies=h.frequencies)
+    X = _tokens(16, 40, d, 1)
+    np.testing.assert_allclose(g(X), h(X), rtol=1e-11, atol=1e-13)
+    Bm = rng.standard_normal((dh, dh)) + 3 * np.eye(dh)  # GL(d_h): the paper's gauge
+    p = RotaryAttentionHead(Bm @ h.W_Q, np.linalg.inv(Bm).T @ h.W_K, h.v,
+                            frequencies=h.frequencies)
+    np.testing.assert_allclose(p.M(0), h.M(0), atol=1e-12)
+    assert _rel(p.M(-5), h.M(-5)) > 1e-2
+    assert _rel(p(X), h(X)) > 1e-3
+
+
+def test_rotary_layer_is_the_sum_of_its_heads_and_groups_share_keys():
+    L = random_rotary_layer(16, 4, 2, 0, rope_base=1e6, bias=0.3)
+    assert (L.n_heads, L.n_kv_heads, L.head_dim) == (4, 2, 4)
+    np.testing.assert_array_equal(L.groups, [0, 0, 1, 1])
+    X = _tokens(5, 11, 16)
+    np.testing.assert_allclose(L(X), sum(h(X) for h in L.heads()), rtol=1e-12, atol=1e-14)
+    heads = L.heads()
+    np.testing.assert_array_equal(heads[0].W_K, heads[1].W_K)
+    assert not np.array_equal(heads[1].W_K, heads[2].W_K)
+    with pytest.raises(ModelError):
+        random_rotary_layer(16, 4, 3, 0)
+    with pytest.raises(ModelError):
+        RotaryAttentionHead(np.ones((4, 5)), np.ones((4, 6)), np.ones(5), rope_base=1e4)
+    with pytest.raises(ModelError):
+        RotaryAttentionHead(np.ones((4, 5)), np.ones((4, 5)), np.ones(5), rope_base=1e4,
+                            rotary_dim=6)
+
+
+# ---------------------------------------------------------------------------------------------
+# an independent engine: ONNX RotaryEmbedding and Attention (opset 23)
+# ---------------------------------------------------------------------------------------------
+
+def _onnx_layer_box(W_Q, W_K, W_V, b_Q, b_K, frequencies, max_pos, interleaved=0):
+    """Per-head attention outputs at the last position, computed by ONNX (float32):
+    ``RotaryEmbedding`` on the projected queries and keys, then causal ``Attention`` with
+    H query heads over G key/value heads. Returns ``box(X) -> (B, H, dv)`` and the engine's
+    name."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    H, dh, d = W_Q.shape
+    G, dv = W_K.shape[0], W_V.shape[1]
+    R = 2 * frequencies.size
+    ang = np.arange(max_pos)[:, None] * frequencies[None, :]
+    f32 = np.float32
+    inits = [
+        numpy_helper.from_array(W_Q.transpose(2, 0, 1).reshape(d, H * dh).astype(f32), "wq"),
+        numpy_helper.from_array(W_K.transpose(2, 0, 1).reshape(d, G * dh).astype(f32), "wk"),
+        numpy_helper.from_array(W_V.transpose(2, 0, 1).reshape(d, G * dv).astype(f32), "wv"),
+        numpy_helper.from_array(b_Q.reshape(-1).astype(f32), "bq"),
+        numpy_helper.from_array(b_K.reshape(-1).astype(f32), "bk"),
+        numpy_helper.from_array(np.cos(ang).astype(f32), "cos"),
+        numpy_helper.from_array(np.sin(ang).astype(f32), "sin"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["X", "wq"], ["q0"]),
+        helper.make_node("Add", ["q0", "bq"], ["q1"]),
+        helper.make_node("MatMul", ["X", "wk"], ["k0"]),
+        helper.make_node("Add", ["k0", "bk"], ["k1"]),
+        helper.make_node("MatMul", ["X", "wv"], ["v"]),
+        helper.make_node("RotaryEmbedding", ["q1", "cos", "sin", "pos"], ["q"], num_heads=H,
+                         rotary_embedding_dim=R, interleaved=interleaved),
+        helper.make_node("RotaryEmbedding", ["k1", "cos", "sin", "pos"], ["k"], num_heads=G,
+                         rotary_embedding_dim=R, interleaved=interleaved),
+        helper.make_node("Attention", ["q", "k", "v"], ["Y"], q_num_heads=H, kv_num_heads=G,
+                         is_causal=1),
+    ]
+    graph = helper.make_graph(
+        nodes, "rotary_gqa",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["B", "N", d]),
+         helper.make_tensor_value_info("pos", TensorProto.INT64, ["B", "N"])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["B", "N", H * dv])],
+        inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    model.ir_version = 10
+    onnx.checker.check_model(model)
+    try:
+        import onnxruntime as ort
+
+        sess = ort.InferenceSession(model.SerializeToString(),
+                                    providers=["CPUExecutionProvider"])
+        run, engine = (lambda feeds: sess.run(None, feeds)[0]), "onnxruntime"
+    except Exception:  # no opset-23 kernel: onnx's reference evaluator
+        from onnx.reference import ReferenceEvaluator
+
+        ref = ReferenceEvaluator(model)
+        run, engine = (lambda feeds: ref.run(None, feeds)[0]), "onnx.reference"
+
+    def box(X):
+        B, N, _ = X.shape
+        pos = np.broadcast_to(np.arange(N, dtype=np.int64), (B, N)).copy()
+        Y = run({"X": X.astype(f32), "pos": pos})
+        return Y[:, -1, :].astype(np.float64).reshape(B, H, dv)
+
+    return box, engine
+
+
+def test_rotary_head_agrees_with_onnx_rotary_embedding_and_attention():
+    d, dh, R = 12, 8, 6
+    h = random_rotary_head(d, 2, head_dim=dh, rotary_dim=R, rope_base=1e4, bias=0.5)
+    box, engine = _onnx_layer_box(h.W_Q[None], h.W_K[None], h.v[None, None, :],
+                                  h.b_Q[None], h.b_K[None], h.frequencies, 64)
+    X = _tokens(6, 37, d, 4) * 2
+    y = box(X)[:, 0, 0]
+    assert _rel(y, h(X)) < 1e-5, engine  # float32 engine
+    # the test can fail: the interleaved (GPT-J) convention is another function
+    bad, _ = _onnx_layer_box(h.W_Q[None], h.W_K[None], h.v[None, None, :], h.b_Q[None],
+                             h.b_K[None], h.frequencies, 64, interleaved=1)
+    assert _rel(bad(X)[:, 0, 0], h(X)) > 1e-3
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2, 1])  # multi-head, grouped-query, multi-query
+def test_gqa_layer_agrees_with_onnx_attention(n_kv_heads):
+    L = random_rotary_layer(16, 4, n_kv_heads, 5, rope_base=1e6, rotary_dim=2, bias=0.2)
+    box, engine = _onnx_layer_box(L.W_Q, L.W_K, L.W_V, L.b_Q, L.b_K, L.frequencies, 64)
+    X = _tokens(5, 23, 16, 6) * 2
+    O = box(X)  # (B, H, dh): per-head outputs without the value bias
+    O = O + L.b_V[L.groups][None]  # the weights sum to 1: the value bias passes through
+    y = O.reshape(5, -1) @ L.W_O.T @ L.readout + L.readout @ L.b_O
+    assert _rel(y, L(X)) < 1e-5, engine
+
+
+# ---------------------------------------------------------------------------------------------
+# the learner
+# ---------------------------------------------------------------------------------------------
+
+def _fit(model, **kw):
+    oracle = ValueOracle(model, model.d)
+    kw.setdefault("random_state", 0)
+    return RotaryValueQueryLearner(**kw).fit(oracle), oracle
+
+
+def test_learner_recovers_a_rotary_head_at_2_d2_plus_d_queries():
+    d = 32
+    h = random_rotary_head(d, 0, head_dim=16, rope_base=1e4)
+    L, oracle = _fit(h)
+    assert L.n_queries_ == oracle.n_queries
+    assert L.n_queries_ - L.n_verify_queries_ == 2 * (d * d + d) == rotary_query_count(d)
+    assert L.n_requeried_ == 0
+    assert (L.rotary_dim_, L.rank_) == (16, 16)
+    assert L.n_queries_by_stage_ == {"v": d, "bias": 0, "M1": d * (d + 1), "M2": d * d,
+                                     "verify": L.n_verify_queries_}
+    assert np.max(np.abs(L.frequencies_ - h.frequencies)) < 1e-12
+    for delta in (0, -1, -2, -37, -4095):
+        assert _rel(L.M(delta), h.M(delta)) < 1e-10, delta
+    for N in (1, 2, 100, 4096):
+        X = _tokens(3 if N > 100 else 20, N, d, N)
+        assert _rel(L.predict(X), h(X)) < 1e-9, N
+
+
+def test_square_head_error_grows_with_the_offset_as_the_error_model_says():
+    """d = d_h: M_{-1} is ill-conditioned (cond ~ 1e3 to 1e4) and the error of M_delta grows
+    about linearly in |delta|, within ``4 eps cond(M_{-1}) |delta|``."""
+    d = 16
+    h = random_rotary_head(d, 0, head_dim=d, rope_base=1e4)
+    L, _ = _fit(h)
+    assert L.condition_ > 100
+    bound = 4 * np.finfo(float).eps * L.condition_
+    errs = [_rel(L.M(delta), h.M(delta)) for delta in (-1, -64, -4095)]
+    assert errs[0] < 1e-12
+    for delta, err in zip((-1, -64, -4095), errs, strict=True):
+        assert err < bound * max(1, abs(delta)), (delta, err, bound)
+    assert errs[2] > errs[0]  # the growth is real
+    X = _tokens(3, 4096, d, 5)
+    assert _rel(L.predict(X), h(X)) < L.check_rtol_
+
+
+def test_learner_partial_rotary_low_rank_head_and_its_gauge():
+    d, dh, R = 24, 16, 8
+    h = random_rotary_head(d, 1, head_dim=dh, rotary_dim=R, rope_base=1e6)
+    L, _ = _fit(h)
+    assert (L.rotary_dim_, L.rank_) == (R, dh)
+    assert np.max(np.abs(L.frequencies_ - h.frequencies)) < 1e-12
+    X = _tokens(3, 4096, d, 7)
+    assert _rel(L.predict(X), h(X)) < 1e-9
+    # Q_ = A W_Q with A a rotation-and-scale on each pair (the gauge): nothing else
+    A = L.Q_ @ np.linalg.pinv(h.W_Q)
+    np.testing.assert_allclose(A @ h.W_Q, L.Q_, atol=1e-9 * np.abs(L.Q_).max())
+    half = R // 2
+    for j in range(half):
+        a, b = A[j, j], A[j + half, j]
+        block = A[np.ix_([j, j + half], [j, j + half])]
+        np.testing.assert_allclose(block, [[a, -b], [b, a]], atol=1e-8 * np.abs(block).max())
+        mask = np.ones(dh, bool)
+        mask[[j, j + half]] = False
+        assert np.max(np.abs(A[[j, j + half]][:, mask])) < 1e-8 * np.abs(block).max()
+    # more identifiable than the paper's head: its gauge GL(d_h) shrinks to (C*)^(R/2) x
+    # GL(d_h - R), i.e. d_h^2 - R - (d_h - R)^2 more parameters, plus R/2 frequencies
+    gain = rotary_dof(d, dh, R) - rotary_dof(d, dh, R, positions=False)
+    assert gain == dh**2 - R - (dh - R) ** 2 + R // 2 == 188
+
+
+def test_learner_with_a_known_rope_base_uses_its_frequencies_and_rejects_another():
+    h = random_rotary_head(16, 2, head_dim=8, rope_base=5e5)
+    L, _ = _fit(h, rope_base=5e5)
+    np.testing.assert_array_equal(L.frequencies_, rope_frequencies(8, 5e5))
+    with pytest.raises(AssumptionViolation, match="rope_base"):
+        _fit(h, rope_base=1e4)
+    with pytest.raises(AssumptionViolation):
+        _fit(h, rotary_dim=4)
+
+
+def test_learner_finds_frequencies_that_no_base_gives():
+    """Llama-3-style scaled frequencies (the low ones divided by 8, a smooth band between):
+    not base^(-2j/R) for any base, found from the answers all the same."""
+    th = rope_frequencies(16, 5e5)
+    wavelen = 2 * np.pi / th
+    smooth = np.clip((8192 / wavelen - 1) / 3, 0, 1)
+    th = np.where(wavelen > 8192, th / 8, (1 - smooth) * th / 8 + smooth * th)
+    base = random_rotary_head(32, 9, head_dim=16, rope_base=5e5)
+    h = RotaryAttentionHead(base.W_Q, base.W_K, base.v, frequencies=th)
+    L, _ = _fit(h)
+    assert np.max(np.abs(L.frequencies_ - th)) < 1e-12
+    X = _tokens(3, 4096, 32, 10)
+    assert _rel(L.predict(X), h(X)) < 1e-9
+
+
+def test_learner_low_rank_route():
+    d, r = 40, 8
+    h = random_rotary_head(d, 3, head_dim=r, rope_base=1e4)
+    L, _ = _fit(h, rank=r)
+    assert L.n_queries_ - L.n_verify_queries_ == rotary_query_count(d, r) < 2 * (d * d + d) / 2
+    k = r + 8  # the left sketch's first tokens; then M_{-1} V_Z, U^T M_{-1}; r constants, r^2
+    assert L.n_queries_by_stage_ == {"v": d, "bias": 0, "M1": d * (k + 2 * r + 2) + r,
+                                     "M2": r + r * r, "verify": L.n_verify_queries_}
+    assert np.max(np.abs(L.frequencies_ - h.frequencies)) < 1e-12
+    X = _tokens(3, 4096, d, 9)
+    assert _rel(L.predict(X), h(X)) < 1e-9
+
+
+def test_learner_offset_and_position_free_heads():
+    h = random_rotary_head(10, 4, head_dim=6, rope_base=1e4, offset=0.7)
+    L, _ = _fit(h, fit_bias=True)
+    assert L.offset_ == pytest.approx(0.7, abs=1e-12)
+    assert L.n_queries_ - L.n_verify_queries_ == rotary_query_count(10, bias=True) \
+        == 2 * 100 + 5 * 10 + 3
+    np.testing.assert_allclose(L.b_Q_, 0, atol=1e-10)
+    np.testing.assert_allclose(L.b_K_, 0, atol=1e-10)
+    # the paper's head is a rotary head with R = 0
+    p = random_head(8, 0)
+    L, _ = _fit(p)
+    assert L.rotary_dim_ == 0 and L.frequencies_.size == 0
+    np.testing.assert_allclose(L.M(-3), p.W, atol=1e-10)
+    with pytest.raises(AssumptionViolation):
+        _fit(p, rope_base=1e4)
+
+
+def test_learner_recovers_qwen_style_query_and_key_biases():
+    """q, k biases and the value bias: 2 d^2 + 5 d + 3 queries. The key bias's rotated part is
+    identifiable (its share b_K^T Rot_delta q depends on the offset); its part on the
+    dimensions not rotated adds the same to every score and is not (returned as 0)."""
+    d, dh, R = 24, 16, 12
+    h = random_rotary_head(d, 8, head_dim=dh, rotary_dim=R, rope_base=1e6, bias=0.8,
+                           offset=-0.4)
+    L, oracle = _fit(h, fit_bias=True)
+    assert L.n_queries_ - L.n_verify_queries_ == rotary_query_count(d, bias=True)
+    # beta and v; g_{-1}, g_{-2}; M_{-1} with d + 1 probes per column, M_{-2} the same
+    assert L.n_queries_by_stage_ == {"v": d + 1, "bias": 2 * (d + 1), "M1": d * (d + 1),
+                                     "M2": d * (d + 1), "verify": L.n_verify_queries_}
+    assert L.offset_ == pytest.approx(-0.4, abs=1e-12)
+    assert np.max(np.abs(L.frequencies_ - h.frequencies)) < 1e-12
+    for N in (1, 2, 300, 4096):
+        X = _tokens(3 if N > 300 else 30, N, d, N)
+        assert _rel(L.predict(X), h(X)) < 1e-9, N
+    np.testing.assert_array_equal(L.b_K_[R:], 0.0)
+    # the same box refused without fit_bias
+    with pytest.raises(AssumptionViolation):
+        _fit(h)
+
+
+def _alibi_box(d, seed=0, slope=0.5):
+    head = random_head(d, seed)
+
+    def box(X):
+        N = X.shape[1]
+        s = np.einsum("bnd,bd->bn", X, X[:, -1] @ head.W.T) - slope * (N - 1 - np.arange(N))
+        return np.einsum("bn,bn->b", softmax_last(s), X @ head.v)
+
+    return box
+
+
+def _window_box(h, window):
+    def box(X):
+        s = h.scores(X)
+        N = X.shape[1]
+        s[:, : max(0, N - window)] = -np.inf
+        return np.einsum("bn,bn->b", softmax_last(s), X @ h.v)
+
+    return box
+
+
+@pytest.mark.parametrize("kind", ["alibi", "window", "qk_bias", "two_heads", "wide"])
+def test_learner_refuses_boxes_that_are_not_one_rotary_head(kind):
+    d = 12
+    h = random_rotary_head(d, 5, head_dim=8, rope_base=1e4)
+    if kind == "alibi":
+        box = _alibi_box(d)
+    elif kind == "window":
+        box = _window_box(h, 16)
+    elif kind == "qk_bias":
+        box = random_rotary_head(d, 5, head_dim=8, rope_base=1e4, bias=0.5)
+    elif kind == "wide":  # d_h > d: the forms no longer separate the frequencies
+        box = random_rotary_head(d, 5, head_dim=2 * d, rope_base=1e4)
+    else:
+        g = random_rotary_head(d, 6, head_dim=8, rope_base=1e4)
+
+        def box(X):
+            return h(X) + g(X)
+    with pytest.raises(AssumptionViolation):  # ModelMismatchError is one
+        RotaryValueQueryLearner(random_state=0).fit(ValueOracle(box, d))
+
+
+def test_learner_bad_input():
+    h = random_rotary_head(8, 0, head_dim=4, rope_base=1e4)
+    zero = RotaryAttentionHead(h.W_Q, h.W_K, np.zeros(8), rope_base=1e4)
+    with pytest.raises(NotIdentifiableError):
+        _fit(zero)
+    oracle = ValueOracle(h, 8)
+    with pytest.raises(BudgetExceededError):
+        RotaryValueQueryLearner(n_queries=100).fit(oracle)
+    assert oracle.n_queries == 0
+    with pytest.raises(ConfigError):
+        RotaryValueQueryLearner(rotary_dim=3).fit(oracle)
+    with pytest.raises(ConfigError):
+        RotaryValueQueryLearner(rope_base=0.5).fit(oracle)
+
+
+def test_learner_is_deterministic():
+    h = random_rotary_head(10, 7, head_dim=6, rope_base=1e4)
+    a, _ = _fit(h, random_state=3)
+    b, _ = _fit(h, random_state=3)
+    np.testing.assert_array_equal(a.Q_, b.Q_)
+    np.testing.assert_array_equal(a.K_, b.K_)
+
+
+# ---------------------------------------------------------------------------------------------
+# Llama / Qwen2-layout checkpoints
+# ---------------------------------------------------------------------------------------------
+
+def test_rotary_checkpoint_round_trip_and_a_head_learnt_from_it(tmp_path):
+    from attnquery.rotary_checkpoints import (
+        load_rotary_head,
+        load_rotary_layer,
+        write_rotary_checkpoint,
+    )
+
+    path = write_rotary_checkpoint(tmp_path / "qwen", n_layers=2, d=32, n_heads=4,
+                                   n_kv_heads=2, rope_theta=1e6, biases=True, seed=3)
+    L = load_rotary_layer(path, 1)
+    assert (L.d, L.n_heads, L.n_kv_heads, L.head_dim) == (32, 4, 2, 8)
+    np.testing.assert_allclose(L.frequencies, rope_frequencies(8, 1e6))
+    assert np.any(L.b_Q) and np.any(L.b_K) and np.any(L.b_V)
+    X = _tokens(6, 19, 32, 2)
+    heads = [load_rotary_head(path, 1, h) for h in range(4)]
+    np.testing.assert_allclose(L(X), sum(h(X) for h in heads), rtol=1e-12, atol=1e-14)
+    # the same layer in the ONNX engine (float32), from the checkpoint's tensors
+    box, _ = _onnx_layer_box(L.W_Q, L.W_K, L.W_V, L.b_Q, L.b_K, L.frequencies, 64)
+    O = box(X) + L.b_V[L.groups][None]
+    assert _rel(O.reshape(6, -1) @ L.W_O.T @ L.readout, L(X)) < 1e-5
+    # a Qwen2 head (q, k, v biases) learnt from value queries
+    est, _ = _fit(heads[2], fit_bias=True)
+    assert np.max(np.abs(est.frequencies_ - L.frequencies)) < 1e-12
+    X = _tokens(2, 4096, 32, 3)
+    assert _rel(est.predict(X), heads[2](X)) < 1e-9
+    with pytest.raises(ModelError):
+        load_rotary_layer(path, 2)
+    with pytest.raises(ModelError):
+        load_rotary_layer(tmp_path / "missing.safetensors", 0)
