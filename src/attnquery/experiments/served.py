@@ -42,11 +42,11 @@ def cells(cfg) -> list[dict]:
     if bad:
         raise ConfigError(f"experiments.served.heads: {bad} are outside "
                           f"[0, n_heads={cfg['n_heads']})")
-    readout = f"{cfg.get('readout', 'gaussian')}:{cfg.get('readout_seed', 0)}"
+    readout = f"{cfg['readout']}:{cfg['readout_seed']}"
     budgets = cfg["queries_per_unknown"]
     out = []
     for g in grid(rounding=precisions, layer=cfg["layers"], head=cfg["heads"],
-                  seed=list(range(cfg.get("seeds", 1)))):
+                  seed=list(range(cfg["seeds"]))):
         q = budgets.get(g["rounding"]) if isinstance(budgets, dict) else budgets
         if not q:
             raise ConfigError(f"experiments.served.queries_per_unknown has no budget for "

@@ -567,8 +567,8 @@ class LowPrecisionValueQueryLearner(BaseLearner):
     def __init__(self, *, n_queries: int, rank: int | None = None, target_logit: float = 2.5,
                  answer_scale: float = 16.0, max_logit: float = 10.0,
                  initial_logit_scale: float = 1.0, pilot_rows: int = 8,
-                 block_bytes: int = 16 * 2**20, verify: int = DEFAULT_VERIFY,
-                 random_state=None, fit_bias: bool = False):
+                 block_bytes: int = 16 * 2**20, fit_bias: bool = False,
+                 verify: int = DEFAULT_VERIFY, random_state=None):
         self.n_queries = n_queries
         self.rank = rank
         self.target_logit = target_logit

@@ -106,7 +106,7 @@ class _LayerProber(_RotaryProber):
 def fit_rotary_layer(est, oracle, d: int, H: int, r: int) -> None:
     """``AttentionLayerLearner.fit`` for ``positions="rotary"`` (module docstring); sets the
     fitted attributes on ``est``."""
-    from .multihead_generic.layer import _Layer
+    from .multihead_generic._state import _Layer
 
     if est.fit_bias:
         raise ConfigError("positions='rotary' learns layers without biases: fit_bias=False")
@@ -191,7 +191,7 @@ def _isolated(est, run, vs, g: int, r: int, rng) -> dict:
 def _missing_directions(est, run, vs, iso) -> list[np.ndarray]:
     """Every head's full ``M^g_{-1}`` (d x d, rank r): its rows along ``Delta_g`` from the
     isolated head, the H - 1 missing rows ``nu_j^T M^g_{-1}`` measured (module docstring)."""
-    from .multihead_generic.layer import _Head
+    from .multihead_generic._state import _Head
 
     H = vs.shape[0]
     nu = np.linalg.pinv(vs).T  # (H, d): nu_j^T v_h = [j = h]

@@ -58,7 +58,6 @@ queries.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from numbers import Integral
 
 import numpy as np
@@ -69,7 +68,6 @@ from ...models import AttentionHead, MultiHeadAttention
 from .._base import (
     DEFAULT_VERIFY,
     BaseLearner,
-    QueryLedger,
     check_bool,
     check_budget,
     check_oracle,
@@ -77,6 +75,7 @@ from .._base import (
 )
 from .._probes import Prober, check_probe_params, coordinate_rows, read_head_constants
 from ..rotary_layer import fit_rotary_layer, is_rotary_fit, predict_rotary_layer
+from ._state import _Head, _Layer
 
 __all__ = ["AttentionLayerLearner", "layer_dof", "layer_probe_count", "STAGES"]
 
@@ -110,37 +109,6 @@ def layer_probe_count(d: int, n_heads: int, rank: int, oversample: int = 2,
     H, r, p, b = int(n_heads), int(rank), int(oversample), int(bool(bias))
     return int(d + b + H * ((d - H + 1) * (r + b) + (r + p) * (d - r))
                + 2 * H * (H - 1) * (r + b))
-
-
-@dataclass(frozen=True)
-class _Layer:
-    """What every step of one ``fit`` reads: the ledger it asks through, V and beta."""
-
-    ledger: QueryLedger
-    V: np.ndarray
-    beta: float
-    #: with biases, the last token (a random unit vector) from which each missing direction's
-    #: key-bias term is read: at x = 0 a head without key bias has a zero query vector and
-    #: cannot be silenced
-    base: np.ndarray | None = None
-
-    @property
-    def d(self) -> int:
-        return int(self.V.size)
-
-
-@dataclass(frozen=True)
-class _Head:
-    """One head as the isolated measurements give it."""
-
-    B: np.ndarray  # (d, m) orthonormal basis of Delta_g
-    L: np.ndarray  # (m, k): B^T W = L R^T
-    R: np.ndarray  # (d, k)
-    t_c: np.ndarray  # (m,): B^T c
-
-    def query_vectors(self, X) -> np.ndarray:
-        """``B^T a(x) = B^T (W x + c)`` for the rows x of X (n, d): shape (n, m)."""
-        return (X @ self.R) @ self.L.T + self.t_c
 
 
 class AttentionLayerLearner(BaseLearner):

@@ -1,0 +1,41 @@
+"""The state one fit of the layer learners reads: the layer's ledger, V and beta, and one head as
+its isolated measurements give it (shared by :mod:`.layer` and :mod:`..rotary_layer`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._base import QueryLedger
+
+
+@dataclass(frozen=True)
+class _Layer:
+    """What every step of one ``fit`` reads: the ledger it asks through, V and beta."""
+
+    ledger: QueryLedger
+    V: np.ndarray
+    beta: float
+    #: with biases, the last token (a random unit vector) from which each missing direction's
+    #: key-bias term is read: at x = 0 a head without key bias has a zero query vector and
+    #: cannot be silenced
+    base: np.ndarray | None = None
+
+    @property
+    def d(self) -> int:
+        return int(self.V.size)
+
+
+@dataclass(frozen=True)
+class _Head:
+    """One head as the isolated measurements give it."""
+
+    B: np.ndarray  # (d, m) orthonormal basis of Delta_g
+    L: np.ndarray  # (m, k): B^T W = L R^T
+    R: np.ndarray  # (d, k)
+    t_c: np.ndarray  # (m,): B^T c
+
+    def query_vectors(self, X) -> np.ndarray:
+        """``B^T a(x) = B^T (W x + c)`` for the rows x of X (n, d): shape (n, m)."""
+        return (X @ self.R) @ self.L.T + self.t_c
