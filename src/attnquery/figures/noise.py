@@ -5,7 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..claims import Claim, extra_values, ok_rows
+from ..claims import Claim, Number, extra_values, fit_number, number_name, ok_rows
 from ..metrics import fit_linear
 from ..theory import USEFUL_REL_ERR, precision_digits, theorem61_guarantee
 from ..theory import theorem61_premise as cell_meets_assumptions
@@ -59,20 +59,33 @@ def noise_claims(df) -> list[Claim]:
             bool(len(g) > 0 and wb.all() and len(g) == len(cells)),
             f"{int(wb.sum())}/{len(cells)} runs; largest error / guarantee "
             f"{(g['abs_err_W'] / g['bound_W']).max():.3g}" if len(g) else "no runs",
+            numbers=(Number(number_name("noiseRuns", model), len(cells), "runs", "d",
+                            rows=f"noise, learner noisy, {model} noise, assumptions met"),
+                     Number(number_name("noiseWithinBound", model), int(wb.sum()), "runs", "d",
+                            rows=f"noise, learner noisy, {model} noise, within the bound"),
+                     Number(number_name("noiseBoundRatio", model),
+                            float((g["abs_err_W"] / g["bound_W"]).max()),
+                            "error / guarantee", ".2g",
+                            rows=f"noise, learner noisy, {model} noise, largest")) if len(g)
+            else (),
         ))
     for model in NOISE_MODELS:
         g = met[met["noise"] == model]
         g = g[extra_values(g, "n_clipped", 0).astype(int) == 0]
+        numbers = ()
         try:
             fit = _centered_slope(g)
             ok = SLOPE_RANGE[0] <= fit.slope <= SLOPE_RANGE[1]
             detail = f"slope {fit} (runs with no clipped weight, per-cell intercepts)"
+            numbers = (fit_number(number_name("noiseSlope", model), fit,
+                                  f"noise, learner noisy, {model} noise, assumptions met, no "
+                                  "clipped weight"),)
         except Exception as exc:  # too few points
             ok, detail = False, f"no fit: {exc}"
         claims.append(Claim(
             f"noise_slope_{model}",
             f"{model} noise: ||W_hat - W||_F grows linearly in tau (log-log slope in "
-            f"[{SLOPE_RANGE[0]}, {SLOPE_RANGE[1]}])", bool(ok), detail))
+            f"[{SLOPE_RANGE[0]}, {SLOPE_RANGE[1]}])", bool(ok), detail, numbers=numbers))
     unc = _met(every[every["learner"] == "unclipped"])
     und = unc["status"] != "ok"
     claims.append(Claim(
@@ -82,6 +95,9 @@ def noise_claims(df) -> list[Claim]:
         bool(len(unc) > 0 and und.any()),
         f"unclipped undefined in {int(und.sum())}/{len(unc)} such runs, at tau >= "
         f"{unc[und]['tau'].min() if und.any() else float('nan'):g}",
+        numbers=(Number("noiseUnclippedUndefinedTau", float(unc[und]["tau"].min()), "tau", "g",
+                        rows="noise, learner unclipped, smallest tau of an undefined run"),)
+        if und.any() else (),
     ))
     ov = ok_rows(df, "noise")
     ov = ov[(ov["variant"] == "oversample") & (ov["noise"] == "uniform")]
@@ -91,7 +107,9 @@ def noise_claims(df) -> list[Claim]:
             "noise_oversample",
             "uniform noise: error falls like oversample^(-1/2) (fitted exponent in "
             f"[{OVERSAMPLE_RANGE[0]}, {OVERSAMPLE_RANGE[1]}])",
-            bool(OVERSAMPLE_RANGE[0] <= fit.slope <= OVERSAMPLE_RANGE[1]), f"exponent {fit}"))
+            bool(OVERSAMPLE_RANGE[0] <= fit.slope <= OVERSAMPLE_RANGE[1]), f"exponent {fit}",
+            numbers=(fit_number("noiseOversampleExponent", fit,
+                                "noise, variant oversample, uniform noise"),)))
     return claims
 
 
@@ -346,7 +364,12 @@ def _rounding_claims(rows, useful) -> list[Claim]:
             f"at its smallest budget ({q.split('@')[1]} queries per unknown) the low-precision "
             "learner extracts useful heads from fewer digits than Theorem 4.1's learner",
             bool(k is not None and (ex is None or k < ex)),
-            f"useful from {k} digits against {ex} (exact learner, 1 query per unknown)"))
+            f"useful from {k} digits against {ex} (exact learner, 1 query per unknown)",
+            numbers=tuple(Number(n, v, "significant digits", "d",
+                                 rows=f"rounding, smallest digits with median relative error "
+                                 f"<= {USEFUL_REL_ERR:g}")
+                          for n, v in (("roundingUsefulDigitsLowprecision", k),
+                                       ("roundingUsefulDigitsExact", ex)) if v is not None)))
     return claims
 
 

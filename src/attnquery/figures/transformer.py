@@ -5,7 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..claims import Claim, ok_rows
+from ..claims import Claim, Number, ok_rows
 from ..theory import FFN_TOL
 from ..theory import TRANSFORMER_W_TOL as W_TOL
 from . import log2_ticks, register_figure
@@ -21,6 +21,7 @@ def transformer_claims(df) -> list[Claim]:
     claims = [Claim(
         "transformer_runs", "every cell ran to completion (status ok)",
         bool(n > 0 and len(ok) == n), f"{len(ok)}/{n} ok",
+        numbers=(Number("transformerRuns", n, "runs", "d", rows="transformer"),),
     )]
     w_ok = ok["rel_err_W"] <= W_TOL
     claims.append(Claim(
@@ -28,6 +29,9 @@ def transformer_claims(df) -> list[Claim]:
         f"W is recovered from antisymmetric queries to relative error <= {W_TOL:g}",
         bool(len(ok) > 0 and w_ok.all()),
         f"{int(w_ok.sum())}/{len(ok)} runs; worst {ok['rel_err_W'].max():.2e}",
+        numbers=(Number("transformerWorstErrorW", float(ok["rel_err_W"].max()),
+                        "relative error of W", ".2g", rows="transformer, status ok"),)
+        if len(ok) else (),
     ))
     le = ok[ok["width"] <= ok["d"]]
     f_ok = le["func_err_ffn"] <= FFN_TOL
@@ -36,6 +40,9 @@ def transformer_claims(df) -> list[Claim]:
         f"the FFN is recovered to relative functional error <= {FFN_TOL:g} for m <= d",
         bool(len(le) > 0 and f_ok.all()),
         f"{int(f_ok.sum())}/{len(le)} runs with m <= d; worst {le['func_err_ffn'].max():.2e}",
+        numbers=(Number("transformerWorstErrorFfn", float(le["func_err_ffn"].max()),
+                        "relative functional error", ".2g",
+                        rows="transformer, status ok, width m <= d"),) if len(le) else (),
     ))
     q_ok = ok["n_queries_attention"] == 2 * (ok["d"] ** 2 + ok["d"])
     claims.append(Claim(
