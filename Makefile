@@ -46,13 +46,13 @@ figures: install
 # The run's numbers (results/numbers.json) become the committed findings: the table of README.md,
 # docs/findings.md and docs/numbers.json, rendered from docs/templates/ by the findings rule.
 findings: install
-	$(BIN)/snakemake --cores $(CORES) --configfile $(CONFIG) results/numbers.json results/findings/readme_table.md results/findings/findings.md
+	$(BIN)/snakemake results/numbers.json results/findings/readme_table.md results/findings/findings.md --cores $(CORES) --configfile $(CONFIG)
 	$(BIN)/python -m attnquery.findings publish
 
 # appendix/appendix.tex (figures with their claims, tables, numbers, configuration, versions),
 # compiled to appendix/appendix.pdf when latexmk is installed.
 appendix: install
-	$(BIN)/snakemake --cores $(CORES) --configfile $(CONFIG) appendix
+	$(BIN)/snakemake appendix --cores $(CORES) --configfile $(CONFIG)
 	$(BIN)/python -m attnquery.appendix appendix/appendix.tex
 
 report: install

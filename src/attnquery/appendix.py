@@ -39,11 +39,14 @@ _SPECIAL = {"\\": r"\textbackslash{}", "{": r"\{", "}": r"\}", "$": r"\$", "&": 
 
 
 def latex_text(text: str) -> str:
-    """Plain or reStructuredText ``text`` as LaTeX: special characters escaped, ``**bold**``,
-    ``*italic*`` and ````code```` kept as such."""
-    text = text.replace("<=", "\x00").replace(">=", "\x01")
+    """Plain or reStructuredText ``text`` as LaTeX, one paragraph: special characters escaped,
+    ``**bold**``, ``*italic*`` and ````code```` kept as such, the report's Jinja expressions
+    (``{{ ... }}``) left out."""
+    text = re.sub(r"\{\{.*?\}\}|\{%.*?%\}", "", text, flags=re.S)  # the report's Jinja
+    text = " ".join(text.split())  # one paragraph: a caption or an item holds no \par
+    text = text.replace("<=", "\x00").replace(">=", "\x01").replace("||", "\x02")
     out = "".join(_SPECIAL.get(ch, ch) for ch in text)
-    out = out.replace("\x00", r"$\le$").replace("\x01", r"$\ge$")
+    out = out.replace("\x00", r"$\le$").replace("\x01", r"$\ge$").replace("\x02", r"$\|$")
     out = re.sub(r"\*\*(.+?)\*\*", r"\\textbf{\1}", out)
     out = re.sub(r"``(.+?)``", r"\\texttt{\1}", out)
     out = re.sub(r"(?<![\w*])\*(?!\s)(.+?)(?<!\s)\*(?![\w*])", r"\\emph{\1}", out)
