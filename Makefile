@@ -46,7 +46,7 @@ figures: install
 # The run's numbers (results/numbers.json) become the committed findings: the table of README.md,
 # docs/findings.md and docs/numbers.json, rendered from docs/templates/ by the findings rule.
 findings: install
-	$(BIN)/snakemake results/numbers.json results/findings/readme_table.md results/findings/findings.md --cores $(CORES) --configfile $(CONFIG)
+	$(BIN)/snakemake figures results/numbers.json results/findings/readme_table.md results/findings/findings.md --cores $(CORES) --configfile $(CONFIG)
 	$(BIN)/python -m attnquery.findings publish
 
 # appendix/appendix.tex (figures with their claims, tables, numbers, configuration, versions),

@@ -7,10 +7,13 @@ newcomer reads them.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
+
+from attnquery.findings import README_BEGIN, README_END, render_template
 
 from .fresh import REPO
 
@@ -106,3 +109,20 @@ def test_the_readme_is_short_and_in_the_order_a_newcomer_reads():
         re.findall(r"\(([\w.-]+\.md)", (REPO / "docs" / "README.md").read_text()))
     pages = {p.name for p in (REPO / "docs").glob("*.md")} - {"README.md"}
     assert pages <= linked, f"pages no index links to: {sorted(pages - linked)}"
+
+
+def test_the_readme_holds_the_generated_table_and_the_committed_numbers_exist():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert readme.count(README_BEGIN) == 1 and readme.count(README_END) == 1
+    committed = json.loads((REPO / "docs" / "numbers.json").read_text())["numbers"]
+    table = readme.split(README_BEGIN)[1].split(README_END)[0]
+    template = (REPO / "docs" / "templates" / "readme_table.md").read_text(encoding="utf-8")
+    rendered, missing = render_template(template, committed)
+    assert not missing, f"the committed numbers lack {missing}"
+    assert table.strip() == rendered.strip(), "README's findings table is not the rendered " \
+        "template: run `make findings`"
+    page = (REPO / "docs" / "findings.md").read_text(encoding="utf-8")
+    rendered, missing = render_template(
+        (REPO / "docs" / "templates" / "findings.md").read_text(encoding="utf-8"), committed)
+    assert not missing, f"the committed numbers lack {missing}"
+    assert page == rendered, "docs/findings.md is not the rendered template: run `make findings`"

@@ -59,9 +59,14 @@ def multihead_claims(df) -> list[Claim]:
         bool(len(sh) > 0 and (far | refused).all()),
         f"{int(far.sum())} far, {int(refused.sum())} refused, of {len(sh)} runs; smallest "
         f"error {sh_ok['func_err'].min():.2e}",
-        numbers=(Number("multiheadSingleHeadMinError", float(sh_ok["func_err"].min()),
-                        "relative functional error", ".2g",
-                        rows="multihead, variant single_head, status ok"),) if len(sh_ok) else (),
+        numbers=(Number("multiheadSingleHeadRuns", len(sh), "runs", "d",
+                        rows="multihead, variant single_head"),
+                 Number("multiheadSingleHeadRefused", int(refused.sum()), "runs", "d",
+                        rows="multihead, variant single_head, refused by the learner"),
+                 *((Number("multiheadSingleHeadMinError", float(sh_ok["func_err"].min()),
+                           "relative functional error", ".2g",
+                           rows="multihead, variant single_head, status ok"),) if len(sh_ok)
+                   else ())),
     ))
     kn = all_rows[all_rows["variant"] == "known"]
     kn_ok = (kn["status"] == "ok") & (kn["rel_err_W"] <= KNOWN_TOL) & \
