@@ -37,7 +37,9 @@ def snapshot_commit() -> str:
     is and every untracked file git does not ignore, made through a temporary index so that the
     repository's own index, branches and working tree are left alone."""
     head = _git("rev-parse", "HEAD")
-    if not _git("status", "--porcelain", "--untracked-files=all"):
+    # no optional lock on the repository's index: tests in parallel may ask at once
+    if not _git("status", "--porcelain", "--untracked-files=all",
+                env={"GIT_OPTIONAL_LOCKS": "0"}):
         return head
     with tempfile.TemporaryDirectory() as tmp:
         env = {**_SNAPSHOT_ENV, "GIT_INDEX_FILE": str(Path(tmp) / "index")}
