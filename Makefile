@@ -5,12 +5,14 @@ BIN := $(VENV)/bin
 CORES ?= 8
 CONFIG ?= config/config.yaml
 
-.PHONY: reproduce test figures report bench check-reproducible lint clean install help
+.PHONY: reproduce test figures findings appendix report bench check-reproducible lint clean install help
 
 help:
 	@echo "make reproduce           create $(VENV) if missing, install, run the default study (every figure, table, report.html)"
 	@echo "make test                run the test suite (installs into $(VENV) first)"
 	@echo "make figures             bring every figure and table up to date (redraws what changed)"
+	@echo "make findings            make a run's numbers the committed findings (README table, docs/findings.md)"
+	@echo "make appendix            write appendix/appendix.tex from the run and compile it (latexmk, if installed)"
 	@echo "make report              build report.html and report.zip from the last run"
 	@echo "make bench               run the benchmarks (counted queries, errors, wall time)"
 	@echo "make check-reproducible  run config/quick.yaml twice (1 core, all cores) and compare bytes"
@@ -31,6 +33,7 @@ reproduce: install
 	$(BIN)/snakemake --cores $(CORES) --configfile $(CONFIG)
 	$(BIN)/snakemake --cores 1 --configfile $(CONFIG) --report report.html
 	$(BIN)/snakemake --cores 1 --configfile $(CONFIG) --report report.zip
+	@$(BIN)/python -m attnquery.findings compare docs/numbers.json results/numbers.json
 
 test: install
 	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=15
@@ -39,6 +42,18 @@ test: install
 # changed (cells are computed only when missing).
 figures: install
 	$(BIN)/snakemake figures --cores $(CORES) --configfile $(CONFIG)
+
+# The run's numbers (results/numbers.json) become the committed findings: the table of README.md,
+# docs/findings.md and docs/numbers.json, rendered from docs/templates/ by the findings rule.
+findings: install
+	$(BIN)/snakemake figures results/numbers.json results/findings/readme_table.md results/findings/findings.md --cores $(CORES) --configfile $(CONFIG)
+	$(BIN)/python -m attnquery.findings publish
+
+# appendix/appendix.tex (figures with their claims, tables, numbers, configuration, versions),
+# compiled to appendix/appendix.pdf when latexmk is installed.
+appendix: install
+	$(BIN)/snakemake appendix --cores $(CORES) --configfile $(CONFIG)
+	$(BIN)/python -m attnquery.appendix appendix/appendix.tex
 
 report: install
 	$(BIN)/snakemake --cores 1 --configfile $(CONFIG) --report report.html
@@ -55,6 +70,6 @@ lint: install
 	$(BIN)/snakemake --lint
 
 clean:
-	rm -rf results figures logs report.html report.zip .snakemake
+	rm -rf results figures logs appendix report.html report.zip .snakemake
 
 -include mk/*.mk

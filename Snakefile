@@ -11,7 +11,18 @@ _SRC = os.path.join(workflow.basedir, "src")
 sys.path.insert(0, _SRC)
 os.environ.update(PYTHONPATH=_SRC)
 
+import warnings
+
 from snakemake.utils import min_version, validate
+
+# Snakemake's own: building the report evaluates the run_shard jobs' resources, and its handling
+# of an input-size coroutine it cannot run there (snakemake/rules.py, NestedCoroutineError)
+# leaves the coroutine unawaited, which Python reports when it is collected. Nothing of ours.
+warnings.filterwarnings("ignore", category=RuntimeWarning,
+                        message=r"coroutine 'InputFiles\._predicated_size_files\.<locals>\.sizes' "
+                        r"was never awaited")
+warnings.filterwarnings("ignore", category=RuntimeWarning,
+                        message="Enable tracemalloc to get the object allocation traceback")
 
 min_version("9.20")
 
@@ -44,6 +55,7 @@ wildcard_constraints:
 include: "workflow/rules/checkpoints.smk"
 include: "workflow/rules/study.smk"
 include: "workflow/rules/figures.smk"
+include: "workflow/rules/findings.smk"
 
 
 rule all:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -17,21 +17,61 @@ REPO = Path(__file__).resolve().parents[1]
 TEST_BIN = Path(sys.executable).parent
 
 
+#: author, committer and date of the temporary commit that holds uncommitted changes: fixed, so
+#: the same working tree always gives the same commit (results record it, and tests compare the
+#: results of two clones byte for byte)
+_SNAPSHOT_ENV = {"GIT_AUTHOR_NAME": "attnquery tests", "GIT_AUTHOR_EMAIL": "tests@attnquery",
+                 "GIT_COMMITTER_NAME": "attnquery tests", "GIT_COMMITTER_EMAIL": "tests@attnquery",
+                 "GIT_AUTHOR_DATE": "2000-01-01T00:00:00+0000",
+                 "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000"}
+
+
+def _git(*args, cwd=REPO, env=None) -> str:
+    return subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True,
+                          check=True, env={**os.environ, **(env or {})}).stdout.strip()
+
+
+def snapshot_commit() -> str:
+    """The commit a user's clone of this working tree would check out: ``HEAD`` when the working
+    tree is clean, otherwise a temporary commit (child of ``HEAD``) of every tracked file as it
+    is and every untracked file git does not ignore, made through a temporary index so that the
+    repository's own index, branches and working tree are left alone."""
+    head = _git("rev-parse", "HEAD")
+    # no optional lock on the repository's index: tests in parallel may ask at once
+    if not _git("status", "--porcelain", "--untracked-files=all",
+                env={"GIT_OPTIONAL_LOCKS": "0"}):
+        return head
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**_SNAPSHOT_ENV, "GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        _git("read-tree", head, env=env)
+        _git("add", "-A", ".", env=env)
+        tree = _git("write-tree", env=env)
+        return _git("commit-tree", tree, "-p", head, "-m",
+                    "tests: the working tree as it was (uncommitted changes)", env=env)
+
+
 def fresh_clone(dest: Path) -> Path:
-    """A fresh clone of the repository at ``dest``: the files git tracks and the untracked ones
-    it does not ignore, as they are in the working tree, with the repository's ``.git`` (so the
-    results record the same commit). Nothing ignored comes along: no ``.venv``, ``results/``,
-    ``data/`` or ``.snakemake/``."""
+    """A fresh clone of the repository at ``dest``, made with ``git clone``, as a user makes one.
+
+    It checks out :func:`snapshot_commit`: the committed ``HEAD``, or, when the working tree has
+    uncommitted changes or untracked files that are not ignored, a temporary commit holding them
+    (published to the clone under a temporary ref of the repository, removed afterwards). So
+    tracked symlinks, file modes and ignored files come out exactly as in a user's clone: nothing
+    ignored comes along (no ``.venv``, ``results/``, ``data/`` or ``.snakemake/``), and a symlink
+    is a symlink, dangling or not.
+    """
     dest = Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
-    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-co", "--exclude-standard",
-                             "-z"], capture_output=True, check=True).stdout
-    for rel in filter(None, listed.decode().split("\0")):
-        src = REPO / rel
-        if src.is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / rel)
-    shutil.copytree(REPO / ".git", dest / ".git", symlinks=True)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    commit = snapshot_commit()
+    ref = f"refs/attnquery-tests/fresh-{os.getpid()}-{time.monotonic_ns()}"
+    _git("update-ref", ref, commit)
+    try:
+        subprocess.run(["git", "clone", "--quiet", "--no-checkout", str(REPO), str(dest)],
+                       capture_output=True, text=True, check=True)
+        _git("fetch", "--quiet", "origin", f"+{ref}:refs/remotes/origin/tested", cwd=dest)
+        _git("checkout", "--quiet", "--detach", commit, cwd=dest)
+    finally:
+        _git("update-ref", "-d", ref)
     return dest
 
 

@@ -11,6 +11,7 @@ SIGKILL.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -25,6 +26,7 @@ import yaml
 from attnquery.config import check_config, load_config
 from attnquery.figures import figures_for
 from attnquery.figures.exact import exact_claims
+from attnquery.findings import macro_name
 from attnquery.reproducible import compared_files
 from attnquery.results import RESULT_SCHEMA, TIMING_SCHEMA, read_results
 
@@ -46,6 +48,8 @@ HOW = {
     "snakemake --cores 8 --configfile config/paper.yaml": "dry",
     "snakemake --report report.html --configfile config/quick.yaml": "real",
     "make figures": "make -n",
+    "make findings": "make -n",
+    "make appendix": "make -n",
     "make report": "make -n",
     "make bench": "make -n",
     "make check-reproducible": "make -n",
@@ -124,6 +128,8 @@ def test_make_targets_exist_and_name_their_commands(readme_run):
     _, _, results, _ = readme_run
     expected = {"make reproduce": "snakemake --cores", "make test": "pytest",
                 "make figures": "snakemake figures", "make report": "--report report.html",
+                "make findings": "attnquery.findings publish",
+                "make appendix": "attnquery.appendix",
                 "make bench": "attnquery.bench", "make check-reproducible": "reproducible",
                 "make cluster-test": "run_cluster_test.sh"}
     for target, text in expected.items():
@@ -194,6 +200,77 @@ def test_exact_claims_hold_on_the_quick_study(readme_run):
     assert text.count("**supported**") == len(claims), text
 
 
+def test_the_numbers_of_the_findings_come_from_the_claims(readme_run):
+    """results/numbers.json holds the numbers every figure's claims computed (the same values as
+    figures/claims/<figure>.json), results/numbers.tex one macro each, and the findings pages are
+    rendered from them with no number missing that the smoke study computes."""
+    clone, _, _, _ = readme_run
+    numbers = json.loads((clone / "results" / "numbers.json").read_text())["numbers"]
+    records = [json.loads(p.read_text()) for p in (clone / "figures" / "claims").glob("*.json")]
+    stated = {n["name"]: n for r in records for c in r["claims"] for n in c["numbers"]}
+    assert stated and set(stated) == set(numbers)
+    assert all(numbers[k]["value"] == v["value"] for k, v in stated.items())
+    exact = exact_claims(read_results(clone / "results" / "exact.parquet"))
+    fit = next(c for c in exact if c.name == "exact_exponent").numbers[0]
+    assert numbers["exactQueryExponent"]["value"] == fit.value
+    assert numbers["exactQueryExponent"]["tables"] == ["results/exact.parquet"]
+    tex = (clone / "results" / "numbers.tex").read_text()
+    assert f"\\newcommand{{\\exactQueryExponent}}{{{fit.text}}}" in tex
+    assert len(re.findall(r"^\\newcommand", tex, re.M)) == len(numbers) + 2 * sum(
+        1 for n in numbers.values() if n["interval"])
+    table = (clone / "results" / "findings" / "readme_table.md").read_text()
+    assert f"{fit.text} {fit.interval}" in table
+    # the committed findings name each number the smoke study does not compute, none it does
+    missing = set(re.findall(r"\(missing: (\w+)\)", table))
+    assert not missing & set(numbers)
+
+
+def test_the_appendix_names_only_files_the_run_produced(readme_run):
+    """`snakemake appendix` writes appendix/appendix.tex and body.tex (no TeX needed): every
+    \\includegraphics and \\input names a file of the run, every macro used is defined."""
+    from attnquery.appendix import PREAMBLE_PACKAGES
+
+    clone, env, _, _ = readme_run
+    out = shell("snakemake appendix --cores 2 --configfile config/quick.yaml", clone, env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    doc = (clone / "appendix" / "appendix.tex").read_text()
+    body = (clone / "appendix" / "body.tex").read_text()
+    files = re.findall(r"\\(?:includegraphics(?:\[[^\]]*\])?|input)\{([^}]+)\}", doc + body)
+    assert "results/numbers" in files and "appendix/body" in files
+    assert not [f for f in files if not (clone / f).is_file() and not (clone / f"{f}.tex")
+                .is_file()], files
+    cfg = load_config(REPO / "config" / "quick.yaml")
+    figures = figures_for(cfg["experiments"])
+    assert sorted(f.split("/")[-1][:-4] for f in files if f.startswith("figures/")) == figures
+    assert sorted(f.split("/")[-1] for f in files if f.startswith("results/tables/")) == sorted(
+        check_config(cfg))
+    # every macro the appendix and its tables use is a number's or LaTeX's own
+    defined = set(re.findall(r"\\newcommand\{\\([A-Za-z]+)\}",
+                             (clone / "results" / "numbers.tex").read_text()))
+    latex = {"documentclass", "usepackage", "input", "title", "date", "begin", "end",
+             "maketitle", "section", "centering", "includegraphics", "textwidth", "caption",
+             "label", "noindent", "ref", "item", "textbf", "texttt", "emph", "clearpage",
+             "begingroup", "endgroup", "tiny", "scriptsize", "footnotesize", "setlength",
+             "tabcolsep",
+             "let", "tabular", "endtabular", "longtable", "endlongtable", "refstepcounter",
+             "thetable", "le", "ge", "toprule", "midrule", "bottomrule", "endhead", "textbackslash",
+             "times", "_", "%", "&", "#", "$", "{", "}", "^", "~"}
+    tables = "".join((clone / "results" / "tables" / f"{n}.tex").read_text()
+                     for n in check_config(cfg))
+    used = set(re.findall(r"\\([A-Za-z]+|[_%&#${}^~])", doc + body + tables))
+    assert not used - defined - latex, sorted(used - defined - latex)
+    assert all(f"\\usepackage{{{p}}}" in doc for p in PREAMBLE_PACKAGES)
+    numbers = json.loads((clone / "results" / "numbers.json").read_text())["numbers"]
+    assert all(f"\\{macro_name(n)}" in body for n in numbers)
+
+
+def test_a_clean_run_and_its_report_print_no_warning(readme_run):
+    _, _, results, _ = readme_run
+    for command in (QUICK, "snakemake --report report.html --configfile config/quick.yaml"):
+        text = results[command].stdout + results[command].stderr
+        assert not re.search(r"Warning|was never awaited", text), (command, text[-3000:])
+
+
 # ---------------------------------------------------------------------------------------------
 # incremental reruns: what a dry run schedules after a change
 # ---------------------------------------------------------------------------------------------
@@ -225,8 +302,10 @@ def test_editing_a_figure_module_re_renders_its_figures_only(readme_run):
     with _edited(clone / "src" / "attnquery" / "figures" / "noise.py"):
         jobs = _dry(clone, env)
     # (the rounding figure has its own module, figures/rounding.py)
-    assert sorted(w.get("figure", "") for r, w in jobs if r != "all") == ["noise_scaling"], jobs
-    assert {r for r, _ in jobs} == {"plot_figure", "all"}
+    assert sorted(w.get("figure", "") for r, w in jobs if r == "plot_figure") == [
+        "noise_scaling"], jobs
+    # the claims' numbers are collected again, and the findings pages rendered from them
+    assert sorted(r for r, _ in jobs) == ["all", "findings", "numbers", "plot_figure"]
     assert _dry(clone, env) == []  # the content is what counts, not the file's time
 
 
@@ -266,7 +345,9 @@ def test_a_section_left_out_is_not_run(readme_run):
     assert "exact" not in re.sub(r"lowrank_scale|learner=exact", "", out.stdout), \
         "a config without an exact section still plans exact jobs"
     jobs = planned_jobs(out.stdout)
-    assert {r for r, _ in jobs} == {"merge_results", "validate_results", "all"}
+    # the numbers are collected from one figure fewer (and the findings rendered from them)
+    assert {r for r, _ in jobs} == {"merge_results", "validate_results", "numbers", "findings",
+                                    "all"}
 
 
 def test_a_missing_checkpoint_stops_before_any_job(readme_run, tmp_path):
@@ -322,7 +403,9 @@ def test_a_killed_run_resumes_without_losing_or_duplicating_cells(readme_run, tm
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     kept = [p for p, t in done.items() if p.exists() and p.stat().st_mtime_ns == t]
     assert len(kept) == len(done), "shards finished before the kill were computed again"
-    mine = set(compared_files(clone)) - {"results/all.parquet", "results/validation.txt"}
+    # the merged table, the validation summary and the findings' numbers cover the whole study
+    mine = set(compared_files(clone)) - {"results/all.parquet", "results/validation.txt",
+                                         "results/numbers.json"}
     assert {f.split("/")[1].split(".")[0] for f in mine if f.startswith("results/")} >= set(
         KILLED)
     differ = [f for f in sorted(mine) if not (ref / f).is_file()

@@ -4,14 +4,110 @@ A :class:`Claim` is a statement with a verdict computed from result rows; figure
 tests assert them, and the report's captions say whether the data support them. No evidence, no
 success: a claim that rests on no successful run (``n_runs=0``) is "not supported (no data)",
 whatever its check says.
+
+A claim also carries the numbers its check computed (:class:`Number`: an exponent with its
+interval, a worst error, a count of runs). They are what the findings state: the workflow collects
+them into ``results/numbers.json`` and ``results/numbers.tex`` (:mod:`attnquery.findings`), so
+every number a reader sees comes from the code that checked the claim.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import math
+import re
+from dataclasses import dataclass, field
 
-__all__ = ["Claim", "ok_rows", "no_data", "extra_values", "threshold_claim"]
+__all__ = ["Claim", "Number", "fit_number", "number_name", "ok_rows", "no_data", "extra_values",
+           "threshold_claim"]
+
+_NAME = re.compile(r"^[a-z][A-Za-z0-9]*$")
+
+
+@dataclass(frozen=True)
+class Number:
+    """A number a finding states, as the check of its claim computed it.
+
+    Parameters
+    ----------
+    name : str
+        Identifier in camelCase, letters and digits (``exactQueryExponent``); the LaTeX macro is
+        this name with digits spelt out (:func:`attnquery.findings.macro_name`).
+    value : float or int
+        The number itself, unrounded.
+    unit : str
+        What it measures ("exponent", "relative error", "queries", "runs", "s", ...).
+    fmt : str
+        Format specification of its printed form (``".3f"``, ``".2g"``, ``"d"``).
+    lo, hi : float, optional
+        Its confidence interval (95% unless ``rows`` says otherwise), printed with ``fmt``.
+    rows : str
+        Which rows of the figure's tables it is computed from.
+    timing : bool
+        A wall-clock measurement: not reproducible bit for bit, excluded from exact comparison.
+    """
+
+    name: str
+    value: float
+    unit: str = ""
+    fmt: str = ".3g"
+    lo: float | None = None
+    hi: float | None = None
+    rows: str = ""
+    timing: bool = False
+
+    def __post_init__(self):
+        if not _NAME.match(self.name):
+            raise ValueError(f"number name {self.name!r} is not camelCase letters and digits")
+
+    def format(self, x) -> str:
+        """``x`` printed as this number is printed."""
+        if x is None:
+            return ""
+        if isinstance(x, float) and not math.isfinite(x):
+            return str(x)
+        if self.fmt.endswith("d"):
+            return format(int(round(x)), self.fmt)
+        return format(float(x), self.fmt)
+
+    @property
+    def text(self) -> str:
+        """The printed value."""
+        return self.format(self.value)
+
+    @property
+    def interval(self) -> str:
+        """The printed interval, ``[lo, hi]`` (empty without one)."""
+        if self.lo is None or self.hi is None:
+            return ""
+        return f"[{self.format(self.lo)}, {self.format(self.hi)}]"
+
+    def to_dict(self) -> dict:
+        """The JSON record of the number (values as Python floats or ints)."""
+        def plain(x):
+            if x is None:
+                return None
+            return int(x) if self.fmt.endswith("d") else float(x)
+        return {"name": self.name, "value": plain(self.value), "text": self.text,
+                "unit": self.unit, "lo": plain(self.lo), "hi": plain(self.hi),
+                "interval": self.interval, "rows": self.rows, "timing": self.timing}
+
+
+def number_name(*parts) -> str:
+    """A :class:`Number` name from ``parts`` (``("lowprecision", "goal", "digits=3")`` gives
+    ``lowprecisionGoalDigits3``): words split at anything not a letter or digit, camelCase."""
+    words = [w for part in parts for w in re.split(r"[^A-Za-z0-9]+", str(part)) if w]
+    if not words:
+        raise ValueError("a number name needs at least one word")
+    return words[0][0].lower() + words[0][1:] + "".join(w[0].upper() + w[1:] for w in words[1:])
+
+
+def fit_number(name: str, fit, rows: str = "", unit: str = "exponent", fmt: str = ".3f",
+               timing: bool = False) -> Number:
+    """The slope of a :class:`~attnquery.metrics.PowerLawFit` with its interval."""
+    return Number(name, float(fit.slope), unit, fmt, float(fit.lo), float(fit.hi),
+                  f"{rows}; {round(100 * fit.level)}% interval, n = {fit.n}".lstrip("; "),
+                  timing)
 
 
 @dataclass(frozen=True)
@@ -27,10 +123,12 @@ class Claim:
     passed: bool
     detail: str
     n_runs: int | None = None
+    numbers: tuple[Number, ...] = field(default=(), compare=False)
 
     def __post_init__(self):
         if self.n_runs == 0 and self.passed:
             object.__setattr__(self, "passed", False)
+        object.__setattr__(self, "numbers", tuple(self.numbers))
 
     @property
     def no_data(self) -> bool:
@@ -67,7 +165,7 @@ def extra_values(df, key: str, default=None):
 
 def threshold_claim(name: str, statement: str, passes, *, of: int | None = None,
                     worst=None, worst_label: str = "worst", fmt: str = ".2e",
-                    runs: str = "runs") -> Claim:
+                    runs: str = "runs", numbers=()) -> Claim:
     """A claim that every run meets a threshold, with the evidence ``"k/n runs; worst x"``.
 
     Parameters
@@ -84,6 +182,8 @@ def threshold_claim(name: str, statement: str, passes, *, of: int | None = None,
         The worst value seen, printed as ``"; <worst_label> <worst:fmt>"``.
     runs : str
         What the runs are called in the evidence (``"runs with m <= d"``).
+    numbers : sequence of Number
+        The numbers the claim's check computed (:attr:`Claim.numbers`).
     """
     passes = [bool(p) for p in passes]
     n, k = len(passes), sum(passes)
@@ -91,4 +191,5 @@ def threshold_claim(name: str, statement: str, passes, *, of: int | None = None,
     detail = f"{k}/{total} {runs}"
     if worst is not None:
         detail += f"; {worst_label} {worst:{fmt}}"
-    return Claim(name, statement, bool(k == n == total), detail, n_runs=n)
+    return Claim(name, statement, bool(k == n == total), detail, n_runs=n,
+                 numbers=tuple(numbers))

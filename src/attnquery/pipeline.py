@@ -238,10 +238,15 @@ class ClaimsText:
         return f"ClaimsText({self.path!r})"
 
 
-def render_figure(name: str, inputs, pdf, png, claims_out=None, log=None):
+def render_figure(name: str, inputs, pdf, png, claims_out=None, log=None, numbers_out=None):
     """Render figure ``name`` from result files; log its claims and write them to
-    ``claims_out`` (by default ``figures/claims/<name>.rst`` beside the figure)."""
-    from .figures import render
+    ``claims_out`` (by default ``figures/claims/<name>.rst`` beside the figure), and the claims
+    with the numbers their checks computed to ``numbers_out`` (JSON,
+    :func:`attnquery.findings.figure_record`; by default ``figures/claims/<name>.json``)."""
+    import json
+
+    from .figures import get_spec, render
+    from .findings import figure_record
     from .results import atomic_write_bytes
 
     logger = Logger(log)
@@ -250,7 +255,14 @@ def render_figure(name: str, inputs, pdf, png, claims_out=None, log=None):
         claims = render(name, df, pdf, png)
         for c in claims:
             logger(f"claim {c.name}: {c}")
-        atomic_write_bytes(claims_out or claims_path(pdf), claims_rst(claims).encode())
+        claims_out = Path(claims_out or claims_path(pdf))
+        atomic_write_bytes(claims_out, claims_rst(claims).encode())
+        spec = get_spec(name)
+        tables = [str(p) for p in inputs if not str(p).endswith(".timing.parquet")]
+        record = figure_record(name, claims, tables, caption=spec.caption,
+                               timing=spec.uses_timing)
+        atomic_write_bytes(numbers_out or claims_out.with_suffix(".json"),
+                           (json.dumps(record, indent=1) + "\n").encode())
         return claims
     finally:
         logger.close()

@@ -2,6 +2,7 @@
 # attnquery.study plans the cells (what is computed already, what to compute, what to request),
 # attnquery.figures holds the figure registry.
 import json
+from pathlib import Path
 
 from attnquery.config import check_config, enabled_experiments
 from attnquery.errors import ConfigError
@@ -89,6 +90,10 @@ def figure_code(wildcards):
     return source_digest(figure_sources(wildcards.figure))
 
 
+#: the templates the findings pages are rendered from (results/findings/<name>)
+FINDINGS_TEMPLATES = ["docs/templates/readme_table.md", "docs/templates/findings.md"]
+
+
 TABLE_CODE = source_digest(module_closure(["attnquery.tables"]))
 
 
@@ -98,4 +103,7 @@ def final_outputs():
         "results/validation.txt",
         *[f"figures/{fig}.{ext}" for fig in FIGURES for ext in ("pdf", "png")],
         *[f"results/tables/{name}.tex" for name in ENABLED],
+        "results/numbers.json",
+        "results/numbers.tex",
+        *[f"results/findings/{Path(t).name}" for t in FINDINGS_TEMPLATES],
     ]

@@ -15,6 +15,7 @@ rule plot_figure:
         ),
         png="figures/{figure}.png",
         claims="figures/claims/{figure}.rst",
+        numbers="figures/claims/{figure}.json",
     params:
         code=figure_code,
         caption=lambda w: get_spec(w.figure).caption,

@@ -8,5 +8,6 @@ render_figure(
     snakemake.output.pdf,
     snakemake.output.png,
     claims_out=snakemake.output.claims,
+    numbers_out=getattr(snakemake.output, "numbers", None),
     log=snakemake.log[0],
 )

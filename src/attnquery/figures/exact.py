@@ -5,7 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..claims import Claim, ok_rows, threshold_claim
+from ..claims import Claim, Number, fit_number, ok_rows, threshold_claim
 from ..metrics import fit_power_law
 from ..theory import EXACT_TOL
 from . import log2_ticks, register_figure
@@ -29,6 +29,7 @@ def exact_claims(df) -> list[Claim]:
             f"queries grow as d^2 (fitted exponent in [{EXPONENT_RANGE[0]}, {EXPONENT_RANGE[1]}])",
             bool(EXPONENT_RANGE[0] <= fit.slope <= EXPONENT_RANGE[1]),
             f"exponent {fit} on d >= {FIT_MIN_D}",
+            numbers=(fit_number("exactQueryExponent", fit, f"exact, status ok, d >= {FIT_MIN_D}"),),
         ))
     else:
         claims.append(Claim("exact_exponent", "queries grow as d^2", False,
@@ -36,7 +37,12 @@ def exact_claims(df) -> list[Claim]:
     exact_count = (ok["n_queries"] == ok["d"] ** 2 + ok["d"])
     claims.append(threshold_claim(
         "exact_count", "every run uses exactly d^2 + d queries (as counted by the oracle)",
-        exact_count))
+        exact_count,
+        numbers=(Number("exactRuns", len(ok), "runs", "d", rows="exact, status ok"),
+                 Number("exactRunsExactCount", int(exact_count.sum()), "runs", "d",
+                        rows="exact, status ok, n_queries = d^2 + d"),
+                 Number("exactMaxD", int(ok["d"].max()) if len(ok) else 0, "d", "d",
+                        rows="exact, status ok"))))
     checked = ok["verified"].fillna(False).astype(bool) & (ok["verify_queries"].fillna(0) > 0)
     claims.append(Claim(
         "exact_checked", "every run passed the learner's own check, its check queries counted "
@@ -46,11 +52,24 @@ def exact_claims(df) -> list[Claim]:
         " check queries each, largest disagreement "
         f"{ok['verify_error'].astype(float).max() if len(ok) else float('nan'):.1e}",
         n_runs=len(ok),
+        numbers=(Number("exactRunsChecked", int(checked.sum()), "runs", "d",
+                        rows="exact, status ok, verified"),
+                 Number("exactCheckQueries",
+                        int(ok["verify_queries"].max()) if len(ok) else 0, "queries", "d",
+                        rows="exact, status ok, largest verify_queries")),
     ))
     succ = ok["success"].fillna(False).astype(bool)
     claims.append(threshold_claim(
         "exact_error", f"every head is recovered to relative error <= {EXACT_TOL:g}",
-        succ, of=len(all_rows), worst=ok["rel_err_W"].max()))
+        succ, of=len(all_rows), worst=ok["rel_err_W"].max(),
+        numbers=(Number("exactWorstError", float(ok["rel_err_W"].max()), "relative error of W",
+                        ".2g", rows="exact, status ok, largest rel_err_W"),
+                 *(Number(f"exactMedianError{p.capitalize()}", float(g["rel_err_W"].median()),
+                          "relative error of W", ".2g", rows=f"exact, status ok, probes = {p}")
+                   for p, g in ok.groupby("probes", sort=True)),
+                 *(Number(f"exactWorstError{p.capitalize()}", float(g["rel_err_W"].max()),
+                          "relative error of W", ".2g", rows=f"exact, status ok, probes = {p}")
+                   for p, g in ok.groupby("probes", sort=True))) if len(ok) else ()))
     return claims
 
 

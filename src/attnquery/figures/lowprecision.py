@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ..claims import Claim, extra_values, ok_rows
+from ..claims import Claim, Number, extra_values, fit_number, number_name, ok_rows
 from ..theory import LOWPRECISION_GOAL_QUERIES_PER_UNKNOWN as GOAL_QUERIES_PER_UNKNOWN
 from ..theory import LOWPRECISION_GOALS as GOALS
 from ..theory import LOWPRECISION_TARGET as TARGET_REL_ERR
@@ -83,7 +83,10 @@ def _claims(every, rows, fits) -> list[Claim]:
         "lowprecision_runs", "every run returns an estimate that passed its own check",
         bool(bad.empty),
         f"{len(every) - len(bad)}/{len(every)} runs ok"
-        + (f"; failed: {sorted(set(bad['rounding']))}" if len(bad) else "")))
+        + (f"; failed: {sorted(set(bad['rounding']))}" if len(bad) else ""),
+        numbers=(Number("lowprecisionRuns", len(every), "runs", "d", rows="lowprecision"),
+                 Number("lowprecisionRunsOk", len(every) - len(bad), "runs", "d",
+                        rows="lowprecision, status ok"))))
     pooled = fits.get((None, None))
     whole = slope_fits(rows, min_passes=0).get((None, None))
     claims.append(Claim(
@@ -93,7 +96,12 @@ def _claims(every, rows, fits) -> list[Claim]:
         f"[{SLOPE_RANGE[0]}, {SLOPE_RANGE[1]}]",
         bool(pooled is not None and SLOPE_RANGE[0] <= pooled.slope <= SLOPE_RANGE[1]),
         (f"exponent {pooled}" if pooled is not None else "no fit")
-        + (f"; on every run {whole}" if whole is not None else "")))
+        + (f"; on every run {whole}" if whole is not None else ""),
+        numbers=tuple(
+            [fit_number("lowprecisionSlope", pooled, f"lowprecision, status ok, float64 aside, "
+                        f">= {SLOPE_FROM_PASSES} passes over W")] if pooled is not None else [])
+        + tuple([fit_number("lowprecisionSlopeAll", whole, "lowprecision, status ok, float64 "
+                            "aside, every budget")] if whole is not None else [])))
     each = {k[1]: f for k, f in fits.items() if k[0] is None and k[1] is not None}
     out = sorted(s for s, f in each.items()
                  if not PRECISION_SLOPE_RANGE[0] <= f.slope <= PRECISION_SLOPE_RANGE[1])
@@ -103,14 +111,19 @@ def _claims(every, rows, fits) -> list[Claim]:
         f"{PRECISION_SLOPE_RANGE[1]}]",
         bool(each and not out),
         "; ".join(f"{s}: {f.slope:.3f} [{f.lo:.3f}, {f.hi:.3f}]" for s, f in each.items())
-        + (f"; outside: {out}" if out else "")))
+        + (f"; outside: {out}" if out else ""),
+        numbers=tuple(fit_number(number_name("lowprecisionSlope", s), f,
+                                 f"lowprecision, status ok, rounding = {s}")
+                      for s, f in each.items())))
     f64 = rows[rows["rounding"] == "float64"]
     if len(f64):
         worst = float(f64["rel_err_W"].max())
         claims.append(Claim(
             "lowprecision_float64", f"float64 answers: relative error of W <= "
             f"{FLOAT64_MAX_ERR:g} at every budget", bool(worst <= FLOAT64_MAX_ERR),
-            f"worst {worst:.2e}"))
+            f"worst {worst:.2e}",
+            numbers=(Number("lowprecisionFloat64Worst", worst, "relative error of W", ".2g",
+                            rows="lowprecision, status ok, rounding = float64"),)))
     est = rows[rows["rounding"] != "float64"]
     ratio = est["rel_err_W"] / est["estimate"]
     inside = (ratio >= ESTIMATE_RANGE[0]) & (ratio <= ESTIMATE_RANGE[1])
@@ -121,7 +134,14 @@ def _claims(every, rows, fits) -> list[Claim]:
         "runs (float64 aside)",
         bool(len(est) and inside.mean() >= ESTIMATE_SHARE),
         f"{int(inside.sum())}/{len(est)} runs; ratio from {ratio.min():.2f} to "
-        f"{ratio.max():.2f}" if len(est) else "no runs"))
+        f"{ratio.max():.2f}" if len(est) else "no runs",
+        numbers=(Number("lowprecisionEstimateRuns", len(est), "runs", "d",
+                        rows="lowprecision, status ok, float64 aside"),
+                 Number("lowprecisionEstimateRatioMin", float(ratio.min()), "ratio", ".2f",
+                        rows="lowprecision, measured / estimated error of W"),
+                 Number("lowprecisionEstimateRatioMax", float(ratio.max()), "ratio", ".2f",
+                        rows="lowprecision, measured / estimated error of W")) if len(est)
+        else ()))
     need = queries_needed(rows, stat="max", fits=fits)
     missing = sorted(f"{f}/{s}" for (f, s), v in need.items() if v[1] == "extrapolated")
     claims.append(Claim(
@@ -146,7 +166,11 @@ def _claims(every, rows, fits) -> list[Claim]:
             f"{GOAL_QUERIES_PER_UNKNOWN:g} (d^2 + d) queries",
             bool(len(okg) == len(g) and worst <= goal),
             f"{len(okg)}/{len(g)} runs ok, worst {worst:.2e} (budgets "
-            f"{sorted(set(g['queries_per_unknown']))} queries per unknown)"))
+            f"{sorted(set(g['queries_per_unknown']))} queries per unknown)",
+            numbers=(Number(number_name("lowprecisionGoal", spec), worst,
+                            "relative error of W", ".2g",
+                            rows=f"lowprecision, real heads, rounding = {spec}, at most "
+                            f"{GOAL_QUERIES_PER_UNKNOWN:g} queries per unknown"),)))
     return claims
 
 

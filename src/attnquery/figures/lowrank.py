@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ..claims import Claim, ok_rows, threshold_claim
+from ..claims import Claim, Number, fit_number, ok_rows, threshold_claim
 from ..metrics import fit_power_law
 from ..theory import PHASE_TOL, SKETCH_TOL, lowrank_floor, nuclear_statdim
 from . import register_figure
@@ -108,6 +108,12 @@ def _statdim_claims(tp) -> list[Claim]:
                  and STATDIM_CI_RANGE[0] <= fit.lo and fit.hi <= STATDIM_CI_RANGE[1]),
             f"exponent {fit} over {len(fit_rows)} (d, r) points; m_50 / delta from "
             f"{ratio.min():.2f} to {ratio.max():.2f}",
+            numbers=(fit_number("nuclearStatdimExponent", fit,
+                                "lowrank_phase, 50% points against delta(d, r)"),
+                     Number("nuclearMfiftyOverDeltaMin", float(ratio.min()), "ratio", ".2f",
+                            rows="lowrank_phase, 50% points"),
+                     Number("nuclearMfiftyOverDeltaMax", float(ratio.max()), "ratio", ".2f",
+                            rows="lowrank_phase, 50% points")),
         ))
     else:
         claims.append(Claim(
@@ -126,6 +132,12 @@ def _statdim_claims(tp) -> list[Claim]:
             "nuclear_order_rd", statement, bool((crossed["c50"] <= C50_MAX).all()),
             f"c_50 from {crossed['c50'].min():.2f} to {worst['c50']:.2f} (d = "
             f"{int(worst['d'])}, r = {int(worst['rank'])}) over {len(crossed)} (d, r) points",
+            numbers=(Number("nuclearCfiftyMin", float(crossed["c50"].min()), "c = m / (r 2d)",
+                            ".2f", rows="lowrank_phase, 50% points"),
+                     Number("nuclearCfiftyMax", float(worst["c50"]), "c = m / (r 2d)", ".2f",
+                            rows="lowrank_phase, 50% points"),
+                     Number("nuclearPoints", len(crossed), "(d, r) points", "d",
+                            rows="lowrank_phase, (d, r) with a 50% point")),
         ))
     else:
         where = ", ".join(f"(d={int(d)}, r={int(r)})"
@@ -154,6 +166,8 @@ def lowrank_claims(df) -> list[Claim]:
             f"exponent {fit} over {len(fit_rows)} (d, r) points; "
             f"C = m_50 / (r (2d)) from {fit_rows['c50'].min():.2f} to "
             f"{fit_rows['c50'].max():.2f}",
+            numbers=(fit_number("nuclearLinearExponent", fit,
+                                "lowrank_phase, 50% points against r d"),),
         ))
     else:
         claims.append(Claim(
@@ -173,6 +187,12 @@ def lowrank_claims(df) -> list[Claim]:
             ok,
             f"smallest c: max rate {lo['rate'].max():.2f}; largest c: min rate "
             f"{hi['rate'].min():.2f}",
+            numbers=(Number("nuclearRuns", int(len(_phase_rows(df))), "runs", "d",
+                            rows="lowrank_phase, status ok"),
+                     Number("nuclearRateSmallestC", float(lo["rate"].max()), "success rate",
+                            ".2f", rows="lowrank_phase, largest rate at the smallest c"),
+                     Number("nuclearRateLargestC", float(hi["rate"].min()), "success rate",
+                            ".2f", rows="lowrank_phase, smallest rate at the largest c")),
         ))
     sk_all = df[(df["experiment"] == "lowrank_scale") & (df["learner"] == "sketch")]
     sk = sk_all[sk_all["status"] == "ok"]
@@ -183,6 +203,11 @@ def lowrank_claims(df) -> list[Claim]:
             f"the sketch learner recovers every head to relative error <= {SKETCH_TOL:g}",
             bool(len(sk) == len(sk_all) and succ.all()),
             f"{int(succ.sum())}/{len(sk_all)} runs; worst {sk['rel_err_W'].max():.2e}",
+            numbers=(Number("sketchRuns", len(sk_all), "runs", "d",
+                            rows="lowrank_scale, learner sketch"),
+                     Number("sketchWorstError", float(sk["rel_err_W"].max()),
+                            "relative error of W", ".2g",
+                            rows="lowrank_scale, learner sketch, status ok")) if len(sk) else (),
         ))
         big = sk[sk["d"] >= SKETCH_MIN_D]
         floor = [lowrank_floor(int(d), int(r)) for d, r in zip(big["d"], big["rank"],
@@ -193,7 +218,10 @@ def lowrank_claims(df) -> list[Claim]:
             f"the sketch learner uses <= {SKETCH_FACTOR} (r (2d - r) + d) queries whenever "
             f"d >= {SKETCH_MIN_D}",
             ratio <= SKETCH_FACTOR, worst=ratio.max() if len(big) else float("nan"),
-            worst_label="largest ratio", fmt=".4f"))
+            worst_label="largest ratio", fmt=".4f",
+            numbers=(Number("sketchFloorRatioMax", float(ratio.max()), "queries / floor",
+                            ".3f", rows=f"lowrank_scale, learner sketch, d >= {SKETCH_MIN_D}"),
+                     ) if len(big) else ()))
     return claims
 
 

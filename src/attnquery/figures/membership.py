@@ -5,7 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..claims import Claim, ok_rows
+from ..claims import Claim, Number, ok_rows
 from ..metrics import fit_linear
 from ..theory import membership_target as target_queries
 from . import register_figure, tight_layout
@@ -43,7 +43,9 @@ def membership_claims(df) -> list[Claim]:
     claims.append(Claim(
         "membership_linear_log_eps",
         f"queries grow linearly in log2(1/eps) (linear fit R^2 >= {LINEAR_R2} at every d)",
-        bool(r2s and min(r2s) >= LINEAR_R2), "; ".join(fits) or "too few points"))
+        bool(r2s and min(r2s) >= LINEAR_R2), "; ".join(fits) or "too few points",
+        numbers=(Number("membershipMinRsquared", min(r2s), "R^2", ".3f",
+                        rows="membership, variant count, linear fit per d"),) if r2s else ()))
     small = cnt[cnt["eps"] <= TARGET_MAX_EPS]
     ratio = small["n_queries"] / [target_queries(int(d), float(e), float(w)) for d, e, w in
                                   zip(small["d"], small["eps"], small["W_bound"], strict=True)]
@@ -56,7 +58,11 @@ def membership_claims(df) -> list[Claim]:
         bool((ratio <= TARGET_FACTOR).all()),
         f"ratio in [{ratio.min():.3f}, {ratio.max():.3f}] over {len(small)} runs; over all eps "
         f"[{all_ratio.min():.3f}, {all_ratio.max():.3f}]" if len(small) else "no runs",
-        n_runs=len(small)))
+        n_runs=len(small),
+        numbers=(Number("membershipTargetRatioMax", float(ratio.max()), "ratio", ".2f",
+                        rows=f"membership, variant count, eps <= {TARGET_MAX_EPS:g}"),
+                 Number("membershipTargetRatioMaxAll", float(all_ratio.max()), "ratio", ".2f",
+                        rows="membership, variant count")) if len(small) else ()))
     succ = cnt["abs_err_W"] <= cnt["eps"]
     every = df[(df["experiment"] == "membership") & (df["variant"] == "count")]
     claims.append(Claim(
@@ -64,7 +70,11 @@ def membership_claims(df) -> list[Claim]:
         bool(succ.all() and len(cnt) == len(every)),
         f"{int(succ.sum())}/{len(every)} runs; largest "
         f"error/eps {(cnt['abs_err_W'] / cnt['eps']).max():.3g}" if len(cnt) else "no runs",
-        n_runs=len(cnt)))
+        n_runs=len(cnt),
+        numbers=(Number("membershipRuns", len(every), "runs", "d",
+                        rows="membership, variant count"),
+                 Number("membershipRunsWithinEps", int(succ.sum()), "runs", "d",
+                        rows="membership, variant count, abs_err_W <= eps"))))
     cmp_rows = ok_rows(df, "membership")
     cmp_rows = cmp_rows[(cmp_rows["variant"] == "v_compare")
                         & np.isclose(cmp_rows["eps"], V_RATIO_EPS)]
@@ -80,7 +90,11 @@ def membership_claims(df) -> list[Claim]:
             "queries than sphere sampling",
             bool((r >= V_RATIO).all()),
             "; ".join(f"d={d}: {samp[d]:.3g} vs {bis[d]} ({r[d]:.3g}x)" for d in common)
-            + f" (sampling counts {'computed from the sample size' if comp else 'run'})"))
+            + f" (sampling counts {'computed from the sample size' if comp else 'run'})",
+            numbers=(Number("membershipVRatioMin", float(r.min()), "ratio", ".2g",
+                            rows=f"membership, variant v_compare, eps = {V_RATIO_EPS:g}"),
+                     Number("membershipVRatioMax", float(r.max()), "ratio", ".2g",
+                            rows=f"membership, variant v_compare, eps = {V_RATIO_EPS:g}"))))
     else:
         claims.append(Claim("membership_v_ratio", "bisection vs sampling for v", False,
                             f"no comparison rows at eps = {V_RATIO_EPS:g}"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..claims import Claim, ok_rows, threshold_claim
+from ..claims import Claim, Number, ok_rows, threshold_claim
 from ..theory import AGREE_TOL, DISCOVER_TOL, DISTANCE_MIN, KNOWN_TOL
 from ..theory import NON_IDENTIFIABLE_CONSTRUCTIONS as CONSTRUCTIONS
 from . import log2_ticks, register_figure
@@ -39,6 +39,12 @@ def multihead_claims(df) -> list[Claim]:
         f"{int(agree.sum())}/{n_ni} pairs; largest output difference "
         f"{ni['output_difference'].max():.1e}, smallest distance {ni['param_distance'].min():.2f}",
         n_runs=len(ni),
+        numbers=(Number("multiheadPairs", n_ni, "pairs", "d", rows="multihead, constructions"),
+                 Number("multiheadPairsMaxDifference", float(ni["output_difference"].max()),
+                        "relative output difference", ".1g", rows="multihead, constructions"),
+                 Number("multiheadPairsMinDistance", float(ni["param_distance"].min()),
+                        "relative parameter distance", ".2f", rows="multihead, constructions"))
+        if len(ni) else (),
     ))
     sh = all_rows[all_rows["variant"] == "single_head"]
     sh_ok = sh[sh["status"] == "ok"]
@@ -55,6 +61,14 @@ def multihead_claims(df) -> list[Claim]:
         f"{int(far.sum())} far, {int(refused.sum())} refused, of {len(sh)} runs; smallest "
         f"error {sh_ok['func_err'].min():.2e}",
         n_runs=len(sh),
+        numbers=(Number("multiheadSingleHeadRuns", len(sh), "runs", "d",
+                        rows="multihead, variant single_head"),
+                 Number("multiheadSingleHeadRefused", int(refused.sum()), "runs", "d",
+                        rows="multihead, variant single_head, refused by the learner"),
+                 *((Number("multiheadSingleHeadMinError", float(sh_ok["func_err"].min()),
+                           "relative functional error", ".2g",
+                           rows="multihead, variant single_head, status ok"),) if len(sh_ok)
+                   else ())),
     ))
     kn = all_rows[all_rows["variant"] == "known"]
     kn_ok = (kn["status"] == "ok") & (kn["rel_err_W"] <= KNOWN_TOL) & \
@@ -62,7 +76,10 @@ def multihead_claims(df) -> list[Claim]:
     claims.append(threshold_claim(
         "multihead_known_bases",
         f"with the bases known (Prop. C.2) every head is recovered to relative error <= "
-        f"{KNOWN_TOL:g}", kn_ok, worst=kn["rel_err_W"].max()))
+        f"{KNOWN_TOL:g}", kn_ok, worst=kn["rel_err_W"].max(),
+        numbers=(Number("multiheadKnownWorstError", float(kn["rel_err_W"].max()),
+                        "relative error of W", ".2g", rows="multihead, variant known"),)
+        if len(kn) else ()))
     disc = all_rows[all_rows["variant"] == "discover"]
     at_default = disc[np.isclose(disc["fd_step"], DEFAULT_STEP)]
     succ = (at_default["status"] == "ok") & at_default["success"].fillna(False).astype(bool)
@@ -75,6 +92,10 @@ def multihead_claims(df) -> list[Claim]:
         f"{int(succ.sum())}/{len(at_default)} runs at h = {DEFAULT_STEP:g}; "
         f"{int(disc['success'].fillna(False).astype(bool).sum())}/{len(disc)} at all steps",
         n_runs=len(at_default),
+        numbers=(Number("multiheadDiscoveryRuns", len(at_default), "runs", "d",
+                        rows=f"multihead, variant discover, h = {DEFAULT_STEP:g}"),
+                 Number("multiheadDiscoverySuccesses", int(succ.sum()), "runs", "d",
+                        rows=f"multihead, variant discover, h = {DEFAULT_STEP:g}, success")),
     ))
     return claims
 

@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
-from ..claims import Claim, threshold_claim
+from ..claims import Claim, Number, threshold_claim
 from ..theory import MULTIHEAD_GENERIC_TOL as SUCCESS_TOL
 from . import log2_ticks, register_figure
 
@@ -52,7 +52,16 @@ def multihead_generic_claims(df) -> list[Claim]:
     claims.append(threshold_claim(
         "multihead_generic_small",
         f"random heads with d <= {SMALL_D}, H <= {SMALL_H} are all recovered to "
-        f"{SUCCESS_TOL:g} (relative, after matching)", s))
+        f"{SUCCESS_TOL:g} (relative, after matching)", s,
+        numbers=(Number("multiheadGenericRuns", len(small), "runs", "d",
+                        rows=f"multihead_generic, grid, d <= {SMALL_D}, H <= {SMALL_H}"),
+                 Number("multiheadGenericRecovered", int(s.sum()), "runs", "d",
+                        rows=f"multihead_generic, grid, d <= {SMALL_D}, H <= {SMALL_H}, "
+                        "success"),
+                 *((Number("multiheadGenericWorstError", float(small.loc[s, "rel_err_W"].max()),
+                           "relative error of W", ".2g",
+                           rows="multihead_generic, grid, recovered runs"),) if s.any()
+                   else ()))))
     sep = _rows(df, "separation")
     zero = sep[sep["separation"] == 0]
     claims.append(threshold_claim(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..claims import Claim, extra_values, ok_rows
+from ..claims import Claim, Number, extra_values, fit_number, number_name, ok_rows
 from ..theory import theorem61_guarantee
 from ..theory import theorem61_premise as cell_meets_assumptions
 from . import register_figure, tight_layout
@@ -49,20 +49,33 @@ def noise_claims(df) -> list[Claim]:
             f"{int(wb.sum())}/{len(cells)} runs; largest error / guarantee "
             f"{(g['abs_err_W'] / g['bound_W']).max():.3g}" if len(g) else "no runs",
             n_runs=len(g),
+            numbers=(Number(number_name("noiseRuns", model), len(cells), "runs", "d",
+                            rows=f"noise, learner noisy, {model} noise, assumptions met"),
+                     Number(number_name("noiseWithinBound", model), int(wb.sum()), "runs", "d",
+                            rows=f"noise, learner noisy, {model} noise, within the bound"),
+                     Number(number_name("noiseBoundRatio", model),
+                            float((g["abs_err_W"] / g["bound_W"]).max()),
+                            "error / guarantee", ".2g",
+                            rows=f"noise, learner noisy, {model} noise, largest")) if len(g)
+            else (),
         ))
     for model in NOISE_MODELS:
         g = met[met["noise"] == model]
         g = g[extra_values(g, "n_clipped", 0).astype(int) == 0]
+        numbers = ()
         try:
             fit = fit_within(g, "tau", "abs_err_W", by=("noise", "mu", "W_bound", "d", "seed"))
             ok = SLOPE_RANGE[0] <= fit.slope <= SLOPE_RANGE[1]
             detail = f"slope {fit} (runs with no clipped weight, per-cell intercepts)"
+            numbers = (fit_number(number_name("noiseSlope", model), fit,
+                                  f"noise, learner noisy, {model} noise, assumptions met, no "
+                                  "clipped weight"),)
         except Exception as exc:  # too few points
             ok, detail = False, f"no fit: {exc}"
         claims.append(Claim(
             f"noise_slope_{model}",
             f"{model} noise: ||W_hat - W||_F grows linearly in tau (log-log slope in "
-            f"[{SLOPE_RANGE[0]}, {SLOPE_RANGE[1]}])", bool(ok), detail))
+            f"[{SLOPE_RANGE[0]}, {SLOPE_RANGE[1]}])", bool(ok), detail, numbers=numbers))
     unc = _met(every[every["learner"] == "unclipped"])
     und = unc["status"] != "ok"
     claims.append(Claim(
@@ -73,6 +86,9 @@ def noise_claims(df) -> list[Claim]:
         f"unclipped undefined in {int(und.sum())}/{len(unc)} such runs, at tau >= "
         f"{unc[und]['tau'].min() if und.any() else float('nan'):g}",
         n_runs=len(unc),
+        numbers=(Number("noiseUnclippedUndefinedTau", float(unc[und]["tau"].min()), "tau", "g",
+                        rows="noise, learner unclipped, smallest tau of an undefined run"),)
+        if und.any() else (),
     ))
     ov = ok_rows(df, "noise")
     ov = ov[(ov["variant"] == "oversample") & (ov["noise"] == "uniform")]
@@ -82,7 +98,9 @@ def noise_claims(df) -> list[Claim]:
             "noise_oversample",
             "uniform noise: error falls like oversample^(-1/2) (fitted exponent in "
             f"[{OVERSAMPLE_RANGE[0]}, {OVERSAMPLE_RANGE[1]}])",
-            bool(OVERSAMPLE_RANGE[0] <= fit.slope <= OVERSAMPLE_RANGE[1]), f"exponent {fit}"))
+            bool(OVERSAMPLE_RANGE[0] <= fit.slope <= OVERSAMPLE_RANGE[1]), f"exponent {fit}",
+            numbers=(fit_number("noiseOversampleExponent", fit,
+                                "noise, variant oversample, uniform noise"),)))
     return claims
 
 

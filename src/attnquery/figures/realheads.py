@@ -13,7 +13,7 @@ import pandas as pd
 from matplotlib.colors import LogNorm
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
-from ..claims import Claim, extra_values, ok_rows
+from ..claims import Claim, Number, extra_values, ok_rows
 from ..theory import BIAS_EXACT_TOL, BIAS_PARAM_TOL, BIAS_SKETCH_TOL, exact_queries, lowrank_floor
 from ..theory import REALHEADS_EXACT_TOL as EXACT_TOL
 from ..theory import REALHEADS_SKETCH_TOL as SKETCH_TOL
@@ -45,6 +45,26 @@ def _sketch_floor(ok):
     return d, r, pd.Series(list(map(lowrank_floor, d, r)), index=d.index, dtype=float)
 
 
+def _numbers(prefix, rows, ok, what) -> tuple:
+    """Heads, worst relative error of W (of c, v and beta when fitted) and the largest query
+    count of one learner's rows."""
+    if not len(ok):
+        return ()
+    out = [Number(f"{prefix}Heads", len(rows), "heads", "d", rows=what),
+           Number(f"{prefix}Queries", int(ok["n_queries"].max()), "queries", "d",
+                  rows=f"{what}, status ok, largest n_queries")]
+    for col, name in (("rel_err_W", "W"), ("rel_err_c", "C"), ("rel_err_v", "V"),
+                      ("rel_err_offset", "Beta")):
+        if col in ok and ok[col].notna().any():
+            out.append(Number(f"{prefix}WorstError{name}", float(ok[col].max()),
+                              f"relative error of {name.lower()}", ".2g",
+                              rows=f"{what}, status ok, largest {col}"))
+    if "rel_err_W" in ok:
+        out.append(Number(f"{prefix}MedianErrorW", float(ok["rel_err_W"].median()),
+                          "relative error of W", ".2g", rows=f"{what}, status ok, median"))
+    return tuple(out)
+
+
 def realheads_claims(df) -> list[Claim]:
     """The claims of the realheads experiment, checked on its rows."""
     claims = []
@@ -61,6 +81,7 @@ def realheads_claims(df) -> list[Claim]:
             bool(len(ok) == len(rows) and succ.all() and count_ok.all()),
             f"{int(succ.sum())}/{len(rows)} heads within tolerance (worst {worst:.2e}); "
             f"{int(count_ok.sum())}/{len(rows)} with d^2 + d queries",
+            numbers=_numbers("realheadsExact", rows, ok, "realheads, learner exact, no biases"),
         ))
     rows, ok = _learner_rows(df, "sketch")
     if len(rows):
@@ -78,6 +99,10 @@ def realheads_claims(df) -> list[Claim]:
             f"{int(succ.sum())}/{len(rows)} heads within tolerance (worst {worst:.2e}); "
             f"queries at most {ratio:.3f} x r(2d - r) + d; rank right in "
             f"{int(rank_ok.sum())}/{len(rows)}",
+            numbers=_numbers("realheadsSketch", rows, ok, "realheads, learner sketch, no biases")
+            + ((Number("realheadsSketchFloorRatio", float(ratio), "queries / floor", ".3f",
+                       rows="realheads, learner sketch, no biases, largest"),) if len(ok)
+               else ()),
         ))
     claims += _bias_claims(df)
     rows, ok = _learner_rows(df, "noisy")
@@ -101,6 +126,10 @@ def realheads_claims(df) -> list[Claim]:
             bool(vacuous.all()),
             f"{int(vacuous.sum())}/{int(has_bound.sum())} runs with a defined bound; median "
             f"relative error of W {ok['rel_err_W'].median():.2e}",
+            numbers=(Number("realheadsNoisyMedianErrorW", float(ok["rel_err_W"].median()),
+                            "relative error of W", ".2g",
+                            rows="realheads, learner noisy, status ok, median"),) if len(ok)
+            else (),
         ))
     return claims
 
@@ -128,6 +157,7 @@ def _bias_claims(df) -> list[Claim]:
             f"{_worst(ok, 'rel_err_W'):.2e}, c {_worst(ok, 'rel_err_c'):.2e}, v "
             f"{_worst(ok, 'rel_err_v'):.2e}, beta {_worst(ok, 'rel_err_offset'):.2e}); "
             f"{int(count_ok.sum())}/{len(rows)} with d^2 + 2d + 1 queries",
+            numbers=_numbers("realheadsBiasExact", rows, ok, "realheads, learner exact, biases"),
         ))
     rows, ok = _learner_rows(df, "sketch", biases=True)
     if len(rows):
@@ -147,6 +177,7 @@ def _bias_claims(df) -> list[Claim]:
             f"{_worst(ok, 'rel_err_W'):.2e}, c {_worst(ok, 'rel_err_c'):.2e}, v "
             f"{_worst(ok, 'rel_err_v'):.2e}, beta {_worst(ok, 'rel_err_offset'):.2e}); "
             f"queries minus d + 1 at most {ratio:.3f} x r(2d - r) + d",
+            numbers=_numbers("realheadsBiasSketch", rows, ok, "realheads, learner sketch, biases"),
         ))
     return claims
 
@@ -267,9 +298,10 @@ of the recovered W per head (layer x head), for Theorem 4.1's exact learner (d^2
 d^2 + 2d + 1 with the biases) and the low-rank sketch learner with the rank set to the head
 dimension (r(2d - r) + d queries; d + 1 more with the biases), without and with the biases, on
 one colour scale. Top right: Theorem 6.1's noisy learner (uniform noise of size tau, given
-W_bound = max(2, ||W||_F) and the margin mu = min_i |v_i|) against tau / min_i |v_i|: real heads
-have almost no margin, so the theorem's premise tau <= mu / 2 fails at every useful tau, and
-where it holds its bound on ||W_hat - W||_F exceeds ||W||_F (dotted line: relative error 1).
+W_bound = max(2, ||W||_F) and the margin ``mu = min_i |v_i|``) against ``tau / min_i |v_i|``:
+real heads have almost no margin, so the theorem's premise tau <= mu / 2 fails at every useful
+tau, and where it holds its bound on ||W_hat - W||_F exceeds ||W||_F (dotted line: relative
+error 1).
 Middle right: the queries counted by the oracle for every head and learner, with the formulas.
 Bottom: with the biases, the relative error of every learnt parameter (W, c, v, beta) of every
 head, against the goals (dashed: W; dotted: c, v, beta).

@@ -10,7 +10,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..claims import Claim, extra_values
+from ..claims import Claim, Number, extra_values
 from ..theory import LAYER_FUNC_TOL as FUNC_TOL
 from ..theory import LAYER_HEAD_TOL as HEAD_TOL
 from . import register_figure
@@ -54,6 +54,13 @@ def reallayer_claims(df) -> list[Claim]:
             f"{worst('rel_err_W'):.2e}, v {worst('rel_err_v'):.2e}, c "
             f"{worst('rel_err_c') if 'rel_err_c' in ok else float('nan'):.2e}); "
             f"{len(rows) - len(ok)} layers refused",
+            numbers=(Number("reallayerLayers", len(rows), "layers", "d", rows="reallayer"),
+                     Number("reallayerLayersRecovered", int(found.sum()), "layers", "d",
+                            rows="reallayer, status ok, every head found"),
+                     *(Number(f"reallayerWorstError{n}", worst(col), f"relative error of {n}",
+                              ".2g", rows=f"reallayer, status ok, largest {col} over heads")
+                       for col, n in (("rel_err_W", "W"), ("rel_err_v", "V"), ("rel_err_c", "C"))
+                       if col in ok and len(ok))),
         ),
         Claim(
             "reallayer_functional",
@@ -61,6 +68,9 @@ def reallayer_claims(df) -> list[Claim]:
             "on held-out random inputs",
             bool(len(ok) == len(rows) and func_ok.all()),
             f"{int(func_ok.sum())}/{len(rows)} layers (worst {worst('func_err'):.2e})",
+            numbers=(Number("reallayerWorstFunctionalError", worst("func_err"),
+                            "relative functional error", ".2g",
+                            rows="reallayer, status ok, largest func_err"),) if len(ok) else (),
         ),
         Claim(
             "reallayer_count",
@@ -81,6 +91,14 @@ def reallayer_claims(df) -> list[Claim]:
             "degrees of freedom H (r (2d - r) + 2d) + 1",
             bool((ratio <= QUERY_FACTOR).all()),
             f"queries / degrees of freedom from {ratio.min():.3f} to {ratio.max():.3f}",
+            numbers=(Number("reallayerQueriesMin", int(big["n_queries"].min()), "queries", "d",
+                            rows=f"reallayer, status ok, d >= {DOF_MIN_D}"),
+                     Number("reallayerQueriesMax", int(big["n_queries"].max()), "queries", "d",
+                            rows=f"reallayer, status ok, d >= {DOF_MIN_D}"),
+                     Number("reallayerDofRatioMin", float(ratio.min()), "queries / dof", ".2f",
+                            rows=f"reallayer, status ok, d >= {DOF_MIN_D}"),
+                     Number("reallayerDofRatioMax", float(ratio.max()), "queries / dof", ".2f",
+                            rows=f"reallayer, status ok, d >= {DOF_MIN_D}")),
         ))
     return claims
 REALLAYER_CAPTION = """\
@@ -185,4 +203,27 @@ def reallayer_time(df):
     ax.set(xlabel="layer", ylabel="wall time (s), oracle included",
            title="Attention-layer learner: wall time per layer\n(shared CPU: upper bounds)")
     ax.title.set_fontsize(8)
-    return fig, []
+    return fig, reallayer_time_claims(ok)
+
+
+#: wall time a layer's extraction may take, oracle included, on a shared CPU
+LAYER_WALL_S = 600.0
+
+
+def reallayer_time_claims(ok) -> list[Claim]:
+    """The wall-clock claim of the reallayer experiment (its numbers are timings: not
+    reproducible bit for bit, never compared exactly)."""
+    if "wall_time_s" not in ok.columns or not len(ok):
+        return []
+    t = ok["wall_time_s"].astype(float)
+    return [Claim(
+        "reallayer_wall_time",
+        f"every layer is extracted in at most {LAYER_WALL_S:g} s of wall time, oracle included "
+        "(a shared CPU: an upper bound)",
+        bool((t <= LAYER_WALL_S).all()),
+        f"{len(t)} layers, median {t.median():.0f} s, longest {t.max():.0f} s",
+        numbers=(Number("reallayerWallTimeMedian", float(t.median()), "s", ".0f",
+                        rows="reallayer, status ok, wall_time_s", timing=True),
+                 Number("reallayerWallTimeMax", float(t.max()), "s", ".0f",
+                        rows="reallayer, status ok, wall_time_s", timing=True)),
+    )]

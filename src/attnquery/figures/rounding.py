@@ -5,7 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..claims import Claim, extra_values
+from ..claims import Claim, Number, extra_values
 from ..metrics import fit_linear
 from ..theory import USEFUL_REL_ERR, precision_digits
 from . import register_figure, tight_layout
@@ -127,7 +127,12 @@ def _rounding_claims(rows, useful) -> list[Claim]:
             f"at its smallest budget ({q.split('@')[1]} queries per unknown) the low-precision "
             "learner extracts useful heads from fewer digits than Theorem 4.1's learner",
             bool(k is not None and (ex is None or k < ex)),
-            f"useful from {k} digits against {ex} (exact learner, 1 query per unknown)"))
+            f"useful from {k} digits against {ex} (exact learner, 1 query per unknown)",
+            numbers=tuple(Number(n, v, "significant digits", "d",
+                                 rows=f"rounding, smallest digits with median relative error "
+                                 f"<= {USEFUL_REL_ERR:g}")
+                          for n, v in (("roundingUsefulDigitsLowprecision", k),
+                                       ("roundingUsefulDigitsExact", ex)) if v is not None)))
     return claims
 
 

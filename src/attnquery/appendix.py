@@ -1,0 +1,200 @@
+"""An appendix a paper can include, generated from a run's results (``make appendix``).
+
+:func:`write_appendix` writes ``appendix/body.tex`` (every figure with its caption and its
+claims' verdicts, every table of ``results/tables/``, the table of the numbers the findings state,
+the study's configuration and the versions that produced the results) and
+``appendix/appendix.tex``, a standalone document that loads the numbers' macros
+(``results/numbers.tex``) and inputs the body. Paths are relative to the repository root, where
+it is compiled (:func:`compile_appendix`: ``latexmk -pdf -outdir=appendix``).
+
+In a paper: ``\\input{results/numbers.tex}`` in the preamble gives every number as a macro
+(``\\exactQueryExponent``), and ``\\input{appendix/body.tex}`` the appendix, whose figures and
+tables are labelled ``fig:<figure>`` and ``tab:<experiment>``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from .findings import load_numbers, macro_name
+
+__all__ = ["latex_text", "appendix_body", "appendix_document", "write_appendix",
+           "compile_appendix", "VERSION_COLUMNS", "PREAMBLE_PACKAGES"]
+
+#: result columns that say which code and libraries produced the results
+VERSION_COLUMNS = ("package_version", "git_commit", "python_version", "numpy_version",
+                   "scipy_version", "cvxpy_version")
+#: LaTeX packages the standalone appendix loads (a paper including the body needs them too)
+PREAMBLE_PACKAGES = ("graphicx", "booktabs", "longtable", "float", "pdflscape")
+
+_SPECIAL = {"\\": r"\textbackslash{}", "{": r"\{", "}": r"\}", "$": r"\$", "&": r"\&",
+            "#": r"\#", "%": r"\%", "_": r"\_", "^": r"\^{}", "~": r"\~{}", "<": r"$<$",
+            ">": r"$>$", "|": r"$|$"}
+
+
+def latex_text(text: str) -> str:
+    """Plain or reStructuredText ``text`` as LaTeX, one paragraph: special characters escaped,
+    ``**bold**``, ``*italic*`` and ````code```` kept as such, the report's Jinja expressions
+    (``{{ ... }}``) left out."""
+    text = re.sub(r"\{\{.*?\}\}|\{%.*?%\}", "", text, flags=re.S)  # the report's Jinja
+    text = " ".join(text.split())  # one paragraph: a caption or an item holds no \par
+    text = text.replace("<=", "\x00").replace(">=", "\x01").replace("||", "\x02")
+    out = "".join(_SPECIAL.get(ch, ch) for ch in text)
+    out = out.replace("\x00", r"$\le$").replace("\x01", r"$\ge$").replace("\x02", r"$\|$")
+    out = re.sub(r"\*\*(.+?)\*\*", r"\\textbf{\1}", out)
+    out = re.sub(r"``(.+?)``", r"\\texttt{\1}", out)
+    out = re.sub(r"(?<![\w*])\*(?!\s)(.+?)(?<!\s)\*(?![\w*])", r"\\emph{\1}", out)
+    return out
+
+
+def _figure(rec: dict, figure_dir: str) -> list[str]:
+    name = rec["figure"]
+    lines = [r"\begin{figure}[H]", r"\centering",
+             f"\\includegraphics[width=\\textwidth]{{{figure_dir}/{name}.pdf}}",
+             f"\\caption{{{latex_text(rec['caption'])}}}", f"\\label{{fig:{name}}}",
+             r"\end{figure}", ""]
+    if rec["claims"]:
+        lines.append(f"\\noindent Claims of Figure~\\ref{{fig:{name}}}, checked on the data:")
+        lines.append(r"\begin{itemize}")
+        for c in rec["claims"]:
+            lines.append(f"\\item \\textbf{{{latex_text(c['verdict'])}}}: "
+                         f"{latex_text(c['statement'])} ({latex_text(c['detail'])})")
+        lines.append(r"\end{itemize}")
+    else:
+        lines.append(f"\\noindent Figure~\\ref{{fig:{name}}} states no claim.")
+    lines.append("")
+    return lines
+
+
+def appendix_body(records, tables, numbers, config: dict, versions: dict,
+                  figure_dir: str = "figures") -> str:
+    """The appendix's body: figures and claims, tables, numbers, configuration, versions.
+
+    ``records`` are the figures' claim records (``figures/claims/<figure>.json``), ``tables`` the
+    paths of ``results/tables/<experiment>.tex``, ``numbers`` the entries of
+    ``results/numbers.json``, ``versions`` column -> the distinct values in the results.
+    """
+    lines = ["% The appendix of an attnquery study: written by `make appendix` "
+             "(attnquery.appendix) from a run's results.",
+             "% Needs the packages " + ", ".join(PREAMBLE_PACKAGES)
+             + " and the macros of results/numbers.tex.", "",
+             r"\section{Figures and the claims they support}", ""]
+    for rec in sorted(records, key=lambda r: r["figure"]):
+        lines += _figure(rec, figure_dir)
+    lines += [r"\clearpage", r"\begin{landscape}", r"\section{Tables}", "",
+              "Each row is a grid point of the experiment; each metric is its median "
+              "[interquartile range] over seeds.", ""]
+    for path in sorted(tables, key=str):
+        name = Path(path).stem
+        lines += [r"\begingroup\tiny\setlength{\tabcolsep}{2pt}",
+                  r"\let\tabular\longtable\let\endtabular\endlongtable",
+                  f"\\noindent\\textbf{{Table~\\refstepcounter{{table}}\\thetable\\label{{tab:"
+                  f"{name}}}.}} Experiment \\texttt{{{latex_text(name)}}} "
+                  f"(\\texttt{{{latex_text(str(path))}}}).", "",
+                  f"\\input{{{Path(path).with_suffix('')}}}", r"\endgroup", ""]
+    lines += [r"\end{landscape}", r"\clearpage", r"\section{Numbers}", "",
+              "Every number the findings state, as the check of its claim computed it; each is "
+              "the macro named (from \\texttt{results/numbers.tex}). Intervals are 95\\% "
+              "confidence intervals; wall-clock numbers are marked.", "",
+              r"\begingroup\scriptsize",
+              r"\begin{longtable}{llll}", r"\toprule",
+              r"macro & value & unit & figure, claim \\", r"\midrule", r"\endhead"]
+    for name, n in numbers.items():
+        m = macro_name(name)
+        value = f"\\{m}" + (f" [\\{m}Lo, \\{m}Hi]" if n.get("interval") else "")
+        unit = latex_text(n["unit"] + (" (wall clock)" if n["timing"] else ""))
+        lines.append(f"\\texttt{{\\textbackslash {m}}} & {value} & {unit} & "
+                     f"{latex_text(n['figure'])}, {latex_text(n['claim'])} \\\\")
+    lines += [r"\bottomrule", r"\end{longtable}", r"\endgroup", "",
+              r"\section{Study configuration and versions}", "",
+              "The results were produced by:", "", r"\begin{itemize}"]
+    for col, vals in versions.items():
+        lines.append(f"\\item \\texttt{{{latex_text(col)}}}: "
+                     f"{latex_text(', '.join(str(v) for v in vals))}")
+    lines += [r"\end{itemize}", "", "The study's configuration:", "", r"\begingroup\footnotesize",
+              r"\begin{verbatim}",
+              yaml.safe_dump(config, sort_keys=True, default_flow_style=None, width=90).rstrip(),
+              r"\end{verbatim}", r"\endgroup", ""]
+    return "\n".join(lines)
+
+
+def appendix_document(body_path: str = "appendix/body.tex",
+                      numbers_path: str = "results/numbers.tex") -> str:
+    """The standalone document around the body."""
+    return "\n".join([
+        r"\documentclass[10pt]{article}",
+        r"\usepackage[margin=2cm]{geometry}",
+        r"\usepackage[T1]{fontenc}",
+        *(f"\\usepackage{{{p}}}" for p in PREAMBLE_PACKAGES),
+        f"\\input{{{Path(numbers_path).with_suffix('')}}}",
+        r"\title{attnquery: the study's figures, tables and numbers}",
+        r"\date{}",
+        r"\begin{document}",
+        r"\maketitle",
+        f"\\input{{{Path(body_path).with_suffix('')}}}",
+        r"\end{document}", ""])
+
+
+def write_appendix(records, tables, numbers_json, results_all, config: dict, out_dir,
+                   numbers_tex: str = "results/numbers.tex") -> Path:
+    """Write ``out_dir/body.tex`` and ``out_dir/appendix.tex``; returns the latter."""
+    import pyarrow.parquet as pq
+
+    from .results import atomic_write_bytes
+
+    recs = [json.loads(Path(p).read_text(encoding="utf-8")) if not isinstance(p, dict) else p
+            for p in records]
+    cols = pq.read_schema(results_all).names
+    table = pq.read_table(results_all, columns=[c for c in VERSION_COLUMNS if c in cols])
+    versions = {c: sorted({str(v) for v in table.column(c).to_pylist()})
+                for c in table.column_names}
+    out_dir = Path(out_dir)
+    body = out_dir / "body.tex"
+    atomic_write_bytes(body, appendix_body(recs, tables, load_numbers(numbers_json), config,
+                                           versions).encode())
+    doc = out_dir / "appendix.tex"
+    atomic_write_bytes(doc, appendix_document(str(body), numbers_tex).encode())
+    return doc
+
+
+def compile_appendix(tex="appendix/appendix.tex", cwd=".") -> tuple[bool, str]:
+    """Compile ``tex`` to PDF with latexmk, from ``cwd`` (the repository root) into the .tex's
+    folder; returns whether a PDF was written and a line saying what happened."""
+    tex = Path(tex)
+    if shutil.which("latexmk") is None or shutil.which("pdflatex") is None:
+        return False, (f"wrote {tex}; no TeX installation (latexmk, pdflatex) found, so no PDF: "
+                       "install one (Debian: apt-get install latexmk texlive-latex-recommended "
+                       "texlive-latex-extra) and run `make appendix` again")
+    proc = subprocess.run(["latexmk", "-pdf", "-interaction=nonstopmode", "-halt-on-error",
+                           f"-outdir={tex.parent}", str(tex)], cwd=cwd, capture_output=True,
+                          text=True)
+    pdf = tex.with_suffix(".pdf")
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-25:])
+        return False, f"latexmk failed on {tex} (log: {tex.with_suffix('.log')}):\n{tail}"
+    return True, f"wrote {tex} and {pdf}"
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m attnquery.appendix",
+                                     description="compile appendix/appendix.tex with latexmk")
+    parser.add_argument("tex", nargs="?", default="appendix/appendix.tex")
+    args = parser.parse_args(argv)
+    if not Path(args.tex).is_file():
+        print(f"{args.tex} does not exist: run `make appendix`")
+        return 1
+    ok, message = compile_appendix(args.tex)
+    print(message)
+    return 0 if ok or "no TeX" in message else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

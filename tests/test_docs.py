@@ -1,0 +1,128 @@
+"""The documentation a reader browses on a forge: README.md and the pages of docs/.
+
+Every relative link resolves to a file of the repository and every anchor to a heading of its
+page (GitHub's heading slugs); the README stays short and keeps its sections in the order a
+newcomer reads them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from attnquery.findings import README_BEGIN, README_END, render_template
+
+from .fresh import REPO
+
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+#: the README's length a newcomer reads (the issue asks for at most about 250 lines)
+README_MAX_LINES = 250
+_LINK = re.compile(r"!?\[(?:[^\]\[]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+
+
+def _prose(text: str) -> str:
+    """``text`` without fenced code blocks and inline code."""
+    text = re.sub(r"^(```|~~~).*?^\1\s*$", "", text, flags=re.M | re.S)
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: its text lowercased, punctuation dropped, spaces to
+    hyphens."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # links: their text
+    text = text.replace("`", "").replace("*", "")
+    text = re.sub(r"<[^>]+>", "", text).strip().lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    """The anchors of the headings of the Markdown page ``path`` (duplicates numbered)."""
+    seen: dict[str, int] = {}
+    out = set()
+    text = re.sub(r"^(```|~~~).*?^\1\s*$", "", path.read_text(encoding="utf-8"),
+                  flags=re.M | re.S)
+    for m in re.finditer(r"^#{1,6}\s+(.*?)\s*#*\s*$", text, re.M):
+        s = slug(m.group(1))
+        n = seen.get(s, 0)
+        seen[s] = n + 1
+        out.add(s if n == 0 else f"{s}-{n}")
+    return out
+
+
+def broken_links(page: Path, root: Path = REPO) -> list[str]:
+    """Relative links and anchors of ``page`` that do not resolve."""
+    problems = []
+    for m in _LINK.finditer(_prose(page.read_text(encoding="utf-8"))):
+        target = m.group(1)
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        dest = (page.parent / path).resolve() if path else page
+        if not dest.exists():
+            problems.append(f"{page.relative_to(root)}: {target}: no such file")
+            continue
+        if root.resolve() not in (dest, *dest.parents):
+            problems.append(f"{page.relative_to(root)}: {target}: outside the repository")
+            continue
+        if anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            problems.append(f"{page.relative_to(root)}: {target}: no heading with this anchor")
+    return problems
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_relative_link_and_anchor_resolves(page):
+    problems = broken_links(page)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_link_check_finds_broken_links_and_anchors(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("# Page A\n\n## The `fit_bias` option, in full\n")
+    page = tmp_path / "README.md"
+    page.write_text(
+        "[ok](docs/a.md) [ok](docs/a.md#the-fit_bias-option-in-full) [ok](#top-title)\n"
+        "[bad file](docs/b.md) [bad anchor](docs/a.md#nothing) [web](https://x.org/#y)\n"
+        "`[not a link](nowhere.md)`\n\n```\n[not a link](nowhere.md)\n```\n# Top title\n")
+    problems = broken_links(page, tmp_path)
+    assert len(problems) == 2, problems
+    assert "docs/b.md: no such file" in problems[0]
+    assert "docs/a.md#nothing: no heading" in problems[1]
+
+
+def test_the_readme_is_short_and_in_the_order_a_newcomer_reads():
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= README_MAX_LINES
+    sections = re.findall(r"^## (.*)$", text, re.M)
+    order = ["Quick start", "Direct use", "What the study finds", "Library",
+             "Extract the parameters of your own black box", "Running on a cluster",
+             "Reproducibility", "Citing figures, tables and numbers", "Documentation"]
+    assert [s for s in sections if s in order] == order, sections
+    # the one figure it shows is a PNG of the repository
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+    assert images and all(i.endswith(".png") and (REPO / i).is_file() for i in images), images
+    # every page of docs/ is reachable from the README or the docs index
+    linked = set(re.findall(r"\(docs/([\w.-]+\.md)", text)) | set(
+        re.findall(r"\(([\w.-]+\.md)", (REPO / "docs" / "README.md").read_text()))
+    pages = {p.name for p in (REPO / "docs").glob("*.md")} - {"README.md"}
+    assert pages <= linked, f"pages no index links to: {sorted(pages - linked)}"
+
+
+def test_the_readme_holds_the_generated_table_and_the_committed_numbers_exist():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert readme.count(README_BEGIN) == 1 and readme.count(README_END) == 1
+    committed = json.loads((REPO / "docs" / "numbers.json").read_text())["numbers"]
+    table = readme.split(README_BEGIN)[1].split(README_END)[0]
+    template = (REPO / "docs" / "templates" / "readme_table.md").read_text(encoding="utf-8")
+    rendered, missing = render_template(template, committed)
+    assert not missing, f"the committed numbers lack {missing}"
+    assert table.strip() == rendered.strip(), "README's findings table is not the rendered " \
+        "template: run `make findings`"
+    page = (REPO / "docs" / "findings.md").read_text(encoding="utf-8")
+    rendered, missing = render_template(
+        (REPO / "docs" / "templates" / "findings.md").read_text(encoding="utf-8"), committed)
+    assert not missing, f"the committed numbers lack {missing}"
+    assert page == rendered, "docs/findings.md is not the rendered template: run `make findings`"
