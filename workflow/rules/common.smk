@@ -90,8 +90,12 @@ def figure_code(wildcards):
     return source_digest(figure_sources(wildcards.figure))
 
 
-#: the templates the findings pages are rendered from (results/findings/<name>)
-FINDINGS_TEMPLATES = ["docs/templates/readme_table.md", "docs/templates/findings.md"]
+#: the templates the findings pages are rendered from (results/findings/<name>), in this source
+#: tree: the workflow may run in another working directory (--directory, check-reproducible)
+FINDINGS_TEMPLATES = [
+    str(Path(workflow.basedir) / "docs" / "templates" / name)
+    for name in ("readme_table.md", "findings.md")
+]
 
 
 TABLE_CODE = source_digest(module_closure(["attnquery.tables"]))
