@@ -10,9 +10,11 @@ import pandas as pd
 import pytest
 
 from attnquery.experiments import expand_cells, run_cells
-from attnquery.figures.rotary import expected_queries, rotary_claims
+from attnquery.experiments.rotary import layer_shapes
+from attnquery.figures.rotary import expected_queries, rotary_claims, rotary_layer_claims
 from attnquery.learners.rotary import rotary_query_count
 from attnquery.results import rows_to_table
+from attnquery.schema import section_with_defaults
 
 SECTION = {"seeds": 1, "d": [16, 32, 64], "head_fraction": [0.25], "rope_base": [1e4, 1e6],
            "routes": ["dense", "lowrank"]}
@@ -59,3 +61,84 @@ def _with_extra(df, i, **kw):
 def test_contrary_data_refute_the_claim(frame, name, mutate):
     assert _claims(frame)[name].passed
     assert not _claims(mutate(frame))[name].passed
+
+
+# --- whole GQA layers (variant "layer") -------------------------------------------------------
+
+LAYERS = {**SECTION, "d": [16], "routes": ["dense"], "rope_base": [1e4],
+          "layers": {"d": [16, 32], "n_heads": [4, 8], "n_kv_heads": [1, 3, "n_heads"],
+                     "shapes": [[16, 4, 4]]}}
+
+
+@pytest.fixture(scope="module")
+def layers():
+    cells = [c for c in expand_cells("rotary", LAYERS) if c["variant"] == "layer"]
+    rows, _ = run_cells(cells, 20260122)
+    return rows_to_table(rows).to_pandas()
+
+
+def _layer_claims(df):
+    return {c.name: c for c in rotary_layer_claims(df)}
+
+
+def test_layer_cells_cover_the_grid_once():
+    section = section_with_defaults("rotary", LAYERS)["layers"]
+    assert section["seeds"] == 1 and section["rope_base"] == [1e4]
+    # G = 3 divides no H; "n_heads" is G = H; the listed shape is the grid's (16, 4, 4), once
+    assert layer_shapes(section) == [(16, 4, 1), (16, 4, 4), (16, 8, 1), (16, 8, 8),
+                                     (32, 4, 1), (32, 4, 4), (32, 8, 1), (32, 8, 8)]
+    assert not any(c["variant"] == "layer" for c in expand_cells("rotary", SECTION))
+
+
+def test_the_layers_support_every_claim_and_map_their_failures(layers, frame):
+    assert len(layers) == 8
+    failed = layers[layers["status"] != "ok"]
+    # the failure map: refused (SearchLimitError at the circle) exactly where H / G > d_h
+    per_group = layers["n_heads"] // layers["n_kv_heads"]
+    assert list(failed.index) == list(layers.index[per_group > layers["rank"]])
+    assert sorted(zip(failed["d"], failed["n_heads"], failed["n_kv_heads"])) == [
+        (16, 8, 1), (32, 8, 1)]
+    assert failed["message"].str.startswith("SearchLimitError").all()
+    ok = layers[layers["status"] == "ok"]
+    assert (ok["func_err"] < 1e-8).all() and ok["success"].all()
+    assert all(json.loads(e)["groups_found"] for e in ok["extra"])
+    claims = _layer_claims(layers)
+    assert set(claims) == {"rotary_layers", "rotary_layers_refused", "rotary_layers_map"}
+    assert all(c.passed for c in claims.values()), [str(c) for c in claims.values()]
+    numbers = {n.name: n.value for c in claims.values() for n in c.numbers}
+    assert numbers["rotaryLayers"] == 8 and numbers["rotaryLayersRecovered"] == 6
+    assert numbers["rotaryLayersRefused"] == 2 and numbers["rotaryLayersWorstError"] < 1e-8
+    # the head claims read the head rows only
+    both = pd.concat([frame, layers], ignore_index=True)
+    assert [str(c) for c in rotary_claims(both)] == [str(c) for c in rotary_claims(frame)]
+
+
+def _first(df, status="ok"):
+    return df.index[df["status"] == status][0]
+
+
+@pytest.mark.parametrize("name, mutate", [
+    ("rotary_layers", lambda df: df.assign(func_err=np.where(df.index == _first(df), 2e-8,
+                                                             df["func_err"]))),
+    ("rotary_layers", lambda df: _with_extra(df, _first(df), groups_found=False)),
+    ("rotary_layers", lambda df: _with_extra(df, _first(df), freq_err=1e-9)),
+    ("rotary_layers_refused", lambda df: df.assign(message=np.where(
+        df.index == _first(df, "error"), "ValueError: boom", df["message"]))),
+    ("rotary_layers_refused", lambda df: df.assign(status=np.where(
+        df.index == _first(df, "error"), "timeout", df["status"]))),
+    ("rotary_layers_map", lambda df: df.assign(status=np.where(
+        df.index == _first(df), "error", df["status"]))),
+])
+def test_contrary_layer_data_refute_the_claim(layers, name, mutate):
+    assert _layer_claims(layers)[name].passed
+    assert not _layer_claims(mutate(layers))[name].passed
+
+
+def test_the_goal_claim_reads_the_goal_shapes(layers):
+    i = layers.index[(layers["status"] == "ok") & (layers["d"] == 32)][0]
+    goal = layers.copy()
+    goal.loc[i, ["d", "n_heads", "n_kv_heads", "rank"]] = [128, 8, 2, 16]
+    claim = _layer_claims(goal)["rotary_layers_goal"]
+    assert claim.passed and "(128, 8, 2)" in claim.statement
+    goal.loc[i, "func_err"] = 2e-8
+    assert not _layer_claims(goal)["rotary_layers_goal"].passed

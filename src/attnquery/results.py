@@ -111,6 +111,7 @@ PARAM_COLUMNS: dict[str, pa.DataType] = {
     "readout": pa.string(),
     "biases": pa.bool_(),
     "rope_base": pa.float64(),
+    "n_kv_heads": pa.int64(),
 }
 
 #: metrics: name -> arrow type (deterministic values only; timings go to TIMING_COLUMNS)

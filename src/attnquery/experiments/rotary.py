@@ -9,6 +9,15 @@ error on held-out sequences of 1 to 4,096 tokens (``extra``: per length). Claims
 (:mod:`attnquery.figures.rotary`): the dense count is exactly ``2 (d^2 + d)`` (fitted exponent
 2), frequencies within 1e-12, functional error <= 1e-9 on every length (dense) and every run
 passes its own check.
+
+**Layers** (the optional sub-section ``layers``): whole rotary layers with grouped-query
+attention (:func:`~attnquery.models.random_rotary_layer`, H query heads over G key/value heads,
+head dimension ``d // H``, read out along a unit vector) learnt by
+:class:`~attnquery.learners.AttentionLayerLearner` with ``positions="rotary"`` and
+``n_kv_heads=G``, over a grid of (d, H, G) and the listed ``shapes``. Each cell (variant
+``layer``) records the queries counted, the frequencies' error, the functional error on 1 to
+4,096 tokens and whether the heads that share keys were found; a layer the learner refuses is a
+row with status ``error`` and the error's name in its message: the failure map.
 """
 
 from __future__ import annotations
@@ -17,9 +26,9 @@ import json
 
 import numpy as np
 
-from ..learners import RotaryValueQueryLearner
+from ..learners import AttentionLayerLearner, RotaryValueQueryLearner
 from ..metrics import fit_counted, relative_error
-from ..models import random_rotary_head
+from ..models import random_rotary_head, random_rotary_layer
 from ..oracles import ValueOracle
 from . import Experiment, grid, register
 
@@ -42,10 +51,47 @@ def cells(cfg) -> list[dict]:
         if g["variant"] == "lowrank" and dh > g["d"] // 2:
             continue  # the sketch route is for heads of low rank
         out.append({"learner": "rotary", "rank": dh, **g})
+    return out + layer_cells(cfg.get("layers"))
+
+
+def layer_shapes(section) -> list[tuple[int, int, int]]:
+    """The (d, H, G) of the ``layers`` sub-section: its grid (``n_kv_heads`` entry
+    ``"n_heads"`` meaning G = H), where G divides H and the head dimension ``d // H`` is at
+    least 2, then its ``shapes``, each once, in that order."""
+    out = []
+    for g in grid(d=section["d"], H=section["n_heads"], G=section["n_kv_heads"]):
+        d, H = g["d"], g["H"]
+        G = H if g["G"] == "n_heads" else int(g["G"])
+        if G <= H and H % G == 0 and d // H >= 2:
+            out.append((int(d), int(H), G))
+    for d, H, G in section["shapes"]:
+        out.append((int(d), int(H), int(G)))
+    return list(dict.fromkeys(out))
+
+
+def layer_cells(section) -> list[dict]:
+    """The layer cells (variant ``layer``, ``rank`` the head dimension ``d // H``)."""
+    if not section:
+        return []
+    return [{"learner": "rotary_layer", "variant": "layer", "d": d, "n_heads": H,
+             "n_kv_heads": G, "rank": d // H, "rope_base": float(base), "seed": seed}
+            for d, H, G in layer_shapes(section) for base in section["rope_base"]
+            for seed in range(section["seeds"])]
+
+
+def _func_err_by_length(model, est, d: int, rng) -> dict:
+    """Relative functional error ``max |f_hat - f| / max |f|`` per length of :data:`LENGTHS`."""
+    out = {}
+    for N in LENGTHS:
+        X = rng.standard_normal((N_SEQUENCES[N], N, d)) / np.sqrt(d)
+        y = model(X)
+        out[str(N)] = float(np.max(np.abs(est.predict(X) - y)) / np.max(np.abs(y)))
     return out
 
 
 def run(cell: dict, rng: np.random.Generator) -> dict:
+    if cell["variant"] == "layer":
+        return run_layer(cell, rng)
     model_rng, learner_rng, eval_rng = rng.spawn(3)
     d, dh = cell["d"], cell["rank"]
     head = random_rotary_head(d, model_rng, head_dim=dh, rope_base=cell["rope_base"])
@@ -55,11 +101,7 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     m = fit_counted(est, oracle)
     freq_err = (float(np.max(np.abs(est.frequencies_ - head.frequencies)))
                 if est.frequencies_.size == head.frequencies.size else float("inf"))
-    by_length = {}
-    for N in LENGTHS:
-        X = eval_rng.standard_normal((N_SEQUENCES[N], N, d)) / np.sqrt(d)
-        y = head(X)
-        by_length[str(N)] = float(np.max(np.abs(est.predict(X) - y)) / np.max(np.abs(y)))
+    by_length = _func_err_by_length(head, est, d, eval_rng)
     m["rel_err_W"] = relative_error(est.M(-1), head.M(-1))
     m["func_err"] = max(by_length.values())
     m["rank_found"] = int(est.rank_)
@@ -72,10 +114,51 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     return m
 
 
+def _groups_found(est, layer) -> bool:
+    """Whether the heads the learner says share keys are the layer's groups (heads matched by
+    their value vectors, which are in general position)."""
+    idx = [int(np.argmin(np.linalg.norm(layer.values - v, axis=1))) for v in est.v_]
+    if sorted(idx) != list(range(layer.n_heads)):
+        return False
+    truth = layer.groups[idx]
+    found = np.asarray(est.kv_groups_)
+    return bool(np.array_equal(truth[:, None] == truth[None, :], found[:, None] == found[None, :]))
+
+
+def run_layer(cell: dict, rng: np.random.Generator) -> dict:
+    """One GQA layer cell: the layer learner with ``n_kv_heads`` given; a refusal raises (the
+    row's status is ``error``, its message the error)."""
+    model_rng, learner_rng, eval_rng = rng.spawn(3)
+    d, H, G = cell["d"], cell["n_heads"], cell["n_kv_heads"]
+    layer = random_rotary_layer(d, H, G, model_rng, rope_base=cell["rope_base"])
+    oracle = ValueOracle(layer, d)
+    est = AttentionLayerLearner(n_heads=H, n_kv_heads=G, positions="rotary", fit_bias=False,
+                                random_state=learner_rng)
+    m = fit_counted(est, oracle)
+    freq_err = (float(np.max(np.abs(est.frequencies_ - layer.frequencies)))
+                if est.frequencies_.size == layer.frequencies.size else float("inf"))
+    by_length = _func_err_by_length(layer, est, d, eval_rng)
+    groups = _groups_found(est, layer)
+    m["func_err"] = max(by_length.values())
+    m["rank_found"] = int(est.rank_)
+    m["n_heads_found"] = int(est.n_heads_)
+    m["success"] = bool(freq_err <= 1e-12 and m["func_err"] <= 1e-8 and groups)
+    m["extra"] = json.dumps({
+        "freq_err": freq_err, "func_err_by_length": by_length, "groups_found": groups,
+        "n_kv_heads_found": int(est.n_kv_heads_), "rotary_dim": int(est.rotary_dim_),
+        "queries_by_stage": {k: int(v) for k, v in est.n_queries_by_stage_.items()}},
+        sort_keys=True)
+    return m
+
+
 def seconds(cell) -> float:
     """About 0.2 s at d = 32 and 5 s at d = 128 (dense, 2-core machine); the low-rank route at
-    d = 1024, d_h = 128 takes 49 s of CPU (benchmark ``rotary``)."""
+    d = 1024, d_h = 128 takes 49 s of CPU (benchmark ``rotary``). Layers: 0.1 to 0.5 s at
+    d <= 64 (up to 1.5 s where the learner refuses after six circles), about 4 s at d = 128,
+    H = 8 and 200 s at d = 512, H = 8 (docs/rotary.md), so about ``H (d / 128)^3 / 2`` s."""
     d = cell["d"]
+    if cell["variant"] == "layer":
+        return 1.5 + 0.5 * cell["n_heads"] * (d / 128) ** 3
     if cell["variant"] == "lowrank":
         return 1.0 + 50.0 * (d / 1024) ** 2 * (cell["rank"] / 128)
     return 0.2 + 5.0 * (d / 128) ** 3

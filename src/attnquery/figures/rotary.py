@@ -1,7 +1,10 @@
-"""Figure rotary: rotary heads (RoPE) from value queries (beyond the paper).
+"""Figures rotary and rotary_layers: rotary heads (RoPE) and whole GQA layers from value
+queries (beyond the paper).
 
-Reads the rows of the ``rotary`` experiment: counted queries against d, the frequencies' errors
-and the functional error against the sequence length (1 to 4,096 tokens).
+``rotary`` reads the head rows of the ``rotary`` experiment (routes ``dense`` and ``lowrank``):
+counted queries against d, the frequencies' errors and the functional error against the
+sequence length (1 to 4,096 tokens). ``rotary_layers`` reads its layer rows (variant
+``layer``): the functional error or the refusal of every (d, H, G), the failure map.
 """
 
 from __future__ import annotations
@@ -9,7 +12,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..claims import Claim, extra_values, ok_rows, threshold_claim
+from .. import errors
+from ..claims import Claim, Number, extra_values, fit_number, ok_rows, threshold_claim
 from ..metrics import fit_power_law
 from . import log2_ticks, register_figure
 
@@ -20,6 +24,30 @@ FIT_MIN_D = 32
 FREQ_TOL = 1e-12
 #: largest functional error (relative, every length up to 4,096 tokens) per route
 FUNC_TOL = {"dense": 1e-9, "lowrank": 1e-8}
+#: the routes of single heads (the other variant, ``layer``, is a whole GQA layer)
+HEAD_ROUTES = ("dense", "lowrank")
+#: largest functional error (relative, up to 4,096 tokens) of a recovered layer (issue 23's goal)
+LAYER_TOL = 1e-8
+#: issue 23's goal shapes (d, H, G): Llama-like GQA (heads of 16), 8 heads of 64 sharing one
+#: key/value head (multi-query)
+LAYER_GOALS = ((128, 8, 2), (512, 8, 1))
+
+
+def _heads(df):
+    """The single-head rows of the rotary experiment (every status)."""
+    rows = df[df["experiment"] == "rotary"]
+    return rows[rows["variant"].isin(HEAD_ROUTES)]
+
+
+def _layers(df):
+    """The layer rows of the rotary experiment (every status)."""
+    rows = df[df["experiment"] == "rotary"]
+    return rows[rows["variant"] == "layer"]
+
+
+def _error_name(message) -> str:
+    """The exception's name that starts a failed row's message (``"SearchLimitError: ..."``)."""
+    return str(message).split(":", 1)[0].strip() if isinstance(message, str) else ""
 
 
 def expected_queries(route: str, d: int, rank: int, oversample: int = 8) -> int:
@@ -33,8 +61,8 @@ def expected_queries(route: str, d: int, rank: int, oversample: int = 8) -> int:
 
 def rotary_claims(df) -> list[Claim]:
     """The claims of the rotary experiment, checked on its rows."""
-    ok = ok_rows(df, "rotary")
-    all_rows = df[df["experiment"] == "rotary"]
+    all_rows = _heads(df)
+    ok = ok_rows(all_rows)
     n_all = len(all_rows)
     claims = []
     want = np.array([expected_queries(r, int(d), int(k))
@@ -43,35 +71,54 @@ def rotary_claims(df) -> list[Claim]:
     exact = ok["n_queries"].to_numpy(dtype=float) == want
     claims.append(threshold_claim(
         "rotary_count", "every run uses exactly 2 (d^2 + d) queries (dense route; the sketch "
-        "route its own count), as counted by the oracle", exact, of=n_all))
+        "route its own count), as counted by the oracle", exact, of=n_all,
+        numbers=(Number("rotaryRuns", n_all, "runs", "d", rows="rotary heads, every status"),
+                 Number("rotaryRunsExactCount", int(exact.sum()), "runs", "d",
+                        rows="rotary heads, status ok, count as the learner states"),
+                 Number("rotaryMaxD", int(all_rows["d"].max()) if n_all else 0, "d", "d",
+                        rows="rotary heads"))))
     dense = ok[(ok["variant"] == "dense") & (ok["d"] >= FIT_MIN_D)]
     if len(dense["d"].unique()) >= 2 and len(dense) >= 3:
         fit = fit_power_law(dense["d"], dense["n_queries"])
-        const = float(np.median(dense["n_queries"] / (dense["d"] ** 2 + dense["d"])))
+        ratio = dense["n_queries"] / (dense["d"] ** 2 + dense["d"])
+        const = float(np.median(ratio))
+        rows = f"rotary heads, dense route, status ok, d >= {FIT_MIN_D}"
         claims.append(Claim(
             "rotary_exponent", f"dense queries grow as d^2 (fitted exponent in "
             f"[{EXPONENT_RANGE[0]}, {EXPONENT_RANGE[1]}]), twice the paper's d^2 + d",
-            bool(EXPONENT_RANGE[0] <= fit.slope <= EXPONENT_RANGE[1] and abs(const - 2) < 1e-9),
+            bool(EXPONENT_RANGE[0] <= fit.slope <= EXPONENT_RANGE[1]
+                 and float(np.max(np.abs(ratio - 2))) < 1e-9),
             f"exponent {fit} on d >= {FIT_MIN_D}; queries / (d^2 + d) = {const:.3f}",
-            n_runs=len(dense)))
+            n_runs=len(dense),
+            numbers=(fit_number("rotaryExponent", fit, rows),
+                     Number("rotaryConstant", const, "queries / (d^2 + d)", ".3f",
+                            rows=rows + "; median"))))
     else:
         claims.append(Claim("rotary_exponent", "dense queries grow as d^2", False,
                             f"too few dense grid points with d >= {FIT_MIN_D} to fit", n_runs=0))
     freq = extra_values(ok, "freq_err", float("inf")).astype(float)
     good = freq <= FREQ_TOL
+    worst_freq = float(freq.max()) if len(ok) else float("nan")
     claims.append(threshold_claim(
         "rotary_frequencies", f"the frequencies are found from the answers to {FREQ_TOL:g}",
-        good, of=n_all, worst=freq.max() if len(ok) else float("nan"), fmt=".1e"))
+        good, of=n_all, worst=worst_freq, fmt=".1e",
+        numbers=(Number("rotaryWorstFrequencyError", worst_freq, "radians per position",
+                        ".1e", rows="rotary heads, status ok, no rope base given"),)))
     tol = ok["variant"].map(FUNC_TOL).astype(float)
     within = ok["func_err"].astype(float) <= tol
-    parts = []
+    parts, numbers = [], []
     for route, g in ok.groupby("variant", sort=True):
-        parts.append(f"{route}: worst {g['func_err'].max():.1e} (<= {FUNC_TOL[route]:g})")
+        worst = float(g["func_err"].max())
+        parts.append(f"{route}: worst {worst:.1e} (<= {FUNC_TOL[route]:g})")
+        numbers.append(Number(f"rotaryWorstError{route.capitalize()}", worst,
+                              "relative error", ".1e",
+                              rows=f"rotary heads, {route} route, status ok, 1 to 4,096 tokens"))
     claims.append(Claim(
         "rotary_length", "the recovered head agrees with the box on sequences of 1 to 4,096 "
         "tokens: functional relative error <= 1e-9 (dense; 1e-8 on the sketch route)",
         bool(within.all() and len(ok) == n_all),
-        f"{int(within.sum())}/{n_all} runs; " + "; ".join(parts), n_runs=len(ok)))
+        f"{int(within.sum())}/{n_all} runs; " + "; ".join(parts), n_runs=len(ok),
+        numbers=numbers))
     checked = ok["verified"].fillna(False).astype(bool)
     claims.append(threshold_claim(
         "rotary_checked", "every run passed the learner's own check on sequences of up to "
@@ -98,7 +145,7 @@ of the held-out sequences (1 to 4,096 tokens), worst over the runs of each d and
                  caption=ROTARY_CAPTION)
 def rotary(df):
     """Queries against d, frequency errors, functional error against the sequence length."""
-    ok = ok_rows(df, "rotary")
+    ok = ok_rows(_heads(df))
     claims = rotary_claims(df)
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(10, 3.2))
     ds = np.sort(ok["d"].unique())
@@ -133,4 +180,147 @@ def rotary(df):
     _legend(ax3, loc="lower right", fontsize=5, ncol=2)
     for ax in (ax1, ax2):
         log2_ticks(ax, ds)
+    return fig, claims
+
+
+def _per_group(rows) -> np.ndarray:
+    """Query heads per key/value group, H / G, of each row."""
+    return (rows["n_heads"].astype(int) // rows["n_kv_heads"].astype(int)).to_numpy()
+
+
+def _recovered(rows) -> np.ndarray:
+    """Whether each layer row was returned (status ok) within the goal: functional error
+    <= LAYER_TOL, frequencies within FREQ_TOL and the key-sharing groups found."""
+    if not len(rows):
+        return np.zeros(0, dtype=bool)
+    ok = (rows["status"] == "ok").to_numpy()
+    err = rows["func_err"].astype(float).fillna(np.inf).to_numpy() <= LAYER_TOL
+    freq = extra_values(rows, "freq_err", np.inf).astype(float).to_numpy() <= FREQ_TOL
+    groups = extra_values(rows, "groups_found", False).astype(bool).to_numpy()
+    return ok & err & freq & groups
+
+
+def _shape(row) -> str:
+    return f"({int(row['d'])}, {int(row['n_heads'])}, {int(row['n_kv_heads'])})"
+
+
+def rotary_layer_claims(df) -> list[Claim]:
+    """The claims of the rotary experiment's layer rows (variant ``layer``)."""
+    rows = _layers(df)
+    n = len(rows)
+    ok = rows[rows["status"] == "ok"]
+    good = _recovered(ok)
+    worst = float(ok["func_err"].astype(float).max()) if len(ok) else float("nan")
+    freq = extra_values(ok, "freq_err", np.inf).astype(float)
+    worst_freq = float(freq.max()) if len(ok) else float("nan")
+    ok_rows_ = "rotary layers, status ok, 1 to 4,096 tokens"
+    claims = [threshold_claim(
+        "rotary_layers", f"every GQA layer the learner returns agrees with the box to "
+        f"{LAYER_TOL:g} on 1 to 4,096 tokens, its frequencies within {FREQ_TOL:g} and the heads "
+        "that share keys found", good, of=len(ok), worst=worst, runs="layers returned",
+        numbers=(Number("rotaryLayers", n, "layers", "d", rows="rotary layers, every status"),
+                 Number("rotaryLayersRecovered", int(good.sum()), "layers", "d",
+                        rows=ok_rows_ + ", within the goal"),
+                 Number("rotaryLayersWorstError", worst, "relative error", ".1e", rows=ok_rows_),
+                 Number("rotaryLayersWorstFrequencyError", worst_freq, "radians per position",
+                        ".1e", rows="rotary layers, status ok")))]
+    failed = rows[rows["status"] != "ok"]
+    names = [_error_name(m) for m in failed["message"]]
+    named = [failed["status"].iloc[i] == "error" and isinstance(getattr(errors, nm, None), type)
+             and issubclass(getattr(errors, nm), errors.AttnQueryError)
+             for i, nm in enumerate(names)]
+    kinds = ", ".join(f"{k} {names.count(k)}" for k in sorted(set(names))) or "none"
+    claims.append(Claim(
+        "rotary_layers_refused", "every layer not returned was refused with a named error of "
+        "attnquery.errors (no timeout, no crash, no silent wrong answer)",
+        bool(all(named)), f"{int(sum(named))}/{len(failed)} refusals named ({kinds})",
+        n_runs=n, numbers=(Number("rotaryLayersRefused", len(failed), "layers", "d",
+                                  rows="rotary layers, status not ok"),)))
+    # the failure map: recovered exactly where the heads per group H / G are at most d_h
+    pred = _per_group(rows) <= rows["rank"].astype(int).to_numpy()
+    rec = _recovered(rows)
+    wrong = [_shape(r) for (_, r), p, g in zip(rows.iterrows(), pred, rec, strict=True) if p != g]
+    claims.append(Claim(
+        "rotary_layers_map", "the failure map: a layer is recovered exactly where its query "
+        "heads per key/value group H / G are at most the head dimension d_h = d / H",
+        not wrong, f"{n - len(wrong)}/{n} layers as predicted"
+        + (f"; not as predicted: {', '.join(wrong[:6])}" if wrong else ""), n_runs=n,
+        numbers=(Number("rotaryLayersAsMapped", n - len(wrong), "layers", "d",
+                        rows="rotary layers, every status"),)))
+    goal = rows[[(int(d), int(h), int(g)) in LAYER_GOALS for d, h, g in
+                 zip(rows["d"], rows["n_heads"], rows["n_kv_heads"], strict=True)]]
+    if len(goal):
+        gok = _recovered(goal)
+        gworst = float(goal["func_err"].astype(float).fillna(np.inf).max())
+        shapes = sorted({_shape(r) for _, r in goal.iterrows()})
+        claims.append(threshold_claim(
+            "rotary_layers_goal", f"issue 23's goal layers {', '.join(shapes)} (d, H, G) are "
+            f"recovered to {LAYER_TOL:g}", gok, worst=gworst, runs="goal layers",
+            numbers=(Number("rotaryLayersGoalError", gworst, "relative error", ".1e",
+                            rows="rotary layers of the goal shapes, 1 to 4,096 tokens"),)))
+    return claims
+
+
+ROTARY_LAYERS_CAPTION = """\
+**Whole rotary layers with grouped-query attention (beyond the paper).** Random Llama-style
+layers, H query heads over G key/value heads of dimension d_h = d / H (RoPE, read out along a
+unit vector), learnt by ``AttentionLayerLearner(n_heads=H, n_kv_heads=G, positions="rotary")``.
+Left: the failure map over the query heads per key/value group H / G and d_h; a circle is a
+layer recovered (colour: its functional relative error, log10), a cross one the learner refused
+(its error's name beside it); the dashed line is H / G = d_h. Middle: the functional relative
+error of the recovered layers against the length of the held-out sequences (1 to 4,096 tokens),
+every layer (thin) and the worst of each d (bold). Right: the queries counted by the oracle
+against d, per H.
+"""
+
+
+@register_figure("rotary_layers", experiments=["rotary"], category="Beyond the paper",
+                 caption=ROTARY_LAYERS_CAPTION)
+def rotary_layers(df):
+    """The failure map of GQA layers, their error against the length, their queries."""
+    rows = _layers(df)
+    claims = rotary_layer_claims(df)
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(10, 3.3), layout="constrained")
+    rec = _recovered(rows)
+    if len(rows):
+        per, dh = _per_group(rows), rows["rank"].astype(int).to_numpy()
+        err = np.log10(np.maximum(rows["func_err"].astype(float).fillna(1.0).to_numpy(), 1e-17))
+        sc = ax1.scatter(per[rec], dh[rec], c=err[rec], cmap="viridis", vmin=-14, vmax=-8,
+                         marker="o", s=30, label="recovered")
+        ax1.scatter(per[~rec], dh[~rec], color="C3", marker="x", s=40, label="refused")
+        for p, h, m in {(int(p), int(h), _error_name(m)) for p, h, m, r in
+                        zip(per, dh, rows["message"], rec, strict=True) if not r}:
+            ax1.annotate(m.replace("Error", ""), (p, h), fontsize=5, xytext=(3, 3),
+                         textcoords="offset points", color="C3")
+        fig.colorbar(sc, ax=ax1, label="log10 functional error", shrink=0.9)
+        xx = np.geomspace(0.8, max(per.max(), dh.max()) * 1.25, 10)
+        ax1.plot(xx, xx, "k--", lw=0.8, label="$H/G = d_h$")
+    ax1.set(xscale="log", yscale="log", xlabel="query heads per key/value head $H/G$",
+            ylabel="head dimension $d_h = d/H$")
+    if len(rows):
+        log2_ticks(ax1, per)
+        log2_ticks(ax1, dh, "y")
+    ax1.set_title("Failure map")
+    _legend(ax1, loc="lower right", fontsize=6)
+    ok = rows[rec] if len(rows) else rows
+    for k, (d, g) in enumerate(ok.groupby("d", sort=True)):
+        by = extra_values(g, "func_err_by_length", {})
+        lengths = sorted({int(n) for row in by for n in row})
+        for row in by:  # every layer, thin; the worst of each d, bold
+            ax2.plot(lengths, np.maximum([row.get(str(n), np.nan) for n in lengths], 1e-17),
+                     "-", lw=0.4, alpha=0.5, color=f"C{k}")
+        worst = [max(float(row.get(str(n), np.nan)) for row in by) for n in lengths]
+        ax2.plot(lengths, np.maximum(worst, 1e-17), "o-", ms=3, lw=1.2, color=f"C{k}",
+                 label=f"d = {d}, worst")
+    ax2.axhline(LAYER_TOL, color="k", lw=0.8, ls="--", label=f"goal {LAYER_TOL:g}")
+    ax2.set(xscale="log", yscale="log", xlabel="sequence length $N$",
+            ylabel="functional relative error")
+    ax2.set_title("Error against the length")
+    _legend(ax2, loc="lower right", fontsize=6)
+    for k, (H, g) in enumerate(ok.groupby("n_heads", sort=True)):
+        ax3.plot(g["d"], g["n_queries"], "os^vD"[k % 5], color=f"C{k}", ms=4, label=f"H = {H}")
+    ax3.set(xscale="log", yscale="log", xlabel="dimension $d$", ylabel="queries counted")
+    ax3.set_title("Queries, recovered layers")
+    _legend(ax3, loc="upper left", fontsize=6)
+    log2_ticks(ax3, np.sort(ok["d"].unique()) if len(ok) else np.zeros(0))
     return fig, claims
