@@ -158,7 +158,7 @@ def seconds(cell) -> float:
     H = 8 and 200 s at d = 512, H = 8 (docs/rotary.md), so about ``H (d / 128)^3 / 2`` s."""
     d = cell["d"]
     if cell["variant"] == "layer":
-        return 1.5 + 0.5 * cell["n_heads"] * (d / 128) ** 3
+        return 0.3 + 0.5 * cell["n_heads"] * (d / 128) ** 3
     if cell["variant"] == "lowrank":
         return 1.0 + 50.0 * (d / 1024) ** 2 * (cell["rank"] / 128)
     return 0.2 + 5.0 * (d / 128) ** 3
