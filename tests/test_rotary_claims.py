@@ -96,8 +96,8 @@ def test_the_layers_support_every_claim_and_map_their_failures(layers, frame):
     # the failure map: refused (SearchLimitError at the circle) exactly where H / G > d_h
     per_group = layers["n_heads"] // layers["n_kv_heads"]
     assert list(failed.index) == list(layers.index[per_group > layers["rank"]])
-    assert sorted(zip(failed["d"], failed["n_heads"], failed["n_kv_heads"])) == [
-        (16, 8, 1), (32, 8, 1)]
+    shapes = zip(failed["d"], failed["n_heads"], failed["n_kv_heads"], strict=True)
+    assert sorted(shapes) == [(16, 8, 1), (32, 8, 1)]
     assert failed["message"].str.startswith("SearchLimitError").all()
     ok = layers[layers["status"] == "ok"]
     assert (ok["func_err"] < 1e-8).all() and ok["success"].all()
