@@ -142,3 +142,28 @@ def test_the_goal_claim_reads_the_goal_shapes(layers):
     assert claim.passed and "(128, 8, 2)" in claim.statement
     goal.loc[i, "func_err"] = 2e-8
     assert not _layer_claims(goal)["rotary_layers_goal"].passed
+
+
+def test_layers_with_biases_are_refused_by_name_and_mapped(layers):
+    section = {**LAYERS, "layers": {"d": [16], "n_heads": [4], "n_kv_heads": [1],
+                                    "biases": [False, True]}}
+    cells = [c for c in expand_cells("rotary", section) if c["variant"] == "layer"]
+    plain = [c for c in cells if "biases" not in c]
+    # a cell without biases is the same cell as in a section that does not name biases
+    assert {c["cell_id"] for c in plain} <= set(layers["cell_id"])
+    biased = [c for c in cells if c.get("biases")]
+    assert len(biased) == 1
+    rows, _ = run_cells(biased, 20260122)
+    row = rows_to_table(rows).to_pandas()
+    assert row["status"].iloc[0] == "error"
+    assert row["message"].iloc[0].startswith("SearchLimitError")
+    both = pd.concat([layers, row], ignore_index=True)
+    claims = _layer_claims(both)
+    assert all(c.passed for c in claims.values()), [str(c) for c in claims.values()]
+    assert {n.name: n.value for n in claims["rotary_layers_refused"].numbers} == {
+        "rotaryLayersRefused": 3}
+    # a biased layer said to be recovered contradicts the map
+    wrong = both.copy()
+    i, good = wrong.index[-1], _first(layers)
+    wrong.loc[i, ["status", "func_err", "extra"]] = ["ok", 1e-12, layers.loc[good, "extra"]]
+    assert not _layer_claims(wrong)["rotary_layers_map"].passed

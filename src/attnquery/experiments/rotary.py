@@ -14,7 +14,9 @@ passes its own check.
 attention (:func:`~attnquery.models.random_rotary_layer`, H query heads over G key/value heads,
 head dimension ``d // H``, read out along a unit vector) learnt by
 :class:`~attnquery.learners.AttentionLayerLearner` with ``positions="rotary"`` and
-``n_kv_heads=G``, over a grid of (d, H, G) and the listed ``shapes``. Each cell (variant
+``n_kv_heads=G``, over a grid of (d, H, G) and the listed ``shapes``, optionally with
+Qwen2-style biases (``biases``: the learner's rotary route assumes none, so these rows map its
+refusal). Each cell (variant
 ``layer``) records the queries counted, the frequencies' error, the functional error on 1 to
 4,096 tokens and whether the heads that share keys were found; a layer the learner refuses is a
 row with status ``error`` and the error's name in its message: the failure map.
@@ -22,6 +24,7 @@ row with status ``error`` and the error's name in its message: the failure map.
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import numpy as np
@@ -35,6 +38,9 @@ from . import Experiment, grid, register
 #: sequence lengths of the functional error, and how many held-out sequences of each
 LENGTHS = (1, 16, 256, 4096)
 N_SEQUENCES = {1: 64, 16: 64, 256: 16, 4096: 4}
+#: standard deviation of every bias entry of the layers with biases (Qwen2-style: q, k, v and
+#: output); the layer learner's rotary route assumes none and refuses them
+LAYER_BIAS = 0.1
 
 
 def head_dim_of(d: int, fraction: float) -> int:
@@ -70,13 +76,20 @@ def layer_shapes(section) -> list[tuple[int, int, int]]:
 
 
 def layer_cells(section) -> list[dict]:
-    """The layer cells (variant ``layer``, ``rank`` the head dimension ``d // H``)."""
+    """The layer cells (variant ``layer``, ``rank`` the head dimension ``d // H``; ``biases``
+    True for Qwen2-style layers with q, k, v and output biases)."""
     if not section:
         return []
-    return [{"learner": "rotary_layer", "variant": "layer", "d": d, "n_heads": H,
-             "n_kv_heads": G, "rank": d // H, "rope_base": float(base), "seed": seed}
-            for d, H, G in layer_shapes(section) for base in section["rope_base"]
-            for seed in range(section["seeds"])]
+    out = []
+    for d, H, G in layer_shapes(section):
+        for base, biases, seed in itertools.product(section["rope_base"], section["biases"],
+                                                   range(section["seeds"])):
+            cell = {"learner": "rotary_layer", "variant": "layer", "d": d, "n_heads": H,
+                    "n_kv_heads": G, "rank": d // H, "rope_base": float(base), "seed": seed}
+            if biases:  # only then: the cells without biases keep their identity
+                cell["biases"] = True
+            out.append(cell)
+    return out
 
 
 def _func_err_by_length(model, est, d: int, rng) -> dict:
@@ -130,7 +143,8 @@ def run_layer(cell: dict, rng: np.random.Generator) -> dict:
     row's status is ``error``, its message the error)."""
     model_rng, learner_rng, eval_rng = rng.spawn(3)
     d, H, G = cell["d"], cell["n_heads"], cell["n_kv_heads"]
-    layer = random_rotary_layer(d, H, G, model_rng, rope_base=cell["rope_base"])
+    bias = LAYER_BIAS if cell.get("biases") else 0.0
+    layer = random_rotary_layer(d, H, G, model_rng, rope_base=cell["rope_base"], bias=bias)
     oracle = ValueOracle(layer, d)
     est = AttentionLayerLearner(n_heads=H, n_kv_heads=G, positions="rotary", fit_bias=False,
                                 random_state=learner_rng)

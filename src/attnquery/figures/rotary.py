@@ -188,6 +188,13 @@ def _per_group(rows) -> np.ndarray:
     return (rows["n_heads"].astype(int) // rows["n_kv_heads"].astype(int)).to_numpy()
 
 
+def _biased(rows) -> np.ndarray:
+    """Whether each layer row's layer carries biases (Qwen2-style; absent means none)."""
+    if "biases" not in rows.columns:
+        return np.zeros(len(rows), dtype=bool)
+    return rows["biases"].astype("boolean").fillna(False).to_numpy(dtype=bool)
+
+
 def _recovered(rows) -> np.ndarray:
     """Whether each layer row was returned (status ok) within the goal: functional error
     <= LAYER_TOL, frequencies within FREQ_TOL and the key-sharing groups found."""
@@ -236,13 +243,15 @@ def rotary_layer_claims(df) -> list[Claim]:
         bool(all(named)), f"{int(sum(named))}/{len(failed)} refusals named ({kinds})",
         n_runs=n, numbers=(Number("rotaryLayersRefused", len(failed), "layers", "d",
                                   rows="rotary layers, status not ok"),)))
-    # the failure map: recovered exactly where the heads per group H / G are at most d_h
-    pred = _per_group(rows) <= rows["rank"].astype(int).to_numpy()
+    # the failure map: recovered exactly where the heads per group H / G are at most d_h, and
+    # the layer has no biases
+    pred = (_per_group(rows) <= rows["rank"].astype(int).to_numpy()) & ~_biased(rows)
     rec = _recovered(rows)
     wrong = [_shape(r) for (_, r), p, g in zip(rows.iterrows(), pred, rec, strict=True) if p != g]
     claims.append(Claim(
         "rotary_layers_map", "the failure map: a layer is recovered exactly where its query "
-        "heads per key/value group H / G are at most the head dimension d_h = d / H",
+        "heads per key/value group H / G are at most the head dimension d_h = d / H and it has "
+        "no biases",
         not wrong, f"{n - len(wrong)}/{n} layers as predicted"
         + (f"; not as predicted: {', '.join(wrong[:6])}" if wrong else ""), n_runs=n,
         numbers=(Number("rotaryLayersAsMapped", n - len(wrong), "layers", "d",
@@ -267,7 +276,8 @@ layers, H query heads over G key/value heads of dimension d_h = d / H (RoPE, rea
 unit vector), learnt by ``AttentionLayerLearner(n_heads=H, n_kv_heads=G, positions="rotary")``.
 Left: the failure map over the query heads per key/value group H / G and d_h; a circle is a
 layer recovered (colour: its functional relative error, log10), a cross one the learner refused
-(its error's name beside it); the dashed line is H / G = d_h. Middle: the functional relative
+(its error's name beside it), an open square a layer with Qwen2-style biases refused; the dashed
+line is H / G = d_h. Middle: the functional relative
 error of the recovered layers against the length of the held-out sequences (1 to 4,096 tokens),
 every layer (thin) and the worst of each d (bold). Right: the queries counted by the oracle
 against d, per H.
@@ -287,7 +297,12 @@ def rotary_layers(df):
         err = np.log10(np.maximum(rows["func_err"].astype(float).fillna(1.0).to_numpy(), 1e-17))
         sc = ax1.scatter(per[rec], dh[rec], c=err[rec], cmap="viridis", vmin=-14, vmax=-8,
                          marker="o", s=30, label="recovered")
-        ax1.scatter(per[~rec], dh[~rec], color="C3", marker="x", s=40, label="refused")
+        bias = _biased(rows)
+        ax1.scatter(per[~rec & ~bias], dh[~rec & ~bias], color="C3", marker="x", s=40,
+                    label="refused")
+        if bias.any():
+            ax1.scatter(per[~rec & bias], dh[~rec & bias], facecolors="none", edgecolors="C3",
+                        marker="s", s=60, label="refused, with biases")
         for p, h, m in {(int(p), int(h), _error_name(m)) for p, h, m, r in
                         zip(per, dh, rows["message"], rec, strict=True) if not r}:
             ax1.annotate(m.replace("Error", ""), (p, h), fontsize=5, xytext=(3, 3),
