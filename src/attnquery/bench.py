@@ -356,6 +356,41 @@ def bench_rotary() -> list[dict]:
     return rows
 
 
+@register_benchmark("rotary_layer")
+def bench_rotary_layer() -> list[dict]:
+    """AttentionLayerLearner(positions="rotary") on random Llama-style GQA layers (beyond the
+    paper), heads of d / H, base 1e4: issue 23's goal shapes (d = 128, 8 query heads over 2
+    key/value heads; d = 512, 8 heads of 64 over 1) and one between; queries counted by stage,
+    frequency error, functional error on 1, 64 and 4,096 tokens, wall and CPU time."""
+    from .learners import AttentionLayerLearner
+    from .models import random_rotary_layer
+    from .oracles import ValueOracle
+
+    rows = []
+    for d, H, G in ((128, 8, 2), (256, 8, 2), (512, 8, 1)):
+        layer = random_rotary_layer(d, H, G, 0, rope_base=1e4)
+        oracle = ValueOracle(layer, d)
+        t0, c0 = time.perf_counter(), time.process_time()
+        est = AttentionLayerLearner(n_heads=H, n_kv_heads=G, positions="rotary",
+                                    fit_bias=False, random_state=0).fit(oracle)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        stages = est.n_queries_by_stage_
+        row = {"d": d, "H": H, "G": G, "d_h": d // H,
+               "queries (counted)": est.n_queries_ - stages["verify"],
+               "circle": stages["circle"], "isolated": stages["isolated"],
+               "missing": stages["missing"], "groups found": int(est.n_kv_heads_),
+               "max freq. error": float(np.max(np.abs(est.frequencies_ - layer.frequencies)))}
+        rng = np.random.default_rng(1)
+        for N in (1, 64, 4096):
+            X = rng.standard_normal((64 if N < 4096 else 4, N, d)) / np.sqrt(d)
+            y = layer(X)
+            row[f"func. error N={N}"] = float(np.max(np.abs(est.predict(X) - y))
+                                              / np.max(np.abs(y)))
+        row.update({"wall time (s)": round(wall, 1), "CPU time (s)": round(cpu, 1)})
+        rows.append(row)
+    return rows
+
+
 def run_benchmarks(names=None, file=None) -> None:
     """Run the benchmarks ``names`` (default: all, in name order) and print their tables to
     ``file`` (default: standard output).
