@@ -4,10 +4,16 @@
 import numpy as np
 import pytest
 
-from attnquery.errors import AssumptionViolation, AttnQueryError, ConfigError
+from attnquery.errors import (
+    AssumptionViolation,
+    AttnQueryError,
+    ConfigError,
+    ModelMismatchError,
+    SearchLimitError,
+)
 from attnquery.learners import AttentionLayerLearner
 from attnquery.learners.rotary_layer import rotary_layer_probe_count
-from attnquery.models import random_rotary_layer
+from attnquery.models import RotaryAttentionLayer, random_rotary_layer
 from attnquery.oracles import ValueOracle
 
 
@@ -98,3 +104,24 @@ def test_deterministic():
     for ha, hb in zip(a.heads_, b.heads_, strict=True):
         np.testing.assert_array_equal(ha.W_Q, hb.W_Q)
         np.testing.assert_array_equal(ha.W_K, hb.W_K)
+
+
+@pytest.mark.parametrize("kind, error, match", [
+    ("b_Q", AssumptionViolation, "eigenvalues off the unit circle"),
+    ("b_K", ModelMismatchError, "answers differ from a rotary attention layer"),
+    ("b_V", SearchLimitError, "no circle of 6 tried separated"),
+    ("b_O", SearchLimitError, "no circle of 6 tried separated"),
+])
+def test_each_bias_is_refused_with_its_named_error(kind, error, match):
+    """Qwen2-style biases are not learnt on the rotary route; each kind is refused by name:
+    a query bias breaks the factorisation of M_(-1)^+ M_(-2), a key bias (a score term that
+    depends on the offset) is caught by the check, a value or output bias (an offset of the
+    answers) by the circle that finds the value vectors."""
+    L0 = random_rotary_layer(32, 4, 2, 5, rope_base=1e4)
+    H, G, dh = 4, 2, L0.head_dim
+    shape = {"b_Q": (H, dh), "b_K": (G, dh), "b_V": (G, dh), "b_O": (32,)}[kind]
+    bias = 0.1 * np.random.default_rng(0).standard_normal(shape)
+    L = RotaryAttentionLayer(L0.W_Q, L0.W_K, L0.W_V, L0.W_O, L0.readout,
+                             frequencies=L0.frequencies, **{kind: bias})
+    with pytest.raises(error, match=match):
+        _fit(L, n_kv_heads=G)
