@@ -169,7 +169,9 @@ def seconds(cell) -> float:
     """About 0.2 s at d = 32 and 5 s at d = 128 (dense, 2-core machine); the low-rank route at
     d = 1024, d_h = 128 takes 49 s of CPU (benchmark ``rotary``). Layers: 0.1 to 0.5 s at
     d <= 64 (up to 1.5 s where the learner refuses after six circles), about 4 s at d = 128,
-    H = 8 and 200 s at d = 512, H = 8 (docs/rotary.md), so about ``H (d / 128)^3 / 2`` s."""
+    H = 8 and 200 s at d = 512, H = 8 (docs/rotary.md), so about ``H (d / 128)^3 / 2`` s (an
+    upper bound at many heads: 10 s of CPU at (d, H, G) = (256, 2, 1), est. 8; 24 s at
+    (256, 32, 8), est. 128; 2.7 s at (128, 16, 4), est. 8)."""
     d = cell["d"]
     if cell["variant"] == "layer":
         return 0.3 + 0.5 * cell["n_heads"] * (d / 128) ** 3
