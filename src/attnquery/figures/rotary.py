@@ -326,14 +326,14 @@ def rotary_layers(df):
                      "-", lw=0.4, alpha=0.5, color=f"C{k}")
         worst = [max(float(row.get(str(n), np.nan)) for row in by) for n in lengths]
         ax2.plot(lengths, np.maximum(worst, 1e-17), "o-", ms=3, lw=1.2, color=f"C{k}",
-                 label=f"d = {d}, worst")
+                 label=f"d = {int(d)}, worst")
     ax2.axhline(LAYER_TOL, color="k", lw=0.8, ls="--", label=f"goal {LAYER_TOL:g}")
     ax2.set(xscale="log", yscale="log", xlabel="sequence length $N$",
             ylabel="functional relative error")
     ax2.set_title("Error against the length")
     _legend(ax2, loc="lower right", fontsize=6)
     for k, (H, g) in enumerate(ok.groupby("n_heads", sort=True)):
-        ax3.plot(g["d"], g["n_queries"], "os^vD"[k % 5], color=f"C{k}", ms=4, label=f"H = {H}")
+        ax3.plot(g["d"], g["n_queries"], "os^vD"[k % 5], color=f"C{k}", ms=4, label=f"H = {int(H)}")
     ax3.set(xscale="log", yscale="log", xlabel="dimension $d$", ylabel="queries counted")
     ax3.set_title("Queries, recovered layers")
     _legend(ax3, loc="upper left", fontsize=6)
