@@ -11,7 +11,7 @@ from attnquery.errors import (
 )
 from attnquery.experiments import expand_cells, run_cells
 from attnquery.experiments.noise import within
-from attnquery.figures.noise import noise_claims
+from attnquery.figures.noise import noise_claims, oversample_claims
 from attnquery.figures.rounding import rounding_claims, useful_digits
 from attnquery.learners import NoisyValueQueryLearner
 from attnquery.learners.noisy import L_CLIP, TAU_CLIP, theorem61_guarantee
@@ -165,6 +165,37 @@ def test_noise_experiment_claims_hold():
     bad = df.copy()
     bad.loc[bad["learner"] == "noisy", "within_bound"] = False
     assert not {c.name: c for c in noise_claims(bad)}["noise_bound_uniform"].passed
+
+
+def _oversample_rows(exponent, spread, noise="uniform"):
+    """Rows of the oversampling grid whose error falls like ``k^exponent`` (times a seeded
+    log-normal scatter of size ``spread``)."""
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    k = np.array([1, 4, 16, 64] * 5)
+    seed = np.repeat(np.arange(5), 4)
+    err = (1 + seed) * 1e-3 * k**exponent * np.exp(spread * rng.standard_normal(k.size))
+    return pd.DataFrame({"experiment": "noise", "status": "ok", "variant": "oversample",
+                         "noise": noise, "oversample": k, "seed": seed, "abs_err_W": err})
+
+
+@pytest.mark.parametrize("exponent, spread, passed", [
+    (-0.44, 0.05, True),  # least squares' rate with probes of scale in [1/2, 1]
+    (-0.5, 0.05, True),   # plain averaging
+    (-0.2, 0.05, False),  # falls, but slower than least squares allows
+    (-0.8, 0.05, False),  # faster than averaging: not independent noise
+    (0.0, 0.05, False),   # does not fall
+    (-0.44, 1.0, False),  # an interval that does not exclude 0 says nothing
+])
+def test_the_oversampling_claim_is_checked_by_its_interval(exponent, spread, passed):
+    claims = oversample_claims(_oversample_rows(exponent, spread))
+    assert [c.name for c in claims] == ["noise_oversample"]
+    assert claims[0].passed is passed, claims[0]
+    # adversarial rows are not the claim's, and one factor gives no claim
+    assert oversample_claims(_oversample_rows(exponent, spread, "adversarial")) == []
+    one = _oversample_rows(exponent, spread)
+    assert oversample_claims(one[one["oversample"] == 4]) == []
 
 
 def test_rounding_experiment_claims_hold():
