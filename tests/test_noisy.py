@@ -1,6 +1,7 @@
 """NoisyValueQueryLearner (Theorem 6.1) and the noise / rounding experiments' claims."""
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from attnquery.errors import (
@@ -159,8 +160,19 @@ def test_noise_experiment_claims_hold():
     assert failed["message"].str.contains("undefined").all()
     claims = {c.name: c for c in noise_claims(df)}
     for name in ("noise_bound_uniform", "noise_bound_adversarial", "noise_slope_uniform",
-                 "noise_slope_adversarial", "noise_unclipped_fails", "noise_oversample"):
+                 "noise_slope_adversarial", "noise_unclipped_fails", "noise_checks",
+                 "noise_oversample"):
         assert claims[name].passed, claims[name]
+    # an exact learner that accepts a noisy oracle, or a noisy learner that refuses one, makes
+    # the checks' claim fail
+    exact = df[df["learner"] == "noisy"].head(3).assign(learner="exact", verified=False)
+    with_exact = pd.concat([df, exact])
+    assert {c.name: c for c in noise_claims(with_exact)}["noise_checks"].passed
+    exact.loc[exact.index[0], "verified"] = True
+    assert not {c.name: c for c in noise_claims(pd.concat([df, exact]))}["noise_checks"].passed
+    refused = df.copy()
+    refused.loc[refused.index[refused["learner"] == "noisy"][0], "verified"] = False
+    assert not {c.name: c for c in noise_claims(refused)}["noise_checks"].passed
     # a broken guarantee makes the claim fail (the claim can fail)
     bad = df.copy()
     bad.loc[bad["learner"] == "noisy", "within_bound"] = False
@@ -196,6 +208,20 @@ def test_the_oversampling_claim_is_checked_by_its_interval(exponent, spread, pas
     assert oversample_claims(_oversample_rows(exponent, spread, "adversarial")) == []
     one = _oversample_rows(exponent, spread)
     assert oversample_claims(one[one["oversample"] == 4]) == []
+
+
+def test_the_oversampling_range_is_least_squares_on_the_grid():
+    from attnquery.theory import oversample_exponent_range
+
+    steep, shallow = oversample_exponent_range([1, 2, 4, 8, 16, 32, 64])
+    assert steep == -0.5 and shallow == pytest.approx(-0.3438, abs=1e-4)
+    # every extra probe at half scale: k probes weigh 1 + (k - 1) / 4, so from k = 1 to 13 the
+    # standard deviation halves and the two-point slope is log(1/2) / log(5)
+    assert oversample_exponent_range([1, 13])[1] == pytest.approx(np.log(0.5) / np.log(13))
+    with pytest.raises(ConfigError):
+        oversample_exponent_range([4, 4])
+    with pytest.raises(ConfigError):
+        oversample_exponent_range([0, 1])
 
 
 def test_rounding_experiment_claims_hold():

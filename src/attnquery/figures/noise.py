@@ -88,8 +88,40 @@ def noise_claims(df) -> list[Claim]:
                         rows="noise, learner unclipped, smallest tau of an undefined run"),)
         if und.any() else (),
     ))
+    claims.append(checks_claim(df))
     claims.extend(oversample_claims(df))
     return claims
+
+
+def checks_claim(df) -> Claim:
+    """The learners' own checks against noisy answers: Theorem 6.1's learner passes its check in
+    every run (its tolerance is the declared tau), Theorem 4.1's learner, which allows float64
+    rounding only, verifies no noisy oracle (it refuses the estimate, ``verified`` False, or fails
+    in the probes)."""
+    rows = df[df["experiment"] == "noise"]
+    noisy = rows[rows["learner"] == "noisy"]
+    exact = rows[rows["learner"] == "exact"]
+    checked = int(((noisy["status"] == "ok") & noisy["verified"].eq(True)).sum())
+    ok = exact["status"] == "ok"
+    refused = int((ok & exact["verified"].eq(False)).sum())
+    failed = int((~ok).sum())
+    passed = len(noisy) > 0 and checked == len(noisy) and refused + failed == len(exact)
+    return Claim(
+        "noise_checks",
+        "the learners' checks see the noise: Theorem 6.1's learner passes its check in every run, "
+        "Theorem 4.1's (float64 rounding allowed) verifies no noisy oracle",
+        bool(passed),
+        f"noisy learner checked in {checked}/{len(noisy)} runs; exact learner refused "
+        f"{refused} and failed in the probes in {failed} of {len(exact)}",
+        n_runs=len(noisy),
+        numbers=(Number("noiseNoisyRunsAll", len(noisy), "runs", "d",
+                        rows="noise, learner noisy, every variant"),
+                 Number("noiseNoisyChecked", checked, "runs", "d",
+                        rows="noise, learner noisy, status ok and verified"),
+                 Number("noiseExactRefused", refused, "runs", "d",
+                        rows="noise, learner exact, status ok, verified false"),
+                 Number("noiseExactProbeFailures", failed, "runs", "d",
+                        rows="noise, learner exact, status not ok")))
 
 
 def oversample_claims(df) -> list[Claim]:
