@@ -57,7 +57,8 @@ that every eigenvalue lies on the unit circle, that they come in conjugate pairs
 
 **Queries** (dense route, ``rank=None``): ``d`` (v) + ``d (d + 1)`` (M_{-1} and the
 constants) + ``d^2`` (M_{-2}) = ``2 d^2 + 2 d`` = ``2 (d^2 + d)`` exactly on ordinary heads,
-plus ``n_requeried_`` and the ``verify`` check queries. Low-rank route (``rank=r``, r < d):
+plus ``n_requeried_``, the ``d + 1`` of the refinement on ill-conditioned heads (below) and the
+``verify`` check queries. Low-rank route (``rank=r``, r < d):
 ``d`` (v) + ``d (k + 1)`` (left sketch ``Psi M_{-1}``, k = r + ``oversample`` balanced first
 tokens: the row space, approximately) + ``r (d + 1)`` (``M_{-1} V_Z`` on that row space: the
 column space U, accurately) + ``d (r + 1)`` (``U^T M_{-1}``) + ``r`` (the constants
@@ -80,6 +81,17 @@ constants ``k_{-1} - k_0 + s (h_{-1} - h_0)_j - s^2 (M_0)_jj - s (g_0)_j`` give
 dividing by ``e^{-i theta_j} - 1``). The part of ``b_K`` on the dimensions not rotated adds
 the same to every score of a sequence and is not identifiable (``b_K_`` is 0 there).
 Queries: ``1 + 2 (d + 1) + 2 d (d + 1) + d`` = ``2 d^2 + 5 d + 3``.
+
+**Refinement** (``refine="auto"``, the default). The logit scale is learnt from a pilot column
+of ``M_{-1}`` asked at ``initial_logit_scale``: its logits are about 30 times smaller than
+the others', so that column carries about 200 eps of rounding (relative to the largest entry)
+against 2 to 20 eps elsewhere. On a well-conditioned ``M_{-1}`` this does not matter; on a
+square head (``d_h = d``, ``cond(M_{-1})`` 200 to 15,000) T inherits it magnified by the
+condition number and the error at 4,096 tokens reached 1e-8. With ``cond(M_{-1}) >=
+REFINE_CONDITION`` the dense route asks that column again at the learnt scale (``d + 1`` more
+queries, stage ``refine``; skipped when ``n_queries`` or the oracle's budget has no room for
+them; ``refine=True`` always, ``False`` never): ``2 (d^2 + d) + d + 1 <= 2.2 (d^2 + d)``
+queries for d >= 5. Other heads are unchanged (and keep exactly ``2 (d^2 + d)``).
 
 **Precision.** ``M_{-1}`` and ``M_{-2}`` are measured to about float64 rounding, but T
 carries that rounding magnified by the condition number of ``M_{-1}``, and the eigenvectors
@@ -120,13 +132,13 @@ from ._base import (
 )
 from ._probes import balanced_orthonormal
 
-__all__ = ["RotaryValueQueryLearner", "rotary_query_count", "rotary_dof", "VERIFY_LENGTHS",
-           "STAGES"]
+__all__ = ["RotaryValueQueryLearner", "rotary_query_count", "rotary_refine_count", "rotary_dof",
+           "VERIFY_LENGTHS", "STAGES"]
 
-#: the stages ``n_queries_by_stage_`` counts, in the order the fit runs them: v (and the
-#: answers' constant), the biases' zero-token probes (``fit_bias``), the form M_{-1} (and the
-#: constants b^T M_0 b), the form M_{-2} on M_{-1}'s spaces, the check
-STAGES = ("v", "bias", "M1", "M2", "verify")
+#: the stages ``n_queries_by_stage_`` counts: v (and the answers' constant), the biases'
+#: zero-token probes (``fit_bias``), the form M_{-1} (and the constants b^T M_0 b), the form
+#: M_{-2} on M_{-1}'s spaces, the pilot column of M_{-1} asked again (``refine``), the check
+STAGES = ("v", "bias", "M1", "M2", "refine", "verify")
 
 #: sequence lengths of the check queries: short ones and long ones (up to 4,096 tokens)
 VERIFY_LENGTHS = (2, 3, 64, 4096)
@@ -138,6 +150,9 @@ PASS_TOL = 1e-9
 CHECK_FACTOR = 4.0
 #: largest disagreement between the measured angles and the frequencies of ``rope_base``
 FREQ_TOL = 1e-6
+#: ``refine="auto"`` asks the pilot column again when ``cond(M_{-1})`` reaches this (square
+#: heads, whose error at long offsets is the rounding of the forms times the condition number)
+REFINE_CONDITION = 100.0
 
 
 def rotary_query_count(d: int, rank: int | None = None, oversample: int = 8,
@@ -151,6 +166,12 @@ def rotary_query_count(d: int, rank: int | None = None, oversample: int = 8,
         return 2 * d * d + 2 * d + (3 * d + 3 if bias else 0)
     k = min(d, rank + oversample)
     return d * (k + 2 * rank + 3) + rank * rank + 2 * rank
+
+
+def rotary_refine_count(d: int) -> int:
+    """Queries of the refinement (module docstring, "Refinement"): the pilot column of
+    ``M_{-1}`` asked again at the learnt logit scale, ``d + 1``."""
+    return d + 1
 
 
 def rotary_dof(d: int, head_dim: int, rotary_dim: int, positions: bool = True) -> int:
@@ -187,6 +208,11 @@ class RotaryValueQueryLearner(BaseLearner):
         A cap on the queries of the fit (the check included); the fit raises
         :class:`~attnquery.errors.BudgetExceededError` before spending any query when its plan
         exceeds it.
+    refine : {"auto", True, False}
+        Ask the pilot column of ``M_{-1}`` again at the learnt logit scale (``d + 1`` queries,
+        dense route; module docstring, "Refinement"): ``"auto"`` (default) when
+        ``cond(M_{-1}) >= REFINE_CONDITION`` and the budget has room, True always, False
+        never.
     oversample : int
         Extra columns of the sketches of the low-rank route.
     max_logit, min_logit, initial_logit_scale : float
@@ -235,11 +261,12 @@ class RotaryValueQueryLearner(BaseLearner):
         The recovered head (``predict`` evaluates it).
     n_queries_by_stage_ : dict
         Queries per stage of :data:`STAGES`: ``v``, ``bias`` (``fit_bias``), ``M1``, ``M2``,
-        ``verify`` (counted by the oracle, see :class:`~attnquery.learners._base.QueryLedger`).
+        ``refine`` (the pilot column asked again), ``verify`` (counted by the oracle, see
+        :class:`~attnquery.learners._base.QueryLedger`).
     """
 
     def __init__(self, *, rope_base=None, rotary_dim=None, rank=None, fit_bias=False,
-                 n_queries=None, oversample: int = 8, max_logit: float = 10.0,
+                 n_queries=None, refine="auto", oversample: int = 8, max_logit: float = 10.0,
                  min_logit: float = 1e-5, initial_logit_scale: float = 1e-2,
                  rank_tol: float = 1e-9, verify: int = DEFAULT_VERIFY,
                  verify_lengths=VERIFY_LENGTHS, block_bytes: int = 64 * 2**20,
@@ -249,6 +276,7 @@ class RotaryValueQueryLearner(BaseLearner):
         self.rank = rank
         self.fit_bias = fit_bias
         self.n_queries = n_queries
+        self.refine = refine
         self.oversample = oversample
         self.max_logit = max_logit
         self.min_logit = min_logit
@@ -291,6 +319,10 @@ class RotaryValueQueryLearner(BaseLearner):
         rank = None if rank is None or rank >= d else rank
         if bias and rank is not None:
             raise ConfigError("fit_bias needs the dense route (rank=None)")
+        if not (self.refine == "auto" or isinstance(self.refine, bool)):
+            raise ConfigError(f"refine must be 'auto', True or False; got {self.refine!r}")
+        if self.refine is True and rank is not None:
+            raise ConfigError("refine=True needs the dense route (rank=None)")
         return lengths, rank
 
     def _check_plan(self, oracle, d: int, rank) -> None:
@@ -298,6 +330,8 @@ class RotaryValueQueryLearner(BaseLearner):
         the oracle's budget."""
         n_check = check_verify_param(self.verify)
         planned = rotary_query_count(d, rank, self.oversample, bias=bool(self.fit_bias)) + n_check
+        if self.refine is True:
+            planned += rotary_refine_count(d)
         if self.n_queries is not None and planned > self.n_queries:
             raise BudgetExceededError(
                 f"rotary recovery needs {planned} queries (with {n_check} check queries); "
@@ -394,9 +428,17 @@ class RotaryValueQueryLearner(BaseLearner):
         else:
             t, m0 = pr.pairs(A, eye)  # t[j] = A M_{-1} e_j
             bias_data = None
+        U_s, S, Vt = _thin_svd(A.T @ t.T, self.rank_tol)
+        if self._refines(pr.oracle, S, d):  # the pilot column again, at the learnt scale
+            with pr.oracle.stage("refine"):
+                if self.fit_bias:
+                    t[0], Cp[0], sc[0] = (a[0] for a in pr.pairs(A, eye[:1], 1, gf=g1f,
+                                                                 raw=True))
+                else:
+                    t[0], m0[0] = (a[0] for a in pr.pairs(A, eye[:1]))
+            U_s, S, Vt = _thin_svd(A.T @ t.T, self.rank_tol)
         M1 = A.T @ t.T
         m1 = np.diag(M1).copy()
-        U_s, S, Vt = _thin_svd(M1, self.rank_tol)
 
         def m2_reduced(U_r, V_r):
             if self.fit_bias:  # the constants are unknown: d + 1 probes per column
@@ -406,6 +448,24 @@ class RotaryValueQueryLearner(BaseLearner):
             return U_r.T @ (A.T @ t2.T) @ V_r
 
         return U_s, S, Vt, m2_reduced, bias_data
+
+    def _refines(self, ledger, S, d: int) -> bool:
+        """Whether the dense route asks the pilot column again (module docstring,
+        "Refinement"): ``refine=True`` always; ``"auto"`` when ``cond(M_{-1}) >=
+        REFINE_CONDITION`` and the ``d + 1`` queries fit under ``n_queries`` and the oracle's
+        budget with the rest of the plan."""
+        if self.refine is not True and (self.refine is False
+                                        or S[0] < REFINE_CONDITION * S[-1]):
+            return False
+        rest = d * d + check_verify_param(self.verify) + rotary_refine_count(d)
+        if self.fit_bias:
+            rest += d + 1
+        if self.refine is True:
+            return True
+        if self.n_queries is not None and ledger.total + rest > self.n_queries:
+            return False
+        left = ledger.remaining
+        return left is None or rest <= left
 
     def _biases(self, g1, dk1, Cp, sc):
         """The query and key biases from the zero-last-token probes (``g1 = g_{-1}``,
@@ -501,6 +561,14 @@ class RotaryValueQueryLearner(BaseLearner):
                     f"the frequencies found ({theta[:4]}...) are not those of rope_base="
                     f"{self.rope_base} ({want[:4]}...)")
             theta = want
+        self.eigenvalues_ = lam
+        self._set_factors(E, theta, half, U_s, S, Vt)
+        return lam, E, half
+
+    def _set_factors(self, E, theta, half, U_s, S, Vt) -> None:
+        """``Q_``, ``K_`` and the frequencies from the eigenvectors E of T (columns ordered as
+        the eigenvalues: the R/2 positive angles, the passes, the negative angles)."""
+        r = E.shape[0]
         # G^{-1} = [Re E; -Im E; real basis of the eigenvalue-1 space], gauge fixed by a unit
         # eigenvector whose largest entry is real and positive
         Ep = E[:, :half]
@@ -521,7 +589,6 @@ class RotaryValueQueryLearner(BaseLearner):
         self.frequencies_ = theta
         self.rotary_dim_ = 2 * half
         self.rank_ = r
-        self.eigenvalues_ = lam
         self.Q_ = G @ Vt
         # K_^T = U S G^{-1} D^{-1}, i.e. K_ = D (U S G^{-1})^T: every row of U S G^{-1}
         # rotated by one position
