@@ -200,6 +200,42 @@ def test_rotary_head_agrees_with_onnx_rotary_embedding_and_attention():
     assert _rel(bad(X)[:, 0, 0], h(X)) > 1e-3
 
 
+def _served(h, precision):
+    return RotaryAttentionHead(h.W_Q, h.W_K, h.v, frequencies=h.frequencies, b_Q=h.b_Q,
+                               b_K=h.b_K, offset=h.offset, precision=precision)
+
+
+def test_served_rotary_head_is_the_float32_engine():
+    """``precision="float32"``: the ONNX float32 graph and the served head compute the same
+    float32 function (to a few float32 roundings); float64 is the exact model, bit for bit."""
+    d, dh, R = 12, 8, 6
+    h = random_rotary_head(d, 2, head_dim=dh, rotary_dim=R, rope_base=1e4, bias=0.5)
+    X = _tokens(6, 37, d, 4) * 2
+    assert np.array_equal(_served(h, "float64")(X), h(X))
+    y32 = _served(h, "float32")(X)
+    np.testing.assert_array_equal(y32, y32.astype(np.float32))  # float32 answers
+    box, engine = _onnx_layer_box(h.W_Q[None], h.W_K[None], h.v[None, None, :],
+                                  h.b_Q[None], h.b_K[None], h.frequencies, 64)
+    y_onnx = box(X)[:, 0, 0]
+    err64 = _rel(y32, h(X))
+    assert 1e-9 < err64 < 1e-5  # it is rounded, to float32's level
+    assert _rel(y32, y_onnx) < 1e-6, engine  # and agrees with the engine as closely
+    errs = {p: _rel(_served(h, p)(X), h(X)) for p in ("float16", "bfloat16")}
+    assert 1e-5 < errs["float16"] < errs["bfloat16"] < 3e-2, errs
+    with pytest.raises(ModelError):
+        _served(h, "float8")
+
+
+def test_learner_refuses_a_float32_served_head_with_a_named_error():
+    """The exact route is float64's: from float32 answers T's eigenvalues leave the unit
+    circle by ~1e-5 (or, with the noise's singular values kept, by more than 1), and the fit
+    raises; the served route is not built (docs/rotary.md)."""
+    d = 16
+    h = _served(random_rotary_head(d, 3, head_dim=8, rope_base=1e4), "float32")
+    with pytest.raises(AssumptionViolation):
+        _fit(h)
+
+
 @pytest.mark.parametrize("n_kv_heads", [4, 2, 1])  # multi-head, grouped-query, multi-query
 def test_gqa_layer_agrees_with_onnx_attention(n_kv_heads):
     L = random_rotary_layer(16, 4, n_kv_heads, 5, rope_base=1e6, rotary_dim=2, bias=0.2)
