@@ -314,6 +314,17 @@ def test_square_heads_meet_the_goals_with_the_pilot_column_asked_again(d, base, 
         np.abs(L.frequencies_ - h.frequencies))
 
 
+def test_square_head_with_biases_is_refined_too():
+    d = 24
+    h = random_rotary_head(d, 8, head_dim=d, rope_base=1e6, bias=0.8, offset=-0.4)
+    X = _tokens(3, 4096, d, 12)
+    L, _ = _fit(h, fit_bias=True)
+    assert L.n_queries_by_stage_["refine"] == d + 1
+    assert L.n_queries_ - L.n_verify_queries_ == rotary_query_count(d, bias=True) + d + 1
+    assert np.max(np.abs(L.frequencies_ - h.frequencies)) < 1e-12
+    assert _rel(L.predict(X), h(X)) < 1e-9
+
+
 def test_refine_budget_and_parameters():
     d = 16
     h = random_rotary_head(d, [d, d, 0], head_dim=d, rope_base=1e6)
