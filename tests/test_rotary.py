@@ -250,7 +250,9 @@ def test_learner_extracts_a_float32_served_head(d, dh, base):
     assert np.max(np.abs(L.frequencies_ - h.frequencies)) < 1e-8
     errs = _served_errors(L, box, d)
     assert max(errs.values()) < 1e-5, errs
-    assert L.check_rtol_ < 1e-3
+    # the check's tolerance comes from the answers' own noise (float32's rounding, amplified)
+    assert 1e-7 < L.noise_level_ < 1e-5
+    assert L.check_rtol_ == pytest.approx(100 * max(L.noise_level_, 2.0**-24 * L.condition_))
 
 
 @pytest.mark.parametrize("kind", ["alibi", "window", "float16", "bfloat16"])

@@ -112,7 +112,9 @@ times the coarse angles' error stays below 0.1 rad) whose ``e^(+-i (L - 1) theta
 least half as far apart as the best. C's eigenvalues, matched to ``e^(+-i (L-1) theta_j)``
 and unwrapped, give the frequencies (L - 1)-fold more precisely; its eigenvectors replace T's,
 and T corrects (to first order) the mixing of two of them where T separates their
-eigenvalues better than ``T^(L-1)``. The check allows ``min(1e-3, 1e3 u cond(M_{-1}))``.
+eigenvalues better than ``T^(L-1)``. The answers' own noise, ``noise_level_``, is the
+spread of the repeated blocks relative to their size (2e-7 to 8e-6 measured), and the check
+allows ``min(1e-3, 100 max(noise_level_, u cond(M_{-1})))``.
 Queries: ``2 (d^2 + d) + d + 1 + 3 R^2`` (plus the check).
 
 **Precision.** ``M_{-1}`` and ``M_{-2}`` are measured to about float64 rounding, but T
@@ -181,13 +183,13 @@ REFINE_CONDITION = 100.0
 #: the long offset of a served head must spread the eigenvalues of ``T^(L-1)`` at least this far
 #: apart on the unit circle (radians), and farther than T's
 REFINE_MIN_SEPARATION = 1e-3
-#: served answers (float32, float16, bfloat16 values): eigenvalues of T may leave the unit circle
-#: by this much, singular values of ``M_{-1}`` below ``SERVED_RANK_FACTOR u`` (u the format's
-#: unit roundoff) times the largest are noise, and the check allows ``SERVED_CHECK_FACTOR u
-#: cond(M_{-1})`` (relative)
+#: served answers (float32 values): eigenvalues of T may leave the unit circle by this much,
+#: singular values of ``M_{-1}`` below ``SERVED_RANK_FACTOR u`` (u the format's unit roundoff)
+#: times the largest are noise, and the check allows ``SERVED_CHECK_FACTOR`` times the answers'
+#: own noise (``noise_level_``, at least ``u cond(M_{-1})``), relative
 SERVED_UNIT_TOL = 1e-3
 SERVED_RANK_FACTOR = 1e3
-SERVED_CHECK_FACTOR = 1e3
+SERVED_CHECK_FACTOR = 100.0
 #: ... and never more than this
 SERVED_MAX_RTOL = 1e-3
 #: the block ``T^(L-1)`` of a served head is measured this many times (other first tokens each
@@ -304,6 +306,9 @@ class RotaryValueQueryLearner(BaseLearner):
         (a served head; module docstring, "Served heads").
     long_offset_ : int
         The long offset L of a served head's block ``T^(L-1)`` (served heads only).
+    noise_level_ : float
+        A served head's relative noise, from the spread of its repeated blocks (0 for
+        float64 answers).
     n_queries_by_stage_ : dict
         Queries per stage of :data:`STAGES`: ``v``, ``bias`` (``fit_bias``), ``M1``, ``M2``,
         ``refine`` (the pilot column asked again), ``verify`` (counted by the oracle, see
@@ -457,7 +462,8 @@ class RotaryValueQueryLearner(BaseLearner):
                                * self.condition_ * max(lengths))
         if self.answer_precision_ != "float64":
             u = float(ml_dtypes.finfo(storage_dtype(self.answer_precision_)).eps) / 2
-            self.check_rtol_ = min(SERVED_MAX_RTOL, SERVED_CHECK_FACTOR * u * self.condition_)
+            self.check_rtol_ = min(SERVED_MAX_RTOL, SERVED_CHECK_FACTOR
+                                   * max(self.noise_level_, u * self.condition_))
 
     def _check(self, oracle, rng, n0: int, lengths) -> None:
         """The self-check on fresh sequences of ``lengths`` tokens."""
@@ -508,6 +514,7 @@ class RotaryValueQueryLearner(BaseLearner):
         """The answers' format (``answer_precision_``: the narrowest of float16, bfloat16,
         float32 holding every answer ``v``, else float64) and the tolerances it implies."""
         self.answer_precision_ = "float64"
+        self.noise_level_ = 0.0
         for fmt in ("float16", "bfloat16", "float32"):
             if np.array_equal(round_to(v, fmt), v):
                 self.answer_precision_ = fmt
@@ -521,6 +528,7 @@ class RotaryValueQueryLearner(BaseLearner):
                 "route takes float32 answers, on the dense route without biases (rank=None, "
                 "fit_bias=False)")
         u = float(ml_dtypes.finfo(storage_dtype(self.answer_precision_)).eps) / 2
+        self.noise_level_ = u  # until the long block measures it
         self._unit_tol = SERVED_UNIT_TOL
         self._rank_tol = max(self.rank_tol, SERVED_RANK_FACTOR * u)
 
@@ -695,8 +703,12 @@ class RotaryValueQueryLearner(BaseLearner):
         Yc = np.linalg.inv(E)[:half]
         Yc = np.concatenate([Yc.real, Yc.imag], axis=0)
         Y = np.linalg.solve(Yc @ X, Yc)  # left invariant basis, Y X = I
-        C = np.mean([self._measure_block(pr, X, Y, svd, L, rng)  # Y T^(L-1) X
-                     for _ in range(SERVED_REPEATS)], axis=0)
+        Cs = np.array([self._measure_block(pr, X, Y, svd, L, rng)  # Y T^(L-1) X
+                       for _ in range(SERVED_REPEATS)])
+        C = Cs.mean(axis=0)
+        # the answers' own noise: the spread of the repeats (relative to the block's size)
+        self.noise_level_ = float(np.sqrt(np.mean(Cs.var(axis=0, ddof=1)))
+                                  / np.sqrt(np.mean(C**2)))
         mu, W = np.linalg.eig(C)
         want = np.exp(1j * (L - 1) * np.concatenate([theta, -theta]))
         match = np.argmin(np.abs(mu[None, :] - want[:, None]), axis=1)
