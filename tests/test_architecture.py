@@ -191,3 +191,30 @@ def test_an_experiment_section_gets_the_schema_defaults():
     assert filled["enabled"] is True and filled["cells_per_shard"] == 20
     filled["oversample"].append(1)
     assert section_with_defaults("noise", given)["oversample"] == []  # never shared
+
+
+def test_a_learner_name_the_command_line_and_an_experiment_share_is_one_class():
+    # the experiments' LEARNERS name configured learners, the command line's METHODS classes
+    # (docs/design.md, "Registries"); where a name is in both, it must build the same class
+    import importlib
+
+    import numpy as np
+
+    from attnquery.config import check_config, load_config
+    from attnquery.extraction import METHODS
+
+    cells = check_config(load_config(PACKAGE_DIR.parents[1] / "config" / "quick.yaml"))
+    shared = []
+    for name, cs in cells.items():
+        table = getattr(importlib.import_module(get_experiment(name).run.__module__),
+                        "LEARNERS", None)
+        if not isinstance(table, dict):
+            continue
+        for learner, factory in table.items():
+            cell = next((c for c in cs if c["learner"] == learner), None)
+            if learner not in METHODS or cell is None or not callable(factory):
+                continue
+            est = factory(cell, int(cell.get("d", 8)), np.random.default_rng(0))
+            assert type(est) is METHODS[learner].load(), (name, learner)
+            shared.append((name, learner))
+    assert len(shared) >= 3, shared  # noise's noisy, rounding's exact and noisy at least

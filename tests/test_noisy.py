@@ -1,6 +1,7 @@
 """NoisyValueQueryLearner (Theorem 6.1) and the noise / rounding experiments' claims."""
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from attnquery.errors import (
@@ -11,7 +12,7 @@ from attnquery.errors import (
 )
 from attnquery.experiments import expand_cells, run_cells
 from attnquery.experiments.noise import within
-from attnquery.figures.noise import noise_claims
+from attnquery.figures.noise import noise_claims, oversample_claims
 from attnquery.figures.rounding import rounding_claims, useful_digits
 from attnquery.learners import NoisyValueQueryLearner
 from attnquery.learners.noisy import L_CLIP, TAU_CLIP, theorem61_guarantee
@@ -159,12 +160,68 @@ def test_noise_experiment_claims_hold():
     assert failed["message"].str.contains("undefined").all()
     claims = {c.name: c for c in noise_claims(df)}
     for name in ("noise_bound_uniform", "noise_bound_adversarial", "noise_slope_uniform",
-                 "noise_slope_adversarial", "noise_unclipped_fails", "noise_oversample"):
+                 "noise_slope_adversarial", "noise_unclipped_fails", "noise_checks",
+                 "noise_oversample"):
         assert claims[name].passed, claims[name]
+    # an exact learner that accepts a noisy oracle, or a noisy learner that refuses one, makes
+    # the checks' claim fail
+    exact = df[df["learner"] == "noisy"].head(3).assign(learner="exact", verified=False)
+    with_exact = pd.concat([df, exact])
+    assert {c.name: c for c in noise_claims(with_exact)}["noise_checks"].passed
+    exact.loc[exact.index[0], "verified"] = True
+    assert not {c.name: c for c in noise_claims(pd.concat([df, exact]))}["noise_checks"].passed
+    refused = df.copy()
+    refused.loc[refused.index[refused["learner"] == "noisy"][0], "verified"] = False
+    assert not {c.name: c for c in noise_claims(refused)}["noise_checks"].passed
     # a broken guarantee makes the claim fail (the claim can fail)
     bad = df.copy()
     bad.loc[bad["learner"] == "noisy", "within_bound"] = False
     assert not {c.name: c for c in noise_claims(bad)}["noise_bound_uniform"].passed
+
+
+def _oversample_rows(exponent, spread, noise="uniform"):
+    """Rows of the oversampling grid whose error falls like ``k^exponent`` (times a seeded
+    log-normal scatter of size ``spread``)."""
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    k = np.array([1, 4, 16, 64] * 5)
+    seed = np.repeat(np.arange(5), 4)
+    err = (1 + seed) * 1e-3 * k**exponent * np.exp(spread * rng.standard_normal(k.size))
+    return pd.DataFrame({"experiment": "noise", "status": "ok", "variant": "oversample",
+                         "noise": noise, "oversample": k, "seed": seed, "abs_err_W": err})
+
+
+@pytest.mark.parametrize("exponent, spread, passed", [
+    (-0.44, 0.05, True),  # least squares' rate with probes of scale in [1/2, 1]
+    (-0.5, 0.05, True),   # plain averaging
+    (-0.2, 0.05, False),  # falls, but slower than least squares allows
+    (-0.8, 0.05, False),  # faster than averaging: not independent noise
+    (0.0, 0.05, False),   # does not fall
+    (-0.44, 1.0, False),  # an interval that does not exclude 0 says nothing
+])
+def test_the_oversampling_claim_is_checked_by_its_interval(exponent, spread, passed):
+    claims = oversample_claims(_oversample_rows(exponent, spread))
+    assert [c.name for c in claims] == ["noise_oversample"]
+    assert claims[0].passed is passed, claims[0]
+    # adversarial rows are not the claim's, and one factor gives no claim
+    assert oversample_claims(_oversample_rows(exponent, spread, "adversarial")) == []
+    one = _oversample_rows(exponent, spread)
+    assert oversample_claims(one[one["oversample"] == 4]) == []
+
+
+def test_the_oversampling_range_is_least_squares_on_the_grid():
+    from attnquery.theory import oversample_exponent_range
+
+    steep, shallow = oversample_exponent_range([1, 2, 4, 8, 16, 32, 64])
+    assert steep == -0.5 and shallow == pytest.approx(-0.3438, abs=1e-4)
+    # every extra probe at half scale: k probes weigh 1 + (k - 1) / 4, so from k = 1 to 13 the
+    # standard deviation halves and the two-point slope is log(1/2) / log(5)
+    assert oversample_exponent_range([1, 13])[1] == pytest.approx(np.log(0.5) / np.log(13))
+    with pytest.raises(ConfigError):
+        oversample_exponent_range([4, 4])
+    with pytest.raises(ConfigError):
+        oversample_exponent_range([0, 1])
 
 
 def test_rounding_experiment_claims_hold():

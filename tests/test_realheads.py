@@ -329,6 +329,14 @@ def test_experiment_cells_and_claims(tmp_path):
     for name in ("realheads_exact", "realheads_sketch", "realheads_exact_biases",
                  "realheads_sketch_biases", "realheads_noisy_bound"):
         assert claims[name].passed, claims[name]
+    # the heads' margins, one value per head, from the heads themselves
+    from attnquery.realheads import head_from_checkpoint, head_summary
+
+    margins = [head_summary(head_from_checkpoint(str(ckpt), la, h, n_heads=H))["min_abs_v"]
+               for la in (0, 1) for h in (0, 2)]
+    numbers = {n.name: n.value for n in claims["realheads_noisy_vacuous"].numbers}
+    assert numbers["realheadsMarginMin"] == min(margins)
+    assert numbers["realheadsMarginMax"] == max(margins)
     # a claim fails when the data stop supporting it
     broken = df.copy()
     broken.loc[broken["learner"] == "exact", "rel_err_W"] = 1e-6

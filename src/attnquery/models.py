@@ -1057,10 +1057,19 @@ class RotaryAttentionHead:
         Constant added to every answer (the value bias read out); default 0.
     scale : float, optional
         Score scale; default ``1 / sqrt(head_dim)``.
+    precision : {"float64", "float32", "float16", "bfloat16"}
+        Compute precision of ``__call__`` (served arithmetic, :mod:`attnquery.precision`), as
+        :class:`AttentionHead`'s: the weights, biases, v, the scale and the cos/sin tables
+        (``cos(p theta_j)``, computed in float64, as an engine's precomputed cache) are stored
+        in the format, and every operation (projections, bias adds, the rotation's products
+        and sums, the scores, their scaling, the softmax, the values, their weighted sum, the
+        offset) is rounded to it. ``"float64"`` (default) is the exact model, bit-identical to
+        one built without ``precision``; :meth:`scores`, :meth:`attention` and :meth:`M` are
+        always the float64 model's.
     """
 
     def __init__(self, W_Q, W_K, v, *, frequencies=None, rope_base=None, rotary_dim=None,
-                 b_Q=None, b_K=None, offset=0.0, scale=None):
+                 b_Q=None, b_K=None, offset=0.0, scale=None, precision: str = "float64"):
         W_Q = np.atleast_2d(np.asarray(W_Q, dtype=np.float64))
         W_K = np.atleast_2d(np.asarray(W_K, dtype=np.float64))
         v = np.asarray(v, dtype=np.float64)
@@ -1083,6 +1092,7 @@ class RotaryAttentionHead:
         self.scale = 1.0 / np.sqrt(dh) if scale is None else float(scale)
         if not np.isfinite(self.scale):
             raise ModelError(f"scale must be finite; got {scale}")
+        self.precision = check_precision(precision)
 
     @property
     def d(self) -> int:
@@ -1122,11 +1132,52 @@ class RotaryAttentionHead:
     def __call__(self, X) -> np.ndarray:
         X = check_input(X, self.d)
         out = np.empty(X.shape[0])
+        served = self.precision != "float64"
         for sl in _rotary_blocks(X.shape, self.head_dim):
+            if served:
+                out[sl] = self._served(X[sl])
+                continue
             s = _rotary_scores(X[sl], self.W_Q, self.b_Q, self.W_K, self.b_K,
                                self.frequencies, self.scale)[:, 0]
             out[sl] = np.einsum("bn,bn->b", softmax_last(s), X[sl] @ self.v)
-        return out + self.offset
+        return out if served else out + self.offset
+
+    def _served(self, X: np.ndarray) -> np.ndarray:
+        """The forward pass of a block in ``self.precision`` (:mod:`attnquery.precision`)."""
+        from .precision import Arithmetic
+
+        A = Arithmetic(self.precision)
+        P = getattr(self, "_served_cache", None)
+        if P is None:
+            P = {k: A.store(getattr(self, k)) for k in ("W_Q", "W_K", "v", "b_Q", "b_K")}
+            P["scale"], P["offset"] = A.store(self.scale), A.store(self.offset)
+            self._served_cache = P
+        B, N, _ = X.shape
+        ang = np.arange(N, dtype=np.float64)[:, None] * self.frequencies[None, :]
+        cos, sin = A.store(np.cos(ang)), A.store(np.sin(ang))  # (N, R/2)
+        Xs = A.store(X)
+
+        def rot(Z, c, s):  # rotate_half, every product and sum rounded
+            half = c.shape[-1]
+            a, b = Z[..., :half], Z[..., half:2 * half]
+            out = Z.copy()
+            out[..., :half] = A.add(A.mul(a, c), -A.mul(b, s))
+            out[..., half:2 * half] = A.add(A.mul(b, c), A.mul(a, s))
+            return out
+
+        q = A.matmul(Xs[:, -1, :], P["W_Q"].T)  # (B, dh)
+        k = A.matmul(Xs, P["W_K"].T)  # (B, N, dh)
+        if np.any(self.b_Q):
+            q = A.add(q, P["b_Q"])
+        if np.any(self.b_K):
+            k = A.add(k, P["b_K"])
+        q, k = rot(q, cos[-1], sin[-1]), rot(k, cos, sin)
+        s = A.mul(A.matmul(k, q[:, :, None])[..., 0], P["scale"])
+        alpha = A.softmax(s)
+        out = A.matmul(alpha[:, None, :], A.matmul(Xs, P["v"])[:, :, None])[:, 0, 0]
+        if self.offset:
+            out = A.add(out, P["offset"])
+        return A.answers(out)
 
 
 def _rotary_blocks(shape, width: int):

@@ -35,6 +35,8 @@ __all__ = [
     "theorem61_required_tau",
     "theorem61_guarantee",
     "theorem61_premise",
+    "OVERSAMPLE_SCALES",
+    "oversample_exponent_range",
     "FORMAT_BITS",
     "ROUNDING_DTYPES",
     "relative_rounding_error",
@@ -277,6 +279,46 @@ def theorem61_premise(d, tau, mu, W_bound) -> bool:
     below ``mu / 2``.
     """
     return bool(W_bound >= 2 and mu <= 1 / np.sqrt(d) and tau < mu / 2)
+
+
+#: scales of the oversampled probes relative to the theorem's (beyond the paper, the noisy
+#: learner's ``oversample = k``): the first probe at 1, the k - 1 others drawn in this interval
+OVERSAMPLE_SCALES = (0.5, 1.0)
+
+
+def oversample_exponent_range(ks) -> tuple[float, float]:
+    """The exponents of the error against oversampling that least squares allows on a grid.
+
+    With ``k`` probes per unknown at scales ``s_1 = 1`` and ``s_2, ..., s_k`` in
+    :data:`OVERSAMPLE_SCALES`, each read with independent noise of one size, the least-squares
+    estimate ``sum_i s_i y_i / sum_i s_i^2`` has a standard deviation proportional to
+    ``(sum_i s_i^2)^(-1/2)``: between ``k^(-1/2)`` (every scale 1, plain averaging) and
+    ``(1 + (k - 1) / 4)^(-1/2)`` (every extra scale 1/2). A log-log fit over the grid ``ks``
+    therefore finds an exponent between -1/2 and the fitted slope of the second curve
+    (linearised: the noise is small next to the answers, so the inverse link is close to
+    linear over it). Under adversarial noise nothing falls.
+
+    Parameters
+    ----------
+    ks : array_like of int
+        The oversampling factors of the grid (at least two distinct values >= 1).
+
+    Returns
+    -------
+    steepest, shallowest : float
+        The exponent of plain averaging (-0.5) and that of half-scale extra probes on the grid.
+
+    Raises
+    ------
+    ConfigError
+        For fewer than two distinct factors, or one below 1.
+    """
+    k = np.unique(np.asarray(ks, dtype=float))
+    if k.size < 2 or k[0] < 1:
+        raise ConfigError(f"oversampling factors: need two distinct values >= 1, got {ks!r}")
+    lo = OVERSAMPLE_SCALES[0]
+    slowest = -0.5 * np.log(1.0 + (k - 1.0) * lo**2)
+    return -0.5, float(np.polyfit(np.log(k), slowest, 1)[0])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -97,31 +98,52 @@ def _noisy_axes(cfg, heads):
             "head": sub.get("heads", heads), "tau": sub["tau"]}, {}
 
 
+def _fit_on_values(make_learner, tols, head, cell, learner_rng):
+    """Fit a learner of exact value queries on ``head`` (with the key bias and offset when the
+    cell has ``biases``): what the exact and sketch cells share.
+
+    Parameters
+    ----------
+    make_learner : callable
+        ``make_learner(random_state=..., fit_bias=...)`` -> an unfitted learner.
+    tols : tuple of float
+        Success tolerance without and with the biases.
+    head : AttentionHead
+        The ground truth, behind a :class:`ValueOracle`.
+    cell : dict
+        The cell (its ``biases``).
+    learner_rng : numpy.random.Generator
+        The learner's seed.
+
+    Returns
+    -------
+    tuple
+        ``(oracle, estimator, metrics, extra, tolerance)`` as a learner's ``fit`` returns them.
+    """
+    biases = bool(cell.get("biases", False))
+    oracle = ValueOracle(head, head.d)
+    est = make_learner(random_state=learner_rng, fit_bias=biases)
+    m = fit_counted(est, oracle)
+    extra = {"n_requeried": int(est.n_requeried_)}
+    return oracle, est, m, extra, tols[biases]
+
+
 def _exact(head, cell, learner_rng, oracle_rng, summary):
     """Theorem 4.1's exact learner (with the key bias and offset when ``biases``)."""
     from ..learners.exact import ExactValueQueryLearner
 
-    biases = bool(cell.get("biases", False))
-    oracle = ValueOracle(head, head.d)
-    est = ExactValueQueryLearner(probes=cell["probes"], random_state=learner_rng,
-                                 fit_bias=biases)
-    m = fit_counted(est, oracle)
-    extra = {"n_requeried": int(est.n_requeried_)}
-    return oracle, est, m, extra, BIAS_EXACT_TOL if biases else EXACT_TOL
+    return _fit_on_values(partial(ExactValueQueryLearner, probes=cell["probes"]),
+                          (EXACT_TOL, BIAS_EXACT_TOL), head, cell, learner_rng)
 
 
 def _sketch(head, cell, learner_rng, oracle_rng, summary):
     """The sketch learner at the head's rank (with the biases when ``biases``)."""
     from ..learners.lowrank import SketchLowRankLearner
 
-    biases = bool(cell.get("biases", False))
-    oracle = ValueOracle(head, head.d)
-    est = SketchLowRankLearner(rank=summary["rank"], random_state=learner_rng,
-                               fit_bias=biases)
-    m = fit_counted(est, oracle)
-    m["rank_found"] = int(est.rank_)
-    extra = {"n_requeried": int(est.n_requeried_)}
-    return oracle, est, m, extra, BIAS_SKETCH_TOL if biases else SKETCH_TOL
+    out = _fit_on_values(partial(SketchLowRankLearner, rank=summary["rank"]),
+                         (SKETCH_TOL, BIAS_SKETCH_TOL), head, cell, learner_rng)
+    out[2]["rank_found"] = int(out[1].rank_)
+    return out
 
 
 def _noisy(head, cell, learner_rng, oracle_rng, summary):

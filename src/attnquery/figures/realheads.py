@@ -126,12 +126,32 @@ def realheads_claims(df) -> list[Claim]:
             bool(vacuous.all()),
             f"{int(vacuous.sum())}/{int(has_bound.sum())} runs with a defined bound; median "
             f"relative error of W {ok['rel_err_W'].median():.2e}",
-            numbers=(Number("realheadsNoisyMedianErrorW", float(ok["rel_err_W"].median()),
-                            "relative error of W", ".2g",
-                            rows="realheads, learner noisy, status ok, median"),) if len(ok)
-            else (),
+            numbers=((Number("realheadsNoisyMedianErrorW", float(ok["rel_err_W"].median()),
+                             "relative error of W", ".2g",
+                             rows="realheads, learner noisy, status ok, median"),) if len(ok)
+                     else ()) + _margin_numbers(df),
         ))
     return claims
+
+
+def _margin_numbers(df) -> tuple:
+    """The heads' margins: the range over heads of ``min |v_i|`` and the median of
+    ``max |v_i|`` (from every realheads row, one value per layer and head)."""
+    rows = ok_rows(df, "realheads")
+    if rows.empty:
+        return ()
+    heads = rows.assign(lo=extra_values(rows, "min_abs_v", np.nan).astype(float),
+                        hi=extra_values(rows, "max_abs_v", np.nan).astype(float))
+    heads = heads.dropna(subset=["lo", "hi"]).drop_duplicates(["layer", "head"])
+    if heads.empty:
+        return ()
+    what = "realheads, every head once, extra "
+    return (Number("realheadsMarginMin", float(heads["lo"].min()), "min |v_i|", ".2g",
+                   rows=what + "min_abs_v, smallest"),
+            Number("realheadsMarginMax", float(heads["lo"].max()), "min |v_i|", ".2g",
+                   rows=what + "min_abs_v, largest"),
+            Number("realheadsVMaxMedian", float(heads["hi"].median()), "max |v_i|", ".2g",
+                   rows=what + "max_abs_v, median"))
 
 
 def _worst(ok, col):

@@ -57,7 +57,8 @@ that every eigenvalue lies on the unit circle, that they come in conjugate pairs
 
 **Queries** (dense route, ``rank=None``): ``d`` (v) + ``d (d + 1)`` (M_{-1} and the
 constants) + ``d^2`` (M_{-2}) = ``2 d^2 + 2 d`` = ``2 (d^2 + d)`` exactly on ordinary heads,
-plus ``n_requeried_`` and the ``verify`` check queries. Low-rank route (``rank=r``, r < d):
+plus ``n_requeried_``, the ``d + 1`` of the refinement on ill-conditioned heads (below) and the
+``verify`` check queries. Low-rank route (``rank=r``, r < d):
 ``d`` (v) + ``d (k + 1)`` (left sketch ``Psi M_{-1}``, k = r + ``oversample`` balanced first
 tokens: the row space, approximately) + ``r (d + 1)`` (``M_{-1} V_Z`` on that row space: the
 column space U, accurately) + ``d (r + 1)`` (``U^T M_{-1}``) + ``r`` (the constants
@@ -81,6 +82,41 @@ dividing by ``e^{-i theta_j} - 1``). The part of ``b_K`` on the dimensions not r
 the same to every score of a sequence and is not identifiable (``b_K_`` is 0 there).
 Queries: ``1 + 2 (d + 1) + 2 d (d + 1) + d`` = ``2 d^2 + 5 d + 3``.
 
+**Refinement** (``refine="auto"``, the default). The logit scale is learnt from a pilot column
+of ``M_{-1}`` asked at ``initial_logit_scale``: its logits are about 30 times smaller than
+the others', so that column carries about 200 eps of rounding (relative to the largest entry)
+against 2 to 20 eps elsewhere. On a well-conditioned ``M_{-1}`` this does not matter; on a
+square head (``d_h = d``, ``cond(M_{-1})`` 200 to 15,000) T inherits it magnified by the
+condition number and the error at 4,096 tokens reached 1e-8. With ``cond(M_{-1}) >=
+REFINE_CONDITION`` the dense route asks that column again at the learnt scale (``d + 1`` more
+queries, stage ``refine``; skipped when ``n_queries`` or the oracle's budget has no room for
+them; ``refine=True`` always, ``False`` never): ``2 (d^2 + d) + d + 1 <= 2.2 (d^2 + d)``
+queries for d >= 5. Other heads are unchanged (and keep exactly ``2 (d^2 + d)``).
+
+**Served heads** (float32 answers). When every answer of the v stage is a float32 value,
+the head is served in float32 (``answer_precision_``; float16 and bfloat16 answers, the
+low-rank route and ``fit_bias`` are refused with
+:class:`~attnquery.errors.AssumptionViolation`). T then carries the answers' rounding
+(about 1e-6 relative with the pilot column asked again, which is always done here), and from
+offset 2 alone the error at offset delta would be about ``|delta|`` times that. So the dense
+route adds a long-offset measurement: singular values of ``M_{-1}`` below ``1e3 u`` (u the
+unit roundoff) are noise; T's eigenvalues may leave the unit circle by ``1e-3``; then the
+block ``C = Y T^(L-1) X`` of the rotated pairs (X, Y their real right and left eigenbases of
+T, ``Y X = I``) is measured by probes ``[c a; 0 (L - 1 times); s b]`` (a zero token scores 0
+and has value 0, so ``y (e^s1 + e^sN + L - 1) = e^s1 c a^T v + e^sN s b^T v`` gives ``s1 =
+c s a^T M_{-L} b`` with ``s_N = s^2 b^T M_0 b`` from the estimate, kept below 1e-2 by the
+ratio c / s), with first tokens an orthonormal basis of the span of ``U S^{-1} Y^T`` and last
+tokens along ``V X``: ``R^2`` probes, ``SERVED_REPEATS`` times with other first tokens,
+averaged. L is the largest offset (up to the longest check length, and such that ``(L - 1)``
+times the coarse angles' error stays below 0.1 rad) whose ``e^(+-i (L - 1) theta_j)`` are at
+least half as far apart as the best. C's eigenvalues, matched to ``e^(+-i (L-1) theta_j)``
+and unwrapped, give the frequencies (L - 1)-fold more precisely; its eigenvectors replace T's,
+and T corrects (to first order) the mixing of two of them where T separates their
+eigenvalues better than ``T^(L-1)``. The answers' own noise, ``noise_level_``, is the
+spread of the repeated blocks relative to their size (2e-7 to 8e-6 measured), and the check
+allows ``min(1e-3, 100 max(noise_level_, u cond(M_{-1})))``.
+Queries: ``2 (d^2 + d) + d + 1 + 3 R^2`` (plus the check).
+
 **Precision.** ``M_{-1}`` and ``M_{-2}`` are measured to about float64 rounding, but T
 carries that rounding magnified by the condition number of ``M_{-1}``, and the eigenvectors
 of frequencies closer than ``1 / N`` mix at that level: the error of ``M_delta`` grows about
@@ -92,7 +128,8 @@ forms; 1e-11 at d = 48, d_h = 32). The check allows
 **Check.** The learner checks itself on fresh random sequences of lengths ``verify_lengths``
 (up to 4,096 tokens by default) and raises :class:`~attnquery.errors.ModelMismatchError` on a
 box that is not a rotary head in this sense: ALiBi (a bias linear in the offset), a sliding
-window, several heads, query and key biases (without ``fit_bias``), lower precision. A
+window, several heads, query and key biases (without ``fit_bias``), noise (float16 and
+bfloat16 answers raise :class:`~attnquery.errors.AssumptionViolation` at once). A
 position-free head (the paper's) is a rotary head with ``R = 0`` (T = I): with
 ``rope_base=None`` and ``rotary_dim=None`` it is learnt as such (``rotary_dim_ = 0``); with
 ``rope_base`` or ``rotary_dim`` given, the missing frequencies raise :class:`AssumptionViolation`.
@@ -104,10 +141,12 @@ from __future__ import annotations
 
 import numbers
 
+import ml_dtypes
 import numpy as np
 
 from ..errors import AssumptionViolation, BudgetExceededError, ConfigError, NotIdentifiableError
 from ..models import RotaryAttentionHead, rope_frequencies, rotate_half
+from ..precision import round_to, storage_dtype
 from ._base import (
     DEFAULT_VERIFY,
     ROUNDING_RTOL,
@@ -120,13 +159,13 @@ from ._base import (
 )
 from ._probes import balanced_orthonormal
 
-__all__ = ["RotaryValueQueryLearner", "rotary_query_count", "rotary_dof", "VERIFY_LENGTHS",
-           "STAGES"]
+__all__ = ["RotaryValueQueryLearner", "rotary_query_count", "rotary_refine_count", "rotary_dof",
+           "VERIFY_LENGTHS", "STAGES"]
 
-#: the stages ``n_queries_by_stage_`` counts, in the order the fit runs them: v (and the
-#: answers' constant), the biases' zero-token probes (``fit_bias``), the form M_{-1} (and the
-#: constants b^T M_0 b), the form M_{-2} on M_{-1}'s spaces, the check
-STAGES = ("v", "bias", "M1", "M2", "verify")
+#: the stages ``n_queries_by_stage_`` counts: v (and the answers' constant), the biases'
+#: zero-token probes (``fit_bias``), the form M_{-1} (and the constants b^T M_0 b), the form
+#: M_{-2} on M_{-1}'s spaces, the pilot column of M_{-1} asked again (``refine``), the check
+STAGES = ("v", "bias", "M1", "M2", "refine", "verify")
 
 #: sequence lengths of the check queries: short ones and long ones (up to 4,096 tokens)
 VERIFY_LENGTHS = (2, 3, 64, 4096)
@@ -138,6 +177,24 @@ PASS_TOL = 1e-9
 CHECK_FACTOR = 4.0
 #: largest disagreement between the measured angles and the frequencies of ``rope_base``
 FREQ_TOL = 1e-6
+#: ``refine="auto"`` asks the pilot column again when ``cond(M_{-1})`` reaches this (square
+#: heads, whose error at long offsets is the rounding of the forms times the condition number)
+REFINE_CONDITION = 100.0
+#: the long offset of a served head must spread the eigenvalues of ``T^(L-1)`` at least this far
+#: apart on the unit circle (radians), and farther than T's
+REFINE_MIN_SEPARATION = 1e-3
+#: served answers (float32 values): eigenvalues of T may leave the unit circle by this much,
+#: singular values of ``M_{-1}`` below ``SERVED_RANK_FACTOR u`` (u the format's unit roundoff)
+#: times the largest are noise, and the check allows ``SERVED_CHECK_FACTOR`` times the answers'
+#: own noise (``noise_level_``, at least ``u cond(M_{-1})``), relative
+SERVED_UNIT_TOL = 1e-3
+SERVED_RANK_FACTOR = 1e3
+SERVED_CHECK_FACTOR = 100.0
+#: ... and never more than this
+SERVED_MAX_RTOL = 1e-3
+#: the block ``T^(L-1)`` of a served head is measured this many times (other first tokens each
+#: time) and averaged
+SERVED_REPEATS = 3
 
 
 def rotary_query_count(d: int, rank: int | None = None, oversample: int = 8,
@@ -151,6 +208,12 @@ def rotary_query_count(d: int, rank: int | None = None, oversample: int = 8,
         return 2 * d * d + 2 * d + (3 * d + 3 if bias else 0)
     k = min(d, rank + oversample)
     return d * (k + 2 * rank + 3) + rank * rank + 2 * rank
+
+
+def rotary_refine_count(d: int) -> int:
+    """Queries of the refinement (module docstring, "Refinement"): the pilot column of
+    ``M_{-1}`` asked again at the learnt logit scale, ``d + 1``."""
+    return d + 1
 
 
 def rotary_dof(d: int, head_dim: int, rotary_dim: int, positions: bool = True) -> int:
@@ -187,6 +250,11 @@ class RotaryValueQueryLearner(BaseLearner):
         A cap on the queries of the fit (the check included); the fit raises
         :class:`~attnquery.errors.BudgetExceededError` before spending any query when its plan
         exceeds it.
+    refine : {"auto", True, False}
+        Ask the pilot column of ``M_{-1}`` again at the learnt logit scale (``d + 1`` queries,
+        dense route; module docstring, "Refinement"): ``"auto"`` (default) when
+        ``cond(M_{-1}) >= REFINE_CONDITION`` and the budget has room, True always, False
+        never.
     oversample : int
         Extra columns of the sketches of the low-rank route.
     max_logit, min_logit, initial_logit_scale : float
@@ -233,13 +301,25 @@ class RotaryValueQueryLearner(BaseLearner):
         As in the other learners.
     head_ : RotaryAttentionHead
         The recovered head (``predict`` evaluates it).
+    answer_precision_ : str
+        ``"float64"``, or ``"float32"`` when every answer of the v stage is a float32 value
+        (a served head; module docstring, "Served heads").
+    long_offset_ : int
+        The long offset L of a served head's block ``T^(L-1)`` (served heads only).
+    noise_level_ : float
+        A served head's relative noise, from the spread of its repeated blocks (0 for
+        float64 answers).
     n_queries_by_stage_ : dict
         Queries per stage of :data:`STAGES`: ``v``, ``bias`` (``fit_bias``), ``M1``, ``M2``,
-        ``verify`` (counted by the oracle, see :class:`~attnquery.learners._base.QueryLedger`).
+        ``refine`` (the pilot column asked again), ``verify`` (counted by the oracle, see
+        :class:`~attnquery.learners._base.QueryLedger`).
     """
 
+    #: the tolerance of T's eigenvalues on the unit circle (set per fit: float64 or served)
+    _unit_tol = UNIT_TOL
+
     def __init__(self, *, rope_base=None, rotary_dim=None, rank=None, fit_bias=False,
-                 n_queries=None, oversample: int = 8, max_logit: float = 10.0,
+                 n_queries=None, refine="auto", oversample: int = 8, max_logit: float = 10.0,
                  min_logit: float = 1e-5, initial_logit_scale: float = 1e-2,
                  rank_tol: float = 1e-9, verify: int = DEFAULT_VERIFY,
                  verify_lengths=VERIFY_LENGTHS, block_bytes: int = 64 * 2**20,
@@ -249,6 +329,7 @@ class RotaryValueQueryLearner(BaseLearner):
         self.rank = rank
         self.fit_bias = fit_bias
         self.n_queries = n_queries
+        self.refine = refine
         self.oversample = oversample
         self.max_logit = max_logit
         self.min_logit = min_logit
@@ -291,6 +372,10 @@ class RotaryValueQueryLearner(BaseLearner):
         rank = None if rank is None or rank >= d else rank
         if bias and rank is not None:
             raise ConfigError("fit_bias needs the dense route (rank=None)")
+        if not (self.refine == "auto" or isinstance(self.refine, bool)):
+            raise ConfigError(f"refine must be 'auto', True or False; got {self.refine!r}")
+        if self.refine is True and rank is not None:
+            raise ConfigError("refine=True needs the dense route (rank=None)")
         return lengths, rank
 
     def _check_plan(self, oracle, d: int, rank) -> None:
@@ -298,6 +383,8 @@ class RotaryValueQueryLearner(BaseLearner):
         the oracle's budget."""
         n_check = check_verify_param(self.verify)
         planned = rotary_query_count(d, rank, self.oversample, bias=bool(self.fit_bias)) + n_check
+        if self.refine is True:
+            planned += rotary_refine_count(d)
         if self.n_queries is not None and planned > self.n_queries:
             raise BudgetExceededError(
                 f"rotary recovery needs {planned} queries (with {n_check} check queries); "
@@ -329,6 +416,7 @@ class RotaryValueQueryLearner(BaseLearner):
         with self._open_ledger(oracle, STAGES) as ledger:
             with ledger.stage("v"):
                 beta, v = self._read_v(ledger, d)
+            self._served_setup(v, rank)
             pr = _RotaryProber(ledger, v, beta, self, d)
             with ledger.stage("M1"):
                 if rank is None:
@@ -338,7 +426,10 @@ class RotaryValueQueryLearner(BaseLearner):
                     bias_data = None
             with ledger.stage("M2"):
                 T = m2_reduced(U_s, Vt.T) / S[:, None]
-            self._factor(T, U_s, S, Vt)
+            lam, E, half = self._factor(T, U_s, S, Vt)
+            if self.answer_precision_ != "float64":
+                with ledger.stage("refine"):
+                    self._long_block(pr, lam, E, half, (U_s, S, Vt), r_probe, lengths)
             self._set_estimate(v, beta, bias_data, pr, S, lengths)
             with ledger.stage("verify"):
                 self._check(oracle, r_check, ledger.n0, lengths)
@@ -369,6 +460,10 @@ class RotaryValueQueryLearner(BaseLearner):
         self.condition_ = float(S[0] / S[-1])
         self.check_rtol_ = max(ROUNDING_RTOL, CHECK_FACTOR * np.finfo(float).eps
                                * self.condition_ * max(lengths))
+        if self.answer_precision_ != "float64":
+            u = float(ml_dtypes.finfo(storage_dtype(self.answer_precision_)).eps) / 2
+            self.check_rtol_ = min(SERVED_MAX_RTOL, SERVED_CHECK_FACTOR
+                                   * max(self.noise_level_, u * self.condition_))
 
     def _check(self, oracle, rng, n0: int, lengths) -> None:
         """The self-check on fresh sequences of ``lengths`` tokens."""
@@ -376,7 +471,7 @@ class RotaryValueQueryLearner(BaseLearner):
                          lengths=lengths, permuted=False, what="a rotary attention head",
                          hint="the box may not be a rotary head (ALiBi, a sliding window, "
                               "query or key biases without fit_bias), or have several "
-                              "heads, noise or lower precision than float64")
+                              "heads, noise or precision below float32")
 
     # ------------------------------------------------------------------------------------------
     def _dense(self, pr, v, rng, d):
@@ -394,9 +489,17 @@ class RotaryValueQueryLearner(BaseLearner):
         else:
             t, m0 = pr.pairs(A, eye)  # t[j] = A M_{-1} e_j
             bias_data = None
+        U_s, S, Vt = _thin_svd(A.T @ t.T, self._rank_tol)
+        if self._refines(pr.oracle, S, d):  # the pilot column again, at the learnt scale
+            with pr.oracle.stage("refine"):
+                if self.fit_bias:
+                    t[0], Cp[0], sc[0] = (a[0] for a in pr.pairs(A, eye[:1], 1, gf=g1f,
+                                                                 raw=True))
+                else:
+                    t[0], m0[0] = (a[0] for a in pr.pairs(A, eye[:1]))
+            U_s, S, Vt = _thin_svd(A.T @ t.T, self._rank_tol)
         M1 = A.T @ t.T
         m1 = np.diag(M1).copy()
-        U_s, S, Vt = _thin_svd(M1, self.rank_tol)
 
         def m2_reduced(U_r, V_r):
             if self.fit_bias:  # the constants are unknown: d + 1 probes per column
@@ -406,6 +509,48 @@ class RotaryValueQueryLearner(BaseLearner):
             return U_r.T @ (A.T @ t2.T) @ V_r
 
         return U_s, S, Vt, m2_reduced, bias_data
+
+    def _served_setup(self, v, rank) -> None:
+        """The answers' format (``answer_precision_``: the narrowest of float16, bfloat16,
+        float32 holding every answer ``v``, else float64) and the tolerances it implies."""
+        self.answer_precision_ = "float64"
+        self.noise_level_ = 0.0
+        for fmt in ("float16", "bfloat16", "float32"):
+            if np.array_equal(round_to(v, fmt), v):
+                self.answer_precision_ = fmt
+                break
+        self._unit_tol, self._rank_tol = UNIT_TOL, self.rank_tol
+        if self.answer_precision_ == "float64":
+            return
+        if self.answer_precision_ != "float32" or rank is not None or self.fit_bias:
+            raise AssumptionViolation(
+                f"the answers are {self.answer_precision_} values (a served head): the served "
+                "route takes float32 answers, on the dense route without biases (rank=None, "
+                "fit_bias=False)")
+        u = float(ml_dtypes.finfo(storage_dtype(self.answer_precision_)).eps) / 2
+        self.noise_level_ = u  # until the long block measures it
+        self._unit_tol = SERVED_UNIT_TOL
+        self._rank_tol = max(self.rank_tol, SERVED_RANK_FACTOR * u)
+
+    def _refines(self, ledger, S, d: int) -> bool:
+        """Whether the dense route asks the pilot column again (module docstring,
+        "Refinement"): ``refine=True`` always; ``"auto"`` when ``cond(M_{-1}) >=
+        REFINE_CONDITION`` and the ``d + 1`` queries fit under ``n_queries`` and the oracle's
+        budget with the rest of the plan."""
+        if self.answer_precision_ != "float64":
+            return True
+        if self.refine is not True and (self.refine is False
+                                        or S[0] < REFINE_CONDITION * S[-1]):
+            return False
+        rest = d * d + check_verify_param(self.verify) + rotary_refine_count(d)
+        if self.fit_bias:
+            rest += d + 1
+        if self.refine is True:
+            return True
+        if self.n_queries is not None and ledger.total + rest > self.n_queries:
+            return False
+        left = ledger.remaining
+        return left is None or rest <= left
 
     def _biases(self, g1, dk1, Cp, sc):
         """The query and key biases from the zero-last-token probes (``g1 = g_{-1}``,
@@ -472,7 +617,7 @@ class RotaryValueQueryLearner(BaseLearner):
         r = T.shape[0]
         lam, E = np.linalg.eig(T)
         mod = np.abs(lam)
-        if not np.all(np.abs(mod - 1.0) <= UNIT_TOL):
+        if not np.all(np.abs(mod - 1.0) <= self._unit_tol):
             worst = float(np.max(np.abs(mod - 1.0)))
             raise AssumptionViolation(
                 f"not a rotary head: the relative-position map M_(-1)^+ M_(-2) has eigenvalues "
@@ -501,6 +646,14 @@ class RotaryValueQueryLearner(BaseLearner):
                     f"the frequencies found ({theta[:4]}...) are not those of rope_base="
                     f"{self.rope_base} ({want[:4]}...)")
             theta = want
+        self.eigenvalues_ = lam
+        self._set_factors(E, theta, half, U_s, S, Vt)
+        return lam, E, half
+
+    def _set_factors(self, E, theta, half, U_s, S, Vt) -> None:
+        """``Q_``, ``K_`` and the frequencies from the eigenvectors E of T (columns ordered as
+        the eigenvalues: the R/2 positive angles, the passes, the negative angles)."""
+        r = E.shape[0]
         # G^{-1} = [Re E; -Im E; real basis of the eigenvalue-1 space], gauge fixed by a unit
         # eigenvector whose largest entry is real and positive
         Ep = E[:, :half]
@@ -521,7 +674,6 @@ class RotaryValueQueryLearner(BaseLearner):
         self.frequencies_ = theta
         self.rotary_dim_ = 2 * half
         self.rank_ = r
-        self.eigenvalues_ = lam
         self.Q_ = G @ Vt
         # K_^T = U S G^{-1} D^{-1}, i.e. K_ = D (U S G^{-1})^T: every row of U S G^{-1}
         # rotated by one position
@@ -529,6 +681,74 @@ class RotaryValueQueryLearner(BaseLearner):
         self.K_ = rotate_half(KT, np.full(KT.shape[0], 1.0), theta).T
 
     # ------------------------------------------------------------------------------------------
+    def _long_block(self, pr, lam, E, half, svd, rng, lengths) -> None:
+        """Served heads (module docstring, "Served heads"): the block ``C = Y T^(L-1) X`` of
+        the rotated pairs at the long offset L that keeps ``e^(+-i (L-1) theta_j)`` apart:
+        its eigenvalues give the frequencies (L - 1)-fold more precisely than T, its
+        eigenvectors replace T's, and T corrects (to first order) the mixing of two of them
+        where it separates their eigenvalues better (``R^2`` queries, ``SERVED_REPEATS``
+        times)."""
+        if half < 1:
+            return
+        U_s, S, Vt = svd
+        theta = self.frequencies_
+        # the coarse angles (error about 10 u cond(M_{-1})) must unwrap: (L - 1) times their
+        # error stays below 0.1 rad
+        u = float(ml_dtypes.finfo(storage_dtype(self.answer_precision_)).eps) / 2
+        L = _long_offset(theta, int(min(max(lengths) - 1, 1 + 0.01 / (u * S[0] / S[-1]))))
+        if L is None:
+            return
+        Ep = E[:, :half]
+        X = np.concatenate([Ep.real, Ep.imag], axis=1)  # (r, R) real basis of the pairs
+        Yc = np.linalg.inv(E)[:half]
+        Yc = np.concatenate([Yc.real, Yc.imag], axis=0)
+        Y = np.linalg.solve(Yc @ X, Yc)  # left invariant basis, Y X = I
+        Cs = np.array([self._measure_block(pr, X, Y, svd, L, rng)  # Y T^(L-1) X
+                       for _ in range(SERVED_REPEATS)])
+        C = Cs.mean(axis=0)
+        # the answers' own noise: the spread of the repeats (relative to the block's size)
+        self.noise_level_ = float(np.sqrt(np.mean(Cs.var(axis=0, ddof=1)))
+                                  / np.sqrt(np.mean(C**2)))
+        mu, W = np.linalg.eig(C)
+        want = np.exp(1j * (L - 1) * np.concatenate([theta, -theta]))
+        match = np.argmin(np.abs(mu[None, :] - want[:, None]), axis=1)
+        if np.unique(match).size < 2 * half or np.max(np.abs(mu[match] - want)) > 0.1 \
+                or np.max(np.abs(np.abs(mu) - 1)) > self._unit_tol:
+            raise AssumptionViolation(
+                f"not a rotary head: at the offset {L} the form M_(-{L}) is not M_(-1) rotated "
+                f"by (L - 1) theta_j (M_(-1)^+ M_(-{L}) has the eigenvalues "
+                f"{np.round(mu, 4)[:4]}..., a rotary head's {np.round(want, 4)[:4]}...)")
+        mu, W = mu[match], W[:, match]
+        # where T separates two eigenvalues better than T^(L-1), T's measurement corrects the
+        # mixing of their eigenvectors (first order): T' = W^{-1} (Y T X) W
+        lam2 = np.concatenate([lam[:half], np.conj(lam[:half])])
+        Tp = np.linalg.solve(W, Y @ (E @ (lam[:, None] * np.linalg.solve(E, X @ W))))
+        dl, dm = lam2[None, :] - lam2[:, None], mu[None, :] - mu[:, None]
+        use = np.abs(dl) > np.abs(dm)
+        W = W @ (np.eye(2 * half) + np.where(use, Tp / np.where(use, dl, 1.0), 0.0))
+        ang = np.angle(mu[:half])
+        ref = (ang + 2 * np.pi * np.round(((L - 1) * theta - ang) / (2 * np.pi))) / (L - 1)
+        E = E.copy()
+        E[:, :half] = X @ W[:, :half]
+        self.long_offset_ = int(L)
+        self._set_factors(E, ref if self.rope_base is None else theta, half, U_s, S, Vt)
+
+    def _measure_block(self, pr, X, Y, svd, L: int, rng) -> np.ndarray:
+        """``C = Y S^{-1} U^T M_{-L} V X`` (m x m) from ``m^2`` probes ``[c a; 0 ...; s b]``:
+        last tokens along ``V X``, first tokens an orthonormal basis of the span of
+        ``U S^{-1} Y^T`` (balanced against v)."""
+        U_s, S, Vt = svd
+        B = (Vt.T @ X).T  # (m, d)
+        nb = np.linalg.norm(B, axis=1)
+        B = B / nb[:, None]
+        A0 = Y @ (U_s / S[None, :]).T  # (m, d)
+        Qa, Rr = np.linalg.qr(A0.T)
+        H = balanced_orthonormal(Qa.T @ pr.v, rng)
+        F = H @ Qa.T
+        m0 = np.einsum("kr,kr->k", B @ self.K_.T, B @ self.Q_.T)  # b^T M_0 b, estimated
+        t = pr.long_pairs(F, B, L, m0)  # t[k, l] = F[l] M_{-L} B[k]
+        return Rr.T @ H.T @ t.T * nb[None, :]
+
     # ------------------------------------------------------------------------------------------
     def _head(self) -> RotaryAttentionHead:
         return RotaryAttentionHead(self.Q_, self.K_, self.v_, frequencies=self.frequencies_,
@@ -558,6 +778,22 @@ def _thin_svd(M: np.ndarray, tol: float):
         raise NotIdentifiableError("M_{-1} = 0: the scores carry no signal")
     r = int(np.sum(S > tol * S[0]))
     return U[:, :r], S[:r], Vt[:r]
+
+
+def _long_offset(theta: np.ndarray, max_offset: int):
+    """The offset L (2 <= L <= max_offset) whose ``e^(+-i (L - 1) theta_j)`` are far apart on
+    the unit circle: the largest L whose smallest gap is at least half the best; None when none
+    separates them by ``REFINE_MIN_SEPARATION`` more than L = 2 does."""
+    n = np.arange(1, max(2, max_offset), dtype=np.float64)  # n = L - 1
+    P = np.mod(n[:, None] * np.concatenate([theta, -theta])[None, :], 2 * np.pi)
+    P.sort(axis=1)
+    gaps = np.diff(P, axis=1)
+    wrap = 2 * np.pi - (P[:, -1] - P[:, 0])
+    sep = np.minimum(gaps.min(axis=1), wrap) if P.shape[1] > 1 else wrap
+    best = float(sep.max())
+    if best < max(REFINE_MIN_SEPARATION, sep[0]):
+        return None
+    return int(n[np.nonzero(sep >= 0.5 * best)[0][-1]]) + 1
 
 
 def _first_tokens(U: np.ndarray, v: np.ndarray, rng):
@@ -748,6 +984,52 @@ class _RotaryProber:
             self.n_requeried += int(todo.size)
         raise AssumptionViolation("the answers are not those of an attention head: some "
                                   "attention weights fall outside (0, 1) at every probe scale")
+
+    def _ask_long(self, first, last, c, s, L, m0):
+        """Logits of the first row of ``[c a; 0 (L - 1 times); s b]`` given
+        ``m0 = b^T M_0 b``: a zero token scores 0 and has value 0, so
+        ``y (e^s1 + e^sN + L - 1) = e^s1 c a^T v + e^sN s b^T v`` (NaN where no positive
+        ``e^s1`` solves it)."""
+        n, d = first.shape
+        X = np.zeros((n, L + 1, d))
+        X[:, 0, :] = c[:, None] * first
+        X[:, -1, :] = s[:, None] * last
+        y = self.oracle(X) - self.beta
+        av, bv = c * (first @ self.v), s * (last @ self.v)
+        eN = np.exp(s**2 * m0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            e1 = (eN * (bv - y) - (L - 1) * y) / (y - av)
+            return np.where(e1 > 0, np.log(np.where(e1 > 0, e1, 1.0)), np.nan)
+
+    def long_pairs(self, F, B, L: int, m0):
+        """``t[k, l] = F[l] M_{-L} B[k]`` (m, n) from ``m n`` probes of ``L + 1`` tokens."""
+        m, n = B.shape[0], F.shape[0]
+        out = np.empty((m, n))
+        step = max(1, self.block_bytes // (8 * (L + 1) * self.d * n))
+        for a0 in range(0, m, step):
+            ks = np.arange(a0, min(a0 + step, m))
+            kk, ll = np.repeat(ks, n), np.tile(np.arange(n), ks.size)
+            kap = np.full(kk.size, self.kappa)
+            vals, todo = np.empty(kk.size), np.arange(kk.size)
+            for _ in range(9):
+                c, s, rho = self._scales(F, B[kk[todo]], kap[todo])
+                # c / s also keeps s^2 |b^T M_0 b| <= 1e-2 (the estimate of M_0 barely counts)
+                rho2 = np.maximum(rho, 100.0 * kap[todo] * np.abs(m0[kk[todo]]))
+                c, s = c * np.sqrt(rho2 / rho), s * np.sqrt(rho / rho2)
+                logit = self._ask_long(F[ll[todo]], B[kk[todo]], c, s, L, m0[kk[todo]])
+                ok = np.abs(logit) <= self.max_logit
+                vals[todo[ok]] = logit[ok] / kap[todo[ok]]
+                todo = todo[~ok]
+                if not todo.size:
+                    break
+                kap[todo] *= 1e-2
+                self.n_requeried += int(todo.size)
+            if todo.size:
+                raise AssumptionViolation(
+                    "the answers are not those of a rotary head: a probe over zero tokens "
+                    "has no positive attention weight for its first token at any scale")
+            out[ks] = vals.reshape(ks.size, n)
+        return out
 
     # -- three-row probes: A M_{-2} b ----------------------------------------------------------
     def triples(self, A, B, m1, m0):

@@ -1,0 +1,242 @@
+"""Attention modules served by a real inference engine (onnxruntime), as black boxes.
+
+Beyond the paper: the learners of Sections 4-6 are checked against answers computed by an
+engine the project did not write. :func:`attention_module_graph` writes an attention module
+(Q, K and V projections with their biases, scaled dot products per head, softmax, the
+attention-weighted values, the output projection with its bias, and a readout vector at the last
+token) as an ONNX graph with ``onnx.helper``, its weights stored in float32 or float16.
+:class:`OnnxBox` runs it with an onnxruntime ``InferenceSession`` on the CPU: a callable
+``(B, N, d) -> (B,)`` whose answers are the engine's own arithmetic. :func:`module_box` builds one
+from a checkpoint's attention module.
+
+onnx and onnxruntime are not runtime dependencies of attnquery: they come with the ``test``
+extra (``pip install 'attnquery[test]'``) and are imported only when a graph is built or run.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+
+__all__ = ["attention_module_graph", "OnnxBox", "module_box", "ELEM"]
+
+_ONNX_TYPES = {"float32": 1, "float16": 10}  # onnx.TensorProto.FLOAT, FLOAT16
+#: The numpy type of each precision a graph can be written in.
+ELEM = {"float32": np.float32, "float16": np.float16}
+
+
+def _engine_module(name: str):
+    """Import ``name`` (onnx, onnxruntime), or say how to install it.
+
+    Parameters
+    ----------
+    name : str
+        The module to import.
+
+    Returns
+    -------
+    module
+
+    Raises
+    ------
+    ImportError
+        When the module is not installed; the message names the ``test`` extra.
+    """
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise ImportError(
+            f"attnquery.engines needs {name.split('.')[0]}, which is not installed; it comes "
+            f"with the test extra: pip install 'attnquery[test]'") from exc
+
+
+def _check_precision(precision: str) -> None:
+    if precision not in ELEM:
+        raise ValueError(f"precision must be one of {sorted(ELEM)}, got {precision!r}")
+
+
+def attention_module_graph(wq, bq, wk, bk, wv, bv, wo, bo, r, n_heads: int,
+                           precision: str = "float32"):
+    """An ONNX model of ``r^T (W_O concat_h(softmax(k_h q_h / sqrt(d_h)) v_h) + b_O)``.
+
+    Parameters
+    ----------
+    wq, wk, wv : ndarray (m, d)
+        Projections (PyTorch ``Linear`` orientation, ``m = n_heads d_h`` kept columns).
+    bq, bk, bv : ndarray (m,)
+        Their biases.
+    wo : ndarray (d, m)
+        Output projection (the kept heads' columns).
+    bo : ndarray (d,)
+        Its bias.
+    r : ndarray (d,)
+        Readout vector.
+    n_heads : int
+        Number of heads the ``m`` columns hold.
+    precision : {"float32", "float16"}
+        Storage and compute type of the graph (the input too).
+
+    Returns
+    -------
+    onnx.ModelProto
+        A checked model with input ``X`` ``(B, N, d)`` and output ``y`` ``(B,)``.
+
+    Raises
+    ------
+    ImportError
+        When onnx is not installed.
+    ValueError
+        For an unknown precision.
+    """
+    _check_precision(precision)
+    onnx = _engine_module("onnx")
+    helper, numpy_helper = onnx.helper, _engine_module("onnx.numpy_helper")
+
+    T = _ONNX_TYPES[precision]
+    dt = ELEM[precision]
+    m, d = np.shape(wq)
+    dh = m // n_heads
+
+    def init(name, a):
+        return numpy_helper.from_array(np.asarray(a, dtype=np.float64).astype(dt), name)
+
+    def shape(name, vals):
+        return numpy_helper.from_array(np.asarray(vals, dtype=np.int64), name)
+
+    inits = [init("WqT", np.transpose(wq)), init("bq", bq), init("WkT", np.transpose(wk)),
+             init("bk", bk), init("WvT", np.transpose(wv)), init("bv", bv),
+             init("WoT", np.transpose(wo)), init("bo", bo), init("r", r),
+             init("scale", np.sqrt(dh)),
+             numpy_helper.from_array(np.asarray(-1, dtype=np.int64), "last"),
+             shape("q_shape", [0, n_heads, dh, 1]), shape("kv_shape", [0, 0, n_heads, dh]),
+             shape("s_shape", [0, 0, 1, -1]), shape("o_shape", [0, m])]
+    N = helper.make_node
+    nodes = [
+        N("Gather", ["X", "last"], ["xN"], axis=1),  # (B, d): the last token
+        N("MatMul", ["xN", "WqT"], ["q0"]), N("Add", ["q0", "bq"], ["q"]),
+        N("MatMul", ["X", "WkT"], ["k0"]), N("Add", ["k0", "bk"], ["k"]),
+        N("MatMul", ["X", "WvT"], ["v0"]), N("Add", ["v0", "bv"], ["v"]),
+        N("Reshape", ["q", "q_shape"], ["q4"]),  # (B, H, dh, 1)
+        N("Reshape", ["k", "kv_shape"], ["k3"]), N("Transpose", ["k3"], ["k4"], perm=[0, 2, 1, 3]),
+        N("Reshape", ["v", "kv_shape"], ["v3"]), N("Transpose", ["v3"], ["v4"], perm=[0, 2, 1, 3]),
+        N("MatMul", ["k4", "q4"], ["s0"]),  # (B, H, N, 1)
+        N("Div", ["s0", "scale"], ["s1"]), N("Reshape", ["s1", "s_shape"], ["s"]),  # (B,H,1,N)
+        N("Softmax", ["s"], ["alpha"], axis=-1),
+        N("MatMul", ["alpha", "v4"], ["o4"]),  # (B, H, 1, dh)
+        N("Reshape", ["o4", "o_shape"], ["o"]),  # (B, m)
+        N("MatMul", ["o", "WoT"], ["out0"]), N("Add", ["out0", "bo"], ["out"]),  # (B, d)
+        N("MatMul", ["out", "r"], ["y"]),  # (B,)
+    ]
+    graph = helper.make_graph(
+        nodes, "attention_module",
+        [helper.make_tensor_value_info("X", T, ["B", "N", d])],
+        [helper.make_tensor_value_info("y", T, ["B"])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+class OnnxBox:
+    """An ONNX attention module run by onnxruntime: ``(B, N, d)`` float64 -> ``(B,)`` float64.
+
+    The input is cast to the graph's type (as a client sends it to a served model) and the
+    answers are the engine's, cast to float64. One thread, no graph optimisation beyond the
+    basic level, so the arithmetic is the kernels' own.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        A graph with input ``X`` and output ``y`` (:func:`attention_module_graph`).
+    d : int
+        Token dimension.
+    precision : {"float32", "float16"}
+        The graph's type.
+
+    Attributes
+    ----------
+    session : onnxruntime.InferenceSession
+        The engine's session.
+    d : int
+    precision : str
+
+    Raises
+    ------
+    ImportError
+        When onnxruntime is not installed.
+    """
+
+    def __init__(self, model, d: int, precision: str = "float32"):
+        _check_precision(precision)
+        ort = _engine_module("onnxruntime")
+
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 1
+        opts.inter_op_num_threads = 1
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        self.session = ort.InferenceSession(model.SerializeToString(), opts,
+                                            providers=["CPUExecutionProvider"])
+        self.d, self.precision = int(d), precision
+        self._dt = ELEM[precision]
+
+    def __call__(self, X) -> np.ndarray:
+        """The engine's answers.
+
+        Parameters
+        ----------
+        X : array_like (B, N, d) or (N, d)
+            Queries in float64; cast to the graph's type (values beyond its range overflow
+            to infinity, as a client's cast does).
+
+        Returns
+        -------
+        ndarray (B,)
+            float64.
+        """
+        X = np.asarray(X, dtype=np.float64)
+        if X.ndim == 2:
+            X = X[None]
+        with np.errstate(over="ignore"):
+            Xc = X.astype(self._dt)
+        out = []
+        for a in range(0, X.shape[0], 8192):
+            out.append(self.session.run(["y"], {"X": Xc[a:a + 8192]})[0])
+        return np.concatenate(out).astype(np.float64)
+
+
+def module_box(path, layer: int, head: int | None = None, precision: str = "float32",
+               readout_seed: int = 0) -> OnnxBox:
+    """The attention module of a checkpoint (one head, or the whole layer) as an onnxruntime box.
+
+    Read out along the Gaussian readout vector of seed ``readout_seed``, as
+    :class:`attnquery.realheads.ModuleBlackBox` reads it out.
+
+    Parameters
+    ----------
+    path : str or Path
+        A checkpoint :func:`attnquery.realheads.cached_checkpoint` reads.
+    layer : int
+        The layer.
+    head : int, optional
+        One head; all the layer's heads when None.
+    precision : {"float32", "float16"}
+        The graph's type.
+    readout_seed : int
+        Seed of the readout vector.
+
+    Returns
+    -------
+    OnnxBox
+    """
+    from attnquery.realheads import cached_checkpoint, readout_vector
+
+    ckpt = cached_checkpoint(path)
+    w = ckpt.layers[layer]
+    heads = range(ckpt.n_heads) if head is None else [head]
+    cols = np.concatenate([np.arange(h * ckpt.d_head, (h + 1) * ckpt.d_head) for h in heads])
+    r = readout_vector(ckpt.d, "gaussian", readout_seed)
+    model = attention_module_graph(
+        w["q"][cols], w["bq"][cols], w["k"][cols], w["bk"][cols], w["v"][cols], w["bv"][cols],
+        w["o"][:, cols], w["bo"], r, len(cols) // ckpt.d_head, precision)
+    return OnnxBox(model, ckpt.d, precision)
