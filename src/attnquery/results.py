@@ -71,8 +71,9 @@ __all__ = [
 
 #: version 2 added ``verify_queries``, ``verify_error`` and ``verified`` (``n_queries`` no longer
 #: counts the check queries), and the per-cell provenance ``code_version`` and ``cell_key``;
-#: version 3 added ``verify_vacuous`` (the check could not have failed)
-SCHEMA_VERSION = 3
+#: version 3 added ``verify_vacuous`` (the check could not have failed); version 4 added the
+#: parameter ``n_kv_heads`` (key/value heads of a grouped-query layer)
+SCHEMA_VERSION = 4
 
 #: every status a row can have
 STATUSES = ("ok", "not_identifiable", "error", "timeout", "skipped")
