@@ -267,6 +267,8 @@ class AttentionLayerLearner(BaseLearner):
         r_scan, r_sketch, r_verify, r_base = rng.spawn(4)
         bias = bool(self.fit_bias)
         base = r_base.standard_normal(d) if bias else None
+        if self.n_queries is not None:  # served mode: no query beyond n_queries
+            oracle = served.Capped(oracle, int(self.n_queries))
         with self._open_ledger(oracle, STAGES, what="the layer") as ledger:
             run = self._start(ledger, d, bias, base, rng)  # V, beta (and the answers' noise)
             vs = self._scan(run, H, r_scan)  # every v_h, from a circle of saturated queries

@@ -21,8 +21,9 @@ import numpy as np
 from ...errors import AssumptionViolation, BudgetExceededError, SearchLimitError
 from ..lowprecision import _BIAS_MAX_LOGIT, _KAPPA_DITHER, MAX_NOISE_LEVEL
 
-__all__ = ["repeated", "measure_noise", "clean_tol", "fd_tol", "noisy_gradient", "plan_repeats",
-           "dithers", "NOISE_QUERIES", "NOISY_TARGET", "NOISY_MAX_LOGIT", "VERIFY_NOISE"]
+__all__ = ["Capped", "repeated", "measure_noise", "clean_tol", "fd_tol", "noisy_gradient",
+           "gradient_pairs", "plan_repeats", "dithers", "NOISE_QUERIES", "NOISY_TARGET",
+           "NOISY_MAX_LOGIT", "VERIFY_NOISE"]
 
 #: antipodal pairs of one-row queries that measure the answers' relative noise
 NOISE_QUERIES = 64
@@ -176,3 +177,35 @@ def repeated(prober, make, n: int, floor, reps: int) -> np.ndarray:
         den += w
     prober.kappa, prober.target = kappa, target
     return num / den
+
+
+class Capped:
+    """The oracle seen through a cap of ``n`` more queries: every stage's budget check
+    (:func:`~attnquery.learners._base.check_budget`) reads ``remaining``, so a fit that would
+    spend more than ``n_queries`` stops with :class:`~attnquery.errors.BudgetExceededError`
+    before the query that would pass it."""
+
+    def __init__(self, oracle, n: int):
+        self.oracle = oracle
+        self.limit = int(oracle.n_queries) + int(n)
+
+    @property
+    def d(self) -> int:
+        return self.oracle.d
+
+    @property
+    def n_queries(self) -> int:
+        return int(self.oracle.n_queries)
+
+    @property
+    def kind(self) -> str:
+        return getattr(self.oracle, "kind", "value")
+
+    @property
+    def remaining(self) -> int:
+        own = self.limit - int(self.oracle.n_queries)
+        inner = getattr(self.oracle, "remaining", None)
+        return own if inner is None else min(own, int(inner))
+
+    def __call__(self, X):
+        return self.oracle(X)
