@@ -554,10 +554,12 @@ class AttentionLayerLearner(BaseLearner):
             if not self._saturated(run, x0, p, q, Tg, mids, widths):
                 continue
             pairs = self._gradient_pairs(run, H)
+            # served mode: longer steps (checked for kinks), whose rounding weighs less
+            step = 0.05 if run.noise is None else served.STEP_FRACTION
             try:
                 # a coordinate step moves the logits less than the half-arc does
                 grads = [self._gradient(run, Tg * (np.cos(mid) * p + np.sin(mid) * q), x0,
-                                        0.05 * Tg * width, pairs)
+                                        step * Tg * width, pairs)
                          for mid, width in zip(mids, widths, strict=True)]
             except SearchLimitError:
                 continue  # some arc too narrow for a linear step: another circle
