@@ -32,8 +32,10 @@ NOISE_QUERIES = 64
 NOISY_TARGET = 1.0
 #: largest logit of a probe (the low-precision learner's, measured on served MiniLM heads)
 NOISY_MAX_LOGIT = _BIAS_MAX_LOGIT
-#: the check's relative tolerance, in units of the answers' relative noise
-VERIFY_NOISE = 2000.0
+#: the check's relative tolerance, in units of the answers' relative noise (1e-3 in float32:
+#: the synthetic layer of seed 0 in float32 differs from its fit by 2.4e-4 on 128-token checks,
+#: one head's W being 2.5e-3 off; a model the learner does not fit misses by far more)
+VERIFY_NOISE = 1e4
 #: distinct steps (pairs +-h) of each coordinate's finite difference, at most
 MAX_GRADIENT_PAIRS = 32
 #: a coordinate step of an arc's gradient, in units of the arc's width times the circle's
