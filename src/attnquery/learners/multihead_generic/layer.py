@@ -151,6 +151,14 @@ class AttentionLayerLearner(BaseLearner):
         (:mod:`attnquery.learners.rotary_layer`; ``heads_`` are then
         :class:`~attnquery.models.RotaryAttentionHead` s and ``kv_groups_``,
         ``frequencies_`` are set).
+    n_queries : int, optional
+        Served mode (beyond the paper; docs/served.md): a budget for answers that are not exact
+        (a layer computed in float32, say). The answers' relative noise is measured first and
+        every tolerance (the scan's saturation test, the finite differences, the check) is tied
+        to it; the arcs' gradients and every isolated and missing-direction probe are averaged
+        over as many distinct queries as the budget pays for (:mod:`.served`); no query beyond
+        ``n_queries`` is asked (:class:`~attnquery.errors.BudgetExceededError` instead). None
+        (default): the exact learner, bit for bit as before.
     random_state : int, sequence of ints, Generator or None
         Seed of every random choice (scan plane, sketches, checks).
 
@@ -177,6 +185,10 @@ class AttentionLayerLearner(BaseLearner):
         arc between two estimated crossings (radians).
     verify_error_ : float
     n_verify_queries_ : int
+    noise_level_ : float or None
+        Served mode: the answers' measured relative noise (None in exact mode).
+    n_passes_ : int
+        Passes over the isolated and missing-direction probes (1 in exact mode).
     """
 
     def __init__(
