@@ -87,3 +87,15 @@ def test_claims_fail_on_contrary_data(index, change, broken):
     assert not claims[broken].passed
     if rows[index].get("status") != "error":
         assert [n for n, c in claims.items() if not c.passed] == [broken]
+
+
+def test_figure_without_layer_cells_draws_no_legend_and_no_warning():
+    import warnings
+
+    heads = pd.DataFrame([{"experiment": "served", "status": "ok", "rounding": "float32",
+                           "variant": None, "rel_err_W": 2e-7, "queries_per_unknown": 3.0,
+                           "extra": "{}"}])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # the legend of an empty axis
+        fig, claims = served_layers(heads)
+    assert claims == [] and all(a.get_legend() is None for a in fig.axes)

@@ -106,6 +106,7 @@ def served_layers(df):
     _, ok = _rows(df)
     fig, axes = plt.subplots(1, 2, figsize=(6.75, 2.8), layout="constrained")
     ax, bx = axes
+    drawn = False
     for prec, color in COLORS.items():
         sel = ok[ok["rounding"] == prec]
         if not len(sel):
@@ -117,13 +118,14 @@ def served_layers(df):
         ax.scatter(xs, np.maximum(ys, LOW), s=10, color=color, label=prec)
         bx.scatter(sel["layer"].astype(int), np.maximum(sel["func_err"].astype(float), LOW),
                    s=14, color=color, label=prec)
+        drawn = True
     for a in axes:
         a.axhline(GOAL, color="k", ls=":", lw=0.8)
     ax.set(yscale="log", xlabel="queries / layer_dof", ylabel="relative error of W_h",
            title="(a) every head")
     bx.set(yscale="log", xlabel="layer", ylabel="functional relative error",
            title="(b) every layer")
-    for a in axes:
-        if a.has_data():
+    if drawn:  # no legend on an empty figure (no layer cells in the study)
+        for a in axes:
             a.legend(fontsize=7)
     return fig, claims
