@@ -194,9 +194,9 @@ def layer_seconds(cell) -> float:
     return LAYER_SECONDS if "minilm" in str(cell["checkpoint"]) else 2.0
 
 
-#: seconds of one MiniLM layer at 4 layer_dof in float32 (270 s measured on one core of a
-#: loaded 2-core machine, docs/served.md)
-LAYER_SECONDS = 400.0
+#: seconds of one MiniLM layer at 4 layer_dof in float32 (264 to 671 s measured on one core of
+#: a loaded 2-core machine, docs/served.md)
+LAYER_SECONDS = 600.0
 
 
 EXPERIMENT = register(Experiment(
