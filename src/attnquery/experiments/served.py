@@ -23,7 +23,8 @@ from ..precision import PRECISIONS, Arithmetic
 from ..realheads import ModuleBlackBox, cached_checkpoint, head_from_checkpoint
 from . import Experiment, checkpoint_source, grid, readout_args, register
 
-__all__ = ["cells", "run", "floor_W", "GOALS", "FLOAT32_GOAL"]
+__all__ = ["cells", "run", "floor_W", "GOALS", "FLOAT32_GOAL", "layer_cells", "run_layer",
+           "LAYER_GOAL", "LAYER_BUDGET"]
 
 #: float32-served W: relative error at most this (the floor is 0 for float32 weights)
 FLOAT32_GOAL = 3e-7
@@ -55,7 +56,7 @@ def cells(cfg) -> list[dict]:
             out.append({"learner": "lowprecision", "family": "real", "biases": True,
                         "checkpoint": cfg["checkpoint"], "n_heads": int(cfg["n_heads"]),
                         "readout": readout, **g, "queries_per_unknown": float(b)})
-    return out
+    return out + layer_cells(cfg)
 
 
 def floor_W(path, layer: int, head: int, n_heads: int, precision: str) -> float:
@@ -72,8 +73,11 @@ def floor_W(path, layer: int, head: int, n_heads: int, precision: str) -> float:
 
 
 def run(cell: dict, rng: np.random.Generator) -> dict:
-    """One head served in one precision, one budget."""
+    """One head served in one precision, one budget (a whole layer: :func:`run_layer`)."""
     from ..learners import LowPrecisionValueQueryLearner
+
+    if cell.get("variant") == "layer":
+        return run_layer(cell, rng)
 
     learner_rng, eval_rng = rng.spawn(2)
     prec = cell["rounding"]
@@ -109,14 +113,90 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     }
 
 
+# -- whole layers (AttentionLayerLearner(n_queries=...)) -----------------------------------------
+#: the issue's goal for a float32-served layer: every head's W and the function within this
+LAYER_GOAL = 1e-5
+#: ... at most this many times the layer's degrees of freedom (layer_dof) in queries
+LAYER_BUDGET = 4.0
+
+
+def layer_cells(cfg) -> list[dict]:
+    """Whole-layer cells (``variant`` "layer", ``head`` None): precision x budget (in units of
+    the layer's degrees of freedom, ``layer_budgets``) x layer x seed."""
+    budgets = cfg["layer_budgets"]
+    readout = f"{cfg['readout']}:{cfg['readout_seed']}"
+    out = []
+    for prec in PRECISIONS[1:]:
+        for b in budgets.get(prec) or []:
+            for g in grid(layer=cfg["layers"], seed=list(range(cfg["seeds"]))):
+                out.append({"learner": "layer", "variant": "layer", "family": "real",
+                            "biases": True, "checkpoint": cfg["checkpoint"],
+                            "n_heads": int(cfg["n_heads"]), "readout": readout,
+                            "rounding": prec, **g, "queries_per_unknown": float(b)})
+    return out
+
+
+def run_layer(cell: dict, rng: np.random.Generator) -> dict:
+    """One whole layer served in one precision, with a budget of ``queries_per_unknown``
+    times its degrees of freedom. Per-head errors (matched up to a permutation) go to
+    ``extra``; ``rel_err_W``, ``rel_err_v``, ``rel_err_c`` are the largest over the heads."""
+    from ..learners import AttentionLayerLearner
+    from ..learners.multihead_generic import layer_dof
+    from ..metrics import match_heads
+    from ..realheads import layer_from_checkpoint
+
+    learner_rng, eval_rng = rng.spawn(2)
+    prec = cell["rounding"]
+    args = dict(n_heads=cell["n_heads"], **readout_args(cell))
+    truth = layer_from_checkpoint(cell["checkpoint"], cell["layer"], biases=True, **args)
+    box = ModuleBlackBox(cell["checkpoint"], cell["layer"], precision=prec, **args)
+    d, H = truth.heads[0].d, truth.n_heads
+    dof = layer_dof(d, H, d // H)
+    oracle = ValueOracle(box, d)
+    est = AttentionLayerLearner(n_heads=H, n_queries=int(round(cell["queries_per_unknown"] * dof)),
+                                random_state=learner_rng)
+    counts = fit_counted(est, oracle)
+    m = match_heads(est.W_, est.v_, [h.W for h in truth.heads], [h.v for h in truth.heads])
+    perm = m["perm"]
+    per = {k: [relative_error(getattr(est, a)[perm[j]], getattr(h, b))
+               for j, h in enumerate(truth.heads)]
+           for k, a, b in (("W", "W_", "W"), ("v", "v_", "v"), ("c", "key_bias_", "key_bias"))}
+    fe = functional_error(truth, est.predict, d, eval_rng, n=32)
+    return {
+        **counts, "rel_err_W": max(per["W"]), "rel_err_v": max(per["v"]),
+        "rel_err_c": max(per["c"]), "func_err": fe, "n_heads_found": int(est.n_heads_),
+        "rel_err_offset": relative_error(est.offset_, truth.total_offset),
+        "success": bool(max(per["W"]) <= LAYER_GOAL and fe <= LAYER_GOAL
+                        and oracle.n_queries <= LAYER_BUDGET * dof),
+        "extra": {"d": d, "dof": dof, "spent_per_dof": oracle.n_queries / dof,
+                  "err_W_heads": per["W"], "err_v_heads": per["v"], "err_c_heads": per["c"],
+                  "noise_level": est.noise_level_, "n_passes": est.n_passes_,
+                  "verify_error": est.verify_error_},
+    }
+
+
 # Estimated seconds per cell on one core: a MiniLM head (d = 384) took 20 to 35 s at
 # 3 (d^2 + 2d + 1) queries in float32 and about 100 to 150 s at 10 (d^2 + 2d + 1) in bfloat16, on
 # a loaded 2-core machine (the narrow formats convert every intermediate through ml_dtypes).
 def seconds(cell) -> float:
-    """About 2e-7 s per query and dimension in float32, 3e-7 in float16 and bfloat16."""
+    """About 2e-7 s per query and dimension in float32, 3e-7 in float16 and bfloat16 (whole
+    layers: :func:`layer_seconds`)."""
+    if cell.get("variant") == "layer":
+        return layer_seconds(cell)
     d = 384 if "minilm" in str(cell["checkpoint"]) else 32
     per = 2e-7 if cell["rounding"] == "float32" else 3e-7
     return 1.0 + per * cell["queries_per_unknown"] * (d * d + 2 * d + 1) * d
+
+
+
+def layer_seconds(cell) -> float:
+    """A whole layer: about 2 s on the synthetic checkpoint, LAYER_SECONDS on MiniLM."""
+    return LAYER_SECONDS if "minilm" in str(cell["checkpoint"]) else 2.0
+
+
+#: seconds of one MiniLM layer at 4 layer_dof in float32 (264 to 671 s measured on one core of
+#: a loaded 2-core machine, docs/served.md)
+LAYER_SECONDS = 600.0
 
 
 EXPERIMENT = register(Experiment(

@@ -26,6 +26,8 @@ LOW = 1e-12
 
 def _rows(df):
     rows = df[df["experiment"] == "served"]
+    if "variant" in rows:  # whole layers: figures/served_layers.py
+        rows = rows[rows["variant"] != "layer"]
     return rows, rows[rows["status"] == "ok"]
 
 

@@ -21,6 +21,10 @@ class _Layer:
     #: key-bias term is read: at x = 0 a head without key bias has a zero query vector and
     #: cannot be silenced
     base: np.ndarray | None = None
+    #: served mode (``n_queries`` set): the answers' measured relative noise; None: exact mode
+    noise: float | None = None
+    #: served mode: passes over every isolated and missing-direction probe
+    reps: int = 1
 
     @property
     def d(self) -> int:

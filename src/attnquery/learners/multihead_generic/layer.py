@@ -58,6 +58,7 @@ queries.
 
 from __future__ import annotations
 
+import dataclasses
 from numbers import Integral
 
 import numpy as np
@@ -75,6 +76,7 @@ from .._base import (
 )
 from .._probes import Prober, check_probe_params, coordinate_rows, read_head_constants
 from ..rotary_layer import fit_rotary_layer, is_rotary_fit, predict_rotary_layer
+from . import served
 from ._state import _Head, _Layer
 
 __all__ = ["AttentionLayerLearner", "layer_dof", "layer_probe_count", "STAGES"]
@@ -149,6 +151,14 @@ class AttentionLayerLearner(BaseLearner):
         (:mod:`attnquery.learners.rotary_layer`; ``heads_`` are then
         :class:`~attnquery.models.RotaryAttentionHead` s and ``kv_groups_``,
         ``frequencies_`` are set).
+    n_queries : int, optional
+        Served mode (beyond the paper; docs/served.md): a budget for answers that are not exact
+        (a layer computed in float32, say). The answers' relative noise is measured first and
+        every tolerance (the scan's saturation test, the finite differences, the check) is tied
+        to it; the arcs' gradients and every isolated and missing-direction probe are averaged
+        over as many distinct queries as the budget pays for (:mod:`.served`); no query beyond
+        ``n_queries`` is asked (:class:`~attnquery.errors.BudgetExceededError` instead). None
+        (default): the exact learner, bit for bit as before.
     random_state : int, sequence of ints, Generator or None
         Seed of every random choice (scan plane, sketches, checks).
 
@@ -175,6 +185,10 @@ class AttentionLayerLearner(BaseLearner):
         arc between two estimated crossings (radians).
     verify_error_ : float
     n_verify_queries_ : int
+    noise_level_ : float or None
+        Served mode: the answers' measured relative noise (None in exact mode).
+    n_passes_ : int
+        Passes over the isolated and missing-direction probes (1 in exact mode).
     """
 
     def __init__(
@@ -194,6 +208,7 @@ class AttentionLayerLearner(BaseLearner):
         block_bytes: int = 16 * 2**20,
         n_kv_heads: int | None = None,
         positions: str = "none",
+        n_queries: int | None = None,
         random_state=None,
     ):
         self.n_heads = n_heads
@@ -210,6 +225,7 @@ class AttentionLayerLearner(BaseLearner):
         self.block_bytes = block_bytes
         self.n_kv_heads = n_kv_heads
         self.positions = positions
+        self.n_queries = n_queries
         self.random_state = random_state
 
     # ------------------------------------------------------------------------------------------
@@ -233,6 +249,10 @@ class AttentionLayerLearner(BaseLearner):
                          allow_none=True)
         if G is not None and H % G:
             raise ConfigError(f"n_kv_heads must divide n_heads = {H}; got {G}")
+        n = check_scalar(self.n_queries, "n_queries", Integral, min_val=1, allow_none=True)
+        if n is not None and self.positions != "none":
+            raise ConfigError("n_queries (served answers) is available with positions='none' "
+                              "only")
         return H, r
 
     def fit(self, oracle):
@@ -259,13 +279,12 @@ class AttentionLayerLearner(BaseLearner):
         r_scan, r_sketch, r_verify, r_base = rng.spawn(4)
         bias = bool(self.fit_bias)
         base = r_base.standard_normal(d) if bias else None
+        if self.n_queries is not None:  # served mode: no query beyond n_queries
+            oracle = served.Capped(oracle, int(self.n_queries))
         with self._open_ledger(oracle, STAGES, what="the layer") as ledger:
-            check_budget(ledger, d + 1, "reading V and beta")
-            with ledger.stage("v_sum"):
-                head = read_head_constants(ledger, d, bias=bias, key_bias=False)
-            run = _Layer(ledger, head.v, head.offset,
-                         None if base is None else base / np.linalg.norm(base))
+            run = self._start(ledger, d, bias, base, rng)  # V, beta (and the answers' noise)
             vs = self._scan(run, H, r_scan)  # every v_h, from a circle of saturated queries
+            run = self._plan(run, H, r)  # served mode: passes the budget left pays for
             heads = [self._isolated(run, vs, g, r, bias, r_sketch) for g in range(H)]
             Ks, Qs, cs = self._missing_directions(run, vs, heads, bias)
             self.heads_ = [AttentionHead(vs[g], K=Ks[g], Q=Qs[g], key_bias=cs[g])
@@ -278,12 +297,60 @@ class AttentionLayerLearner(BaseLearner):
             token = float(np.sqrt(d) / np.sqrt(max(np.linalg.norm(K.T @ Q) for K, Q in
                                                    zip(Ks, Qs, strict=True))))
             with ledger.stage("verify"):
-                self._verify_fit(oracle, self.predict, r_verify, rtol=self.rtol,
+                self._verify_fit(oracle, self.predict, r_verify, rtol=self._rtol(run),
                                  what=f"an attention layer of {H} heads of rank {r}",
                                  token_scale=token)
             self.n_requeried_ = int(ledger.n_requeried)
             self.n_queries_ = ledger.total
         return self
+
+    # -- served mode (n_queries set): docs/served.md, :mod:`.served` ----------------------------
+    def _start(self, ledger, d: int, bias: bool, base, rng) -> _Layer:
+        """V and beta from one-row queries; in served mode also the answers' relative noise
+        (``noise_level_``; None in exact mode)."""
+        check_budget(ledger, d + 1, "reading V and beta")
+        with ledger.stage("v_sum"):
+            head = read_head_constants(ledger, d, bias=bias, key_bias=False)
+            noise = None
+            if self.n_queries is not None:
+                self._check_served_budget(ledger, d)
+                noise = served.measure_noise(ledger, d, rng.spawn(1)[0],
+                                             float(np.sqrt(d)))
+        self.noise_level_ = noise
+        return _Layer(ledger, head.v, head.offset,
+                      None if base is None else base / np.linalg.norm(base), noise=noise)
+
+    def _check_served_budget(self, ledger, d: int) -> None:
+        check_budget(ledger, int(self.n_queries) - (ledger.n_queries - ledger.n0),
+                     f"AttentionLayerLearner(n_queries={int(self.n_queries)})")
+        if int(self.n_queries) < d + 1 + 2 * served.NOISE_QUERIES + int(self.verify):
+            raise ConfigError(f"n_queries = {int(self.n_queries)} does not pay for reading V "
+                              "and beta, the noise and the check")
+
+    def _budget_left(self, run: _Layer) -> int:
+        """Queries of ``n_queries`` not yet spent, the check's kept back."""
+        led = run.ledger
+        return int(self.n_queries) - (led.n_queries - led.n0) - int(self.verify)
+
+    def _plan(self, run: _Layer, H: int, r: int) -> _Layer:
+        """Served mode: how many passes over the isolated and missing probes the budget left
+        pays for (``n_passes_``; 1 in exact mode)."""
+        if run.noise is None:
+            self.n_passes_ = 1
+            return run
+        d = run.d
+        per = layer_probe_count(d, H, r, int(self.oversample), bool(self.fit_bias)) - d - 1
+        reps = served.plan_repeats(self._budget_left(run), per,
+                                   f"AttentionLayerLearner(n_queries={int(self.n_queries)})")
+        self.n_passes_ = reps
+        return dataclasses.replace(run, reps=reps)
+
+    def _rtol(self, run: _Layer) -> float:
+        """The check's tolerance: ``rtol``, or in served mode ``VERIFY_NOISE`` units of the
+        answers' noise if larger."""
+        if run.noise is None:
+            return float(self.rtol)
+        return float(max(self.rtol, served.VERIFY_NOISE * run.noise))
 
     def _missing_directions(self, run: _Layer, vs, heads, bias):
         """Every head's factors (K, Q) and key bias, its H - 1 missing directions measured."""
@@ -323,7 +390,7 @@ class AttentionLayerLearner(BaseLearner):
         return f - run.beta - float(x0 @ run.V), f
 
     @staticmethod
-    def _clean(ph, f, step, scale=None) -> np.ndarray:
+    def _clean(ph, f, step, scale=None, tol=CLEAN_TOL) -> np.ndarray:
         """Saturated interior points of equally spaced answers (end points False).
 
         The sinusoid recurrence ``phi(t + h) + phi(t - h) = 2 cos(h) phi(t)`` holds to
@@ -335,7 +402,7 @@ class AttentionLayerLearner(BaseLearner):
         res = ph[2:] + ph[:-2] - 2.0 * np.cos(step) * ph[1:-1]
         scale = 4.0 * (np.abs(f).max() if scale is None else scale)
         ok = np.zeros(ph.size, dtype=bool)
-        ok[1:-1] = np.abs(res) <= CLEAN_TOL * scale
+        ok[1:-1] = np.abs(res) <= tol * scale
         out = np.zeros(ph.size, dtype=bool)
         out[2:-2] = ok[1:-3] & ok[2:-2] & ok[3:-1]
         return out
@@ -354,7 +421,8 @@ class AttentionLayerLearner(BaseLearner):
         th = step * np.arange(-1, n + 1)
         ph, f = self._phi(run, x0, p, q, T, th)
         fmax = float(np.abs(f).max())
-        clean = self._clean(ph, f, step, fmax)[1:-1]
+        tol = served.clean_tol(run.noise or 0.0, CLEAN_TOL)
+        clean = self._clean(ph, f, step, fmax, tol)[1:-1]
         th = th[1:-1]
         if not clean.any():
             return None
@@ -380,7 +448,7 @@ class AttentionLayerLearner(BaseLearner):
                 h = (ang[b_idx] - ang[a_idx]) / 33
                 fine = ang[a_idx] + h * np.arange(-2, 36)
                 fp, ff = self._phi(run, x0, p, q, T, fine)
-                fc = self._clean(fp, ff, h, fmax)
+                fc = self._clean(fp, ff, h, fmax, tol)
                 new_a += list(fine[3:-3])
                 new_p += list(fp[3:-3])
                 new_f += list(ff[3:-3])
@@ -415,17 +483,28 @@ class AttentionLayerLearner(BaseLearner):
         theta = (mids[:, None] + 0.1 * widths[:, None] * offs).ravel()
         ph, f = self._phi(run, x0, p, q, T, theta)
         scale = float(np.abs(f).max())
-        return all(self._clean(ph[5 * k: 5 * k + 5], f[5 * k: 5 * k + 5], 0.1 * w, scale)[2]
-                   for k, w in enumerate(widths))
+        tol = served.clean_tol(run.noise or 0.0, CLEAN_TOL)
+        return all(self._clean(ph[5 * k: 5 * k + 5], f[5 * k: 5 * k + 5], 0.1 * w, scale,
+                               tol)[2] for k, w in enumerate(widths))
 
-    def _gradient(self, run: _Layer, delta, x0, h) -> np.ndarray:
-        """Gradient of f at ``[x0 + delta; x0]`` along the coordinates, where f is linear.
+    def _gradient(self, run: _Layer, delta, x0, h, pairs: int = 0):
+        """Gradient of f at ``[x0 + delta; x0]`` along the coordinates, where f is linear, and
+        an estimate of its error's norm (0 in exact mode).
 
         Each coordinate is stepped by h and by h / 2; where the two differences disagree
         beyond rounding (a step crossed a head's sign change), the step is quartered and asked
-        again.
+        again. In served mode (``pairs`` > 0): a least-squares slope over ``pairs`` distinct
+        steps on each side (:func:`.served.noisy_gradient`).
         """
         d = run.d
+        if pairs:
+            def ask_steps(rows, steps):
+                X = np.empty((rows.size, 2, d))
+                X[:, 1] = x0
+                X[:, 0] = x0 + delta
+                X[np.arange(rows.size), 0, rows] += steps
+                return run.ledger.ask(X, "circle")
+            return served.noisy_gradient(ask_steps, d, h, pairs, run.noise)
         idx = np.arange(d)
         hs = np.full(d, float(h))
 
@@ -451,7 +530,7 @@ class AttentionLayerLearner(BaseLearner):
             bad = np.abs((y1 - y0) - 2.0 * (y2 - y0)) > 64 * np.finfo(float).eps * scale
             todo = idx[bad]
             if todo.size == 0:
-                return (y1 - y0) / hs
+                return (y1 - y0) / hs, 0.0
             hs[todo] *= 0.25
         raise SearchLimitError("the answers are not linear around a saturated query: a head's "
                                "logit changes sign within every step tried")
@@ -486,20 +565,24 @@ class AttentionLayerLearner(BaseLearner):
             widths = np.diff(bounds)
             if not self._saturated(run, x0, p, q, Tg, mids, widths):
                 continue
+            pairs = self._gradient_pairs(run, H)
+            # served mode: longer steps (checked for kinks), whose rounding weighs less
+            step = 0.05 if run.noise is None else served.STEP_FRACTION
             try:
                 # a coordinate step moves the logits less than the half-arc does
-                G = [self._gradient(run, Tg * (np.cos(mid) * p + np.sin(mid) * q), x0,
-                                    0.05 * Tg * width)
-                     for mid, width in zip(mids, widths, strict=True)]
+                grads = [self._gradient(run, Tg * (np.cos(mid) * p + np.sin(mid) * q), x0,
+                                        step * Tg * width, pairs)
+                         for mid, width in zip(mids, widths, strict=True)]
             except SearchLimitError:
                 continue  # some arc too narrow for a linear step: another circle
-            G = np.array(G)
+            G = np.array([g for g, _ in grads])
             D = np.diff(G, axis=0)  # (H, d): +-v_h, one head per crossing
+            tol_v, tol_c = self._scan_tols(run, np.array([e for _, e in grads]), D)
             # the two ends of the half-turn are antipodal: their active heads complement
-            if np.linalg.norm(G[0] + G[-1] - run.V) > 1e-8 * np.linalg.norm(run.V):
+            if np.linalg.norm(G[0] + G[-1] - run.V) > tol_v * np.linalg.norm(run.V):
                 continue
             coef, *_ = np.linalg.lstsq(D.T, run.V, rcond=None)
-            if np.max(np.abs(np.abs(coef) - 1.0)) > 1e-6:
+            if np.max(np.abs(np.abs(coef) - 1.0)) > tol_c:
                 continue
             self.scan_ = {"T": float(T), "planes": tried, "min_arc": float(widths.min())}
             return np.sign(coef)[:, None] * D
@@ -509,6 +592,25 @@ class AttentionLayerLearner(BaseLearner):
             "arcs' gradients did not decompose into value vectors summing to V (heads with "
             "nearly equal query vectors, a head that never changes sign, another number of "
             "heads than n_heads, or biases the learner was told are absent: fit_bias=False)")
+
+    def _gradient_pairs(self, run: _Layer, H: int) -> int:
+        """Served mode: distinct step pairs per coordinate of the arcs' gradients (0: exact)."""
+        if run.noise is None:
+            return 0
+        return served.gradient_pairs(self._budget_left(run), run.d, H + 1)
+
+    @staticmethod
+    def _scan_tols(run: _Layer, errs, D) -> tuple[float, float]:
+        """Tolerances of the scan's two checks (``G_0 + G_H = V``, relative to |V|, and the
+        coefficients of V in the v's within this of 1): ``1e-8`` and ``1e-6`` in exact mode;
+        in served mode widened by the gradients' estimated errors and the answers' noise."""
+        if run.noise is None:
+            return 1e-8, 1e-6
+        Vn = max(float(np.linalg.norm(run.V)), 1e-300)
+        vmin = max(float(np.min(np.linalg.norm(D, axis=1))), 1e-300)
+        base = 1e-8 + 1e3 * run.noise
+        return (base + 8.0 * float(errs[0] + errs[-1]) / Vn,
+                1e-6 + 1e3 * run.noise + 8.0 * float(np.linalg.norm(errs)) / vmin)
 
     def _start_scale(self, run: _Layer, x0, p, q) -> float:
         """The circle scale at which the logits are of order 1.
@@ -546,17 +648,23 @@ class AttentionLayerLearner(BaseLearner):
         return np.concatenate([w[:, None], rest[others.shape[0] + 1:].T], axis=1)
 
     def _prober(self, run: _Layer, key_bias=None) -> Prober:
+        # served mode: larger logits (a logit's rounding error does not shrink with it)
+        exact = run.noise is None
         return Prober(run.ledger, run.V, initial_logit_scale=self.initial_logit_scale,
-                      max_logit=self.max_logit, min_logit=self.min_logit,
+                      max_logit=self.max_logit if exact else min(self.max_logit,
+                                                                 served.NOISY_MAX_LOGIT),
+                      min_logit=self.min_logit,
                       chunk=max(1, int(self.block_bytes // (32 * run.d))),
-                      key_bias=key_bias, offset=run.beta, target=0.1, pilot=PILOT)
+                      key_bias=key_bias, offset=run.beta,
+                      target=0.1 if exact else served.NOISY_TARGET, pilot=PILOT)
 
     @staticmethod
     def _measure(run: _Layer, prober, make, n, floor):
         r0 = prober.n_requeried
-        check_budget(run.ledger, n, "the layer's isolated heads")
+        check_budget(run.ledger, n * run.reps, "the layer's isolated heads")
         with run.ledger.stage("isolated"):
-            out = prober.measure(make, n, floor)
+            out = prober.measure(make, n, floor) if run.reps == 1 else served.repeated(
+                prober, make, n, floor, run.reps)
         run.ledger.n_requeried += int(prober.n_requeried - r0)
         return out
 
@@ -628,7 +736,7 @@ class AttentionLayerLearner(BaseLearner):
         for j in range(H):
             if j == g:
                 continue
-            rho, gam = self._missing(run, nu, heads, silent, g, j, Q, bias)
+            rho, gam = self._missing_passes(run, nu, heads, silent, g, j, Q, bias)
             rows.append((rho[None, :], np.array([gam])))
         others = [j for j in range(H) if j != g]
         T = np.concatenate([hg.B, nu[others].T], axis=1)  # (d, d): [B_g, nu_j]
@@ -638,8 +746,19 @@ class AttentionLayerLearner(BaseLearner):
         c = np.linalg.solve(T.T, cvec) if bias else np.zeros(d)
         return Kt.T, Q.T, c
 
+    def _missing_passes(self, run: _Layer, nu, heads, silent, g, j, Q, bias):
+        """:meth:`_missing` once (exact mode) or averaged over ``run.reps`` passes at dithered
+        scales ``t``, weighted by ``t^2`` (served mode)."""
+        if run.reps == 1:
+            return self._missing(run, nu, heads, silent, g, j, Q, bias)
+        f = served.dithers(run.reps)
+        out = [self._missing(run, nu, heads, silent, g, j, Q, bias, factor=fk) for fk in f]
+        w = f * f / np.sum(f * f)
+        return (sum(wk * o[0] for wk, o in zip(w, out, strict=True)),
+                float(sum(wk * o[1] for wk, o in zip(w, out, strict=True))))
+
     @staticmethod
-    def _missing(run: _Layer, nu, heads, silent, g, j, Q, bias):
+    def _missing(run: _Layer, nu, heads, silent, g, j, Q, bias, factor: float = 1.0):
         """``nu_j^T W_g`` (as coefficients in the row-space basis Q) and ``nu_j^T c_g``.
 
         ``silent = (perp, perp_B)``: an orthonormal basis ``perp`` of the directions orthogonal
@@ -660,7 +779,7 @@ class AttentionLayerLearner(BaseLearner):
         aj = hj.query_vectors(X)
         # the unknown shares s nu_g^T a_j and t nu_j^T a_g stay within about one unit
         s = 1.0 / (np.linalg.norm(nu[g]) * (np.linalg.norm(aj, axis=1) + 1e-300))
-        t = 1.0 / (np.linalg.norm(nu[j]) * (np.linalg.norm(ag, axis=1) + 1e-300))
+        t = factor / (np.linalg.norm(nu[j]) * (np.linalg.norm(ag, axis=1) + 1e-300))
         known_g = s * (ag @ (hg.B.T @ nu[g]))  # s nu_g^T a_g(x)
         known_j = t * (aj @ (hj.B.T @ nu[j]))  # t nu_j^T a_j(x)
         # P = perp z, orthogonal to every v: P^T a_g = -known_g (head g's logit is then

@@ -1,0 +1,131 @@
+"""Figure "served_layers": whole layers extracted from served answers (beyond the paper).
+
+Drawn from the whole-layer rows of the ``served`` experiment (``variant`` "layer"): every
+head's relative error of W against the queries spent per degree of freedom of the layer
+(``layer_dof``), per precision, and each layer's functional error. Claims ``served_layer_*``.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from ..claims import Claim, Number, extra_values
+from . import register_figure
+
+#: the issue's goal for float32-served layers: every head's W and the function within GOAL at
+#: at most BUDGET times the layer's degrees of freedom
+GOAL, BUDGET = 1e-5, 4.0
+#: the errors a refusal may carry (attnquery.errors): a layer the learner cannot extract
+NAMED = ("SearchLimitError", "AssumptionViolation", "ModelMismatchError", "BudgetExceededError")
+COLORS = {"float32": "C0", "float16": "C1", "bfloat16": "C2"}
+LOW = 1e-12
+
+
+def _rows(df):
+    rows = df[df["experiment"] == "served"]
+    if "variant" not in rows:
+        return rows.iloc[:0], rows.iloc[:0]
+    rows = rows[rows["variant"] == "layer"]
+    return rows, rows[rows["status"] == "ok"]
+
+
+def served_layer_claims(df) -> list[Claim]:
+    """The claims of the whole-layer cells of the served experiment."""
+    rows, ok = _rows(df)
+    if not len(rows):
+        return []
+    claims = []
+    f32 = rows[rows["rounding"] == "float32"]
+    if len(f32):
+        ok32 = ok[ok["rounding"] == "float32"]
+        claims.append(Claim(
+            "served_layer_runs", "every float32-served layer is extracted (no refusal)",
+            bool(len(ok32) == len(f32)), f"{len(ok32)}/{len(f32)} layer cells ok",
+            n_runs=len(ok32),
+            numbers=(Number("servedLayerRuns", len(ok32), "runs", "d",
+                            rows="served, variant layer, float32, status ok"),)))
+        claims.append(_goal_claim(f32, ok32))
+    failed = rows[rows["status"] != "ok"]
+    named = failed["message"].fillna("").map(lambda m: m.split(":")[0] in NAMED)
+    claims.append(Claim(
+        "served_layer_refusals_named", "every served layer the learner does not extract ends "
+        "in a named error of attnquery.errors (never a silent wrong answer)",
+        bool(named.all()), f"{int(named.sum())}/{len(failed)} refusals named, "
+        f"{len(ok)} layers extracted and checked", n_runs=len(rows),
+        numbers=(Number("servedLayerRefusals", len(failed), "runs", "d",
+                        rows="served, variant layer, status not ok"),)))
+    return claims
+
+
+def _goal_claim(f32, ok32) -> Claim:
+    """float32: every layer within BUDGET dof has every head's W and its function within
+    GOAL (a layer meets it when some cell within the budget does)."""
+    sel = ok32[ok32["queries_per_unknown"] <= BUDGET]
+    mine = f32[f32["queries_per_unknown"] <= BUDGET]
+    spent = extra_values(sel, "spent_per_dof").astype(float)
+    eW, fe = sel["rel_err_W"].astype(float), sel["func_err"].astype(float)
+    good = (eW <= GOAL) & (fe <= GOAL) & (spent <= BUDGET)
+    keys = ["layer", "seed"]
+    layers = mine.groupby(keys).size().index
+    met = set(sel[good.to_numpy()].set_index(keys).index)
+    n_met = sum(k in met for k in layers)
+    worst_W = float(eW.max()) if len(sel) else float("nan")
+    worst_f = float(fe.max()) if len(sel) else float("nan")
+    worst_q = float(spent.max()) if len(sel) else float("nan")
+    rows = "served, variant layer, float32, budget <= 4 dof"
+    return Claim(
+        "served_layer_goal_float32",
+        f"float32-served layers: every head's W and the layer's function within {GOAL:g} "
+        f"(relative) at <= {BUDGET:g} times the layer's degrees of freedom, on every layer",
+        bool(len(layers) and n_met == len(layers)),
+        f"{n_met}/{len(layers)} layers (worst head W {worst_W:.3g}, worst function "
+        f"{worst_f:.3g}, at most {worst_q:.3g} dof)", n_runs=len(sel),
+        numbers=(Number("servedLayersMet", n_met, "layers", "d", rows=rows),
+                 Number("servedLayersMeasured", len(layers), "layers", "d", rows=rows),
+                 Number("servedLayerWorstW", worst_W, "relative error", ".2g", rows=rows),
+                 Number("servedLayerWorstFunc", worst_f, "relative error", ".2g", rows=rows),
+                 Number("servedLayerQueriesPerDof", worst_q, "queries / dof", ".3g",
+                        rows=rows)))
+
+
+SERVED_LAYERS_CAPTION = """\
+**Whole layers served in float32 (beyond the paper).** Every layer of the checkpoint (all
+heads, every bias, read out at the last token) computed as an engine computes it, extracted by
+``AttentionLayerLearner(n_queries=...)``. (a) Each head's relative error of W (matched up to a
+permutation) against the queries spent per degree of freedom of the layer; dotted: the goal
+(1e-5 at 4 dof). (b) Each layer's functional relative error.
+"""
+
+
+@register_figure("served_layers", experiments=["served"], category="Real heads",
+                 caption=SERVED_LAYERS_CAPTION)
+def served_layers(df):
+    """Per-head errors of W against queries per dof, and per-layer functional errors."""
+    claims = served_layer_claims(df)
+    _, ok = _rows(df)
+    fig, axes = plt.subplots(1, 2, figsize=(6.75, 2.8), layout="constrained")
+    ax, bx = axes
+    drawn = False
+    for prec, color in COLORS.items():
+        sel = ok[ok["rounding"] == prec]
+        if not len(sel):
+            continue
+        q = extra_values(sel, "spent_per_dof").astype(float).to_numpy()
+        per = extra_values(sel, "err_W_heads", []).to_list()
+        xs = np.concatenate([[qi] * len(p) for qi, p in zip(q, per, strict=True)])
+        ys = np.concatenate([np.asarray(p, dtype=float) for p in per])
+        ax.scatter(xs, np.maximum(ys, LOW), s=10, color=color, label=prec)
+        bx.scatter(sel["layer"].astype(int), np.maximum(sel["func_err"].astype(float), LOW),
+                   s=14, color=color, label=prec)
+        drawn = True
+    for a in axes:
+        a.axhline(GOAL, color="k", ls=":", lw=0.8)
+    ax.set(yscale="log", xlabel="queries / layer_dof", ylabel="relative error of W_h",
+           title="(a) every head")
+    bx.set(yscale="log", xlabel="layer", ylabel="functional relative error",
+           title="(b) every layer")
+    if drawn:  # no legend on an empty figure (no layer cells in the study)
+        for a in axes:
+            a.legend(fontsize=7)
+    return fig, claims

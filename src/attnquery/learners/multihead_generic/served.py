@@ -1,0 +1,218 @@
+"""The layer learner on answers that are not exact: a layer as it is served (beyond the paper).
+
+:class:`~attnquery.learners.AttentionLayerLearner` with ``n_queries`` set reads a layer whose
+answers carry rounding (a module computed in float32, float16 or bfloat16, docs/served.md). Its
+exact-mode tolerances (the circle scan's saturation test at ``1e-13`` of the answers, the finite
+differences' ``64 eps``, the check's ``rtol``) become multiples of the answers' relative noise,
+measured first from antipodal one-row queries (``f([x]) + f([-x]) = 2 beta`` exactly, so their
+scatter is the rounding alone); each arc's gradient is a least-squares slope over many distinct
+steps (their roundings average); every probe of the isolated heads and of the missing
+directions is asked ``reps`` times at dithered logit scales and averaged with weights
+``kappa^2`` (its inverse variance, as :class:`~attnquery.learners.LowPrecisionValueQueryLearner`
+weighs its passes), with logits kept within that learner's ``_BIAS_MAX_LOGIT``.
+
+This module holds the pieces that only the served mode uses; :mod:`.layer` calls them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...errors import AssumptionViolation, BudgetExceededError, SearchLimitError
+from ..lowprecision import _BIAS_MAX_LOGIT, _KAPPA_DITHER, MAX_NOISE_LEVEL
+
+__all__ = ["Capped", "repeated", "measure_noise", "clean_tol", "fd_tol", "noisy_gradient",
+           "gradient_pairs", "plan_repeats", "dithers", "NOISE_QUERIES", "NOISY_TARGET",
+           "NOISY_MAX_LOGIT", "VERIFY_NOISE"]
+
+#: antipodal pairs of one-row queries that measure the answers' relative noise
+NOISE_QUERIES = 64
+#: the isolated probes' logit target (the exact mode uses 0.1: with rounded answers a logit's
+#: error is a few units of the answers' noise whatever its size, so larger logits read more)
+NOISY_TARGET = 1.0
+#: largest logit of a probe (the low-precision learner's, measured on served MiniLM heads)
+NOISY_MAX_LOGIT = _BIAS_MAX_LOGIT
+#: the check's relative tolerance, in units of the answers' relative noise (1e-3 in float32:
+#: the synthetic layer of seed 0 in float32 differs from its fit by 2.4e-4 on 128-token checks,
+#: one head's W being 2.5e-3 off; a model the learner does not fit misses by far more)
+VERIFY_NOISE = 1e4
+#: distinct steps (pairs +-h) of each coordinate's finite difference, at most
+MAX_GRADIENT_PAIRS = 32
+#: a coordinate step of an arc's gradient, in units of the arc's width times the circle's
+#: scale (the exact mode's 0.05). Longer steps weigh the rounding less (0.4 to 0.6 took the
+#: synthetic layer's worst v from 2e-5 to 7e-6) but on MiniLM layer 0 a step of 0.5 crossed
+#: sign changes on every circle tried (SearchLimitError after the whole budget)
+STEP_FRACTION = 0.05
+#: share of the budget left after the scan that the arcs' gradients may spend
+GRADIENT_SHARE = 0.25
+#: queries kept back for probes asked again at a smaller scale
+MARGIN = 0.02
+
+
+def measure_noise(ledger, d: int, rng, scale: float) -> float:
+    """Relative noise of the answers, from ``NOISE_QUERIES`` antipodal one-row pairs.
+
+    A one-row answer is ``beta + x^T V`` exactly, so ``f([x]) + f([-x])`` is ``2 beta`` for
+    every x: the scatter of these sums is the answers' rounding, ``sqrt(2)`` times one answer's.
+    Returned relative to the root-mean-square answer (at least float64's epsilon).
+
+    Raises
+    ------
+    AssumptionViolation
+        Beyond ``MAX_NOISE_LEVEL`` (a pair's log-ratio is then biased by about the noise
+        squared, which averaging does not remove), or when an answer is not finite.
+    """
+    n = NOISE_QUERIES
+    X = scale * rng.standard_normal((n, 1, d)) / np.sqrt(d)
+    y = ledger.ask(np.concatenate([X, -X]))
+    if not np.all(np.isfinite(y)):
+        raise AssumptionViolation("one-row answers that are not finite: the box overflows at "
+                                  "inputs of the size the layer learner needs")
+    s = y[:n] + y[n:]
+    rms = float(np.sqrt(np.mean(y * y)))
+    noise = float(np.std(s) / np.sqrt(2.0) / max(rms, 1e-300))
+    noise = max(noise, float(np.finfo(float).eps))
+    if noise > MAX_NOISE_LEVEL:
+        raise AssumptionViolation(
+            f"the answers carry a relative noise of {noise:.3g}, above the {MAX_NOISE_LEVEL:g} "
+            "the layer learner allows")
+    return noise
+
+
+def clean_tol(noise: float, exact: float) -> float:
+    """Saturation test's tolerance (relative to four times the scan's largest answer): the
+    exact mode's ``exact``, or four units of the noise (the recurrence's residual combines
+    three answers, ``sqrt(6)`` units: the test then sits beyond six of its deviations)."""
+    return max(float(exact), 4.0 * noise)
+
+
+def fd_tol(noise: float) -> float:
+    """Finite differences' linearity tolerance, relative to the largest answer: ``64 eps`` or
+    sixteen units of the noise."""
+    return max(64.0 * float(np.finfo(float).eps), 16.0 * noise)
+
+
+def noisy_gradient(ask, d: int, h: float, pairs: int, noise: float):
+    """Gradient of f at a saturated query by least squares over ``pairs`` distinct steps
+    ``+-f_i h`` per coordinate (``f_i`` from 1 down to 1/2: distinct queries, distinct
+    roundings). Where the slopes of the two sides disagree beyond the noise (a head's sign
+    change inside the step), the coordinate's step is quartered and asked again.
+
+    ``ask(rows, steps)`` answers ``[x0 + delta + step e_row; x0]`` for each (row, step).
+    Returns the gradient and an estimate of its error's norm.
+
+    Raises
+    ------
+    SearchLimitError
+        When some coordinate is not linear at any of 12 step sizes.
+    """
+    fr = 1.0 - 0.5 * np.arange(pairs) / pairs
+    sgn = np.concatenate([fr, -fr])  # (2k,)
+    idx = np.arange(d)
+    hs = np.full(d, float(h))
+    G = np.full(d, np.nan)
+    half = np.full(d, np.nan)
+    todo = idx
+    for _ in range(12):
+        steps = hs[todo, None] * sgn[None, :]  # (t, 2k)
+        y = ask(np.repeat(todo, sgn.size), steps.ravel()).reshape(todo.size, sgn.size)
+        scale = float(np.abs(y).max())
+        k = pairs
+        sp = np.sum(steps[:, :k] * (y[:, :k] - y[:, k:]), axis=1) / np.sum(
+            2.0 * steps[:, :k] ** 2, axis=1)
+        # one-sided slopes about the mean answer: a kink shows as their difference
+        ym = np.mean(y, axis=1, keepdims=True)
+        s_plus = np.mean((y[:, :k] - ym) / steps[:, :k], axis=1)
+        s_minus = np.mean((y[:, k:] - ym) / steps[:, k:], axis=1)
+        bad = np.abs(s_plus - s_minus) * hs[todo] > fd_tol(noise) * scale
+        G[todo[~bad]] = sp[~bad]
+        # the slope's error: each side's mean carries noise / sqrt(k) of the answers
+        half[todo[~bad]] = noise * scale / (hs[todo[~bad]] * np.sqrt(2.0 * k))
+        todo = todo[bad]
+        if todo.size == 0:
+            return G, float(np.linalg.norm(half))
+        hs[todo] *= 0.25
+    raise SearchLimitError("the answers are not linear around a saturated query: a head's "
+                           "logit changes sign within every step tried")
+
+
+def gradient_pairs(budget_left: int, d: int, n_arcs: int) -> int:
+    """Distinct step pairs per coordinate for the arcs' gradients: ``GRADIENT_SHARE`` of what
+    is left (at least one pair, at most ``MAX_GRADIENT_PAIRS``)."""
+    k = int(GRADIENT_SHARE * budget_left // (2 * d * n_arcs))
+    return int(min(max(k, 1), MAX_GRADIENT_PAIRS))
+
+
+def plan_repeats(budget_left: int, per_pass: int, what: str) -> int:
+    """How many times every isolated and missing-direction probe is asked: the whole passes
+    the budget left pays for, less ``MARGIN`` for probes asked again.
+
+    Raises
+    ------
+    BudgetExceededError
+        When not even one pass fits.
+    """
+    reps = int((1.0 - MARGIN) * budget_left // max(per_pass, 1))
+    if reps < 1:
+        raise BudgetExceededError(
+            f"{what}: {budget_left} queries are left after the circle scan, fewer than the "
+            f"{per_pass} one pass over the isolated heads and the missing directions needs "
+            "(raise n_queries)")
+    return reps
+
+
+def dithers(reps: int) -> np.ndarray:
+    """Logit-scale factors of the ``reps`` passes, within ``exp(+-_KAPPA_DITHER)``, the first
+    1: the passes' answers sit at unrelated places of the rounding grid."""
+    return np.exp(_KAPPA_DITHER * np.sin(2.4 * np.arange(int(reps))))
+
+
+def repeated(prober, make, n: int, floor, reps: int) -> np.ndarray:
+    """``prober.measure(make, n, floor)`` over ``reps`` passes, the logit scale and target of
+    each pass after the first dithered (:func:`dithers`), averaged with weights ``kappa^2``
+    (each measurement's inverse variance: a logit's error does not depend on its scale)."""
+    num, den = np.zeros(n), np.zeros(n)
+    target, kappa = prober.target, None
+    for f in dithers(reps):
+        if kappa is not None:
+            prober.kappa, prober.target = kappa * f, target * f
+        vals, sc = prober.measure(make, n, floor, return_scale=True)
+        if kappa is None:
+            kappa = prober.kappa
+        w = sc * sc
+        num += w * vals
+        den += w
+    prober.kappa, prober.target = kappa, target
+    return num / den
+
+
+class Capped:
+    """The oracle seen through a cap of ``n`` more queries: every stage's budget check
+    (:func:`~attnquery.learners._base.check_budget`) reads ``remaining``, so a fit that would
+    spend more than ``n_queries`` stops with :class:`~attnquery.errors.BudgetExceededError`
+    before the query that would pass it."""
+
+    def __init__(self, oracle, n: int):
+        self.oracle = oracle
+        self.limit = int(oracle.n_queries) + int(n)
+
+    @property
+    def d(self) -> int:
+        return self.oracle.d
+
+    @property
+    def n_queries(self) -> int:
+        return int(self.oracle.n_queries)
+
+    @property
+    def kind(self) -> str:
+        return getattr(self.oracle, "kind", "value")
+
+    @property
+    def remaining(self) -> int:
+        own = self.limit - int(self.oracle.n_queries)
+        inner = getattr(self.oracle, "remaining", None)
+        return own if inner is None else min(own, int(inner))
+
+    def __call__(self, X):
+        return self.oracle(X)
