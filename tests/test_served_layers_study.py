@@ -99,3 +99,12 @@ def test_figure_without_layer_cells_draws_no_legend_and_no_warning():
         warnings.simplefilter("error", UserWarning)  # the legend of an empty axis
         fig, claims = served_layers(heads)
     assert claims == [] and all(a.get_legend() is None for a in fig.axes)
+
+
+def test_claims_without_any_refusal():
+    """Every layer cell ok (as in the quick study): the refusal claim holds with 0 of 0."""
+    claims = _claims(GOOD[:3])
+    assert claims["served_layer_refusals_named"].passed
+    assert "0/0 refusals named" in str(claims["served_layer_refusals_named"])
+    fig, _ = served_layers(_frame(GOOD[:3]))
+    assert len(fig.axes) == 2

@@ -47,7 +47,7 @@ def served_layer_claims(df) -> list[Claim]:
                             rows="served, variant layer, float32, status ok"),)))
         claims.append(_goal_claim(f32, ok32))
     failed = rows[rows["status"] != "ok"]
-    named = failed["message"].fillna("").map(lambda m: m.split(":")[0] in NAMED)
+    named = failed["message"].fillna("").map(lambda m: m.split(":")[0] in NAMED).astype(bool)
     claims.append(Claim(
         "served_layer_refusals_named", "every served layer the learner does not extract ends "
         "in a named error of attnquery.errors (never a silent wrong answer)",
