@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attnquery.experiments import cell_rng, expand_cells, get_experiment
+from attnquery.experiments import expand_cells, get_experiment
 from attnquery.figures.served import GOALS, served, served_claims
 from attnquery.realheads import write_test_checkpoint
 
@@ -26,14 +26,18 @@ def test_cells_and_run(ckpt):
         ("bfloat16", 10.0), ("float32", 6.0)]
     exp = get_experiment("served")
     for cell in cells:
-        m = exp.run(cell, cell_rng(cell, 0))
+        m = exp.run(cell, np.random.default_rng(0))  # cell_rng would hash the temporary path
         extra = m["extra"]
         assert extra["n_overflow"] == 0 and m["rank_found"] == 8
         assert m["n_queries"] <= cell["queries_per_unknown"] * (32 * 32 + 2 * 32 + 1)
-        if cell["rounding"] == "float32":
-            assert extra["floor_W"] < 1e-12 and m["rel_err_W"] < 1e-6
-        else:  # bfloat16: above its floor, within a few times it
+        if cell["rounding"] == "float32":  # float32 weights: no floor (v: r is rounded)
+            assert max(extra["floor_W"], extra["floor_c"]) < 1e-12 and extra["floor_v"] < 1e-7
+            assert m["rel_err_W"] < 1e-6
+        else:  # bfloat16: above its floor, within a few times it; c and v near theirs
             assert 2e-3 < extra["floor_W"] < m["rel_err_W"] < 3 * extra["floor_W"]
+            for q in "cv":
+                assert 5e-4 < extra[f"floor_{q}"] < 1e-2
+                assert 0.5 * extra[f"floor_{q}"] < m[f"rel_err_{q}"] < 4 * extra[f"floor_{q}"]
         assert m["success"] == (m["rel_err_W"] <= extra["goal_W"])
 
 
@@ -43,8 +47,10 @@ def _frame(rows):
     out = []
     for r in rows:
         r = {**base, **r}
-        r["extra"] = json.dumps({"floor_W": r.pop("floor"), "n_overflow": r.pop("overflow", 0),
-                                 "spent_per_unknown": r["queries_per_unknown"]})
+        extra = {"floor_W": r.pop("floor"), "n_overflow": r.pop("overflow", 0),
+                 "spent_per_unknown": r["queries_per_unknown"]}
+        extra.update({k: r.pop(k) for k in ("floor_c", "floor_v") if k in r})
+        r["extra"] = json.dumps(extra)
         out.append(r)
     return pd.DataFrame(out)
 
@@ -67,6 +73,35 @@ def test_claims_pass_on_good_data_and_render():
     assert all(c.passed for c in claims.values()), [str(c) for c in claims.values()]
     fig, _ = served(_frame(GOOD))
     assert len(fig.axes) == 2
+
+
+def test_goal_claims_carry_the_numbers_of_each_heads_best_cell():
+    rows = [dict(r) for r in GOOD] + [
+        # head 0: a worse bfloat16 cell beside the good one; head 1: a second head
+        {"rounding": "bfloat16", "queries_per_unknown": 3.0, "rel_err_W": 9e-3,
+         "floor": 2.4e-3},
+        {"rounding": "bfloat16", "queries_per_unknown": 10.0, "rel_err_W": 3.3e-3,
+         "floor": 2.2e-3, "head": 1},
+        {"rounding": "float32", "queries_per_unknown": 3.0, "rel_err_W": 2.9e-7, "floor": 0.0,
+         "head": 1}]
+    for r in rows:
+        r.update(rel_err_c=1.5 * r["rel_err_W"], rel_err_v=0.5 * r["rel_err_W"],
+                 floor_c=r["floor"], floor_v=r["floor"])
+    claims = _claims(rows)
+    n = {x.name: x.value for c in claims.values() for x in c.numbers}
+    assert n["servedBfloat16Heads"] == n["servedBfloat16HeadsMet"] == 2
+    assert n["servedBfloat16WorstRatioW"] == pytest.approx(1.5)  # 3.3e-3 / 2.2e-3, not 9e-3
+    assert n["servedBfloat16MedianRatioW"] == pytest.approx((1.25 + 1.5) / 2)
+    assert n["servedBfloat16WorstRatioC"] == pytest.approx(2.25)
+    assert n["servedBfloat16WorstRatioV"] == pytest.approx(0.75)
+    assert n["servedFloat32WorstErrorW"] == pytest.approx(2.9e-7)
+    assert n["servedFloat32MedianErrorW"] == pytest.approx(2.45e-7)
+    assert n["servedFloat32WorstErrorC"] == pytest.approx(1.5 * 2.9e-7)
+    assert n["servedFloat16HeadsMet"] == 1
+    # a head that misses the goal shows in the counts and the worst ratio
+    rows[-2].update(rel_err_W=4.4e-3)
+    n = {x.name: x.value for c in _claims(rows).values() for x in c.numbers}
+    assert n["servedBfloat16HeadsMet"] == 1 and n["servedBfloat16WorstRatioW"] == pytest.approx(2.0)
 
 
 @pytest.mark.parametrize("index,change,broken", [

@@ -93,6 +93,8 @@ class Arithmetic:
 
     def store(self, a) -> np.ndarray:
         """Weights (or inputs) as the engine holds them: float64 values rounded to the format."""
+        if not self._narrow:  # float32 (one conversion) or float64
+            return np.asarray(a, dtype=self.compute)
         with np.errstate(over="ignore", invalid="ignore"):
             return np.asarray(a, dtype=np.float64).astype(self.dtype).astype(self.compute)
 

@@ -439,7 +439,9 @@ class ModuleBlackBox:
         self.precision = check_precision(precision)
         if self.precision != "float64":
             A = self._arith = Arithmetic(self.precision)
-            self._s = {"wq": A.store(self._wq), "wk": A.store(self._wk), "wv": A.store(self._wv),
+            # the key and value projections of the kept heads as one (kept + kept, d) matrix:
+            # one float32 product per element either way, one matrix product per call
+            self._s = {"wq": A.store(self._wq), "wkv": A.store(np.vstack([self._wk, self._wv])),
                        "bq": A.store(self._bq), "bk": A.store(self._bk), "bv": A.store(self._bv),
                        "wo": A.store(w["o"][:, cols]), "bo": A.store(bias("bo")),
                        "r": A.store(self.r), "scale": A.store(np.sqrt(ckpt.d_head))}
@@ -460,20 +462,28 @@ class ModuleBlackBox:
         return out
 
     def _served(self, X: np.ndarray) -> np.ndarray:
-        """The module in ``self.precision``, operation by operation (see the class)."""
+        """The module in ``self.precision``, operation by operation (see the class).
+
+        Every element of every product is one dot product accumulated in float32, as an
+        engine's kernels compute it; the projections are two-dimensional matrix products over
+        every token at once (``(B N, d) x (d, kept)``) and the scores and weighted values of all
+        kept heads one batched contraction each (``np.einsum`` in float32), not one small matrix
+        product per input and head."""
         A, P = self._arith, self._s
-        dh = self.d_head
+        B, N, d = X.shape
+        dh, H = self.d_head, len(self._heads)
+        kept = H * dh
         Xs = A.store(X)
-        q = A.add(A.matmul(Xs[:, -1, :], P["wq"].T), P["bq"])  # (B, kept)
-        k = A.add(A.matmul(Xs, P["wk"].T), P["bk"])  # (B, N, kept)
-        val = A.add(A.matmul(Xs, P["wv"].T), P["bv"])
-        heads = []
-        for j in range(len(self._heads)):
-            sl = slice(j * dh, (j + 1) * dh)
-            s = A.div(A.matmul(k[..., sl], q[:, sl, None])[..., 0], P["scale"])  # (B, N)
-            alpha = A.softmax(s)
-            heads.append(A.matmul(alpha[:, None, :], val[..., sl])[:, 0, :])  # (B, dh)
-        o = heads[0] if len(heads) == 1 else np.concatenate(heads, axis=1)
+        q = A.add(A.matmul(Xs[:, -1, :], P["wq"].T), P["bq"]).reshape(B, H, dh)
+        kv = A.matmul(Xs.reshape(B * N, d), P["wkv"].T)  # (B N, 2 kept)
+        k = A.add(kv[:, :kept], P["bk"]).reshape(B, N, H, dh)
+        val = A.add(kv[:, kept:], P["bv"]).reshape(B, N, H, dh)
+        with np.errstate(over="ignore", invalid="ignore"):
+            dots = np.einsum("bnhk,bhk->bhn", k, q)
+        s = A.div(A.rnd(dots), P["scale"])  # (B, H, N)
+        alpha = A.softmax(s)
+        with np.errstate(over="ignore", invalid="ignore"):
+            o = A.rnd(np.einsum("bhn,bnhk->bhk", alpha, val)).reshape(B, kept)
         out = A.add(A.matmul(o, P["wo"].T), P["bo"])  # (B, d)
         return A.answers(A.matmul(out, P["r"]))
 

@@ -23,8 +23,8 @@ from ..precision import PRECISIONS, Arithmetic
 from ..realheads import ModuleBlackBox, cached_checkpoint, head_from_checkpoint
 from . import Experiment, checkpoint_source, grid, readout_args, register
 
-__all__ = ["cells", "run", "floor_W", "GOALS", "FLOAT32_GOAL", "layer_cells", "run_layer",
-           "LAYER_GOAL", "LAYER_BUDGET"]
+__all__ = ["cells", "run", "floor_W", "floor_cv", "GOALS", "FLOAT32_GOAL", "layer_cells",
+           "run_layer", "LAYER_GOAL", "LAYER_BUDGET"]
 
 #: float32-served W: relative error at most this (the floor is 0 for float32 weights)
 FLOAT32_GOAL = 3e-7
@@ -72,6 +72,31 @@ def floor_W(path, layer: int, head: int, n_heads: int, precision: str) -> float:
     return float(np.linalg.norm(Wk.T @ Wq - W) / np.linalg.norm(W))
 
 
+def floor_cv(path, layer: int, head: int, n_heads: int, precision: str, r) -> tuple:
+    """Relative errors of head ``head``'s key bias ``c = W_K^T b_Q / sqrt(d_h)`` and value
+    vector ``v = W_V^T (W_O^T r)_h`` built from the checkpoint's weights, biases and readout
+    vector ``r`` rounded to ``precision``, against those built from the weights as stored: the
+    floors of c and v, as :func:`floor_W` is W's."""
+    ck = cached_checkpoint(path, n_heads)
+    w = ck.layers[layer]
+    rows = slice(head * ck.d_head, (head + 1) * ck.d_head)
+    A = Arithmetic(precision)
+
+    def st(a):
+        return np.asarray(A.store(a), dtype=float)
+
+    def rel(a, b):
+        n = float(np.linalg.norm(b))
+        return float(np.linalg.norm(a - b) / n) if n > 0 else 0.0
+
+    bq = w["bq"] if w["bq"] is not None else np.zeros(ck.d)
+    c = w["k"][rows].T @ bq[rows]
+    c_r = st(w["k"][rows]).T @ st(bq)[rows]
+    v = w["v"][rows].T @ (w["o"].T @ r)[rows]
+    v_r = st(w["v"][rows]).T @ (st(w["o"]).T @ st(r))[rows]
+    return rel(c_r, c), rel(v_r, v)
+
+
 def run(cell: dict, rng: np.random.Generator) -> dict:
     """One head served in one precision, one budget (a whole layer: :func:`run_layer`)."""
     from ..learners import LowPrecisionValueQueryLearner
@@ -93,6 +118,8 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     counts = fit_counted(est, oracle)
     eW = relative_error(est.W_, head.W)
     floor = floor_W(cell["checkpoint"], cell["layer"], cell["head"], cell["n_heads"], prec)
+    floor_c, floor_v = floor_cv(cell["checkpoint"], cell["layer"], cell["head"],
+                                cell["n_heads"], prec, box.r)
     goal = GOALS[prec] if prec == "float32" else GOALS[prec] * floor
     return {
         **counts,
@@ -105,6 +132,7 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
         "success": bool(eW <= goal and est.n_overflow_ == 0),
         "extra": {
             "d": d, "floor_W": floor, "floor_ratio": eW / floor if floor > 0 else None,
+            "floor_c": floor_c, "floor_v": floor_v,
             "goal_W": goal, "spent_per_unknown": oracle.n_queries / unit,
             "n_overflow": est.n_overflow_, "W_error_estimate": est.W_error_estimate_,
             "noise_level": est.noise_level_, "n_passes": est.n_passes_,
@@ -175,16 +203,16 @@ def run_layer(cell: dict, rng: np.random.Generator) -> dict:
     }
 
 
-# Estimated seconds per cell on one core: a MiniLM head (d = 384) took 20 to 35 s at
-# 3 (d^2 + 2d + 1) queries in float32 and about 100 to 150 s at 10 (d^2 + 2d + 1) in bfloat16, on
-# a loaded 2-core machine (the narrow formats convert every intermediate through ml_dtypes).
+# Estimated seconds per cell on one core: a MiniLM head (d = 384) took 4 to 6 s at
+# 3 (d^2 + 2d + 1) queries in float32 and about 20 s at 10 (d^2 + 2d + 1) in bfloat16 (one core
+# of a loaded 2-core machine; 10 and 34 s before the served box's batched contractions).
 def seconds(cell) -> float:
-    """About 2e-7 s per query and dimension in float32, 3e-7 in float16 and bfloat16 (whole
+    """About 5e-8 s per query and dimension in float32, 6e-8 in float16 and bfloat16 (whole
     layers: :func:`layer_seconds`)."""
     if cell.get("variant") == "layer":
         return layer_seconds(cell)
     d = 384 if "minilm" in str(cell["checkpoint"]) else 32
-    per = 2e-7 if cell["rounding"] == "float32" else 3e-7
+    per = 5e-8 if cell["rounding"] == "float32" else 6e-8
     return 1.0 + per * cell["queries_per_unknown"] * (d * d + 2 * d + 1) * d
 
 

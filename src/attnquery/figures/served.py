@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ..claims import Claim, extra_values
+from ..claims import Claim, Number, extra_values, number_name
 from . import register_figure
 
 #: the issue's goals: precision -> (largest budget in (d^2 + 2d + 1), goal on W). float32: the
@@ -80,8 +80,40 @@ def served_claims(df) -> list[Claim]:
             "no answer overflowing, on every head",
             bool(n_met == len(heads)),
             f"{n_met}/{len(heads)} heads (worst best-cell value {worst:.3g})",
-            n_runs=len(sel)))
+            n_runs=len(sel), numbers=_goal_numbers(prec, budget, sel, val, len(heads), n_met)))
     return claims
+
+
+def _goal_numbers(prec, budget, sel, val, n_heads, n_met) -> tuple:
+    """The numbers of a ``served_goal_<prec>`` claim: heads, heads meeting the goal, and over
+    each head's best cell within the budget (smallest W value) the worst and median error of
+    W, c and v (float32) or their worst and median ratios to their formats' floors."""
+    what = f"served {prec}, <= {budget:g} (d^2 + 2d + 1) queries, best cell per head"
+    out = [Number(number_name("served", prec, "heads"), n_heads, "heads", "d", rows=what),
+           Number(number_name("served", prec, "heads met"), n_met, "heads", "d", rows=what)]
+    if not len(sel):
+        return tuple(out)
+    best = (pd.DataFrame({"val": val.to_numpy(), "row": np.arange(len(sel))},
+                         index=sel.set_index(["layer", "head", "seed"]).index)
+            .sort_values("val", kind="stable").groupby(level=[0, 1, 2]).head(1)["row"])
+    b = sel.iloc[np.sort(best.to_numpy())]
+    for q in ("W", "c", "v"):
+        if f"rel_err_{q}" not in b:
+            continue
+        e = b[f"rel_err_{q}"].astype(float)
+        if prec == "float32":
+            x, unit, label = e, "relative error", "error"
+        else:
+            x = e / extra_values(b, f"floor_{q}", np.nan).astype(float)
+            unit, label = "error / floor", "ratio"
+        x = x[np.isfinite(x)]
+        if not len(x):
+            continue
+        out += [Number(number_name("served", prec, "worst", label, q), float(x.max()), unit,
+                       ".3g", rows=what),
+                Number(number_name("served", prec, "median", label, q), float(x.median()),
+                       unit, ".3g", rows=what)]
+    return tuple(out)
 
 
 SERVED_CAPTION = """\

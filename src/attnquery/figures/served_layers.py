@@ -82,11 +82,12 @@ def _goal_claim(f32, ok32) -> Claim:
         f"{n_met}/{len(layers)} layers (worst head W {worst_W:.3g}, worst function "
         f"{worst_f:.3g}, at most {worst_q:.3g} dof)", n_runs=len(sel),
         numbers=(Number("servedLayersMet", n_met, "layers", "d", rows=rows),
-                 Number("servedLayersMeasured", len(layers), "layers", "d", rows=rows),
-                 Number("servedLayerWorstW", worst_W, "relative error", ".2g", rows=rows),
-                 Number("servedLayerWorstFunc", worst_f, "relative error", ".2g", rows=rows),
-                 Number("servedLayerQueriesPerDof", worst_q, "queries / dof", ".3g",
-                        rows=rows)))
+                 Number("servedLayersMeasured", len(layers), "layers", "d", rows=rows))
+        # no layer cell within the budget (the quick study's): no worst error to state, not NaN
+        + ((Number("servedLayerWorstW", worst_W, "relative error", ".2g", rows=rows),
+            Number("servedLayerWorstFunc", worst_f, "relative error", ".2g", rows=rows),
+            Number("servedLayerQueriesPerDof", worst_q, "queries / dof", ".3g", rows=rows))
+           if len(sel) else ()))
 
 
 SERVED_LAYERS_CAPTION = """\
