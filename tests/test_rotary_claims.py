@@ -167,3 +167,24 @@ def test_layers_with_biases_are_refused_by_name_and_mapped(layers):
     i, good = wrong.index[-1], _first(layers)
     wrong.loc[i, ["status", "func_err", "extra"]] = ["ok", 1e-12, layers.loc[good, "extra"]]
     assert not _layer_claims(wrong)["rotary_layers_map"].passed
+
+
+def test_the_layer_figure_is_byte_identical_across_hash_seeds(layers, tmp_path):
+    """The failure map annotates the refused layers; its PDF must not depend on the order of a
+    set of strings (PYTHONHASHSEED differs between processes, so between runs of a study)."""
+    import os
+    import subprocess
+    import sys
+
+    assert (layers["status"] != "ok").sum() >= 2  # at least two annotations to order
+    table = tmp_path / "rows.parquet"
+    layers.to_parquet(table)
+    code = ("import sys, pandas as pd; from attnquery.figures import render; "
+            "render('rotary_layers', pd.read_parquet(sys.argv[1]), sys.argv[2])")
+    out = []
+    for seed in ("1", "2", "3"):
+        pdf = tmp_path / f"fig{seed}.pdf"
+        subprocess.run([sys.executable, "-c", code, str(table), str(pdf)], check=True,
+                       env={**os.environ, "PYTHONHASHSEED": seed})
+        out.append(pdf.read_bytes())
+    assert out[0] == out[1] == out[2]

@@ -303,8 +303,10 @@ def rotary_layers(df):
         if bias.any():
             ax1.scatter(per[~rec & bias], dh[~rec & bias], facecolors="none", edgecolors="C3",
                         marker="s", s=60, label="refused, with biases")
-        for p, h, m in {(int(p), int(h), _error_name(m)) for p, h, m, r in
-                        zip(per, dh, rows["message"], rec, strict=True) if not r}:
+        # sorted: a set's order follows the strings' hashes, which vary between processes
+        # (PYTHONHASHSEED), and the PDF keeps the annotations in the order they are drawn
+        for p, h, m in sorted({(int(p), int(h), _error_name(m)) for p, h, m, r in
+                               zip(per, dh, rows["message"], rec, strict=True) if not r}):
             ax1.annotate(m.replace("Error", ""), (p, h), fontsize=5, xytext=(3, 3),
                          textcoords="offset points", color="C3")
         fig.colorbar(sc, ax=ax1, label="log10 functional error", shrink=0.9)
