@@ -584,3 +584,21 @@ def test_rotary_checkpoint_round_trip_and_a_head_learnt_from_it(tmp_path):
         load_rotary_layer(path, 2)
     with pytest.raises(ModelError):
         load_rotary_layer(tmp_path / "missing.safetensors", 0)
+
+
+def test_max_error_by_length_measures_each_length_on_its_own_sequences():
+    """The functional error against sequence length that the rotary study and benchmarks
+    report (attnquery.metrics.max_error_by_length)."""
+    from attnquery.metrics import max_error_by_length
+
+    def f(X):
+        return X[:, -1, 0] + 0.1 * X.shape[1]
+
+    def off_from_two_tokens(X):  # right on one token, 1% off from two tokens on
+        return f(X) * (1.0 if X.shape[1] == 1 else 1.01)
+
+    errs = max_error_by_length(f, off_from_two_tokens, 4, np.random.default_rng(0),
+                               {1: 8, 3: 5, 50: 2})
+    assert list(errs) == [1, 3, 50]
+    assert errs[1] == 0.0 and abs(errs[3] - 0.01) < 1e-12 and abs(errs[50] - 0.01) < 1e-12
+    assert max_error_by_length(f, f, 4, np.random.default_rng(0), {2: 3}) == {2: 0.0}

@@ -325,6 +325,7 @@ def bench_rotary() -> list[dict]:
     d_h = d / 2 and d_h = d, low-rank route at Llama-like shapes; queries counted, frequency
     errors, functional errors on 1, 64 and 4,096 tokens and wall time."""
     from .learners import RotaryValueQueryLearner
+    from .metrics import max_error_by_length
     from .models import random_rotary_head
     from .oracles import ValueOracle
 
@@ -345,12 +346,9 @@ def bench_rotary() -> list[dict]:
                "queries (counted)": n, "queries / 2(d^2+d)": round(n / (2 * (d * d + d)), 3),
                "max freq. error": float(np.max(np.abs(est.frequencies_ - head.frequencies))),
                "cond M_-1": float(f"{est.condition_:.3g}")}
-        rng = np.random.default_rng(1)
-        for N in (1, 64, 4096):
-            X = rng.standard_normal((64 if N < 4096 else 4, N, d)) / np.sqrt(d)
-            y = head(X)
-            row[f"func. error N={N}"] = float(np.max(np.abs(est.predict(X) - y))
-                                              / np.max(np.abs(y)))
+        errs = max_error_by_length(head, est.predict, d, np.random.default_rng(1),
+                                   {1: 64, 64: 64, 4096: 4})
+        row.update({f"func. error N={N}": e for N, e in errs.items()})
         row["wall time (s)"] = round(wall, 1)
         rows.append(row)
     return rows
@@ -363,6 +361,7 @@ def bench_rotary_layer() -> list[dict]:
     key/value heads; d = 512, 8 heads of 64 over 1) and one between; queries counted by stage,
     frequency error, functional error on 1, 64 and 4,096 tokens, wall and CPU time."""
     from .learners import AttentionLayerLearner
+    from .metrics import max_error_by_length
     from .models import random_rotary_layer
     from .oracles import ValueOracle
 
@@ -380,12 +379,9 @@ def bench_rotary_layer() -> list[dict]:
                "circle": stages["circle"], "isolated": stages["isolated"],
                "missing": stages["missing"], "groups found": int(est.n_kv_heads_),
                "max freq. error": float(np.max(np.abs(est.frequencies_ - layer.frequencies)))}
-        rng = np.random.default_rng(1)
-        for N in (1, 64, 4096):
-            X = rng.standard_normal((64 if N < 4096 else 4, N, d)) / np.sqrt(d)
-            y = layer(X)
-            row[f"func. error N={N}"] = float(np.max(np.abs(est.predict(X) - y))
-                                              / np.max(np.abs(y)))
+        errs = max_error_by_length(layer, est.predict, d, np.random.default_rng(1),
+                                   {1: 64, 64: 64, 4096: 4})
+        row.update({f"func. error N={N}": e for N, e in errs.items()})
         row.update({"wall time (s)": round(wall, 1), "CPU time (s)": round(cpu, 1)})
         rows.append(row)
     return rows

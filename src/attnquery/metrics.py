@@ -15,6 +15,7 @@ __all__ = [
     "absolute_error",
     "random_inputs",
     "functional_error",
+    "max_error_by_length",
     "PowerLawFit",
     "fit_power_law",
     "fit_power_law_within",
@@ -81,6 +82,21 @@ def random_inputs(d: int, rng, n: int = 256, lengths=(1, 2, 4, 8)) -> list[np.nd
     """Held-out random inputs: ``n`` sequences of each length, tokens ~ N(0, I_d / d)."""
     rng = np.random.default_rng(rng)
     return [rng.standard_normal((n, N, d)) / np.sqrt(d) for N in lengths]
+
+
+def max_error_by_length(f_true, f_hat, d: int, rng, n_sequences) -> dict[int, float]:
+    """Relative maximum difference ``max |f_hat - f_true| / max |f_true|`` per sequence length.
+
+    ``n_sequences`` maps each length N to how many random sequences of N tokens
+    (tokens ~ N(0, I_d / d), drawn from ``rng`` in the mapping's order) it is measured on; used
+    where the error is reported against the length (rotary heads, up to thousands of tokens).
+    """
+    out = {}
+    for N, n in n_sequences.items():
+        X = rng.standard_normal((n, N, d)) / np.sqrt(d)
+        y = f_true(X)
+        out[N] = float(np.max(np.abs(f_hat(X) - y)) / np.max(np.abs(y)))
+    return out
 
 
 def functional_error(f_true, f_hat, d: int, rng, n: int = 256, lengths=(1, 2, 4, 8)) -> float:

@@ -30,7 +30,7 @@ import json
 import numpy as np
 
 from ..learners import AttentionLayerLearner, RotaryValueQueryLearner
-from ..metrics import fit_counted, relative_error
+from ..metrics import fit_counted, max_error_by_length, relative_error
 from ..models import random_rotary_head, random_rotary_layer
 from ..oracles import ValueOracle
 from . import Experiment, grid, register
@@ -94,12 +94,8 @@ def layer_cells(section) -> list[dict]:
 
 def _func_err_by_length(model, est, d: int, rng) -> dict:
     """Relative functional error ``max |f_hat - f| / max |f|`` per length of :data:`LENGTHS`."""
-    out = {}
-    for N in LENGTHS:
-        X = rng.standard_normal((N_SEQUENCES[N], N, d)) / np.sqrt(d)
-        y = model(X)
-        out[str(N)] = float(np.max(np.abs(est.predict(X) - y)) / np.max(np.abs(y)))
-    return out
+    errs = max_error_by_length(model, est.predict, d, rng, {N: N_SEQUENCES[N] for N in LENGTHS})
+    return {str(N): e for N, e in errs.items()}
 
 
 def run(cell: dict, rng: np.random.Generator) -> dict:
