@@ -192,6 +192,11 @@ SERVED_RANK_FACTOR = 1e3
 SERVED_CHECK_FACTOR = 100.0
 #: ... and never more than this
 SERVED_MAX_RTOL = 1e-3
+#: what a probe that gives no usable logit at any scale says of the box
+_NO_HEAD = ("the answers are not those of an attention head: some attention weights fall "
+            "outside (0, 1) at every probe scale")
+_NO_POSITIVE_WEIGHT = ("the answers are not those of a rotary head: a probe over zero tokens "
+                       "has no positive attention weight for its first token at any scale")
 #: the block ``T^(L-1)`` of a served head is measured this many times (other first tokens each
 #: time) and averaged
 SERVED_REPEATS = 3
@@ -889,9 +894,7 @@ class _RotaryProber:
                                                                      n_last)
             self.n_requeried += int(bad.sum()) * (A.shape[0] + 1)
         if not np.all(np.isfinite(logit)):
-            raise AssumptionViolation(
-                "the answers are not those of an attention head: some attention weights fall "
-                "outside (0, 1) at every probe scale")
+            raise AssumptionViolation(_NO_HEAD)
         # logit_l = kap t_l + c u_l^T g - C' and logit_0 = -kap t_1 - c u_1^T g - C'
         Cp = -(logit[:, 0] + logit[:, -1]) / 2.0  # s^2 b^T M_0 b without biases
         lin = logit[:, :-1] + Cp[:, None]
@@ -961,29 +964,42 @@ class _RotaryProber:
                 return lin / c, const
             c *= 1e-2
             self.n_requeried += n + 1
-        raise AssumptionViolation("the answers are not those of an attention head: some "
-                                  "attention weights fall outside (0, 1) at every probe scale")
+        raise AssumptionViolation(_NO_HEAD)
 
     def constants(self, a, B, known):
         """``b_k^T M_0 b_k`` for the rows of B from one probe ``[c a; s b_k]`` each, given
         ``known[k] = a^T M_{-1} b_k``: m queries."""
-        m = B.shape[0]
         A = a[None, :]
-        kap = np.full(m, self.kappa)
-        out = np.empty(m)
-        todo = np.arange(m)
-        for _ in range(9):
-            c, s, _ = self._scales(A, B[todo], kap[todo])
+
+        def measure(todo, kap):
+            c, s, _ = self._scales(A, B[todo], kap)
             logit = self._ask(np.repeat(A, todo.size, axis=0), B[todo], c, s, 1)
+            return logit, (kap * known[todo] - logit) / s**2
+
+        return self._in_range(B.shape[0], measure, _NO_HEAD)
+
+    def _in_range(self, n: int, measure, message: str):
+        """Measure n probes at the scale ``kappa``, asking again at a scale 100 times smaller
+        those whose logit falls outside ``max_logit`` (at most 9 scales): ``measure(todo, kap)``
+        returns the logits and the values of the probes ``todo`` at scales ``kap``.
+
+        Raises
+        ------
+        AssumptionViolation
+            With ``message``, when some probe has no usable logit at any scale.
+        """
+        kap = np.full(n, self.kappa)
+        vals, todo = np.empty(n), np.arange(n)
+        for _ in range(9):
+            logit, value = measure(todo, kap[todo])
             ok = np.abs(logit) <= self.max_logit
-            out[todo[ok]] = (kap[todo[ok]] * known[todo[ok]] - logit[ok]) / s[ok] ** 2
+            vals[todo[ok]] = value[ok]
             todo = todo[~ok]
             if not todo.size:
-                return out
+                return vals
             kap[todo] *= 1e-2
             self.n_requeried += int(todo.size)
-        raise AssumptionViolation("the answers are not those of an attention head: some "
-                                  "attention weights fall outside (0, 1) at every probe scale")
+        raise AssumptionViolation(message)
 
     def _ask_long(self, first, last, c, s, L, m0):
         """Logits of the first row of ``[c a; 0 (L - 1 times); s b]`` given
@@ -1009,25 +1025,16 @@ class _RotaryProber:
         for a0 in range(0, m, step):
             ks = np.arange(a0, min(a0 + step, m))
             kk, ll = np.repeat(ks, n), np.tile(np.arange(n), ks.size)
-            kap = np.full(kk.size, self.kappa)
-            vals, todo = np.empty(kk.size), np.arange(kk.size)
-            for _ in range(9):
-                c, s, rho = self._scales(F, B[kk[todo]], kap[todo])
+
+            def measure(todo, kap, kk=kk, ll=ll):
+                c, s, rho = self._scales(F, B[kk[todo]], kap)
                 # c / s also keeps s^2 |b^T M_0 b| <= 1e-2 (the estimate of M_0 barely counts)
-                rho2 = np.maximum(rho, 100.0 * kap[todo] * np.abs(m0[kk[todo]]))
+                rho2 = np.maximum(rho, 100.0 * kap * np.abs(m0[kk[todo]]))
                 c, s = c * np.sqrt(rho2 / rho), s * np.sqrt(rho / rho2)
                 logit = self._ask_long(F[ll[todo]], B[kk[todo]], c, s, L, m0[kk[todo]])
-                ok = np.abs(logit) <= self.max_logit
-                vals[todo[ok]] = logit[ok] / kap[todo[ok]]
-                todo = todo[~ok]
-                if not todo.size:
-                    break
-                kap[todo] *= 1e-2
-                self.n_requeried += int(todo.size)
-            if todo.size:
-                raise AssumptionViolation(
-                    "the answers are not those of a rotary head: a probe over zero tokens "
-                    "has no positive attention weight for its first token at any scale")
+                return logit, logit / kap
+
+            vals = self._in_range(kk.size, measure, _NO_POSITIVE_WEIGHT)
             out[ks] = vals.reshape(ks.size, n)
         return out
 
@@ -1042,24 +1049,14 @@ class _RotaryProber:
             ks = np.arange(a0, min(a0 + step, m))
             kk = np.repeat(ks, n)
             ll = np.tile(np.arange(n), ks.size)
-            kap = np.full(kk.size, self.kappa)
-            vals = np.empty(kk.size)
-            todo = np.arange(kk.size)
-            for _ in range(9):
-                c, s, _ = self._scales(A, B[kk[todo]], kap[todo])
+
+            def measure(todo, kap, kk=kk, ll=ll):
+                c, s, _ = self._scales(A, B[kk[todo]], kap)
                 logit = self._ask(A[ll[todo]], B[kk[todo]], c, s, 2)
-                ok = np.abs(logit) <= self.max_logit
                 s2 = s**2
                 lse = np.logaddexp(s2 * m1[kk[todo]], s2 * m0[kk[todo]])
-                vals[todo[ok]] = (logit[ok] + lse[ok]) / kap[todo[ok]]
-                todo = todo[~ok]
-                if not todo.size:
-                    break
-                kap[todo] *= 1e-2
-                self.n_requeried += int(todo.size)
-            if todo.size:
-                raise AssumptionViolation(
-                    "the answers are not those of an attention head: some attention weights "
-                    "fall outside (0, 1) at every probe scale")
+                return logit, (logit + lse) / kap
+
+            vals = self._in_range(kk.size, measure, _NO_HEAD)
             out[ks] = vals.reshape(ks.size, n)
         return out
