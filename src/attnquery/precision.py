@@ -104,6 +104,13 @@ class Arithmetic:
         with np.errstate(over="ignore", invalid="ignore"):
             return self.rnd(np.matmul(a, b))
 
+    def einsum(self, spec: str, *operands) -> np.ndarray:
+        """``np.einsum(spec, *operands)``, a batched contraction (the scores or the weighted
+        values of many heads at once): products and sums in the compute type, the result
+        rounded once, as :meth:`matmul`."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            return self.rnd(np.einsum(spec, *operands))
+
     def add(self, a, b) -> np.ndarray:
         """Elementwise ``a + b``, rounded."""
         with np.errstate(over="ignore", invalid="ignore"):
