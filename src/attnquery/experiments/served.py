@@ -59,17 +59,24 @@ def cells(cfg) -> list[dict]:
     return out + layer_cells(cfg)
 
 
+def _head_rows(path, layer: int, head: int, n_heads: int, precision: str):
+    """The layer's tensors, head ``head``'s rows of them, and the rounding to ``precision``
+    (as float64 arrays) that the floors below compare against the weights as stored."""
+    ck = cached_checkpoint(path, n_heads)
+    A = Arithmetic(precision)
+
+    def st(a):
+        return np.asarray(A.store(a), dtype=float)
+
+    return ck, ck.layers[layer], slice(head * ck.d_head, (head + 1) * ck.d_head), st
+
+
 def floor_W(path, layer: int, head: int, n_heads: int, precision: str) -> float:
     """Relative error of head ``head``'s W built from the checkpoint's query and key weights
     rounded to ``precision``, against W from the weights as stored."""
-    ck = cached_checkpoint(path, n_heads)
-    w = ck.layers[layer]
-    rows = slice(head * ck.d_head, (head + 1) * ck.d_head)
-    A = Arithmetic(precision)
-    Wk = np.asarray(A.store(w["k"][rows]), dtype=float)
-    Wq = np.asarray(A.store(w["q"][rows]), dtype=float)
+    _, w, rows, st = _head_rows(path, layer, head, n_heads, precision)
     W = w["k"][rows].T @ w["q"][rows]
-    return float(np.linalg.norm(Wk.T @ Wq - W) / np.linalg.norm(W))
+    return relative_error(st(w["k"][rows]).T @ st(w["q"][rows]), W)
 
 
 def floor_cv(path, layer: int, head: int, n_heads: int, precision: str, r) -> tuple:
@@ -77,24 +84,13 @@ def floor_cv(path, layer: int, head: int, n_heads: int, precision: str, r) -> tu
     vector ``v = W_V^T (W_O^T r)_h`` built from the checkpoint's weights, biases and readout
     vector ``r`` rounded to ``precision``, against those built from the weights as stored: the
     floors of c and v, as :func:`floor_W` is W's."""
-    ck = cached_checkpoint(path, n_heads)
-    w = ck.layers[layer]
-    rows = slice(head * ck.d_head, (head + 1) * ck.d_head)
-    A = Arithmetic(precision)
-
-    def st(a):
-        return np.asarray(A.store(a), dtype=float)
-
-    def rel(a, b):
-        n = float(np.linalg.norm(b))
-        return float(np.linalg.norm(a - b) / n) if n > 0 else 0.0
-
+    ck, w, rows, st = _head_rows(path, layer, head, n_heads, precision)
     bq = w["bq"] if w["bq"] is not None else np.zeros(ck.d)
     c = w["k"][rows].T @ bq[rows]
     c_r = st(w["k"][rows]).T @ st(bq)[rows]
     v = w["v"][rows].T @ (w["o"].T @ r)[rows]
     v_r = st(w["v"][rows]).T @ (st(w["o"]).T @ st(r))[rows]
-    return rel(c_r, c), rel(v_r, v)
+    return relative_error(c_r, c), relative_error(v_r, v)
 
 
 def run(cell: dict, rng: np.random.Generator) -> dict:
