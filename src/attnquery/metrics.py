@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.stats
 
 from .errors import ConfigError
 from .theory import nuclear_statdim  # noqa: F401  (public here too; defined in theory)
@@ -152,6 +151,8 @@ def fit_linear(x, y, level: float = 0.95) -> PowerLawFit:
     x, y = x[ok], y[ok]
     if x.size < 3 or np.ptp(x) == 0:
         raise ConfigError(f"a fit needs at least 3 points at 2 distinct x; got {x.size}")
+    import scipy.stats  # here, not at the top: it costs every study job half a second to import
+
     res = scipy.stats.linregress(x, y)
     dof = x.size - 2
     t = scipy.stats.t.ppf(0.5 + level / 2, dof)
@@ -195,6 +196,8 @@ def fit_power_law_within(x, y, groups, level: float = 0.95) -> PowerLawFit:
                           f"with 2 distinct x; got {n} points in {G} groups")
     slope = float(cx @ cy) / sxx
     resid = cy - slope * cx
+    import scipy.stats  # here, not at the top (see fit_linear)
+
     half = scipy.stats.t.ppf(0.5 + level / 2, dof) * float(np.sqrt(resid @ resid / dof / sxx))
     return PowerLawFit(slope=slope, intercept=0.0, lo=slope - half, hi=slope + half, n=n,
                        level=level)
