@@ -192,9 +192,11 @@ SERVED_RANK_FACTOR = 1e3
 #: ``max |f_hat - f| / max |f|`` on the check sequences of each length on its own (issue 23's
 #: float32 goal); a fit beyond it on any length raises ModelMismatchError
 SERVED_RTOL = 1e-5
-#: check queries of a served head (at least; ``verify=0`` asks none): 8 per length of
-#: ``VERIFY_LENGTHS``, so that each length's largest answer is not a chance small one
-SERVED_VERIFY = 32
+#: check lengths of a served head (when ``verify_lengths`` is the default) and its check
+#: queries (at least; ``verify=0`` asks none): 8 per length, so that each length's largest
+#: answer is not a chance small one
+SERVED_VERIFY_LENGTHS = (2, 16, 256, 1024, 4096)
+SERVED_VERIFY = 40
 #: the served route's default budget (``n_queries=None``), with the check: this times
 #: ``d^2 + d``
 SERVED_QUERY_FACTOR = 8
@@ -485,6 +487,8 @@ class RotaryValueQueryLearner(BaseLearner):
         let errors of 5e-5 at 4,096 tokens pass."""
         rtol, atol = self.check_rtol_, 0.0
         if self.answer_precision_ != "float64":  # one batch per length: relative to its own
+            if tuple(lengths) == VERIFY_LENGTHS:
+                lengths = SERVED_VERIFY_LENGTHS
             def atol(X):
                 return np.full(X.shape[0], self.check_rtol_ * np.max(np.abs(self.predict(X))))
             rtol = 0.0
