@@ -858,10 +858,11 @@ def _long_offset(theta: np.ndarray, max_offset: int):
 
 def _long_offsets(theta: np.ndarray, max_offset: int, n_more: int):
     """The long offsets of a served head's blocks: first :func:`_long_offset`'s (None when it
-    has none), then ``n_more`` offsets chosen one by one among about 256 up to
-    ``max_offset``: each maximises the smallest, over the pairs of eigenvalues
+    has none), then ``n_more`` other offsets chosen one by one among about 256 up to
+    ``max_offset``: each maximises the product, over the pairs of eigenvalues
     ``e^(+-i theta_j)``, of their best separation ``|e^(i (L-1) phi_a) - e^(i (L-1) phi_b)|``
-    by T (L = 2) and the offsets chosen so far."""
+    by T (L = 2) and the offsets chosen so far, each capped at 1 (the mixing of a pair's
+    eigenvectors is the noise divided by it)."""
     first = _long_offset(theta, max_offset)
     if first is None:
         return None
@@ -876,9 +877,12 @@ def _long_offsets(theta: np.ndarray, max_offset: int, n_more: int):
     cand = np.unique(np.linspace(1, max(1, max_offset - 1), 256).astype(int))
     S_all = sep(cand)
     out = [first]
-    for _ in range(n_more):
-        score = np.min(np.where(off, np.maximum(best[None], S_all), np.inf), axis=(1, 2))
+    taken = cand == first - 1
+    for _ in range(min(n_more, int(np.sum(~taken)))):
+        capped = np.where(off, np.minimum(np.maximum(best[None], S_all), 1.0), 1.0)
+        score = np.where(taken, -np.inf, np.sum(np.log(capped), axis=(1, 2)))
         k = int(np.argmax(score))
+        taken[k] = True
         out.append(int(cand[k]) + 1)
         best = np.maximum(best, S_all[k])
     return out
