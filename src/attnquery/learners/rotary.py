@@ -96,26 +96,47 @@ queries for d >= 5. Other heads are unchanged (and keep exactly ``2 (d^2 + d)``)
 **Served heads** (float32 answers). When every answer of the v stage is a float32 value,
 the head is served in float32 (``answer_precision_``; float16 and bfloat16 answers, the
 low-rank route and ``fit_bias`` are refused with
-:class:`~attnquery.errors.AssumptionViolation`). T then carries the answers' rounding
-(about 1e-6 relative with the pilot column asked again, which is always done here), and from
-offset 2 alone the error at offset delta would be about ``|delta|`` times that. So the dense
-route adds a long-offset measurement: singular values of ``M_{-1}`` below ``1e3 u`` (u the
-unit roundoff) are noise; T's eigenvalues may leave the unit circle by ``1e-3``; then the
-block ``C = Y T^(L-1) X`` of the rotated pairs (X, Y their real right and left eigenbases of
-T, ``Y X = I``) is measured by probes ``[c a; 0 (L - 1 times); s b]`` (a zero token scores 0
-and has value 0, so ``y (e^s1 + e^sN + L - 1) = e^s1 c a^T v + e^sN s b^T v`` gives ``s1 =
-c s a^T M_{-L} b`` with ``s_N = s^2 b^T M_0 b`` from the estimate, kept below 1e-2 by the
-ratio c / s), with first tokens an orthonormal basis of the span of ``U S^{-1} Y^T`` and last
-tokens along ``V X``: ``R^2`` probes, ``SERVED_REPEATS`` times with other first tokens,
-averaged. L is the largest offset (up to the longest check length, and such that ``(L - 1)``
-times the coarse angles' error stays below 0.1 rad) whose ``e^(+-i (L - 1) theta_j)`` are at
-least half as far apart as the best. C's eigenvalues, matched to ``e^(+-i (L-1) theta_j)``
-and unwrapped, give the frequencies (L - 1)-fold more precisely; its eigenvectors replace T's,
-and T corrects (to first order) the mixing of two of them where T separates their
-eigenvalues better than ``T^(L-1)``. The answers' own noise, ``noise_level_``, is the
-spread of the repeated blocks relative to their size (2e-7 to 8e-6 measured), and the check
-allows ``min(1e-3, 100 max(noise_level_, u cond(M_{-1})))``.
-Queries: ``2 (d^2 + d) + d + 1 + 3 R^2`` (plus the check).
+:class:`~attnquery.errors.AssumptionViolation`). Each form then carries the answers' rounding
+(about 1e-6 relative), and from offset 2 alone the error at offset delta would be about
+``|delta|`` times that. The served route spends a budget, ``n_queries`` or by default
+``SERVED_QUERY_FACTOR (d^2 + d) = 8 (d^2 + d)`` with the check (a smaller ``n_queries`` than
+the plain route, the pilot column and ``SERVED_VERIFY`` check queries raises
+:class:`~attnquery.errors.BudgetExceededError` after the v stage):
+
+* the pilot column asked again (always); singular values of ``M_{-1}`` below ``1e3 u`` (u
+  the unit roundoff) are noise, T's eigenvalues may leave the unit circle by ``1e-3``;
+* ``M_{-1}`` measured again up to ``SERVED_M1_REPEATS`` times with other first tokens and
+  averaged (``n_m1_repeats_``; as many as leave room for ``M_{-2}`` and
+  ``SERVED_MIN_BLOCKS`` blocks);
+* blocks ``C_k = Y T^(L_k-1) X`` of the rotated pairs (X, Y their real right and left
+  eigenbases of T, ``Y X = I``), measured by probes ``[c a; 0 (L - 1 times); s b]`` (a zero
+  token scores 0 and has value 0, so ``y (e^s1 + e^sN + L - 1) = e^s1 c a^T v + e^sN s b^T
+  v`` gives ``s1 = c s a^T M_{-L} b`` with ``s_N = s^2 b^T M_0 b`` from the estimate, kept
+  below 1e-2 by the ratio c / s), first tokens an orthonormal basis of the span of ``U
+  S^{-1} Y^T``, last tokens along ``V X``: ``R^2`` probes a block, as many blocks as the
+  budget pays for, at most ``SERVED_MAX_BLOCKS``. The first offset L_1 is the largest (below
+  ``SERVED_MAX_OFFSET`` = 1,024 and the longest check length, and such that ``(L - 1)``
+  times the coarse angles' error stays below 0.1 rad) whose ``e^(+-i (L - 1) theta_j)`` are
+  at least half as far apart as the best; it is measured twice and averaged (their spread,
+  relative to the block's size, is ``noise_level_``). Its eigenvalues, matched to ``e^(+-i
+  (L-1) theta_j)`` and unwrapped, give the frequencies (L - 1)-fold more precisely, its
+  eigenvectors replace T's. The other offsets (``long_offsets_``) are chosen one by one to
+  separate the pairs of eigenvalues that T and the offsets before separate least, and each
+  pair of eigenvectors is corrected (to first order) by whichever of T and the blocks
+  separates their eigenvalues most: the mixing of two eigenvectors is the noise divided by
+  that separation, and it multiplies the error of every form by up to ``|delta| |theta_a -
+  theta_b|``. With one block at one offset, the forms' error grew from 9e-7 at offset 1 to
+  3e-6 at offset 2,000 (d = 64, d_h = 32); with the blocks at several offsets it stays at
+  6e-7 to 1e-6.
+
+The check of a served head is relative to each length on its own: ``max |f_hat - f| / max
+|f|`` over the check sequences of one length must stay within ``SERVED_RTOL = 1e-5`` (the
+goal, ``check_rtol_``) on every length, on ``SERVED_VERIFY`` = 40 queries, 8 of each of 2,
+16, 256, 1,024 and 4,096 tokens (when ``verify_lengths`` is the default). A tolerance
+relative to every answer together is no check of long sequences: their answers are averages,
+10 to 30 times smaller than those of 2 tokens, so the earlier check (100 times the noise,
+capped at 1e-3, relative to all the answers) returned heads 5e-5 to 1e-3 off at 256 to 4,096
+tokens. Queries: at most ``8 (d^2 + d)``.
 
 **Precision.** ``M_{-1}`` and ``M_{-2}`` are measured to about float64 rounding, but T
 carries that rounding magnified by the condition number of ``M_{-1}``, and the eigenvectors
@@ -206,6 +227,10 @@ SERVED_QUERY_FACTOR = 8
 SERVED_M1_REPEATS = 4
 SERVED_MIN_BLOCKS = 4
 SERVED_MAX_BLOCKS = 8
+#: the blocks' probes have at most this many tokens (offsets L < it): an engine's rounding of
+#: the softmax over the L - 1 zero tokens grows with L (onnxruntime's float32 kernels: the
+#: blocks' spread 6.6e-6 at L = 4,095, 3.4e-6 at 1,011, 1e-6 at 247)
+SERVED_MAX_OFFSET = 1024
 #: what a probe that gives no usable logit at any scale says of the box
 _NO_HEAD = ("the answers are not those of an attention head: some attention weights fall "
             "outside (0, 1) at every probe scale")
@@ -265,7 +290,8 @@ class RotaryValueQueryLearner(BaseLearner):
     n_queries : int, optional
         A cap on the queries of the fit (the check included); the fit raises
         :class:`~attnquery.errors.BudgetExceededError` before spending any query when its plan
-        exceeds it.
+        exceeds it. A served (float32) head spends up to it on repeated measurements (None:
+        ``8 (d^2 + d)``; module docstring, "Served heads").
     refine : {"auto", True, False}
         Ask the pilot column of ``M_{-1}`` again at the learnt logit scale (``d + 1`` queries,
         dense route; module docstring, "Refinement"): ``"auto"`` (default) when
@@ -310,7 +336,8 @@ class RotaryValueQueryLearner(BaseLearner):
     condition_ : float
         The condition number of ``M_{-1}`` on its row space.
     check_rtol_ : float
-        The relative disagreement the check allowed (error model above).
+        The relative disagreement the check allowed (error model above; a served head's,
+        ``SERVED_RTOL``, relative to each length's answers on its own).
     logit_scale_ : float
         The logit scale ``c s`` learnt from the answers.
     n_queries_, n_verify_queries_, verify_error_, n_requeried_
@@ -321,10 +348,15 @@ class RotaryValueQueryLearner(BaseLearner):
         ``"float64"``, or ``"float32"`` when every answer of the v stage is a float32 value
         (a served head; module docstring, "Served heads").
     long_offset_ : int
-        The long offset L of a served head's block ``T^(L-1)`` (served heads only).
-    noise_level_ : float
-        A served head's relative noise, from the spread of its repeated blocks (0 for
+        The first long offset L of a served head's blocks ``T^(L-1)`` (served heads only).
+    long_offsets_ : tuple of int
+        Every long offset of a served head's blocks (the first measured twice; () for
         float64 answers).
+    n_m1_repeats_ : int
+        How many times a served head's ``M_{-1}`` was measured again (0 for float64 answers).
+    noise_level_ : float
+        A served head's relative noise, from the spread of its two blocks at the first
+        offset (0 for float64 answers).
     n_queries_by_stage_ : dict
         Queries per stage of :data:`STAGES`: ``v``, ``bias`` (``fit_bias``), ``M1``, ``M2``,
         ``refine`` (the pilot column asked again), ``verify`` (counted by the oracle, see
@@ -765,7 +797,8 @@ class RotaryValueQueryLearner(BaseLearner):
         # the coarse angles (error about 10 u cond(M_{-1})) must unwrap: (L - 1) times their
         # error stays below 0.1 rad
         u = float(ml_dtypes.finfo(storage_dtype(self.answer_precision_)).eps) / 2
-        max_offset = int(min(max(lengths) - 1, 1 + 0.01 / (u * S[0] / S[-1])))
+        max_offset = int(min(min(max(lengths), SERVED_MAX_OFFSET) - 1,
+                             1 + 0.01 / (u * S[0] / S[-1])))
         offsets = _long_offsets(theta, max_offset, max(0, n_blocks - 2))
         if offsets is None:
             return
