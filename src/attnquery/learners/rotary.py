@@ -127,7 +127,7 @@ the plain route, the pilot column and ``SERVED_VERIFY`` check queries raises
   that separation, and it multiplies the error of every form by up to ``|delta| |theta_a -
   theta_b|``. With one block at one offset, the forms' error grew from 9e-7 at offset 1 to
   3e-6 at offset 2,000 (d = 64, d_h = 32); with the blocks at several offsets it stays at
-  6e-7 to 1e-6.
+  6e-7 to 1.1e-6.
 
 The check of a served head is relative to each length on its own: ``max |f_hat - f| / max
 |f|`` over the check sequences of one length must stay within ``SERVED_RTOL = 1e-5`` (the
