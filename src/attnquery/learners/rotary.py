@@ -453,9 +453,11 @@ class RotaryValueQueryLearner(BaseLearner):
             eigenvalues off the unit circle, frequencies other than those of ``rope_base``).
         ModelMismatchError
             When the check queries (up to 4,096 tokens) disagree with the estimate beyond
-            float64 rounding; the estimate's attributes are set.
+            float64 rounding (a served head: beyond ``SERVED_RTOL`` relative to any one
+            length's answers); the estimate's attributes are set.
         BudgetExceededError
-            When the plan exceeds ``n_queries`` or the oracle's budget.
+            When the plan exceeds ``n_queries`` or the oracle's budget (before any query; for
+            a served head's larger minimum, after the d queries of v).
         """
         d = check_oracle(oracle)
         lengths, rank = self._validate(d)
