@@ -281,8 +281,10 @@ class BaseLearner:
                     atol=0.0, what: str = "a single attention head",
                     token_scale: float = 1.0, n0: int | None = None, lengths=CHECK_LENGTHS,
                     signs: bool = False, hint: str | None = None,
-                    pair_atol: float | None = None, permuted: bool = True) -> None:
-        """Spend ``self.verify`` check queries and raise when the estimate disagrees.
+                    pair_atol: float | None = None, permuted: bool = True,
+                    n_checks: int | None = None) -> None:
+        """Spend ``self.verify`` (or ``n_checks``) check queries and raise when the estimate
+        disagrees.
 
         The queries are :func:`check_queries`'s: fresh random ones with lengths spread over
         ``lengths`` (up to 128 tokens by default) and prefix-permuted copies of the longest.
@@ -299,7 +301,8 @@ class BaseLearner:
         estimate's allowance (the default). ``permuted=False`` asks no permuted copies (a
         learner of a position-dependent model, such as rotary heads).
         """
-        n = check_verify_param(getattr(self, "verify", DEFAULT_VERIFY))
+        n = check_verify_param(getattr(self, "verify", DEFAULT_VERIFY) if n_checks is None
+                               else n_checks)
         self.verify_error_, self.n_verify_queries_ = float("nan"), 0
         self.verify_vacuous_ = False
         try:
