@@ -534,6 +534,7 @@ def _served_map(ax, rows) -> None:
                                                              for nm in names)
             ax.text(j, i, text, ha="center", va="center", fontsize=5)
     ax.imshow(frac, cmap="RdYlGn", vmin=0, vmax=1, aspect="auto", alpha=0.6)
+    ax.grid(False)
     ax.set_xticks(range(len(fmts)), fmts, fontsize=6)
     ax.set_yticks(range(len(shapes)),
                   [f"{_SHAPE_LABEL[h]}, base {b:g}" for h, b in shapes],
@@ -569,9 +570,10 @@ def rotary_served(df):
     for k, (p, g) in enumerate(rows[rows["status"] == "ok"].groupby("rounding", sort=True)):
         half = _half_or_less(g)
         q = _served_total(g)
-        ax3.plot(g["d"][half], q[half], "o", color=f"C{k}", ms=4, label=f"{p}, $d_h \\leq d/2$")
-        ax3.plot(g["d"][~half], q[~half], "s", mfc="none", color=f"C{k}", ms=5,
-                 label=f"{p}, $d_h > d/2$")
+        for sel, mark, shape in ((half, "o", True), (~half, "s", False)):
+            if sel.any():
+                ax3.plot(g["d"][sel], q[sel], mark, mfc=None if shape else "none",
+                         color=f"C{k}", ms=4, label=f"{p}, {_SHAPE_LABEL[shape]}")
     for b in sorted(rows["queries_per_unknown"].dropna().unique()):
         if b != SERVED_GOAL_QUERIES:
             ax3.axhline(float(b), color="0.4", lw=0.8, ls=":")
