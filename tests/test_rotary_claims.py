@@ -11,7 +11,12 @@ import pytest
 
 from attnquery.experiments import expand_cells, run_cells
 from attnquery.experiments.rotary import layer_shapes
-from attnquery.figures.rotary import expected_queries, rotary_claims, rotary_layer_claims
+from attnquery.figures.rotary import (
+    expected_queries,
+    rotary_claims,
+    rotary_layer_claims,
+    rotary_served_claims,
+)
 from attnquery.learners.rotary import rotary_query_count
 from attnquery.results import rows_to_table
 from attnquery.schema import section_with_defaults
@@ -188,3 +193,120 @@ def test_the_layer_figure_is_byte_identical_across_hash_seeds(layers, tmp_path):
                        env={**os.environ, "PYTHONHASHSEED": seed})
         out.append(pdf.read_bytes())
     assert out[0] == out[1] == out[2]
+
+
+# --- served heads (variant "served") ----------------------------------------------------------
+
+SERVED = {**SECTION, "d": [16], "routes": ["dense"], "rope_base": [1e4],
+          "served": {"d": [16], "head_fraction": [0.25, 0.5, 1.0], "rope_base": [1e4, 1e6],
+                     "precisions": ["float32", "float16", "bfloat16"]}}
+
+
+@pytest.fixture(scope="module")
+def served():
+    cells = [c for c in expand_cells("rotary", SERVED) if c["variant"] == "served"]
+    rows, _ = run_cells(cells, 20260122)
+    return rows_to_table(rows).to_pandas()
+
+
+def _served_claims(df):
+    return {c.name: c for c in rotary_served_claims(df)}
+
+
+def test_served_cells_cover_the_grid_and_leave_the_head_cells_alone():
+    section = section_with_defaults("rotary", SERVED)["served"]
+    assert section["seeds"] == 1 and section["queries_per_unknown"] == [8]
+    cells = [c for c in expand_cells("rotary", SERVED) if c["variant"] == "served"]
+    assert len(cells) == 3 * 2 * 3
+    assert sorted({c["rank"] for c in cells}) == [4, 8, 16]
+    assert {c["rounding"] for c in cells} == {"float32", "float16", "bfloat16"}
+    # the head cells are the same cells as in a section without "served"
+    heads = {c["cell_id"] for c in expand_cells("rotary", SERVED) if c["variant"] != "served"}
+    plain = {k: v for k, v in SERVED.items() if k != "served"}
+    assert heads == {c["cell_id"] for c in expand_cells("rotary", plain)}
+
+
+def test_served_heads_are_measured_and_refused_by_name(served):
+    assert len(served) == 18
+    f32 = served[served["rounding"] == "float32"]
+    goal = f32[2 * f32["rank"] <= f32["d"]]
+    assert len(goal) == 4 and (goal["status"] == "ok").all()
+    # the oracle's count, the check included, within the budget the learner was given
+    total = goal["n_queries"] + goal["verify_queries"]
+    budget = np.array([json.loads(e)["budget"] for e in goal["extra"]])
+    assert (budget == 8 * (16 * 16 + 16)).all() and (total <= budget).all()
+    assert (total <= 3 * (16 * 16 + 16)).all()
+    assert (goal["rel_err_W"] < 1e-5).all()  # M_{-1} against the exact float64 head
+    for e, err in zip(goal["extra"], goal["func_err"], strict=True):
+        extra = json.loads(e)
+        by = extra["func_err_by_length"]
+        assert sorted(by, key=int) == ["1", "16", "256", "4096"] and max(by.values()) == err
+        assert err < 1e-5 and extra["freq_err"] < 1e-8 and extra["answer_precision"] == "float32"
+        assert 1e-8 < extra["noise_level"] < 1e-5 and extra["long_offset"] > 1000
+        # the served box is itself about float32's rounding away from the exact head
+        assert 1e-9 < max(extra["floor_by_length"].values()) < 1e-5
+    low = served[served["rounding"] != "float32"]
+    assert (low["status"] == "error").all()
+    assert low["message"].str.startswith("AssumptionViolation").all()
+    claims = _served_claims(served)
+    assert set(claims) == {"rotary_served_goal", "rotary_served_refused", "rotary_served_map"}
+    assert all(c.passed for c in claims.values()), [str(c) for c in claims.values()]
+    numbers = {n.name: n.value for c in claims.values() for n in c.numbers}
+    assert numbers["rotaryServedHeads"] == numbers["rotaryServedMet"] == 4
+    assert numbers["rotaryServedSixteenBit"] == 12 and numbers["rotaryServedSquare"] == 2
+    assert numbers["rotaryServedWorstError"] == goal["func_err"].max()
+    assert numbers["rotaryServedMostQueries"] == pytest.approx(total.max() / (16 * 16 + 16))
+    # the other claims of the experiment read their own rows only
+    both = pd.concat([served, served.iloc[:0]], ignore_index=True)
+    assert not any(c.n_runs for c in rotary_claims(both))
+    assert not any(c.n_runs for c in rotary_layer_claims(both))
+
+
+def _first_goal(df):
+    return df.index[(df["rounding"] == "float32") & (2 * df["rank"] <= df["d"])][0]
+
+
+def _first_low(df):
+    return df.index[df["rounding"] != "float32"][0]
+
+
+@pytest.mark.parametrize("name, mutate", [
+    ("rotary_served_goal", lambda df: df.assign(
+        func_err=np.where(df.index == _first_goal(df), 2e-5, df["func_err"]))),
+    ("rotary_served_map", lambda df: df.assign(
+        func_err=np.where(df.index == _first_goal(df), 2e-5, df["func_err"]))),
+    ("rotary_served_goal", lambda df: df.assign(
+        n_queries=np.where(df.index == _first_goal(df), 9 * (16 * 16 + 16), df["n_queries"]))),
+    ("rotary_served_goal", lambda df: df.assign(
+        status=np.where(df.index == _first_goal(df), "timeout", df["status"]))),
+    ("rotary_served_refused", lambda df: df.assign(
+        status=np.where(df.index == _first_goal(df), "timeout", df["status"]))),
+    ("rotary_served_refused", lambda df: df.assign(message=np.where(
+        df.index == _first_low(df), "ValueError: boom", df["message"]))),
+    ("rotary_served_refused", lambda df: df.assign(message=np.where(
+        df.index == _first_low(df), "SearchLimitError: no circle", df["message"]))),
+    # a 16-bit head returned within the goal contradicts the map (and the refusal claim)
+    ("rotary_served_map", lambda df: df.assign(
+        status=np.where(df.index == _first_low(df), "ok", df["status"]),
+        func_err=np.where(df.index == _first_low(df), 1e-7, df["func_err"]),
+        n_queries=np.where(df.index == _first_low(df), 600, df["n_queries"]),
+        verify_queries=np.where(df.index == _first_low(df), 8, df["verify_queries"]))),
+])
+def test_contrary_served_data_refute_the_claim(served, name, mutate):
+    assert _served_claims(served)[name].passed
+    assert not _served_claims(mutate(served))[name].passed
+
+
+def test_a_budget_below_the_plan_is_refused_by_name_and_not_claimed(served):
+    section = {**SERVED, "served": {"d": [16], "head_fraction": [0.5],
+                                    "queries_per_unknown": [2]}}
+    cells = [c for c in expand_cells("rotary", section) if c["variant"] == "served"]
+    rows, _ = run_cells(cells, 20260122)
+    row = rows_to_table(rows).to_pandas()
+    assert row["status"].iloc[0] == "error"
+    assert row["message"].iloc[0].startswith("BudgetExceededError")
+    both = pd.concat([served, row], ignore_index=True)
+    claims = _served_claims(both)
+    assert all(c.passed for c in claims.values()), [str(c) for c in claims.values()]
+    numbers = {n.name: n.value for c in claims.values() for n in c.numbers}
+    assert numbers["rotaryServedCells"] == 19 and numbers["rotaryServedMapped"] == 18
