@@ -23,7 +23,8 @@ from ..lowprecision import _BIAS_MAX_LOGIT, _KAPPA_DITHER, MAX_NOISE_LEVEL
 
 __all__ = ["Capped", "repeated", "measure_noise", "clean_tol", "fd_tol", "noisy_gradient",
            "gradient_pairs", "plan_repeats", "dithers", "NOISE_QUERIES", "NOISY_TARGET",
-           "NOISY_MAX_LOGIT", "VERIFY_NOISE"]
+           "NOISY_MAX_LOGIT", "VERIFY_NOISE", "value_queries", "saturated_values",
+           "VALUE_SAMPLES", "VALUE_LOGIT"]
 
 #: antipodal pairs of one-row queries that measure the answers' relative noise
 NOISE_QUERIES = 64
@@ -47,6 +48,71 @@ STEP_FRACTION = 0.05
 GRADIENT_SHARE = 0.25
 #: queries kept back for probes asked again at a smaller scale
 MARGIN = 0.02
+#: saturated queries per unknown of each value vector (``d + 1``: v_g and a constant)
+VALUE_SAMPLES = 16
+#: the smallest logit of a saturated query's heads (their weights are then within
+#: ``e^-40 = 4e-18`` of 0 or 1, below float64's rounding; 30 left a residual of 5e-14 on
+#: exact answers)
+VALUE_LOGIT = 40.0
+#: a saturated fit's residual beyond this many units of the answers' noise: the heads were
+#: not saturated as the rough estimates predicted
+VALUE_RESIDUAL = 100.0
+
+
+def value_queries(d: int) -> int:
+    """Saturated queries per head of :func:`saturated_values`."""
+    return int(VALUE_SAMPLES * (d + 1))
+
+
+def saturated_values(run, Ks, Qs, cs, rng) -> np.ndarray:
+    """Every head's value vector, measured again from saturated queries.
+
+    With rough heads ``W_h = K_h^T Q_h``, ``c_h`` the query vectors ``a_h(x)`` at an anchor
+    token x are known to a few per cent; a first row ``x + delta`` whose logit
+    ``delta^T a_h(x)`` is at least ``VALUE_LOGIT`` for head g and at most ``-VALUE_LOGIT`` for
+    every other head (the minimum-norm delta for random logits of that size, plus as large a
+    random part orthogonal to every ``a_h(x)``) is answered with
+    ``beta + x^T V + delta^T v_g`` to the answers' rounding, whatever the small errors of the
+    rough heads: ``v_g`` (and the constant) by least squares over :func:`value_queries`
+    such queries. The deltas are as large as the logits allow, so the answers' rounding
+    weighs ``1 / |delta|`` in v, where the arcs' finite differences of the scan weigh it
+    ``1 / h`` with a step h a small fraction of the arc.
+
+    Raises
+    ------
+    AssumptionViolation
+        When a fit's residual exceeds ``VALUE_RESIDUAL`` units of the answers' noise (the
+        heads were not saturated as the rough heads predicted).
+    """
+    d, H = run.d, len(Ks)
+    x = rng.standard_normal(d) / np.sqrt(d)
+    A = np.stack([K.T @ (Q @ x) + c for K, Q, c in zip(Ks, Qs, cs, strict=True)], axis=1)
+    dual = np.linalg.pinv(A).T  # (d, H): A^T dual = I
+    null = np.linalg.svd(A.T)[2][H:].T  # (d, d - H): orthogonal to every a_h(x)
+    n = value_queries(d)
+    out = np.empty((H, d))
+    for g in range(H):
+        logit = -VALUE_LOGIT * (1.0 + rng.random((n, H)))
+        logit[:, g] *= -1.0
+        span = logit @ dual.T
+        z = rng.standard_normal((n, d - H)) @ null.T
+        z *= np.linalg.norm(span, axis=1, keepdims=True) / np.linalg.norm(z, axis=1,
+                                                                        keepdims=True)
+        X = np.empty((n, 2, d))
+        X[:, 1] = x
+        X[:, 0] = x + span + z
+        y = run.ledger.ask(X)
+        M = np.concatenate([np.ones((n, 1)), span + z], axis=1)
+        sol, *_ = np.linalg.lstsq(M, y, rcond=None)
+        res = float(np.sqrt(np.mean((M @ sol - y) ** 2)))
+        rms = float(np.sqrt(np.mean(y * y)))
+        if not res <= VALUE_RESIDUAL * run.noise * rms:
+            raise AssumptionViolation(
+                f"head {g}'s saturated queries are not linear in their first row (residual "
+                f"{res / max(rms, 1e-300):.2g} of the answers, noise {run.noise:.2g}): the "
+                "rough heads did not predict which heads the queries saturate")
+        out[g] = sol[1:]
+    return out
 
 
 def measure_noise(ledger, d: int, rng, scale: float) -> float:
