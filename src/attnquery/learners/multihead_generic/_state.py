@@ -25,6 +25,8 @@ class _Layer:
     noise: float | None = None
     #: served mode: passes over every isolated and missing-direction probe
     reps: int = 1
+    #: served mode: the missing-direction probes are asked ``reps * missing_reps`` times
+    missing_reps: int = 1
 
     @property
     def d(self) -> int:

@@ -344,12 +344,14 @@ class AttentionLayerLearner(BaseLearner):
             return run
         d = run.d
         per = layer_probe_count(d, H, r, int(self.oversample), bool(self.fit_bias)) - d - 1
+        miss = 2 * H * (H - 1) * (r + int(bool(self.fit_bias)))
+        k = served.missing_factor(per - miss, miss)
         # the rough pass and the value vectors' saturated queries come first
         left = self._budget_left(run) - per - H * served.value_queries(d)
-        reps = served.plan_repeats(left, per,
+        reps = served.plan_repeats(left, per + (k - 1) * miss,
                                    f"AttentionLayerLearner(n_queries={int(self.n_queries)})")
         self.n_passes_ = reps
-        return dataclasses.replace(run, reps=reps)
+        return dataclasses.replace(run, reps=reps, missing_reps=k)
 
     def _heads(self, run: _Layer, vs, H: int, r: int, bias: bool, rng):
         """Every head's value vector, factors (K, Q) and key bias.
@@ -782,9 +784,9 @@ class AttentionLayerLearner(BaseLearner):
     def _missing_passes(self, run: _Layer, nu, heads, silent, g, j, Q, bias):
         """:meth:`_missing` once (exact mode) or averaged over ``run.reps`` passes at dithered
         scales ``t``, weighted by ``t^2`` (served mode)."""
-        if run.reps == 1:
+        if run.reps * run.missing_reps == 1:
             return self._missing(run, nu, heads, silent, g, j, Q, bias)
-        f = served.dithers(run.reps)
+        f = served.dithers(run.reps * run.missing_reps)
         out = [self._missing(run, nu, heads, silent, g, j, Q, bias, factor=fk) for fk in f]
         w = f * f / np.sum(f * f)
         return (sum(wk * o[0] for wk, o in zip(w, out, strict=True)),
@@ -821,7 +823,8 @@ class AttentionLayerLearner(BaseLearner):
         Fg = ag @ perp_B[g].T  # (n, d - H): perp^T a_g(x)
         Fj = aj @ perp_B[j].T
         M = np.stack([Fg, Fj], axis=1)  # (n, 2, d - H)
-        rhs = np.stack([-known_g, -SILENCE - known_j], axis=1)
+        quiet = SILENCE if run.noise is None else served.silence(run.noise, SILENCE)
+        rhs = np.stack([-known_g, -quiet - known_j], axis=1)
         z = np.einsum("nki,nk->ni", M,
                       np.linalg.solve(M @ M.transpose(0, 2, 1), rhs[..., None])[..., 0])
         delta = z @ perp.T + s[:, None] * nu[g] + t[:, None] * nu[j]
