@@ -345,11 +345,11 @@ class AttentionLayerLearner(BaseLearner):
         d = run.d
         per = layer_probe_count(d, H, r, int(self.oversample), bool(self.fit_bias)) - d - 1
         miss = 2 * H * (H - 1) * (r + int(bool(self.fit_bias)))
-        k = served.missing_factor(per - miss, miss)
         # the rough pass and the value vectors' saturated queries come first
         left = self._budget_left(run) - per - H * served.value_queries(d)
-        reps = served.plan_repeats(left, per + (k - 1) * miss,
+        reps = served.plan_repeats(left, per,
                                    f"AttentionLayerLearner(n_queries={int(self.n_queries)})")
+        k = served.missing_factor(per - miss, miss, left, reps)
         self.n_passes_ = reps
         return dataclasses.replace(run, reps=reps, missing_reps=k)
 

@@ -65,13 +65,16 @@ VALUE_LOGIT = 40.0
 VALUE_RESIDUAL = 100.0
 
 
-def missing_factor(isolated: int, missing: int) -> int:
+def missing_factor(isolated: int, missing: int, budget_left: int, reps: int) -> int:
     """How many times more often the missing-direction probes are asked than the isolated
-    ones: until they cost ``MISSING_SHARE`` of the isolated probes (at least once as often).
-    Their error dominated the heads' on the synthetic layers (4e-6 against 3e-6 for the
-    isolated part at 20 ``layer_dof``) while they cost a tenth of a pass there and a
-    thirtieth at MiniLM's size."""
-    return int(max(1, round(MISSING_SHARE * isolated / max(missing, 1))))
+    ones: until they cost ``MISSING_SHARE`` of the isolated probes, within what ``reps``
+    passes leave of ``budget_left`` (at least once as often). Their error dominated the heads'
+    on the synthetic layers (4e-6 against 3e-6 for the isolated part at 20 ``layer_dof``)
+    while they cost a tenth of a pass there and a thirtieth at MiniLM's size."""
+    m = max(int(missing), 1)
+    want = round(MISSING_SHARE * isolated / m)
+    fits = ((1.0 - MARGIN) * budget_left / max(int(reps), 1) - isolated) // m
+    return int(max(1, min(want, fits)))
 
 
 def silence(noise: float, exact: float) -> float:
