@@ -86,6 +86,20 @@ def test_float32_layer_from_seed_to_seed(ckpt):
         assert functional_error(truth, est.predict, D, np.random.default_rng(seed)) <= 1e-6
 
 
+def test_small_budget_plans_every_stage_within_it(ckpt):
+    # 10 layer_dof: one rough pass, 3 passes, the missing directions 6 times (measured); every
+    # stage's queries as planned and the whole within the budget
+    oracle = ValueOracle(ModuleBlackBox(ckpt, 0, precision="float32"), D)
+    est = AttentionLayerLearner(n_heads=H, n_queries=10 * DOF, random_state=0).fit(oracle)
+    r = D // H
+    assert est.n_missing_passes_ > est.n_passes_ >= 2
+    assert est.n_queries_by_stage_["missing"] == (1 + est.n_missing_passes_) * 2 * H * (H - 1) * (
+        r + 1)
+    assert oracle.n_queries == est.n_queries_ <= 10 * DOF
+    eW, ev, _ = _errors(est, _truth(ckpt))
+    assert eW <= 3e-5 and ev <= 1e-6  # measured 7.9e-6 and 1.6e-7
+
+
 def test_exact_mode_still_refuses_served_answers(ckpt):
     # n_queries=None is the exact learner: float32 answers fail its circle scan, as before
     oracle = ValueOracle(ModuleBlackBox(ckpt, 0, precision="float32"), D)

@@ -191,7 +191,11 @@ class AttentionLayerLearner(BaseLearner):
     noise_level_ : float or None
         Served mode: the answers' measured relative noise (None in exact mode).
     n_passes_ : int
-        Passes over the isolated and missing-direction probes (1 in exact mode).
+        Passes over the isolated and missing-direction probes (1 in exact mode; in served
+        mode after one rough pass).
+    n_missing_passes_ : int
+        Passes over the missing-direction probes (served mode: a multiple of ``n_passes_``,
+        :func:`.served.missing_factor`; 1 in exact mode).
     """
 
     def __init__(
@@ -340,7 +344,7 @@ class AttentionLayerLearner(BaseLearner):
         """Served mode: how many passes over the isolated and missing probes the budget left
         pays for (``n_passes_``; 1 in exact mode)."""
         if run.noise is None:
-            self.n_passes_ = 1
+            self.n_passes_ = self.n_missing_passes_ = 1
             return run
         d = run.d
         per = layer_probe_count(d, H, r, int(self.oversample), bool(self.fit_bias)) - d - 1
@@ -350,7 +354,7 @@ class AttentionLayerLearner(BaseLearner):
         reps = served.plan_repeats(left, per,
                                    f"AttentionLayerLearner(n_queries={int(self.n_queries)})")
         k = served.missing_factor(per - miss, miss, left, reps)
-        self.n_passes_ = reps
+        self.n_passes_, self.n_missing_passes_ = reps, reps * k
         return dataclasses.replace(run, reps=reps, missing_reps=k)
 
     def _heads(self, run: _Layer, vs, H: int, r: int, bias: bool, rng):
@@ -367,7 +371,7 @@ class AttentionLayerLearner(BaseLearner):
         run = self._plan(run, H, r)  # served mode: passes the budget left pays for
         rows = [None] * H
         if run.noise is not None:
-            rough = dataclasses.replace(run, reps=1)
+            rough = dataclasses.replace(run, reps=1, missing_reps=1)
             heads = [self._isolated(rough, vs, g, r, bias, rng) for g in range(H)]
             Ks, Qs, cs = self._missing_directions(rough, vs, heads, bias)
             check_budget(run.ledger, H * served.value_queries(run.d), "the value vectors")
