@@ -27,6 +27,9 @@ class _Layer:
     reps: int = 1
     #: served mode: the missing-direction probes are asked ``reps * missing_reps`` times
     missing_reps: int = 1
+    #: served mode's rough pass: a missing-direction probe answered outside (0, 1) is clipped
+    #: into it (the scan's v's let the other heads leak into it), not refused
+    rough: bool = False
 
     @property
     def d(self) -> int:

@@ -52,6 +52,12 @@ MARGIN = 0.02
 #: the missing-direction probes' share of a pass, against the isolated probes'
 #: (:func:`missing_factor`)
 MISSING_SHARE = 0.25
+#: the rough pass's missing-direction weights are clipped to [ROUGH_CLIP, 1 - ROUGH_CLIP]: with
+#: the scan's v's (1e-5 to 1e-3 off) other heads leak into these probes, and on MiniLM layer 2
+#: one answered outside (0, 1) (AssumptionViolation before any precise pass). The rough heads
+#: only have to predict which heads a query saturates; a wrong one fails the saturated fit's
+#: residual test or the final check, by name
+ROUGH_CLIP = 1e-3
 #: the silencing logit's margin beyond ``log(1 / noise)`` (:func:`silence`)
 SILENCE_MARGIN = 4.0
 #: saturated queries per unknown of each value vector (``d + 1``: v_g and a constant)
