@@ -218,9 +218,10 @@ def layer_seconds(cell) -> float:
     return LAYER_SECONDS if "minilm" in str(cell["checkpoint"]) else 2.0
 
 
-#: seconds of one MiniLM layer at 4 layer_dof in float32 (264 to 671 s measured on one core of
-#: a loaded 2-core machine, docs/served.md)
-LAYER_SECONDS = 600.0
+#: seconds of one MiniLM layer at 4 layer_dof in float32 (61 to 66 s of CPU measured, 270 to
+#: 540 s of wall time on a 2-core machine at load 20, docs/served.md; 264 to 671 s before the
+#: scan's gradient pairs were capped at 4)
+LAYER_SECONDS = 150.0
 
 
 EXPERIMENT = register(Experiment(

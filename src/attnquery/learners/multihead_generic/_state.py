@@ -25,6 +25,11 @@ class _Layer:
     noise: float | None = None
     #: served mode: passes over every isolated and missing-direction probe
     reps: int = 1
+    #: served mode: the missing-direction probes are asked ``reps * missing_reps`` times
+    missing_reps: int = 1
+    #: served mode's rough pass: a missing-direction probe answered outside (0, 1) is clipped
+    #: into it (the scan's v's let the other heads leak into it), not refused
+    rough: bool = False
 
     @property
     def d(self) -> int:

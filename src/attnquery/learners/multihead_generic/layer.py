@@ -79,10 +79,13 @@ from ..rotary_layer import fit_rotary_layer, is_rotary_fit, predict_rotary_layer
 from . import served
 from ._state import _Head, _Layer
 
-__all__ = ["AttentionLayerLearner", "layer_dof", "layer_probe_count", "STAGES"]
+__all__ = ["AttentionLayerLearner", "layer_dof", "layer_probe_count", "STAGES",
+           "SERVED_STAGES"]
 
 #: the stages whose queries ``n_queries_by_stage_`` counts
 STAGES = ("v_sum", "circle", "isolated", "missing", "verify")
+#: served mode: also ``values``, the value vectors measured again from saturated queries
+SERVED_STAGES = ("v_sum", "circle", "isolated", "missing", "values", "verify")
 
 #: the logit that silences a head in the missing-direction probes: its weight is e^-60
 SILENCE = 60.0
@@ -188,7 +191,11 @@ class AttentionLayerLearner(BaseLearner):
     noise_level_ : float or None
         Served mode: the answers' measured relative noise (None in exact mode).
     n_passes_ : int
-        Passes over the isolated and missing-direction probes (1 in exact mode).
+        Passes over the isolated and missing-direction probes (1 in exact mode; in served
+        mode after one rough pass).
+    n_missing_passes_ : int
+        Passes over the missing-direction probes (served mode: a multiple of ``n_passes_``,
+        :func:`.served.missing_factor`; 1 in exact mode).
     """
 
     def __init__(
@@ -281,12 +288,13 @@ class AttentionLayerLearner(BaseLearner):
         base = r_base.standard_normal(d) if bias else None
         if self.n_queries is not None:  # served mode: no query beyond n_queries
             oracle = served.Capped(oracle, int(self.n_queries))
-        with self._open_ledger(oracle, STAGES, what="the layer") as ledger:
+        stages = STAGES if self.n_queries is None else SERVED_STAGES
+        with self._open_ledger(oracle, stages, what="the layer") as ledger:
             run = self._start(ledger, d, bias, base, rng)  # V, beta (and the answers' noise)
             vs = self._scan(run, H, r_scan)  # every v_h, from a circle of saturated queries
-            run = self._plan(run, H, r)  # served mode: passes the budget left pays for
-            heads = [self._isolated(run, vs, g, r, bias, r_sketch) for g in range(H)]
-            Ks, Qs, cs = self._missing_directions(run, vs, heads, bias)
+            # the isolated heads and their missing directions (served mode: after a rough
+            # pass, the v's measured again from saturated queries; docs/served.md)
+            vs, Ks, Qs, cs = self._heads(run, vs, H, r, bias, r_sketch)
             self.heads_ = [AttentionHead(vs[g], K=Ks[g], Q=Qs[g], key_bias=cs[g])
                            for g in range(H)]
             self.W_factors_ = [(K.T, Q.T) for K, Q in zip(Ks, Qs, strict=True)]
@@ -336,14 +344,42 @@ class AttentionLayerLearner(BaseLearner):
         """Served mode: how many passes over the isolated and missing probes the budget left
         pays for (``n_passes_``; 1 in exact mode)."""
         if run.noise is None:
-            self.n_passes_ = 1
+            self.n_passes_ = self.n_missing_passes_ = 1
             return run
         d = run.d
         per = layer_probe_count(d, H, r, int(self.oversample), bool(self.fit_bias)) - d - 1
-        reps = served.plan_repeats(self._budget_left(run), per,
+        miss = 2 * H * (H - 1) * (r + int(bool(self.fit_bias)))
+        # the rough pass and the value vectors' saturated queries come first
+        left = self._budget_left(run) - per - H * served.value_queries(d)
+        reps = served.plan_repeats(left, per,
                                    f"AttentionLayerLearner(n_queries={int(self.n_queries)})")
-        self.n_passes_ = reps
-        return dataclasses.replace(run, reps=reps)
+        k = served.missing_factor(per - miss, miss, left, reps)
+        self.n_passes_, self.n_missing_passes_ = reps, reps * k
+        return dataclasses.replace(run, reps=reps, missing_reps=k)
+
+    def _heads(self, run: _Layer, vs, H: int, r: int, bias: bool, rng):
+        """Every head's value vector, factors (K, Q) and key bias.
+
+        Exact mode: the isolated heads (:meth:`_isolated`) and their missing directions, once.
+        Served mode (:mod:`.served`): a rough pass of both first; from it, the value vectors
+        measured again from saturated queries (:func:`.served.saturated_values`: the error of
+        the scan's v's would leak into every isolated head, as a bias that averaging does not
+        remove), and each head's right sketch taken along its rough row space (random sketch
+        directions make ``V_g^T B_s`` a random r x r matrix whose condition number, up to
+        1e3 on the synthetic layers, multiplies the noise); then ``n_passes_`` passes.
+        """
+        run = self._plan(run, H, r)  # served mode: passes the budget left pays for
+        rows = [None] * H
+        if run.noise is not None:
+            rough = dataclasses.replace(run, reps=1, missing_reps=1, rough=True)
+            heads = [self._isolated(rough, vs, g, r, bias, rng) for g in range(H)]
+            Ks, Qs, cs = self._missing_directions(rough, vs, heads, bias)
+            check_budget(run.ledger, H * served.value_queries(run.d), "the value vectors")
+            with run.ledger.stage("values"):
+                vs = served.saturated_values(run, Ks, Qs, cs, rng)
+            rows = [Q.T for Q in Qs]
+        heads = [self._isolated(run, vs, g, r, bias, rng, rows[g]) for g in range(H)]
+        return (vs, *self._missing_directions(run, vs, heads, bias))
 
     def _rtol(self, run: _Layer) -> float:
         """The check's tolerance: ``rtol``, or in served mode ``VERIFY_NOISE`` units of the
@@ -668,8 +704,9 @@ class AttentionLayerLearner(BaseLearner):
         run.ledger.n_requeried += int(prober.n_requeried - r0)
         return out
 
-    def _isolated(self, run: _Layer, vs, g, r, bias, rng) -> _Head:
-        """``B_g^T W_g`` (rank r, two-sided sketch) and ``B_g^T c_g`` of head g, isolated."""
+    def _isolated(self, run: _Layer, vs, g, r, bias, rng, rows=None) -> _Head:
+        """``B_g^T W_g`` (rank r, two-sided sketch) and ``B_g^T c_g`` of head g, isolated;
+        ``rows`` (d, r), orthonormal: the right sketch's directions (random when None)."""
         d = run.d
         B = self._probe_basis(vs, g)
         m = B.shape[1]
@@ -690,6 +727,8 @@ class AttentionLayerLearner(BaseLearner):
         prober = self._prober(run, key_bias=B @ t_c if bias else None)
         Bs = rng.standard_normal((d, r))
         Bs /= np.linalg.norm(Bs, axis=0)
+        if rows is not None:
+            Bs = np.array(rows, dtype=float)
 
         def right(idx):  # probe (l, j) is number j m + l: the m probes of b_j share it
             jj, ll = np.divmod(idx, m)
@@ -749,9 +788,9 @@ class AttentionLayerLearner(BaseLearner):
     def _missing_passes(self, run: _Layer, nu, heads, silent, g, j, Q, bias):
         """:meth:`_missing` once (exact mode) or averaged over ``run.reps`` passes at dithered
         scales ``t``, weighted by ``t^2`` (served mode)."""
-        if run.reps == 1:
+        if run.reps * run.missing_reps == 1:
             return self._missing(run, nu, heads, silent, g, j, Q, bias)
-        f = served.dithers(run.reps)
+        f = served.dithers(run.reps * run.missing_reps)
         out = [self._missing(run, nu, heads, silent, g, j, Q, bias, factor=fk) for fk in f]
         w = f * f / np.sum(f * f)
         return (sum(wk * o[0] for wk, o in zip(w, out, strict=True)),
@@ -788,7 +827,8 @@ class AttentionLayerLearner(BaseLearner):
         Fg = ag @ perp_B[g].T  # (n, d - H): perp^T a_g(x)
         Fj = aj @ perp_B[j].T
         M = np.stack([Fg, Fj], axis=1)  # (n, 2, d - H)
-        rhs = np.stack([-known_g, -SILENCE - known_j], axis=1)
+        quiet = SILENCE if run.noise is None else served.silence(run.noise, SILENCE)
+        rhs = np.stack([-known_g, -quiet - known_j], axis=1)
         z = np.einsum("nki,nk->ni", M,
                       np.linalg.solve(M @ M.transpose(0, 2, 1), rhs[..., None])[..., 0])
         delta = z @ perp.T + s[:, None] * nu[g] + t[:, None] * nu[j]
@@ -800,6 +840,8 @@ class AttentionLayerLearner(BaseLearner):
         Xq[n:, 0] = X + delta - t[:, None] * nu[j]
         y = run.ledger.ask(Xq, "missing") - run.beta - np.concatenate([X, X]) @ run.V
         alpha = y / np.concatenate([s, s])
+        if run.rough:  # the rough pass: the scan's v's let other heads leak into the answer
+            alpha = np.clip(alpha, served.ROUGH_CLIP, 1.0 - served.ROUGH_CLIP)
         if not np.all((alpha > 0) & (alpha < 1)):
             raise AssumptionViolation(
                 f"a probe of head {g} along the value direction of head {j} answered outside "
