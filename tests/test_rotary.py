@@ -321,8 +321,10 @@ def test_learner_refuses_served_boxes_it_does_not_take(kind):
 
     def box(X):
         return round_to(inner(X), fmt)
-    with pytest.raises(AssumptionViolation):  # ModelMismatchError is one
+    with pytest.raises(AssumptionViolation) as err:  # ModelMismatchError is one
         RotaryValueQueryLearner(random_state=0).fit(ValueOracle(box, d))
+    if fmt != "float32":  # the refusal names the answers' format
+        assert f"the answers are {fmt} values" in str(err.value)
 
 
 @pytest.mark.parametrize("n_kv_heads", [4, 2, 1])  # multi-head, grouped-query, multi-query
@@ -577,8 +579,10 @@ def test_learner_refuses_boxes_that_are_not_one_rotary_head(kind):
 
         def box(X):
             return h(X) + g(X)
-    with pytest.raises(AssumptionViolation):  # ModelMismatchError is one
+    with pytest.raises(AssumptionViolation) as err:  # ModelMismatchError is one
         RotaryValueQueryLearner(random_state=0).fit(ValueOracle(box, d))
+    if fmt != "float32":  # the refusal names the answers' format
+        assert f"the answers are {fmt} values" in str(err.value)
 
 
 def test_learner_bad_input():

@@ -574,11 +574,13 @@ class RotaryValueQueryLearner(BaseLearner):
         return U_s, S, Vt, m2_reduced, bias_data
 
     def _served_setup(self, v, rank) -> None:
-        """The answers' format (``answer_precision_``: the narrowest of float16, bfloat16,
-        float32 holding every answer ``v``, else float64) and the tolerances it implies."""
+        """The answers' format (``answer_precision_``: the first of bfloat16, float16,
+        float32 holding every answer ``v``, else float64) and the tolerances it implies.
+        bfloat16 is tried first: a bfloat16 value within float16's range is also a float16
+        value, while float16 answers (11 significant bits) are rarely all bfloat16 values."""
         self.answer_precision_ = "float64"
         self.noise_level_ = 0.0
-        for fmt in ("float16", "bfloat16", "float32"):
+        for fmt in ("bfloat16", "float16", "float32"):
             if np.array_equal(round_to(v, fmt), v):
                 self.answer_precision_ = fmt
                 break
