@@ -481,10 +481,6 @@ def rotary_served_claims(df) -> list[Claim]:
                  Number("rotaryServedSquare", len(sq), "heads", "d",
                         rows=sq_rows + ", every status"),
                  Number("rotaryServedSquareReturned", len(sq_ok), "heads", "d",
-                        rows=sq_rows + ", status ok"),
-                 Number("rotaryServedSquareWorstError",
-                        float(sq_ok["func_err"].astype(float).max()) if len(sq_ok)
-                        else float("nan"), "relative error", ".1e",
                         rows=sq_rows + ", status ok"))))
     return claims
 
