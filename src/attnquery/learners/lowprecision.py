@@ -563,10 +563,15 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         measures ``b_l = u_l^T c`` with pairs whose last token is 0 (16 to 256 rounds of ``2 d``
         queries, more with larger budgets), caps every probe's scale c so that the key bias's
         part of its logit stays within 2 (and the bias's part of the query vector no larger than
-        the measured part), and takes ``c b_l`` out of every logit. Answers that are not finite
-        (the box's format overflowed) count in ``n_overflow_`` and their probes are asked again
-        at a smaller scale. Default False (the paper's head, and the float64 behaviour of
-        earlier versions).
+        the measured part), and takes ``c b_l`` out of every logit. Where d exceeds 48 and W's
+        rank is below it (and the budget pays for a full pass after it), the query bias is then
+        cancelled: 48 rows of W measured once give its row space, the shift z of every probe
+        is moved in it until ``W z + c = 0``, so the key bias no longer caps c, whose answer
+        size is then chosen among 0.03 to 3 by the measured scatter of repeated probes
+        (``query_bias_cancelled_``, ``answer_size_``; docs/served.md). Answers that are not
+        finite (the box's format overflowed) count in ``n_overflow_`` and their probes are
+        asked again at a smaller scale. Default False (the paper's head, and the float64
+        behaviour of earlier versions).
 
     Attributes
     ----------
@@ -615,6 +620,15 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         Answers that were not finite (inf or NaN: the box's format overflowed).
     n_bias_rounds_ : int
         Rounds of key-bias pairs (with ``fit_bias``).
+    query_bias_cancelled_ : bool
+        With ``fit_bias``: whether the probes' shift was moved to cancel the query bias
+        (``W z + c = 0``).
+    answer_size_ : float or None
+        With ``fit_bias``, once the query bias is cancelled: the probes' answer size
+        ``|c u^T v|`` the design search chose (None otherwise).
+    shift_ : ndarray (d,) or None
+        With ``fit_bias``: the shift z added to every probe's tokens (``z^T v = -beta``; None
+        where the offset is 0).
     """
 
     def __init__(self, *, n_queries: int, rank: int | None = None, target_logit: float = 2.5,
