@@ -119,6 +119,8 @@ _MIN_BIAS_ROUNDS = 16
 _CANCEL_ROWS = 48
 #: singular values of those rows above this fraction of the largest span W's row space
 _CANCEL_SV = 1e-3
+#: ... and at least this ratio between the last of them and the next
+_CANCEL_GAP = 5.0
 #: moves of z: after the throwaway rows, and after each key-bias stage but the last
 _CANCEL_STEPS = 2
 #: answer sizes |c u^T v| the design search compares once the query bias is cancelled, and its
@@ -1006,8 +1008,11 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         self._first_pass(pairs, acc0, kappa_p, zero, stop=m)
         pairs.acc = None
         P, S, Qt = np.linalg.svd(acc0.ref[:m] + acc0.s1[:m] / acc0.s0[:m], full_matrices=False)
-        keep = S > _CANCEL_SV * S[0]
-        if keep.sum() >= m:  # no rank below the rows measured: no row space to move z in
+        # W's rank: the singular values above 1e-3 of the largest and 3 times the median of
+        # the last quarter (the noise, where the rank leaves it out), with a gap of 5 at the cut
+        keep = S > max(_CANCEL_SV * S[0], 3.0 * float(np.median(S[-(m // 4):])))
+        r = int(keep.sum())
+        if r > m - m // 4 or S[r - 1] < _CANCEL_GAP * S[r]:  # no clear rank below the rows
             return
         old = (pairs.z, pairs.zv, pairs.b, pairs.b_var, pairs.c_bias, pairs.v0, pairs.uv,
                self.n_bias_rounds_)
