@@ -117,10 +117,10 @@ _MIN_BIAS_ROUNDS = 16
 #: within W's row space until ``W z + c_b = 0``); the stage runs where d exceeds it and those
 #: rows show W's rank below it (LowPrecisionValueQueryLearner._cancel_query_bias)
 _CANCEL_ROWS = 48
-#: singular values of those rows above this fraction of the largest span W's row space
+#: singular values of those rows above this fraction of the largest may span W's row space
 _CANCEL_SV = 1e-3
 #: ... and at least this ratio between the last of them and the next
-_CANCEL_GAP = 5.0
+_CANCEL_GAP = 4.0
 #: moves of z: after the throwaway rows, and after each key-bias stage but the last
 _CANCEL_STEPS = 2
 #: answer sizes |c u^T v| the design search compares once the query bias is cancelled, and its
@@ -267,6 +267,22 @@ def _move_shift(pairs, Q, P, S) -> None:
     pairs.z, pairs.zv = z, float(z @ v0)
 
 
+def _combine_key_bias(cb, W, U, pairs, col_err):
+    """The key bias from both shifts: ``U^T b - W z`` carries W's error times z, and the moved
+    shift (larger where the offset needs a long step off W's row space) can carry more of it
+    than the first. Returns the mix ``lambda c_first + (1 - lambda) cb`` (lambda in 0, 0.1,
+    ..., 1) whose predicted variance, ``sum_j col_err_j^2 z_lambda,j^2`` (independent column
+    errors) plus the key-bias rounds' own, is least."""
+    b0, bv0, z0 = pairs.first
+    c0 = U.T @ b0 - W @ z0
+    lam = np.linspace(0.0, 1.0, 11)[:, None]
+    zl = lam * z0 + (1.0 - lam) * pairs.z
+    var = ((zl * col_err) ** 2).sum(axis=1) + (lam[:, 0] ** 2 * bv0.sum()
+                                               + (1.0 - lam[:, 0]) ** 2 * pairs.b_var.sum())
+    k = float(lam[int(np.argmin(var)), 0])
+    return k * c0 + (1.0 - k) * cb
+
+
 class _Pairs:
     """The probe pairs of one ``fit``: the directions, the rough v that sets their scales,
     the ledger they are asked through and the budget left for them.
@@ -307,6 +323,7 @@ class _Pairs:
         self.rng = None  # with fit_bias: the generator of the last tokens' jitter
         self.cancelled = False  # with fit_bias: the query bias cancelled by the shift z
         self.null = None  # with fit_bias: basis of W's row space and v, once z is moved
+        self.first = None  # with fit_bias: (b, its variance, z) at the shift before the move
         self.jitter_size = 0.0
 
     def answers(self, X) -> np.ndarray:
@@ -1008,14 +1025,19 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         self._first_pass(pairs, acc0, kappa_p, zero, stop=m)
         pairs.acc = None
         P, S, Qt = np.linalg.svd(acc0.ref[:m] + acc0.s1[:m] / acc0.s0[:m], full_matrices=False)
-        # W's rank: the singular values above 1e-3 of the largest and 3 times the median of
-        # the last quarter (the noise, where the rank leaves it out), with a gap of 5 at the cut
-        keep = S > max(_CANCEL_SV * S[0], 3.0 * float(np.median(S[-(m // 4):])))
-        r = int(keep.sum())
-        if r > m - m // 4 or S[r - 1] < _CANCEL_GAP * S[r]:  # no clear rank below the rows
+        # W's rank: the last gap of _CANCEL_GAP between consecutive singular values within the
+        # first three quarters (the rest is the noise, of a rank below them), above 1e-3 of
+        # the largest; none: no clear rank below the rows, no row space to move z in
+        gaps = np.flatnonzero((S[:-1] >= _CANCEL_GAP * S[1:])
+                              & (S[:-1] > _CANCEL_SV * S[0]))
+        gaps = gaps[gaps < m - m // 4]
+        if gaps.size == 0:
             return
+        keep = np.arange(m) <= gaps[-1]
         old = (pairs.z, pairs.zv, pairs.b, pairs.b_var, pairs.c_bias, pairs.v0, pairs.uv,
                self.n_bias_rounds_)
+        pairs.first = (pairs.b.copy(), pairs.b_var.copy(),
+                       pairs.z.copy() if pairs.z is not None else np.zeros(d))
         rms0 = float(np.sqrt(np.mean(pairs.b**2)))
         Q = Qt[keep].T
         # the key-bias rounds shift z by +-w off W's row space and v (pairs.null)
@@ -1140,6 +1162,8 @@ class LowPrecisionValueQueryLearner(BaseLearner):
             cb = U.T @ pairs.b  # u_l^T (W z + c_b) in the basis U, z the shift (if any)
             if pairs.z is not None:
                 cb = cb - W @ pairs.z
+            if pairs.cancelled:
+                cb = _combine_key_bias(cb, W, U, pairs, col_err)
             # a module's key bias W_K^T b_Q / sqrt(d_h) lies in W's column space
             self.key_bias_ = Uw[:, :r] @ (Uw[:, :r].T @ cb) if r < d else cb
             self.offset_ = float(pairs.off)
