@@ -49,7 +49,10 @@ every probe along v, the key bias is measured in the probe basis with pairs whos
 that shift and taken out of every logit, the probes' scale is capped so that the bias's part of
 a logit stays small and its sign opposes the measured part, every pair is weighed by its
 inverse variance, and logits stay within 8: in a box computed in float32, float16 or bfloat16
-the scores' own rounding, of order ``eps |k| |q|``, is what limits the precision.
+the scores' own rounding, of order ``eps |k| |q|``, is what limits the precision. Where W's rank
+is below 48 and d above it, the shift is then moved within W's row space until ``W z + c = 0``
+(the query bias cancelled in the query vector itself), which frees the probes' scale from the
+key bias's cap; their answer size is then chosen by the measured scatter of repeated probes.
 
 Floating-point formats carry more absolute precision near zero than near their largest answers;
 this learner does not exploit that (it treats every answer as carrying the same relative noise),
