@@ -130,6 +130,8 @@ _CANCEL_STEPS = 2
 #: entries and repetitions per size (5 x 3 x 64 x 4 = 3,840 queries)
 _CANCEL_SIZES = (0.03, 0.1, 0.3, 1.0, 3.0)
 _DESIGN_ENTRIES, _DESIGN_REPS = 64, 3
+#: key-bias rounds per expected pass over W once the query bias is cancelled
+_CANCEL_BIAS_ROUNDS = 16
 
 
 
@@ -929,7 +931,8 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         else:
             c0 = np.full(d, float(c_fixed))
         per_pass = 2 * d * d
-        rounds = 2 * (int(np.clip(4 * (pairs.left() // per_pass), _MIN_BIAS_ROUNDS, 256)) // 2)
+        rpp = 4 if c_fixed is None else _CANCEL_BIAS_ROUNDS
+        rounds = 2 * (int(np.clip(rpp * (pairs.left() // per_pass), _MIN_BIAS_ROUNDS, 256)) // 2)
         null_size = float(np.linalg.norm(pairs.z)) if pairs.z is not None else 1.0
         sw = np.zeros(d)
         s1 = np.zeros(d)
