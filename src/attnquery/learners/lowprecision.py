@@ -1147,6 +1147,8 @@ class LowPrecisionValueQueryLearner(BaseLearner):
                                    pairs.c_bias)
                 bias_sv = float(np.linalg.norm(np.sqrt(pairs.b_var) * c_row)
                                 * np.linalg.norm(1.0 / self.logit_scale_))
+                if pairs.cancelled:  # random last-token signs: that error is spread like
+                    bias_sv *= 2.0 / np.sqrt(d)  # noise, its spectral norm 2 / sqrt(d) of it
                 cut = max(cut, _BIAS_SV_FACTOR * bias_sv)
             r = int(np.count_nonzero(sv > cut))
         self.rank_ = r
