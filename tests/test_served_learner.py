@@ -111,3 +111,44 @@ def test_two_heads_are_refused():
     with pytest.raises((ModelMismatchError, AssumptionViolation)):
         LowPrecisionValueQueryLearner(n_queries=2000, random_state=0,
                                       fit_bias=True).fit(ValueOracle(box, 12))
+
+
+@pytest.fixture(scope="module")
+def ckpt64(tmp_path_factory):
+    return write_test_checkpoint(tmp_path_factory.mktemp("served64") / "model.safetensors",
+                                 n_layers=1, n_heads=4, d=64, seed=7)
+
+
+def _fit64(box, q):
+    oracle = ValueOracle(box, 64)
+    est = LowPrecisionValueQueryLearner(n_queries=int(q * (64 * 64 + 2 * 64 + 1)),
+                                        random_state=0, fit_bias=True)
+    return est.fit(oracle), oracle
+
+
+def test_query_bias_cancelled_where_the_rank_allows(ckpt64):
+    """At d = 64 (rank 16, below the 48 rows measured first) and 8 (d^2 + 2d + 1) queries the
+    shift of every probe is moved until ``W z + c = 0`` (measured: 8.6e-8 of |c|) with
+    ``z^T v = -beta`` kept (1.3e-9); W to 1.5e-7, c to 1.6e-7 (float32). At 5 units the budget
+    does not pay for it: z stays ``-beta v / |v|^2``, which leaves ``W z + c`` of the size of c."""
+    from attnquery.learners import lowprecision
+
+    h = _truth(ckpt64, 2)
+    est, oracle = _fit64(ModuleBlackBox(ckpt64, 0, 2, precision="float32"), 8)
+    assert est.query_bias_cancelled_ and est.answer_size_ in lowprecision._CANCEL_SIZES
+    z = est.shift_
+    assert np.linalg.norm(h.W @ z + h.key_bias) <= 1e-6 * np.linalg.norm(h.key_bias)
+    assert abs(z @ h.v + h.offset) <= 1e-6 * abs(h.offset)
+    eW, ev, ec = _errors(est, h)
+    assert eW <= 3e-7 and ec <= 4e-7 and ev <= 1.5e-7
+    assert est.rank_ == 16 and oracle.n_queries <= 8 * (64 * 64 + 2 * 64 + 1)
+    small, _ = _fit64(ModuleBlackBox(ckpt64, 0, 2, precision="float32"), 5)
+    assert not small.query_bias_cancelled_ and small.answer_size_ is None
+    assert np.linalg.norm(h.W @ small.shift_ + h.key_bias) > 0.1 * np.linalg.norm(h.key_bias)
+
+
+def test_two_heads_are_refused_where_the_query_bias_would_be_cancelled():
+    a = random_head(64, 1, rank=8, key_bias=0.3, offset=0.2)
+    b = random_head(64, 11, rank=8, key_bias=0.3)
+    with pytest.raises((ModelMismatchError, AssumptionViolation)):
+        _fit64(MultiHeadAttention([a, b], precision="float32"), 8)

@@ -49,7 +49,10 @@ every probe along v, the key bias is measured in the probe basis with pairs whos
 that shift and taken out of every logit, the probes' scale is capped so that the bias's part of
 a logit stays small and its sign opposes the measured part, every pair is weighed by its
 inverse variance, and logits stay within 8: in a box computed in float32, float16 or bfloat16
-the scores' own rounding, of order ``eps |k| |q|``, is what limits the precision.
+the scores' own rounding, of order ``eps |k| |q|``, is what limits the precision. Where W's rank
+is below 48 and d above it, the shift is then moved within W's row space until ``W z + c = 0``
+(the query bias cancelled in the query vector itself), which frees the probes' scale from the
+key bias's cap; their answer size is then chosen by the measured scatter of repeated probes.
 
 Floating-point formats carry more absolute precision near zero than near their largest answers;
 this learner does not exploit that (it treats every answer as carrying the same relative noise),
@@ -112,6 +115,22 @@ _JITTER_NOISE = 1e-5
 _OFFSET_QUERIES = 64
 #: with ``fit_bias``: fewest rounds of key-bias pairs (2 d queries each)
 _MIN_BIAS_ROUNDS = 16
+#: with ``fit_bias``: rows of T measured first to cancel the query bias (the shift z moved
+#: within W's row space until ``W z + c_b = 0``); the stage runs where d exceeds it and those
+#: rows show W's rank below it (LowPrecisionValueQueryLearner._cancel_query_bias)
+_CANCEL_ROWS = 48
+#: singular values of those rows above this fraction of the largest may span W's row space
+_CANCEL_SV = 1e-3
+#: ... and at least this ratio between the last of them and the next
+_CANCEL_GAP = 4.0
+#: moves of z: after the throwaway rows, and after each key-bias stage but the last
+_CANCEL_STEPS = 2
+#: answer sizes |c u^T v| the design search compares once the query bias is cancelled, and its
+#: entries and repetitions per size (5 x 3 x 64 x 4 = 3,840 queries)
+_CANCEL_SIZES = (0.03, 0.1, 0.3, 1.0, 3.0)
+_DESIGN_ENTRIES, _DESIGN_REPS = 64, 3
+#: key-bias rounds per expected pass over W once the query bias is cancelled
+_CANCEL_BIAS_ROUNDS = 16
 
 
 
@@ -240,6 +259,34 @@ def _fill_pairs(X, c, U, s, cols) -> None:
     X[np.arange(len(cols)), ..., cols] += s.reshape(s.shape + (1,) * (extra + 2))
 
 
+def _move_shift(pairs, Q, P, S) -> None:
+    """Move the shift z within W's row space (``Q``, from the SVD ``P S Q^T`` of the rows of
+    T measured) so that the measured key-bias logits of those rows vanish, then along the part
+    of v off that space so that ``z^T v = -beta`` (the offset stays cancelled)."""
+    v0 = pairs.v0
+    p = v0 - Q @ (Q.T @ v0)
+    z0 = pairs.z if pairs.z is not None else np.zeros(v0.size)
+    z = z0 - Q @ ((P.T @ pairs.b[:P.shape[0]]) / S)
+    z = z - ((z @ v0) + pairs.off) / (p @ v0) * p
+    pairs.z, pairs.zv = z, float(z @ v0)
+
+
+def _combine_key_bias(cb, W, U, pairs, col_err):
+    """The key bias from both shifts: ``U^T b - W z`` carries W's error times z, and the moved
+    shift (larger where the offset needs a long step off W's row space) can carry more of it
+    than the first. Returns the mix ``lambda c_first + (1 - lambda) cb`` (lambda in 0, 0.1,
+    ..., 1) whose predicted variance, ``sum_j col_err_j^2 z_lambda,j^2`` (independent column
+    errors) plus the key-bias rounds' own, is least."""
+    b0, bv0, z0 = pairs.first
+    c0 = U.T @ b0 - W @ z0
+    lam = np.linspace(0.0, 1.0, 11)[:, None]
+    zl = lam * z0 + (1.0 - lam) * pairs.z
+    var = ((zl * col_err) ** 2).sum(axis=1) + (lam[:, 0] ** 2 * bv0.sum()
+                                               + (1.0 - lam[:, 0]) ** 2 * pairs.b_var.sum())
+    k = float(lam[int(np.argmin(var)), 0])
+    return k * c0 + (1.0 - k) * cb
+
+
 class _Pairs:
     """The probe pairs of one ``fit``: the directions, the rough v that sets their scales,
     the ledger they are asked through and the budget left for them.
@@ -278,6 +325,9 @@ class _Pairs:
             self.mlog = self.max - _BIAS_LOGIT
         self.n_overflow = 0
         self.rng = None  # with fit_bias: the generator of the last tokens' jitter
+        self.cancelled = False  # with fit_bias: the query bias cancelled by the shift z
+        self.null = None  # with fit_bias: basis of W's row space and v, once z is moved
+        self.first = None  # with fit_bias: (b, its variance, z) at the shift before the move
         self.jitter_size = 0.0
 
     def answers(self, X) -> np.ndarray:
@@ -299,6 +349,10 @@ class _Pairs:
         rest of the answer)."""
         if self.acc is None:
             return np.ones(np.broadcast_shapes(np.shape(rows), np.shape(cols)))
+        if self.cancelled:  # the key bias's part is about 0: random signs, so that the error
+            # of b_l reaches the entries of its row with random signs, not as a rank-one error
+            shape = np.broadcast_shapes(np.shape(rows), np.shape(cols))
+            return self.rng.choice([-1.0, 1.0], size=shape)
         T = self.acc.ref[rows, cols]
         sg = -np.sign(np.nan_to_num(T) * self.b[rows])
         return np.where(sg == 0, 1.0, sg)
@@ -532,10 +586,15 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         measures ``b_l = u_l^T c`` with pairs whose last token is 0 (16 to 256 rounds of ``2 d``
         queries, more with larger budgets), caps every probe's scale c so that the key bias's
         part of its logit stays within 2 (and the bias's part of the query vector no larger than
-        the measured part), and takes ``c b_l`` out of every logit. Answers that are not finite
-        (the box's format overflowed) count in ``n_overflow_`` and their probes are asked again
-        at a smaller scale. Default False (the paper's head, and the float64 behaviour of
-        earlier versions).
+        the measured part), and takes ``c b_l`` out of every logit. Where d exceeds 48 and W's
+        rank is below it (and the budget pays for a full pass after it), the query bias is then
+        cancelled: 48 rows of W measured once give its row space, the shift z of every probe
+        is moved in it until ``W z + c = 0``, so the key bias no longer caps c, whose answer
+        size is then chosen among 0.03 to 3 by the measured scatter of repeated probes
+        (``query_bias_cancelled_``, ``answer_size_``; docs/served.md). Answers that are not
+        finite (the box's format overflowed) count in ``n_overflow_`` and their probes are
+        asked again at a smaller scale. Default False (the paper's head, and the float64
+        behaviour of earlier versions).
 
     Attributes
     ----------
@@ -584,6 +643,15 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         Answers that were not finite (inf or NaN: the box's format overflowed).
     n_bias_rounds_ : int
         Rounds of key-bias pairs (with ``fit_bias``).
+    query_bias_cancelled_ : bool
+        With ``fit_bias``: whether the probes' shift was moved to cancel the query bias
+        (``W z + c = 0``).
+    answer_size_ : float or None
+        With ``fit_bias``, once the query bias is cancelled: the probes' answer size
+        ``|c u^T v|`` the design search chose (None otherwise).
+    shift_ : ndarray (d,) or None
+        With ``fit_bias``: the shift z added to every probe's tokens (``z^T v = -beta``; None
+        where the offset is 0).
     """
 
     def __init__(self, *, n_queries: int, rank: int | None = None, target_logit: float = 2.5,
@@ -669,14 +737,7 @@ class LowPrecisionValueQueryLearner(BaseLearner):
                 pairs.v0, pairs.uv = v0, float(np.linalg.norm(v0) / np.sqrt(d))
                 pairs.U = balanced_orthonormal(v0, fit_rng)
                 if self.fit_bias:
-                    # every later probe shifted by z = -beta v / |v|^2: the answers then no
-                    # longer carry the offset (z^T v = -beta), whose rounding would swamp the
-                    # smaller answer of a pair; the key bias is measured at last token z
-                    z = -pairs.off * v0 / float(v0 @ v0)
-                    if pairs.off != 0 and np.all(np.isfinite(z)):
-                        pairs.z, pairs.zv = z, float(z @ v0)
-                    self._key_bias_stage(pairs, d, fit_rng)
-                    pairs.rng = fit_rng.spawn(1)[0]
+                    self._shift_and_key_bias(pairs, d, fit_rng)
             try:
                 acc = _Entries(d, inverse_variance=bool(self.fit_bias))
                 pairs.acc = acc if self.fit_bias else None
@@ -696,6 +757,27 @@ class LowPrecisionValueQueryLearner(BaseLearner):
                                  token_scale=float(np.sqrt(d / Wn)) if Wn > 0 else 1.0,
                                  n0=ledger.n0)
         return self
+
+    def _shift_and_key_bias(self, pairs, d: int, rng) -> None:
+        """With ``fit_bias``: every later probe shifted by ``z = -beta v / |v|^2`` (the answers
+        then no longer carry the offset, ``z^T v = -beta``, whose rounding would swamp the
+        smaller answer of a pair), the key bias measured at last token z, then the query bias
+        cancelled by a move of z where W's rank allows (:meth:`_cancel_query_bias`)."""
+        v0 = pairs.v0
+        z = -pairs.off * v0 / float(v0 @ v0)
+        if pairs.off != 0 and np.all(np.isfinite(z)):
+            pairs.z, pairs.zv = z, float(z @ v0)
+        self._key_bias_stage(pairs, d, rng)
+        self.query_bias_cancelled_, self.answer_size_ = False, None
+        # the cancellation's queries: its rows (with their scale search), the design search
+        # and two key-bias stages; it runs where a full pass over W is still paid for after it
+        cost = (3 * d * _CANCEL_ROWS + 4 * _DESIGN_ENTRIES * _DESIGN_REPS * len(_CANCEL_SIZES)
+                + 4 * 2 * d * _MIN_BIAS_ROUNDS)
+        if d > _CANCEL_ROWS and pairs.left() - cost >= 2.1 * d * d:
+            self._cancel_query_bias(pairs, d, rng)
+            self.query_bias_cancelled_ = bool(pairs.cancelled)
+        self.shift_ = None if pairs.z is None else pairs.z.copy()
+        pairs.rng = rng.spawn(1)[0]
 
     def _check_budget(self, oracle, d: int) -> int:
         """The queries the fit may spend before its check; raises before any query when
@@ -727,14 +809,16 @@ class LowPrecisionValueQueryLearner(BaseLearner):
                                 np.full(scouts.size, float(self.initial_logit_scale)), acc)
         kappa_p, tp = pairs.search(np.arange(p), np.arange(d),
                                    np.full(d, np.median(kap_s) / 2.0), acc)
-        if self.fit_bias and acc.noise() > _JITTER_NOISE:  # the passes' last tokens jittered
-            pairs.jitter_size = _LAST_TOKEN_JITTER
+        if self.fit_bias and (acc.noise() > _JITTER_NOISE or pairs.cancelled):
+            pairs.jitter_size = _LAST_TOKEN_JITTER  # the passes' last tokens jittered
         return kappa_p, np.sqrt(np.mean(tp**2, axis=0)) < float(self.target_logit) / 10
 
-    def _first_pass(self, pairs: _Pairs, acc: _Entries, kappa_p, zero):
-        """The first pass over the rows after the pilot's, in stages growing fourfold, each
-        column's scale re-estimated from the rows measured so far. Returns the scales."""
+    def _first_pass(self, pairs: _Pairs, acc: _Entries, kappa_p, zero, stop=None):
+        """The first pass over the rows after the pilot's (up to ``stop``, all by default), in
+        stages growing fourfold, each column's scale re-estimated from the rows measured so far.
+        Returns the scales."""
         d = pairs.U.shape[0]
+        stop = d if stop is None else int(stop)
         cols = np.arange(d)
         # columns zero to the answers' precision keep the pilot's scale. The others aim at a
         # root-mean-square logit lowered where the largest of a column's d logits (about
@@ -751,9 +835,9 @@ class LowPrecisionValueQueryLearner(BaseLearner):
             spread = 1.0 / np.sqrt(scipy.stats.chi2.ppf(0.025, n) / n) if n < d else 1.0
             kappa = np.where(zero | (rms == 0), kappa_p,
                              min(T, pairs.mlog / (spread * tail)) / np.where(rms > 0, rms, 1))
-            if n >= d:
+            if n >= stop:
                 break
-            rows = np.arange(n, min(4 * n, d))
+            rows = np.arange(n, min(4 * n, stop))
             acc.add(rows, cols, *pairs.sweep(rows, kappa, np.ones(d)))  # (P, kappa)
             n = rows[-1] + 1
         _check_noise(acc)  # before the rest of the budget is spent
@@ -814,7 +898,7 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         pairs.off = off
         return (y2 - off) / rho if np.all(np.isfinite(y2)) else va
 
-    def _bias_pairs(self, pairs, rows, c) -> np.ndarray:
+    def _bias_pairs(self, pairs, rows, c, w=None) -> np.ndarray:
         """Pairs ``[+-c u_l + z; z]`` with the shift z (0 at first): the logit is
         ``c u_l^T (W z + c_b)`` and the difference ``c u_l^T v``; returns their
         :func:`pair_logits` (5, n)."""
@@ -825,50 +909,51 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         X[:, 1, 0, :] = -X[:, 0, 0, :]
         if pairs.z is not None:
             X += pairs.z
+        wv = 0.0
+        if w is not None:
+            X += w
+            wv = float(w @ pairs.v0)
         y = pairs.answers(X.reshape(2 * n, 2, d)).reshape(n, 2)
-        return pair_logits(y[:, 0], y[:, 1], pairs.off + pairs.zv, c)
+        return pair_logits(y[:, 0], y[:, 1], pairs.off + pairs.zv + wv, c)
 
-    def _key_bias_stage(self, pairs, d: int, rng) -> None:
+    def _key_bias_stage(self, pairs, d: int, rng, c_fixed=None) -> None:
         """Measure ``b_l = u_l^T c_b`` for every direction (the key bias c_b in the basis U):
-        a search for each direction's scale, then rounds of pairs with a zero last token at
-        that scale (dithered), averaged with weights ``c^2``. The number of rounds grows with
-        the budget (four per pass over W expected, 16 to 256), so that the key bias's error,
-        which reaches every entry of its row of W, stays below the entries' own. Sets the cap
-        ``_c_bias`` on the W probes' scale c and refines v from the pairs' differences."""
+        a search for each direction's scale (or ``c_fixed`` for every direction), then rounds
+        of pairs with a zero last token at that scale (dithered), averaged with weights
+        ``c^2``. The number of rounds grows with the budget (four per pass over W expected, 16
+        to 256), so that the key bias's error, which reaches every entry of its row of W, stays
+        below the entries' own. Sets the cap ``_c_bias`` on the W probes' scale c (``c_fixed``
+        where given) and refines v from the pairs' differences."""
         T, uv = float(self.target_logit), pairs.uv
         cmax = min(float(self.answer_scale), _MAX_ANSWER) / uv  # the W probes' largest c
         rows = np.arange(d)
-        c0 = np.full(d, min(float(self.answer_scale) / uv, cmax))
-        P = self._bias_pairs(pairs, rows, c0)
-        for _ in range(_MAX_ROUNDS):
-            t = P[_T]
-            big = ~(np.abs(t) <= pairs.mlog)
-            small = ~big & (np.abs(t) < T / 10) & (c0 < cmax)
-            redo = big | small
-            if not redo.any():
-                break
-            c0[big] /= 10.0
-            c0[small] = np.minimum(cmax, c0[small] * np.minimum(
-                1e4, T / np.maximum(np.abs(t[small]), 1e-300)))
-            idx = np.flatnonzero(redo)
-            P[:, idx] = self._bias_pairs(pairs, idx, c0[idx])
-            pairs.n_requeried += idx.size
+        if c_fixed is None:
+            c0 = self._bias_scales(pairs, rows, np.full(d, cmax), cmax, T)
         else:
-            raise ModelMismatchError(
-                "the answers are not those of a single attention head with biases: probes "
-                f"with a zero last token give no usable logit at any of {_MAX_ROUNDS} scales")
-        b0 = P[_T] / c0
-        c0 = np.where(b0 != 0, np.minimum(cmax, T / np.maximum(np.abs(b0), 1e-300)), cmax)
+            c0 = np.full(d, float(c_fixed))
         per_pass = 2 * d * d
-        rounds = int(np.clip(4 * (pairs.left() // per_pass), _MIN_BIAS_ROUNDS, 256))
+        rpp = 4 if c_fixed is None else _CANCEL_BIAS_ROUNDS
+        rounds = 2 * (int(np.clip(rpp * (pairs.left() // per_pass), _MIN_BIAS_ROUNDS, 256)) // 2)
+        null_size = float(np.linalg.norm(pairs.z)) if pairs.z is not None else 1.0
         sw = np.zeros(d)
         s1 = np.zeros(d)
         s2 = np.zeros(d)
         sm = np.zeros(d)
         swm = np.zeros(d)
-        for _ in range(rounds):
-            c = c0 * rng.uniform(0.8, 1.0, size=d)
-            P = self._bias_pairs(pairs, rows, c)
+        null = pairs.null
+        shift = None
+        for k in range(rounds):
+            if null is None or k % 2 == 0:  # +-w at the same scale: weights alike, W w cancels
+                c = c0 * rng.uniform(0.8, 1.0, size=d)
+            if null is not None:  # last tokens z +- w, w off W's row space: W w cancels in
+                # the mean, the box's rounding of the query at z does not repeat
+                if k % 2 == 0:
+                    g = rng.standard_normal(d)
+                    g -= null @ (null.T @ g)
+                    shift = g * (null_size / np.linalg.norm(g))
+                else:
+                    shift = -shift
+            P = self._bias_pairs(pairs, rows, c, shift)
             ok = np.abs(P[_T]) <= pairs.max
             z = np.where(ok, P[_T] / c, 0.0)
             w = np.where(ok, c * c, 0.0)
@@ -892,15 +977,136 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         # last token) leaves the scores dominated by the bias, whose rounding in a served box
         # (errors of order eps |k| |q|) then swamps the logit
         rms_b = float(np.sqrt(np.mean(b * b)))
-        with np.errstate(divide="ignore"):
-            pairs.c_bias = np.minimum(_BIAS_LOGIT / np.abs(b),
-                                      _BIAS_LOGIT / rms_b if rms_b > 0 else np.inf)
+        if c_fixed is not None:
+            pairs.c_bias = np.full(d, float(c_fixed))
+        else:
+            with np.errstate(divide="ignore"):
+                pairs.c_bias = np.minimum(_BIAS_LOGIT / np.abs(b),
+                                          _BIAS_LOGIT / rms_b if rms_b > 0 else np.inf)
         v = pairs.U.T @ (sm / swm)  # u_l^T v at the answers' precision
         if np.all(np.isfinite(v)) and np.linalg.norm(v) > 0:
             pairs.v0 = v
             pairs.uv = float(np.linalg.norm(v) / np.sqrt(d))
             if pairs.z is not None:
                 pairs.zv = float(pairs.z @ v)
+
+    def _bias_scales(self, pairs, rows, c0, cmax, T):
+        """Each direction's scale for the key-bias pairs: a search until its logit is usable,
+        then the scale that puts it at ``T`` (at most ``cmax``)."""
+        P = self._bias_pairs(pairs, rows, c0)
+        for _ in range(_MAX_ROUNDS):
+            t = P[_T]
+            big = ~(np.abs(t) <= pairs.mlog)
+            small = ~big & (np.abs(t) < T / 10) & (c0 < cmax)
+            redo = big | small
+            if not redo.any():
+                break
+            c0[big] /= 10.0
+            c0[small] = np.minimum(cmax, c0[small] * np.minimum(
+                1e4, T / np.maximum(np.abs(t[small]), 1e-300)))
+            idx = np.flatnonzero(redo)
+            P[:, idx] = self._bias_pairs(pairs, idx, c0[idx])
+            pairs.n_requeried += idx.size
+        else:
+            raise ModelMismatchError(
+                "the answers are not those of a single attention head with biases: probes "
+                f"with a zero last token give no usable logit at any of {_MAX_ROUNDS} scales")
+        b0 = P[_T] / c0
+        return np.where(b0 != 0, np.minimum(cmax, T / np.maximum(np.abs(b0), 1e-300)), cmax)
+
+    def _cancel_query_bias(self, pairs, d: int, rng) -> None:
+        """With ``fit_bias``, where W's rank is below ``_CANCEL_ROWS``: cancel the query bias.
+
+        The first ``_CANCEL_ROWS`` rows of ``T = U^T W`` are measured once at the shift z (a
+        throwaway first pass); their top right singular vectors span W's row space. z is moved
+        within that space so that their key-bias logits vanish, ``u_l^T (W z + c_b) = 0``
+        (then ``W z + c_b = 0``: c_b lies in W's column space), and along the rest of v so that
+        ``z^T v = -beta`` still. With the key bias's part of every logit gone, the probes' scale
+        c is no longer capped by it: it is chosen by :meth:`_design_search`, the key bias is
+        measured again at that scale and z moved once more with it. Kept where the key bias
+        fell (``query_bias_cancelled_``); else the earlier shift, caps and key bias stay."""
+        m = _CANCEL_ROWS
+        acc0 = _Entries(d, inverse_variance=True)
+        pairs.acc = acc0
+        kappa_p, zero = self._scale_search(pairs, acc0)
+        self._first_pass(pairs, acc0, kappa_p, zero, stop=m)
+        pairs.acc = None
+        P, S, Qt = np.linalg.svd(acc0.ref[:m] + acc0.s1[:m] / acc0.s0[:m], full_matrices=False)
+        # W's rank: the last gap of _CANCEL_GAP between consecutive singular values within the
+        # first three quarters (the rest is the noise, of a rank below them), above 1e-3 of
+        # the largest; none: no clear rank below the rows, no row space to move z in
+        gaps = np.flatnonzero((S[:-1] >= _CANCEL_GAP * S[1:])
+                              & (S[:-1] > _CANCEL_SV * S[0]))
+        gaps = gaps[gaps < m - m // 4]
+        if gaps.size == 0:
+            return
+        keep = np.arange(m) <= gaps[-1]
+        old = (pairs.z, pairs.zv, pairs.b, pairs.b_var, pairs.c_bias, pairs.v0, pairs.uv,
+               self.n_bias_rounds_)
+        pairs.first = (pairs.b.copy(), pairs.b_var.copy(),
+                       pairs.z.copy() if pairs.z is not None else np.zeros(d))
+        rms0 = float(np.sqrt(np.mean(pairs.b**2)))
+        Q = Qt[keep].T
+        # the key-bias rounds shift z by +-w off W's row space and v (pairs.null)
+        pairs.null = np.linalg.qr(np.column_stack([Q, pairs.v0]))[0]
+        step = (Q, P[:, keep], S[keep])
+        _move_shift(pairs, *step)
+        sizes, errs = self._design_search(pairs, acc0.ref[:m] + acc0.s1[:m] / acc0.s0[:m], rng)
+        self.answer_size_ = float(sizes[int(np.nanargmin(errs))])
+        for k in range(_CANCEL_STEPS):
+            self._key_bias_stage(pairs, d, rng, c_fixed=self.answer_size_ / pairs.uv)
+            if k < _CANCEL_STEPS - 1:
+                _move_shift(pairs, *step)
+        pairs.cancelled = float(np.sqrt(np.mean(pairs.b**2))) < rms0
+        if not pairs.cancelled:
+            pairs.null, self.answer_size_ = None, None
+            (pairs.z, pairs.zv, pairs.b, pairs.b_var, pairs.c_bias, pairs.v0, pairs.uv,
+             self.n_bias_rounds_) = old
+
+    def _design_search(self, pairs, Tm, rng):
+        """The relative scatter of repeated logits of ``_DESIGN_ENTRIES`` large entries of
+        ``Tm`` (rows of T) at each answer size of ``_CANCEL_SIZES`` (``_DESIGN_REPS`` times
+        each, at dithered scales). Each repetition asks the entry with its last token at +s
+        and at -s and the same c, so the key bias's part of the logit cancels. Returns the
+        sizes and their scatters (NaN where no entry was measured twice)."""
+        m, d = Tm.shape
+        rms = float(np.sqrt(np.mean(Tm**2)))
+        cand = np.argwhere(np.abs(Tm) > rms)
+        pick = rng.choice(len(cand), size=min(_DESIGN_ENTRIES, len(cand)), replace=False)
+        rows, cols = cand[pick].T
+        Tlj = Tm[rows, cols]
+        n = rows.size
+        rows2, cols2 = np.concatenate([rows, rows]), np.concatenate([cols, cols])
+        T = min(float(self.target_logit), pairs.mlog / (np.exp(_KAPPA_DITHER)
+                                                        * np.sqrt(2.0 * np.log(2.0 * d))))
+        errs = []
+        for a in _CANCEL_SIZES:
+            est = np.empty((_DESIGN_REPS, n))
+            for k in range(_DESIGN_REPS):
+                c = a / pairs.uv * rng.uniform(0.8, 1.0, size=n)
+                s = T / (c * Tlj)
+                c, s = np.concatenate([c, c]), np.concatenate([s, -s])
+                X = np.zeros((2 * n, 2, 2, d))
+                _fill_pairs(X, c, pairs.U[rows2], s, cols2)
+                X += pairs.z
+                pairs.need(4 * n)
+                y = pairs.answers(X.reshape(4 * n, 2, d)).reshape(2 * n, 2)
+                t = pair_logits(y[:, 0], y[:, 1], s * pairs.v0[cols2] + pairs.off + pairs.zv,
+                                c)[_T]
+                est[k] = (t[:n] - t[n:]) / (2 * c[:n] * s[:n])
+            ok = np.isfinite(est)
+            cnt = ok.sum(axis=0)
+            e = np.where(ok, est, 0.0)
+            mean = e.sum(axis=0) / np.maximum(cnt, 1)
+            var = np.where(ok, (e - mean) ** 2, 0.0).sum(axis=0) / np.maximum(cnt - 1, 1)
+            two = cnt >= 2
+            errs.append(float(np.sqrt(np.mean(var[two] / Tlj[two] ** 2))) if two.any()
+                        else np.nan)
+        if np.all(np.isnan(errs)):
+            raise ModelMismatchError("the answers are not those of a single attention head with "
+                                     "biases: no repeated probe gave a usable logit at any "
+                                     "answer size")
+        return np.asarray(_CANCEL_SIZES), np.asarray(errs)
 
     def _solve(self, acc: _Entries, U: np.ndarray, pairs=None) -> float:
         """W and v from the weighted means; noise, error estimates and rank. Returns the
@@ -942,6 +1148,8 @@ class LowPrecisionValueQueryLearner(BaseLearner):
                                    pairs.c_bias)
                 bias_sv = float(np.linalg.norm(np.sqrt(pairs.b_var) * c_row)
                                 * np.linalg.norm(1.0 / self.logit_scale_))
+                if pairs.cancelled:  # random last-token signs: that error is spread like
+                    bias_sv *= 2.0 / np.sqrt(d)  # noise, its spectral norm 2 / sqrt(d) of it
                 cut = max(cut, _BIAS_SV_FACTOR * bias_sv)
             r = int(np.count_nonzero(sv > cut))
         self.rank_ = r
@@ -963,6 +1171,8 @@ class LowPrecisionValueQueryLearner(BaseLearner):
             cb = U.T @ pairs.b  # u_l^T (W z + c_b) in the basis U, z the shift (if any)
             if pairs.z is not None:
                 cb = cb - W @ pairs.z
+            if pairs.cancelled:
+                cb = _combine_key_bias(cb, W, U, pairs, col_err)
             # a module's key bias W_K^T b_Q / sqrt(d_h) lies in W's column space
             self.key_bias_ = Uw[:, :r] @ (Uw[:, :r].T @ cb) if r < d else cb
             self.offset_ = float(pairs.off)
