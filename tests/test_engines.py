@@ -60,3 +60,17 @@ def test_a_missing_engine_names_the_extra(monkeypatch):
 def test_an_unknown_precision_is_refused():
     with pytest.raises(ValueError, match="bfloat16"):
         engines.attention_module_graph(*_weights(4, 2, 0), 1, "bfloat16")
+
+
+def test_checked_model_names_the_opsets_it_writes():
+    from attnquery.engines import checked_model
+
+    onnx = pytest.importorskip("onnx")
+    h = onnx.helper
+    x = h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])
+    graph = h.make_graph([h.make_node("Identity", ["x"], ["y"])], "g", [x],
+                         [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])])
+    assert checked_model(graph, opset=23).ir_version == 10
+    assert checked_model(graph).opset_import[0].version == 17
+    with pytest.raises(ValueError, match="opset must be one of"):
+        checked_model(graph, opset=12)

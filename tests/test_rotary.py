@@ -4,6 +4,7 @@ the rotary learner (recovery, identifiability and gauge, query count, refusals).
 import numpy as np
 import pytest
 
+from attnquery.engines import checked_model
 from attnquery.errors import (
     AssumptionViolation,
     BudgetExceededError,
@@ -134,7 +135,7 @@ def _onnx_layer_box(W_Q, W_K, W_V, b_Q, b_K, frequencies, max_pos, interleaved=0
     ``RotaryEmbedding`` on the projected queries and keys, then causal ``Attention`` with
     H query heads over G key/value heads. Returns ``box(X) -> (B, H, dv)`` and the engine's
     name."""
-    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnx")
     from onnx import TensorProto, helper, numpy_helper
 
     H, dh, d = W_Q.shape
@@ -170,9 +171,7 @@ def _onnx_layer_box(W_Q, W_K, W_V, b_Q, b_K, frequencies, max_pos, interleaved=0
          helper.make_tensor_value_info("pos", TensorProto.INT64, ["B", "N"])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["B", "N", H * dv])],
         inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
-    model.ir_version = 10
-    onnx.checker.check_model(model)
+    model = checked_model(graph, opset=23)
     try:
         import onnxruntime as ort
 

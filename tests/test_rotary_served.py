@@ -5,6 +5,7 @@ functional relative error <= 1e-5 on 1 to 4,096 tokens at <= 8 (d^2 + d) queries
 import numpy as np
 import pytest
 
+from attnquery.engines import checked_model
 from attnquery.learners import RotaryValueQueryLearner
 from attnquery.learners.rotary import SERVED_RTOL
 from attnquery.metrics import max_error_by_length
@@ -18,7 +19,7 @@ def _onnx_last_query_box(h, max_pos):
     value) -> ``RotaryEmbedding`` (the query at position N - 1, the keys at 0..N-1) ->
     ``Attention`` (one query over N keys, scale ``1/sqrt(d_h)``): O(N) per sequence, where
     the causal graph over every position is O(N^2)."""
-    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
     from onnx import TensorProto, helper, numpy_helper
 
@@ -50,9 +51,7 @@ def _onnx_last_query_box(h, max_pos):
          helper.make_tensor_value_info("pq", TensorProto.INT64, ["B", 1]),
          helper.make_tensor_value_info("pk", TensorProto.INT64, ["B", "N"])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["B", 1, 1])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
-    model.ir_version = 10
-    onnx.checker.check_model(model)
+    model = checked_model(graph, opset=23)
     try:
         sess = ort.InferenceSession(model.SerializeToString(),
                                     providers=["CPUExecutionProvider"])

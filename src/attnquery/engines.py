@@ -19,7 +19,7 @@ import importlib
 
 import numpy as np
 
-__all__ = ["attention_module_graph", "OnnxBox", "module_box", "ELEM"]
+__all__ = ["attention_module_graph", "checked_model", "OnnxBox", "module_box", "ELEM"]
 
 _ONNX_TYPES = {"float32": 1, "float16": 10}  # onnx.TensorProto.FLOAT, FLOAT16
 #: The numpy type of each precision a graph can be written in.
@@ -132,8 +132,32 @@ def attention_module_graph(wq, bq, wk, bk, wv, bv, wo, bo, r, n_heads: int,
         nodes, "attention_module",
         [helper.make_tensor_value_info("X", T, ["B", "N", d])],
         [helper.make_tensor_value_info("y", T, ["B"])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
+    return checked_model(graph, opset=17)
+
+
+#: The IR version each default-domain opset this module builds for is written with (the
+#: oldest that carries it, so older onnxruntime releases still load the model).
+IR_VERSION = {17: 8, 23: 10}
+
+
+def checked_model(graph, opset: int = 17):
+    """An ONNX model of ``graph`` in the default domain at ``opset``, checked by onnx.
+
+    Parameters
+    ----------
+    graph : onnx.GraphProto
+    opset : int
+        17 (the module graph's operators) or 23 (``RotaryEmbedding`` and ``Attention``).
+
+    Returns
+    -------
+    onnx.ModelProto
+    """
+    if opset not in IR_VERSION:
+        raise ValueError(f"opset must be one of {sorted(IR_VERSION)}, got {opset!r}")
+    onnx = _engine_module("onnx")
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
+    model.ir_version = IR_VERSION[opset]
     onnx.checker.check_model(model)
     return model
 
