@@ -57,8 +57,8 @@ that every eigenvalue lies on the unit circle, that they come in conjugate pairs
 
 **Queries** (dense route, ``rank=None``): ``d`` (v) + ``d (d + 1)`` (M_{-1} and the
 constants) + ``d^2`` (M_{-2}) = ``2 d^2 + 2 d`` = ``2 (d^2 + d)`` exactly on ordinary heads,
-plus ``n_requeried_``, the ``d + 1`` of the refinement on ill-conditioned heads (below) and the
-``verify`` check queries. Low-rank route (``rank=r``, r < d):
+plus ``n_requeried_``, the ``d + 1 + 2 d k`` of the refinement on ill-conditioned heads
+(below) and the ``verify`` check queries. Low-rank route (``rank=r``, r < d):
 ``d`` (v) + ``d (k + 1)`` (left sketch ``Psi M_{-1}``, k = r + ``oversample`` balanced first
 tokens: the row space, approximately) + ``r (d + 1)`` (``M_{-1} V_Z`` on that row space: the
 column space U, accurately) + ``d (r + 1)`` (``U^T M_{-1}``) + ``r`` (the constants
@@ -194,7 +194,8 @@ __all__ = ["RotaryValueQueryLearner", "rotary_query_count", "rotary_refine_count
 
 #: the stages ``n_queries_by_stage_`` counts: v (and the answers' constant), the biases'
 #: zero-token probes (``fit_bias``), the form M_{-1} (and the constants b^T M_0 b), the form
-#: M_{-2} on M_{-1}'s spaces, the pilot column of M_{-1} asked again (``refine``), the check
+#: M_{-2} on M_{-1}'s spaces, the pilot column of M_{-1} and the forms' smallest rows asked
+#: again (``refine``), the check
 STAGES = ("v", "bias", "M1", "M2", "refine", "verify")
 
 #: sequence lengths of the check queries: short ones and long ones (up to 4,096 tokens)
@@ -375,7 +376,8 @@ class RotaryValueQueryLearner(BaseLearner):
         offset (0 for float64 answers).
     n_queries_by_stage_ : dict
         Queries per stage of :data:`STAGES`: ``v``, ``bias`` (``fit_bias``), ``M1``, ``M2``,
-        ``refine`` (the pilot column asked again), ``verify`` (counted by the oracle, see
+        ``refine`` (the pilot column and the smallest rows asked again), ``verify`` (counted
+        by the oracle, see
         :class:`~attnquery.learners._base.QueryLedger`).
     """
 
