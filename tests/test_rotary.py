@@ -428,6 +428,11 @@ def test_refine_budget_and_parameters():
     # "auto" skips the refinement when n_queries leaves no room for it
     L, oracle = _fit(h, n_queries=plain)
     assert L.n_queries_by_stage_["refine"] == 0 and oracle.n_queries == plain
+    # room for the pilot column but not for the rows: the pilot column only
+    L, oracle = _fit(h, n_queries=plain + d + 1)
+    assert L.n_queries_by_stage_["refine"] == d + 1 and oracle.n_queries == plain + d + 1
+    L, oracle = _fit(h, n_queries=plain + d + 1 + 2 * d)
+    assert L.n_queries_by_stage_["refine"] == d + 1 + 2 * d == d + 1 + 2 * d * rotary_refine_rows(d)
     # refine=True plans for it (and refuses a cap without room before any query)
     oracle = ValueOracle(h, d)
     with pytest.raises(BudgetExceededError):
