@@ -57,8 +57,8 @@ that every eigenvalue lies on the unit circle, that they come in conjugate pairs
 
 **Queries** (dense route, ``rank=None``): ``d`` (v) + ``d (d + 1)`` (M_{-1} and the
 constants) + ``d^2`` (M_{-2}) = ``2 d^2 + 2 d`` = ``2 (d^2 + d)`` exactly on ordinary heads,
-plus ``n_requeried_``, the ``d + 1`` of the refinement on ill-conditioned heads (below) and the
-``verify`` check queries. Low-rank route (``rank=r``, r < d):
+plus ``n_requeried_``, the ``d + 1 + 2 d k`` of the refinement on ill-conditioned heads
+(below) and the ``verify`` check queries. Low-rank route (``rank=r``, r < d):
 ``d`` (v) + ``d (k + 1)`` (left sketch ``Psi M_{-1}``, k = r + ``oversample`` balanced first
 tokens: the row space, approximately) + ``r (d + 1)`` (``M_{-1} V_Z`` on that row space: the
 column space U, accurately) + ``d (r + 1)`` (``U^T M_{-1}``) + ``r`` (the constants
@@ -91,7 +91,15 @@ condition number and the error at 4,096 tokens reached 1e-8. With ``cond(M_{-1})
 REFINE_CONDITION`` the dense route asks that column again at the learnt scale (``d + 1`` more
 queries, stage ``refine``; skipped when ``n_queries`` or the oracle's budget has no room for
 them; ``refine=True`` always, ``False`` never): ``2 (d^2 + d) + d + 1 <= 2.2 (d^2 + d)``
-queries for d >= 5. Other heads are unchanged (and keep exactly ``2 (d^2 + d)``).
+queries for d >= 5. What remained (worst 1.6e-9 at 4,096 tokens, d = 64) was the rounding of
+the rows of M_{-1} and M_{-2} on M_{-1}'s smallest left singular directions: those rows are
+``sigma_i`` times smaller than the largest, each entry measured to a few eps of the largest,
+so ``T = M_{-1}^+ M_{-2}`` carried ``eps cond``. The refinement then asks those rows again
+(float64 answers, no biases, when the budget has room), ``k = rotary_refine_rows(d)`` of
+each form (``2 k d`` queries: 5 rows at d = 64), every row at its own logit scale (its
+largest entry, from the first measurement, at the target logit): each entry to a few eps of
+its own row. Within ``2.2 (d^2 + d)``. Other heads are unchanged (and keep exactly
+``2 (d^2 + d)``).
 
 **Served heads** (float32 answers). When every answer of the v stage is a float32 value,
 the head is served in float32 (``answer_precision_``; float16 and bfloat16 answers, the
@@ -180,12 +188,14 @@ from ._base import (
 )
 from ._probes import balanced_orthonormal
 
-__all__ = ["RotaryValueQueryLearner", "rotary_query_count", "rotary_refine_count", "rotary_dof",
+__all__ = ["RotaryValueQueryLearner", "rotary_query_count", "rotary_refine_count",
+           "rotary_refine_rows", "rotary_dof",
            "VERIFY_LENGTHS", "STAGES"]
 
 #: the stages ``n_queries_by_stage_`` counts: v (and the answers' constant), the biases'
 #: zero-token probes (``fit_bias``), the form M_{-1} (and the constants b^T M_0 b), the form
-#: M_{-2} on M_{-1}'s spaces, the pilot column of M_{-1} asked again (``refine``), the check
+#: M_{-2} on M_{-1}'s spaces, the pilot column of M_{-1} and the forms' smallest rows asked
+#: again (``refine``), the check
 STAGES = ("v", "bias", "M1", "M2", "refine", "verify")
 
 #: sequence lengths of the check queries: short ones and long ones (up to 4,096 tokens)
@@ -255,6 +265,13 @@ def rotary_refine_count(d: int) -> int:
     """Queries of the refinement (module docstring, "Refinement"): the pilot column of
     ``M_{-1}`` asked again at the learnt logit scale, ``d + 1``."""
     return d + 1
+
+
+def rotary_refine_rows(d: int) -> int:
+    """Rows of ``M_{-1}`` and ``M_{-2}`` the refinement asks again at their own scales (module
+    docstring, "Refinement"): the most that fit, with the pilot column, in ``0.2 (d^2 + d)``
+    queries, ``2 d`` each (5 at d = 64, 2 at d = 32, 1 at d = 16, 0 below d = 11)."""
+    return max(0, ((d * d + d) // 5 - d - 1) // (2 * d))
 
 
 def rotary_dof(d: int, head_dim: int, rotary_dim: int, positions: bool = True) -> int:
@@ -359,7 +376,8 @@ class RotaryValueQueryLearner(BaseLearner):
         offset (0 for float64 answers).
     n_queries_by_stage_ : dict
         Queries per stage of :data:`STAGES`: ``v``, ``bias`` (``fit_bias``), ``M1``, ``M2``,
-        ``refine`` (the pilot column asked again), ``verify`` (counted by the oracle, see
+        ``refine`` (the pilot column and the smallest rows asked again), ``verify`` (counted
+        by the oracle, see
         :class:`~attnquery.learners._base.QueryLedger`).
     """
 
@@ -550,6 +568,7 @@ class RotaryValueQueryLearner(BaseLearner):
             t, m0 = pr.pairs(A, eye)  # t[j] = A M_{-1} e_j
             bias_data = None
         U_s, S, Vt = _thin_svd(A.T @ t.T, self._rank_tol)
+        small = None
         if self._refines(pr.oracle, S, d):  # the pilot column again, at the learnt scale
             with pr.oracle.stage("refine"):
                 if self.fit_bias:
@@ -558,6 +577,9 @@ class RotaryValueQueryLearner(BaseLearner):
                 else:
                     t[0], m0[0] = (a[0] for a in pr.pairs(A, eye[:1]))
             U_s, S, Vt = _thin_svd(A.T @ t.T, self._rank_tol)
+            small = None if self.fit_bias else self._small_rows(pr, A.T @ t.T, U_s, m0, d)
+        if small is not None:
+            U_s, S, Vt = _thin_svd(small[1], self._rank_tol)
         if self.answer_precision_ != "float64":
             t, m0 = self._served_repeats(pr, v, rng, A, t, m0, S.size)
             U_s, S, Vt = _thin_svd(A.T @ t.T, self._rank_tol)
@@ -569,7 +591,12 @@ class RotaryValueQueryLearner(BaseLearner):
                 t2, _ = pr.pairs(A, eye, 2, gf=g2f)
             else:
                 t2 = pr.triples(A, eye, m1, m0)  # t2[j] = A M_{-2} e_j
-            return U_r.T @ (A.T @ t2.T) @ V_r
+            M2 = A.T @ t2.T
+            if small is not None:  # the same rows of M_{-2}, at their own scales
+                F = small[0]
+                with pr.oracle.stage("refine"):
+                    M2 = M2 + F.T @ (pr.rows(F, F @ M2, 2, m1, m0) - F @ M2)
+            return U_r.T @ M2 @ V_r
 
         return U_s, S, Vt, m2_reduced, bias_data
 
@@ -651,6 +678,23 @@ class RotaryValueQueryLearner(BaseLearner):
             return False
         left = ledger.remaining
         return left is None or rest <= left
+
+    def _small_rows(self, pr, M1, U_s, m0, d: int):
+        """The rows of M_{-1} on its ``rotary_refine_rows(d)`` smallest left singular
+        directions (the last columns of U_s), asked again each at its own logit scale (module
+        docstring, "Refinement"; float64 answers without biases, when the budget has room):
+        returns those directions (rows) and M_{-1} with the rows replaced, or None."""
+        k = rotary_refine_rows(d)
+        left = pr.oracle.remaining
+        rest = d * d + 2 * k * d + check_verify_param(self.verify)
+        if (k == 0 or self.fit_bias or self.answer_precision_ != "float64"
+                or (self.n_queries is not None and pr.oracle.total + rest > self.n_queries)
+                or (left is not None and rest > left)):
+            return None
+        F = U_s[:, -min(k, U_s.shape[1]):].T
+        with pr.oracle.stage("refine"):
+            R1 = pr.rows(F, F @ M1, 1, None, m0)
+        return F, M1 + F.T @ (R1 - F @ M1)
 
     def _biases(self, g1, dk1, Cp, sc):
         """The query and key biases from the zero-last-token probes (``g1 = g_{-1}``,
@@ -1213,6 +1257,25 @@ class _RotaryProber:
             vals = self._in_range(kk.size, measure, _NO_POSITIVE_WEIGHT)
             out[ks] = vals.reshape(ks.size, n)
         return out
+
+    # -- rows at their own scales: F M_{-n} b --------------------------------------------------
+    def rows(self, F, old, n_last, m1, m0):
+        """``F M_{-n_last} b_k`` (k, d) for the coordinate last tokens b_k, each row f of F at
+        the logit scale that brings its largest entry in ``old`` (an earlier measurement) to
+        the target, from probes ``[c f; s b_k (n_last times)]`` given ``m0[k] = b_k^T M_0
+        b_k`` (and ``m1[k] = b_k^T M_{-1} b_k`` when n_last = 2): ``k d`` queries. Entries
+        whose logit falls outside ``max_logit`` keep ``old``."""
+        k, d = F.shape
+        B = np.eye(d)
+        boost = self.target / (self.kappa * np.maximum(np.max(np.abs(old), axis=1), 1e-300))
+        c0, s0, _ = self._scales(F, B, np.full(d, self.kappa))
+        c = np.outer(boost, c0).ravel()  # (row i, column j) at i * d + j
+        s = np.tile(s0, k)
+        logit = self._ask(np.repeat(F, d, axis=0), np.tile(B, (k, 1)), c, s, n_last)
+        const = s0**2 * m0 if n_last == 1 else np.logaddexp(s0**2 * m1, s0**2 * m0)
+        val = (logit.reshape(k, d) + const[None, :]) / (c * s).reshape(k, d)
+        ok = np.isfinite(val) & (np.abs(logit.reshape(k, d)) <= self.max_logit)
+        return np.where(ok, val, old)
 
     # -- three-row probes: A M_{-2} b ----------------------------------------------------------
     def triples(self, A, B, m1, m0):
