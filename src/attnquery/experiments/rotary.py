@@ -139,6 +139,13 @@ def _func_err_by_length(model, est, d: int, rng) -> dict:
     return {str(N): e for N, e in errs.items()}
 
 
+def _freq_err(est, model) -> float:
+    """The largest error of the learnt frequencies (inf when their number is wrong)."""
+    if est.frequencies_.size != model.frequencies.size:
+        return float("inf")
+    return float(np.max(np.abs(est.frequencies_ - model.frequencies)))
+
+
 def run(cell: dict, rng: np.random.Generator) -> dict:
     if cell["variant"] == "layer":
         return run_layer(cell, rng)
@@ -151,8 +158,7 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     est = RotaryValueQueryLearner(rank=dh if cell["variant"] == "lowrank" else None,
                                   random_state=learner_rng)
     m = fit_counted(est, oracle)
-    freq_err = (float(np.max(np.abs(est.frequencies_ - head.frequencies)))
-                if est.frequencies_.size == head.frequencies.size else float("inf"))
+    freq_err = _freq_err(est, head)
     by_length = _func_err_by_length(head, est, d, eval_rng)
     m["rel_err_W"] = relative_error(est.M(-1), head.M(-1))
     m["func_err"] = max(by_length.values())
@@ -188,8 +194,7 @@ def run_layer(cell: dict, rng: np.random.Generator) -> dict:
     est = AttentionLayerLearner(n_heads=H, n_kv_heads=G, positions="rotary", fit_bias=False,
                                 random_state=learner_rng)
     m = fit_counted(est, oracle)
-    freq_err = (float(np.max(np.abs(est.frequencies_ - layer.frequencies)))
-                if est.frequencies_.size == layer.frequencies.size else float("inf"))
+    freq_err = _freq_err(est, layer)
     by_length = _func_err_by_length(layer, est, d, eval_rng)
     groups = _groups_found(est, layer)
     m["func_err"] = max(by_length.values())
@@ -215,8 +220,7 @@ def run_served(cell: dict, rng: np.random.Generator) -> dict:
     budget = served_budget(cell)
     est = RotaryValueQueryLearner(n_queries=budget, random_state=learner_rng)
     m = fit_counted(est, ValueOracle(box, d))
-    freq_err = (float(np.max(np.abs(est.frequencies_ - head.frequencies)))
-                if est.frequencies_.size == head.frequencies.size else float("inf"))
+    freq_err = _freq_err(est, head)
     counts = {N: N_SEQUENCES[N] for N in LENGTHS}
     seed = int(eval_rng.integers(2**63))  # the same sequences for the error and the floor
     by_length = max_error_by_length(box, est.predict, d, np.random.default_rng(seed), counts)

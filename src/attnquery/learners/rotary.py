@@ -672,12 +672,13 @@ class RotaryValueQueryLearner(BaseLearner):
         rest = d * d + check_verify_param(self.verify) + rotary_refine_count(d)
         if self.fit_bias:
             rest += d + 1
-        if self.refine is True:
-            return True
+        return self.refine is True or self._fits(ledger, rest)
+
+    def _fits(self, ledger, rest: int) -> bool:
+        """Whether ``rest`` more queries fit under ``n_queries`` and the oracle's budget."""
         if self.n_queries is not None and ledger.total + rest > self.n_queries:
             return False
-        left = ledger.remaining
-        return left is None or rest <= left
+        return ledger.remaining is None or rest <= ledger.remaining
 
     def _small_rows(self, pr, M1, U_s, m0, d: int):
         """The rows of M_{-1} on its ``rotary_refine_rows(d)`` smallest left singular
@@ -685,11 +686,9 @@ class RotaryValueQueryLearner(BaseLearner):
         docstring, "Refinement"; float64 answers without biases, when the budget has room):
         returns those directions (rows) and M_{-1} with the rows replaced, or None."""
         k = rotary_refine_rows(d)
-        left = pr.oracle.remaining
         rest = d * d + 2 * k * d + check_verify_param(self.verify)
         if (k == 0 or self.fit_bias or self.answer_precision_ != "float64"
-                or (self.n_queries is not None and pr.oracle.total + rest > self.n_queries)
-                or (left is not None and rest > left)):
+                or not self._fits(pr.oracle, rest)):
             return None
         F = U_s[:, -min(k, U_s.shape[1]):].T
         with pr.oracle.stage("refine"):
