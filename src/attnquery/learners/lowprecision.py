@@ -1031,7 +1031,8 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         kappa_p, zero = self._scale_search(pairs, acc0)
         self._first_pass(pairs, acc0, kappa_p, zero, stop=m)
         pairs.acc = None
-        P, S, Qt = np.linalg.svd(acc0.ref[:m] + acc0.s1[:m] / acc0.s0[:m], full_matrices=False)
+        T0 = acc0.ref[:m] + acc0.s1[:m] / acc0.s0[:m]  # the m rows of T measured
+        P, S, Qt = np.linalg.svd(T0, full_matrices=False)
         # W's rank: the last gap of _CANCEL_GAP between consecutive singular values within the
         # first three quarters (the rest is the noise, of a rank below them), above 1e-3 of
         # the largest; none: no clear rank below the rows, no row space to move z in
@@ -1051,7 +1052,7 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         pairs.null = np.linalg.qr(np.column_stack([Q, pairs.v0]))[0]
         step = (Q, P[:, keep], S[keep])
         _move_shift(pairs, *step)
-        sizes, errs = self._design_search(pairs, acc0.ref[:m] + acc0.s1[:m] / acc0.s0[:m], rng)
+        sizes, errs = self._design_search(pairs, T0, rng)
         self.answer_size_ = float(sizes[int(np.nanargmin(errs))])
         for k in range(_CANCEL_STEPS):
             self._key_bias_stage(pairs, d, rng, c_fixed=self.answer_size_ / pairs.uv)
