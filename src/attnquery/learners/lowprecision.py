@@ -139,6 +139,9 @@ _CANCEL_BIAS_ROUNDS = 16
 #: entry logits the design search compares for the sketch's passes (each pair's scale set
 #: from its entry's estimate so that its logit is this); the largest stays within the logit
 #: limit with the dither and the last-token jitter
+#: uniform passes over both sides of the sketch after the first, before the rest of the budget is
+#: shared among the entries by their measured noise (LowPrecisionValueQueryLearner._entry_quotas)
+_SKETCH_UNIFORM = 2
 _SKETCH_LOGITS = (1.5, 2.25, 3.0)
 
 
@@ -492,15 +495,24 @@ class _Pairs:
         P = self.ask(np.repeat(rows, m), cols, kap, dither[cols])
         return P.reshape(5, rows.size, m)
 
-    def sweep(self, rows, kappa, dither):
-        """One pass of ``rows`` over every column; pairs with a non-finite or too large logit
+    def sweep(self, rows, kappa, dither, mask=None):
+        """One pass of ``rows`` over every column (only the entries of ``mask``, (len(rows),
+        columns), where given; the others are NaN); pairs with a non-finite or too large logit
         are asked again at a tenth of the scale. Returns the :func:`pair_logits` of every entry
         and its scale."""
-        P = (self.ask_rows if self.V is None else self.ask_grid)(rows, kappa, dither)
+        if mask is None:
+            P = (self.ask_rows if self.V is None else self.ask_grid)(rows, kappa, dither)
+        else:
+            P = np.full((5,) + mask.shape, np.nan)
+            i, j = np.nonzero(mask)
+            P[:, i, j] = self.ask(rows[i], j, np.broadcast_to(kappa, mask.shape)[i, j],
+                                  dither[j])
         kap = np.broadcast_to(kappa, P.shape[1:]).copy()
         dit = np.broadcast_to(dither, P.shape[1:])
         for _ in range(_MAX_ROUNDS):
             bad = ~(np.abs(P[_T]) <= self.mlog)
+            if mask is not None:
+                bad &= mask
             if not bad.any():
                 return P, kap
             r, c = np.nonzero(bad)
@@ -554,6 +566,48 @@ class _Pairs:
         raise ModelMismatchError(
             f"the answers are not those of a single attention head: no logit scale gave usable "
             f"answers within {_MAX_ROUNDS} rounds for {int(todo.sum())} columns")
+
+
+class _Side:
+    """One side of the rank-r sketch of :meth:`LowPrecisionValueQueryLearner._sketch_passes`:
+    its running means, its directions ``U`` (rows), last tokens ``V`` (rows; None: ``e_j``),
+    each entry's measurements so far and its first last-token sign."""
+
+    def __init__(self, acc, U, V, rng):
+        self.acc, self.U, self.V = acc, U, V
+        self.count = np.zeros(acc.s0.shape, dtype=np.int64)
+        self.base = rng.choice([-1.0, 1.0], size=acc.s0.shape)
+        self.last = []  # each entry's measurements in the uniform passes
+
+    def mean(self) -> np.ndarray:
+        """The entries' weighted means (0 where none was measured yet)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.nan_to_num(self.acc.ref + self.acc.s1 / self.acc.s0)
+
+
+def _noise_model(side) -> np.ndarray:
+    """Each entry's standard deviation of one measurement, ``sqrt(a + b T^2)``: ``a`` and
+    ``b`` (non-negative) fitted to the medians of ``(x_1 - x_2)^2 / 2`` over 16 bins of the
+    entries' ``|T|``, from the side's last two uniform passes (a noise of the answers' own
+    size gives ``b``, one of the box's rounding whatever the entry gives ``a``)."""
+    import scipy.optimize
+
+    T = np.abs(side.mean()).ravel()
+    half = ((side.last[-1] - side.last[-2]) ** 2 / 2.0).ravel()
+    ok = np.isfinite(half)
+    T, half = T[ok], half[ok]
+    edges = np.quantile(T, np.linspace(0.0, 1.0, 17))
+    b = np.clip(np.searchsorted(edges, T, side="right") - 1, 0, 15)
+    rows = [(np.mean(T[b == i] ** 2), np.median(half[b == i]) / 0.455)
+            for i in range(16) if np.count_nonzero(b == i) >= 8]
+    if len(rows) < 2:
+        return np.ones(side.count.shape)
+    t2, v = np.asarray(rows).T
+    sc = np.maximum(v, 1e-300)  # relative residuals: every bin counts alike
+    (a, bb), _ = scipy.optimize.nnls(np.column_stack([np.ones_like(t2), t2]) / sc[:, None],
+                                     v / sc)
+    sd = np.sqrt(a + bb * side.mean() ** 2)
+    return sd if np.all(np.isfinite(sd)) and sd.max() > 0 else np.ones(side.count.shape)
 
 
 def _check_noise(acc) -> None:
@@ -825,7 +879,7 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         # the cancellation's queries: its rows (with their scale search), the design search
         # and two key-bias stages; it runs where a full pass over W is still paid for after it
         cost = (3 * d * _CANCEL_ROWS + 4 * _DESIGN_ENTRIES * _DESIGN_REPS
-                * (len(_CANCEL_SIZES) + len(_SKETCH_LOGITS))
+                * (len(_CANCEL_SIZES) + 2 + len(_SKETCH_LOGITS))
                 + 4 * 2 * d * _MIN_BIAS_ROUNDS)
         # after it, a full pass over W, or two over both sides of its sketch (rank <= 36)
         after = min(2.1 * d * d, 4 * (2 * (_CANCEL_ROWS - _CANCEL_ROWS // 4) + 1) * d)
@@ -965,58 +1019,89 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         """W from both sides of its rank-r sketch, once the query bias is cancelled.
 
         The columns ``Z = U W R`` (every direction of U against r last tokens along W's row
-        space R, from stage 3b's rows) are asked first; the rows ``Y = B W`` (r + 1 directions,
-        a balanced orthonormal basis B of W's column space, from Z, and of v, so that
-        ``|u^T v|`` is large on each, against every coordinate last token) then, and the two
-        sides alternately in passes while the budget pays for them, the last one partial.
-        Then ``W = Z' (B Z')^+ Y`` with ``Z' = U^T Z`` (:meth:`_solve_sketch`): exact for a
-        rank-r W whatever R and B, with the noise of ``r (2d - r) + d`` entries instead of
-        ``d^2``, so each entry is asked about ``d / 2r`` times as often as a full pass allows.
-        Returns the two sides' :class:`_Entries` and B."""
+        space R, from stage 3b's rows) are asked first, each column at its own scale; the rows
+        ``Y = B W`` (r + 1 directions, a balanced orthonormal basis B of W's column space, from
+        Z, and of v, so that ``|u^T v|`` is large on each, against every coordinate last token)
+        then, each entry at its own scale (its estimate from Z). Two more passes over both
+        sides show how each side's noise grows with the size of an entry; the rest of the
+        budget is then shared among the entries of both sides in proportion to the error each
+        measurement of an entry leaves in W (:meth:`_entry_quotas`), every pair at the scale
+        that puts its
+        entry's logit at ``entry_logit_`` and each entry's last-token sign alternating from one
+        measurement to the next. Then ``W = Z' (B Z')^+ Y`` with ``Z' = U^T Z``
+        (:meth:`_solve_sketch`): exact for a rank-r W whatever R and B, with the noise of
+        ``r (2d - r) + d`` entries instead of ``d^2``. Returns the two sides' :class:`_Entries`
+        and B."""
         R, U0, kb = pairs.rowspace, pairs.U, pairs.U.T @ pairs.b  # kb: W z + c_b
         d, r = R.shape
         accZ = _Entries(d, inverse_variance=True, n_cols=r)
         pairs.acc, pairs.jitter_size = accZ, _LAST_TOKEN_JITTER
         with ledger.stage("passes"):
-            self._use_side(pairs, U0, R.T, kb)
-            kz = self._side_scales(pairs, pairs.T0 @ R, d)
-            accZ.add(np.arange(d), np.arange(r), *pairs.sweep(np.arange(d), kz, np.ones(r)))
-            Zw = U0.T @ (accZ.ref + accZ.s1 / accZ.s0)  # W R
+            Z = _Side(accZ, U0, R.T, rng)
+            self._side_pass(pairs, Z, kb, rng, kappa=self._side_scales(pairs, pairs.T0 @ R, d))
+            Zw = U0.T @ Z.mean()  # W R
             Cb = np.linalg.qr(np.column_stack([Zw, pairs.v0]))[0]
             B = balanced_orthonormal(Cb.T @ pairs.v0, rng) @ Cb.T
-            accY = _Entries(r + 1, inverse_variance=True, n_cols=d)
-            sides = ((accZ, U0, R.T), (accY, B, None))
-            done, k, partial = [1, 0], 1, 0
-            bases = [None, None]
-            while True:
-                acc, U, V = sides[k]
-                self._use_side(pairs, U, V, kb)
-                m, n = U.shape[0], d if V is None else V.shape[0]
-                if bases[k] is None:
-                    bases[k] = rng.choice([-1.0, 1.0], size=(m, n))
-                pairs.sign_base = bases[k] * (-1.0) ** done[k]
-                pred = (acc.ref + acc.s1 / acc.s0) if done[k] else B @ Zw @ R.T
-                kap = self._side_scales(pairs, pred, m)
-                left = pairs.left() - 2 * n  # one direction's worth kept for re-asked pairs
-                rows = np.arange(m) if left >= 2 * m * n else np.sort(
-                    rng.choice(m, size=max(0, min(m, left // (2 * n))), replace=False))
-                if rows.size == 0:
-                    break
-                with np.errstate(divide="ignore"):  # each entry's logit at entry_logit_
-                    kap_b = np.minimum(self.entry_logit_ / np.abs(pred[rows]), 10.0 * kap)
-                kap_b = kap_b * np.exp(rng.uniform(-_KAPPA_DITHER, _KAPPA_DITHER, size=n))
-                acc.add(rows, np.arange(n), *pairs.sweep(rows, kap_b,
-                                                         10.0 ** rng.uniform(0.0, 1.0, size=n)))
-                if rows.size < m:
-                    partial = rows.size
-                    break
-                done[k] += 1
-                k = 1 - k
+            Y = _Side(_Entries(r + 1, inverse_variance=True, n_cols=d), B, None, rng)
+            self._side_pass(pairs, Y, kb, rng, pred=B @ Zw @ R.T)
+            for _ in range(_SKETCH_UNIFORM):  # passes that show how the noise grows with T
+                for side in (Z, Y):
+                    if pairs.left() >= 2.5 * side.count.size:
+                        side.last.append(self._side_pass(pairs, side, kb, rng))
+            quotas = self._entry_quotas(pairs, (Z, Y), 1.0 - r / d, rng)
+            for k in range(max(int(q.max()) for q in quotas)):
+                for side, q in zip((Z, Y), quotas, strict=True):
+                    if (q > k).any():
+                        self._side_pass(pairs, side, kb, rng, mask=q > k)
         self._use_side(pairs, U0, None, kb)
         pairs.sign_base = None
-        self.n_passes_, self.n_partial_rows_ = min(done), partial
+        self.n_passes_ = int(min(np.min(Z.count), np.min(Y.count)))
+        self.n_partial_rows_ = 0
         self.logit_scale_ = self._side_scales(pairs, B @ Zw @ R.T, r + 1)
-        return accZ, accY, B
+        return Z.acc, Y.acc, B
+
+    def _side_pass(self, pairs, side, kb, rng, kappa=None, pred=None, mask=None) -> None:
+        """One pass over a side of the sketch (the entries of ``mask`` only, where given): at
+        the columns' scales ``kappa``, or at each entry's own (the logit ``entry_logit_`` from
+        ``pred``, the side's estimate by default, and at most ten times its column's), dithered
+        per column; each entry's last-token sign alternates with its measurements."""
+        self._use_side(pairs, side.U, side.V, kb)
+        m, n = side.count.shape
+        if kappa is None:
+            pred = side.mean() if pred is None else pred
+            with np.errstate(divide="ignore"):  # each entry's logit at entry_logit_
+                kappa = np.minimum(self.entry_logit_ / np.abs(pred),
+                                   10.0 * self._side_scales(pairs, pred, m))
+        kappa = kappa * np.exp(rng.uniform(-_KAPPA_DITHER, _KAPPA_DITHER, size=n))
+        pairs.sign_base = side.base * (-1.0) ** side.count
+        rows = np.arange(m) if mask is None else np.flatnonzero(mask.any(axis=1))
+        sub = None if mask is None else mask[rows]
+        kap = np.broadcast_to(kappa, (m, n))[rows]
+        P, kap = pairs.sweep(rows, kap, 10.0 ** rng.uniform(0.0, 1.0, size=n), sub)
+        side.acc.add(rows, np.arange(n), P, kap)
+        side.count[rows] += 1 if mask is None else sub
+        with np.errstate(invalid="ignore"):
+            return np.where(np.abs(P[_T]) <= pairs.mlog, P[_T] / kap, np.nan)
+
+    def _entry_quotas(self, pairs, sides, keep: float, rng):
+        """Measurements of every entry of both sides after those made so far: the pairs the
+        budget has left (less a reserve for pairs asked again) shared in proportion to the
+        error one measurement of the entry leaves in W, its noise times ``sqrt(keep)`` on Z
+        (the share of its error off W's column space): the allocation that minimizes the
+        summed variances for the budget. An entry's noise is ``sqrt(a + b T_e^2)``, fitted on
+        each side to the differences of its last two passes (:func:`_noise_model`; uniform
+        without them); fractions are rounded at random."""
+        cost = []
+        for k, side in enumerate(sides):
+            sd = _noise_model(side) if len(side.last) >= 2 else np.ones(side.count.shape)
+            cost.append(sd * (np.sqrt(keep) if k == 0 else 1.0))
+        total = sum(float(c.sum()) for c in cost)
+        n = max(0, int(0.997 * pairs.left()) - 4 * pairs.U.shape[1]) // 2
+        out = []
+        for c in cost:
+            q = n * c / total
+            out.append(np.floor(q) + (rng.random(q.shape) < q - np.floor(q)))
+        return out
 
     def _solve_sketch(self, pairs, accZ, accY, B) -> float:
         """W, v, the key bias and the error estimates from the two sides of the sketch
@@ -1032,7 +1117,8 @@ class LowPrecisionValueQueryLearner(BaseLearner):
                                       "usable pair")
         Zw = U0.T @ (accZ.ref + accZ.s1 / accZ.s0)  # W R
         Y = accY.ref + accY.s1 / accY.s0  # B W
-        Uh, sh, Vht = np.linalg.svd(Zw @ np.linalg.pinv(B @ Zw), full_matrices=False)
+        core = 0.5 * (B @ Zw + Y @ R)  # B W R, measured by both sides
+        Uh, sh, Vht = np.linalg.svd(Zw @ np.linalg.pinv(core), full_matrices=False)
         a, sv, bt = np.linalg.svd((sh[:r, None] * Vht[:r]) @ Y, full_matrices=False)
         L, Rf = Uh[:, :r] @ a[:, :r], bt[:r].T  # W = L diag(sv) Rf^T, L orthonormal
         sv = sv[:r]
@@ -1256,7 +1342,11 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         step = (Q, P[:, keep], S[keep])
         _move_shift(pairs, *step)
         grid, errs = self._design_search(pairs, T0, rng, _CANCEL_SIZES)
-        self.answer_size_ = float(grid[int(np.nanargmin(errs)), 0])
+        best = int(np.nanargmin(errs))
+        a = float(grid[best, 0])  # then the sizes a factor sqrt(3) either side
+        g2, e2 = self._design_search(pairs, T0, rng, (a / np.sqrt(3.0), a * np.sqrt(3.0)))
+        g2, e2 = np.vstack([g2, grid[[best]]]), np.append(e2, errs[best])
+        self.answer_size_ = float(g2[int(np.nanargmin(e2)), 0])
         # the entries' logit of the sketch's passes, at that answer size
         grid, errs = self._design_search(pairs, T0, rng, (self.answer_size_,), _SKETCH_LOGITS)
         self.entry_logit_ = float(grid[int(np.nanargmin(errs)), 1])
