@@ -185,7 +185,10 @@ class AttentionLayerLearner(BaseLearner):
         Probes of the isolated heads asked again at a smaller scale (0 on ordinary layers).
     scan_ : dict
         The circle that separated the heads: its scale ``T``, the planes tried, the narrowest
-        arc between two estimated crossings (radians).
+        arc between two estimated crossings (radians); served mode: ``rejected``, circles whose
+        v's passed the arcs' checks but leaked in the isolation test
+        (:func:`.served.isolation_test`), and ``isolation``, the kept circle's deviation in it
+        (None in exact mode).
     verify_error_ : float
     n_verify_queries_ : int
     noise_level_ : float or None
@@ -575,7 +578,7 @@ class AttentionLayerLearner(BaseLearner):
         """Every ``v_h``, from the arcs of a circle of saturated queries."""
         d = run.d
         x0 = rng.standard_normal(d) / np.sqrt(d)
-        tried = 0
+        tried = rejected = 0
         for _ in range(int(self.max_planes)):
             P, _ = np.linalg.qr(rng.standard_normal((d, 2)))
             p, q = P[:, 0], P[:, 1]
@@ -620,14 +623,34 @@ class AttentionLayerLearner(BaseLearner):
             coef, *_ = np.linalg.lstsq(D.T, run.V, rcond=None)
             if np.max(np.abs(np.abs(coef) - 1.0)) > tol_c:
                 continue
-            self.scan_ = {"T": float(T), "planes": tried, "min_arc": float(widths.min())}
-            return np.sign(coef)[:, None] * D
+            vs = np.sign(coef)[:, None] * D
+            leak = self._isolation(run, vs, x0, Tg, rng)  # served mode: v's that leak
+            if leak is not None and not leak <= served.ISOLATION_TOL:
+                rejected += 1
+                continue
+            self.scan_ = {"T": float(T), "planes": tried, "min_arc": float(widths.min()),
+                          "rejected": rejected, "isolation": leak}
+            return vs
+        why = (f"; {rejected} of them gave value vectors that passed the arcs' checks but did "
+               "not isolate the heads (served mode: the other heads leaked into queries "
+               "orthogonal to their v's)" if rejected else "")
         raise SearchLimitError(
             f"no circle of {int(self.max_planes)} tried separated the {H} heads: along each, "
             f"fewer than {H} sign changes of the heads' logits could be told apart, or the "
             "arcs' gradients did not decompose into value vectors summing to V (heads with "
             "nearly equal query vectors, a head that never changes sign, another number of "
-            "heads than n_heads, or biases the learner was told are absent: fit_bias=False)")
+            "heads than n_heads, or biases the learner was told are absent: fit_bias=False)"
+            + why)
+
+    @staticmethod
+    def _isolation(run: _Layer, vs, x0, scale: float, rng) -> float | None:
+        """Served mode: how far the scan's v's are from isolating every head
+        (:func:`.served.isolation_test`, refused beyond ``ISOLATION_TOL``). Exact mode: None,
+        nothing asked (the arcs' checks are exact there)."""
+        if run.noise is None:
+            return None
+        check_budget(run.ledger, served.isolation_queries(vs.shape[0]), "the scan's check")
+        return served.isolation_test(run, vs, x0, served.ISOLATION_SCALE * scale, rng)[0]
 
     def _gradient_pairs(self, run: _Layer, H: int) -> int:
         """Served mode: distinct step pairs per coordinate of the arcs' gradients (0: exact)."""
