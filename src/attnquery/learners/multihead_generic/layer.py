@@ -39,7 +39,8 @@ a permutation, with two facts about two-row queries ``[x + delta; x]``:
 
 Queries: ``d + 1`` (V and beta, one-row queries), the circle (a few coarse scans of
 ``n_grid`` angles while its scale grows, refinements of ``36`` angles per unsaturated stretch,
-and ``2d + 1`` per arc for its gradient: about ``(H + 1)(2d + 1)`` plus a few thousand), and
+and ``2d + 1`` per arc for its gradient: about ``(H + 1)(2d + 1)`` plus a few thousand; in
+served mode also ``16 H`` per circle for its isolation test, :func:`.served.isolation_test`), and
 exactly :func:`layer_probe_count` for the rest:
 ``H [(d - H + 1)(r + 1) + (r + p)(d - r)]`` for the isolated heads (key bias, right and left
 sketch; ``p`` = ``oversample``) and ``2 H (H - 1)(r + 1)`` for the missing directions, plus
