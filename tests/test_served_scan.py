@@ -158,3 +158,36 @@ def test_minilm_layer_2_leaky_circle_is_refused(monkeypatch):
     assert len(seen) == 2 and est.scan_["rejected"] == 1
     assert seen[0][0] > 0.1 and worst_v(seen[0][1]) > 1.0  # measured 0.49 and 3.7
     assert seen[1][0] <= 1e-3 and worst_v(seen[1][1]) <= 1e-3  # measured 1.6e-4 and 4.5e-4
+
+
+@pytest.mark.parametrize("precision", ["float16", "bfloat16"])
+def test_narrow_start_scale_stands_out_of_the_rounding(ckpt, precision):
+    # the start scale read at T0 = 1e-3 was rounding in float16 and bfloat16 (0.0009 to 0.002
+    # on this layer against 17 to 26 exactly): the scan's 8 scales then never reached a circle
+    # that separates the heads. Narrow formats grow T0 until the even part is resolved.
+    rng = np.random.default_rng(0)
+    x0 = rng.standard_normal(D) / np.sqrt(D)
+    P, _ = np.linalg.qr(rng.standard_normal((D, 2)))
+    scales = {}
+    for prec in ("float64", precision):
+        oracle = ValueOracle(ModuleBlackBox(ckpt, 0, precision=prec), D)
+        truth = _truth(ckpt)
+        led = QueryLedger(oracle)
+        noise = S.measure_noise(led, D, np.random.default_rng(1), float(np.sqrt(D)))
+        run = _Layer(led, sum(h.v for h in truth.heads), truth.total_offset,
+                     noise=None if prec == "float64" else noise)
+        assert S.narrow(run.noise) == (prec != "float64")
+        scales[prec] = AttentionLayerLearner(n_heads=H)._start_scale(run, x0, P[:, 0], P[:, 1])
+    assert 0.25 <= scales[precision] / scales["float64"] <= 4.0
+
+
+def test_scan_settings_of_float32_and_exact_mode_are_unchanged():
+    for noise, step, pairs in ((None, 0.05, 0), (1e-7, S.STEP_FRACTION, S.MAX_GRADIENT_PAIRS),
+                               (9e-6, S.STEP_FRACTION, S.MAX_GRADIENT_PAIRS)):
+        cfg = S.scan_settings(noise, 16.0)
+        assert (cfg.gradient_scale, cfg.step, cfg.max_pairs) == (16.0, step, pairs)
+        assert (cfg.isolation_scale, cfg.isolation_tol) == (S.ISOLATION_SCALE, S.ISOLATION_TOL)
+        assert S.verify_units(noise) == S.VERIFY_NOISE
+    cfg = S.scan_settings(5.8e-4, 16.0)
+    assert cfg.isolation_tol == S.NARROW_ISOLATION_TOL and cfg.step == S.NARROW_STEP_FRACTION
+    assert S.verify_units(5.8e-4) == S.NARROW_VERIFY_NOISE

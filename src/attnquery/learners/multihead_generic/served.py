@@ -16,6 +16,8 @@ This module holds the pieces that only the served mode uses; :mod:`.layer` calls
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from ...errors import AssumptionViolation, BudgetExceededError, SearchLimitError
@@ -26,7 +28,9 @@ __all__ = ["Capped", "repeated", "measure_noise", "clean_tol", "fd_tol", "noisy_
            "NOISY_MAX_LOGIT", "VERIFY_NOISE", "value_queries", "saturated_values",
            "VALUE_SAMPLES", "VALUE_LOGIT", "silence",
            "missing_factor", "isolation_test", "isolation_queries", "ISOLATION_SAMPLES",
-           "ISOLATION_TOL", "ISOLATION_SCALE"]
+           "ISOLATION_TOL", "ISOLATION_SCALE", "NARROW_NOISE", "narrow", "resolved",
+           "START_STEPS", "START_GROWTH", "START_RESOLVE", "ScanSettings", "scan_settings",
+           "NARROW_LEAST_SCALE", "verify_units"]
 
 #: antipodal pairs of one-row queries that measure the answers' relative noise
 NOISE_QUERIES = 64
@@ -71,6 +75,87 @@ VALUE_LOGIT = 40.0
 #: a saturated fit's residual beyond this many units of the answers' noise: the heads were
 #: not saturated as the rough estimates predicted
 VALUE_RESIDUAL = 100.0
+
+#: answers noisier than this (relative) are a narrow format's: float16 (5.8e-4 on the synthetic
+#: layer), bfloat16 (4.1e-3); float32's are 1.1e-7 to 3.8e-7. Only there do the scan's
+#: narrow-format steps apply (:func:`narrow`), so float32 fits are unchanged bit for bit
+NARROW_NOISE = 1e-5
+#: narrow formats: the start scale's small circle grows by this factor ...
+START_GROWTH = 4.0
+#: ... at most this many times less one, until the answers' even part is this many units of
+#: the noise (of the largest answer) (:func:`resolved`)
+START_STEPS = 12
+START_RESOLVE = 32.0
+
+
+#: narrow formats: where the box's format overflows (answers not finite: float16 at 16 times the
+#: separating circle on the synthetic layer), the arcs' gradients are taken on a circle 4
+#: times smaller, down to this many times the separating circle (saturation needs logits of
+#: ``log(1 / noise)`` only there, 7.5 in float16)
+NARROW_LEAST_SCALE = 2.0
+#: narrow formats: a coordinate step of an arc's gradient, in units of the arc's width times
+#: the circle's scale (0.05 otherwise; kinks are still detected and the step quartered there)
+NARROW_STEP_FRACTION = 0.2
+#: narrow formats: distinct step pairs per coordinate, at most (4 otherwise)
+NARROW_MAX_PAIRS = 16
+#: narrow formats: the isolation test's deltas in units of the gradients' circle (4 otherwise:
+#: 8 times a circle overflows float16)
+NARROW_ISOLATION_SCALE = 1.0
+#: narrow formats: the isolation test's tolerance. The scan's v's are only a start there (the
+#: arcs' gradients carry 1e-2 to 1e-1 of rounding: the saturated queries measure them again to
+#: the format's floor); measured on the synthetic layer (float16, bfloat16): circles whose v's
+#: were 2.5 % to 13 % off at 0.011 to 0.11 (seed 3's first circle, 7 % and 0.05, gave a fit like
+#: the others'), wrong ones (v's off by 0.8 to 3.4) at 0.31 to 0.56
+NARROW_ISOLATION_TOL = 0.2
+
+
+@dataclasses.dataclass(frozen=True)
+class ScanSettings:
+    """The circle scan's constants: the gradients' circle (in units of the separating one),
+    the coordinate step (in units of an arc's width times that circle), the gradients' step
+    pairs at most (0: exact mode's two steps), the isolation test's scale and tolerance."""
+
+    gradient_scale: float
+    step: float
+    max_pairs: int
+    isolation_scale: float
+    isolation_tol: float
+
+
+def scan_settings(noise, gradient_scale: float) -> ScanSettings:
+    """The scan's constants for answers of relative noise ``noise`` (None: exact mode, whose
+    gradients' circle is ``gradient_scale`` times the separating one): exact and float32
+    answers keep theirs, narrow formats (:func:`narrow`) get the ``NARROW_*`` ones."""
+    if not narrow(noise):
+        return ScanSettings(float(gradient_scale), 0.05 if noise is None else STEP_FRACTION,
+                            0 if noise is None else MAX_GRADIENT_PAIRS, ISOLATION_SCALE,
+                            ISOLATION_TOL)
+    return ScanSettings(float(gradient_scale), NARROW_STEP_FRACTION, NARROW_MAX_PAIRS,
+                        NARROW_ISOLATION_SCALE, NARROW_ISOLATION_TOL)
+
+
+#: narrow formats: the check's relative tolerance in units of the answers' noise (``VERIFY_NOISE``
+#: = 1e3 units would be 0.58 in float16 and 4.1 in bfloat16, a check that cannot fail).
+#: Measured disagreements of float16 fits that passed: 10 to 14 units (6e-3 to 8e-3)
+NARROW_VERIFY_NOISE = 64.0
+
+
+def verify_units(noise) -> float:
+    """The check's tolerance in units of the answers' noise: ``VERIFY_NOISE``, or
+    ``NARROW_VERIFY_NOISE`` for narrow formats (:func:`narrow`)."""
+    return NARROW_VERIFY_NOISE if narrow(noise) else VERIFY_NOISE
+
+
+def narrow(noise) -> bool:
+    """Whether answers of relative noise ``noise`` (None: exact mode) are a narrow format's
+    (float16, bfloat16: beyond ``NARROW_NOISE``)."""
+    return noise is not None and float(noise) > NARROW_NOISE
+
+
+def resolved(part: float, fmax: float, noise) -> bool:
+    """Whether a part of the answers of size ``part`` stands ``START_RESOLVE`` units of the
+    noise above the rounding of answers of size ``fmax`` (always, outside narrow formats)."""
+    return not narrow(noise) or part >= START_RESOLVE * float(noise) * fmax
 
 
 #: random deltas per head of the scan's isolation test (:func:`isolation_test`)
@@ -305,11 +390,12 @@ def noisy_gradient(ask, d: int, h: float, pairs: int, noise: float):
                            "logit changes sign within every step tried")
 
 
-def gradient_pairs(budget_left: int, d: int, n_arcs: int) -> int:
+def gradient_pairs(budget_left: int, d: int, n_arcs: int,
+                   most: int = MAX_GRADIENT_PAIRS) -> int:
     """Distinct step pairs per coordinate for the arcs' gradients: ``GRADIENT_SHARE`` of what
-    is left (at least one pair, at most ``MAX_GRADIENT_PAIRS``)."""
+    is left (at least one pair, at most ``most``)."""
     k = int(GRADIENT_SHARE * budget_left // (2 * d * n_arcs))
-    return int(min(max(k, 1), MAX_GRADIENT_PAIRS))
+    return int(min(max(k, 1), int(most)))
 
 
 def plan_repeats(budget_left: int, per_pass: int, what: str) -> int:
