@@ -328,6 +328,10 @@ class AttentionLayerLearner(BaseLearner):
                 self._check_served_budget(ledger, d)
                 noise = served.measure_noise(ledger, d, rng.spawn(1)[0],
                                              float(np.sqrt(d)))
+            if served.narrow(noise):  # narrow formats: V and beta averaged
+                check_budget(ledger, served.constant_queries(d), "reading V and beta again")
+                V, beta = served.constants(ledger, d, rng.spawn(1)[0])
+                head = dataclasses.replace(head, v=V, offset=beta)
         self.noise_level_ = noise
         return _Layer(ledger, head.v, head.offset,
                       None if base is None else base / np.linalg.norm(base), noise=noise)
@@ -914,9 +918,12 @@ class AttentionLayerLearner(BaseLearner):
         if run.rough:  # the rough pass: the scan's v's let other heads leak into the answer
             alpha = np.clip(alpha, served.ROUGH_CLIP, 1.0 - served.ROUGH_CLIP)
         if not np.all((alpha > 0) & (alpha < 1)):
+            why = (f"answers of relative noise {run.noise:.2g} (a narrow format's) leave the "
+                   "heads measured so far too rough for these probes" if served.narrow(run.noise)
+                   else "the heads are not those of an attention layer")
             raise AssumptionViolation(
                 f"a probe of head {g} along the value direction of head {j} answered outside "
-                f"(0, 1) after silencing head {j}: the heads are not those of an attention layer")
+                f"(0, 1) after silencing head {j}: {why}")
         logit = np.log(alpha) - np.log1p(-alpha)
         val = (logit[:n] - logit[n:]) / t  # nu_j^T a_g(x)
         if bias:
