@@ -31,7 +31,8 @@ __all__ = ["Capped", "repeated", "measure_noise", "clean_tol", "fd_tol", "noisy_
            "ISOLATION_TOL", "ISOLATION_SCALE", "NARROW_NOISE", "narrow", "resolved",
            "START_STEPS", "START_GROWTH", "START_RESOLVE", "ScanSettings", "scan_settings",
            "NARROW_LEAST_SCALE", "verify_units",
-           "constants", "constant_queries", "CONST_SAMPLES"]
+           "constants", "constant_queries", "CONST_SAMPLES",
+           "LAYER_MAX_NOISE"]
 
 #: antipodal pairs of one-row queries that measure the answers' relative noise
 NOISE_QUERIES = 64
@@ -145,6 +146,15 @@ def verify_units(noise) -> float:
     """The check's tolerance in units of the answers' noise: ``VERIFY_NOISE``, or
     ``NARROW_VERIFY_NOISE`` for narrow formats (:func:`narrow`)."""
     return NARROW_VERIFY_NOISE if narrow(noise) else VERIFY_NOISE
+
+
+#: the layer learner's largest relative noise (the low-precision learner's ``MAX_NOISE_LEVEL``,
+#: 0.03, is a single head's). Measured on the synthetic layer: float16 (noise 3.4e-4 to 5.8e-4)
+#: is extracted at 10 to 100 ``layer_dof`` with heads' W errors of 13 to 175 units of the noise;
+#: bfloat16 (3.1e-3 to 4.1e-3) was refused by every fit tried (20, 50, 100 ``layer_dof``,
+#: learner seeds 0 to 3: no separating circle, or rough heads too rough for the saturated or
+#: missing-direction queries) after spending 7 to 19 ``layer_dof``: refused at once instead
+LAYER_MAX_NOISE = 2e-3
 
 
 def narrow(noise) -> bool:
@@ -341,7 +351,8 @@ def measure_noise(ledger, d: int, rng, scale: float) -> float:
     ------
     AssumptionViolation
         Beyond ``MAX_NOISE_LEVEL`` (a pair's log-ratio is then biased by about the noise
-        squared, which averaging does not remove), or when an answer is not finite.
+        squared, which averaging does not remove), beyond ``LAYER_MAX_NOISE`` (bfloat16's
+        noise: measured, no fit succeeded), or when an answer is not finite.
     """
     n = NOISE_QUERIES
     X = scale * rng.standard_normal((n, 1, d)) / np.sqrt(d)
@@ -357,6 +368,12 @@ def measure_noise(ledger, d: int, rng, scale: float) -> float:
         raise AssumptionViolation(
             f"the answers carry a relative noise of {noise:.3g}, above the {MAX_NOISE_LEVEL:g} "
             "the layer learner allows")
+    if noise > LAYER_MAX_NOISE:
+        raise AssumptionViolation(
+            f"the answers carry a relative noise of {noise:.3g} (bfloat16's is about 4e-3), above "
+            f"the {LAYER_MAX_NOISE:g} the layer learner reads: its heads would be off by tens of "
+            "units of it, too rough for the saturated and missing-direction probes (measured "
+            "on synthetic layers in bfloat16 at up to 100 layer_dof, docs/served.md)")
     return noise
 
 
