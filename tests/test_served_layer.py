@@ -128,8 +128,9 @@ def test_float16_layer_is_extracted(ckpt, engine):
     # before the narrow-format scan (docs/served.md, Whole layers) float16 was refused with
     # SearchLimitError at every budget: the start scale, read at a circle whose answers are
     # rounding, was 2.6e4 times too small, so the 8 scales never separated the heads.
-    # Measured (20 layer_dof, learner seed 0): ours W 1.4e-2, v 5.7e-4 (floor 4.9e-4), c 8.3e-3,
-    # function 4.6e-4, noise 5.8e-4; onnxruntime W 9.9e-3, v 5.1e-4, function 2.3e-4
+    # Measured (20 layer_dof, learner seed 0): ours W 1.5e-2 (floor 3.1e-4), v 5.5e-4 (floor
+    # 4.9e-4), c 8.9e-3, function 2.5e-4, noise 5.8e-4; onnxruntime W 3.5e-2, v 5.0e-4,
+    # function 3.3e-4 (a wrong head is off by O(1))
     box = (ModuleBlackBox(ckpt, 0, precision="float16") if engine == "ours"
            else module_box(ckpt, 0, None, "float16"))
     oracle = ValueOracle(box, D)
@@ -137,7 +138,7 @@ def test_float16_layer_is_extracted(ckpt, engine):
     est = AttentionLayerLearner(n_heads=H, n_queries=budget, random_state=0).fit(oracle)
     truth = _truth(ckpt)
     eW, ev, ec = _errors(est, truth)
-    assert eW <= 5e-2 and ev <= 2e-3 and ec <= 5e-2
+    assert eW <= 0.1 and ev <= 2e-3 and ec <= 0.1
     assert functional_error(truth, est.predict, D, np.random.default_rng(1)) <= 2e-3
     assert 1e-4 <= est.noise_level_ <= 2e-3
     assert est.n_queries_ == oracle.n_queries <= budget
