@@ -161,8 +161,12 @@ class AttentionLayerLearner(BaseLearner):
         every tolerance (the scan's saturation test, the finite differences, the check) is tied
         to it; the arcs' gradients and every isolated and missing-direction probe are averaged
         over as many distinct queries as the budget pays for (:mod:`.served`); no query beyond
-        ``n_queries`` is asked (:class:`~attnquery.errors.BudgetExceededError` instead). None
-        (default): the exact learner, bit for bit as before.
+        ``n_queries`` is asked (:class:`~attnquery.errors.BudgetExceededError` instead). Narrow
+        formats (noise above :data:`.served.NARROW_NOISE`, float16) get the scan's own
+        constants (:func:`.served.scan_settings`) and V and beta read again; answers noisier
+        than :data:`.served.LAYER_MAX_NOISE` (bfloat16's) are refused with
+        :class:`~attnquery.errors.AssumptionViolation`. None (default): the exact learner, bit
+        for bit as before.
     random_state : int, sequence of ints, Generator or None
         Seed of every random choice (scan plane, sketches, checks).
 
