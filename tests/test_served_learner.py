@@ -167,3 +167,15 @@ def test_two_heads_are_refused_where_the_query_bias_would_be_cancelled():
     b = random_head(64, 11, rank=8, key_bias=0.3)
     with pytest.raises((ModelMismatchError, AssumptionViolation)):
         _fit64(MultiHeadAttention([a, b], precision="float32"), 8)
+
+
+def test_narrow_formats_keep_the_entry_by_entry_passes(ckpt64):
+    """The sketch is used where the answers are float32's or finer: in bfloat16 the query bias
+    is cancelled as before but W is measured entry by entry (the sketch made some MiniLM heads
+    worse there, docs/served.md)."""
+    box = ModuleBlackBox(ckpt64, 0, 2, precision="bfloat16")
+    est, _ = _fit64(box, 12)
+    assert est.query_bias_cancelled_ and not est.sketch_ and est.entry_logit_ is None
+    eW, _, _ = _errors(est, _truth(ckpt64, 2))
+    floor = floor_W(ckpt64, 2, "bfloat16")
+    assert floor < eW <= 2.5 * floor, (eW, floor)
