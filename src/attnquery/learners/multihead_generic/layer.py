@@ -349,8 +349,10 @@ class AttentionLayerLearner(BaseLearner):
         d = run.d
         per = layer_probe_count(d, H, r, int(self.oversample), bool(self.fit_bias)) - d - 1
         miss = 2 * H * (H - 1) * (r + int(bool(self.fit_bias)))
-        # the rough pass and the value vectors' saturated queries come first
-        left = self._budget_left(run) - per - H * served.value_queries(d)
+        # the rough pass and the value vectors' saturated queries come first; each head's two
+        # probers ask their pilots again once in the rough pass and once over the passes
+        left = (self._budget_left(run) - per - H * served.value_queries(d)
+                - 2 * H * 2 * PILOT)
         reps = served.plan_repeats(left, per,
                                    f"AttentionLayerLearner(n_queries={int(self.n_queries)})")
         k = served.missing_factor(per - miss, miss, left, reps)
