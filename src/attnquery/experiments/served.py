@@ -132,7 +132,8 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
             "goal_W": goal, "spent_per_unknown": oracle.n_queries / unit,
             "n_overflow": est.n_overflow_, "W_error_estimate": est.W_error_estimate_,
             "noise_level": est.noise_level_, "n_passes": est.n_passes_,
-            "verify_error": est.verify_error_,
+            "verify_error": est.verify_error_, "sketch": bool(est.sketch_),
+            "query_bias_cancelled": bool(est.query_bias_cancelled_),
         },
     }
 

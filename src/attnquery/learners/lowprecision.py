@@ -52,7 +52,12 @@ inverse variance, and logits stay within 8: in a box computed in float32, float1
 the scores' own rounding, of order ``eps |k| |q|``, is what limits the precision. Where W's rank
 is below 48 and d above it, the shift is then moved within W's row space until ``W z + c = 0``
 (the query bias cancelled in the query vector itself), which frees the probes' scale from the
-key bias's cap; their answer size is then chosen by the measured scatter of repeated probes.
+key bias's cap; their answer size is then chosen by the measured scatter of repeated probes,
+and W, of rank r, is measured from both sides of its sketch (``U W R`` along its row space R
+and ``B W`` along its column space and v), ``r (2d - r) + d`` entries instead of ``d^2``: each
+is asked often enough that its pairs' scale can be set from its own estimate (all at one
+logit, chosen by the same measured scatter) and its last-token signs alternate from pass to
+pass (errors that flip with the sign, such as the key bias's, cancel instead of averaging).
 
 Floating-point formats carry more absolute precision near zero than near their largest answers;
 this learner does not exploit that (it treats every answer as carrying the same relative noise),
@@ -131,6 +136,15 @@ _CANCEL_SIZES = (0.03, 0.1, 0.3, 1.0, 3.0)
 _DESIGN_ENTRIES, _DESIGN_REPS = 64, 3
 #: key-bias rounds per expected pass over W once the query bias is cancelled
 _CANCEL_BIAS_ROUNDS = 16
+#: entry logits the design search compares for the sketch's passes (each pair's scale set
+#: from its entry's estimate so that its logit is this); the largest stays within the logit
+#: limit with the dither and the last-token jitter
+#: uniform passes over both sides of the sketch after the first, before the rest of the budget is
+#: shared among the entries by their measured noise (LowPrecisionValueQueryLearner._entry_quotas)
+_SKETCH_UNIFORM = 2
+_SKETCH_LOGITS = (1.5, 2.25, 3.0)
+#: largest relative noise of the answers (measured on the rows of stage 3b) for the sketch
+_SKETCH_NOISE = _JITTER_NOISE
 
 
 
@@ -183,18 +197,19 @@ class _Entries:
     ``(y+ - y-) / c = u^T v`` over the columns that share a direction.
     """
 
-    def __init__(self, d: int, inverse_variance: bool = False):
+    def __init__(self, d: int, inverse_variance: bool = False, n_cols: int | None = None):
         #: weigh each measurement by kappa^2 min(1, 2 / H) (its inverse variance, up to the
         #: noise level) instead of kappa^2: a pair whose smaller answer nears the rest of the
         #: answer (a large H) then counts little (used with fit_bias)
         self.iv = inverse_variance
-        self.ref = np.full((d, d), np.nan)  # first z of each entry
+        shape = (d, d if n_cols is None else int(n_cols))  # directions x last tokens
+        self.ref = np.full(shape, np.nan)  # first z of each entry
 
-        self.s0 = np.zeros((d, d))  # sum of weights kappa^2
-        self.s1 = np.zeros((d, d))  # sum of w (z - ref)
-        self.s2 = np.zeros((d, d))  # sum of w (z - ref)^2
-        self.h = np.zeros((d, d))  # sum of kappa^2 H: logit variance per sigma^2
-        self.n = np.zeros((d, d), dtype=np.int64)
+        self.s0 = np.zeros(shape)  # sum of weights kappa^2
+        self.s1 = np.zeros(shape)  # sum of w (z - ref)
+        self.s2 = np.zeros(shape)  # sum of w (z - ref)^2
+        self.h = np.zeros(shape)  # sum of kappa^2 H: logit variance per sigma^2
+        self.n = np.zeros(shape, dtype=np.int64)
         self.mref = np.full(d, np.nan)  # u_l^T v: first per-row mean
         self.om = np.zeros(d)  # sum of weights omega = c^2 / q
         self.m1 = np.zeros(d)
@@ -247,16 +262,21 @@ class _Entries:
         return float(np.sqrt(self.ss / self.dof)) if self.dof else float("nan")
 
 
-def _fill_pairs(X, c, U, s, cols) -> None:
+def _fill_pairs(X, c, U, s, cols, V=None) -> None:
     """Write antipodal probe pairs into ``X`` (k, ..., 2, 2, d): for each k (a column) and
     each direction ``u`` of ``U`` (broadcast over the middle axes), the queries
     ``[(c_k u + s_k e_j); s_k e_j]`` and ``[(-c_k u + s_k e_j); s_k e_j]`` with
-    ``j = cols[k]``. The one pair-query builder of the learner."""
+    ``j = cols[k]`` (with ``V``, rows of last-token directions: ``V[j]`` instead of ``e_j``).
+    The one pair-query builder of the learner."""
     extra = X.ndim - 4  # axes between the column and the pair
     np.multiply(c.reshape(c.shape + (1,) * (extra + 1)), U, out=X[..., 0, 0, :])
     np.negative(X[..., 0, 0, :], out=X[..., 1, 0, :])
     X[..., 1, :] = 0.0
-    X[np.arange(len(cols)), ..., cols] += s.reshape(s.shape + (1,) * (extra + 2))
+    s = s.reshape(s.shape + (1,) * (extra + 2))
+    if V is None:
+        X[np.arange(len(cols)), ..., cols] += s
+    else:
+        X += s[..., None] * V[cols].reshape((len(cols),) + (1,) * (extra + 2) + (V.shape[1],))
 
 
 def _move_shift(pairs, Q, P, S) -> None:
@@ -329,6 +349,13 @@ class _Pairs:
         self.null = None  # with fit_bias: basis of W's row space and v, once z is moved
         self.first = None  # with fit_bias: (b, its variance, z) at the shift before the move
         self.jitter_size = 0.0
+        self.V = None  # last-token directions (rows) of the columns; None: e_j
+        self.sign_base = None  # the sketch's passes: each entry's last-token sign
+        self.rowspace = self.T0 = None  # with fit_bias: W's row space and rows found in 3b
+
+    def col_v(self, cols) -> np.ndarray:
+        """``w_j^T v`` for the columns' last-token directions (``v_j`` for ``e_j``)."""
+        return self.v0[cols] if self.V is None else self.V[cols] @ self.v0
 
     def answers(self, X) -> np.ndarray:
         """The ledger's answers to X; answers that are not finite (the box's format
@@ -349,6 +376,8 @@ class _Pairs:
         rest of the answer)."""
         if self.acc is None:
             return np.ones(np.broadcast_shapes(np.shape(rows), np.shape(cols)))
+        if self.sign_base is not None:  # the sketch's passes: each entry's sign alternates
+            return self.sign_base[rows, cols]
         if self.cancelled:  # the key bias's part is about 0: random signs, so that the error
             # of b_l reaches the entries of its row with random signs, not as a rank-one error
             shape = np.broadcast_shapes(np.shape(rows), np.shape(cols))
@@ -411,11 +440,11 @@ class _Pairs:
             jit = self.jitter(np.shape(s)) if self.fit_bias else 1.0
             s = s * sg * jit
             X = np.empty((k, 2, 2, d))
-            _fill_pairs(X, c, self.U[rows[sl]], s, cj)
+            _fill_pairs(X, c, self.U[rows[sl]], s, cj, self.V)
             if self.z is not None:
                 X += self.z
             y = self.answers(X.reshape(2 * k, 2, d)).reshape(k, 2)
-            P[:, sl] = pair_logits(y[:, 0], y[:, 1], s * self.v0[cj] + self.off + self.zv, c)
+            P[:, sl] = pair_logits(y[:, 0], y[:, 1], s * self.col_v(cj) + self.off + self.zv, c)
             if self.fit_bias:  # the key bias's part of the logit, c u^T c_b, taken out
                 P[_T, sl] = sg * (P[_T, sl] - c * self.b[rows[sl]]) / jit
         return P
@@ -435,8 +464,8 @@ class _Pairs:
             k = cols.size
             X = buf[:k]
             if self.fit_bias:  # scales per pair (k, r): c depends on the direction too
-                c, s = self.scales(kappa[sl][:, None], cols, dither[sl][:, None],
-                                   rows[None, :])
+                kk = kappa[:, sl].T if np.ndim(kappa) == 2 else kappa[sl][:, None]
+                c, s = self.scales(kk, cols, dither[sl][:, None], rows[None, :])
                 sg = self.signs(rows[None, :], cols[:, None])
                 jit = self.jitter(np.shape(s))
                 s = s * sg * jit
@@ -459,15 +488,33 @@ class _Pairs:
                                       c[:, None]).transpose(0, 2, 1)
         return P
 
-    def sweep(self, rows, kappa, dither):
-        """One pass of ``rows`` over every column; pairs with a non-finite or too large logit
+    def ask_grid(self, rows, kappa, dither):
+        """Directions ``rows`` against every last-token direction of ``V`` at the columns'
+        ``kappa`` and ``dither``: their :func:`pair_logits`, (5, len(rows), len(V))."""
+        m = self.V.shape[0]
+        cols = np.tile(np.arange(m), rows.size)
+        kap = kappa.ravel() if np.ndim(kappa) == 2 else kappa[cols]
+        P = self.ask(np.repeat(rows, m), cols, kap, dither[cols])
+        return P.reshape(5, rows.size, m)
+
+    def sweep(self, rows, kappa, dither, mask=None):
+        """One pass of ``rows`` over every column (only the entries of ``mask``, (len(rows),
+        columns), where given; the others are NaN); pairs with a non-finite or too large logit
         are asked again at a tenth of the scale. Returns the :func:`pair_logits` of every entry
         and its scale."""
-        P = self.ask_rows(rows, kappa, dither)
+        if mask is None:
+            P = (self.ask_rows if self.V is None else self.ask_grid)(rows, kappa, dither)
+        else:
+            P = np.full((5,) + mask.shape, np.nan)
+            i, j = np.nonzero(mask)
+            P[:, i, j] = self.ask(rows[i], j, np.broadcast_to(kappa, mask.shape)[i, j],
+                                  dither[j])
         kap = np.broadcast_to(kappa, P.shape[1:]).copy()
         dit = np.broadcast_to(dither, P.shape[1:])
         for _ in range(_MAX_ROUNDS):
             bad = ~(np.abs(P[_T]) <= self.mlog)
+            if mask is not None:
+                bad &= mask
             if not bad.any():
                 return P, kap
             r, c = np.nonzero(bad)
@@ -521,6 +568,48 @@ class _Pairs:
         raise ModelMismatchError(
             f"the answers are not those of a single attention head: no logit scale gave usable "
             f"answers within {_MAX_ROUNDS} rounds for {int(todo.sum())} columns")
+
+
+class _Side:
+    """One side of the rank-r sketch of :meth:`LowPrecisionValueQueryLearner._sketch_passes`:
+    its running means, its directions ``U`` (rows), last tokens ``V`` (rows; None: ``e_j``),
+    each entry's measurements so far and its first last-token sign."""
+
+    def __init__(self, acc, U, V, rng):
+        self.acc, self.U, self.V = acc, U, V
+        self.count = np.zeros(acc.s0.shape, dtype=np.int64)
+        self.base = rng.choice([-1.0, 1.0], size=acc.s0.shape)
+        self.last = []  # each entry's measurements in the uniform passes
+
+    def mean(self) -> np.ndarray:
+        """The entries' weighted means (0 where none was measured yet)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.nan_to_num(self.acc.ref + self.acc.s1 / self.acc.s0)
+
+
+def _noise_model(side) -> np.ndarray:
+    """Each entry's standard deviation of one measurement, ``sqrt(a + b T^2)``: ``a`` and
+    ``b`` (non-negative) fitted to the medians of ``(x_1 - x_2)^2 / 2`` over 16 bins of the
+    entries' ``|T|``, from the side's last two uniform passes (a noise of the answers' own
+    size gives ``b``, one of the box's rounding whatever the entry gives ``a``)."""
+    import scipy.optimize
+
+    T = np.abs(side.mean()).ravel()
+    half = ((side.last[-1] - side.last[-2]) ** 2 / 2.0).ravel()
+    ok = np.isfinite(half)
+    T, half = T[ok], half[ok]
+    edges = np.quantile(T, np.linspace(0.0, 1.0, 17))
+    b = np.clip(np.searchsorted(edges, T, side="right") - 1, 0, 15)
+    rows = [(np.mean(T[b == i] ** 2), np.median(half[b == i]) / 0.455)
+            for i in range(16) if np.count_nonzero(b == i) >= 8]
+    if len(rows) < 2:
+        return np.ones(side.count.shape)
+    t2, v = np.asarray(rows).T
+    sc = np.maximum(v, 1e-300)  # relative residuals: every bin counts alike
+    (a, bb), _ = scipy.optimize.nnls(np.column_stack([np.ones_like(t2), t2]) / sc[:, None],
+                                     v / sc)
+    sd = np.sqrt(a + bb * side.mean() ** 2)
+    return sd if np.all(np.isfinite(sd)) and sd.max() > 0 else np.ones(side.count.shape)
 
 
 def _check_noise(acc) -> None:
@@ -591,7 +680,10 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         cancelled: 48 rows of W measured once give its row space, the shift z of every probe
         is moved in it until ``W z + c = 0``, so the key bias no longer caps c, whose answer
         size is then chosen among 0.03 to 3 by the measured scatter of repeated probes
-        (``query_bias_cancelled_``, ``answer_size_``; docs/served.md). Answers that are not
+        (``query_bias_cancelled_``, ``answer_size_``; docs/served.md), and W is measured from
+        both sides of its rank-r sketch instead of entry by entry (``sketch_``: ``r (2d - r)
+        + d`` entries, each asked in several passes with its own scale, so that its logit is
+        ``entry_logit_``, and alternating last-token signs). Answers that are not
         finite (the box's format overflowed) count in ``n_overflow_`` and their probes are
         asked again at a smaller scale. Default False (the paper's head, and the float64
         behaviour of earlier versions).
@@ -625,9 +717,14 @@ class LowPrecisionValueQueryLearner(BaseLearner):
     singular_values_ : ndarray (d,)
         Singular values of the dense estimate before truncation.
     n_passes_ : int
-        Complete passes over the d x d entries.
+        Complete passes over the d x d entries (with ``sketch_``: over both sides of the
+        sketch).
     n_partial_rows_ : int
         Directions of the final partial pass.
+    sketch_ : bool
+        Whether W was measured from its rank-r sketch (with ``fit_bias``, where the query bias
+        was cancelled): the columns ``U W R`` along W's row space R and the rows ``B W`` along
+        a basis B of its column space and v, ``W = (U^T U W R) (B U^T U W R)^+ (B W)``.
     logit_scale_ : ndarray (d,)
         Scale ``kappa_j = c s`` of column j's probes after the first pass (before dithering).
     n_requeried_ : int
@@ -649,6 +746,9 @@ class LowPrecisionValueQueryLearner(BaseLearner):
     answer_size_ : float or None
         With ``fit_bias``, once the query bias is cancelled: the probes' answer size
         ``|c u^T v|`` the design search chose (None otherwise).
+    entry_logit_ : float or None
+        With ``sketch_``: the logit each entry's pairs aim at (its scale from its estimate),
+        chosen among 1.5, 2.25 and 3 by the design search's measured scatter (None otherwise).
     shift_ : ndarray (d,) or None
         With ``fit_bias``: the shift z added to every probe's tokens (``z^T v = -beta``; None
         where the offset is 0).
@@ -738,18 +838,15 @@ class LowPrecisionValueQueryLearner(BaseLearner):
                 pairs.U = balanced_orthonormal(v0, fit_rng)
                 if self.fit_bias:
                     self._shift_and_key_bias(pairs, d, fit_rng)
-            try:
-                acc = _Entries(d, inverse_variance=bool(self.fit_bias))
-                pairs.acc = acc if self.fit_bias else None
-                with ledger.stage("scale_search"):  # the model's scale, then each column's
-                    kappa_p, zero = self._scale_search(pairs, acc)
-                with ledger.stage("passes"):  # passes over every entry, then a partial one
-                    self.logit_scale_ = self._first_pass(pairs, acc, kappa_p, zero)
-                    self._more_passes(pairs, acc, self.logit_scale_, fit_rng)
+            self.sketch_ = self._sketch_ok(pairs)
+            try:  # every entry of W (U^T T), or the two sides of its rank-r sketch
+                acc = (self._sketch_passes if self.sketch_ else self._full_passes)(
+                    pairs, ledger, fit_rng)
             finally:
                 self.n_requeried_ = int(pairs.n_requeried)
                 self.n_overflow_ = int(pairs.n_overflow)
-            W_err_noise = self._solve(acc, pairs.U, pairs)
+            W_err_noise = (self._solve_sketch(pairs, *acc) if self.sketch_
+                           else self._solve(acc, pairs.U, pairs))
             Wn = float(np.linalg.norm(self.singular_values_))
             with ledger.stage("verify"):
                 self._verify_fit(oracle, self.predict, check_rng,
@@ -757,6 +854,18 @@ class LowPrecisionValueQueryLearner(BaseLearner):
                                  token_scale=float(np.sqrt(d / Wn)) if Wn > 0 else 1.0,
                                  n0=ledger.n0)
         return self
+
+    def _full_passes(self, pairs, ledger, rng) -> _Entries:
+        """Every entry of ``T = U W``: the scale search, then passes over the d x d entries
+        while the budget pays for them, and a partial one."""
+        acc = _Entries(pairs.U.shape[0], inverse_variance=bool(self.fit_bias))
+        pairs.acc = acc if self.fit_bias else None
+        with ledger.stage("scale_search"):  # the model's scale, then each column's
+            kappa_p, zero = self._scale_search(pairs, acc)
+        with ledger.stage("passes"):  # passes over every entry, then a partial one
+            self.logit_scale_ = self._first_pass(pairs, acc, kappa_p, zero)
+            self._more_passes(pairs, acc, self.logit_scale_, rng)
+        return acc
 
     def _shift_and_key_bias(self, pairs, d: int, rng) -> None:
         """With ``fit_bias``: every later probe shifted by ``z = -beta v / |v|^2`` (the answers
@@ -768,12 +877,15 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         if pairs.off != 0 and np.all(np.isfinite(z)):
             pairs.z, pairs.zv = z, float(z @ v0)
         self._key_bias_stage(pairs, d, rng)
-        self.query_bias_cancelled_, self.answer_size_ = False, None
+        self.query_bias_cancelled_, self.answer_size_, self.entry_logit_ = False, None, None
         # the cancellation's queries: its rows (with their scale search), the design search
         # and two key-bias stages; it runs where a full pass over W is still paid for after it
-        cost = (3 * d * _CANCEL_ROWS + 4 * _DESIGN_ENTRIES * _DESIGN_REPS * len(_CANCEL_SIZES)
+        cost = (3 * d * _CANCEL_ROWS + 4 * _DESIGN_ENTRIES * _DESIGN_REPS
+                * (len(_CANCEL_SIZES) + 2 + len(_SKETCH_LOGITS))
                 + 4 * 2 * d * _MIN_BIAS_ROUNDS)
-        if d > _CANCEL_ROWS and pairs.left() - cost >= 2.1 * d * d:
+        # after it, a full pass over W, or two over both sides of its sketch (rank <= 36)
+        after = min(2.1 * d * d, 4 * (2 * (_CANCEL_ROWS - _CANCEL_ROWS // 4) + 1) * d)
+        if d > _CANCEL_ROWS and pairs.left() - cost >= after:
             self._cancel_query_bias(pairs, d, rng)
             self.query_bias_cancelled_ = bool(pairs.cancelled)
         self.shift_ = None if pairs.z is None else pairs.z.copy()
@@ -863,6 +975,184 @@ class LowPrecisionValueQueryLearner(BaseLearner):
                 break
             n_passes += 1
         self.n_passes_, self.n_partial_rows_ = n_passes, partial
+
+    # -- W from its rank-r sketch ------------------------------------------------------------------
+    def _sketch_ok(self, pairs) -> bool:
+        """Whether W is measured from its rank-r sketch (:meth:`_sketch_passes`): with
+        ``fit_bias``, once the query bias is cancelled (stage 3b found W's row space and rank
+        r), no other rank given, and the budget paying for two passes over both sides."""
+        if not (self.fit_bias and pairs.cancelled and pairs.rowspace is not None):
+            return False
+        d, r = pairs.rowspace.shape
+        if self.rank is not None and int(self.rank) != r:
+            return False
+        return pairs.left() >= 2 * 2 * (2 * r + 1) * d
+
+    def _side_scales(self, pairs, pred, n_rows: int) -> np.ndarray:
+        """Each column's logit scale from ``pred``, an estimate of some of its ``n_rows``
+        entries: the root-mean-square logit at ``target_logit``, and the largest (with the
+        dither and the last-token jitter) within the logit limit: measured where ``pred`` has
+        every row, else about ``sqrt(2 ln 2 n_rows)`` times the root-mean-square, with a margin
+        for the spread of an estimate from few rows."""
+        rms = np.sqrt(np.mean(pred**2, axis=0))
+        if pred.shape[0] < n_rows:
+            import scipy.stats
+
+            k = pred.shape[0]
+            big = rms * float(np.sqrt(2.0 * np.log(2.0 * n_rows))) / np.sqrt(
+                scipy.stats.chi2.ppf(0.025, k) / k)
+        else:
+            big = np.max(np.abs(pred), axis=0)
+        lim = pairs.mlog / (np.exp(_KAPPA_DITHER) * (1.0 + _LAST_TOKEN_JITTER))
+        with np.errstate(divide="ignore"):
+            kap = np.minimum(float(self.target_logit) / rms, lim / big)
+        return np.where(np.isfinite(kap) & (kap > 0), kap, self.initial_logit_scale)
+
+    @staticmethod
+    def _use_side(pairs, U, V, kb) -> None:
+        """Probe directions ``U`` (rows) against last tokens ``V`` (rows; None: ``e_j``): the
+        key bias's logits ``b = U kb`` and every direction's scale c at the chosen answer size
+        ``|c u^T v|``."""
+        uv = np.abs(U @ pairs.v0)
+        pairs.U, pairs.V, pairs.b = U, V, U @ kb
+        pairs.c_bias = pairs.learner.answer_size_ / np.where(uv > 0, uv, pairs.uv)
+
+    def _sketch_passes(self, pairs, ledger, rng):
+        """W from both sides of its rank-r sketch, once the query bias is cancelled.
+
+        The columns ``Z = U W R`` (every direction of U against r last tokens along W's row
+        space R, from stage 3b's rows) are asked first, each column at its own scale; the rows
+        ``Y = B W`` (r + 1 directions, a balanced orthonormal basis B of W's column space, from
+        Z, and of v, so that ``|u^T v|`` is large on each, against every coordinate last token)
+        then, each entry at its own scale (its estimate from Z). Two more passes over both
+        sides show how each side's noise grows with the size of an entry; the rest of the
+        budget is then shared among the entries of both sides in proportion to the error each
+        measurement of an entry leaves in W (:meth:`_entry_quotas`), every pair at the scale
+        that puts its
+        entry's logit at ``entry_logit_`` and each entry's last-token sign alternating from one
+        measurement to the next. Then ``W = Z' (B Z')^+ Y`` with ``Z' = U^T Z``
+        (:meth:`_solve_sketch`): exact for a rank-r W whatever R and B, with the noise of
+        ``r (2d - r) + d`` entries instead of ``d^2``. Returns the two sides' :class:`_Entries`
+        and B."""
+        R, U0, kb = pairs.rowspace, pairs.U, pairs.U.T @ pairs.b  # kb: W z + c_b
+        d, r = R.shape
+        accZ = _Entries(d, inverse_variance=True, n_cols=r)
+        pairs.acc, pairs.jitter_size = accZ, _LAST_TOKEN_JITTER
+        with ledger.stage("passes"):
+            Z = _Side(accZ, U0, R.T, rng)
+            self._side_pass(pairs, Z, kb, rng, kappa=self._side_scales(pairs, pairs.T0 @ R, d))
+            Zw = U0.T @ Z.mean()  # W R
+            Cb = np.linalg.qr(np.column_stack([Zw, pairs.v0]))[0]
+            B = balanced_orthonormal(Cb.T @ pairs.v0, rng) @ Cb.T
+            Y = _Side(_Entries(r + 1, inverse_variance=True, n_cols=d), B, None, rng)
+            self._side_pass(pairs, Y, kb, rng, pred=B @ Zw @ R.T)
+            for _ in range(_SKETCH_UNIFORM):  # passes that show how the noise grows with T
+                for side in (Z, Y):
+                    if pairs.left() >= 2.5 * side.count.size:
+                        side.last.append(self._side_pass(pairs, side, kb, rng))
+            quotas = self._entry_quotas(pairs, (Z, Y), 1.0 - r / d, rng)
+            for k in range(max(int(q.max()) for q in quotas)):
+                for side, q in zip((Z, Y), quotas, strict=True):
+                    if (q > k).any():
+                        self._side_pass(pairs, side, kb, rng, mask=q > k)
+        self._use_side(pairs, U0, None, kb)
+        pairs.sign_base = None
+        self.n_passes_ = int(min(np.min(Z.count), np.min(Y.count)))
+        self.n_partial_rows_ = 0
+        self.logit_scale_ = self._side_scales(pairs, B @ Zw @ R.T, r + 1)
+        return Z.acc, Y.acc, B
+
+    def _side_pass(self, pairs, side, kb, rng, kappa=None, pred=None, mask=None) -> None:
+        """One pass over a side of the sketch (the entries of ``mask`` only, where given): at
+        the columns' scales ``kappa``, or at each entry's own (the logit ``entry_logit_`` from
+        ``pred``, the side's estimate by default, and at most ten times its column's), dithered
+        per column; each entry's last-token sign alternates with its measurements."""
+        self._use_side(pairs, side.U, side.V, kb)
+        m, n = side.count.shape
+        if kappa is None:
+            pred = side.mean() if pred is None else pred
+            with np.errstate(divide="ignore"):  # each entry's logit at entry_logit_
+                kappa = np.minimum(self.entry_logit_ / np.abs(pred),
+                                   10.0 * self._side_scales(pairs, pred, m))
+        kappa = kappa * np.exp(rng.uniform(-_KAPPA_DITHER, _KAPPA_DITHER, size=n))
+        pairs.sign_base = side.base * (-1.0) ** side.count
+        rows = np.arange(m) if mask is None else np.flatnonzero(mask.any(axis=1))
+        sub = None if mask is None else mask[rows]
+        kap = np.broadcast_to(kappa, (m, n))[rows]
+        P, kap = pairs.sweep(rows, kap, 10.0 ** rng.uniform(0.0, 1.0, size=n), sub)
+        side.acc.add(rows, np.arange(n), P, kap)
+        side.count[rows] += 1 if mask is None else sub
+        with np.errstate(invalid="ignore"):
+            return np.where(np.abs(P[_T]) <= pairs.mlog, P[_T] / kap, np.nan)
+
+    def _entry_quotas(self, pairs, sides, keep: float, rng):
+        """Measurements of every entry of both sides after those made so far: the pairs the
+        budget has left (less a reserve for pairs asked again) shared in proportion to the
+        error one measurement of the entry leaves in W, its noise times ``sqrt(keep)`` on Z
+        (the share of its error off W's column space): the allocation that minimizes the
+        summed variances for the budget. An entry's noise is ``sqrt(a + b T_e^2)``, fitted on
+        each side to the differences of its last two passes (:func:`_noise_model`; uniform
+        without them); fractions are rounded at random."""
+        cost = []
+        for k, side in enumerate(sides):
+            sd = _noise_model(side) if len(side.last) >= 2 else np.ones(side.count.shape)
+            cost.append(sd * (np.sqrt(keep) if k == 0 else 1.0))
+        total = sum(float(c.sum()) for c in cost)
+        n = max(0, int(0.997 * pairs.left()) - 4 * pairs.U.shape[1]) // 2
+        out = []
+        for c in cost:
+            q = n * c / total
+            out.append(np.floor(q) + (rng.random(q.shape) < q - np.floor(q)))
+        return out
+
+    def _solve_sketch(self, pairs, accZ, accY, B) -> float:
+        """W, v, the key bias and the error estimates from the two sides of the sketch
+        (:meth:`_sketch_passes`); the rank is stage 3b's. To first order the error of W is
+        ``(I - P_C) dZ' R^T + H dY`` (H the map from B's coordinates onto W's column space),
+        from which the error estimates follow. Returns the relative error of W that the
+        answers' noise alone explains (the check's share)."""
+        R, U0 = pairs.rowspace, pairs.U
+        d, r = R.shape
+        accs = (accZ, accY)
+        if not all(np.all(a.s0 > 0) and np.all(a.om > 0) for a in accs):
+            raise AssumptionViolation("some entries of W's sketch were never measured by a "
+                                      "usable pair")
+        Zw = U0.T @ (accZ.ref + accZ.s1 / accZ.s0)  # W R
+        Y = accY.ref + accY.s1 / accY.s0  # B W
+        core = 0.5 * (B @ Zw + Y @ R)  # B W R, measured by both sides
+        Uh, sh, Vht = np.linalg.svd(Zw @ np.linalg.pinv(core), full_matrices=False)
+        a, sv, bt = np.linalg.svd((sh[:r, None] * Vht[:r]) @ Y, full_matrices=False)
+        L, Rf = Uh[:, :r] @ a[:, :r], bt[:r].T  # W = L diag(sv) Rf^T, L orthonormal
+        sv = sv[:r]
+        W = (L * sv) @ Rf.T
+        v = U0.T @ (accZ.mref + accZ.m1 / accZ.om)
+        dof = accZ.dof + accY.dof
+        rel = float(np.sqrt((accZ.ss + accY.ss) / dof)) if dof else 0.0
+        self.noise_level_ = rel
+        rss = sum(float(np.sum(a.s2 - a.s1**2 / a.s0)) for a in accs)
+        dof_t = sum(int(np.sum(a.n - 1)) for a in accs)
+        resid2 = max(rss, 0.0) / dof_t if dof_t > 0 else 0.0
+        var_m = [rel**2 * a.h / a.s0**2 for a in accs]  # each entry's, from the noise
+        var = [np.maximum(vm, resid2 / a.s0) for vm, a in zip(var_m, accs, strict=True)]
+        keep = 1.0 - r / d  # the part of dZ' off W's column space
+        self.residual_ratio_ = (float(sum(np.sum(resid2 / a.s0) for a in accs)
+                                      / sum(np.sum(vm) for vm in var_m))
+                                if dof_t > 0 else float("nan"))
+        col_err = np.sqrt(var[1].sum(axis=0) + keep * (R**2) @ var[0].sum(axis=0))
+        Wn, vn = float(np.linalg.norm(sv)), float(np.linalg.norm(v))
+        self.rank_ = r
+        self.singular_values_ = np.concatenate([sv, np.zeros(d - r)])
+        self.W_error_estimate_ = (float(np.sqrt(np.sum(var[1]) + keep * np.sum(var[0]))) / Wn
+                                  if Wn > 0 else float("inf"))
+        self.v_error_estimate_ = (rel * float(np.sqrt(np.sum(1.0 / accZ.om))) / vn if vn > 0
+                                  else float("inf"))
+        self.W_factors_, self._W, self.v_ = (L * sv, Rf), None, v
+        z = pairs.z if pairs.z is not None else np.zeros(d)
+        cb = _combine_key_bias(U0.T @ pairs.b - W @ z, W, U0, pairs, col_err)
+        self.key_bias_ = L @ (L.T @ cb)  # in W's column space, as a module's is
+        self.offset_ = float(pairs.off)
+        return (float(np.sqrt(np.sum(var_m[1]) + keep * np.sum(var_m[0]))) / Wn if Wn > 0
+                else 0.0)
 
     # -- biases ---------------------------------------------------------------------------------
     def _read_v_offset(self, pairs, d: int, rng) -> np.ndarray:
@@ -1042,6 +1332,10 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         if gaps.size == 0:
             return
         keep = np.arange(m) <= gaps[-1]
+        # the sketch where the answers are float32's or finer (measured: in bfloat16 it took
+        # W over its floor from 1.19 to 1.81 on L2H0, 1.25 to 2.26 on L2H9, docs/served.md)
+        if acc0.noise() <= _SKETCH_NOISE:
+            pairs.rowspace, pairs.T0 = Qt[keep].T.copy(), T0
         old = (pairs.z, pairs.zv, pairs.b, pairs.b_var, pairs.c_bias, pairs.v0, pairs.uv,
                self.n_bias_rounds_)
         pairs.first = (pairs.b.copy(), pairs.b_var.copy(),
@@ -1052,24 +1346,34 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         pairs.null = np.linalg.qr(np.column_stack([Q, pairs.v0]))[0]
         step = (Q, P[:, keep], S[keep])
         _move_shift(pairs, *step)
-        sizes, errs = self._design_search(pairs, T0, rng)
-        self.answer_size_ = float(sizes[int(np.nanargmin(errs))])
+        grid, errs = self._design_search(pairs, T0, rng, _CANCEL_SIZES)
+        best = int(np.nanargmin(errs))
+        self.answer_size_ = float(grid[best, 0])
+        if pairs.rowspace is not None:  # for the sketch: the sizes a factor sqrt(3) either
+            a = self.answer_size_  # side, then the entries' logit at the best size
+            g2, e2 = self._design_search(pairs, T0, rng, (a / np.sqrt(3.0), a * np.sqrt(3.0)))
+            g2, e2 = np.vstack([g2, grid[[best]]]), np.append(e2, errs[best])
+            self.answer_size_ = float(g2[int(np.nanargmin(e2)), 0])
+            grid, errs = self._design_search(pairs, T0, rng, (self.answer_size_,),
+                                             _SKETCH_LOGITS)
+            self.entry_logit_ = float(grid[int(np.nanargmin(errs)), 1])
         for k in range(_CANCEL_STEPS):
             self._key_bias_stage(pairs, d, rng, c_fixed=self.answer_size_ / pairs.uv)
             if k < _CANCEL_STEPS - 1:
                 _move_shift(pairs, *step)
         pairs.cancelled = float(np.sqrt(np.mean(pairs.b**2))) < rms0
         if not pairs.cancelled:
-            pairs.null, self.answer_size_ = None, None
+            pairs.null, self.answer_size_, pairs.rowspace = None, None, None
             (pairs.z, pairs.zv, pairs.b, pairs.b_var, pairs.c_bias, pairs.v0, pairs.uv,
              self.n_bias_rounds_) = old
 
-    def _design_search(self, pairs, Tm, rng):
+    def _design_search(self, pairs, Tm, rng, sizes, logits=None):
         """The relative scatter of repeated logits of ``_DESIGN_ENTRIES`` large entries of
-        ``Tm`` (rows of T) at each answer size of ``_CANCEL_SIZES`` (``_DESIGN_REPS`` times
-        each, at dithered scales). Each repetition asks the entry with its last token at +s
-        and at -s and the same c, so the key bias's part of the logit cancels. Returns the
-        sizes and their scatters (NaN where no entry was measured twice)."""
+        ``Tm`` (rows of T) at each answer size of ``sizes`` and, where given, each entry logit
+        of ``logits`` (else the passes' root-mean-square logit), ``_DESIGN_REPS`` times each
+        at dithered scales. Each repetition asks the entry with its last token at +s and at -s
+        and the same c, so the key bias's part of the logit cancels. Returns the sizes (or the
+        logits, where given) and their scatters (NaN where no entry was measured twice)."""
         m, d = Tm.shape
         rms = float(np.sqrt(np.mean(Tm**2)))
         cand = np.argwhere(np.abs(Tm) > rms)
@@ -1078,10 +1382,12 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         Tlj = Tm[rows, cols]
         n = rows.size
         rows2, cols2 = np.concatenate([rows, rows]), np.concatenate([cols, cols])
-        T = min(float(self.target_logit), pairs.mlog / (np.exp(_KAPPA_DITHER)
-                                                        * np.sqrt(2.0 * np.log(2.0 * d))))
+        if logits is None:
+            logits = (min(float(self.target_logit), pairs.mlog / (
+                np.exp(_KAPPA_DITHER) * np.sqrt(2.0 * np.log(2.0 * d)))),)
+        grid = [(a, T) for a in sizes for T in logits]
         errs = []
-        for a in _CANCEL_SIZES:
+        for a, T in grid:
             est = np.empty((_DESIGN_REPS, n))
             for k in range(_DESIGN_REPS):
                 c = a / pairs.uv * rng.uniform(0.8, 1.0, size=n)
@@ -1107,7 +1413,7 @@ class LowPrecisionValueQueryLearner(BaseLearner):
             raise ModelMismatchError("the answers are not those of a single attention head with "
                                      "biases: no repeated probe gave a usable logit at any "
                                      "answer size")
-        return np.asarray(_CANCEL_SIZES), np.asarray(errs)
+        return np.asarray(grid, dtype=float), np.asarray(errs)
 
     def _solve(self, acc: _Entries, U: np.ndarray, pairs=None) -> float:
         """W and v from the weighted means; noise, error estimates and rank. Returns the

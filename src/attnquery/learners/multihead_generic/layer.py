@@ -39,7 +39,8 @@ a permutation, with two facts about two-row queries ``[x + delta; x]``:
 
 Queries: ``d + 1`` (V and beta, one-row queries), the circle (a few coarse scans of
 ``n_grid`` angles while its scale grows, refinements of ``36`` angles per unsaturated stretch,
-and ``2d + 1`` per arc for its gradient: about ``(H + 1)(2d + 1)`` plus a few thousand), and
+and ``2d + 1`` per arc for its gradient: about ``(H + 1)(2d + 1)`` plus a few thousand; in
+served mode also ``16 H`` per circle for its isolation test, :func:`.served.isolation_test`), and
 exactly :func:`layer_probe_count` for the rest:
 ``H [(d - H + 1)(r + 1) + (r + p)(d - r)]`` for the isolated heads (key bias, right and left
 sketch; ``p`` = ``oversample``) and ``2 H (H - 1)(r + 1)`` for the missing directions, plus
@@ -64,7 +65,7 @@ from numbers import Integral
 import numpy as np
 import scipy.linalg
 
-from ...errors import AssumptionViolation, ConfigError, SearchLimitError
+from ...errors import AnswerError, AssumptionViolation, ConfigError, SearchLimitError
 from ...models import AttentionHead, MultiHeadAttention
 from .._base import (
     DEFAULT_VERIFY,
@@ -160,8 +161,12 @@ class AttentionLayerLearner(BaseLearner):
         every tolerance (the scan's saturation test, the finite differences, the check) is tied
         to it; the arcs' gradients and every isolated and missing-direction probe are averaged
         over as many distinct queries as the budget pays for (:mod:`.served`); no query beyond
-        ``n_queries`` is asked (:class:`~attnquery.errors.BudgetExceededError` instead). None
-        (default): the exact learner, bit for bit as before.
+        ``n_queries`` is asked (:class:`~attnquery.errors.BudgetExceededError` instead). Narrow
+        formats (noise above :data:`.served.NARROW_NOISE`, float16) get the scan's own
+        constants (:func:`.served.scan_settings`) and V and beta read again; answers noisier
+        than :data:`.served.LAYER_MAX_NOISE` (bfloat16's) are refused with
+        :class:`~attnquery.errors.AssumptionViolation`. None (default): the exact learner, bit
+        for bit as before.
     random_state : int, sequence of ints, Generator or None
         Seed of every random choice (scan plane, sketches, checks).
 
@@ -185,7 +190,10 @@ class AttentionLayerLearner(BaseLearner):
         Probes of the isolated heads asked again at a smaller scale (0 on ordinary layers).
     scan_ : dict
         The circle that separated the heads: its scale ``T``, the planes tried, the narrowest
-        arc between two estimated crossings (radians).
+        arc between two estimated crossings (radians); served mode: ``rejected``, circles whose
+        v's passed the arcs' checks but leaked in the isolation test
+        (:func:`.served.isolation_test`), and ``isolation``, the kept circle's deviation in it
+        (None in exact mode).
     verify_error_ : float
     n_verify_queries_ : int
     noise_level_ : float or None
@@ -324,6 +332,10 @@ class AttentionLayerLearner(BaseLearner):
                 self._check_served_budget(ledger, d)
                 noise = served.measure_noise(ledger, d, rng.spawn(1)[0],
                                              float(np.sqrt(d)))
+            if served.narrow(noise):  # narrow formats: V and beta averaged
+                check_budget(ledger, served.constant_queries(d), "reading V and beta again")
+                V, beta = served.constants(ledger, d, rng.spawn(1)[0])
+                head = dataclasses.replace(head, v=V, offset=beta)
         self.noise_level_ = noise
         return _Layer(ledger, head.v, head.offset,
                       None if base is None else base / np.linalg.norm(base), noise=noise)
@@ -390,10 +402,11 @@ class AttentionLayerLearner(BaseLearner):
 
     def _rtol(self, run: _Layer) -> float:
         """The check's tolerance: ``rtol``, or in served mode ``VERIFY_NOISE`` units of the
-        answers' noise if larger."""
+        answers' noise if larger (narrow formats: ``NARROW_VERIFY_NOISE``,
+        :func:`.served.verify_units`)."""
         if run.noise is None:
             return float(self.rtol)
-        return float(max(self.rtol, served.VERIFY_NOISE * run.noise))
+        return float(max(self.rtol, served.verify_units(run.noise) * run.noise))
 
     def _missing_directions(self, run: _Layer, vs, heads, bias):
         """Every head's factors (K, Q) and key bias, its H - 1 missing directions measured."""
@@ -582,65 +595,120 @@ class AttentionLayerLearner(BaseLearner):
         """Every ``v_h``, from the arcs of a circle of saturated queries."""
         d = run.d
         x0 = rng.standard_normal(d) / np.sqrt(d)
-        tried = 0
+        tried = rejected = overflowed = 0
         for _ in range(int(self.max_planes)):
             P, _ = np.linalg.qr(rng.standard_normal((d, 2)))
             p, q = P[:, 0], P[:, 1]
             tried += 1
-            arcs = None
-            T = 64.0 * self._start_scale(run, x0, p, q)
-            for _ in range(8):  # a larger circle sharpens every crossing
-                arcs = self._arcs(run, x0, p, q, T, H)
-                if arcs is not None:
-                    break
-                T *= 4.0
-            if arcs is None:
-                continue
-            # each unsaturated stretch brackets one crossing; an arc's centre is halfway
-            # between its two crossings (the first arc's left one is the last one's antipode)
-            cross = np.array([0.5 * (b + a) for (_, b), (a, _) in zip(arcs[:-1], arcs[1:],
-                                                                       strict=True)])
-            bounds = np.concatenate([[cross[-1] - np.pi], cross, [cross[0] + np.pi]])
-            # the gradients on a larger circle: the same arcs (a sign pattern does not depend
-            # on T), logits GRADIENT_SCALE times further from 0
-            Tg = GRADIENT_SCALE * T
-            mids = 0.5 * (bounds[:-1] + bounds[1:])
-            widths = np.diff(bounds)
-            if not self._saturated(run, x0, p, q, Tg, mids, widths):
-                continue
-            pairs = self._gradient_pairs(run, H)
-            # served mode: longer steps (checked for kinks), whose rounding weighs less
-            step = 0.05 if run.noise is None else served.STEP_FRACTION
             try:
-                # a coordinate step moves the logits less than the half-arc does
-                grads = [self._gradient(run, Tg * (np.cos(mid) * p + np.sin(mid) * q), x0,
-                                        step * Tg * width, pairs)
-                         for mid, width in zip(mids, widths, strict=True)]
-            except SearchLimitError:
-                continue  # some arc too narrow for a linear step: another circle
-            G = np.array([g for g, _ in grads])
-            D = np.diff(G, axis=0)  # (H, d): +-v_h, one head per crossing
-            tol_v, tol_c = self._scan_tols(run, np.array([e for _, e in grads]), D)
-            # the two ends of the half-turn are antipodal: their active heads complement
-            if np.linalg.norm(G[0] + G[-1] - run.V) > tol_v * np.linalg.norm(run.V):
+                out = self._circle(run, H, x0, p, q, rng)
+            except AnswerError:  # narrow formats: the box's format overflowed on this circle
+                if not served.narrow(run.noise):
+                    raise
+                overflowed += 1
                 continue
-            coef, *_ = np.linalg.lstsq(D.T, run.V, rcond=None)
-            if np.max(np.abs(np.abs(coef) - 1.0)) > tol_c:
+            if isinstance(out, str):
+                rejected += out == "leaky"
                 continue
-            self.scan_ = {"T": float(T), "planes": tried, "min_arc": float(widths.min())}
-            return np.sign(coef)[:, None] * D
+            vs, T, widths, leak = out
+            self.scan_ = {"T": float(T), "planes": tried, "min_arc": float(widths.min()),
+                          "rejected": rejected, "isolation": leak}
+            return vs
+        why = (f"; {rejected} of them gave value vectors that passed the arcs' checks but did "
+               "not isolate the heads (served mode: the other heads leaked into queries "
+               "orthogonal to their v's)" if rejected else "")
+        why += (f"; on {overflowed} the box's format overflowed (answers not finite) before "
+                "the heads were separated" if overflowed else "")
         raise SearchLimitError(
             f"no circle of {int(self.max_planes)} tried separated the {H} heads: along each, "
             f"fewer than {H} sign changes of the heads' logits could be told apart, or the "
             "arcs' gradients did not decompose into value vectors summing to V (heads with "
             "nearly equal query vectors, a head that never changes sign, another number of "
-            "heads than n_heads, or biases the learner was told are absent: fit_bias=False)")
+            "heads than n_heads, or biases the learner was told are absent: fit_bias=False)"
+            + why)
 
-    def _gradient_pairs(self, run: _Layer, H: int) -> int:
-        """Served mode: distinct step pairs per coordinate of the arcs' gradients (0: exact)."""
+    def _circle(self, run: _Layer, H: int, x0, p, q, rng):
+        """The v's from one circle of the plane (p, q): ``(vs, T, widths, isolation)``, or
+        why not (``"arcs"``, ``"checks"``, ``"leaky"``). The scan's constants are
+        :func:`.served.scan_settings`'s (narrow formats: their own)."""
+        cfg = served.scan_settings(run.noise, GRADIENT_SCALE)
+        arcs = None
+        T = 64.0 * self._start_scale(run, x0, p, q)
+        for _ in range(8):  # a larger circle sharpens every crossing
+            arcs = self._arcs(run, x0, p, q, T, H)
+            if arcs is not None:
+                break
+            T *= 4.0
+        if arcs is None:
+            return "arcs"
+        # each unsaturated stretch brackets one crossing; an arc's centre is halfway
+        # between its two crossings (the first arc's left one is the last one's antipode)
+        cross = np.array([0.5 * (b + a) for (_, b), (a, _) in zip(arcs[:-1], arcs[1:],
+                                                                   strict=True)])
+        bounds = np.concatenate([[cross[-1] - np.pi], cross, [cross[0] + np.pi]])
+        # the gradients on a larger circle: the same arcs (a sign pattern does not depend
+        # on T), logits GRADIENT_SCALE times further from 0
+        mids = 0.5 * (bounds[:-1] + bounds[1:])
+        widths = np.diff(bounds)
+        Tg = cfg.gradient_scale * T
+        while True:
+            try:
+                out = self._arc_values(run, H, x0, p, q, Tg, mids, widths, cfg, rng)
+            except AnswerError:  # narrow formats: a smaller circle, down to NARROW_LEAST_SCALE
+                if not served.narrow(run.noise) or Tg <= served.NARROW_LEAST_SCALE * T:
+                    raise
+                Tg = max(Tg / 4.0, served.NARROW_LEAST_SCALE * T)
+                continue
+            return out if isinstance(out, str) else (out[0], T, widths, out[1])
+
+    def _arc_values(self, run: _Layer, H: int, x0, p, q, Tg, mids, widths, cfg, rng):
+        """The v's from the arcs' gradients on the circle of scale ``Tg``, checked:
+        ``(vs, isolation)``, or why not (``"arcs"``, ``"checks"``, ``"leaky"``)."""
+        if not self._saturated(run, x0, p, q, Tg, mids, widths):
+            return "arcs"
+        if served.narrow(run.noise):  # an overflow of the isolation test's scale, found first
+            self._phi(run, x0, p, q, 2.0 * cfg.isolation_scale * Tg, mids)
+        pairs = self._gradient_pairs(run, H, cfg.max_pairs)
+        try:
+            # a coordinate step moves the logits less than the half-arc does (served mode:
+            # longer steps, checked for kinks, whose rounding weighs less)
+            grads = [self._gradient(run, Tg * (np.cos(mid) * p + np.sin(mid) * q), x0,
+                                    cfg.step * Tg * width, pairs)
+                     for mid, width in zip(mids, widths, strict=True)]
+        except SearchLimitError:
+            return "arcs"  # some arc too narrow for a linear step: another circle
+        G = np.array([g for g, _ in grads])
+        D = np.diff(G, axis=0)  # (H, d): +-v_h, one head per crossing
+        tol_v, tol_c = self._scan_tols(run, np.array([e for _, e in grads]), D)
+        # the two ends of the half-turn are antipodal: their active heads complement
+        if np.linalg.norm(G[0] + G[-1] - run.V) > tol_v * np.linalg.norm(run.V):
+            return "checks"
+        coef, *_ = np.linalg.lstsq(D.T, run.V, rcond=None)
+        if np.max(np.abs(np.abs(coef) - 1.0)) > tol_c:
+            return "checks"
+        vs = np.sign(coef)[:, None] * D
+        leak = self._isolation(run, vs, x0, Tg, rng, cfg.isolation_scale)
+        if leak is not None and not leak <= cfg.isolation_tol:
+            return "leaky"  # served mode: v's that leak
+        return vs, leak
+
+    @staticmethod
+    def _isolation(run: _Layer, vs, x0, scale: float, rng,
+                   factor: float = served.ISOLATION_SCALE) -> float | None:
+        """Served mode: how far the scan's v's are from isolating every head
+        (:func:`.served.isolation_test`, refused beyond ``ISOLATION_TOL``). Exact mode: None,
+        nothing asked (the arcs' checks are exact there)."""
+        if run.noise is None:
+            return None
+        check_budget(run.ledger, served.isolation_queries(vs.shape[0]), "the scan's check")
+        return served.isolation_test(run, vs, x0, factor * scale, rng)[0]
+
+    def _gradient_pairs(self, run: _Layer, H: int, most: int) -> int:
+        """Served mode: distinct step pairs per coordinate of the arcs' gradients, at most
+        ``most`` (0: exact)."""
         if run.noise is None:
             return 0
-        return served.gradient_pairs(self._budget_left(run), run.d, H + 1)
+        return served.gradient_pairs(self._budget_left(run), run.d, H + 1, most)
 
     @staticmethod
     def _scan_tols(run: _Layer, errs, D) -> tuple[float, float]:
@@ -660,13 +728,24 @@ class AttentionLayerLearner(BaseLearner):
 
         On a small circle (``T0``) the answers are ``phi = T0 delta^T V / 2 + T0^2 delta^T S
         delta + O(T0^3)`` with S the Hessian (``(1/4) sum_h (a_h v_h^T + v_h a_h^T)``): the even
-        part over the odd part is ``T0`` times the logits' scale per unit of T.
+        part over the odd part is ``T0`` times the logits' scale per unit of T. Narrow formats
+        (:func:`.served.narrow`): T0 grows until the even part stands out of the answers'
+        rounding (:func:`.served.resolved`; at ``T0 = 1e-3`` it is below it, and the scale read
+        there was up to 2.6e4 times too small, so that the scan's 8 scales never reached a
+        circle whose crossings could be told apart).
         """
         T0 = 1e-3
         th = np.linspace(0.0, np.pi, 16, endpoint=False)
-        ph, _ = self._phi(run, x0, p, q, T0, np.concatenate([th, th + np.pi]))
-        even = 0.5 * (ph[:16] + ph[16:])
-        odd = 0.5 * (ph[:16] - ph[16:])
+        for _ in range(served.START_STEPS if served.narrow(run.noise) else 1):
+            ph, f = self._phi(run, x0, p, q, T0, np.concatenate([th, th + np.pi]))
+            even = 0.5 * (ph[:16] + ph[16:])
+            odd = 0.5 * (ph[:16] - ph[16:])
+            # narrow formats: the even part must stand out of the answers' rounding
+            # (the noise is relative to the one-row answers, of size about |(beta, V)|)
+            ref = max(float(np.abs(f).max()), float(np.hypot(run.beta, np.linalg.norm(run.V))))
+            if served.resolved(np.abs(even).max(), ref, run.noise):
+                break
+            T0 *= served.START_GROWTH
         lam = 2.0 * np.abs(even).max() / max(np.abs(odd).max(), 1e-300) / T0
         if not np.isfinite(lam) or lam <= 0:
             raise SearchLimitError("the answers along the scan's circle do not depend on the "
@@ -872,9 +951,12 @@ class AttentionLayerLearner(BaseLearner):
         if run.rough:  # the rough pass: the scan's v's let other heads leak into the answer
             alpha = np.clip(alpha, served.ROUGH_CLIP, 1.0 - served.ROUGH_CLIP)
         if not np.all((alpha > 0) & (alpha < 1)):
+            why = (f"answers of relative noise {run.noise:.2g} (a narrow format's) leave the "
+                   "heads measured so far too rough for these probes" if served.narrow(run.noise)
+                   else "the heads are not those of an attention layer")
             raise AssumptionViolation(
                 f"a probe of head {g} along the value direction of head {j} answered outside "
-                f"(0, 1) after silencing head {j}: the heads are not those of an attention layer")
+                f"(0, 1) after silencing head {j}: {why}")
         logit = np.log(alpha) - np.log1p(-alpha)
         val = (logit[:n] - logit[n:]) / t  # nu_j^T a_g(x)
         if bias:

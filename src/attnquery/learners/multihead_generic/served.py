@@ -16,6 +16,8 @@ This module holds the pieces that only the served mode uses; :mod:`.layer` calls
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from ...errors import AssumptionViolation, BudgetExceededError, SearchLimitError
@@ -25,7 +27,12 @@ __all__ = ["Capped", "repeated", "measure_noise", "clean_tol", "fd_tol", "noisy_
            "gradient_pairs", "plan_repeats", "dithers", "NOISE_QUERIES", "NOISY_TARGET",
            "NOISY_MAX_LOGIT", "VERIFY_NOISE", "value_queries", "saturated_values",
            "VALUE_SAMPLES", "VALUE_LOGIT", "silence",
-           "missing_factor", "cancel_shift", "Shifted"]
+           "missing_factor", "isolation_test", "isolation_queries", "ISOLATION_SAMPLES",
+           "ISOLATION_TOL", "ISOLATION_SCALE", "NARROW_NOISE", "narrow", "resolved",
+           "START_STEPS", "START_GROWTH", "START_RESOLVE", "ScanSettings", "scan_settings",
+           "NARROW_LEAST_SCALE", "verify_units",
+           "constants", "constant_queries", "CONST_SAMPLES",
+           "LAYER_MAX_NOISE", "cancel_shift", "Shifted", "cap_missing"]
 
 #: antipodal pairs of one-row queries that measure the answers' relative noise
 NOISE_QUERIES = 64
@@ -97,6 +104,165 @@ VALUE_LOGIT = 40.0
 #: a saturated fit's residual beyond this many units of the answers' noise: the heads were
 #: not saturated as the rough estimates predicted
 VALUE_RESIDUAL = 100.0
+
+#: answers noisier than this (relative) are a narrow format's: float16 (5.8e-4 on the synthetic
+#: layer), bfloat16 (4.1e-3); float32's are 1.1e-7 to 3.8e-7. Only there do the scan's
+#: narrow-format steps apply (:func:`narrow`), so float32 fits are unchanged bit for bit
+NARROW_NOISE = 1e-5
+#: narrow formats: the start scale's small circle grows by this factor ...
+START_GROWTH = 4.0
+#: ... at most this many times less one, until the answers' even part is this many units of
+#: the noise (of the largest answer) (:func:`resolved`)
+START_STEPS = 12
+START_RESOLVE = 32.0
+
+
+#: narrow formats: where the box's format overflows (answers not finite: float16 at 16 times the
+#: separating circle on the synthetic layer), the arcs' gradients are taken on a circle 4
+#: times smaller, down to this many times the separating circle (saturation needs logits of
+#: ``log(1 / noise)`` only there, 7.5 in float16)
+NARROW_LEAST_SCALE = 2.0
+#: narrow formats: a coordinate step of an arc's gradient, in units of the arc's width times
+#: the circle's scale (0.05 otherwise; kinks are still detected and the step quartered there)
+NARROW_STEP_FRACTION = 0.2
+#: narrow formats: distinct step pairs per coordinate, at most (4 otherwise)
+NARROW_MAX_PAIRS = 16
+#: narrow formats: the isolation test's deltas in units of the gradients' circle (4 otherwise:
+#: 8 times a circle overflows float16)
+NARROW_ISOLATION_SCALE = 1.0
+#: narrow formats: the isolation test's tolerance. The scan's v's are only a start there (the
+#: arcs' gradients carry 1e-2 to 1e-1 of rounding: the saturated queries measure them again to
+#: the format's floor); measured on the synthetic layer (float16, bfloat16): circles whose v's
+#: were 2.5 % to 13 % off at 0.011 to 0.11 (seed 3's first circle, 7 % and 0.05, gave a fit like
+#: the others'), wrong ones (v's off by 0.8 to 3.4) at 0.31 to 0.56
+NARROW_ISOLATION_TOL = 0.2
+
+
+@dataclasses.dataclass(frozen=True)
+class ScanSettings:
+    """The circle scan's constants: the gradients' circle (in units of the separating one),
+    the coordinate step (in units of an arc's width times that circle), the gradients' step
+    pairs at most (0: exact mode's two steps), the isolation test's scale and tolerance."""
+
+    gradient_scale: float
+    step: float
+    max_pairs: int
+    isolation_scale: float
+    isolation_tol: float
+
+
+def scan_settings(noise, gradient_scale: float) -> ScanSettings:
+    """The scan's constants for answers of relative noise ``noise`` (None: exact mode, whose
+    gradients' circle is ``gradient_scale`` times the separating one): exact and float32
+    answers keep theirs, narrow formats (:func:`narrow`) get the ``NARROW_*`` ones."""
+    if not narrow(noise):
+        return ScanSettings(float(gradient_scale), 0.05 if noise is None else STEP_FRACTION,
+                            0 if noise is None else MAX_GRADIENT_PAIRS, ISOLATION_SCALE,
+                            ISOLATION_TOL)
+    return ScanSettings(float(gradient_scale), NARROW_STEP_FRACTION, NARROW_MAX_PAIRS,
+                        NARROW_ISOLATION_SCALE, NARROW_ISOLATION_TOL)
+
+
+#: narrow formats: the check's relative tolerance in units of the answers' noise (``VERIFY_NOISE``
+#: = 1e3 units would be 0.58 in float16 and 4.1 in bfloat16, a check that cannot fail).
+#: Measured disagreements of float16 fits that passed (synthetic layer, 10 to 100 ``layer_dof``,
+#: ours and onnxruntime's): 1.7 to 58 units, the largest at 10 ``layer_dof``
+NARROW_VERIFY_NOISE = 64.0
+
+
+def verify_units(noise) -> float:
+    """The check's tolerance in units of the answers' noise: ``VERIFY_NOISE``, or
+    ``NARROW_VERIFY_NOISE`` for narrow formats (:func:`narrow`)."""
+    return NARROW_VERIFY_NOISE if narrow(noise) else VERIFY_NOISE
+
+
+#: the layer learner's largest relative noise (the low-precision learner's ``MAX_NOISE_LEVEL``,
+#: 0.03, is a single head's). Measured on the synthetic layer: float16 (noise 3.4e-4 to 5.8e-4)
+#: is extracted at 10 to 100 ``layer_dof`` with heads' W errors of 13 to 230 units of the noise;
+#: bfloat16 (3.1e-3 to 4.1e-3) was refused by every fit tried (20, 50, 100 ``layer_dof``,
+#: learner seeds 0 to 3: no separating circle, or rough heads too rough for the saturated or
+#: missing-direction queries) after spending 9.8 to 44.8 ``layer_dof``: refused at once instead
+LAYER_MAX_NOISE = 2e-3
+
+
+def narrow(noise) -> bool:
+    """Whether answers of relative noise ``noise`` (None: exact mode) are a narrow format's
+    (float16, bfloat16: beyond ``NARROW_NOISE``)."""
+    return noise is not None and float(noise) > NARROW_NOISE
+
+
+def resolved(part: float, fmax: float, noise) -> bool:
+    """Whether a part of the answers of size ``part`` stands ``START_RESOLVE`` units of the
+    noise above the rounding of answers of size ``fmax`` (always, outside narrow formats)."""
+    return not narrow(noise) or part >= START_RESOLVE * float(noise) * fmax
+
+
+#: random deltas per head of the scan's isolation test (:func:`isolation_test`)
+ISOLATION_SAMPLES = 8
+#: the isolation test's deltas, in units of the scale of the circle the arcs' gradients were
+#: taken on (logits that much further from 0: a head is unsaturated at a random delta rarely)
+ISOLATION_SCALE = 4.0
+#: a saturated answer of the isolation test must be within this fraction of
+#: ``delta^T v_g`` of 0 or of ``delta^T v_g``. Measured in float32: the circles kept on the six
+#: MiniLM layers 4.9e-5 to 4.1e-4 (v's off by up to 3.2e-3), on the synthetic layers 1.4e-6 to
+#: 4.5e-5; MiniLM layer 2's leaky circle 0.49, v's made leaky in the tests 0.46 to 0.56
+ISOLATION_TOL = 1e-2
+
+
+def isolation_queries(n_heads: int) -> int:
+    """Queries of :func:`isolation_test`: every delta at two scales."""
+    return int(2 * ISOLATION_SAMPLES * n_heads)
+
+
+def isolation_test(run, vs, x0, scale: float, rng) -> tuple[float, int]:
+    """Whether the scan's value vectors isolate each head (isolation by the value).
+
+    The scan's two checks (``G_0 + G_H = V``, the coefficients of V in the v's of size 1)
+    pass when one arc's gradient is off by e between two crossings of the same sign: the two
+    v's it gives are off by ``+e`` and ``-e`` and their sum is right (MiniLM layer 2 served in
+    float32: three v's off by 1.6 to 3.7 relative passed both, docs/served.md). This test
+    sees it. For head g, ``ISOLATION_SAMPLES`` deltas of norm ``scale`` orthogonal to every
+    other head's estimated ``v_h`` (each the direction ``w`` of ``v_g`` there plus a random
+    direction orthogonal to it, so that ``delta^T v_g`` is the same for all) are asked at
+    ``[x0 + delta; x0]`` and at twice ``delta``. With the right v's only head g speaks,
+    ``f - beta - x0^T V = sigma(delta^T a_g(x0)) delta^T v_g``, which for a saturated logit
+    is 0 or ``delta^T v_g``; with wrong v's the other heads leak into the answer and it is
+    neither (for the +-e pair above, whenever the pair's two heads have opposite signs at
+    delta). A delta whose two answers are not in ratio 2 (a head not saturated there) tells
+    nothing and is left out.
+
+    Returns
+    -------
+    worst : float
+        The largest distance of a saturated answer from 0 or ``delta^T v_g``, in units of
+        ``delta^T v_g`` (``inf`` when a head had no saturated delta).
+    n_saturated : int
+        Deltas whose answers were saturated.
+    """
+    H, d = vs.shape
+    k = ISOLATION_SAMPLES
+    dirs, sig = np.empty((H, k, d)), np.empty(H)
+    for g in range(H):
+        others = np.linalg.qr(np.delete(vs, g, axis=0).T)[0]  # (d, H - 1)
+        w = vs[g] - others @ (others.T @ vs[g])
+        w /= max(float(np.linalg.norm(w)), 1e-300)
+        z = rng.standard_normal((k, d))
+        z -= (z @ others) @ others.T + np.outer(z @ w, w)
+        z /= np.linalg.norm(z, axis=1, keepdims=True)
+        dirs[g] = (w + z) / np.sqrt(2.0)
+        sig[g] = float(scale * (w @ vs[g]) / np.sqrt(2.0))  # delta^T v_g
+    delta = scale * dirs.reshape(H * k, d)
+    X = np.empty((2 * H * k, 2, d))
+    X[:, 1] = x0
+    X[:, 0] = x0 + np.concatenate([delta, 2.0 * delta])
+    f = run.ledger.ask(X, "circle")
+    y = (f - run.beta - float(x0 @ run.V)).reshape(2, H, k)
+    lin = np.abs(y[1] - 2.0 * y[0]) <= fd_tol(run.noise) * float(np.abs(f).max())
+    frac = 0.5 * (y[0] + 0.5 * y[1]) / sig[:, None]  # 0 or 1 when saturated and isolated
+    dev = np.minimum(np.abs(frac), np.abs(frac - 1.0))
+    if not lin.any(axis=1).all():
+        return float("inf"), int(lin.sum())
+    return float(np.max(dev[lin])), int(lin.sum())
 
 
 def missing_factor(isolated: int, missing: int, budget_left: int, reps: int) -> int:
@@ -186,6 +352,32 @@ def saturated_values(run, Ks, Qs, cs, rng) -> np.ndarray:
     return out
 
 
+#: narrow formats: one-row queries per unknown of V and beta measured again (:func:`constants`)
+CONST_SAMPLES = 32
+
+
+def constant_queries(d: int) -> int:
+    """One-row queries of :func:`constants`."""
+    return int(CONST_SAMPLES * (d + 1))
+
+
+def constants(ledger, d: int, rng) -> tuple[np.ndarray, float]:
+    """V and beta by least squares over :func:`constant_queries` one-row queries (antipodal
+    pairs of random unit rows; ``f([x]) = beta + x^T V`` exactly), for narrow formats.
+
+    The ``d + 1`` one-row queries that read them first carry one answer's rounding each, and
+    every probe reads its logit through V and beta: on the synthetic layer with answers of
+    relative noise 5e-5, the true V took the worst head's W from 1.2e-3 to 3.8e-4 and V and
+    beta together to 2.3e-4 (50 ``layer_dof``).
+    """
+    n = constant_queries(d) // 2
+    z = rng.standard_normal((n, d))
+    z /= np.linalg.norm(z, axis=1, keepdims=True)
+    y = ledger.ask(np.concatenate([z, -z])[:, None, :])
+    V, *_ = np.linalg.lstsq(z, 0.5 * (y[:n] - y[n:]), rcond=None)
+    return V, float(np.mean(0.5 * (y[:n] + y[n:])))
+
+
 def measure_noise(ledger, d: int, rng, scale: float) -> float:
     """Relative noise of the answers, from ``NOISE_QUERIES`` antipodal one-row pairs.
 
@@ -197,7 +389,8 @@ def measure_noise(ledger, d: int, rng, scale: float) -> float:
     ------
     AssumptionViolation
         Beyond ``MAX_NOISE_LEVEL`` (a pair's log-ratio is then biased by about the noise
-        squared, which averaging does not remove), or when an answer is not finite.
+        squared, which averaging does not remove), beyond ``LAYER_MAX_NOISE`` (bfloat16's
+        noise: measured, no fit succeeded), or when an answer is not finite.
     """
     n = NOISE_QUERIES
     X = scale * rng.standard_normal((n, 1, d)) / np.sqrt(d)
@@ -213,6 +406,12 @@ def measure_noise(ledger, d: int, rng, scale: float) -> float:
         raise AssumptionViolation(
             f"the answers carry a relative noise of {noise:.3g}, above the {MAX_NOISE_LEVEL:g} "
             "the layer learner allows")
+    if noise > LAYER_MAX_NOISE:
+        raise AssumptionViolation(
+            f"the answers carry a relative noise of {noise:.3g} (bfloat16's is about 4e-3), above "
+            f"the {LAYER_MAX_NOISE:g} the layer learner reads: its heads would be off by tens of "
+            "units of it, too rough for the saturated and missing-direction probes (measured "
+            "on synthetic layers in bfloat16 at up to 100 layer_dof, docs/served.md)")
     return noise
 
 
@@ -273,11 +472,12 @@ def noisy_gradient(ask, d: int, h: float, pairs: int, noise: float):
                            "logit changes sign within every step tried")
 
 
-def gradient_pairs(budget_left: int, d: int, n_arcs: int) -> int:
+def gradient_pairs(budget_left: int, d: int, n_arcs: int,
+                   most: int = MAX_GRADIENT_PAIRS) -> int:
     """Distinct step pairs per coordinate for the arcs' gradients: ``GRADIENT_SHARE`` of what
-    is left (at least one pair, at most ``MAX_GRADIENT_PAIRS``)."""
+    is left (at least one pair, at most ``most``)."""
     k = int(GRADIENT_SHARE * budget_left // (2 * d * n_arcs))
-    return int(min(max(k, 1), MAX_GRADIENT_PAIRS))
+    return int(min(max(k, 1), int(most)))
 
 
 def plan_repeats(budget_left: int, per_pass: int, what: str) -> int:
