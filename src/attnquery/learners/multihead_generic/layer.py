@@ -887,7 +887,7 @@ class AttentionLayerLearner(BaseLearner):
         scales ``t``, weighted by ``t^2`` (served mode; after the rough pass at the logit scale
         ``served.MISSING_LOGIT`` and the answer scale ``served.MISSING_ANSWER``)."""
         exact = run.noise is None or run.rough
-        scale = 1.0 if exact else served.MISSING_LOGIT
+        scale = 1.0 if exact or served.narrow(run.noise) else served.MISSING_LOGIT
         size = 1.0 if exact else served.MISSING_ANSWER
         if run.reps * run.missing_reps == 1:
             return self._missing(run, nu, heads, silent, g, j, Q, bias, factor=scale,
@@ -926,7 +926,10 @@ class AttentionLayerLearner(BaseLearner):
         s = answer / (np.linalg.norm(nu[g]) * (np.linalg.norm(aj, axis=1) + 1e-300))
         t = factor / (np.linalg.norm(nu[j]) * (np.linalg.norm(ag, axis=1) + 1e-300))
         if run.rough_heads is not None:  # served mode: logits within MISSING_MAX_LOGIT
-            t = served.cap_missing(t, factor, run.rough_heads, nu[j], g, X)
+            base = 1.0 if served.narrow(run.noise) else served.MISSING_LOGIT
+            t = served.cap_missing(t, factor / base, run.rough_heads, nu[j], g, X)
+            # head j's unknown share s nu_g^T a_j moves its silencing logit: as much at most
+            s = served.cap_missing(s, 1.0, run.rough_heads, nu[g], j, X)
         known_g = s * (ag @ (hg.B.T @ nu[g]))  # s nu_g^T a_g(x)
         known_j = t * (aj @ (hj.B.T @ nu[j]))  # t nu_j^T a_j(x)
         # P = perp z, orthogonal to every v: P^T a_g = -known_g (head g's logit is then

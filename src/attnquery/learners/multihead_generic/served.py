@@ -47,7 +47,8 @@ NOISY_TARGET = 3.0
 #: target: MiniLM L0H9's isolated B^T W 8.7e-5 without, 1.5e-5 with (3.5 % more probes)
 RELIMIT = 1.2
 #: the missing-direction probes' logit scale ``t |nu_j| |a_g(x)|`` after the rough pass (1
-#: in exact mode and in the rough pass; the cosines of nu_j with a_g(x) are 0.03 (median) to
+#: in exact mode, in the rough pass and in narrow formats, where 12 had a float16 synthetic
+#: fit refused by name at 50 ``layer_dof``; the cosines of nu_j with a_g(x) are 0.03 (median) to
 #: 0.26 on MiniLM, so a scale of 1 read logits of 0.03). One pass of MiniLM layer 0's heads
 #: 2, 0: relative rows nu_j^T W_g to 2.6e-4, 4.4e-5 at 1; 3.9e-5, 6.9e-6 at 6; 1.8e-5,
 #: 1.7e-6 at 12 (with MISSING_ANSWER 10); 24 helped head 2 and hurt heads 0 and 7
@@ -277,13 +278,13 @@ def missing_factor(isolated: int, missing: int, budget_left: int, reps: int) -> 
     return int(max(1, min(want, fits)))
 
 
-def cap_missing(t, factor: float, rough, nu_j, g: int, X):
+def cap_missing(t, dither: float, rough, nu_j, g: int, X):
     """The missing-direction probes' scales t, capped so that their logits
     ``t nu_j^T a_g(x)``, predicted by the rough heads, stay within ``MISSING_MAX_LOGIT``
-    (times the pass's dither ``factor / MISSING_LOGIT``)."""
+    (times the pass's ``dither``)."""
     K, Q, c = rough[0][g], rough[1][g], rough[2][g]
     est = np.abs((X @ Q.T) @ (K @ nu_j) + c @ nu_j)
-    cap = MISSING_MAX_LOGIT * factor / MISSING_LOGIT / np.maximum(est, 1e-300)
+    cap = MISSING_MAX_LOGIT * dither / np.maximum(est, 1e-300)
     return np.minimum(t, cap)
 
 
