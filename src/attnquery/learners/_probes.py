@@ -363,11 +363,22 @@ class Prober:
     ``bias_logit``: a large share pushes alpha towards 0 or 1, where the logit loses digits.
     When ``make`` returns ``None`` for the last tokens, the probes are ``[kappa u; 0]`` and
     ``measure`` returns ``u^T c`` (give such a prober no ``key_bias``).
+
+    For noisy answers (the layer learner's served mode, docs/served.md): ``repilot`` asks the
+    pilot's probes again at the scale the measurement settled on (at the initial scale their
+    logits may be far from the target, and a layer's probe 0 enters every coordinate);
+    ``relimit`` asks a probe whose logit exceeds it again at the target; ``answer`` fixes the
+    answer ``c |u^T v|`` of every probe (for a head whose key bias is cancelled, nothing else
+    bounds c; zero-last-token probes are then read at ``c = min(kappa, answer / |u^T v|)``).
     """
 
     def __init__(self, oracle, v, *, initial_logit_scale, max_logit, min_logit, chunk,
-                 pilot=None, target=0.1, key_bias=None, offset=0.0, bias_logit=1.0):
+                 pilot=None, target=0.1, key_bias=None, offset=0.0, bias_logit=1.0,
+                 answer=None, repilot=False, relimit=None):
         self.oracle = oracle
+        self.relimit = None if relimit is None else float(relimit)
+        self.repilot = bool(repilot)
+        self.answer = None if answer is None else float(answer)
         self.v = v
         self.key_bias = key_bias
         self.bias_logit = float(bias_logit)
@@ -387,10 +398,13 @@ class Prober:
         uv = rows_dot(U, self.v)
         # u^T c, the key bias's direction in each probe (None without a key bias)
         uc = None if self.key_bias is None else rows_dot(U, self.key_bias)
-        if B is None:  # zero last token: the probe [kap u; 0] has logit kap u^T c
+        zero_last = B is None
+        if zero_last:  # zero last token: the probe [kap u; 0] has logit kap u^T c
             B = SparseRows((n, d), [], [], [])
             bv = np.zeros(n)
             c, s = kap, np.ones(n)
+            if self.answer is not None:  # answers of at most this size; logits at scale kap
+                c = np.minimum(kap, self.answer / np.maximum(np.abs(uv), 1e-300))
         else:
             bv = rows_dot(B, self.v)
             # c / s = rho keeps the s b^T v term from swamping c u^T v. With a floor on |u^T v|
@@ -407,11 +421,16 @@ class Prober:
                 if uc is not None:
                     c = np.minimum(c, self.bias_logit / np.maximum(np.abs(uc), 1e-300))
                 s = kap / c
+            if self.answer is not None:  # every answer c |u^T v| of this size
+                c = self.answer / np.maximum(np.abs(uv), 1e-300)
+                s = kap / c
         logit, _ = probe_logits(self.oracle, U, None, c, s, self.v, last=B, uv=uv, lastv=bv,
                                 offset=self.offset)
         saturated = ~(np.abs(logit) <= self.max_logit)
         if uc is not None:  # the bias's share c u^T c of the logit
             logit = logit - c * uc
+        if self.answer is not None and zero_last:  # [c u; 0] read at scale c, not kap
+            logit = logit * (kap / c)
         logit[saturated] = np.nan
         return logit
 
@@ -424,6 +443,13 @@ class Prober:
             kap[bad] *= 1e-2
             logit[bad] = self._ask(U[bad], None if B is None else B[bad], kap[bad], uv_floor)
             self.n_requeried += int(bad.sum())
+        if self.relimit is not None:  # logits beyond relimit: again, scaled to the target
+            big = np.abs(logit) > self.relimit
+            if big.any():
+                kap[big] *= self.target / np.abs(logit[big])
+                logit[big] = self._ask(U[big], None if B is None else B[big], kap[big],
+                                       uv_floor)
+                self.n_requeried += int(big.sum())
         if not np.all(np.isfinite(logit)):
             raise AssumptionViolation(
                 "the answers are not those of a single attention head: some attention weights "
@@ -467,10 +493,12 @@ class Prober:
         out = np.empty(n)
         scale = np.empty(n)
         start = 0
+        pilot = None
         if self.kappa is None and n:  # the pilot batch, at the initial scale
             sl = slice(0, min(n, self.pilot))
             out[sl], scale[sl] = self._pilot(*make(np.arange(sl.stop)), uv_floor)
             start = sl.stop
+            pilot = sl
         for sl in chunk_slices(n - start, self.chunk):  # the pilot has set kappa
             sl = slice(sl.start + start, sl.stop + start)
             U, B = make(np.arange(sl.start, sl.stop))
@@ -478,4 +506,12 @@ class Prober:
             out[sl] = self._ask_checked(U, B, kap, uv_floor) / kap
             scale[sl] = kap
             self._update(out[sl])
+        if self.repilot and pilot is not None:
+            # the pilot's probes again at the scale the measurement settled on (at the initial
+            # scale their logits may be far from the target: with noisy answers, few digits)
+            U, B = make(np.arange(pilot.stop))
+            kap = np.full(U.shape[0], self.kappa)
+            out[pilot] = self._ask_checked(U, B, kap, uv_floor) / kap
+            scale[pilot] = kap
+            self.n_requeried += U.shape[0]
         return (out, scale) if return_scale else out

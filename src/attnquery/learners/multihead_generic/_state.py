@@ -30,6 +30,9 @@ class _Layer:
     #: served mode's rough pass: a missing-direction probe answered outside (0, 1) is clipped
     #: into it (the scan's v's let the other heads leak into it), not refused
     rough: bool = False
+    #: served mode, after the rough pass: every head's rough (K, Q, c), which bound the logits
+    #: of the missing-direction probes (:data:`.served.MISSING_MAX_LOGIT`)
+    rough_heads: tuple | None = None
 
     @property
     def d(self) -> int:

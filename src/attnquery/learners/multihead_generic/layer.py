@@ -361,8 +361,10 @@ class AttentionLayerLearner(BaseLearner):
         d = run.d
         per = layer_probe_count(d, H, r, int(self.oversample), bool(self.fit_bias)) - d - 1
         miss = 2 * H * (H - 1) * (r + int(bool(self.fit_bias)))
-        # the rough pass and the value vectors' saturated queries come first
-        left = self._budget_left(run) - per - H * served.value_queries(d)
+        # the rough pass and the value vectors' saturated queries come first; each head's two
+        # probers ask their pilots again once in the rough pass and once over the passes
+        left = (self._budget_left(run) - per - H * served.value_queries(d)
+                - 2 * H * 2 * PILOT)
         reps = served.plan_repeats(left, per,
                                    f"AttentionLayerLearner(n_queries={int(self.n_queries)})")
         k = served.missing_factor(per - miss, miss, left, reps)
@@ -381,7 +383,7 @@ class AttentionLayerLearner(BaseLearner):
         1e3 on the synthetic layers, multiplies the noise); then ``n_passes_`` passes.
         """
         run = self._plan(run, H, r)  # served mode: passes the budget left pays for
-        rows = [None] * H
+        rows, shifts = [None] * H, [None] * H
         if run.noise is not None:
             rough = dataclasses.replace(run, reps=1, missing_reps=1, rough=True)
             heads = [self._isolated(rough, vs, g, r, bias, rng) for g in range(H)]
@@ -390,7 +392,12 @@ class AttentionLayerLearner(BaseLearner):
             with run.ledger.stage("values"):
                 vs = served.saturated_values(run, Ks, Qs, cs, rng)
             rows = [Q.T for Q in Qs]
-        heads = [self._isolated(run, vs, g, r, bias, rng, rows[g]) for g in range(H)]
+            run = dataclasses.replace(run, rough_heads=(Ks, Qs, cs))
+            if bias and served.CANCEL:
+                shifts = [served.cancel_shift(K, Q, c) for K, Q, c in zip(Ks, Qs, cs,
+                                                                          strict=True)]
+        heads = [self._isolated(run, vs, g, r, bias, rng, rows[g], shifts[g])
+                 for g in range(H)]
         return (vs, *self._missing_directions(run, vs, heads, bias))
 
     def _rtol(self, run: _Layer) -> float:
@@ -762,16 +769,20 @@ class AttentionLayerLearner(BaseLearner):
         rest = np.linalg.svd(np.concatenate([others, w[None]]), full_matrices=True)[2]
         return np.concatenate([w[:, None], rest[others.shape[0] + 1:].T], axis=1)
 
-    def _prober(self, run: _Layer, key_bias=None) -> Prober:
+    def _prober(self, run: _Layer, key_bias=None, shift=None) -> Prober:
         # served mode: larger logits (a logit's rounding error does not shrink with it)
         exact = run.noise is None
-        return Prober(run.ledger, run.V, initial_logit_scale=self.initial_logit_scale,
+        oracle = run.ledger if shift is None else served.Shifted(run.ledger, shift, run.V)
+        return Prober(oracle, run.V, initial_logit_scale=self.initial_logit_scale,
                       max_logit=self.max_logit if exact else min(self.max_logit,
                                                                  served.NOISY_MAX_LOGIT),
                       min_logit=self.min_logit,
                       chunk=max(1, int(self.block_bytes // (32 * run.d))),
                       key_bias=key_bias, offset=run.beta,
-                      target=0.1 if exact else served.NOISY_TARGET, pilot=PILOT)
+                      target=0.1 if exact else served.NOISY_TARGET, pilot=PILOT,
+                      answer=None if shift is None else served.SHIFT_ANSWER,
+                      repilot=not exact,
+                      relimit=None if exact else served.RELIMIT * served.NOISY_TARGET)
 
     @staticmethod
     def _measure(run: _Layer, prober, make, n, floor):
@@ -783,9 +794,14 @@ class AttentionLayerLearner(BaseLearner):
         run.ledger.n_requeried += int(prober.n_requeried - r0)
         return out
 
-    def _isolated(self, run: _Layer, vs, g, r, bias, rng, rows=None) -> _Head:
+    def _isolated(self, run: _Layer, vs, g, r, bias, rng, rows=None, shift=None) -> _Head:
         """``B_g^T W_g`` (rank r, two-sided sketch) and ``B_g^T c_g`` of head g, isolated;
-        ``rows`` (d, r), orthonormal: the right sketch's directions (random when None)."""
+        ``rows`` (d, r), orthonormal: the right sketch's directions (random when None).
+
+        ``shift`` (served mode, :func:`.served.cancel_shift`): a token z added to both rows of
+        every probe, with ``W_g z + c_g`` about 0, so that the probes read a head whose key
+        bias ``c_z = W_g z + c_g`` nearly vanishes (its share of a logit no longer caps the
+        probe's scale); ``B^T c_g = B^T c_z - B^T W_g z`` from the measured W."""
         d = run.d
         B = self._probe_basis(vs, g)
         m = B.shape[1]
@@ -801,9 +817,9 @@ class AttentionLayerLearner(BaseLearner):
 
         t_c = np.zeros(m)
         if bias:  # u^T c_g from probes with a zero last token
-            t_c = coords(self._measure(run, self._prober(run), lambda idx: (U[idx], None), m,
-                                       None))
-        prober = self._prober(run, key_bias=B @ t_c if bias else None)
+            t_c = coords(self._measure(run, self._prober(run, shift=shift),
+                                       lambda idx: (U[idx], None), m, None))
+        prober = self._prober(run, key_bias=B @ t_c if bias else None, shift=shift)
         Bs = rng.standard_normal((d, r))
         Bs /= np.linalg.norm(Bs, axis=0)
         if rows is not None:
@@ -842,6 +858,8 @@ class AttentionLayerLearner(BaseLearner):
         rk = int(np.sum(sc > sc[0] * 1e-9)) if sc.size and sc[0] > 0 else 0
         L = (Y @ Vct[:rk].T) / sc[:rk]  # (m, rk)
         R = Z.T @ Uc[:, :rk]  # (d, rk)
+        if shift is not None:  # the probes read c_z = W_g z + c_g
+            t_c = t_c - L @ (R.T @ shift)
         return _Head(B, L, R, t_c)
 
     # -- the missing directions -----------------------------------------------------------------
@@ -866,17 +884,24 @@ class AttentionLayerLearner(BaseLearner):
 
     def _missing_passes(self, run: _Layer, nu, heads, silent, g, j, Q, bias):
         """:meth:`_missing` once (exact mode) or averaged over ``run.reps`` passes at dithered
-        scales ``t``, weighted by ``t^2`` (served mode)."""
+        scales ``t``, weighted by ``t^2`` (served mode; after the rough pass at the logit scale
+        ``served.MISSING_LOGIT`` and the answer scale ``served.MISSING_ANSWER``)."""
+        exact = run.noise is None or run.rough
+        scale = 1.0 if exact or served.narrow(run.noise) else served.MISSING_LOGIT
+        size = 1.0 if exact else served.MISSING_ANSWER
         if run.reps * run.missing_reps == 1:
-            return self._missing(run, nu, heads, silent, g, j, Q, bias)
+            return self._missing(run, nu, heads, silent, g, j, Q, bias, factor=scale,
+                                 answer=size)
         f = served.dithers(run.reps * run.missing_reps)
-        out = [self._missing(run, nu, heads, silent, g, j, Q, bias, factor=fk) for fk in f]
+        out = [self._missing(run, nu, heads, silent, g, j, Q, bias, factor=scale * fk,
+                             answer=size) for fk in f]
         w = f * f / np.sum(f * f)
         return (sum(wk * o[0] for wk, o in zip(w, out, strict=True)),
                 float(sum(wk * o[1] for wk, o in zip(w, out, strict=True))))
 
     @staticmethod
-    def _missing(run: _Layer, nu, heads, silent, g, j, Q, bias, factor: float = 1.0):
+    def _missing(run: _Layer, nu, heads, silent, g, j, Q, bias, factor: float = 1.0,
+                 answer: float = 1.0):
         """``nu_j^T W_g`` (as coefficients in the row-space basis Q) and ``nu_j^T c_g``.
 
         ``silent = (perp, perp_B)``: an orthonormal basis ``perp`` of the directions orthogonal
@@ -895,9 +920,16 @@ class AttentionLayerLearner(BaseLearner):
         hg, hj = heads[g], heads[j]
         ag = hg.query_vectors(X)  # (n, m): a_g(x) along B_g
         aj = hj.query_vectors(X)
-        # the unknown shares s nu_g^T a_j and t nu_j^T a_g stay within about one unit
-        s = 1.0 / (np.linalg.norm(nu[g]) * (np.linalg.norm(aj, axis=1) + 1e-300))
+        # the unknown shares s nu_g^T a_j and t nu_j^T a_g stay within about `answer` and
+        # `factor` units times the cosine of nu with a (served mode after the rough pass: 10 and
+        # 12, the cosines within 0.26 on MiniLM; t capped by the rough heads' prediction)
+        s = answer / (np.linalg.norm(nu[g]) * (np.linalg.norm(aj, axis=1) + 1e-300))
         t = factor / (np.linalg.norm(nu[j]) * (np.linalg.norm(ag, axis=1) + 1e-300))
+        if run.rough_heads is not None:  # served mode: logits within MISSING_MAX_LOGIT
+            base = 1.0 if served.narrow(run.noise) else served.MISSING_LOGIT
+            t = served.cap_missing(t, factor / base, run.rough_heads, nu[j], g, X)
+            # head j's unknown share s nu_g^T a_j moves its silencing logit: as much at most
+            s = served.cap_missing(s, 1.0, run.rough_heads, nu[g], j, X)
         known_g = s * (ag @ (hg.B.T @ nu[g]))  # s nu_g^T a_g(x)
         known_j = t * (aj @ (hj.B.T @ nu[j]))  # t nu_j^T a_j(x)
         # P = perp z, orthogonal to every v: P^T a_g = -known_g (head g's logit is then

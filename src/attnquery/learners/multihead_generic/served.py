@@ -32,13 +32,41 @@ __all__ = ["Capped", "repeated", "measure_noise", "clean_tol", "fd_tol", "noisy_
            "START_STEPS", "START_GROWTH", "START_RESOLVE", "ScanSettings", "scan_settings",
            "NARROW_LEAST_SCALE", "verify_units",
            "constants", "constant_queries", "CONST_SAMPLES",
-           "LAYER_MAX_NOISE"]
+           "LAYER_MAX_NOISE", "cancel_shift", "Shifted", "cap_missing"]
 
 #: antipodal pairs of one-row queries that measure the answers' relative noise
 NOISE_QUERIES = 64
 #: the isolated probes' logit target (the exact mode uses 0.1: with rounded answers a logit's
-#: error is a few units of the answers' noise whatever its size, so larger logits read more)
-NOISY_TARGET = 1.0
+#: error is a few units of the answers' noise whatever its size, so larger logits read more).
+#: One pass of MiniLM layer 0's isolated head 2 (true v's and row spaces): B^T W to 5.8e-5 at
+#: 1, 2.4e-5 at 2, 1.8e-5 at 3, 4.3e-5 at 4 (head 0: 1.5e-5, 7.3e-6, 5.5e-6, 7.8e-6);
+#: docs/served.md "Sharper probes"
+NOISY_TARGET = 3.0
+#: a probe whose logit exceeds this many times the target (a value larger than any the scale
+#: had seen, on MiniLM the coordinate last tokens of outlier dimensions) is asked again at the
+#: target: MiniLM L0H9's isolated B^T W 8.7e-5 without, 1.5e-5 with (3.5 % more probes)
+RELIMIT = 1.2
+#: the missing-direction probes' logit scale ``t |nu_j| |a_g(x)|`` after the rough pass (1
+#: in exact mode, in the rough pass and in narrow formats, where 12 had a float16 synthetic
+#: fit refused by name at 50 ``layer_dof``; the cosines of nu_j with a_g(x) are 0.03 (median) to
+#: 0.26 on MiniLM, so a scale of 1 read logits of 0.03). One pass of MiniLM layer 0's heads
+#: 2, 0: relative rows nu_j^T W_g to 2.6e-4, 4.4e-5 at 1; 3.9e-5, 6.9e-6 at 6; 1.8e-5,
+#: 1.7e-6 at 12 (with MISSING_ANSWER 10); 24 helped head 2 and hurt heads 0 and 7
+MISSING_LOGIT = 12.0
+#: ... but their logits, as the rough heads predict them, at most this: on the synthetic
+#: layers (d = 32) a cosine near 1 made a scale of 12 read logits of 12 (worst W of learner
+#: seed 1 1.5e-5 uncapped, 2.5e-6 capped); on MiniLM the cap seldom binds
+MISSING_MAX_LOGIT = 3.0
+#: the missing-direction probes' answer scale ``s |nu_g| |a_j(x)|`` after the rough pass (1 in
+#: exact mode and in the rough pass): heads 2, 0, 7 of MiniLM layer 0 at logit scale 6: rows
+#: to 3.9e-5, 6.9e-6, 1.5e-5 at 1; 2.7e-5, 2.9e-6, 3.5e-6 at 10; 5.9e-5, 3.6e-6, 3.9e-6 at 30
+MISSING_ANSWER = 10.0
+#: cancel every head's query bias in its isolated probes after the rough pass
+#: (:func:`cancel_shift`; not the default, docs/served.md "Sharper probes")
+CANCEL = False
+#: with the query bias cancelled (:func:`cancel_shift`), the size of every answer
+#: ``c |u^T v|`` of the isolated probes (no key-bias share caps their scale any more)
+SHIFT_ANSWER = 1.0
 #: largest logit of a probe (the low-precision learner's, measured on served MiniLM heads)
 NOISY_MAX_LOGIT = _BIAS_MAX_LOGIT
 #: the check's relative tolerance, in units of the answers' relative noise (about 3e-4 in
@@ -248,6 +276,16 @@ def missing_factor(isolated: int, missing: int, budget_left: int, reps: int) -> 
     want = round(MISSING_SHARE * isolated / m)
     fits = ((1.0 - MARGIN) * budget_left / max(int(reps), 1) - isolated) // m
     return int(max(1, min(want, fits)))
+
+
+def cap_missing(t, dither: float, rough, nu_j, g: int, X):
+    """The missing-direction probes' scales t, capped so that their logits
+    ``t nu_j^T a_g(x)``, predicted by the rough heads, stay within ``MISSING_MAX_LOGIT``
+    (times the pass's ``dither``)."""
+    K, Q, c = rough[0][g], rough[1][g], rough[2][g]
+    est = np.abs((X @ Q.T) @ (K @ nu_j) + c @ nu_j)
+    cap = MISSING_MAX_LOGIT * dither / np.maximum(est, 1e-300)
+    return np.minimum(t, cap)
 
 
 def silence(noise: float, exact: float) -> float:
@@ -484,6 +522,32 @@ def repeated(prober, make, n: int, floor, reps: int) -> np.ndarray:
         den += w
     prober.kappa, prober.target = kappa, target
     return num / den
+
+
+def cancel_shift(K, Q, c) -> np.ndarray:
+    """The last-token shift z of a head's probes: the minimum-norm solution of ``W z + c = 0``
+    for the estimates ``W = K^T Q`` (rank r) and c (a key bias ``c = W_K^T b_Q`` lies in W's
+    column space, so z exists for the true head). With it the head's query vector at
+    ``s b + z`` is ``s W b`` (plus the estimates' error): the key bias's share of a probe's logit
+    is gone, as in :class:`~attnquery.learners.LowPrecisionValueQueryLearner`'s cancellation of
+    the query bias (docs/served.md)."""
+    # W^+ = Q^+ K^T^+: Q (r, d) and K (r, d) of full row rank
+    y = np.linalg.lstsq(K.T, -np.asarray(c, dtype=float), rcond=None)[0]  # K^T y = -c
+    return np.linalg.lstsq(Q, y, rcond=None)[0]  # Q z = y, minimum norm
+
+
+class Shifted:
+    """The oracle with a token z added to every row of every query, and ``z^T V`` taken from
+    every answer (a one-row answer is then ``beta + x^T V`` again): a probe
+    ``[c u + s b; s b]`` reads the head whose key bias is ``W z + c`` (:func:`cancel_shift`)."""
+
+    def __init__(self, oracle, z, V):
+        self.oracle = oracle
+        self.z = np.asarray(z, dtype=float)
+        self.zv = float(self.z @ V)
+
+    def __call__(self, X):
+        return self.oracle(np.asarray(X) + self.z) - self.zv
 
 
 class Capped:
