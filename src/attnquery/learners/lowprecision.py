@@ -883,9 +883,9 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         cost = (3 * d * _CANCEL_ROWS + 4 * _DESIGN_ENTRIES * _DESIGN_REPS
                 * (len(_CANCEL_SIZES) + 2 + len(_SKETCH_LOGITS))
                 + 4 * 2 * d * _MIN_BIAS_ROUNDS)
-        # after it, a full pass over W, or two over both sides of its sketch (rank <= 36)
-        after = min(2.1 * d * d, 4 * (2 * (_CANCEL_ROWS - _CANCEL_ROWS // 4) + 1) * d)
-        if d > _CANCEL_ROWS and pairs.left() - cost >= after:
+        # after it, a full pass over W: whether the sketch takes over is known only once its
+        # rows show the answers' noise, and in narrow formats the full passes follow
+        if d > _CANCEL_ROWS and pairs.left() - cost >= 2.1 * d * d:
             self._cancel_query_bias(pairs, d, rng)
             self.query_bias_cancelled_ = bool(pairs.cancelled)
         self.shift_ = None if pairs.z is None else pairs.z.copy()
