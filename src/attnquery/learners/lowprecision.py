@@ -257,6 +257,14 @@ class _Entries:
         self.om[rows] += w_om[seen]
         self.m1[rows] += w_om[seen] * (mhat[seen] - mref)
 
+    def means(self, rows=slice(None)) -> np.ndarray:
+        """The weighted means of the entries of ``rows`` (NaN where none was measured)."""
+        return self.ref[rows] + self.s1[rows] / self.s0[rows]
+
+    def v_means(self) -> np.ndarray:
+        """The weighted means of every direction's ``u_l^T v``."""
+        return self.mref + self.m1 / self.om
+
     def noise(self) -> float:
         """The answers' relative noise sigma (NaN before two columns shared a direction)."""
         return float(np.sqrt(self.ss / self.dof)) if self.dof else float("nan")
@@ -488,23 +496,16 @@ class _Pairs:
                                       c[:, None]).transpose(0, 2, 1)
         return P
 
-    def ask_grid(self, rows, kappa, dither):
-        """Directions ``rows`` against every last-token direction of ``V`` at the columns'
-        ``kappa`` and ``dither``: their :func:`pair_logits`, (5, len(rows), len(V))."""
-        m = self.V.shape[0]
-        cols = np.tile(np.arange(m), rows.size)
-        kap = kappa.ravel() if np.ndim(kappa) == 2 else kappa[cols]
-        P = self.ask(np.repeat(rows, m), cols, kap, dither[cols])
-        return P.reshape(5, rows.size, m)
-
     def sweep(self, rows, kappa, dither, mask=None):
         """One pass of ``rows`` over every column (only the entries of ``mask``, (len(rows),
         columns), where given; the others are NaN); pairs with a non-finite or too large logit
         are asked again at a tenth of the scale. Returns the :func:`pair_logits` of every entry
         and its scale."""
-        if mask is None:
-            P = (self.ask_rows if self.V is None else self.ask_grid)(rows, kappa, dither)
-        else:
+        if mask is None and self.V is None:
+            P = self.ask_rows(rows, kappa, dither)
+        else:  # flat pairs: the entries of mask, or every last-token direction of V
+            if mask is None:
+                mask = np.ones((rows.size, self.V.shape[0]), dtype=bool)
             P = np.full((5,) + mask.shape, np.nan)
             i, j = np.nonzero(mask)
             P[:, i, j] = self.ask(rows[i], j, np.broadcast_to(kappa, mask.shape)[i, j],
@@ -584,7 +585,7 @@ class _Side:
     def mean(self) -> np.ndarray:
         """The entries' weighted means (0 where none was measured yet)."""
         with np.errstate(invalid="ignore", divide="ignore"):
-            return np.nan_to_num(self.acc.ref + self.acc.s1 / self.acc.s0)
+            return np.nan_to_num(self.acc.means())
 
 
 def _noise_model(side) -> np.ndarray:
@@ -610,6 +611,20 @@ def _noise_model(side) -> np.ndarray:
                                      v / sc)
     sd = np.sqrt(a + bb * side.mean() ** 2)
     return sd if np.all(np.isfinite(sd)) and sd.max() > 0 else np.ones(side.count.shape)
+
+
+def _tail(n: int) -> float:
+    """About how many times their root-mean-square the largest of n Gaussian values is,
+    ``sqrt(2 ln 2n)``."""
+    return float(np.sqrt(2.0 * np.log(2.0 * n)))
+
+
+def _spread_root(k: int) -> float:
+    """``sqrt(chi2_k(0.025) / k)``: a root-mean-square estimated from k values is at least
+    this fraction of the true one, 39 times out of 40."""
+    import scipy.stats  # here, not at the top: importing it costs every study job 0.5 s
+
+    return float(np.sqrt(scipy.stats.chi2.ppf(0.025, k) / k))
 
 
 def _check_noise(acc) -> None:
@@ -925,6 +940,11 @@ class LowPrecisionValueQueryLearner(BaseLearner):
             pairs.jitter_size = _LAST_TOKEN_JITTER  # the passes' last tokens jittered
         return kappa_p, np.sqrt(np.mean(tp**2, axis=0)) < float(self.target_logit) / 10
 
+    def _pass_logit(self, pairs, d: int) -> float:
+        """The passes' root-mean-square logit: ``target_logit``, lowered where the largest of a
+        column's d logits, dithered, would pass the logit limit."""
+        return min(float(self.target_logit), pairs.mlog / (np.exp(_KAPPA_DITHER) * _tail(d)))
+
     def _first_pass(self, pairs: _Pairs, acc: _Entries, kappa_p, zero, stop=None):
         """The first pass over the rows after the pilot's (up to ``stop``, all by default), in
         stages growing fourfold, each column's scale re-estimated from the rows measured so far.
@@ -936,15 +956,13 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         # root-mean-square logit lowered where the largest of a column's d logits (about
         # sqrt(2 ln 2d) times it) would pass max_logit, with a margin for the spread of the
         # scale estimated from the rows measured so far
-        tail = float(np.sqrt(2.0 * np.log(2.0 * d)))
-        T = min(float(self.target_logit), pairs.mlog / (np.exp(_KAPPA_DITHER) * tail))
+        tail = _tail(d)
+        T = self._pass_logit(pairs, d)
         n = min(int(self.pilot_rows), d)
-        import scipy.stats  # here, not at the top: importing it costs every study job 0.5 s
-
         while True:
-            z = acc.ref[:n] + acc.s1[:n] / acc.s0[:n]  # u^T w of the rows measured
+            z = acc.means(slice(None, n))  # u^T w of the rows measured
             rms = np.sqrt(np.mean(z**2, axis=0))
-            spread = 1.0 / np.sqrt(scipy.stats.chi2.ppf(0.025, n) / n) if n < d else 1.0
+            spread = 1.0 / _spread_root(n) if n < d else 1.0
             kappa = np.where(zero | (rms == 0), kappa_p,
                              min(T, pairs.mlog / (spread * tail)) / np.where(rms > 0, rms, 1))
             if n >= stop:
@@ -996,11 +1014,7 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         for the spread of an estimate from few rows."""
         rms = np.sqrt(np.mean(pred**2, axis=0))
         if pred.shape[0] < n_rows:
-            import scipy.stats
-
-            k = pred.shape[0]
-            big = rms * float(np.sqrt(2.0 * np.log(2.0 * n_rows))) / np.sqrt(
-                scipy.stats.chi2.ppf(0.025, k) / k)
+            big = rms * _tail(n_rows) / _spread_root(pred.shape[0])
         else:
             big = np.max(np.abs(pred), axis=0)
         lim = pairs.mlog / (np.exp(_KAPPA_DITHER) * (1.0 + _LAST_TOKEN_JITTER))
@@ -1028,9 +1042,8 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         sides show how each side's noise grows with the size of an entry; the rest of the
         budget is then shared among the entries of both sides in proportion to the error each
         measurement of an entry leaves in W (:meth:`_entry_quotas`), every pair at the scale
-        that puts its
-        entry's logit at ``entry_logit_`` and each entry's last-token sign alternating from one
-        measurement to the next. Then ``W = Z' (B Z')^+ Y`` with ``Z' = U^T Z``
+        that puts its entry's logit at ``entry_logit_`` and each entry's last-token sign
+        alternating from one measurement to the next. Then ``W = Z' (B Z')^+ Y`` with ``Z' = U^T Z``
         (:meth:`_solve_sketch`): exact for a rank-r W whatever R and B, with the noise of
         ``r (2d - r) + d`` entries instead of ``d^2``. Returns the two sides' :class:`_Entries`
         and B."""
@@ -1062,11 +1075,12 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         self.logit_scale_ = self._side_scales(pairs, B @ Zw @ R.T, r + 1)
         return Z.acc, Y.acc, B
 
-    def _side_pass(self, pairs, side, kb, rng, kappa=None, pred=None, mask=None) -> None:
+    def _side_pass(self, pairs, side, kb, rng, kappa=None, pred=None, mask=None) -> np.ndarray:
         """One pass over a side of the sketch (the entries of ``mask`` only, where given): at
         the columns' scales ``kappa``, or at each entry's own (the logit ``entry_logit_`` from
         ``pred``, the side's estimate by default, and at most ten times its column's), dithered
-        per column; each entry's last-token sign alternates with its measurements."""
+        per column; each entry's last-token sign alternates with its measurements. Returns the
+        pass's measurement of every entry (NaN where none)."""
         self._use_side(pairs, side.U, side.V, kb)
         m, n = side.count.shape
         if kappa is None:
@@ -1117,15 +1131,15 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         if not all(np.all(a.s0 > 0) and np.all(a.om > 0) for a in accs):
             raise AssumptionViolation("some entries of W's sketch were never measured by a "
                                       "usable pair")
-        Zw = U0.T @ (accZ.ref + accZ.s1 / accZ.s0)  # W R
-        Y = accY.ref + accY.s1 / accY.s0  # B W
+        Zw = U0.T @ accZ.means()  # W R
+        Y = accY.means()  # B W
         core = 0.5 * (B @ Zw + Y @ R)  # B W R, measured by both sides
         Uh, sh, Vht = np.linalg.svd(Zw @ np.linalg.pinv(core), full_matrices=False)
         a, sv, bt = np.linalg.svd((sh[:r, None] * Vht[:r]) @ Y, full_matrices=False)
         L, Rf = Uh[:, :r] @ a[:, :r], bt[:r].T  # W = L diag(sv) Rf^T, L orthonormal
         sv = sv[:r]
         W = (L * sv) @ Rf.T
-        v = U0.T @ (accZ.mref + accZ.m1 / accZ.om)
+        v = U0.T @ accZ.v_means()
         dof = accZ.dof + accY.dof
         rel = float(np.sqrt((accZ.ss + accY.ss) / dof)) if dof else 0.0
         self.noise_level_ = rel
@@ -1321,7 +1335,7 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         kappa_p, zero = self._scale_search(pairs, acc0)
         self._first_pass(pairs, acc0, kappa_p, zero, stop=m)
         pairs.acc = None
-        T0 = acc0.ref[:m] + acc0.s1[:m] / acc0.s0[:m]  # the m rows of T measured
+        T0 = acc0.means(slice(None, m))  # the m rows of T measured
         P, S, Qt = np.linalg.svd(T0, full_matrices=False)
         # W's rank: the last gap of _CANCEL_GAP between consecutive singular values within the
         # first three quarters (the rest is the noise, of a rank below them), above 1e-3 of
@@ -1383,8 +1397,7 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         n = rows.size
         rows2, cols2 = np.concatenate([rows, rows]), np.concatenate([cols, cols])
         if logits is None:
-            logits = (min(float(self.target_logit), pairs.mlog / (
-                np.exp(_KAPPA_DITHER) * np.sqrt(2.0 * np.log(2.0 * d)))),)
+            logits = (self._pass_logit(pairs, d),)
         grid = [(a, T) for a in sizes for T in logits]
         errs = []
         for a, T in grid:
@@ -1421,9 +1434,9 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         d = U.shape[0]
         if not (np.all(acc.s0 > 0) and np.all(acc.om > 0)):  # every pass re-asks until usable
             raise AssumptionViolation("some entries of W were never measured by a usable pair")
-        T = acc.ref + acc.s1 / acc.s0
+        T = acc.means()
         W = U.T @ T
-        v = U.T @ (acc.mref + acc.m1 / acc.om)
+        v = U.T @ acc.v_means()
         rss = float(np.sum(acc.s2 - acc.s1**2 / acc.s0))
         dof_t = int(np.sum(acc.n - 1))
         resid2 = max(rss, 0.0) / dof_t if dof_t > 0 else np.nan  # kappa^2-weighted logit scatter
