@@ -367,18 +367,15 @@ class Prober:
     For noisy answers (the layer learner's served mode, docs/served.md): ``repilot`` asks the
     pilot's probes again at the scale the measurement settled on (at the initial scale their
     logits may be far from the target, and a layer's probe 0 enters every coordinate);
-    ``relimit`` asks a probe whose logit exceeds it again at the target; ``answer`` fixes the
-    answer ``c |u^T v|`` of every probe (for a head whose key bias is cancelled, nothing else
-    bounds c; zero-last-token probes are then read at ``c = min(kappa, answer / |u^T v|)``).
+    ``relimit`` asks a probe whose logit exceeds it again at the target.
     """
 
     def __init__(self, oracle, v, *, initial_logit_scale, max_logit, min_logit, chunk,
                  pilot=None, target=0.1, key_bias=None, offset=0.0, bias_logit=1.0,
-                 answer=None, repilot=False, relimit=None):
+                 repilot=False, relimit=None):
         self.oracle = oracle
         self.relimit = None if relimit is None else float(relimit)
         self.repilot = bool(repilot)
-        self.answer = None if answer is None else float(answer)
         self.v = v
         self.key_bias = key_bias
         self.bias_logit = float(bias_logit)
@@ -398,13 +395,10 @@ class Prober:
         uv = rows_dot(U, self.v)
         # u^T c, the key bias's direction in each probe (None without a key bias)
         uc = None if self.key_bias is None else rows_dot(U, self.key_bias)
-        zero_last = B is None
-        if zero_last:  # zero last token: the probe [kap u; 0] has logit kap u^T c
+        if B is None:  # zero last token: the probe [kap u; 0] has logit kap u^T c
             B = SparseRows((n, d), [], [], [])
             bv = np.zeros(n)
             c, s = kap, np.ones(n)
-            if self.answer is not None:  # answers of at most this size; logits at scale kap
-                c = np.minimum(kap, self.answer / np.maximum(np.abs(uv), 1e-300))
         else:
             bv = rows_dot(B, self.v)
             # c / s = rho keeps the s b^T v term from swamping c u^T v. With a floor on |u^T v|
@@ -421,16 +415,11 @@ class Prober:
                 if uc is not None:
                     c = np.minimum(c, self.bias_logit / np.maximum(np.abs(uc), 1e-300))
                 s = kap / c
-            if self.answer is not None:  # every answer c |u^T v| of this size
-                c = self.answer / np.maximum(np.abs(uv), 1e-300)
-                s = kap / c
         logit, _ = probe_logits(self.oracle, U, None, c, s, self.v, last=B, uv=uv, lastv=bv,
                                 offset=self.offset)
         saturated = ~(np.abs(logit) <= self.max_logit)
         if uc is not None:  # the bias's share c u^T c of the logit
             logit = logit - c * uc
-        if self.answer is not None and zero_last:  # [c u; 0] read at scale c, not kap
-            logit = logit * (kap / c)
         logit[saturated] = np.nan
         return logit
 

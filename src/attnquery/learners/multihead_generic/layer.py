@@ -383,7 +383,7 @@ class AttentionLayerLearner(BaseLearner):
         1e3 on the synthetic layers, multiplies the noise); then ``n_passes_`` passes.
         """
         run = self._plan(run, H, r)  # served mode: passes the budget left pays for
-        rows, shifts = [None] * H, [None] * H
+        rows = [None] * H
         if run.noise is not None:
             rough = dataclasses.replace(run, reps=1, missing_reps=1, rough=True)
             heads = [self._isolated(rough, vs, g, r, bias, rng) for g in range(H)]
@@ -393,11 +393,7 @@ class AttentionLayerLearner(BaseLearner):
                 vs = served.saturated_values(run, Ks, Qs, cs, rng)
             rows = [Q.T for Q in Qs]
             run = dataclasses.replace(run, rough_heads=(Ks, Qs, cs))
-            if bias and served.CANCEL:
-                shifts = [served.cancel_shift(K, Q, c) for K, Q, c in zip(Ks, Qs, cs,
-                                                                          strict=True)]
-        heads = [self._isolated(run, vs, g, r, bias, rng, rows[g], shifts[g])
-                 for g in range(H)]
+        heads = [self._isolated(run, vs, g, r, bias, rng, rows[g]) for g in range(H)]
         return (vs, *self._missing_directions(run, vs, heads, bias))
 
     def _rtol(self, run: _Layer) -> float:
@@ -769,18 +765,16 @@ class AttentionLayerLearner(BaseLearner):
         rest = np.linalg.svd(np.concatenate([others, w[None]]), full_matrices=True)[2]
         return np.concatenate([w[:, None], rest[others.shape[0] + 1:].T], axis=1)
 
-    def _prober(self, run: _Layer, key_bias=None, shift=None) -> Prober:
+    def _prober(self, run: _Layer, key_bias=None) -> Prober:
         # served mode: larger logits (a logit's rounding error does not shrink with it)
         exact = run.noise is None
-        oracle = run.ledger if shift is None else served.Shifted(run.ledger, shift, run.V)
-        return Prober(oracle, run.V, initial_logit_scale=self.initial_logit_scale,
+        return Prober(run.ledger, run.V, initial_logit_scale=self.initial_logit_scale,
                       max_logit=self.max_logit if exact else min(self.max_logit,
                                                                  served.NOISY_MAX_LOGIT),
                       min_logit=self.min_logit,
                       chunk=max(1, int(self.block_bytes // (32 * run.d))),
                       key_bias=key_bias, offset=run.beta,
                       target=0.1 if exact else served.NOISY_TARGET, pilot=PILOT,
-                      answer=None if shift is None else served.SHIFT_ANSWER,
                       repilot=not exact,
                       relimit=None if exact else served.RELIMIT * served.NOISY_TARGET)
 
@@ -794,14 +788,9 @@ class AttentionLayerLearner(BaseLearner):
         run.ledger.n_requeried += int(prober.n_requeried - r0)
         return out
 
-    def _isolated(self, run: _Layer, vs, g, r, bias, rng, rows=None, shift=None) -> _Head:
+    def _isolated(self, run: _Layer, vs, g, r, bias, rng, rows=None) -> _Head:
         """``B_g^T W_g`` (rank r, two-sided sketch) and ``B_g^T c_g`` of head g, isolated;
-        ``rows`` (d, r), orthonormal: the right sketch's directions (random when None).
-
-        ``shift`` (served mode, :func:`.served.cancel_shift`): a token z added to both rows of
-        every probe, with ``W_g z + c_g`` about 0, so that the probes read a head whose key
-        bias ``c_z = W_g z + c_g`` nearly vanishes (its share of a logit no longer caps the
-        probe's scale); ``B^T c_g = B^T c_z - B^T W_g z`` from the measured W."""
+        ``rows`` (d, r), orthonormal: the right sketch's directions (random when None)."""
         d = run.d
         B = self._probe_basis(vs, g)
         m = B.shape[1]
@@ -817,9 +806,9 @@ class AttentionLayerLearner(BaseLearner):
 
         t_c = np.zeros(m)
         if bias:  # u^T c_g from probes with a zero last token
-            t_c = coords(self._measure(run, self._prober(run, shift=shift),
+            t_c = coords(self._measure(run, self._prober(run),
                                        lambda idx: (U[idx], None), m, None))
-        prober = self._prober(run, key_bias=B @ t_c if bias else None, shift=shift)
+        prober = self._prober(run, key_bias=B @ t_c if bias else None)
         Bs = rng.standard_normal((d, r))
         Bs /= np.linalg.norm(Bs, axis=0)
         if rows is not None:
@@ -858,8 +847,6 @@ class AttentionLayerLearner(BaseLearner):
         rk = int(np.sum(sc > sc[0] * 1e-9)) if sc.size and sc[0] > 0 else 0
         L = (Y @ Vct[:rk].T) / sc[:rk]  # (m, rk)
         R = Z.T @ Uc[:, :rk]  # (d, rk)
-        if shift is not None:  # the probes read c_z = W_g z + c_g
-            t_c = t_c - L @ (R.T @ shift)
         return _Head(B, L, R, t_c)
 
     # -- the missing directions -----------------------------------------------------------------

@@ -32,7 +32,7 @@ __all__ = ["Capped", "repeated", "measure_noise", "clean_tol", "fd_tol", "noisy_
            "START_STEPS", "START_GROWTH", "START_RESOLVE", "ScanSettings", "scan_settings",
            "NARROW_LEAST_SCALE", "verify_units",
            "constants", "constant_queries", "CONST_SAMPLES",
-           "LAYER_MAX_NOISE", "cancel_shift", "Shifted", "cap_missing"]
+           "LAYER_MAX_NOISE", "cap_missing"]
 
 #: antipodal pairs of one-row queries that measure the answers' relative noise
 NOISE_QUERIES = 64
@@ -61,12 +61,6 @@ MISSING_MAX_LOGIT = 3.0
 #: exact mode and in the rough pass): heads 2, 0, 7 of MiniLM layer 0 at logit scale 6: rows
 #: to 3.9e-5, 6.9e-6, 1.5e-5 at 1; 2.7e-5, 2.9e-6, 3.5e-6 at 10; 5.9e-5, 3.6e-6, 3.9e-6 at 30
 MISSING_ANSWER = 10.0
-#: cancel every head's query bias in its isolated probes after the rough pass
-#: (:func:`cancel_shift`; not the default, docs/served.md "Sharper probes")
-CANCEL = False
-#: with the query bias cancelled (:func:`cancel_shift`), the size of every answer
-#: ``c |u^T v|`` of the isolated probes (no key-bias share caps their scale any more)
-SHIFT_ANSWER = 1.0
 #: largest logit of a probe (the low-precision learner's, measured on served MiniLM heads)
 NOISY_MAX_LOGIT = _BIAS_MAX_LOGIT
 #: the check's relative tolerance, in units of the answers' relative noise (about 3e-4 in
@@ -522,32 +516,6 @@ def repeated(prober, make, n: int, floor, reps: int) -> np.ndarray:
         den += w
     prober.kappa, prober.target = kappa, target
     return num / den
-
-
-def cancel_shift(K, Q, c) -> np.ndarray:
-    """The last-token shift z of a head's probes: the minimum-norm solution of ``W z + c = 0``
-    for the estimates ``W = K^T Q`` (rank r) and c (a key bias ``c = W_K^T b_Q`` lies in W's
-    column space, so z exists for the true head). With it the head's query vector at
-    ``s b + z`` is ``s W b`` (plus the estimates' error): the key bias's share of a probe's logit
-    is gone, as in :class:`~attnquery.learners.LowPrecisionValueQueryLearner`'s cancellation of
-    the query bias (docs/served.md)."""
-    # W^+ = Q^+ K^T^+: Q (r, d) and K (r, d) of full row rank
-    y = np.linalg.lstsq(K.T, -np.asarray(c, dtype=float), rcond=None)[0]  # K^T y = -c
-    return np.linalg.lstsq(Q, y, rcond=None)[0]  # Q z = y, minimum norm
-
-
-class Shifted:
-    """The oracle with a token z added to every row of every query, and ``z^T V`` taken from
-    every answer (a one-row answer is then ``beta + x^T V`` again): a probe
-    ``[c u + s b; s b]`` reads the head whose key bias is ``W z + c`` (:func:`cancel_shift`)."""
-
-    def __init__(self, oracle, z, V):
-        self.oracle = oracle
-        self.z = np.asarray(z, dtype=float)
-        self.zv = float(self.z @ V)
-
-    def __call__(self, X):
-        return self.oracle(np.asarray(X) + self.z) - self.zv
 
 
 class Capped:
