@@ -367,12 +367,18 @@ class Prober:
     For noisy answers (the layer learner's served mode, docs/served.md): ``repilot`` asks the
     pilot's probes again at the scale the measurement settled on (at the initial scale their
     logits may be far from the target, and a layer's probe 0 enters every coordinate);
-    ``relimit`` asks a probe whose logit exceeds it again at the target.
+    ``relimit`` asks a probe whose logit exceeds it again at the target. ``make`` may return
+    a third array, each probe's value as a rough estimate predicts it; with ``entry_target``
+    set, a probe whose prediction is small is then asked at a scale up to ``entry_cap`` times
+    ``kappa`` that puts it at logit ``entry_target`` (as the low-precision learner scales each
+    entry), as long as its last token's share ``s b^T v`` of the answer stays below the
+    answer's other parts (where ``c`` is held by the key bias's or the offset's bound, a larger
+    scale only enlarges ``s``, and the answer's rounding with it).
     """
 
     def __init__(self, oracle, v, *, initial_logit_scale, max_logit, min_logit, chunk,
                  pilot=None, target=0.1, key_bias=None, offset=0.0, bias_logit=1.0,
-                 repilot=False, relimit=None):
+                 repilot=False, relimit=None, entry_target=None, entry_cap=10.0):
         self.oracle = oracle
         self.relimit = None if relimit is None else float(relimit)
         self.repilot = bool(repilot)
@@ -388,9 +394,13 @@ class Prober:
         self.pilot = self.chunk if pilot is None else max(1, min(int(pilot), self.chunk))
         self.n_requeried = 0
         self.target = float(target)
+        self.entry_target = float(entry_target) if entry_target else 0.0
+        self.entry_cap = float(entry_cap)
 
-    def _ask(self, U, B, kap, uv_floor):
-        """Logits ``kap u^T W b`` of the probes (NaN where the answer saturated)."""
+    def _ask(self, U, B, kap, uv_floor, base=None):
+        """Logits ``kap u^T W b`` of the probes (NaN where the answer saturated). With ``base``
+        (per-entry scales, :meth:`_scales`), ``kap`` is lowered in place, not below ``base``,
+        to where ``s |b^T v|`` reaches ``max(|beta|, c |u^T v|)``."""
         n, d = U.shape
         uv = rows_dot(U, self.v)
         # u^T c, the key bias's direction in each probe (None without a key bias)
@@ -414,6 +424,10 @@ class Prober:
                 c = np.maximum(c, abs(self.offset) / floor)
                 if uc is not None:
                     c = np.minimum(c, self.bias_logit / np.maximum(np.abs(uc), 1e-300))
+                if base is not None:
+                    lim = c * np.maximum(abs(self.offset), c * np.abs(uv)) / np.maximum(
+                        np.abs(bv), 1e-300)
+                    kap[:] = np.maximum(base, np.minimum(kap, lim))
                 s = kap / c
         logit, _ = probe_logits(self.oracle, U, None, c, s, self.v, last=B, uv=uv, lastv=bv,
                                 offset=self.offset)
@@ -423,8 +437,8 @@ class Prober:
         logit[saturated] = np.nan
         return logit
 
-    def _ask_checked(self, U, B, kap, uv_floor):
-        logit = self._ask(U, B, kap, uv_floor)
+    def _ask_checked(self, U, B, kap, uv_floor, base=None):
+        logit = self._ask(U, B, kap, uv_floor, base)
         for _ in range(8):
             bad = np.isnan(logit)
             if not bad.any():
@@ -472,6 +486,15 @@ class Prober:
             kap = self.target / big
             self.kappa = kap if self.kappa is None else min(self.kappa, kap)
 
+    def _scales(self, n: int, pred) -> tuple[np.ndarray, np.ndarray | None]:
+        """Each probe's logit scale and, where ``make`` predicted the values (and
+        ``entry_target`` is set), the shared scale below which it is not lowered."""
+        kap = np.full(n, self.kappa)
+        if not (pred and pred[0] is not None and self.entry_target):
+            return kap, None
+        up = self.entry_target / (self.kappa * np.maximum(np.abs(pred[0]), 1e-300))
+        return kap * np.clip(up, 1.0, self.entry_cap), kap
+
     def measure(self, make, n: int, uv_floor: float | None = None, return_scale: bool = False):
         """``u^T W b`` for probes ``0..n-1`` described by ``make``.
 
@@ -485,22 +508,22 @@ class Prober:
         pilot = None
         if self.kappa is None and n:  # the pilot batch, at the initial scale
             sl = slice(0, min(n, self.pilot))
-            out[sl], scale[sl] = self._pilot(*make(np.arange(sl.stop)), uv_floor)
+            out[sl], scale[sl] = self._pilot(*make(np.arange(sl.stop))[:2], uv_floor)
             start = sl.stop
             pilot = sl
         for sl in chunk_slices(n - start, self.chunk):  # the pilot has set kappa
             sl = slice(sl.start + start, sl.stop + start)
-            U, B = make(np.arange(sl.start, sl.stop))
-            kap = np.full(U.shape[0], self.kappa)
-            out[sl] = self._ask_checked(U, B, kap, uv_floor) / kap
+            U, B, *pred = make(np.arange(sl.start, sl.stop))
+            kap, base = self._scales(U.shape[0], pred)
+            out[sl] = self._ask_checked(U, B, kap, uv_floor, base) / kap
             scale[sl] = kap
             self._update(out[sl])
         if self.repilot and pilot is not None:
             # the pilot's probes again at the scale the measurement settled on (at the initial
             # scale their logits may be far from the target: with noisy answers, few digits)
-            U, B = make(np.arange(pilot.stop))
-            kap = np.full(U.shape[0], self.kappa)
-            out[pilot] = self._ask_checked(U, B, kap, uv_floor) / kap
+            U, B, *pred = make(np.arange(pilot.stop))
+            kap, base = self._scales(U.shape[0], pred)
+            out[pilot] = self._ask_checked(U, B, kap, uv_floor, base) / kap
             scale[pilot] = kap
             self.n_requeried += U.shape[0]
         return (out, scale) if return_scale else out

@@ -361,6 +361,8 @@ class AttentionLayerLearner(BaseLearner):
         d = run.d
         per = layer_probe_count(d, H, r, int(self.oversample), bool(self.fit_bias)) - d - 1
         miss = 2 * H * (H - 1) * (r + int(bool(self.fit_bias)))
+        if served.full_sketch(run.noise):  # the left sketch's r more columns per head
+            per += H * r * (r + int(self.oversample))
         # the rough pass and the value vectors' saturated queries come first; each head's two
         # probers ask their pilots again once in the rough pass and once over the passes
         left = (self._budget_left(run) - per - H * served.value_queries(d)
@@ -766,8 +768,11 @@ class AttentionLayerLearner(BaseLearner):
         return np.concatenate([w[:, None], rest[others.shape[0] + 1:].T], axis=1)
 
     def _prober(self, run: _Layer, key_bias=None) -> Prober:
-        # served mode: larger logits (a logit's rounding error does not shrink with it)
+        # served mode: larger logits (a logit's rounding error does not shrink with it); in
+        # float32 also each probe at its own scale after the rough pass, and a larger key bias
+        # share (docs/served.md, "Each probe at its own scale")
         exact = run.noise is None
+        full = served.full_sketch(run.noise)
         return Prober(run.ledger, run.V, initial_logit_scale=self.initial_logit_scale,
                       max_logit=self.max_logit if exact else min(self.max_logit,
                                                                  served.NOISY_MAX_LOGIT),
@@ -776,7 +781,10 @@ class AttentionLayerLearner(BaseLearner):
                       key_bias=key_bias, offset=run.beta,
                       target=0.1 if exact else served.NOISY_TARGET, pilot=PILOT,
                       repilot=not exact,
-                      relimit=None if exact else served.RELIMIT * served.NOISY_TARGET)
+                      relimit=None if exact else served.RELIMIT * served.NOISY_TARGET,
+                      entry_target=served.ENTRY_TARGET if full and run.rough_heads else None,
+                      entry_cap=served.ENTRY_CAP,
+                      bias_logit=served.BIAS_LOGIT if full else 1.0)
 
     @staticmethod
     def _measure(run: _Layer, prober, make, n, floor):
@@ -804,19 +812,25 @@ class AttentionLayerLearner(BaseLearner):
             out[1:] -= t[0]
             return out
 
+        # served float32 after the rough pass: the rough head's prediction of every probe
+        Wr, cr = (None, None) if not (served.full_sketch(run.noise) and run.rough_heads) else (
+            run.rough_heads[0][g].T @ run.rough_heads[1][g], run.rough_heads[2][g])
         t_c = np.zeros(m)
         if bias:  # u^T c_g from probes with a zero last token
-            t_c = coords(self._measure(run, self._prober(run),
-                                       lambda idx: (U[idx], None), m, None))
+            pc = None if cr is None else U @ cr
+            t_c = coords(self._measure(run, self._prober(run), lambda idx: (
+                U[idx], None, None if pc is None else pc[idx]), m, None))
         prober = self._prober(run, key_bias=B @ t_c if bias else None)
         Bs = rng.standard_normal((d, r))
         Bs /= np.linalg.norm(Bs, axis=0)
         if rows is not None:
             Bs = np.array(rows, dtype=float)
 
+        pr = None if Wr is None else U @ (Wr @ Bs)
+
         def right(idx):  # probe (l, j) is number j m + l: the m probes of b_j share it
             jj, ll = np.divmod(idx, m)
-            return U[ll], Bs[:, jj].T
+            return U[ll], Bs[:, jj].T, None if pr is None else pr[ll, jj]
 
         T = self._measure(run, prober, right, m * r, floor).reshape(r, m).T
         Y = np.apply_along_axis(coords, 0, T)  # B^T W Bs
@@ -830,6 +844,37 @@ class AttentionLayerLearner(BaseLearner):
         Z_coef = np.concatenate([Qy, extra])
         Z_coef[:, 0] += 1.0
         A = Z_coef @ B.T  # (kA, d)
+        Z, core = self._left(run, prober, A, Y, Z_coef, Bs, Wr)
+        Uc, sc, Vct = np.linalg.svd(core, full_matrices=False)
+        rk = int(np.sum(sc > sc[0] * 1e-9)) if sc.size and sc[0] > 0 else 0
+        L = (Y @ Vct[:rk].T) / sc[:rk]  # (m, rk)
+        R = Z.T @ Uc[:, :rk]  # (d, rk)
+        return _Head(B, L, R, t_c)
+
+    def _left(self, run: _Layer, prober, A, Y, Z_coef, Bs, Wr):
+        """The left sketch ``Z = A^T W`` (kA, d) and the core ``A^T W Bs``.
+
+        Exact mode and narrow formats: the ``d - r`` coordinate columns outside the pivots PB of
+        ``Bs`` are asked and the r others solved from the core ``Z_coef Y`` (right sketch).
+        Served float32 (:func:`.served.full_sketch`): all d columns are asked along the
+        orthonormal basis ``O = [Bs, Bs_perp]`` (solving through ``Bs[PB]^-1`` amplified the
+        right sketch's noise; along O the columns outside W's row space are near zero and,
+        with the rough head's predictions ``Wr``, asked at larger scales), and the core is
+        averaged from both sketches."""
+        d, r, kA = run.d, Bs.shape[1], A.shape[0]
+        core = Z_coef @ Y  # A^T W Bs, from the right sketch
+        floor = float(np.min(np.abs(A @ run.V)))
+        if served.full_sketch(run.noise):
+            O = np.linalg.qr(Bs, mode="complete")[0]  # (d, d), its first r columns span Bs
+            pl = None if Wr is None else A @ Wr @ O
+
+            def left(idx):  # probe (i, j) is number j kA + i: the kA probes of o_j share it
+                jj, ii = np.divmod(idx, kA)
+                return A[ii], O[:, jj].T, None if pl is None else pl[ii, jj]
+
+            S = self._measure(run, prober, left, kA * d, floor).reshape(d, kA).T
+            Z = S @ O.T
+            return Z, 0.5 * (core + Z @ Bs)
         PB = scipy.linalg.qr(Bs.T, pivoting=True, mode="r")[1][:r]
         CB = np.setdiff1d(np.arange(d), PB)
 
@@ -837,17 +882,11 @@ class AttentionLayerLearner(BaseLearner):
             jj, ii = np.divmod(idx, kA)
             return A[ii], coordinate_rows(CB[jj], d)
 
-        S = self._measure(run, prober, left, kA * CB.size,
-                          float(np.min(np.abs(A @ run.V)))).reshape(CB.size, kA).T
-        core = Z_coef @ Y  # A^T W Bs, from the right sketch
+        S = self._measure(run, prober, left, kA * CB.size, floor).reshape(CB.size, kA).T
         Z = np.empty((kA, d))
         Z[:, CB] = S
         Z[:, PB] = scipy.linalg.solve(Bs[PB].T, (core - S @ Bs[CB]).T).T
-        Uc, sc, Vct = np.linalg.svd(core, full_matrices=False)
-        rk = int(np.sum(sc > sc[0] * 1e-9)) if sc.size and sc[0] > 0 else 0
-        L = (Y @ Vct[:rk].T) / sc[:rk]  # (m, rk)
-        R = Z.T @ Uc[:, :rk]  # (d, rk)
-        return _Head(B, L, R, t_c)
+        return Z, core
 
     # -- the missing directions -----------------------------------------------------------------
     def _assemble(self, run: _Layer, nu, heads, silent, g, bias):

@@ -25,6 +25,7 @@ from ..lowprecision import _BIAS_MAX_LOGIT, _KAPPA_DITHER, MAX_NOISE_LEVEL
 
 __all__ = ["Capped", "repeated", "measure_noise", "clean_tol", "fd_tol", "noisy_gradient",
            "gradient_pairs", "plan_repeats", "dithers", "NOISE_QUERIES", "NOISY_TARGET",
+           "ENTRY_TARGET", "ENTRY_CAP", "BIAS_LOGIT", "full_sketch",
            "NOISY_MAX_LOGIT", "VERIFY_NOISE", "value_queries", "saturated_values",
            "VALUE_SAMPLES", "VALUE_LOGIT", "silence",
            "missing_factor", "isolation_test", "isolation_queries", "ISOLATION_SAMPLES",
@@ -61,6 +62,21 @@ MISSING_MAX_LOGIT = 3.0
 #: exact mode and in the rough pass): heads 2, 0, 7 of MiniLM layer 0 at logit scale 6: rows
 #: to 3.9e-5, 6.9e-6, 1.5e-5 at 1; 2.7e-5, 2.9e-6, 3.5e-6 at 10; 5.9e-5, 3.6e-6, 3.9e-6 at 30
 MISSING_ANSWER = 10.0
+#: (answers no noisier than float32's, after the rough pass) an isolated probe whose value the
+#: rough heads predict small is asked at a larger scale, up to ENTRY_CAP times the shared one,
+#: that puts it at logit ENTRY_TARGET (:class:`~attnquery.learners._probes.Prober`). MiniLM
+#: layer 0, learner seed 0, worst / median head W: 1.03e-5 / 3.4e-6 at 1.5 with the left
+#: sketch read in full (:func:`full_sketch`), 1.21e-5 / 4.9e-6 without per-entry scales; with
+#: the rotated left sketch 9.1e-6 at targets 1 and 1.5, 8.8e-6 at 2, 9.4e-6 with a cap of 30
+#: (docs/served.md, "Each probe at its own scale")
+ENTRY_TARGET = 1.5
+ENTRY_CAP = 10.0
+#: the key bias's share ``c u^T c_g`` of an isolated probe's logit, at most (1 in exact mode
+#: and in narrow formats): it bounds the first row's scale c, and past it a larger logit scale
+#: only enlarges the last token's. MiniLM layer 0 (learner seed 0), worst head W (head 2) and
+#: head 5: 2.46e-5, 2.52e-5 at 0.5; 9.1e-6, 8.5e-6 at 1; 8.3e-6, 5.0e-6 at 2; 8.0e-6, 4.5e-6
+#: at 3; 7.8e-6, 8.7e-6 at 5
+BIAS_LOGIT = 3.0
 #: largest logit of a probe (the low-precision learner's, measured on served MiniLM heads)
 NOISY_MAX_LOGIT = _BIAS_MAX_LOGIT
 #: the check's relative tolerance, in units of the answers' relative noise (about 3e-4 in
@@ -178,6 +194,15 @@ def verify_units(noise) -> float:
 #: learner seeds 0 to 3: no separating circle, or rough heads too rough for the saturated or
 #: missing-direction queries) after spending 9.8 to 44.8 ``layer_dof``: refused at once instead
 LAYER_MAX_NOISE = 2e-3
+
+
+def full_sketch(noise) -> bool:
+    """Whether the isolated heads' left sketch reads all d columns of ``A^T W``, along the
+    right sketch's directions and their orthogonal complement (served mode in formats no
+    noisier than float32; exact mode and narrow formats read ``d - r`` coordinate columns and
+    solve the other r from the core, through ``Bs[PB]^-1``, which amplified the right sketch's
+    noise: MiniLM layer 0's worst head W 2.18e-5 with it, 1.21e-5 read in full)."""
+    return noise is not None and not narrow(noise)
 
 
 def narrow(noise) -> bool:
