@@ -492,7 +492,9 @@ class Prober:
         kap = np.full(n, self.kappa)
         if not (pred and pred[0] is not None and self.entry_target):
             return kap, None
-        up = self.entry_target / (self.kappa * np.maximum(np.abs(pred[0]), 1e-300))
+        with np.errstate(invalid="ignore"):
+            up = self.entry_target / (self.kappa * np.maximum(np.abs(pred[0]), 1e-300))
+        up = np.where(np.isfinite(up), up, 1.0)  # no usable prediction: the shared scale
         return kap * np.clip(up, 1.0, self.entry_cap), kap
 
     def measure(self, make, n: int, uv_floor: float | None = None, return_scale: bool = False):
