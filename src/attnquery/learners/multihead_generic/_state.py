@@ -33,6 +33,10 @@ class _Layer:
     #: served mode, after the rough pass: every head's rough (K, Q, c), which bound the logits
     #: of the missing-direction probes (:data:`.served.MISSING_MAX_LOGIT`)
     rough_heads: tuple | None = None
+    #: served mode: the queries of one pass over the isolated probes (every head), and the
+    #: queries kept back for probes asked again (:data:`.served.MARGIN` of what the plan saw)
+    pass_cost: int = 0
+    reserve: float = 0.0
 
     @property
     def d(self) -> int:
@@ -47,6 +51,9 @@ class _Head:
     L: np.ndarray  # (m, k): B^T W = L R^T
     R: np.ndarray  # (d, k)
     t_c: np.ndarray  # (m,): B^T c
+    #: served float32: the relative disagreement of the core ``A^T W Bs`` as the two sketches
+    #: read it, a measure of the probes' noise (:func:`.served.share_passes`); 0 elsewhere
+    spread: float = 0.0
 
     def query_vectors(self, X) -> np.ndarray:
         """``B^T a(x) = B^T (W x + c)`` for the rows x of X (n, d): shape (n, m)."""

@@ -25,7 +25,7 @@ from ..lowprecision import _BIAS_MAX_LOGIT, _KAPPA_DITHER, MAX_NOISE_LEVEL
 
 __all__ = ["Capped", "repeated", "measure_noise", "clean_tol", "fd_tol", "noisy_gradient",
            "gradient_pairs", "plan_repeats", "dithers", "NOISE_QUERIES", "NOISY_TARGET",
-           "ENTRY_TARGET", "ENTRY_CAP", "BIAS_LOGIT", "full_sketch",
+           "ENTRY_TARGET", "ENTRY_CAP", "BIAS_LOGIT", "full_sketch", "share_passes", "merged",
            "NOISY_MAX_LOGIT", "VERIFY_NOISE", "value_queries", "saturated_values",
            "VALUE_SAMPLES", "VALUE_LOGIT", "silence",
            "missing_factor", "isolation_test", "isolation_queries", "ISOLATION_SAMPLES",
@@ -205,6 +205,33 @@ def full_sketch(noise) -> bool:
     return noise is not None and not narrow(noise)
 
 
+def share_passes(spreads, base: int, more: int) -> np.ndarray:
+    """Passes over each head's isolated probes: ``base`` each, and ``more`` given one at a time
+    to the head whose error, as its spread after ``base`` passes predicts it
+    (``spread^2 base / n``), is then the largest (Neyman's allocation, as far as whole passes
+    go). ``spreads``: the two sketches' disagreement on each head's core (MiniLM layer 0,
+    learner seed 1, 2 passes: 4.4e-6 on head 2, whose W was then the worst, 1.1e-6 to 2.9e-6
+    on the others)."""
+    s2 = np.asarray(spreads, dtype=float) ** 2 * int(base)
+    n = np.full(s2.size, int(base), dtype=int)
+    for _ in range(max(0, int(more))):
+        n[int(np.argmax(s2 / n))] += 1
+    return n
+
+
+def merged(first, more, n_first: int, n_more: int):
+    """One head from two estimates over ``n_first`` and ``n_more`` passes, weighted by them:
+    ``B^T W = L R^T`` averaged and cut back to its rank by an SVD, ``B^T c`` averaged (both
+    estimates share the basis B of the head's probes)."""
+    w = n_first / (n_first + n_more)
+    M = w * (first.L @ first.R.T) + (1.0 - w) * (more.L @ more.R.T)
+    k = first.L.shape[1]
+    U, s, Vt = np.linalg.svd(M, full_matrices=False)
+    return dataclasses.replace(first, L=U[:, :k] * s[:k], R=Vt[:k].T,
+                               t_c=w * first.t_c + (1.0 - w) * more.t_c,
+                               spread=float(np.hypot(w * first.spread, (1 - w) * more.spread)))
+
+
 def narrow(noise) -> bool:
     """Whether answers of relative noise ``noise`` (None: exact mode) are a narrow format's
     (float16, bfloat16: beyond ``NARROW_NOISE``)."""
@@ -372,7 +399,9 @@ def saturated_values(run, Ks, Qs, cs, rng) -> np.ndarray:
     return out
 
 
-#: narrow formats: one-row queries per unknown of V and beta measured again (:func:`constants`)
+#: served mode: one-row queries per unknown of V and beta measured again (:func:`constants`;
+#: in float32 since it was found that V's rounding, read once, held MiniLM layer 0's head 2 at
+#: 1.1e-5: 4.2e-6 with V read again, 3.4e-6 with the true V, docs/served.md)
 CONST_SAMPLES = 32
 
 
@@ -383,12 +412,15 @@ def constant_queries(d: int) -> int:
 
 def constants(ledger, d: int, rng) -> tuple[np.ndarray, float]:
     """V and beta by least squares over :func:`constant_queries` one-row queries (antipodal
-    pairs of random unit rows; ``f([x]) = beta + x^T V`` exactly), for narrow formats.
+    pairs of random unit rows; ``f([x]) = beta + x^T V`` exactly), in served mode.
 
     The ``d + 1`` one-row queries that read them first carry one answer's rounding each, and
-    every probe reads its logit through V and beta: on the synthetic layer with answers of
-    relative noise 5e-5, the true V took the worst head's W from 1.2e-3 to 3.8e-4 and V and
-    beta together to 2.3e-4 (50 ``layer_dof``).
+    every probe reads its logit through V and beta, the same error in every pass: on the
+    synthetic layer with answers of relative noise 5e-5, the true V took the worst head's W
+    from 1.2e-3 to 3.8e-4 and V and beta together to 2.3e-4 (50 ``layer_dof``); on MiniLM
+    layer 0 in float32 (learner seed 1) head 2's W went from 1.12e-5 to 4.2e-6 with V and beta
+    read again (3.4e-6 with the true V and beta put in), and the function from 5.0e-7 to
+    1.3e-7.
     """
     n = constant_queries(d) // 2
     z = rng.standard_normal((n, d))
