@@ -206,6 +206,10 @@ class AttentionLayerLearner(BaseLearner):
     n_missing_passes_ : int
         Passes over the missing-direction probes (served mode: a multiple of ``n_passes_``,
         :func:`.served.missing_factor`; 1 in exact mode).
+    head_passes_ : list of int
+        Passes over each head's isolated probes: ``n_passes_`` each, and in served float32
+        the whole passes the budget leaves after them, given to the heads whose probes were the
+        noisiest (:func:`.served.share_passes`).
     """
 
     def __init__(
@@ -796,7 +800,7 @@ class AttentionLayerLearner(BaseLearner):
     def _prober(self, run: _Layer, key_bias=None) -> Prober:
         # served mode: larger logits (a logit's rounding error does not shrink with it); in
         # float32 also each probe at its own scale after the rough pass, and a larger key bias
-        # share (docs/served.md, "Each probe at its own scale")
+        # share (docs/served.md, "The left sketch in full, each probe at its own scale")
         exact = run.noise is None
         full = served.full_sketch(run.noise)
         return Prober(run.ledger, run.V, initial_logit_scale=self.initial_logit_scale,

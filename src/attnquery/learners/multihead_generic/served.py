@@ -68,7 +68,7 @@ MISSING_ANSWER = 10.0
 #: layer 0, learner seed 0, worst / median head W: 1.03e-5 / 3.4e-6 at 1.5 with the left
 #: sketch read in full (:func:`full_sketch`), 1.21e-5 / 4.9e-6 without per-entry scales; with
 #: the rotated left sketch 9.1e-6 at targets 1 and 1.5, 8.8e-6 at 2, 9.4e-6 with a cap of 30
-#: (docs/served.md, "Each probe at its own scale")
+#: (docs/served.md, "The left sketch in full, each probe at its own scale")
 ENTRY_TARGET = 1.5
 ENTRY_CAP = 10.0
 #: the key bias's share ``c u^T c_g`` of an isolated probe's logit, at most (1 in exact mode
