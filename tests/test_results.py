@@ -163,5 +163,10 @@ def test_check_writable_names_the_problem(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(NotADirectoryError, match="is not a folder"):
         check_writable(tmp_path / "f" / "deeper" / "out.npz")
-    assert check_writable(tmp_path / "new" / "out.npz") == tmp_path / "new" / "out.npz"
-    assert list(tmp_path.joinpath("new").iterdir()) == []  # the probe file is gone
+    (tmp_path / "nowhere").symlink_to(tmp_path / "missing")
+    with pytest.raises(NotADirectoryError, match="nowhere is not a folder"):
+        check_writable(tmp_path / "nowhere" / "out.npz")
+    before = sorted(tmp_path.iterdir())
+    assert check_writable(tmp_path / "new" / "a" / "out.npz") == tmp_path / "new" / "a" / "out.npz"
+    assert check_writable(tmp_path / "out.npz") == tmp_path / "out.npz"
+    assert sorted(tmp_path.iterdir()) == before  # nothing created: no folder, no probe left

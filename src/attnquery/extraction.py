@@ -36,7 +36,7 @@ from .errors import AttnQueryError, ConfigError
 
 __all__ = ["METHODS", "Method", "BIAS_METHODS", "construct", "make_learner", "make_oracle",
            "DeclaredApproximateOracle", "ProgressOracle", "expected_queries", "load_black_box",
-           "ExtractionSpec", "run_extraction"]
+           "black_box_files", "ExtractionSpec", "run_extraction"]
 
 
 @dataclass(frozen=True)
@@ -327,6 +327,70 @@ def load_black_box(spec: str):
     if not callable(fn):
         raise ConfigError(f"--oracle: {spec} is not callable (it is a {type(fn).__name__})")
     return fn
+
+
+def black_box_files(spec: str) -> list[Path]:
+    """The files :func:`load_black_box` would run for ``spec``, found without importing or
+    running anything.
+
+    Parameters
+    ----------
+    spec : str
+        ``MODULE:FUNCTION`` or ``path/to/file.py:FUNCTION``, as for :func:`load_black_box`.
+
+    Returns
+    -------
+    list of Path
+        For a path, that path. For a module, the file of each module that importing it runs, in
+        the order it runs them, searched as :func:`load_black_box` searches (the current
+        directory appended to ``sys.path``): ``pkg.box`` gives ``pkg/__init__.py`` and
+        ``pkg/box.py``; a module already imported gives the file it was imported from. A module
+        that is not found, or has no file (built in, a namespace package), ends the list there
+        (:func:`load_black_box` names a module that cannot be imported).
+
+    Notes
+    -----
+    A package is searched along the folders its spec gives; a package whose ``__init__.py``
+    changes its own ``__path__`` when it runs may import its submodules from elsewhere.
+    """
+    mod_name = spec.rpartition(":")[0]
+    if mod_name.endswith(".py"):
+        return [Path(mod_name)]
+    if not mod_name:
+        return []
+    _append_path(os.getcwd())
+    files, search = [], None
+    parts = mod_name.split(".")
+    for i in range(len(parts)):
+        name = ".".join(parts[:i + 1])
+        module = sys.modules.get(name)
+        found = getattr(module, "__spec__", None) if module is not None else _find_spec(name,
+                                                                                       search)
+        if found is None:
+            break
+        if found.has_location and found.origin:
+            files.append(Path(found.origin))
+        search = getattr(module, "__path__", None) if module is not None \
+            else found.submodule_search_locations
+        if search is None:
+            break
+    return files
+
+
+def _find_spec(name: str, search):
+    """The spec the import system's finders give ``name`` (``search``: its package's folders;
+    None for a top-level module), without importing it or its package."""
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_spec", None)
+        if find is None:
+            continue
+        try:
+            found = find(name, search)
+        except (ImportError, ValueError):
+            return None
+        if found is not None:
+            return found
+    return None
 
 
 def _append_path(folder: str) -> None:

@@ -59,6 +59,7 @@ from .precision import Arithmetic, check_precision
 __all__ = [
     "Checkpoint",
     "load_checkpoint",
+    "checkpoint_files",
     "cached_checkpoint",
     "readout_vector",
     "build_head",
@@ -114,11 +115,22 @@ class Checkpoint:
     layers: tuple
 
 
+def checkpoint_files(path) -> list[Path]:
+    """The files :func:`load_checkpoint` reads for the checkpoint ``path``: ``path`` itself and
+    the ``config.json`` beside it (read when it exists)."""
+    p = Path(path)
+    return [p, _config_beside(p)]
+
+
+def _config_beside(path: Path) -> Path:
+    return path.parent / "config.json"
+
+
 def _n_heads_from_config(path: Path) -> int | None:
     """The number of heads in the ``config.json`` beside ``path`` (None if there is none, or it
     does not say); a file that is not a JSON object, or a number of heads that is not a
     positive integer, is a ModelError naming it."""
-    cfg = path.parent / "config.json"
+    cfg = _config_beside(path)
     if not cfg.exists():
         return None
     kind = special_file_kind(cfg)
@@ -204,7 +216,7 @@ def load_checkpoint(path, n_heads: int | None = None) -> Checkpoint:
         n_heads = from_cfg
     elif from_cfg is not None and from_cfg != n_heads:
         raise ModelError(
-            f"n_heads={n_heads} disagrees with {p.parent / 'config.json'} ({from_cfg} heads)"
+            f"n_heads={n_heads} disagrees with {_config_beside(p)} ({from_cfg} heads)"
         )
     if n_heads is None:
         raise ModelError(

@@ -282,26 +282,30 @@ def fsync_path(path: Path) -> None:
 
 
 def check_writable(path: str | os.PathLike) -> Path:
-    """Check that ``path`` can be written through :func:`atomic_path`, before any work.
+    """Check that ``path`` can be written through :func:`atomic_path`, before any work, creating
+    nothing.
 
-    Creates a temporary file in the target's folder and removes it. Raises :class:`OSError`
-    subclasses naming the problem: ``IsADirectoryError`` when ``path`` is a folder,
-    ``NotADirectoryError`` when a parent is a file, ``PermissionError`` or a read-only file
-    system from the folder itself.
+    Creates a temporary file in the target's folder and removes it; when that folder does not
+    exist yet (:func:`atomic_path` creates it), a temporary folder in the nearest folder above
+    it that exists, removed too. Raises :class:`OSError` subclasses naming the problem:
+    ``IsADirectoryError`` when ``path`` is a folder, ``NotADirectoryError`` when a parent is a
+    file (or a link to no folder), ``PermissionError`` or a read-only file system from the
+    folder itself.
     """
     p = Path(path)
     if p.is_dir():
         raise IsADirectoryError(f"{p} is a folder")
-    parent = p.parent
-    for q in (parent, *parent.parents):
-        if q.exists():
+    for q in (p.parent, *p.parent.parents):
+        if q.exists() or q.is_symlink():
             if not q.is_dir():
                 raise NotADirectoryError(f"{q} is not a folder")
             break
-    parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=parent)
-    os.close(fd)
-    os.unlink(tmp)
+    if q == p.parent:
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=q)
+        os.close(fd)
+        os.unlink(tmp)
+    else:
+        os.rmdir(tempfile.mkdtemp(prefix=f".{p.name}.", suffix=".tmp", dir=q))
     return p
 
 

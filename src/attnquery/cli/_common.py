@@ -9,6 +9,7 @@ import json
 import math
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -138,7 +139,10 @@ def load_config(path):
 def check_out(path, inputs=()) -> None:
     """Usage error (before any work) when ``--out`` cannot be written, or is something the
     atomic rename would destroy: a device, a FIFO, a socket (anything that exists and is not a
-    regular file), or one of the command's input files ``inputs`` (a link to one included)."""
+    regular file), or one of the command's input files ``inputs`` (a link to one, or a path
+    through a linked folder to one, included; an input that does not exist yet, such as the
+    ``config.json`` a checkpoint may have beside it, by its resolved path). Creates nothing:
+    a missing folder is created when the result is written (:func:`write_model`)."""
     from ..results import check_writable
 
     for source in inputs:
@@ -156,27 +160,60 @@ def check_out(path, inputs=()) -> None:
 
 
 def _same_file(a, b) -> bool:
-    """Whether ``a`` and ``b`` both exist and are the same file (links followed)."""
+    """Whether ``a`` and ``b`` are the same file: both exist and are one file (links, hard
+    links included), or one does not exist and both resolve to the same path."""
     try:
         return os.path.samefile(a, b)
     except (OSError, ValueError):
+        pass
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except (OSError, RuntimeError, ValueError):
         return False
 
 
 def write_model(save, what: str, path, model, /, **meta) -> None:
     """``save`` (:func:`~attnquery.realheads.save_head` or ``save_layer``, atomic) of the
     ``what`` ("head" or "layer"), with a failed write as an :class:`OutputError`; ``path`` is
-    checked again first (it may have become a device or a FIFO while the queries ran)."""
+    checked again first (it may have become a device or a FIFO while the queries ran). The
+    folders above ``path`` that do not exist are created here, and removed again (only those,
+    and only if empty) when the write fails."""
     kind = special_file_kind(path)
     if kind is not None:
         raise OutputError(f"--out {path}: it became {kind} while the queries ran; nothing was "
                           "written there")
+    created = _missing_folders(path)
     try:
         save(path, model, **meta)
     except OSError as exc:
+        _remove_empty(created)
         raise OutputError(
             f"--out {path}: writing the {what} failed ({os_reason(exc)}); nothing was written "
             "there (a file already there is unchanged)") from None
+    except BaseException:
+        _remove_empty(created)
+        raise
+
+
+def _missing_folders(path) -> list[Path]:
+    """The folders above ``path`` that do not exist, deepest first."""
+    missing = []
+    for folder in Path(path).parents:
+        if folder.exists() or folder.is_symlink():
+            break
+        missing.append(folder)
+    return missing
+
+
+def _remove_empty(folders) -> None:
+    """Remove each of ``folders`` (deepest first) that exists and is empty."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except FileNotFoundError:
+            continue  # never created: the write failed above it
+        except OSError:
+            return  # not empty: the folders above it are not empty either
 
 
 def model_usage(what: str):

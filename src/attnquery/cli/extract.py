@@ -7,7 +7,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..extraction import BIAS_METHODS, METHODS, ExtractionSpec, load_black_box, run_extraction
+from ..extraction import (
+    BIAS_METHODS,
+    METHODS,
+    ExtractionSpec,
+    black_box_files,
+    load_black_box,
+    run_extraction,
+)
 from ._common import (
     MAX_D,
     check_out,
@@ -129,14 +136,16 @@ def run(args) -> int:
 
 
 def _input_files(args) -> list:
-    """The files the run reads: ``--model``, ``--module`` (and the ``config.json`` beside it),
-    or the file of ``--oracle path/to/file.py:FUNCTION``."""
-    files = [p for p in (args.model, args.module) if p is not None]
+    """The files the run reads: ``--model``, ``--module`` and the ``config.json`` beside it, or
+    the file(s) ``--oracle`` runs (its path, or the module's file and its packages'
+    ``__init__.py``, found without importing them)."""
     if args.module is not None:
-        files.append(args.module.parent / "config.json")
-    if args.oracle is not None and args.oracle.rpartition(":")[0].endswith(".py"):
-        files.append(Path(args.oracle.rpartition(":")[0]))
-    return files
+        from ..realheads import checkpoint_files
+
+        return checkpoint_files(args.module)
+    if args.model is not None:
+        return [args.model]
+    return black_box_files(args.oracle)
 
 
 def _check_module_options(args) -> None:

@@ -39,9 +39,16 @@ def run(args) -> int:
     """Run ``attnquery heads``; returns the exit status. A checkpoint that is not what it should
     be (missing, corrupt, a bad ``config.json`` beside it, no such layer or head) is a usage
     error, as for ``extract --module``."""
-    from ..realheads import build_head, head_summary, load_checkpoint, readout_vector, save_head
+    from ..realheads import (
+        build_head,
+        checkpoint_files,
+        head_summary,
+        load_checkpoint,
+        readout_vector,
+        save_head,
+    )
 
-    check_out(args.out, inputs=[args.checkpoint, args.checkpoint.parent / "config.json"])
+    check_out(args.out, inputs=checkpoint_files(args.checkpoint))
     kind, index = args.readout
     seed = index if kind == "coordinate" else args.seed
     with model_usage(str(args.checkpoint)):
