@@ -5,6 +5,7 @@ import errno
 import importlib
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -192,3 +193,19 @@ def test_folders_appear_only_with_the_result(user_dir, capsys):
     assert np.linalg.norm(head.W - truth.W) <= 1e-8 * np.linalg.norm(truth.W)
     assert np.linalg.norm(head.v - truth.V) <= 1e-8 * np.linalg.norm(truth.V)
     assert sorted(p.name for p in (user_dir / "new" / "a" / "b").iterdir()) == ["head.npz"]
+
+
+def test_black_box_files_names_what_an_import_would_run_without_running_it(user_dir):
+    from attnquery.extraction import black_box_files
+
+    def found(spec):
+        return [p.resolve() for p in black_box_files(spec)]
+
+    pkg = user_dir.resolve() / "pkg"
+    assert found("pkg.box:box") == [pkg / "__init__.py", pkg / "box.py"]
+    assert found("mybox:box") == [user_dir.resolve() / "mybox.py"]
+    assert black_box_files("sub/other.py:box") == [Path("sub/other.py")]  # the path, as given
+    assert black_box_files("no_module_of_that_name:box") == []
+    assert found("mybox.box:box") == [user_dir.resolve() / "mybox.py"]  # not a package: stops
+    assert not list(user_dir.glob("**/*.imported"))
+    assert "pkg" not in sys.modules and "mybox" not in sys.modules

@@ -6,7 +6,8 @@ What ``attnquery extract`` does, without the command line:
   a method whose learner is not installed fails with a clear message while the others work;
   :func:`make_learner` builds one with checked parameters (:func:`construct`);
 * :func:`load_black_box` imports a user's black box given as ``MODULE:FUNCTION`` or
-  ``path/to/file.py:FUNCTION``;
+  ``path/to/file.py:FUNCTION``; :func:`black_box_files` names the files it would run, without
+  running them;
 * :func:`make_oracle` puts the oracle a method needs around a callable (the paper's value
   oracle, Section 3; approximate value oracle, Section 6; membership oracle, Appendix B);
 * :func:`run_extraction` runs one :class:`ExtractionSpec` and returns its summary and the

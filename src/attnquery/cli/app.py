@@ -45,8 +45,9 @@ def main(argv=None) -> int:
     budget is too small, the answers are not what the learner assumes, an output could not be
     written, the results or the study's two runs differ); 2: a usage error (bad option, unknown
     name, missing learner parameter, unreadable input file or configuration, an ``--out`` that
-    cannot be written or is not a regular file); 130: interrupted. Every error is one line on
-    stderr, never a traceback (``ATTNQUERY_TRACEBACK=1`` shows one for an unexpected error).
+    cannot be written, is not a regular file or is one of the inputs); 130: interrupted. Every
+    error is one line on stderr, never a traceback (``ATTNQUERY_TRACEBACK=1`` shows one for an
+    unexpected error).
     """
     parser = build_parser()
     args = parser.parse_args(argv)

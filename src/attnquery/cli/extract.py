@@ -57,7 +57,7 @@ def register(sub) -> None:
     e.add_argument("--method", choices=sorted(METHODS),
                    help="learner (default: exact; layer for --module without --head)")
     e.add_argument("--out", type=Path, help="write the learned head (v, W) to this .npz (a "
-                   "regular file, or a new one)")
+                   "regular file, or a new one; never one of the inputs)")
     e.add_argument("--budget", type=int_at_least(0), help="maximum number of queries, the "
                    "check queries included (checked before they are spent)")
     e.add_argument("--seed", type=int_at_least(0), default=0,

@@ -23,7 +23,7 @@ def register(sub) -> None:
     h.add_argument("--head", type=int_at_least(0), required=True,
                    help="head index within the layer")
     h.add_argument("--out", type=Path, required=True, help="output .npz (a regular file, or a "
-                   "new one)")
+                   "new one; not the checkpoint or its config.json)")
     h.add_argument("--n-heads", type=int_at_least(1), help="heads per layer (default: "
                    "config.json beside the checkpoint)")
     h.add_argument("--readout", type=readout, default=("gaussian", None),
