@@ -170,3 +170,20 @@ def test_check_writable_names_the_problem(tmp_path):
     assert check_writable(tmp_path / "new" / "a" / "out.npz") == tmp_path / "new" / "a" / "out.npz"
     assert check_writable(tmp_path / "out.npz") == tmp_path / "out.npz"
     assert sorted(tmp_path.iterdir()) == before  # nothing created: no folder, no probe left
+
+
+def test_check_writable_names_the_folder_it_cannot_write(tmp_path, monkeypatch):
+    import errno
+    import tempfile
+
+    from attnquery.results import check_writable
+
+    def denied(prefix, suffix, dir):
+        raise PermissionError(errno.EACCES, "Permission denied", f"{dir}/{prefix}x1y2{suffix}")
+
+    for probe in ("mkstemp", "mkdtemp"):  # the folder itself; the folder above a new one
+        monkeypatch.setattr(tempfile, probe, denied)
+    for out in (tmp_path / "h.npz", tmp_path / "new" / "h.npz"):
+        with pytest.raises(PermissionError) as info:
+            check_writable(out)
+        assert info.value.filename == str(tmp_path)

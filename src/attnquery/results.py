@@ -289,7 +289,7 @@ def check_writable(path: str | os.PathLike) -> Path:
     exist yet (:func:`atomic_path` creates it), a temporary folder in the nearest folder above
     it that exists, removed too. Raises :class:`OSError` subclasses naming the problem:
     ``IsADirectoryError`` when ``path`` is a folder, ``NotADirectoryError`` when a parent is a
-    file (or a link to no folder), ``PermissionError`` or a read-only file system from the
+    file (or a link to no folder), ``PermissionError`` or a read-only file system naming the
     folder itself.
     """
     p = Path(path)
@@ -300,12 +300,15 @@ def check_writable(path: str | os.PathLike) -> Path:
             if not q.is_dir():
                 raise NotADirectoryError(f"{q} is not a folder")
             break
-    if q == p.parent:
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=q)
-        os.close(fd)
-        os.unlink(tmp)
-    else:
-        os.rmdir(tempfile.mkdtemp(prefix=f".{p.name}.", suffix=".tmp", dir=q))
+    try:
+        if q == p.parent:
+            fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=q)
+            os.close(fd)
+            os.unlink(tmp)
+        else:
+            os.rmdir(tempfile.mkdtemp(prefix=f".{p.name}.", suffix=".tmp", dir=q))
+    except OSError as exc:  # named by the folder, not by the probe's random name
+        raise OSError(exc.errno, exc.strerror, str(q)) from None
     return p
 
 
