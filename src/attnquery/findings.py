@@ -9,10 +9,12 @@ macro per number), and its ``findings`` rule renders the findings pages from the
 
 From the command line (``python -m attnquery.findings``):
 
-``compare COMMITTED NEW``
-    Whether every number of the committed findings (``docs/numbers.json``) was reproduced
-    exactly by a run (``results/numbers.json``): timing numbers (wall clock) are left out; numbers
-    that differ, are missing or are new are named. ``make reproduce`` ends with it.
+``compare COMMITTED NEW [--strict]``
+    Whether a run (``results/numbers.json``) reproduced every number of the committed findings
+    (``docs/numbers.json``) as the findings print it (:func:`compare_numbers`): timing numbers
+    (wall clock) are left out; numbers that print differently, are missing or are new are named,
+    those that differ only below their printed digits listed apart. ``make reproduce`` ends with
+    it; with ``--strict`` the exit status is 0 when reproduced, 1 when not.
 ``publish``
     Copy a run's rendered findings into the committed files: the table between the markers of
     ``README.md``, ``docs/findings.md``, ``docs/numbers.json`` and the figure the README shows,
@@ -31,7 +33,8 @@ from pathlib import Path
 from .claims import format_interval, format_number
 
 __all__ = ["figure_record", "collect_numbers", "write_numbers", "macro_name", "numbers_tex",
-           "render_template", "compare_numbers", "publish", "README_BEGIN", "README_END"]
+           "render_template", "compare_numbers", "printed_format", "last_digit", "publish",
+           "README_BEGIN", "README_END"]
 
 #: version of the numbers.json layout
 SCHEMA = 1
@@ -408,10 +411,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m attnquery.findings",
                                      description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    c = sub.add_parser("compare", help="were the committed findings' numbers reproduced?")
+    c = sub.add_parser("compare", help="were the committed findings' numbers reproduced as "
+                       "printed?")
     c.add_argument("committed", nargs="?", default="docs/numbers.json")
     c.add_argument("new", nargs="?", default="results/numbers.json")
-    c.add_argument("--strict", action="store_true", help="exit 1 unless all were reproduced")
+    c.add_argument("--strict", action="store_true",
+                   help="exit 1 unless every number was reproduced as printed")
     p = sub.add_parser("publish", help="make a run's findings the committed ones")
     p.add_argument("--root", default=".")
     args = parser.parse_args(argv)
