@@ -235,6 +235,9 @@ def test_committed_numbers_without_a_format_are_judged_at_the_format_that_printe
     exponent = {"value": -0.4996, "text": "-0.500", "lo": -0.509, "hi": -0.49,
                 "interval": "[-0.509, -0.490]"}
     assert printed_format(exponent) == ".3f" and printed_format(exponent, ".3f") == ".3f"
+    share = {"value": 0.125, "text": "12.5%", "interval": ""}
+    assert printed_format(share) == ".1%" and last_digit(0.125, ".1%") == pytest.approx(1e-3)
+    assert printed_format({"value": 1024.0, "text": "1,024", "interval": ""}) == ",.0f"
 
 
 def test_compare_command_reports_and_fails_only_when_strict(tmp_path, capsys):

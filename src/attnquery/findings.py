@@ -169,12 +169,13 @@ _VERDICTS = ("identical", "last bits", "boundary", "tolerance", "differs")
 
 
 def _text_format(text: str) -> str:
-    """The ``e`` or ``f`` format that prints a number with the digits of ``text`` (``4.5e-15`` ->
-    ``.1e``, ``-0.500`` -> ``.3f``, ``1,024`` -> ``,.0f``)."""
-    plain = text.replace(",", "")
+    """The ``e``, ``f`` or ``%`` format that prints a number with the digits of ``text``
+    (``4.5e-15`` -> ``.1e``, ``-0.500`` -> ``.3f``, ``1,024`` -> ``,.0f``, ``12.5%`` -> ``.1%``)."""
+    plain = text.replace(",", "").removesuffix("%")
     mantissa = re.split("[eE]", plain)[0]
     decimals = len(mantissa.partition(".")[2])
-    return ("," if "," in text else "") + f".{decimals}" + ("e" if mantissa != plain else "f")
+    kind = "%" if text.endswith("%") else "e" if mantissa != plain else "f"
+    return ("," if "," in text else "") + f".{decimals}{kind}"
 
 
 def _printed(entry: dict, fmt: str) -> tuple[str, str]:
