@@ -8,16 +8,25 @@ import re
 
 import pytest
 
-from attnquery.claims import Claim, Number, fit_number, number_name
+from attnquery.claims import (
+    Claim,
+    Number,
+    fit_number,
+    format_interval,
+    format_number,
+    number_name,
+)
 from attnquery.findings import (
     README_BEGIN,
     README_END,
     collect_numbers,
     compare_numbers,
     figure_record,
+    last_digit,
     macro_name,
     main,
     numbers_tex,
+    printed_format,
     publish,
     render_template,
 )
@@ -88,36 +97,167 @@ def test_templates_render_numbers_and_name_what_is_missing():
     assert missing == ["nowhere"]
 
 
-def test_compare_is_exact_leaves_out_timing_and_names_what_differs():
+def _restated(numbers, name, **parts):
+    """A copy of ``numbers`` with ``name``'s value / lo / hi replaced and printed as a run prints
+    them (its text and interval from its fmt)."""
+    out = json.loads(json.dumps(numbers))
+    entry = out[name]
+    entry.update(parts)
+    entry["text"] = format_number(entry["value"], entry["fmt"])
+    entry["interval"] = format_interval(entry["lo"], entry["hi"], entry["fmt"])
+    return out
+
+
+def test_numbers_differing_in_their_last_bits_are_reproduced_and_listed_apart():
     old = _numbers()
+    exponent = old["exactQueryExponent"]
+    new = _restated(old, "worstFloat16", value=old["worstFloat16"]["value"] * (1 + 4e-16))
+    new = _restated(new, "exactQueryExponent", lo=exponent["lo"] * (1 + 1e-15))
+    new = _restated(new, "layerSeconds", value=9.9)  # wall clock: not compared
+    ok, report = compare_numbers(old, new)
+    head, *rest = report.splitlines()
+    assert ok, report
+    assert head == ("findings reproduced: all 3 numbers of the committed findings "
+                    "(docs/numbers.json) reproduced as printed, 1 of them bit-identical; "
+                    "1 wall-clock numbers not compared")
+    assert rest[0] == ("  2 numbers differ below their printed digits (last bits), all print "
+                       "the same:")
+    listed = "\n".join(rest[1:])
+    assert re.search(r"^    worstFloat16 1\.2e-13 \(value 1\.234e-13 -> ", listed, re.M)
+    assert re.search(rf"^    exactQueryExponent {exponent['text']} \[.*; lo {exponent['lo']!r} -> ",
+                     listed, re.M)
+    assert "layerSeconds" not in report and "differs" not in report
     ok, report = compare_numbers(old, json.loads(json.dumps(old)))
-    assert ok and "all 3 numbers" in report and "1 wall-clock" in report
+    assert ok and "3 of them bit-identical" in report and "last bits" not in report
+
+
+def test_a_count_off_by_one_is_not_reproduced():
+    old = _numbers()
+    ok, report = compare_numbers(old, _restated(old, "exactRuns", value=5))
+    assert not ok
+    assert report.splitlines()[0].startswith(
+        "findings NOT reproduced: 1 of 3 numbers of the committed findings print differently or "
+        "are missing (exactRuns); 2 reproduced as printed, 2 of them bit-identical")
+    assert "  differs: exactRuns committed 4, now 5 (value 4 -> 5)" in report.splitlines()
+    # a count is not a float: a tolerance cannot be declared for it, and half a unit is no excuse
+    with pytest.raises(ValueError, match="count .* takes no tol"):
+        Number("exactRuns", 4, "runs", "d", tol=1)
+    counts = collect_numbers([figure_record("f", [Claim("c", "s", True, "", numbers=(
+        Number("n", 1000, "runs", "d"),))], [])])
+    assert not compare_numbers(counts, _restated(counts, "n", value=1000.4))[0]
+
+
+def test_a_float_differing_at_its_printed_digits_is_not_reproduced_and_named():
+    old = _numbers()
+    ok, report = compare_numbers(old, _restated(old, "worstFloat16", value=1.334e-13))
+    assert not ok and "(worstFloat16)" in report.splitlines()[0]
+    assert ("  differs: worstFloat16 committed 1.2e-13, now 1.3e-13 (value 1.234e-13 -> 1.334e-13)"
+            in report.splitlines())
+    e = old["exactQueryExponent"]
+    hi = round(e["hi"], 3) + 0.002  # two units of the last printed digit
+    ok, report = compare_numbers(old, _restated(old, "exactQueryExponent", hi=hi))
+    assert not ok
+    assert (f"  differs: exactQueryExponent committed {e['text']} {e['interval']}, now "
+            f"{e['text']} [{e['lo']:.3f}, {hi:.3f}]") in report
+
+
+def test_a_missing_number_is_not_reproduced_a_missing_wall_clock_one_is():
+    old = _numbers()
     new = json.loads(json.dumps(old))
-    new["layerSeconds"]["value"] = 9.9  # timing: not compared
-    new["worstFloat16"]["value"] *= 1 + 4e-16  # printed the same, still differs
-    del new["exactRuns"]
+    del new["exactRuns"], new["layerSeconds"]
     new["extra"] = {**old["exactRuns"], "name": "extra"}
     ok, report = compare_numbers(old, new)
-    assert not ok
-    assert "1 of 3 numbers" in report
-    assert re.search(r"differs: worstFloat16 .*printed the same", report)
-    assert "missing: exactRuns" in report and "new: extra" in report
-    assert "layerSeconds" not in report
+    assert not ok and "(exactRuns)" in report.splitlines()[0]
+    assert "  missing: exactRuns (committed 4; the run states no such number)" in report
+    assert ("missing: layerSeconds (committed 7.5; the run states no such number; wall clock"
+            in report)
+    assert "new: extra = 4" in report
+    ok, report = compare_numbers(old, {**new, "exactRuns": old["exactRuns"]})
+    assert ok and "missing: layerSeconds" in report and "missing: exactRuns" not in report
+
+
+def _one(value, fmt, tol=None):
+    return collect_numbers([figure_record("f", [Claim("c", "s", True, "", numbers=(
+        Number("x", value, "relative error", fmt, tol=tol),))], [])])
+
+
+def test_a_rounding_boundary_is_crossed_within_half_a_unit_of_the_last_digit():
+    old = _one(4.44999, ".1f")
+    ok, report = compare_numbers(old, _restated(old, "x", value=4.45001))
+    assert ok, report
+    assert ("  1 numbers print differently at a rounding boundary, within half a unit of their "
+            "last printed digit (reproduced):") in report
+    assert "    x committed 4.4, now 4.5 (value 4.44999 -> 4.45001)" in report
+    assert not compare_numbers(old, _restated(old, "x", value=4.50001))[0]  # a whole unit off
+    # significant digits: the unit of the last digit scales with the number
+    old = _one(4.4499e-15, ".2g")
+    assert compare_numbers(old, _restated(old, "x", value=4.4501e-15))[0]
+    assert not compare_numbers(old, _restated(old, "x", value=4.3e-15))[0]
+    assert last_digit(4.4785e-15, ".2g") == pytest.approx(1e-16)
+    assert last_digit(1.984, ".3f") == pytest.approx(1e-3)
+    assert last_digit(773931.7, ".1e") == pytest.approx(1e4)
+    # only zero prints as zero at significant digits
+    assert last_digit(0.0, ".2g") == 0
+    old = _one(0.0, ".2g")
+    ok, report = compare_numbers(old, _restated(old, "x", value=1e-17))
+    assert not ok and "differs: x committed 0, now 1e-17" in report
+
+
+def test_a_declared_tolerance_accepts_a_printed_difference_within_it():
+    old = _one(0.0, ".2g", tol=1e-15)
+    assert old["x"]["tol"] == 1e-15 and old["x"]["fmt"] == ".2g"
+    ok, report = compare_numbers(old, _restated(old, "x", value=1e-17))
+    assert ok, report
+    assert "  1 numbers print differently within the tolerance their claims declare " \
+        "(reproduced):" in report and "x committed 0, now 1e-17 (value 0.0 -> 1e-17, tol 1e-15)" \
+        in report
+    assert not compare_numbers(old, _restated(old, "x", value=2e-15))[0]
+    # the run's declaration counts: the committed findings may predate it
+    undeclared = _one(0.0, ".2g")
+    assert compare_numbers(undeclared, _restated(old, "x", value=1e-17))[0]
+    assert fit_number("e", fit_power_law([2, 4, 8], [4, 16, 64]), tol=0.01).tol == 0.01
+    for bad in (-1e-3, float("nan"), float("inf"), "1e-3"):
+        with pytest.raises(ValueError, match="tol must be a finite number >= 0"):
+            Number("x", 1.0, fmt=".2g", tol=bad)
+
+
+def test_committed_numbers_without_a_format_are_judged_at_the_format_that_printed_them():
+    old = _one(0.5, ".3g")
+    assert old["x"]["text"] == "0.5"
+    for entry in (old["x"],):
+        del entry["fmt"], entry["tol"]
+    # the run's format prints 0.5 as "0.5": three significant digits, not one decimal
+    assert printed_format(old["x"], ".3g") == ".3g"
+    assert not compare_numbers(old, _restated(_one(0.5, ".3g"), "x", value=0.54))[0]
+    # a run whose format changed, or none known: the digits of the text
+    assert printed_format(old["x"], ".2e") == ".1f"
+    assert printed_format({"value": 7.7e5, "text": "7.7e+05", "interval": ""}) == ".1e"
+    exponent = {"value": -0.4996, "text": "-0.500", "lo": -0.509, "hi": -0.49,
+                "interval": "[-0.509, -0.490]"}
+    assert printed_format(exponent) == ".3f" and printed_format(exponent, ".3f") == ".3f"
+    share = {"value": 0.125, "text": "12.5%", "interval": ""}
+    assert printed_format(share) == ".1%" and last_digit(0.125, ".1%") == pytest.approx(1e-3)
+    assert printed_format({"value": 1024.0, "text": "1,024", "interval": ""}) == ",.0f"
 
 
 def test_compare_command_reports_and_fails_only_when_strict(tmp_path, capsys):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     a.write_text(json.dumps({"schema": 1, "numbers": _numbers()}))
-    changed = _numbers()
-    changed["exactRuns"]["value"] = 5
-    b.write_text(json.dumps({"schema": 1, "numbers": changed}))
+    b.write_text(json.dumps({"schema": 1, "numbers": _restated(_numbers(), "exactRuns", value=5)}))
     assert main(["compare", str(a), str(a)]) == 0
-    assert "reproduced exactly" in capsys.readouterr().out
+    assert "findings reproduced: all 3 numbers" in capsys.readouterr().out
     assert main(["compare", str(a), str(b)]) == 0
     assert "differs: exactRuns" in capsys.readouterr().out
     assert main(["compare", str(a), str(b), "--strict"]) == 1
+    assert "findings NOT reproduced" in capsys.readouterr().out
+    last_bits = _numbers()
+    last_bits["worstFloat16"]["value"] *= 1 + 4e-16
+    b.write_text(json.dumps({"schema": 1, "numbers": last_bits}))
+    assert main(["compare", str(a), str(b), "--strict"]) == 0
+    assert "1 numbers differ below their printed digits" in capsys.readouterr().out
     assert main(["compare", str(a), str(tmp_path / "none.json")]) == 0
     assert "no numbers" in capsys.readouterr().out
+    assert main(["compare", str(a), str(tmp_path / "none.json"), "--strict"]) == 1
 
 
 def test_publish_writes_readme_table_findings_page_and_committed_numbers(tmp_path):

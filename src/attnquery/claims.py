@@ -18,8 +18,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["Claim", "Number", "fit_number", "number_name", "ok_rows", "no_data", "extra_values",
-           "threshold_claim"]
+__all__ = ["Claim", "Number", "format_number", "format_interval", "fit_number", "number_name",
+           "ok_rows", "no_data", "extra_values", "threshold_claim"]
 
 _NAME = re.compile(r"^[a-z][A-Za-z0-9]*$")
 
@@ -44,7 +44,14 @@ class Number:
     rows : str
         Which rows of the figure's tables it is computed from.
     timing : bool
-        A wall-clock measurement: not reproducible bit for bit, excluded from exact comparison.
+        A wall-clock measurement: not reproducible bit for bit, excluded from the comparison with
+        the committed findings (:func:`attnquery.findings.compare_numbers`).
+    tol : float, optional
+        The largest difference from the committed value (in the number's unit, for the value and
+        each end of the interval) that still counts as reproduced when the printed digits differ.
+        Without it a number is reproduced when it prints the same (or differs by less than half a
+        unit of its last printed digit). A count (``fmt`` ``"d"``) must match exactly and takes
+        none.
     """
 
     name: str
@@ -55,20 +62,23 @@ class Number:
     hi: float | None = None
     rows: str = ""
     timing: bool = False
+    tol: float | None = None
 
     def __post_init__(self):
         if not _NAME.match(self.name):
             raise ValueError(f"number name {self.name!r} is not camelCase letters and digits")
+        if self.tol is not None:
+            if self.fmt.endswith("d"):
+                raise ValueError(f"number {self.name}: a count (fmt {self.fmt!r}) must be "
+                                 f"reproduced exactly and takes no tol (got {self.tol!r})")
+            if not (isinstance(self.tol, (int, float)) and math.isfinite(self.tol)
+                    and self.tol >= 0):
+                raise ValueError(f"number {self.name}: tol must be a finite number >= 0, got "
+                                 f"{self.tol!r}")
 
     def format(self, x) -> str:
         """``x`` printed as this number is printed."""
-        if x is None:
-            return ""
-        if isinstance(x, float) and not math.isfinite(x):
-            return str(x)
-        if self.fmt.endswith("d"):
-            return format(int(round(x)), self.fmt)
-        return format(float(x), self.fmt)
+        return format_number(x, self.fmt)
 
     @property
     def text(self) -> str:
@@ -78,9 +88,7 @@ class Number:
     @property
     def interval(self) -> str:
         """The printed interval, ``[lo, hi]`` (empty without one)."""
-        if self.lo is None or self.hi is None:
-            return ""
-        return f"[{self.format(self.lo)}, {self.format(self.hi)}]"
+        return format_interval(self.lo, self.hi, self.fmt)
 
     def to_dict(self) -> dict:
         """The JSON record of the number (values as Python floats or ints)."""
@@ -90,7 +98,27 @@ class Number:
             return int(x) if self.fmt.endswith("d") else float(x)
         return {"name": self.name, "value": plain(self.value), "text": self.text,
                 "unit": self.unit, "lo": plain(self.lo), "hi": plain(self.hi),
-                "interval": self.interval, "rows": self.rows, "timing": self.timing}
+                "interval": self.interval, "rows": self.rows, "timing": self.timing,
+                "fmt": self.fmt, "tol": None if self.tol is None else float(self.tol)}
+
+
+def format_number(x, fmt: str) -> str:
+    """``x`` printed with the format specification ``fmt`` as the findings print numbers: an
+    empty string for ``None``, ``nan`` / ``inf`` as such, a ``"d"`` format rounds to an integer."""
+    if x is None:
+        return ""
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if fmt.endswith("d"):
+        return format(int(round(x)), fmt)
+    return format(float(x), fmt)
+
+
+def format_interval(lo, hi, fmt: str) -> str:
+    """The interval ``[lo, hi]`` printed with :func:`format_number` (empty without one)."""
+    if lo is None or hi is None:
+        return ""
+    return f"[{format_number(lo, fmt)}, {format_number(hi, fmt)}]"
 
 
 def number_name(*parts) -> str:
@@ -103,11 +131,12 @@ def number_name(*parts) -> str:
 
 
 def fit_number(name: str, fit, rows: str = "", unit: str = "exponent", fmt: str = ".3f",
-               timing: bool = False) -> Number:
-    """The slope of a :class:`~attnquery.metrics.PowerLawFit` with its interval."""
+               timing: bool = False, tol: float | None = None) -> Number:
+    """The slope of a :class:`~attnquery.metrics.PowerLawFit` with its interval (``tol``: see
+    :class:`Number`)."""
     return Number(name, float(fit.slope), unit, fmt, float(fit.lo), float(fit.hi),
                   f"{rows}; {round(100 * fit.level)}% interval, n = {fit.n}".lstrip("; "),
-                  timing)
+                  timing, tol)
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,12 @@ macro per number), and its ``findings`` rule renders the findings pages from the
 
 From the command line (``python -m attnquery.findings``):
 
-``compare COMMITTED NEW``
-    Whether every number of the committed findings (``docs/numbers.json``) was reproduced
-    exactly by a run (``results/numbers.json``): timing numbers (wall clock) are left out; numbers
-    that differ, are missing or are new are named. ``make reproduce`` ends with it.
+``compare COMMITTED NEW [--strict]``
+    Whether a run (``results/numbers.json``) reproduced every number of the committed findings
+    (``docs/numbers.json``) as the findings print it (:func:`compare_numbers`): timing numbers
+    (wall clock) are left out; numbers that print differently, are missing or are new are named,
+    those that differ only below their printed digits listed apart. ``make reproduce`` ends with
+    it; with ``--strict`` the exit status is 0 when reproduced, 1 when not.
 ``publish``
     Copy a run's rendered findings into the committed files: the table between the markers of
     ``README.md``, ``docs/findings.md``, ``docs/numbers.json`` and the figure the README shows,
@@ -23,12 +25,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from pathlib import Path
 
+from .claims import format_interval, format_number
+
 __all__ = ["figure_record", "collect_numbers", "write_numbers", "macro_name", "numbers_tex",
-           "render_template", "compare_numbers", "publish", "README_BEGIN", "README_END"]
+           "render_template", "compare_numbers", "printed_format", "last_digit", "publish",
+           "README_BEGIN", "README_END"]
 
 #: version of the numbers.json layout
 SCHEMA = 1
@@ -156,39 +162,186 @@ def _same(a, b) -> bool:
     return (a["value"], a.get("lo"), a.get("hi")) == (b["value"], b.get("lo"), b.get("hi"))
 
 
+#: the precision and type of a format specification (".2g" -> 2, "g"; ",.1f" -> 1, "f")
+_PRECISION = re.compile(r"\.(\d+)([eEfFgG%]?)$")
+#: how a committed number compares with the run's, from best to worst (compare_numbers)
+_VERDICTS = ("identical", "last bits", "boundary", "tolerance", "differs")
+
+
+def _text_format(text: str) -> str:
+    """The ``e``, ``f`` or ``%`` format that prints a number with the digits of ``text``
+    (``4.5e-15`` -> ``.1e``, ``-0.500`` -> ``.3f``, ``1,024`` -> ``,.0f``, ``12.5%`` -> ``.1%``)."""
+    plain = text.replace(",", "").removesuffix("%")
+    mantissa = re.split("[eE]", plain)[0]
+    decimals = len(mantissa.partition(".")[2])
+    kind = "%" if text.endswith("%") else "e" if mantissa != plain else "f"
+    return ("," if "," in text else "") + f".{decimals}{kind}"
+
+
+def _printed(entry: dict, fmt: str) -> tuple[str, str]:
+    return (format_number(entry["value"], fmt),
+            format_interval(entry.get("lo"), entry.get("hi"), fmt))
+
+
+def printed_format(committed: dict, run_fmt: str | None = None) -> str:
+    """The format the findings print the committed number with: the first of its own ``fmt``,
+    the run's ``run_fmt`` and the digits of its text (:func:`_text_format`) that prints its value
+    and interval as its ``text`` and ``interval``. Every place that shows a number (README table,
+    ``docs/findings.md``, ``results/numbers.tex``, the appendix) prints this ``text``."""
+    shown = (committed["text"], committed.get("interval") or "")
+    for fmt in (committed.get("fmt"), run_fmt):
+        if fmt:
+            try:
+                if _printed(committed, fmt) == shown:
+                    return fmt
+            except (TypeError, ValueError):  # a format the value cannot take
+                pass
+    return _text_format(committed["text"])
+
+
+def last_digit(x: float, fmt: str) -> float:
+    """The place value of the last digit ``fmt`` prints ``x`` with (``1e-16`` for ``4.5e-15`` at
+    ``.2g``, ``0.001`` at ``.3f``); 0 for zero at significant digits (``e``, ``g``: only zero
+    prints as zero) and for nan or inf."""
+    m = _PRECISION.search(fmt)
+    if m is None:  # no precision given: the digits the text shows
+        return last_digit(x, _text_format(format_number(x, fmt)))
+    p, kind = int(m.group(1)), m.group(2).lower()
+    if not math.isfinite(x):
+        return 0.0
+    if kind == "f":
+        return 10.0 ** -p
+    if kind == "%":
+        return 10.0 ** (-p - 2)
+    if x == 0:
+        return 0.0
+    if kind == "e":
+        return 10.0 ** (int(format(x, f".{p}e").split("e")[1]) - p)
+    p = max(p, 1)  # g or no type: p significant digits
+    return 10.0 ** (int(format(x, f".{p - 1}e").split("e")[1]) - p + 1)
+
+
+def _identical(a, b) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a)
+                      and math.isnan(b))
+
+
+def _judge(committed: dict, new: dict, fmt: str, tol: float | None) -> str:
+    """One of :data:`_VERDICTS` for the run's ``new`` number against the ``committed`` one,
+    printed with ``fmt``: the worst over its value and the ends of its interval."""
+    pairs = [(committed[k], new[k]) if k == "value" else (committed.get(k), new.get(k))
+             for k in ("value", "lo", "hi")]
+    if all(_identical(a, b) for a, b in pairs):
+        return "identical"
+    if fmt.endswith("d") or (isinstance(committed["value"], int)
+                             and not isinstance(committed["value"], bool)):
+        return "differs"  # a count must match exactly
+    worst = 1
+    for a, b in pairs:
+        if _identical(a, b):
+            continue
+        if a is None or b is None:
+            return "differs"  # an interval gained or lost
+        if format_number(a, fmt) == format_number(b, fmt):
+            continue
+        diff = abs(float(b) - float(a))  # nan when either is: accepted by neither rule
+        if diff < 0.5 * last_digit(float(a), fmt):
+            worst = max(worst, 2)
+        elif tol is not None and diff <= tol:
+            worst = 3
+        else:
+            return "differs"
+    return _VERDICTS[worst]
+
+
 def compare_numbers(committed: dict[str, dict], new: dict[str, dict]) -> tuple[bool, str]:
-    """Whether every non-timing number of ``committed`` is in ``new`` with exactly the same value
-    (and interval); returns the verdict and a report naming what differs, is missing or is new."""
-    exact = [k for k, v in committed.items() if not v.get("timing")]
-    differ = [k for k in exact if k in new and not _same(committed[k], new[k])]
+    """Whether the run's numbers ``new`` reproduce every number of the ``committed`` findings as
+    the findings print it.
+
+    Each non-timing committed number is judged at the precision it is printed with
+    (:func:`printed_format`), its value and each end of its interval:
+
+    - a count (format ``"d"``) must be equal;
+    - a float must print the same; one that prints differently is still reproduced when it
+      differs by less than half a unit of the committed number's last printed digit (the two sit
+      on either side of a rounding boundary, ``4.44999`` and ``4.45001`` at ``.2f``) or by at
+      most the tolerance its claim declares (:attr:`attnquery.claims.Number.tol`, the run's
+      declaration before the committed one).
+
+    Numbers that print the same but differ in their last bits (another BLAS, another CPU) are
+    listed apart, as information; wall-clock numbers (``timing``) are not compared.
+
+    Returns
+    -------
+    ok : bool
+        Every compared number is in ``new`` and reproduced.
+    report : str
+        The verdict line (``findings reproduced: ...`` or ``findings NOT reproduced: ...``
+        naming each number that prints differently or is missing), then one line for each of
+        those (committed against new, as printed), the numbers accepted at a rounding boundary
+        or within their tolerance, those that differ only in their last bits, and the new ones.
+    """
+    compared = [k for k, v in committed.items() if not v.get("timing")]
+    timing = len(committed) - len(compared)
+    by = {v: [] for v in _VERDICTS}
+    fmts, tols = {}, {}
+    for k in compared:
+        if k in new:
+            c, n = committed[k], new[k]
+            fmts[k] = printed_format(c, n.get("fmt"))
+            tols[k] = n.get("tol") if n.get("tol") is not None else c.get("tol")
+            by[_judge(c, n, fmts[k], tols[k])].append(k)
     missing = [k for k in committed if k not in new]
+    failed = [k for k in compared if k in by["differs"] or k not in new]
     added = [k for k in new if k not in committed]
-    same = len(exact) - len(differ) - len([k for k in exact if k not in new])
-    timing = [k for k, v in committed.items() if v.get("timing")]
-    lines = []
-    ok = not differ and not [k for k in exact if k not in new]
-    if ok:
-        lines.append(f"findings reproduced: all {len(exact)} numbers of the committed findings "
-                     "(docs/numbers.json) reproduced exactly"
-                     + (f"; {len(timing)} wall-clock numbers not compared" if timing else ""))
+    held = (f"{len(compared) - len(failed)} reproduced as printed, {len(by['identical'])} of them "
+            "bit-identical")
+    if not failed:
+        head = (f"findings reproduced: all {len(compared)} numbers of the committed findings "
+                f"(docs/numbers.json) reproduced as printed, {len(by['identical'])} of them "
+                "bit-identical")
     else:
-        lines.append(f"findings NOT reproduced: {same} of {len(exact)} numbers of the committed "
-                     "findings reproduced exactly")
-    for k in differ:
+        head = (f"findings NOT reproduced: {len(failed)} of {len(compared)} numbers of the "
+                f"committed findings print differently or are missing ({', '.join(failed)}); "
+                f"{held}")
+    lines = [head + (f"; {timing} wall-clock numbers not compared" if timing else "")]
+
+    def shown(k, entry):
+        return " ".join(t for t in _printed(entry, fmts[k]) if t)
+
+    def values(k):
         c, n = committed[k], new[k]
-        printed = "printed the same" if (c["text"], c.get("interval")) == (
-            n["text"], n.get("interval")) else "printed differently"
-        lines.append(f"  differs: {k} committed {c['text']} {c.get('interval') or ''}".rstrip()
-                     + f", now {n['text']} {n.get('interval') or ''}".rstrip()
-                     + f" ({printed}; value {c['value']!r} -> {n['value']!r})")
+        return "; ".join(f"{part} {c.get(part)!r} -> {n.get(part)!r}" for part in
+                         ("value", "lo", "hi") if part == "value"
+                         or not _identical(c.get(part), n.get(part)))
+
+    for k in by["differs"]:
+        lines.append(f"  differs: {k} committed {shown(k, committed[k])}, now "
+                     f"{shown(k, new[k])} ({values(k)})")
     for k in missing:
         lines.append(f"  missing: {k} (committed {committed[k]['text']}; the run states no such "
-                     "number)")
+                     "number" + ("; wall clock, not compared)" if k not in compared else ")"))
+    accepted = {"boundary": "print differently at a rounding boundary, within half a unit of "
+                            "their last printed digit",
+                "tolerance": "print differently within the tolerance their claims declare"}
+    for verdict, why in accepted.items():
+        if by[verdict]:
+            lines.append(f"  {len(by[verdict])} numbers {why} (reproduced):")
+            lines += [f"    {k} committed {shown(k, committed[k])}, now {shown(k, new[k])} "
+                      f"({values(k)}" + (f", tol {tols[k]!r}" if verdict == "tolerance" else "")
+                      + ")"
+                      for k in by[verdict]]
+    if by["last bits"]:
+        lines.append(f"  {len(by['last bits'])} numbers differ below their printed digits (last "
+                     "bits), all print the same:")
+        lines += [f"    {k} {shown(k, committed[k])} ({values(k)})" for k in by["last bits"]]
     for k in added:
         lines.append(f"  new: {k} = {new[k]['text']} (not in the committed findings)")
-    if added or missing or differ:
+    if added or missing or by["differs"]:
         lines.append("  run `make findings` to make this run's numbers the committed findings")
-    return ok, "\n".join(lines)
+    return not failed, "\n".join(lines)
 
 
 def _replace_between(text: str, begin: str, end: str, body: str) -> str:
@@ -259,10 +412,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m attnquery.findings",
                                      description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    c = sub.add_parser("compare", help="were the committed findings' numbers reproduced?")
+    c = sub.add_parser("compare", help="were the committed findings' numbers reproduced as "
+                       "printed?")
     c.add_argument("committed", nargs="?", default="docs/numbers.json")
     c.add_argument("new", nargs="?", default="results/numbers.json")
-    c.add_argument("--strict", action="store_true", help="exit 1 unless all were reproduced")
+    c.add_argument("--strict", action="store_true",
+                   help="exit 1 unless every number was reproduced as printed")
     p = sub.add_parser("publish", help="make a run's findings the committed ones")
     p.add_argument("--root", default=".")
     args = parser.parse_args(argv)
