@@ -126,3 +126,28 @@ def test_the_readme_holds_the_generated_table_and_the_committed_numbers_exist():
         (REPO / "docs" / "templates" / "findings.md").read_text(encoding="utf-8"), committed)
     assert not missing, f"the committed numbers lack {missing}"
     assert page == rendered, "docs/findings.md is not the rendered template: run `make findings`"
+
+
+def test_the_documentation_site_builds_strict(tmp_path):
+    """``make docs``: mkdocs.yml builds the pages, the API reference and the notes with
+    ``--strict``, offline; any warning (a broken link or anchor, a docstring mkdocstrings cannot
+    read) fails the build, and this test names them."""
+    import os
+    import subprocess
+    import sys
+
+    mkdocs = Path(sys.executable).with_name("mkdocs")
+    proc = subprocess.run([str(mkdocs), "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                          cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    log = proc.stdout + proc.stderr
+    warnings = [line for line in log.splitlines() if "WARNING" in line or "ERROR" in line]
+    assert proc.returncode == 0 and not warnings, "\n".join(warnings) or log[-3000:]
+    site = tmp_path / "site"
+    # every page of the nav was written, the API reference rendered from the docstrings
+    learners = (site / "api" / "learners.html").read_text(encoding="utf-8")
+    from attnquery.learners import __all__ as exported
+
+    for name in exported:
+        assert f'id="attnquery.learners.{name}"' in learners, name
+    assert (site / "overview.html").is_file() and (site / "findings.html").is_file()
