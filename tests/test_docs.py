@@ -151,3 +151,67 @@ def test_the_documentation_site_builds_strict(tmp_path):
     for name in exported:
         assert f'id="attnquery.learners.{name}"' in learners, name
     assert (site / "overview.html").is_file() and (site / "findings.html").is_file()
+
+
+def _table_rows(page: str, header: str) -> dict[str, str]:
+    """``{first cell's code: the rest of the row}`` of the Markdown table whose header row starts
+    with ``header`` on ``docs/<page>``."""
+    text = (REPO / "docs" / page).read_text(encoding="utf-8")
+    block = text.split(header, 1)[1].split("\n\n", 1)[0]
+    rows = {}
+    for line in block.splitlines()[2:]:
+        first, _, rest = line.strip("|").partition("|")
+        m = re.match(r"\s*`(?:learners\.)?(\w+)", first)
+        assert m, f"docs/{page}: a row without a learner: {line}"
+        rows[m.group(1)] = rest
+    return rows
+
+
+def test_the_library_table_lists_every_exported_learner():
+    from attnquery.learners import __all__ as exported
+
+    rows = _table_rows("library.md", "| class | what it does |")
+    missing = sorted(set(exported) - set(rows))
+    assert not missing, f"docs/library.md's table lacks the learners {missing}"
+
+
+def _stages_used() -> dict[str, set[str]]:
+    """``{module path: stage names}``: the names the learners' sources give a stage (``*STAGES``
+    tuples and ``.stage("name")`` blocks)."""
+    import ast
+
+    out = {}
+    for path in sorted((REPO / "src" / "attnquery" / "learners").rglob("*.py")):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Tuple)
+                    and any(isinstance(t, ast.Name) and t.id.endswith("STAGES")
+                            for t in node.targets)):
+                names |= {e.value for e in node.value.elts if isinstance(e, ast.Constant)}
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "stage" and node.args
+                    and isinstance(node.args[0], ast.Constant)):
+                names.add(node.args[0].value)
+        out[str(path.relative_to(REPO))] = names
+    return out
+
+
+def test_the_stage_table_lists_every_learner_and_every_stage():
+    import inspect
+
+    import attnquery.learners as learners
+
+    rows = _table_rows("learner-core.md", "| learner | stages |")
+    assert set(learners.__all__) <= set(rows), sorted(set(learners.__all__) - set(rows))
+    listed = {name: set(re.findall(r"`(\w+)`", rest)) for name, rest in rows.items()}
+    everywhere = set().union(*listed.values())
+    used = _stages_used()
+    assert sum(map(len, used.values())) > 20, used  # the scan finds the stages
+    for path, names in used.items():
+        assert names <= everywhere, f"{path}: stages {sorted(names - everywhere)} are not in " \
+            "docs/learner-core.md's stage table"
+    # each learner's row names every stage of its module's STAGES
+    for name in learners.__all__:
+        module = inspect.getmodule(getattr(learners, name))
+        stages = set(getattr(module, "STAGES", ()))
+        assert stages <= listed[name], f"{name}: {sorted(stages - listed[name])} missing"
