@@ -17,7 +17,8 @@ from attnquery.findings import README_BEGIN, README_END, render_template
 
 from .fresh import REPO
 
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")),
+         *sorted((REPO / "docs" / "notes").glob("*.md"))]
 #: the README's length a newcomer reads (the issue asks for at most about 250 lines)
 README_MAX_LINES = 250
 _LINK = re.compile(r"!?\[(?:[^\]\[]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
