@@ -4,7 +4,9 @@
   (``docs/findings.md`` -> ``findings.md``), and the pages' links to ``../README.md`` pointed at
   it, so that a page reads the same on a forge and on the site.
 * ``api/<name>.md``: for every page ``api/<name>.md`` the nav names, the API reference of the
-  module ``attnquery.<name>``, rendered by mkdocstrings from its numpydoc docstrings.
+  module ``attnquery.<name>``, rendered by mkdocstrings from its numpydoc docstrings. The
+  docstrings' Sphinx roles (``:class:`~attnquery.oracles.ValueOracle```) become links to the
+  object's entry where the reference has one (mkdocs-autorefs), its name in code otherwise.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from mkdocs.structure.files import File
 OVERVIEW = "overview.md"
 #: the folder of the API reference pages (one per module, generated)
 API = "api/"
+_ROLE = re.compile(r":(?:py:)?(?:class|func|meth|mod|data|attr|exc|obj|const):"
+                   r"<code>(~?)\.?([\w.]+)(\(\))?</code>")
 _README_LINK = re.compile(r"\]\(((?:\.\./)+)README\.md(#[^)\s]*)?\)")
 
 
@@ -63,3 +67,17 @@ def on_page_markdown(markdown, page, config, files):
         return f"]({target}{m.group(2) or ''})"
 
     return _README_LINK.sub(link, markdown)
+
+
+def on_page_content(html, page, config, files):
+    if not page.file.src_uri.startswith(API):
+        return html
+    module = "attnquery." + page.file.src_uri[len(API):-len(".md")]
+
+    def role(m):
+        short, name, call = m.group(1), m.group(2), m.group(3) or ""
+        identifier = name if name.startswith("attnquery") else f"{module}.{name}"
+        shown = name.rpartition(".")[2] if short else name
+        return f'<autoref identifier="{identifier}" optional><code>{shown}{call}</code></autoref>'
+
+    return _ROLE.sub(role, html)
