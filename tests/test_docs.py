@@ -138,6 +138,7 @@ def test_the_documentation_site_builds_strict(tmp_path):
     import sys
 
     mkdocs = Path(sys.executable).with_name("mkdocs")
+    assert mkdocs.is_file(), f"{mkdocs} is missing: install the test extra ('.[test]')"
     proc = subprocess.run([str(mkdocs), "build", "--strict", "--site-dir", str(tmp_path / "site")],
                           cwd=REPO, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
@@ -216,3 +217,26 @@ def test_the_stage_table_lists_every_learner_and_every_stage():
         module = inspect.getmodule(getattr(learners, name))
         stages = set(getattr(module, "STAGES", ()))
         assert stages <= listed[name], f"{name}: {sorted(stages - listed[name])} missing"
+
+
+def test_every_public_module_has_an_api_reference_page():
+    """mkdocs.yml's "API reference" names one page per module of attnquery (mk/mkdocs_hooks.py
+    renders each from its docstrings): a new module cannot be left out of the reference."""
+    import pkgutil
+
+    import yaml
+
+    import attnquery
+
+    class _Loader(yaml.SafeLoader):  # mkdocs.yml may hold !!python tags; the nav has none
+        pass
+
+    _Loader.add_multi_constructor("tag:yaml.org,2002:python/", lambda *a: None)
+    nav = yaml.load((REPO / "mkdocs.yml").read_text(encoding="utf-8"), Loader=_Loader)["nav"]
+    api = next(item["API reference"] for item in nav
+               if isinstance(item, dict) and "API reference" in item)
+    pages = {title: page for entry in api for title, page in entry.items()}
+    modules = {f"attnquery.{m.name}" for m in pkgutil.iter_modules(attnquery.__path__)
+               if not m.name.startswith("_")}
+    assert set(pages) == modules, (sorted(modules - set(pages)), sorted(set(pages) - modules))
+    assert all(page == f"api/{t.removeprefix('attnquery.')}.md" for t, page in pages.items())
