@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 CORES ?= 8
 CONFIG ?= config/config.yaml
 
-.PHONY: reproduce test figures findings appendix report bench check-reproducible lint clean install help
+.PHONY: reproduce test figures findings appendix docs report bench check-reproducible lint clean install help
 
 help:
 	@echo "make reproduce           create $(VENV) if missing, install, run the default study (every figure, table, report.html)"
@@ -13,6 +13,7 @@ help:
 	@echo "make figures             bring every figure and table up to date (redraws what changed)"
 	@echo "make findings            make a run's numbers the committed findings (README table, docs/findings.md)"
 	@echo "make appendix            write appendix/appendix.tex from the run and compile it (latexmk, if installed)"
+	@echo "make docs                build the documentation site into site/ (user pages, API reference, notes)"
 	@echo "make report              build report.html and report.zip from the last run"
 	@echo "make bench               run the benchmarks (counted queries, errors, wall time)"
 	@echo "make check-reproducible  run config/quick.yaml twice (1 core, all cores) and compare bytes"
@@ -56,6 +57,11 @@ appendix: install
 	$(BIN)/snakemake appendix --cores $(CORES) --configfile $(CONFIG)
 	$(BIN)/python -m attnquery.appendix appendix/appendix.tex
 
+# The documentation site (mkdocs.yml): docs/ and the API reference from the docstrings, built
+# offline into site/; --strict fails on any warning (a broken link, a docstring it cannot read).
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 report: install
 	$(BIN)/snakemake --cores 1 --configfile $(CONFIG) --report report.html
 	$(BIN)/snakemake --cores 1 --configfile $(CONFIG) --report report.zip
@@ -71,6 +77,6 @@ lint: install
 	$(BIN)/snakemake --lint
 
 clean:
-	rm -rf results figures logs appendix report.html report.zip .snakemake
+	rm -rf results figures logs appendix site report.html report.zip .snakemake
 
 -include mk/*.mk

@@ -17,7 +17,8 @@ from attnquery.findings import README_BEGIN, README_END, render_template
 
 from .fresh import REPO
 
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")),
+         *sorted((REPO / "docs" / "notes").glob("*.md"))]
 #: the README's length a newcomer reads (the issue asks for at most about 250 lines)
 README_MAX_LINES = 250
 _LINK = re.compile(r"!?\[(?:[^\]\[]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
@@ -126,3 +127,116 @@ def test_the_readme_holds_the_generated_table_and_the_committed_numbers_exist():
         (REPO / "docs" / "templates" / "findings.md").read_text(encoding="utf-8"), committed)
     assert not missing, f"the committed numbers lack {missing}"
     assert page == rendered, "docs/findings.md is not the rendered template: run `make findings`"
+
+
+def test_the_documentation_site_builds_strict(tmp_path):
+    """``make docs``: mkdocs.yml builds the pages, the API reference and the notes with
+    ``--strict``, offline; any warning (a broken link or anchor, a docstring mkdocstrings cannot
+    read) fails the build, and this test names them."""
+    import os
+    import subprocess
+    import sys
+
+    mkdocs = Path(sys.executable).with_name("mkdocs")
+    assert mkdocs.is_file(), f"{mkdocs} is missing: install the test extra ('.[test]')"
+    proc = subprocess.run([str(mkdocs), "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                          cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    log = proc.stdout + proc.stderr
+    warnings = [line for line in log.splitlines() if "WARNING" in line or "ERROR" in line]
+    assert proc.returncode == 0 and not warnings, "\n".join(warnings) or log[-3000:]
+    site = tmp_path / "site"
+    # every page of the nav was written, the API reference rendered from the docstrings
+    learners = (site / "api" / "learners.html").read_text(encoding="utf-8")
+    from attnquery.learners import __all__ as exported
+
+    for name in exported:
+        assert f'id="attnquery.learners.{name}"' in learners, name
+    assert (site / "overview.html").is_file() and (site / "findings.html").is_file()
+
+
+def _table_rows(page: str, header: str) -> dict[str, str]:
+    """``{first cell's code: the rest of the row}`` of the Markdown table whose header row starts
+    with ``header`` on ``docs/<page>``."""
+    text = (REPO / "docs" / page).read_text(encoding="utf-8")
+    block = text.split(header, 1)[1].split("\n\n", 1)[0]
+    rows = {}
+    for line in block.splitlines()[2:]:
+        first, _, rest = line.strip("|").partition("|")
+        m = re.match(r"\s*`(?:learners\.)?(\w+)", first)
+        assert m, f"docs/{page}: a row without a learner: {line}"
+        rows[m.group(1)] = rest
+    return rows
+
+
+def test_the_library_table_lists_every_exported_learner():
+    from attnquery.learners import __all__ as exported
+
+    rows = _table_rows("library.md", "| class | what it does |")
+    missing = sorted(set(exported) - set(rows))
+    assert not missing, f"docs/library.md's table lacks the learners {missing}"
+
+
+def _stages_used() -> dict[str, set[str]]:
+    """``{module path: stage names}``: the names the learners' sources give a stage (``*STAGES``
+    tuples and ``.stage("name")`` blocks)."""
+    import ast
+
+    out = {}
+    for path in sorted((REPO / "src" / "attnquery" / "learners").rglob("*.py")):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Tuple)
+                    and any(isinstance(t, ast.Name) and t.id.endswith("STAGES")
+                            for t in node.targets)):
+                names |= {e.value for e in node.value.elts if isinstance(e, ast.Constant)}
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "stage" and node.args
+                    and isinstance(node.args[0], ast.Constant)):
+                names.add(node.args[0].value)
+        out[str(path.relative_to(REPO))] = names
+    return out
+
+
+def test_the_stage_table_lists_every_learner_and_every_stage():
+    import inspect
+
+    import attnquery.learners as learners
+
+    rows = _table_rows("learner-core.md", "| learner | stages |")
+    assert set(learners.__all__) <= set(rows), sorted(set(learners.__all__) - set(rows))
+    listed = {name: set(re.findall(r"`(\w+)`", rest)) for name, rest in rows.items()}
+    everywhere = set().union(*listed.values())
+    used = _stages_used()
+    assert sum(map(len, used.values())) > 20, used  # the scan finds the stages
+    for path, names in used.items():
+        assert names <= everywhere, f"{path}: stages {sorted(names - everywhere)} are not in " \
+            "docs/learner-core.md's stage table"
+    # each learner's row names every stage of its module's STAGES
+    for name in learners.__all__:
+        module = inspect.getmodule(getattr(learners, name))
+        stages = set(getattr(module, "STAGES", ()))
+        assert stages <= listed[name], f"{name}: {sorted(stages - listed[name])} missing"
+
+
+def test_every_public_module_has_an_api_reference_page():
+    """mkdocs.yml's "API reference" names one page per module of attnquery (mk/mkdocs_hooks.py
+    renders each from its docstrings): a new module cannot be left out of the reference."""
+    import pkgutil
+
+    import yaml
+
+    import attnquery
+
+    class _Loader(yaml.SafeLoader):  # mkdocs.yml may hold !!python tags; the nav has none
+        pass
+
+    _Loader.add_multi_constructor("tag:yaml.org,2002:python/", lambda *a: None)
+    nav = yaml.load((REPO / "mkdocs.yml").read_text(encoding="utf-8"), Loader=_Loader)["nav"]
+    api = next(item["API reference"] for item in nav
+               if isinstance(item, dict) and "API reference" in item)
+    pages = {title: page for entry in api for title, page in entry.items()}
+    modules = {f"attnquery.{m.name}" for m in pkgutil.iter_modules(attnquery.__path__)
+               if not m.name.startswith("_")}
+    assert set(pages) == modules, (sorted(modules - set(pages)), sorted(set(pages) - modules))
+    assert all(page == f"api/{t.removeprefix('attnquery.')}.md" for t, page in pages.items())

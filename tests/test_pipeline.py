@@ -248,7 +248,8 @@ def test_the_appendix_names_only_files_the_run_produced(readme_run):
     defined = set(re.findall(r"\\newcommand\{\\([A-Za-z]+)\}",
                              (clone / "results" / "numbers.tex").read_text()))
     latex = {"documentclass", "usepackage", "input", "title", "date", "begin", "end",
-             "maketitle", "section", "centering", "includegraphics", "textwidth", "caption",
+             "maketitle", "section", "subsection", "centering", "includegraphics", "textwidth",
+             "caption",
              "label", "noindent", "ref", "item", "textbf", "texttt", "emph", "clearpage",
              "begingroup", "endgroup", "tiny", "scriptsize", "footnotesize", "setlength",
              "tabcolsep",

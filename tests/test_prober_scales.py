@@ -1,6 +1,6 @@
 """Prober(entry_target=...): each probe at its own logit scale, from a rough prediction of its
-value (the served layer learner's isolated probes, docs/served.md "Each probe at its own
-scale"), on a float32-served head with a key bias and an offset."""
+value (the served layer learner's isolated probes; measured in docs/notes/2026-11-27-served.md,
+"each probe at its own scale"), on a float32-served head with a key bias and an offset."""
 
 import numpy as np
 import pytest

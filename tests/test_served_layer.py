@@ -59,7 +59,8 @@ def test_float32_layer_within_the_budget(ckpt, engine):
     truth = _truth(ckpt)
     eW, ev, ec = _errors(est, truth)
     # measured: W 6.3e-7 (onnxruntime 9.0e-7), v 1.6e-7, function 5.2e-8; before the left
-    # sketch was read in full, each probe at its own scale and V read again (docs/served.md):
+    # sketch was read in full, each probe at its own scale and V read again
+    # (docs/notes/2026-11-27-served.md):
     # W 2.1e-6 (2.9e-6), v 1.4e-7, c 8.9e-7, function 1.1e-7; before the sharper probes: W
     # 6.8e-6 (7.2e-6), c 4.9e-6; before the v's were measured again from saturated queries:
     # W 9e-5, v 3e-5, function 8e-6
@@ -131,7 +132,7 @@ def test_budget_too_small_is_refused_within_it(ckpt):
 
 @pytest.mark.parametrize("engine", ["ours", "onnxruntime"])
 def test_float16_layer_is_extracted(ckpt, engine):
-    # before the narrow-format scan (docs/served.md, Whole layers) float16 was refused with
+    # before the narrow-format scan (docs/notes/2026-11-27-served.md) float16 was refused with
     # SearchLimitError at every budget: the start scale, read at a circle whose answers are
     # rounding, was 2.6e4 times too small, so the 8 scales never separated the heads.
     # Measured (20 layer_dof, learner seed 0): ours W 1.5e-2 (floor 3.1e-4), v 5.5e-4 (floor

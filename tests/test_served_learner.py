@@ -89,7 +89,8 @@ def test_low_precision_served_head_near_its_floor(ckpt, precision, engine, q, fa
     error of W from the weights rounded to the format). Measured (seed 1): W to 3.3e-4
     (onnxruntime float16, 1.16x its floor 2.9e-4; the issue's goal is 2x), 5.4e-4 (ours in
     float16, which rounds every operation: 1.9x), 4.1e-3 (bfloat16, 1.84x its floor 2.2e-3;
-    the goal is 1.5x, met on MiniLM heads at d = 384), see docs/served.md."""
+    the goal is 1.5x, met on MiniLM heads at d = 384), see
+    docs/notes/2026-11-27-served.md."""
     box = (ModuleBlackBox(ckpt, 0, 2, precision=precision) if engine == "ours"
            else module_box(ckpt, 0, 2, precision))
     oracle = ValueOracle(box, D)
@@ -172,7 +173,7 @@ def test_two_heads_are_refused_where_the_query_bias_would_be_cancelled():
 def test_narrow_formats_keep_the_entry_by_entry_passes(ckpt64):
     """The sketch is used where the answers are float32's or finer: in bfloat16 the query bias
     is cancelled as before but W is measured entry by entry (the sketch made some MiniLM heads
-    worse there, docs/served.md)."""
+    worse there, docs/notes/2026-11-27-served.md)."""
     box = ModuleBlackBox(ckpt64, 0, 2, precision="bfloat16")
     est, _ = _fit64(box, 12)
     assert est.query_bias_cancelled_ and not est.sketch_ and est.entry_logit_ is None

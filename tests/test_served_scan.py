@@ -110,7 +110,7 @@ def test_no_isolating_circle_is_a_search_limit(ckpt, monkeypatch):
 
 def test_exact_mode_asks_no_isolation_queries(ckpt, monkeypatch):
     # the exact learner's scan is unchanged (its checks are exact; the fits are hashed in
-    # docs/served.md): the isolation test is served mode's only
+    # docs/notes/2026-11-27-served.md): the isolation test is served mode's only
     monkeypatch.setattr(S, "isolation_test", None)
     est = AttentionLayerLearner(n_heads=H, random_state=0).fit(
         ValueOracle(ModuleBlackBox(ckpt, 0), D))

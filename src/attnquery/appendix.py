@@ -9,7 +9,9 @@ it is compiled (:func:`compile_appendix`: ``latexmk -pdf -outdir=appendix``).
 
 In a paper: ``\\input{results/numbers.tex}`` in the preamble gives every number as a macro
 (``\\exactQueryExponent``), and ``\\input{appendix/body.tex}`` the appendix, whose figures and
-tables are labelled ``fig:<figure>`` and ``tab:<experiment>``.
+tables are labelled ``fig:<figure>`` and ``tab:<experiment>``. Figures, tables and numbers come
+in the paper's order (:data:`attnquery.figures.PAPER_ORDER`: Theorem 4.1 first, the results
+beyond the paper last), each figure under the result of the paper it measures.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 
 import yaml
 
+from .figures import experiment_order, paper_order, paper_section
 from .findings import load_numbers, macro_name
 
 __all__ = ["latex_text", "appendix_body", "appendix_document", "write_appendix",
@@ -85,13 +88,19 @@ def appendix_body(records, tables, numbers, config: dict, versions: dict,
              "% Needs the packages " + ", ".join(PREAMBLE_PACKAGES)
              + " and the macros of results/numbers.tex.", "",
              r"\section{Figures and the claims they support}", ""]
-    for rec in sorted(records, key=lambda r: r["figure"]):
-        lines += _figure(rec, figure_dir)
+    by_name = {rec["figure"]: rec for rec in records}
+    section = None
+    for name in paper_order(by_name):
+        if paper_section(name)[1] != section:
+            section = paper_section(name)[1]
+            lines += [f"\\subsection*{{{latex_text(section)}}}", ""]
+        lines += _figure(by_name[name], figure_dir)
     lines += [r"\clearpage", r"\begin{landscape}", r"\section{Tables}", "",
               "Each row is a grid point of the experiment; each metric is its median "
               "[interquartile range] over seeds.", ""]
-    for path in sorted(tables, key=str):
-        name = Path(path).stem
+    by_stem = {Path(path).stem: path for path in tables}
+    for name in experiment_order(by_stem):
+        path = by_stem[name]
         lines += [r"\begingroup\tiny\setlength{\tabcolsep}{2pt}",
                   r"\let\tabular\longtable\let\endtabular\endlongtable",
                   f"\\noindent\\textbf{{Table~\\refstepcounter{{table}}\\thetable\\label{{tab:"
@@ -105,7 +114,8 @@ def appendix_body(records, tables, numbers, config: dict, versions: dict,
               r"\begingroup\scriptsize",
               r"\begin{longtable}{llll}", r"\toprule",
               r"macro & value & unit & figure, claim \\", r"\midrule", r"\endhead"]
-    for name, n in numbers.items():
+    rank = {fig: i for i, fig in enumerate(paper_order({n["figure"] for n in numbers.values()}))}
+    for name, n in sorted(numbers.items(), key=lambda kv: (rank[kv[1]["figure"]], kv[0])):
         m = macro_name(name)
         value = f"\\{m}" + (f" [\\{m}Lo, \\{m}Hi]" if n.get("interval") else "")
         unit = latex_text(n["unit"] + (" (wall clock)" if n["timing"] else ""))

@@ -246,10 +246,11 @@ def seconds(cell) -> float:
     """About 0.2 s at d = 32 and 5 s at d = 128 (dense, 2-core machine); the low-rank route at
     d = 1024, d_h = 128 takes 49 s of CPU (benchmark ``rotary``). Layers: 0.1 to 0.5 s at
     d <= 64 (up to 1.5 s where the learner refuses after six circles), about 4 s at d = 128,
-    H = 8 and 200 s at d = 512, H = 8 (docs/rotary.md), so about ``H (d / 128)^3 / 2`` s (an
-    upper bound at many heads: 10 s of CPU at (d, H, G) = (256, 2, 1), est. 8; 24 s at
-    (256, 32, 8), est. 128; 2.7 s at (128, 16, 4), est. 8). Served float32 heads: the
-    long-offset block, ``3 d_h^2`` probes of about 4,095 tokens, about ``5e-6 d d_h^3`` s
+    H = 8 and 200 s at d = 512, H = 8 (docs/notes/2026-11-27-rotary.md), so about
+    ``H (d / 128)^3 / 2`` s (an upper bound at many heads: 10 s of CPU at (d, H, G) =
+    (256, 2, 1), est. 8; 24 s at (256, 32, 8), est. 128; 2.7 s at (128, 16, 4), est. 8).
+    Served float32 heads: the long-offset block, ``3 d_h^2`` probes of about 4,095 tokens,
+    about ``5e-6 d d_h^3`` s
     (measured 0.05 s at d = 16, d_h = 4; 1.0 s at (32, 16); 1.4 s at (64, 16); 8 to 9 s at
     (64, 32); 16 s at (128, 32)); heads with d_h > d/2 a tenth of that (their offset is
     shorter, or they are refused early: 0.25 s at d = d_h = 32, 0.15 s at 64); 16-bit heads

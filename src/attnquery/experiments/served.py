@@ -220,7 +220,8 @@ def layer_seconds(cell) -> float:
 
 
 #: seconds of one MiniLM layer at 4 layer_dof in float32 (61 to 66 s of CPU measured, 270 to
-#: 540 s of wall time on a 2-core machine at load 20, docs/served.md; 264 to 671 s before the
+#: 540 s of wall time on a 2-core machine at load 20, docs/notes/2026-11-27-served.md;
+#: 264 to 671 s before the
 #: scan's gradient pairs were capped at 4)
 LAYER_SECONDS = 150.0
 

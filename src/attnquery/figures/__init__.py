@@ -7,7 +7,9 @@ metadata, so identical results give identical bytes.
 
 The registry (:func:`register_figure`, :data:`FIGURES`) is what the workflow is driven by: a
 figure's entry names the experiments whose tables it reads, its report category and caption, and
-whether it plots wall-clock timings. Figure modules import results, claims, metrics and
+whether it plots wall-clock timings. :data:`PAPER_ORDER` is the order of the paper, which the
+appendix (:mod:`attnquery.appendix`) and the findings pages follow (:func:`paper_order`).
+Figure modules import results, claims, metrics and
 :mod:`attnquery.theory`, never learners, oracles or experiments, so that editing a learner does
 not re-render figures and editing a figure recomputes nothing.
 """
@@ -30,9 +32,32 @@ from ..results import atomic_path  # noqa: E402
 
 __all__ = ["STYLE", "FIGURES", "Figure", "register_figure", "render", "save_figure",
            "get_figure", "get_spec", "figures_for", "all_figures", "log2_ticks",
-           "timing_figures", "with_evidence", "tight_layout", "mark_empty_axes"]
+           "timing_figures", "with_evidence", "tight_layout", "mark_empty_axes", "PAPER_ORDER",
+           "paper_section", "paper_order", "experiment_order"]
 
 STYLE = str(Path(__file__).with_name("attnquery.mplstyle"))
+
+#: The paper's order: each figure module (this package's modules, one per experiment family)
+#: with the result of the paper its figures measure, the paper's core results first (Theorem 4.1)
+#: and the study's results beyond the paper last. The appendix's figures, tables and numbers
+#: and the sections of the findings pages (README's table, docs/findings.md) follow it.
+PAPER_ORDER: tuple[tuple[str, str], ...] = (
+    ("exact", "Theorem 4.1: exact recovery from value queries"),
+    ("lowrank", "Theorem 5.1: low-rank heads"),
+    ("noise", "Theorem 6.1: answers within a tolerance"),
+    ("rounding", "Theorem 6.1: rounded answers"),
+    ("lowprecision", "Theorem 6.1: answers rounded to a float format"),
+    ("membership", "Appendix B: sign-only (membership) answers"),
+    ("transformer", "Section 4.1: one-layer transformers"),
+    ("multihead", "Section 7 and Appendix C: multi-head attention"),
+    ("multihead_generic", "Section 7 and Appendix C: generic multi-head attention"),
+    ("realheads", "Beyond the paper: real heads"),
+    ("reallayer", "Beyond the paper: whole real layers"),
+    ("served", "Beyond the paper: served heads"),
+    ("served_layers", "Beyond the paper: served layers"),
+    ("rotary", "Beyond the paper: rotary heads and grouped-query layers"),
+)
+_RANK = {module: i for i, (module, _) in enumerate(PAPER_ORDER)}
 
 @dataclass(frozen=True)
 class Figure:
@@ -116,6 +141,38 @@ def figures_for(enabled: Iterable[str]) -> list[str]:
     """Names of the figures drawn when the experiments ``enabled`` are enabled, sorted."""
     enabled = list(enabled)
     return sorted(name for name, f in all_figures().items() if f.drawn(enabled))
+
+
+def _module(spec: Figure) -> str:
+    return spec.function.__module__.rpartition(".")[2]
+
+
+def paper_section(name: str) -> tuple[int, str]:
+    """Where figure ``name`` stands in :data:`PAPER_ORDER`: its module's position and the
+    result of the paper it measures. A figure module :data:`PAPER_ORDER` does not place raises
+    ``ConfigError``."""
+    module = _module(get_spec(name))
+    if module not in _RANK:
+        raise ConfigError(f"figure {name!r}: its module {module!r} has no place in "
+                          "attnquery.figures.PAPER_ORDER (add it there)")
+    return _RANK[module], PAPER_ORDER[_RANK[module]][1]
+
+
+def paper_order(names: Iterable[str]) -> list[str]:
+    """The figures ``names`` in the paper's order (:data:`PAPER_ORDER`); a module's figures by
+    name."""
+    return sorted(names, key=lambda name: (paper_section(name)[0], name))
+
+
+def experiment_order(names: Iterable[str]) -> list[str]:
+    """The experiments ``names`` in the paper's order: each where the first figure that reads
+    its tables stands (:func:`paper_order`); an experiment no figure reads comes last."""
+    figures = paper_order(all_figures())
+    first = {}
+    for i, fig in enumerate(figures):
+        for e in (*FIGURES[fig].experiments, *FIGURES[fig].optional):
+            first.setdefault(e, i)
+    return sorted(names, key=lambda e: (first.get(e, len(figures)), e))
 
 
 def get_spec(name: str) -> Figure:

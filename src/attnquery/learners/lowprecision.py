@@ -1347,7 +1347,8 @@ class LowPrecisionValueQueryLearner(BaseLearner):
             return
         keep = np.arange(m) <= gaps[-1]
         # the sketch where the answers are float32's or finer (measured: in bfloat16 it took
-        # W over its floor from 1.19 to 1.81 on L2H0, 1.25 to 2.26 on L2H9, docs/served.md)
+        # W over its floor from 1.19 to 1.81 on L2H0, 1.25 to 2.26 on L2H9,
+        # docs/notes/2026-11-27-served.md)
         if acc0.noise() <= _SKETCH_NOISE:
             pairs.rowspace, pairs.T0 = Qt[keep].T.copy(), T0
         old = (pairs.z, pairs.zv, pairs.b, pairs.b_var, pairs.c_bias, pairs.v0, pairs.uv,

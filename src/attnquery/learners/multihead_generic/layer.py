@@ -808,7 +808,7 @@ class AttentionLayerLearner(BaseLearner):
     def _prober(self, run: _Layer, key_bias=None) -> Prober:
         # served mode: larger logits (a logit's rounding error does not shrink with it); in
         # float32 also each probe at its own scale after the rough pass, and a larger key bias
-        # share (docs/served.md, "The left sketch in full, each probe at its own scale")
+        # share (docs/notes/2026-11-27-served.md, "The left sketch in full")
         exact = run.noise is None
         full = served.full_sketch(run.noise)
         return Prober(run.ledger, run.V, initial_logit_scale=self.initial_logit_scale,

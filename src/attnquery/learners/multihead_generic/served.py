@@ -41,7 +41,7 @@ NOISE_QUERIES = 64
 #: error is a few units of the answers' noise whatever its size, so larger logits read more).
 #: One pass of MiniLM layer 0's isolated head 2 (true v's and row spaces): B^T W to 5.8e-5 at
 #: 1, 2.4e-5 at 2, 1.8e-5 at 3, 4.3e-5 at 4 (head 0: 1.5e-5, 7.3e-6, 5.5e-6, 7.8e-6);
-#: docs/served.md "Sharper probes"
+#: docs/notes/2026-11-27-served.md "Sharper probes"
 NOISY_TARGET = 3.0
 #: a probe whose logit exceeds this many times the target (a value larger than any the scale
 #: had seen, on MiniLM the coordinate last tokens of outlier dimensions) is asked again at the
@@ -68,7 +68,7 @@ MISSING_ANSWER = 10.0
 #: layer 0, learner seed 0, worst / median head W: 1.03e-5 / 3.4e-6 at 1.5 with the left
 #: sketch read in full (:func:`full_sketch`), 1.21e-5 / 4.9e-6 without per-entry scales; with
 #: the rotated left sketch 9.1e-6 at targets 1 and 1.5, 8.8e-6 at 2, 9.4e-6 with a cap of 30
-#: (docs/served.md, "The left sketch in full, each probe at its own scale")
+#: (docs/notes/2026-11-27-served.md, "The left sketch in full")
 ENTRY_TARGET = 1.5
 ENTRY_CAP = 10.0
 #: the key bias's share ``c u^T c_g`` of an isolated probe's logit, at most (1 in exact mode
@@ -267,7 +267,8 @@ def isolation_test(run, vs, x0, scale: float, rng) -> tuple[float, int]:
     The scan's two checks (``G_0 + G_H = V``, the coefficients of V in the v's of size 1)
     pass when one arc's gradient is off by e between two crossings of the same sign: the two
     v's it gives are off by ``+e`` and ``-e`` and their sum is right (MiniLM layer 2 served in
-    float32: three v's off by 1.6 to 3.7 relative passed both, docs/served.md). This test
+    float32: three v's off by 1.6 to 3.7 relative passed both,
+    docs/notes/2026-11-27-served.md). This test
     sees it. For head g, ``ISOLATION_SAMPLES`` deltas of norm ``scale`` orthogonal to every
     other head's estimated ``v_h`` (each the direction ``w`` of ``v_g`` there plus a random
     direction orthogonal to it, so that ``delta^T v_g`` is the same for all) are asked at
@@ -401,7 +402,7 @@ def saturated_values(run, Ks, Qs, cs, rng) -> np.ndarray:
 
 #: served mode: one-row queries per unknown of V and beta measured again (:func:`constants`;
 #: in float32 since it was found that V's rounding, read once, held MiniLM layer 0's head 2 at
-#: 1.1e-5: 4.2e-6 with V read again, 3.4e-6 with the true V, docs/served.md)
+#: 1.1e-5: 4.2e-6 with V read again, 3.4e-6 with the true V, docs/notes/2026-11-27-served.md)
 CONST_SAMPLES = 32
 
 
