@@ -96,7 +96,7 @@ class Interval(Constraint):
     ----------
     type : numbers.Integral or numbers.Real
         ``numbers.Integral``: integers (at most :data:`INT64_MAX`); ``numbers.Real``: finite
-        numbers, integers included. ``bool`` is neither.
+        numbers, integers included (as long as a float holds them). ``bool`` is neither.
     left, right : float or None
         The bounds (None: unbounded on that side).
     closed : {"both", "left", "right", "neither"}
@@ -127,7 +127,7 @@ class Interval(Constraint):
         else:
             if not isinstance(value, numbers.Real) or isinstance(value, bool | np.bool_):
                 return False
-            x = int(value) if _is_integer(value) else _as_finite_float(value)
+            x = _as_finite_float(value)  # an int too large for a float is refused too
             if x is None:
                 return False
         lo_in, hi_in = self.closed in ("both", "left"), self.closed in ("both", "right")
