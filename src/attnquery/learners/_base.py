@@ -16,7 +16,7 @@ from ..oracles import Oracle
 from ..rng import as_rng
 from ._params import Interval, make_constraint, validate_parameter_constraints
 
-__all__ = ["BaseLearner", "QueryLedger", "check_scalar", "check_bool", "check_oracle",
+__all__ = ["BaseLearner", "QueryLedger", "check_scalar", "check_oracle",
            "check_budget", "chunk_slices", "check_answers", "check_signs", "check_queries",
            "check_plan", "check_verify_param", "DEFAULT_VERIFY", "MAX_VERIFY", "VERIFY_PARAM",
            "BLOCK_BYTES_PARAM", "CHECK_LENGTHS", "ROUNDING_RTOL",
@@ -58,10 +58,13 @@ def check_scalar(x, name: str, target_type: type | tuple = numbers.Real, *, min_
                  exc: type[Exception] = ConfigError, what: str | None = None):
     """Check one scalar parameter and return it (``int`` or ``float``; ``None`` if allowed).
 
-    The learners' single parameter check (in the manner of scikit-learn's ``check_scalar``):
+    One value checked against one :class:`~attnquery.learners._params.Interval` (in the
+    manner of scikit-learn's ``check_scalar``), for the checks that need more than a learner's
+    declared constraints (a bound that depends on d) and for functions outside the learners:
     ``x`` must be an instance of ``target_type`` (``numbers.Integral`` or ``numbers.Real``;
-    ``bool`` is never a number), finite, and within ``[min_val, max_val]``, whose ends are
-    included as ``include_boundaries`` says.
+    ``bool`` is never a number), finite (an integer at most int64, a number a float holds),
+    and within ``[min_val, max_val]``, whose ends are included as ``include_boundaries``
+    says.
 
     Parameters
     ----------
@@ -108,13 +111,6 @@ def check_scalar(x, name: str, target_type: type | tuple = numbers.Real, *, min_
     else:
         validate_parameter_constraints({name: allowed}, {name: x}, errors={name: exc})
     return int(x) if integral else float(x)
-
-
-def check_bool(x, name: str) -> bool:
-    """Check a True/False parameter; return it as ``bool``."""
-    if not isinstance(x, bool | np.bool_):
-        raise ConfigError(f"{name} must be True or False; got {x!r}")
-    return bool(x)
 
 
 class QueryLedger:
