@@ -18,7 +18,7 @@ import warnings
 
 import numpy as np
 
-from attnquery.errors import AttnQueryError, VacuousCheckWarning
+from attnquery.errors import AttnQueryError, ConfigError, VacuousCheckWarning
 from attnquery.learners import (
     AttentionLayerLearner,
     ExactValueQueryLearner,
@@ -153,6 +153,8 @@ def run_cell(learner: str, box_name: str | None, d: int = D, seed: int = 0) -> d
         warnings.simplefilter("always")
         try:
             est.fit(oracle)
+        except ConfigError:  # the parameters are valid: never a refusal of the box
+            raise
         except AttnQueryError as exc:
             return {"outcome": type(exc).__name__, "error": None, "agrees": None,
                     "vacuous": None, "wall": time.perf_counter() - t0}

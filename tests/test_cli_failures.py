@@ -58,8 +58,8 @@ CASES = [
       "--tau", "1e-9", "--param", "W_bound=4", "--param", "mu=0.01"], 1,
      "the answers may be off by more than tau = 1e-09"),
     # bad numbers, unknown names, missing learner parameters
-    (BOX + ["--param", "max_logit=abc"], 2, "'max_logit' takes a number; got 'abc'"),
-    (BOX + ["--param", "verify=2.5"], 2, "'verify' takes an integer"),
+    (BOX + ["--param", "max_logit=abc"], 2, "max_logit must be a number in [1, 30]; got 'abc'"),
+    (BOX + ["--param", "verify=2.5"], 2, "verify must be an integer in [0, "),
     (BOX + ["--param", "colour=red"], 2, "takes no parameter 'colour'"),
     (BOX + ["--param", "max_logit"], 2, "--param must be KEY=VALUE"),
     (BOX + ["--method", "noisy", "--tau", "1e-6"], 2,

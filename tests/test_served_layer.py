@@ -173,9 +173,9 @@ def test_wrong_number_of_heads_is_refused(ckpt):
 def test_n_queries_is_checked():
     for bad in (0, -5, 2.5):
         with pytest.raises(ConfigError):
-            AttentionLayerLearner(n_heads=H, n_queries=bad)._validate(D)
+            AttentionLayerLearner(n_heads=H, n_queries=bad)._validate_params()
     with pytest.raises(ConfigError):
-        AttentionLayerLearner(n_heads=H, n_queries=10**6, positions="rotary")._validate(D)
+        AttentionLayerLearner(n_heads=H, n_queries=10**6, positions="rotary")._validate_params()
 
 
 def test_spare_passes_go_to_the_noisiest_heads():

@@ -33,6 +33,7 @@ from attnquery.learners import (
 from attnquery.learners._base import (
     CHECK_LENGTHS,
     DEFAULT_VERIFY,
+    MAX_VERIFY,
     check_answers,
     check_plan,
     check_queries,
@@ -121,7 +122,8 @@ def test_the_check_never_changes_the_estimate_and_verify_0_turns_it_off(name):
 
 @pytest.mark.parametrize("verify", [-1, 2.5, True, "8"])
 def test_bad_verify_parameter(verify):
-    with pytest.raises(ConfigError, match="verify must be a non-negative integer"):
+    with pytest.raises(ConfigError,
+                       match=rf"verify must be an integer in \[0, {MAX_VERIFY}\] \(0 turns"):
         ExactValueQueryLearner(verify=verify).fit(ValueOracle(random_head(3, seed=0), 3))
 
 

@@ -131,7 +131,8 @@ def construct(cls, *args, optional=None, required=None):
     """Call ``cls(*args, **kwargs)`` with the ``optional`` keywords its signature accepts.
 
     ``required`` keywords must all be accepted (ConfigError naming the unaccepted ones), and
-    each must be of the kind its default is (a number, an integer, a string, a bool);
+    each must satisfy the class's declared ``_parameter_constraints`` (a learner's), or else
+    be of the kind its default is (a number, an integer, a string, a bool);
     ``optional`` keywords the class does not take are left out. None values are never passed.
     A parameter without a default that is not given is a ConfigError naming it.
     """
@@ -154,8 +155,14 @@ def construct(cls, *args, optional=None, required=None):
             f"{cls.__name__} takes no parameter {', '.join(repr(b) for b in bad)}; "
             f"its parameters: {sorted(names)}"
         )
+    declared = getattr(cls, "_parameter_constraints", {})  # a learner's (learners/_params.py)
+    if declared:
+        from .learners._params import validate_parameter_constraints
+
+        validate_parameter_constraints(declared, kwargs, getattr(cls, "_parameter_errors", {}))
     for k, val in kwargs.items():
-        _check_param_type(cls, k, val, sig_params)
+        if k not in declared:
+            _check_param_type(cls, k, val, sig_params)
     params = list(sig_params.values())
     missing = [p.name for p in params[len(args):]
                if p.default is inspect.Parameter.empty and p.name not in kwargs

@@ -14,16 +14,27 @@ import numpy as np
 from ..errors import ConfigError, ModelMismatchError, VacuousCheckWarning
 from ..oracles import Oracle
 from ..rng import as_rng
+from ._params import Interval, make_constraint, validate_parameter_constraints
 
-__all__ = ["BaseLearner", "QueryLedger", "check_scalar", "check_bool", "check_oracle",
+__all__ = ["BaseLearner", "QueryLedger", "check_scalar", "check_oracle",
            "check_budget", "chunk_slices", "check_answers", "check_signs", "check_queries",
-           "check_plan", "check_verify_param", "DEFAULT_VERIFY", "CHECK_LENGTHS", "ROUNDING_RTOL",
+           "check_plan", "check_verify_param", "DEFAULT_VERIFY", "MAX_VERIFY", "VERIFY_PARAM",
+           "BLOCK_BYTES_PARAM", "CHECK_LENGTHS", "ROUNDING_RTOL",
            "output_error_bound"]
 
 #: check queries a learner spends after fitting, unless told otherwise (``verify=0`` turns it off):
 #: with the default :data:`CHECK_LENGTHS`, 6 fresh queries of 2, 4, 8, 32, 64 and 128 tokens and
 #: prefix-permuted copies of the two longest (see :func:`check_plan`)
 DEFAULT_VERIFY = 8
+#: the most check queries a learner spends: 10,000 queries of 2 to 128 tokens at d = 384 hold
+#: about 1 GiB of float64 tokens
+MAX_VERIFY = 10_000
+#: the constraint of ``block_bytes``, the memory bound on one batch of queries
+BLOCK_BYTES_PARAM = Interval(numbers.Integral, 1, None, closed="left")
+#: the ``verify`` parameter's constraint (every learner's, :attr:`BaseLearner.
+#: _parameter_constraints`)
+VERIFY_PARAM = Interval(numbers.Integral, 0, MAX_VERIFY, closed="both",
+                        note="0 turns the check off")
 #: sequence lengths of the fresh check queries (:func:`check_plan` spreads them over these, the
 #: shortest and the longest always included): long sequences are where a windowed or
 #: position-dependent box differs from a head (a 4-token window is exact on 2 and 4 tokens)
@@ -42,28 +53,18 @@ MISMATCH_HINT = ("the box may have several heads, biases, noise or lower precisi
                  "float64")
 
 
-def _describe(kind: str, min_val, max_val, closed: str) -> str:
-    """``an integer >= 1``, ``a number in (0, 1]``, ... for :func:`check_scalar`'s message."""
-    lo_in, hi_in = closed in ("both", "left"), closed in ("both", "right")
-    if min_val is not None and max_val is not None:
-        return (f"{kind} in {'[' if lo_in else '('}{min_val:g}, {max_val:g}"
-                f"{']' if hi_in else ')'}")
-    if min_val is not None:
-        return f"{kind} {'>=' if lo_in else '>'} {min_val:g}"
-    if max_val is not None:
-        return f"{kind} {'<=' if hi_in else '<'} {max_val:g}"
-    return kind
-
-
 def check_scalar(x, name: str, target_type: type | tuple = numbers.Real, *, min_val=None,
                  max_val=None, include_boundaries: str = "both", allow_none: bool = False,
                  exc: type[Exception] = ConfigError, what: str | None = None):
     """Check one scalar parameter and return it (``int`` or ``float``; ``None`` if allowed).
 
-    The learners' single parameter check (in the manner of scikit-learn's ``check_scalar``):
+    One value checked against one :class:`~attnquery.learners._params.Interval` (in the
+    manner of scikit-learn's ``check_scalar``), for the checks that need more than a learner's
+    declared constraints (a bound that depends on d) and for functions outside the learners:
     ``x`` must be an instance of ``target_type`` (``numbers.Integral`` or ``numbers.Real``;
-    ``bool`` is never a number), finite, and within ``[min_val, max_val]``, whose ends are
-    included as ``include_boundaries`` says.
+    ``bool`` is never a number), finite (an integer at most int64, a number a float holds),
+    and within ``[min_val, max_val]``, whose ends are included as ``include_boundaries``
+    says.
 
     Parameters
     ----------
@@ -97,30 +98,19 @@ def check_scalar(x, name: str, target_type: type | tuple = numbers.Real, *, min_
     """
     if x is None and allow_none:
         return None
-    integral = target_type is numbers.Integral or (
-        isinstance(target_type, tuple) and all(t is numbers.Integral for t in target_type))
-    if what is None:
-        what = _describe("an integer" if integral else "a number", min_val, max_val,
-                         include_boundaries)
-        if allow_none:
-            what += " or None"
-    ok = isinstance(x, target_type) and not isinstance(x, bool | np.bool_)
-    if ok:
-        ok = bool(np.isfinite(x))
-    if ok and min_val is not None:
-        ok = x >= min_val if include_boundaries in ("both", "left") else x > min_val
-    if ok and max_val is not None:
-        ok = x <= max_val if include_boundaries in ("both", "right") else x < max_val
-    if not ok:
-        raise exc(f"{name} must be {what}; got {x!r}")
+    if isinstance(target_type, tuple):
+        integral = all(t is numbers.Integral for t in target_type)
+        target_type = numbers.Integral if integral else numbers.Real
+    integral = target_type is numbers.Integral
+    allowed = [Interval(target_type, min_val, max_val, closed=include_boundaries)]
+    if allow_none:
+        allowed.append(None)
+    if what is not None:
+        if not any(make_constraint(c).is_satisfied_by(x) for c in allowed):
+            raise exc(f"{name} must be {what}; got {x!r}")
+    else:
+        validate_parameter_constraints({name: allowed}, {name: x}, errors={name: exc})
     return int(x) if integral else float(x)
-
-
-def check_bool(x, name: str) -> bool:
-    """Check a True/False parameter; return it as ``bool``."""
-    if not isinstance(x, bool | np.bool_):
-        raise ConfigError(f"{name} must be True or False; got {x!r}")
-    return bool(x)
 
 
 class QueryLedger:
@@ -253,7 +243,47 @@ class QueryLedger:
 
 
 class BaseLearner:
-    """Parameters live in ``__init__``; ``fit(oracle)`` returns self; fitted attributes end in _."""
+    """Parameters live in ``__init__``; ``fit(oracle)`` returns self; fitted attributes end in _.
+
+    Each learner declares the values its parameters may take in ``_parameter_constraints``
+    (parameter name -> list of constraints, any one of which admits a value; the vocabulary
+    is :mod:`attnquery.learners._params`), extending this class's dict, and its rules that
+    join several parameters in :meth:`_validate_extra`. Its ``fit`` calls
+    :meth:`_validate_params` first, so a bad value raises
+    :class:`~attnquery.errors.ConfigError` before any query. ``_parameter_errors`` maps a
+    parameter to the ConfigError subclass its bad value raises, where that is more specific.
+    """
+
+    #: parameter name -> list of constraints (see :mod:`attnquery.learners._params`)
+    _parameter_constraints: dict = {
+        "verify": [VERIFY_PARAM],
+        "random_state": ["random_state"],
+    }
+    #: parameter name -> the ConfigError subclass its bad value raises (default ConfigError)
+    _parameter_errors: dict = {}
+
+    @classmethod
+    def parameter_constraints(cls) -> dict:
+        """Each parameter's constraints in words (:func:`~attnquery.learners._params.
+        describe_constraints`), in the order of ``__init__``: ``{"verify": "an integer in
+        [0, 10000] (0 turns the check off)", ...}``."""
+        from ._params import describe_constraints
+
+        names = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+        return {n: describe_constraints(cls._parameter_constraints[n]) for n in names
+                if n in cls._parameter_constraints}
+
+    def _validate_params(self) -> None:
+        """Check every declared parameter, then :meth:`_validate_extra`; raise
+        :class:`~attnquery.errors.ConfigError` naming the parameter, what it may be and the
+        value given. Asks no query: ``fit`` calls it first."""
+        validate_parameter_constraints(type(self)._parameter_constraints, self.get_params(),
+                                       errors=type(self)._parameter_errors)
+        self._validate_extra()
+
+    def _validate_extra(self) -> None:
+        """Rules joining several parameters (each declared parameter already has a valid
+        value); a learner with such rules overrides this and raises ConfigError."""
 
     def get_params(self) -> dict:
         """The constructor parameters, as given."""
@@ -391,10 +421,8 @@ def chunk_slices(n: int, size: int):
 
 
 def check_verify_param(n) -> int:
-    """The ``verify`` parameter as a count of check queries (a non-negative integer)."""
-    if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 0:
-        raise ConfigError(
-            f"verify must be a non-negative integer (0 turns the check off); got {n!r}")
+    """The ``verify`` parameter as a count of check queries (:data:`VERIFY_PARAM`)."""
+    validate_parameter_constraints({"verify": [VERIFY_PARAM]}, {"verify": n})
     return int(n)
 
 

@@ -19,32 +19,42 @@ logit ``c u^T c`` (``make`` returning ``None`` for the last tokens).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from numbers import Real
 
 import numpy as np
 
-from ..errors import AssumptionViolation, NotIdentifiableError
-from ._base import check_scalar, chunk_slices
+from ..errors import AssumptionViolation, ConfigError, NotIdentifiableError
+from ._base import chunk_slices
+from ._params import Interval
 
 __all__ = ["read_v", "read_key_bias", "read_head_constants", "HeadConstants", "pivot_directions",
            "check_v", "unit_directions", "balanced_orthonormal",
            "SparseRows",
            "coordinate_rows", "rows_dot", "probe_logits", "Prober", "check_probe_params",
+           "PROBE_PARAMS", "ZERO_TOL_PARAM",
            "ZERO_LOGIT"]
 
 #: logits at or below this are rounding noise of alpha = 1/2 (a zero bilinear form)
 ZERO_LOGIT = 1e-12
 
 
+#: the constraints of the probe parameters a Prober-based learner shares (its
+#: ``_parameter_constraints`` include them); :func:`check_probe_params` joins the two logits
+PROBE_PARAMS = {
+    "max_logit": [Interval(Real, 1, 30, closed="both")],
+    "min_logit": [Interval(Real, 0, 30, closed="neither")],
+    "initial_logit_scale": [Interval(Real, 0, None, closed="neither")],
+}
+#: the constraint of ``zero_tol`` (relative size below which an entry of v counts as zero)
+ZERO_TOL_PARAM = Interval(Real, 0, 1, closed="left")
+
+
 def check_probe_params(learner) -> None:
-    """Check a learner's probe parameters (``max_logit``, ``min_logit``,
-    ``initial_logit_scale`` and, where it has one, ``zero_tol``); raise :class:`ConfigError`."""
-    check_scalar(learner.max_logit, "max_logit", min_val=1, max_val=30)
-    check_scalar(learner.min_logit, "min_logit", min_val=0, max_val=learner.max_logit,
-                 include_boundaries="neither", what="in (0, max_logit)")
-    check_scalar(learner.initial_logit_scale, "initial_logit_scale", min_val=0,
-                 include_boundaries="neither", what="positive")
-    check_scalar(getattr(learner, "zero_tol", 0.0), "zero_tol", min_val=0, max_val=1,
-                 include_boundaries="left", what="in [0, 1)")
+    """The rule joining a learner's probe parameters (each already valid by
+    :data:`PROBE_PARAMS`): ``min_logit`` below ``max_logit``; raise :class:`ConfigError`."""
+    if not learner.min_logit < learner.max_logit:
+        raise ConfigError(f"min_logit must be below max_logit = {learner.max_logit:g}; got "
+                          f"{learner.min_logit!r}")
 
 
 def read_v(oracle, d: int, offset: bool = False):

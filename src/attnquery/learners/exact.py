@@ -37,17 +37,19 @@ from __future__ import annotations
 import numpy as np
 import scipy.linalg
 
-from ..errors import ConfigError
 from ._base import (
+    BLOCK_BYTES_PARAM,
     DEFAULT_VERIFY,
     ROUNDING_RTOL,
     BaseLearner,
-    check_bool,
     check_budget,
     check_oracle,
     check_verify_param,
 )
+from ._params import Options
 from ._probes import (
+    PROBE_PARAMS,
+    ZERO_TOL_PARAM,
     Prober,
     balanced_orthonormal,
     check_probe_params,
@@ -146,6 +148,15 @@ class ExactValueQueryLearner(BaseLearner):
         The scale ``c s`` used for each column's probes.
     """
 
+    _parameter_constraints = {
+        **BaseLearner._parameter_constraints,
+        **PROBE_PARAMS,
+        "probes": [Options(PROBE_DESIGNS)],
+        "zero_tol": [ZERO_TOL_PARAM],
+        "block_bytes": [BLOCK_BYTES_PARAM],
+        "fit_bias": ["boolean"],
+    }
+
     def __init__(
         self,
         *,
@@ -180,11 +191,8 @@ class ExactValueQueryLearner(BaseLearner):
             return U
         return unit_directions(v.size, v, rng)
 
-    def _validate_params(self):
-        if self.probes not in PROBE_DESIGNS:
-            raise ConfigError(f"probes must be one of {PROBE_DESIGNS}; got {self.probes!r}")
+    def _validate_extra(self):
         check_probe_params(self)
-        check_bool(self.fit_bias, "fit_bias")
 
     def fit(self, oracle):
         """Recover (W, v), and (c, beta) with ``fit_bias``, from ``oracle``; returns self.

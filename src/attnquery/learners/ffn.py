@@ -36,12 +36,13 @@ linear at ``rtol``: noise, low precision), and the whole fit never asks more tha
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from numbers import Integral
+from numbers import Integral, Real
 
 import numpy as np
 
 from ..errors import SearchLimitError
-from ._base import DEFAULT_VERIFY, BaseLearner, check_oracle, check_scalar, check_verify_param
+from . import _params
+from ._base import DEFAULT_VERIFY, BaseLearner, check_oracle, check_verify_param
 
 __all__ = ["ReLUNetworkLearner", "Interval", "Kink", "Line", "FFN_VERIFY_RTOL"]
 
@@ -242,6 +243,21 @@ class ReLUNetworkLearner(BaseLearner):
         ``refine``, ``fit`` (the output weights and linear part) and ``verify``.
     """
 
+    _parameter_constraints = {
+        **BaseLearner._parameter_constraints,
+        "n_line_pairs": [_params.Interval(Integral, 1, None, closed="left")],
+        "n_grid": [_params.Interval(Integral, 4, None, closed="left")],
+        "rtol": [_params.Interval(Real, 0, 1e-2, closed="neither")],
+        "max_rounds": [_params.Interval(Integral, 1, None, closed="left")],
+        "fd_rel_step": [_params.Interval(Real, 0, 0.5, closed="neither")],
+        "merge_tol": [_params.Interval(Real, 0, 0.1, closed="neither")],
+        "n_fit_factor": [_params.Interval(Real, 1, None, closed="left")],
+        "linear_tol": [_params.Interval(Real, 0, 1e-2, closed="neither")],
+        "refine": ["boolean"],
+        "max_kinks": [_params.Interval(Integral, 1, None, closed="left")],
+        "max_queries": [_params.Interval(Integral, 1, None, closed="left"), None],
+    }
+
     def __init__(
         self,
         *,
@@ -272,18 +288,6 @@ class ReLUNetworkLearner(BaseLearner):
         self.max_kinks = max_kinks
         self.max_queries = max_queries
         self.random_state = random_state
-
-    def _validate_params(self):
-        for name, low in (("n_line_pairs", 1), ("n_grid", 4), ("max_rounds", 1),
-                          ("max_kinks", 1)):
-            check_scalar(getattr(self, name), name, Integral, min_val=low)
-        for name, high in (("rtol", 1e-2), ("fd_rel_step", 0.5), ("merge_tol", 0.1),
-                           ("linear_tol", 1e-2)):
-            check_scalar(getattr(self, name), name, min_val=0, max_val=high,
-                         include_boundaries="neither")
-        check_scalar(self.n_fit_factor, "n_fit_factor", min_val=1)
-        check_verify_param(self.verify)
-        check_scalar(self.max_queries, "max_queries", Integral, min_val=1, allow_none=True)
 
     def query_cap(self, d: int) -> int:
         """The most queries a fit at dimension ``d`` may ask (``max_queries`` when given).

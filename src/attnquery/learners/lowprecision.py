@@ -66,20 +66,21 @@ so its query counts are what an attacker pays when the answers' errors are relat
 
 from __future__ import annotations
 
-from numbers import Integral
+from numbers import Integral, Real
 
 import numpy as np
 
 from ..errors import AssumptionViolation, BudgetExceededError, ConfigError, ModelMismatchError
 from ._base import (
+    BLOCK_BYTES_PARAM,
     DEFAULT_VERIFY,
     BaseLearner,
     check_budget,
     check_oracle,
-    check_scalar,
     check_verify_param,
     chunk_slices,
 )
+from ._params import Interval
 from ._probes import balanced_orthonormal, check_v, read_v
 
 __all__ = ["LowPrecisionValueQueryLearner", "pair_logits", "MAX_NOISE_LEVEL"]
@@ -769,6 +770,21 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         where the offset is 0).
     """
 
+    _parameter_constraints = {
+        **BaseLearner._parameter_constraints,
+        "n_queries": [Interval(Integral, 1, None, closed="left")],
+        "rank": [Interval(Integral, 1, None, closed="left"), None],
+        "target_logit": [Interval(Real, 0, None, closed="neither")],
+        "answer_scale": [Interval(Real, 0, None, closed="neither")],
+        "max_logit": [Interval(Real, 1, 12, closed="right",
+                               note="beyond 12 the smaller answer of a pair, exp(-max_logit) "
+                                    "of the larger, nears the last token's own value")],
+        "initial_logit_scale": [Interval(Real, 0, None, closed="neither")],
+        "pilot_rows": [Interval(Integral, 2, None, closed="left")],
+        "block_bytes": [BLOCK_BYTES_PARAM],
+        "fit_bias": ["boolean"],
+    }
+
     def __init__(self, *, n_queries: int, rank: int | None = None, target_logit: float = 2.5,
                  answer_scale: float = 16.0, max_logit: float = 10.0,
                  initial_logit_scale: float = 1.0, pilot_rows: int = 8,
@@ -797,24 +813,10 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         extra = (d + 1 + _OFFSET_QUERIES + 2 * d * (_MIN_BIAS_ROUNDS + 2)) if fit_bias else 0
         return int(2 * d * d + d + verify + _SCOUT_ALLOWANCE + extra)
 
-    def _validate_params(self) -> None:
-        check_scalar(self.n_queries, "n_queries", Integral, min_val=1)
-        check_scalar(self.rank, "rank", Integral, min_val=1, allow_none=True)
-        for name in ("target_logit", "answer_scale", "initial_logit_scale"):
-            check_scalar(getattr(self, name), name, min_val=0, include_boundaries="neither")
-        check_scalar(self.max_logit, "max_logit", min_val=1, include_boundaries="neither")
-        if self.max_logit > 12.0:
-            raise ConfigError(f"max_logit must be at most 12 (beyond it the smaller answer of a "
-                              f"pair, exp(-max_logit) of the larger, nears the last token's own "
-                              f"value); got {self.max_logit}")
+    def _validate_extra(self) -> None:
         if 2 * self.target_logit > self.max_logit:
             raise ConfigError(f"target_logit must be at most max_logit / 2; got "
                               f"{self.target_logit} with max_logit {self.max_logit}")
-        check_scalar(self.pilot_rows, "pilot_rows", Integral, min_val=2)
-        check_scalar(self.block_bytes, "block_bytes", Integral, min_val=1)
-        check_verify_param(self.verify)
-        if not isinstance(self.fit_bias, bool | np.bool_):
-            raise ConfigError(f"fit_bias must be True or False; got {self.fit_bias!r}")
 
     # ------------------------------------------------------------------------------------------
     def fit(self, oracle):

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from numbers import Integral
+from numbers import Integral, Real
 
 import numpy as np
 import scipy.linalg
@@ -29,17 +29,19 @@ import scipy.linalg
 from ..errors import AssumptionViolation, ConfigError
 from ..theory import lowrank_floor
 from ._base import (
+    BLOCK_BYTES_PARAM,
     DEFAULT_VERIFY,
     ROUNDING_RTOL,
     BaseLearner,
-    check_bool,
     check_budget,
     check_oracle,
-    check_scalar,
     check_verify_param,
 )
+from ._params import Interval, Options
 from ._probes import (
+    PROBE_PARAMS,
     ZERO_LOGIT,
+    ZERO_TOL_PARAM,
     Prober,
     SparseRows,
     check_probe_params,
@@ -153,6 +155,19 @@ class NuclearNormROPLearner(BaseLearner):
         Queries per stage: ``v``, ``measurements`` and ``verify``.
     """
 
+    _parameter_constraints = {
+        **BaseLearner._parameter_constraints,
+        **PROBE_PARAMS,
+        "n_measurements": [Interval(Integral, 1, None, closed="left"), None],
+        "rank": [Interval(Integral, 1, None, closed="left"), None],
+        "solver": [Options(SOLVERS)],
+        "polish": ["boolean"],
+        "solver_eps": [Interval(Real, 0, 1, closed="neither")],
+        "max_iters": [Interval(Integral, 1, None, closed="left")],
+        "gap_floor": [Interval(Real, 0, 1, closed="neither")],
+        "min_gap": [Interval(Real, 1, None, closed="left")],
+    }
+
     def __init__(
         self,
         *,
@@ -184,19 +199,19 @@ class NuclearNormROPLearner(BaseLearner):
         self.verify = verify
         self.random_state = random_state
 
-    def _validate(self, d: int) -> int:
-        if self.solver not in SOLVERS:
-            raise ConfigError(f"solver must be one of {SOLVERS}; got {self.solver!r}")
+    def _validate_extra(self):
         check_probe_params(self)
-        r = check_scalar(self.rank, "rank", Integral, min_val=1, allow_none=True)
+
+    def _validate(self, d: int) -> int:
+        """The rules that need d (the parameters are valid); returns m."""
+        r = None if self.rank is None else int(self.rank)
         if r is not None and 2 * r > d:
             raise ConfigError(
                 f"rank={r} is larger than d / 2 = {d / 2:g}: a low-rank learner needs "
                 f"more queries than the exact learner's d^2 + d here; use "
                 "ExactValueQueryLearner"
             )
-        m = check_scalar(self.n_measurements, "n_measurements", Integral, min_val=1,
-                         allow_none=True)
+        m = None if self.n_measurements is None else int(self.n_measurements)
         if m is None:
             m = 4 * r * 2 * d if r is not None else d * d
         return int(m)
@@ -217,6 +232,7 @@ class NuclearNormROPLearner(BaseLearner):
             few measurements for the rank, or a box that is not one low-rank head); the
             estimate's attributes are set.
         """
+        self._validate_params()
         d = check_oracle(oracle)
         m = self._validate(d)
         n_check = check_verify_param(self.verify)
@@ -514,6 +530,18 @@ class SketchLowRankLearner(BaseLearner):
         ``right_sketch``, ``left_sketch`` and ``verify``.
     """
 
+    _parameter_constraints = {
+        **BaseLearner._parameter_constraints,
+        **PROBE_PARAMS,
+        "rank": [Interval(Integral, 0, None, closed="left"), None],
+        "oversample": [Interval(Integral, 0, None, closed="left"), None],
+        "rank_tol": [Interval(Real, 0, 1, closed="neither")],
+        "n_check": [Interval(Integral, 1, None, closed="left")],
+        "zero_tol": [ZERO_TOL_PARAM],
+        "block_bytes": [BLOCK_BYTES_PARAM],
+        "fit_bias": ["boolean"],
+    }
+
     def __init__(
         self,
         *,
@@ -544,19 +572,16 @@ class SketchLowRankLearner(BaseLearner):
         self.random_state = random_state
 
     # ------------------------------------------------------------------------------------------
-    def _validate(self, d: int):
-        check_bool(self.fit_bias, "fit_bias")
-        r = check_scalar(self.rank, "rank", Integral, min_val=0, allow_none=True)
-        if r is not None and 2 * r > d:
-            raise ConfigError(
-                f"rank={r} is larger than d / 2 = {d / 2:g}: the sketch would need more "
-                "queries than the exact learner's d^2 + d; use ExactValueQueryLearner"
-            )
-        check_scalar(self.oversample, "oversample", Integral, min_val=0, allow_none=True)
-        check_scalar(self.rank_tol, "rank_tol", min_val=0, max_val=1,
-                     include_boundaries="neither")
-        check_scalar(self.n_check, "n_check", Integral, min_val=1)
+    def _validate_extra(self):
         check_probe_params(self)
+
+    def _validate(self, d: int):
+        """The rule that needs d (the parameters are valid)."""
+        if self.rank is not None and 2 * int(self.rank) > d:
+            raise ConfigError(
+                f"rank={self.rank} is larger than d / 2 = {d / 2:g}: the sketch would need "
+                "more queries than the exact learner's d^2 + d; use ExactValueQueryLearner"
+            )
 
     def _default_oversample(self, d: int, r: int) -> int:
         if self.oversample is not None:
@@ -583,6 +608,7 @@ class SketchLowRankLearner(BaseLearner):
             If the check queries disagree with the estimate beyond float64 rounding (a rank
             above ``rank``, several heads, biases, noise); the estimate's attributes are set.
         """
+        self._validate_params()
         self._validate(d := check_oracle(oracle))
         rng = self._rng()
         rng_b, rng_a, rng_check = rng.spawn(3)

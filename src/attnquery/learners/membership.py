@@ -39,21 +39,21 @@ Query count of the bisection learner: ``d + (d - 1) + (d - 1) n_rho + d^2 n_W``
 from __future__ import annotations
 
 import math
-from numbers import Integral
+from numbers import Integral, Real
 
 import numpy as np
 import scipy.special
 
-from ..errors import AssumptionViolation, BudgetExceededError, ConfigError, NotIdentifiableError
+from ..errors import AssumptionViolation, BudgetExceededError, NotIdentifiableError
 from ._base import (
     BaseLearner,
     check_budget,
     check_oracle,
-    check_scalar,
     check_verify_param,
     chunk_slices,
     output_error_bound,
 )
+from ._params import Interval, Options
 from .noisy import TAU_CLIP, AssumptionParameterError
 
 __all__ = ["MembershipLearner", "sphere_constant", "V_METHODS"]
@@ -142,6 +142,19 @@ class MembershipLearner(BaseLearner):
         is left at the bound).
     """
 
+    _parameter_constraints = {
+        **BaseLearner._parameter_constraints,
+        "eps": [Interval(Real, 0, 1, closed="neither")],
+        "v_method": [Options(V_METHODS)],
+        "W_bound": [Interval(Real, 2, None, closed="left", note="App. B")],
+        "mu": [Interval(Real, 0, 1, closed="right")],
+        "eps_v": [Interval(Real, 0, 1, closed="neither"), None],
+        "delta": [Interval(Real, 0, 1, closed="neither")],
+        "sample_budget": [Interval(Integral, 1, None, closed="left")],
+    }
+    #: the appendix's assumptions: a bad value is also an AssumptionViolation
+    _parameter_errors = {name: AssumptionParameterError for name in ("W_bound", "mu")}
+
     def __init__(self, *, eps: float = 1e-3, v_method: str = "bisection",
                  W_bound: float = 4.0, mu: float = 0.1, eps_v: float | None = None,
                  delta: float = 0.05, sample_budget: int = 10**7,
@@ -167,19 +180,6 @@ class MembershipLearner(BaseLearner):
         return self._stage_count("W")
 
     # -- sizes, computable before any query --------------------------------------------------
-    def _validate_params(self):
-        if self.v_method not in V_METHODS:
-            raise ConfigError(f"v_method must be one of {V_METHODS}; got {self.v_method!r}")
-        check_scalar(self.eps, "eps", min_val=0, max_val=1, include_boundaries="neither")
-        check_scalar(self.W_bound, "W_bound", min_val=2, exc=AssumptionParameterError,
-                     what="a finite number >= 2 (App. B)")
-        check_scalar(self.mu, "mu", min_val=0, max_val=1, include_boundaries="right",
-                     exc=AssumptionParameterError)
-        check_scalar(self.eps_v, "eps_v", min_val=0, max_val=1, include_boundaries="neither",
-                     allow_none=True)
-        check_scalar(self.delta, "delta", min_val=0, max_val=1, include_boundaries="neither")
-        check_scalar(self.sample_budget, "sample_budget", Integral, min_val=1)
-
     def _sampling_eps_v(self, d: int) -> float:
         if self.eps_v is not None:
             return float(self.eps_v)

@@ -13,7 +13,7 @@ Hessians (see the class docstring).
 
 from __future__ import annotations
 
-from numbers import Integral
+from numbers import Integral, Real
 
 import numpy as np
 
@@ -27,7 +27,8 @@ from ._base import (
     check_oracle,
     check_scalar,
 )
-from .exact import ExactValueQueryLearner, read_v
+from ._params import Interval, Options
+from .exact import PROBE_DESIGNS, ExactValueQueryLearner, read_v
 
 __all__ = ["OrthogonalSubspaceLearner"]
 
@@ -164,6 +165,15 @@ class OrthogonalSubspaceLearner(BaseLearner):
         Largest disagreement on the check queries, relative to the largest answer.
     """
 
+    _parameter_constraints = {
+        **BaseLearner._parameter_constraints,
+        "n_heads": [Interval(Integral, 1, None, closed="left")],
+        "bases": ["array-like", None],
+        "n_anchors": [Interval(Integral, 1, None, closed="left"), None],
+        "fd_step": [Interval(Real, 0, 1, closed="neither")],
+        "probes": [Options(PROBE_DESIGNS)],
+    }
+
     def __init__(self, *, n_heads: int, bases=None, n_anchors: int | None = None,
                  fd_step: float = 1e-2, probes: str = "basis", verify: int = DEFAULT_VERIFY,
                  random_state=None):
@@ -193,10 +203,9 @@ class OrthogonalSubspaceLearner(BaseLearner):
             The heads found disagree with the check queries (wrong number of heads, subspaces
             that are not orthogonal, a finite-difference step too small or too large).
         """
+        self._validate_params()
         d = check_oracle(oracle)
         H = check_scalar(self.n_heads, "n_heads", Integral, min_val=1, max_val=d)
-        check_scalar(self.fd_step, "fd_step", min_val=0, max_val=1, include_boundaries="neither")
-        check_scalar(self.n_anchors, "n_anchors", Integral, min_val=1, allow_none=True)
         rng = self._rng()
         r_disc, r_heads = rng.spawn(2)
         self.commutant_gap_ = np.nan

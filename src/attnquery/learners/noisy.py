@@ -30,7 +30,7 @@ like ``1 / sqrt(k)``; under adversarial noise it need not.
 
 from __future__ import annotations
 
-from numbers import Integral
+from numbers import Integral, Real
 
 import numpy as np
 import scipy.special
@@ -43,11 +43,11 @@ from ._base import (
     BaseLearner,
     check_budget,
     check_oracle,
-    check_scalar,
     check_verify_param,
     chunk_slices,
     output_error_bound,
 )
+from ._params import Interval
 
 __all__ = [
     "NoisyValueQueryLearner",
@@ -186,6 +186,20 @@ class NoisyValueQueryLearner(BaseLearner):
         Queries per stage: ``v``, ``W`` and ``verify``.
     """
 
+    _parameter_constraints = {
+        **BaseLearner._parameter_constraints,
+        "W_bound": [Interval(Real, 2, None, closed="left", note="Theorem 6.1")],
+        "mu": [Interval(Real, 0, 1, closed="right")],
+        "eps_W": [Interval(Real, 0, None, closed="neither")],
+        "eps_v": [Interval(Real, 0, None, closed="neither")],
+        "oversample": [Interval(Integral, 1, None, closed="left")],
+        "clip": ["boolean"],
+        "tau": [Interval(Real, 0, None, closed="neither"), None],
+        "strict": ["boolean"],
+    }
+    #: the theorem's assumptions: a bad value is also an AssumptionViolation
+    _parameter_errors = {name: AssumptionParameterError for name in ("W_bound", "mu", "tau")}
+
     def __init__(self, *, W_bound: float, mu: float, eps_W: float = 1e-2, eps_v: float = 1e-2,
                  oversample: int = 1, clip: bool = True, tau: float | None = None,
                  strict: bool = True, verify: int = DEFAULT_VERIFY, random_state=None):
@@ -201,18 +215,6 @@ class NoisyValueQueryLearner(BaseLearner):
         self.random_state = random_state
 
     # ------------------------------------------------------------------------------------------
-    def _validate_params(self):
-        check_scalar(self.W_bound, "W_bound", min_val=2, exc=AssumptionParameterError,
-                     what="a finite number >= 2 (Theorem 6.1)")
-        check_scalar(self.mu, "mu", min_val=0, max_val=1, include_boundaries="right",
-                     exc=AssumptionParameterError)
-        for name in ("eps_W", "eps_v"):
-            check_scalar(getattr(self, name), name, min_val=0, include_boundaries="neither",
-                         what="a positive number")
-        check_scalar(self.oversample, "oversample", Integral, min_val=1)
-        check_scalar(self.tau, "tau", min_val=0, include_boundaries="neither", allow_none=True,
-                     exc=AssumptionParameterError, what="a positive number or None")
-
     def fit(self, oracle):
         """Recover (W, v) from ``oracle`` (any object with the value-oracle interface).
 

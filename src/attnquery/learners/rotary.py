@@ -177,16 +177,17 @@ from ..errors import AssumptionViolation, BudgetExceededError, ConfigError, NotI
 from ..models import RotaryAttentionHead, rope_frequencies, rotate_half
 from ..precision import round_to, storage_dtype
 from ._base import (
+    BLOCK_BYTES_PARAM,
     DEFAULT_VERIFY,
     ROUNDING_RTOL,
     BaseLearner,
-    check_bool,
     check_budget,
     check_oracle,
     check_scalar,
     check_verify_param,
 )
-from ._probes import balanced_orthonormal
+from ._params import Interval, Lengths, Options
+from ._probes import PROBE_PARAMS, balanced_orthonormal, check_probe_params
 
 __all__ = ["RotaryValueQueryLearner", "rotary_query_count", "rotary_refine_count",
            "rotary_refine_rows", "rotary_dof",
@@ -384,6 +385,21 @@ class RotaryValueQueryLearner(BaseLearner):
     #: the tolerance of T's eigenvalues on the unit circle (set per fit: float64 or served)
     _unit_tol = UNIT_TOL
 
+    _parameter_constraints = {
+        **BaseLearner._parameter_constraints,
+        **PROBE_PARAMS,
+        "rope_base": [Interval(numbers.Real, 1, None, closed="neither"), None],
+        "rotary_dim": [Interval(numbers.Integral, 0, None, closed="left"), None],
+        "rank": [Interval(numbers.Integral, 1, None, closed="left"), None],
+        "fit_bias": ["boolean"],
+        "n_queries": [Interval(numbers.Integral, 0, None, closed="left"), None],
+        "refine": [Options({"auto"}), "boolean"],
+        "oversample": [Interval(numbers.Integral, 0, None, closed="left")],
+        "rank_tol": [Interval(numbers.Real, 0, 1, closed="neither")],
+        "verify_lengths": [Lengths(1)],
+        "block_bytes": [BLOCK_BYTES_PARAM],
+    }
+
     def __init__(self, *, rope_base=None, rotary_dim=None, rank=None, fit_bias=False,
                  n_queries=None, refine="auto", oversample: int = 8, max_logit: float = 10.0,
                  min_logit: float = 1e-5, initial_logit_scale: float = 1e-2,
@@ -407,39 +423,25 @@ class RotaryValueQueryLearner(BaseLearner):
         self.random_state = random_state
 
     # ------------------------------------------------------------------------------------------
+    def _validate_extra(self):
+        check_probe_params(self)
+        if (self.rank is not None and self.rotary_dim is not None
+                and self.rotary_dim > self.rank):
+            raise ConfigError("rotary_dim cannot exceed rank (the head dimension)")
+
     def _validate(self, d: int):
-        """Check the parameters; return the check lengths and the route's rank (None: dense)."""
-        check_scalar(self.rope_base, "rope_base", min_val=1, include_boundaries="neither",
-                     allow_none=True)
+        """The rules that need d (the parameters are valid); return the check lengths and the
+        route's rank (None: dense)."""
         rotary_dim = check_scalar(self.rotary_dim, "rotary_dim", numbers.Integral, min_val=0,
                                   max_val=d, allow_none=True)
         rank = check_scalar(self.rank, "rank", numbers.Integral, min_val=1, max_val=d,
                             allow_none=True)
-        check_scalar(self.n_queries, "n_queries", numbers.Integral, min_val=0, allow_none=True)
         if rotary_dim is not None and rotary_dim % 2:
             raise ConfigError(f"rotary_dim must be even and at most d = {d}; got {rotary_dim}")
-        if rank is not None and rotary_dim is not None and rotary_dim > rank:
-            raise ConfigError("rotary_dim cannot exceed rank (the head dimension)")
-        bias = check_bool(self.fit_bias, "fit_bias")
-        check_scalar(self.oversample, "oversample", numbers.Integral, min_val=0)
-        max_logit = check_scalar(self.max_logit, "max_logit", min_val=1, max_val=30)
-        check_scalar(self.min_logit, "min_logit", min_val=0, max_val=max_logit,
-                     include_boundaries="neither")
-        check_scalar(self.initial_logit_scale, "initial_logit_scale", min_val=0,
-                     include_boundaries="neither")
-        check_scalar(self.rank_tol, "rank_tol", min_val=0, max_val=1,
-                     include_boundaries="neither")
-        check_scalar(self.block_bytes, "block_bytes", numbers.Integral, min_val=1)
         lengths = tuple(int(n) for n in self.verify_lengths)
-        if not lengths or min(lengths) < 1:
-            raise ConfigError(f"verify_lengths must be positive lengths; got "
-                              f"{self.verify_lengths!r}")
-        check_verify_param(self.verify)
         rank = None if rank is None or rank >= d else rank
-        if bias and rank is not None:
+        if self.fit_bias and rank is not None:
             raise ConfigError("fit_bias needs the dense route (rank=None)")
-        if not (self.refine == "auto" or isinstance(self.refine, bool)):
-            raise ConfigError(f"refine must be 'auto', True or False; got {self.refine!r}")
         if self.refine is True and rank is not None:
             raise ConfigError("refine=True needs the dense route (rank=None)")
         return lengths, rank
@@ -477,6 +479,7 @@ class RotaryValueQueryLearner(BaseLearner):
             When the plan exceeds ``n_queries`` or the oracle's budget (before any query; for
             a served head's larger minimum, after the d queries of v).
         """
+        self._validate_params()
         d = check_oracle(oracle)
         lengths, rank = self._validate(d)
         r_probe, r_check = self._rng().spawn(2)

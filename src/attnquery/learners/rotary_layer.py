@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import AssumptionViolation, ConfigError
+from ..errors import AssumptionViolation
 from ..models import RotaryAttentionHead, rotate_half
 from ._base import check_budget
 from ._probes import read_head_constants
@@ -108,8 +108,6 @@ def fit_rotary_layer(est, oracle, d: int, H: int, r: int) -> None:
     fitted attributes on ``est``."""
     from .multihead_generic._state import _Layer
 
-    if est.fit_bias:
-        raise ConfigError("positions='rotary' learns layers without biases: fit_bias=False")
     r_scan, r_probe, r_verify = est._rng().spawn(3)
     with est._open_ledger(oracle, ROTARY_STAGES, what="the rotary layer") as ledger:
         check_budget(ledger, d, "reading V")

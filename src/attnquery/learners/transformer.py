@@ -20,7 +20,8 @@ import numpy as np
 from ..errors import ConfigError, NotIdentifiableError
 from ..oracles import AntisymmetricOracle
 from ._base import DEFAULT_VERIFY, BaseLearner, check_budget, check_oracle, check_verify_param
-from .exact import ExactValueQueryLearner
+from ._params import Options
+from .exact import PROBE_DESIGNS, ExactValueQueryLearner
 from .ffn import FFN_VERIFY_RTOL, ReLUNetworkLearner
 
 __all__ = ["ReLUNetworkLearner", "TransformerLearner", "FFN_LEARNERS"]
@@ -81,6 +82,13 @@ class TransformerLearner(BaseLearner):
         Largest disagreement on the check queries, relative to the largest answer.
     """
 
+    _parameter_constraints = {
+        **BaseLearner._parameter_constraints,
+        "ffn": [Options(FFN_LEARNERS)],
+        "probes": [Options(PROBE_DESIGNS)],
+        "ffn_params": [dict, None],
+    }
+
     def __init__(self, *, ffn: str = "kinks", probes: str = "basis",
                  ffn_params: dict | None = None, verify: int = DEFAULT_VERIFY,
                  random_state=None):
@@ -89,6 +97,20 @@ class TransformerLearner(BaseLearner):
         self.ffn_params = ffn_params
         self.verify = verify
         self.random_state = random_state
+
+    def _validate_extra(self):
+        """``ffn_params`` are the FFN learner's parameters, checked by its constraints
+        (``verify`` is set to 0 and ``random_state`` drawn from this learner's seed)."""
+        ffn_params = self.ffn_params or {}
+        names = set(ReLUNetworkLearner._parameter_constraints) - {"random_state"}
+        unknown = sorted(set(ffn_params) - names, key=str)
+        if unknown:
+            raise ConfigError(f"ffn_params has no parameter {unknown[0]!r} of "
+                              f"ReLUNetworkLearner; valid: {sorted(names)}")
+        try:
+            ReLUNetworkLearner(**{**ffn_params, "verify": 0})._validate_params()
+        except ConfigError as exc:
+            raise ConfigError(f"ffn_params: {exc}") from None
 
     @property
     def n_queries_attention_(self) -> int:
@@ -113,8 +135,7 @@ class TransformerLearner(BaseLearner):
         ModelMismatchError
             The transformer found disagrees with the check queries.
         """
-        if self.ffn not in FFN_LEARNERS:
-            raise ConfigError(f"ffn must be one of {FFN_LEARNERS}; got {self.ffn!r}")
+        self._validate_params()
         d = check_oracle(oracle)
         rng = self._rng()
         r_att, r_ffn = rng.spawn(2)

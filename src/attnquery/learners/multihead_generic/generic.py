@@ -43,12 +43,13 @@ from __future__ import annotations
 
 import itertools
 import warnings
-from numbers import Integral
+from numbers import Integral, Real
 
 import numpy as np
 
 from ...errors import AssumptionViolation, NotIdentifiableError
-from .._base import DEFAULT_VERIFY, BaseLearner, QueryLedger, check_oracle, check_scalar
+from .._base import DEFAULT_VERIFY, BaseLearner, QueryLedger, check_oracle
+from .._params import Interval
 from .._probes import read_v
 from .lines import LineFit, fit_tanh_sum, predicted_error
 from .matching import match_additive, match_by_v
@@ -157,6 +158,18 @@ class MultiHeadLearner(BaseLearner):
     refit's Jacobian has ``H (d^2 + d)`` columns, which bounds the sizes it can reach.
     """
 
+    _parameter_constraints = {
+        **BaseLearner._parameter_constraints,
+        "n_heads": [Interval(Integral, 1, None, closed="left"), None],
+        "three_row_queries": ["boolean"],
+        "max_heads": [Interval(Integral, 1, None, closed="left")],
+        "n_t": [Interval(Integral, 4, None, closed="left"), None],
+        **{name: [Interval(Real, 0, 1, closed="neither")]
+           for name in ("fit_tol", "line_tol", "match_tol", "func_tol", "separation_warn")},
+        "refit_factor": [Interval(Real, 1, None, closed="left")],
+        "max_line_rounds": [Interval(Integral, 1, None, closed="left")],
+    }
+
     def __init__(
         self,
         *,
@@ -187,17 +200,6 @@ class MultiHeadLearner(BaseLearner):
         self.max_line_rounds = max_line_rounds
         self.verify = verify
         self.random_state = random_state
-
-    # ------------------------------------------------------------------------------------------
-    def _validate_params(self):
-        check_scalar(self.n_heads, "n_heads", Integral, min_val=1, allow_none=True)
-        check_scalar(self.max_heads, "max_heads", Integral, min_val=1)
-        check_scalar(self.n_t, "n_t", Integral, min_val=4, allow_none=True)
-        for name in ("fit_tol", "line_tol", "match_tol", "func_tol", "separation_warn"):
-            check_scalar(getattr(self, name), name, min_val=0, max_val=1,
-                         include_boundaries="neither")
-        check_scalar(self.refit_factor, "refit_factor", min_val=1)
-        check_scalar(self.max_line_rounds, "max_line_rounds", Integral, min_val=1)
 
     # -- queries ---------------------------------------------------------------------------------
     @staticmethod

@@ -60,7 +60,7 @@ queries.
 from __future__ import annotations
 
 import dataclasses
-from numbers import Integral
+from numbers import Integral, Real
 
 import numpy as np
 import scipy.linalg
@@ -68,14 +68,21 @@ import scipy.linalg
 from ...errors import AnswerError, AssumptionViolation, ConfigError, SearchLimitError
 from ...models import AttentionHead, MultiHeadAttention
 from .._base import (
+    BLOCK_BYTES_PARAM,
     DEFAULT_VERIFY,
     BaseLearner,
-    check_bool,
     check_budget,
     check_oracle,
     check_scalar,
 )
-from .._probes import Prober, check_probe_params, coordinate_rows, read_head_constants
+from .._params import Interval, Options
+from .._probes import (
+    PROBE_PARAMS,
+    Prober,
+    check_probe_params,
+    coordinate_rows,
+    read_head_constants,
+)
 from ..rotary_layer import fit_rotary_layer, is_rotary_fit, predict_rotary_layer
 from . import served
 from ._state import _Head, _Layer
@@ -219,6 +226,22 @@ class AttentionLayerLearner(BaseLearner):
         noisiest (:func:`.served.share_passes`).
     """
 
+    _parameter_constraints = {
+        **BaseLearner._parameter_constraints,
+        **PROBE_PARAMS,
+        "n_heads": [Interval(Integral, 1, None, closed="left")],
+        "rank": [Interval(Integral, 1, None, closed="left"), None],
+        "fit_bias": ["boolean"],
+        "n_grid": [Interval(Integral, 64, None, closed="left")],
+        "max_planes": [Interval(Integral, 1, None, closed="left")],
+        "oversample": [Interval(Integral, 0, None, closed="left")],
+        "rtol": [Interval(Real, 0, 1, closed="neither")],
+        "block_bytes": [BLOCK_BYTES_PARAM],
+        "n_kv_heads": [Interval(Integral, 1, None, closed="left"), None],
+        "positions": [Options({"none", "rotary"})],
+        "n_queries": [Interval(Integral, 1, None, closed="left"), None],
+    }
+
     def __init__(
         self,
         *,
@@ -257,30 +280,32 @@ class AttentionLayerLearner(BaseLearner):
         self.random_state = random_state
 
     # ------------------------------------------------------------------------------------------
+    def _validate_extra(self):
+        check_probe_params(self)
+        if self.n_kv_heads is not None:
+            if self.positions != "rotary":
+                raise ConfigError(f"n_kv_heads is read with positions='rotary' only; got "
+                                  f"n_kv_heads={self.n_kv_heads!r} with positions="
+                                  f"{self.positions!r}")
+            if self.n_kv_heads > self.n_heads or self.n_heads % self.n_kv_heads:
+                raise ConfigError(f"n_kv_heads must divide n_heads = {self.n_heads}; got "
+                                  f"{self.n_kv_heads}")
+        if self.n_queries is not None and self.positions != "none":
+            raise ConfigError("n_queries (served answers) is available with positions='none' "
+                              "only")
+        if self.positions == "rotary" and self.fit_bias:
+            raise ConfigError("positions='rotary' learns layers without biases: fit_bias=False")
+
     def _validate(self, d: int) -> tuple[int, int]:
+        """The rules that need d (the parameters are valid); returns (H, r)."""
         H = check_scalar(self.n_heads, "n_heads", Integral, min_val=1, max_val=d)
         r = check_scalar(d // H if self.rank is None else self.rank, "rank", Integral,
                          min_val=1, max_val=d // 2)
         m = d - H + 1
-        p = check_scalar(self.oversample, "oversample", Integral, min_val=0)
+        p = int(self.oversample)
         if r + p > m:
             raise ConfigError(f"rank + oversample = {r + p} exceeds d - n_heads + 1 = {m}, the "
                               "dimension in which each head is isolated")
-        check_bool(self.fit_bias, "fit_bias")
-        check_scalar(self.n_grid, "n_grid", Integral, min_val=64)
-        check_scalar(self.max_planes, "max_planes", Integral, min_val=1)
-        check_scalar(self.rtol, "rtol", min_val=0, max_val=1, include_boundaries="neither")
-        check_probe_params(self)
-        if self.positions not in ("none", "rotary"):
-            raise ConfigError(f"positions must be 'none' or 'rotary'; got {self.positions!r}")
-        G = check_scalar(self.n_kv_heads, "n_kv_heads", Integral, min_val=1, max_val=H,
-                         allow_none=True)
-        if G is not None and H % G:
-            raise ConfigError(f"n_kv_heads must divide n_heads = {H}; got {G}")
-        n = check_scalar(self.n_queries, "n_queries", Integral, min_val=1, allow_none=True)
-        if n is not None and self.positions != "none":
-            raise ConfigError("n_queries (served answers) is available with positions='none' "
-                              "only")
         return H, r
 
     def fit(self, oracle):
@@ -298,6 +323,7 @@ class AttentionLayerLearner(BaseLearner):
         NotIdentifiableError
             If every one-row answer is the same (V = 0).
         """
+        self._validate_params()
         d = check_oracle(oracle)
         H, r = self._validate(d)
         if self.positions == "rotary":  # a Llama-style layer: learners/rotary_layer.py
