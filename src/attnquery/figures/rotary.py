@@ -147,7 +147,7 @@ def rotary(df):
     """Queries against d, frequency errors, functional error against the sequence length."""
     ok = ok_rows(_heads(df))
     claims = rotary_claims(df)
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(10, 3.2))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(10, 3.2), layout="constrained")
     ds = np.sort(ok["d"].unique())
     for k, (route, g) in enumerate(ok.groupby("variant", sort=True)):
         ax1.plot(g["d"], g["n_queries"], "ox"[k % 2], color=f"C{k}", label=f"counted, {route}")
@@ -165,7 +165,7 @@ def rotary(df):
     ax2.set(xscale="log", yscale="log", xlabel="dimension $d$",
             ylabel=r"$\max_j |\hat\theta_j - \theta_j|$")
     ax2.set_title("Frequency error")
-    _legend(ax2, loc="upper left", fontsize=6)
+    _legend(ax2, loc="center right", fontsize=6)
     for k, ((route, d), g) in enumerate(ok.groupby(["variant", "d"], sort=True)):
         by = extra_values(g, "func_err_by_length", {})
         lengths = sorted({int(n) for row in by for n in row})

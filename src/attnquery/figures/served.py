@@ -8,6 +8,7 @@ queries spent per unknown ``(d^2 + 2d + 1)``, per precision, beside the floor se
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
+import matplotlib.ticker
 import numpy as np
 import pandas as pd
 
@@ -152,7 +153,14 @@ def served(df):
            ylabel="relative error of W", title="(a) error of W")
     bx.set(xscale="log", yscale="log", xlabel="queries / (d^2 + 2d + 1)",
            ylabel="error / floor", title="(b) over the format's floor")
+    # plain tick labels (1.2, 1.5, ...) on the ratio axis, which spans less than a decade
+    plain = matplotlib.ticker.FuncFormatter(lambda y, _: f"{y:g}")
+    bx.yaxis.set_major_formatter(plain)
+    bx.yaxis.set_minor_formatter(plain)
+    for a in axes:  # the budgets, also less than a decade
+        a.xaxis.set_major_formatter(plain)
+        a.xaxis.set_minor_formatter(plain)
     for a in axes:
         if a.has_data():
-            a.legend(fontsize=7)
+            a.legend(fontsize=7, loc="best", frameon=True)
     return fig, claims

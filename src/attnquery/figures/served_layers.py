@@ -127,6 +127,13 @@ def served_layers(df):
     bx.set(yscale="log", xlabel="layer", ylabel="functional relative error",
            title="(b) every layer")
     if drawn:  # no legend on an empty figure (no layer cells in the study)
-        for a in axes:
-            a.legend(fontsize=7)
+        # the budget of the goal on the x axis, from 0: where the heads are against it
+        ax.axvline(BUDGET, color="k", ls=":", lw=0.8)
+        ax.set_xlim(0, 1.1 * max(BUDGET, float(np.nanmax(extra_values(
+            ok, "spent_per_dof").astype(float)))))
+        layers = np.unique(ok["layer"].astype(int))
+        bx.set_xticks(layers)
+        bx.set_xlim(layers.min() - 0.75, layers.max() + 0.75)
+        ax.legend(fontsize=7, loc="lower left", frameon=True)
+        bx.legend(fontsize=7, loc="lower right", frameon=True)
     return fig, claims
