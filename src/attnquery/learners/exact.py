@@ -39,11 +39,13 @@ import scipy.linalg
 
 from ..errors import ConfigError
 from ._base import (
+    CHECK_LENGTH,
     DEFAULT_VERIFY,
     ROUNDING_RTOL,
     BaseLearner,
     check_bool,
     check_budget,
+    check_length_param,
     check_oracle,
     check_verify_param,
 )
@@ -112,11 +114,16 @@ class ExactValueQueryLearner(BaseLearner):
         ``d^2 + d`` queries, and ``key_bias_`` and ``offset_`` are 0.
     verify : int
         Check queries spent after fitting (0: no check)
-        (default 8: 6 fresh random queries of 2 to 128 tokens and copies of the two longest
-        with their first N - 1 tokens permuted, which the box must answer alike;
+        (default 8: 6 fresh random queries of 2 to ``check_length`` tokens and copies of the
+        two longest with their first N - 1 tokens permuted, which the box must answer alike;
         :func:`~attnquery.learners._base.check_plan`): the oracle's
         answers must agree with the estimate's to ``ROUNDING_RTOL`` (relative), else
         :class:`~attnquery.errors.ModelMismatchError`.
+    check_length : int
+        Tokens of the longest check queries (default 4096,
+        :data:`~attnquery.learners._base.CHECK_LENGTH`; the others have 2 to 128 tokens,
+        :func:`~attnquery.learners._base.check_lengths`). A box that is a head on every
+        input of up to ``check_length`` tokens, such as a wider sliding window, passes.
     random_state : int, sequence of ints, Generator or None
         Seed of the Gaussian probes.
 
@@ -157,6 +164,7 @@ class ExactValueQueryLearner(BaseLearner):
         block_bytes: int = 64 * 2**20,
         fit_bias: bool = False,
         verify: int = DEFAULT_VERIFY,
+        check_length: int = CHECK_LENGTH,
         random_state=None,
     ):
         self.probes = probes
@@ -167,6 +175,7 @@ class ExactValueQueryLearner(BaseLearner):
         self.block_bytes = block_bytes
         self.fit_bias = fit_bias
         self.verify = verify
+        self.check_length = check_length
         self.random_state = random_state
 
     # ------------------------------------------------------------------------------------------
@@ -185,6 +194,7 @@ class ExactValueQueryLearner(BaseLearner):
             raise ConfigError(f"probes must be one of {PROBE_DESIGNS}; got {self.probes!r}")
         check_probe_params(self)
         check_bool(self.fit_bias, "fit_bias")
+        check_length_param(self.check_length)
 
     def fit(self, oracle):
         """Recover (W, v), and (c, beta) with ``fit_bias``, from ``oracle``; returns self.
@@ -219,7 +229,7 @@ class ExactValueQueryLearner(BaseLearner):
             self.n_requeried_ = int(n_requeried + head.n_requeried)
             with ledger.stage("verify"):
                 self._verify_fit(oracle, self.predict, rng.spawn(1)[0], rtol=ROUNDING_RTOL,
-                                 n0=ledger.n0)
+                                 n0=ledger.n0, check_length=self.check_length)
         return self
 
     def _chunk(self, d: int) -> int:

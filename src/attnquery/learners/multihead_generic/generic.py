@@ -48,7 +48,15 @@ from numbers import Integral
 import numpy as np
 
 from ...errors import AssumptionViolation, NotIdentifiableError
-from .._base import DEFAULT_VERIFY, BaseLearner, QueryLedger, check_oracle, check_scalar
+from .._base import (
+    CHECK_LENGTH,
+    DEFAULT_VERIFY,
+    BaseLearner,
+    QueryLedger,
+    check_length_param,
+    check_oracle,
+    check_scalar,
+)
 from .._probes import read_v
 from .lines import LineFit, fit_tanh_sum, predicted_error
 from .matching import match_additive, match_by_v
@@ -103,10 +111,16 @@ class MultiHeadLearner(BaseLearner):
         Rounds of new lines drawn per anchor when lines are rejected.
     verify : int
         Fresh random check queries spent last, after the held-out check (0 turns it off)
-        (default 8: 6 fresh random queries of 2 to 128 tokens and copies of the two longest
-        with their first N - 1 tokens permuted, which the box must answer alike;
+        (default 8: 6 fresh random queries of 2 to ``check_length`` tokens and copies of the
+        two longest with their first N - 1 tokens permuted, which the box must answer alike;
         :func:`~attnquery.learners._base.check_plan`);
         raises :class:`~attnquery.errors.ModelMismatchError` when the heads disagree with them.
+    check_length : int
+        Tokens of the longest check queries (default 4096,
+        :data:`~attnquery.learners._base.CHECK_LENGTH`; the others have 2 to 128 tokens,
+        :func:`~attnquery.learners._base.check_lengths`). A box that is a sum of heads on
+        every input of up to ``check_length`` tokens, such as one with a wider sliding window,
+        passes.
     random_state : int, sequence of ints, Generator or None
         Seed of the random anchors, directions and refit queries.
 
@@ -172,6 +186,7 @@ class MultiHeadLearner(BaseLearner):
         refit_factor: float = 1.5,
         max_line_rounds: int = 4,
         verify: int = DEFAULT_VERIFY,
+        check_length: int = CHECK_LENGTH,
         random_state=None,
     ):
         self.n_heads = n_heads
@@ -186,6 +201,7 @@ class MultiHeadLearner(BaseLearner):
         self.refit_factor = refit_factor
         self.max_line_rounds = max_line_rounds
         self.verify = verify
+        self.check_length = check_length
         self.random_state = random_state
 
     # ------------------------------------------------------------------------------------------
@@ -198,6 +214,7 @@ class MultiHeadLearner(BaseLearner):
                          include_boundaries="neither")
         check_scalar(self.refit_factor, "refit_factor", min_val=1)
         check_scalar(self.max_line_rounds, "max_line_rounds", Integral, min_val=1)
+        check_length_param(self.check_length)
 
     # -- queries ---------------------------------------------------------------------------------
     @staticmethod
@@ -270,7 +287,8 @@ class MultiHeadLearner(BaseLearner):
             with ledger.stage("verify"):
                 self._verify_fit(oracle, self.predict, r_verify, rtol=self.func_tol,
                                  what=f"{self.n_heads_} attention heads",
-                                 token_scale=float(np.sqrt(d) * query_scale(Ws)))
+                                 token_scale=float(np.sqrt(d) * query_scale(Ws)),
+                                 check_length=self.check_length)
             self.n_queries_ = ledger.total
         return self
 
