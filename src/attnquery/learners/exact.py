@@ -121,7 +121,7 @@ class ExactValueQueryLearner(BaseLearner):
         :class:`~attnquery.errors.ModelMismatchError`.
     check_length : int
         Tokens of the longest check queries (default 4096,
-        :data:`~attnquery.learners._base.CHECK_LENGTH`; the others have 2 to 128 tokens,
+        :data:`~attnquery.learners._base.CHECK_LENGTH`; the others have 2 to 64 tokens,
         :func:`~attnquery.learners._base.check_lengths`). A box that is a head on every
         input of up to ``check_length`` tokens, such as a wider sliding window, passes.
     random_state : int, sequence of ints, Generator or None

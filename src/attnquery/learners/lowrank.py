@@ -120,7 +120,7 @@ class NuclearNormROPLearner(BaseLearner):
         ``NUCLEAR_VERIFY_FACTOR * solver_eps``.
     check_length : int
         Tokens of the longest check queries (default 4096,
-        :data:`~attnquery.learners._base.CHECK_LENGTH`; the others have 2 to 128 tokens,
+        :data:`~attnquery.learners._base.CHECK_LENGTH`; the others have 2 to 64 tokens,
         :func:`~attnquery.learners._base.check_lengths`). A box that is a head on every
         input of up to ``check_length`` tokens, such as a wider sliding window, passes.
     random_state : int, sequence of ints, Generator or None
@@ -496,7 +496,7 @@ class SketchLowRankLearner(BaseLearner):
         :data:`ROUNDING_RTOL`.
     check_length : int
         Tokens of the longest check queries (default 4096,
-        :data:`~attnquery.learners._base.CHECK_LENGTH`; the others have 2 to 128 tokens,
+        :data:`~attnquery.learners._base.CHECK_LENGTH`; the others have 2 to 64 tokens,
         :func:`~attnquery.learners._base.check_lengths`). A box that is a head on every
         input of up to ``check_length`` tokens, such as a wider sliding window, passes.
     random_state : int, sequence of ints, Generator or None

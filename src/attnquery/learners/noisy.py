@@ -146,7 +146,7 @@ class NoisyValueQueryLearner(BaseLearner):
         :class:`~attnquery.errors.ModelMismatchError`.
     check_length : int
         Tokens of the longest check queries (default 4096,
-        :data:`~attnquery.learners._base.CHECK_LENGTH`; the others have 1 to 128 tokens,
+        :data:`~attnquery.learners._base.CHECK_LENGTH`; the others have 1 to 64 tokens,
         :func:`~attnquery.learners._base.check_lengths`). A box that is a head on every
         input of up to ``check_length`` tokens, such as a wider sliding window, passes.
     random_state : int, Generator or None

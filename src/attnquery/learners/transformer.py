@@ -64,7 +64,7 @@ class TransformerLearner(BaseLearner):
         :class:`~attnquery.errors.ModelMismatchError`.
     check_length : int
         Tokens of the longest check queries (default 4096,
-        :data:`~attnquery.learners._base.CHECK_LENGTH`; the others have 2 to 128 tokens,
+        :data:`~attnquery.learners._base.CHECK_LENGTH`; the others have 2 to 64 tokens,
         :func:`~attnquery.learners._base.check_lengths`). A box that is such a transformer on
         every input of up to ``check_length`` tokens, such as one with a wider sliding window,
         passes.

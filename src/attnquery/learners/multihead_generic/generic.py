@@ -117,7 +117,7 @@ class MultiHeadLearner(BaseLearner):
         raises :class:`~attnquery.errors.ModelMismatchError` when the heads disagree with them.
     check_length : int
         Tokens of the longest check queries (default 4096,
-        :data:`~attnquery.learners._base.CHECK_LENGTH`; the others have 2 to 128 tokens,
+        :data:`~attnquery.learners._base.CHECK_LENGTH`; the others have 2 to 64 tokens,
         :func:`~attnquery.learners._base.check_lengths`). A box that is a sum of heads on
         every input of up to ``check_length`` tokens, such as one with a wider sliding window,
         passes.

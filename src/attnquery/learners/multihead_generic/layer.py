@@ -156,7 +156,7 @@ class AttentionLayerLearner(BaseLearner):
         (:func:`~attnquery.learners._base.check_plan`).
     check_length : int
         Tokens of the longest check queries (default 4096,
-        :data:`~attnquery.learners._base.CHECK_LENGTH`; the others have 2 to 128 tokens,
+        :data:`~attnquery.learners._base.CHECK_LENGTH`; the others have 2 to 64 tokens,
         :func:`~attnquery.learners._base.check_lengths`). A box that is such a layer on every
         input of up to ``check_length`` tokens, such as one with a wider sliding window,
         passes. With ``positions="rotary"`` the check asks the rotary layer's own lengths
