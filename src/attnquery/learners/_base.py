@@ -296,7 +296,7 @@ class BaseLearner:
         The queries are :func:`check_queries`'s: fresh random ones with lengths spread over
         ``lengths`` and prefix-permuted copies of the longest. A position-free learner passes
         its ``check_length``: the lengths are then :func:`check_lengths` ``(check_length,
-        lengths)``, those of ``lengths`` below it and ``check_length`` itself (without it,
+        lengths)``, ``lengths`` with its longest replaced by ``check_length`` (without it,
         ``lengths`` as given: a rotary learner's own ``verify_lengths``).
         Sets ``verify_error_`` and ``n_verify_queries_`` (see :func:`check_answers`; with
         ``signs``, :func:`check_signs`), also when the check fails; with ``n0`` (the oracle's
@@ -454,9 +454,7 @@ def check_lengths(check_length: int = CHECK_LENGTH, lengths=CHECK_LENGTHS) -> tu
     (2, 4, 8, 16, 32, 64, 100), ``check_lengths(16)`` is (2, 4, 8, 16), ``check_lengths(1)``
     is (1,).
     """
-    n = int(check_length)
-    if n < 1:
-        raise ConfigError(f"check_length must be an integer >= 1; got {check_length!r}")
+    n = check_length_param(check_length)
     base = sorted({int(m) for m in lengths})
     return (*[m for m in base[:-1] if m < n], n)
 
