@@ -102,7 +102,7 @@ class MembershipLearner(BaseLearner):
         and the v stage's precision), the oracle must give the same sign, else
         :class:`~attnquery.errors.ModelMismatchError`. An answer carries one bit, so the
         default is :data:`MEMBERSHIP_VERIFY`, more than the value learners' 8: 48 fresh
-        random queries of 2 to ``check_length`` tokens (6 of each length) and 16 copies of
+        random queries of 2 to ``check_length`` tokens (about 7 of each length) and 16 copies of
         the longest with their first N - 1 tokens permuted, whose signs must equal the
         originals' (:func:`~attnquery.learners._base.check_plan`). Where the estimate is
         unsure on every query the check is vacuous: ``verify_vacuous_`` and a
