@@ -78,6 +78,31 @@ def sliding_window(d: int, seed=0, window: int = 4, head: AttentionHead | None =
     return box
 
 
+def last_tokens(fn, window: int):
+    """``fn`` on the last ``window`` tokens of each input: the sliding window of any
+    position-free box (a served layer, a module), which :func:`sliding_window` is for one head
+    (there by masking the scores); on ``N <= window`` tokens it is ``fn`` itself."""
+
+    def box(X):
+        return fn(np.asarray(X)[:, -int(window):])
+
+    return box
+
+
+def logit_scaled(head: AttentionHead, start: int = 128):
+    """``head`` with its scores multiplied by ``log(N) / log(start)`` on ``N > start`` tokens
+    (a length-dependent logit scaling, as long-context models use); on ``N <= start`` tokens it
+    is ``head`` itself."""
+
+    def box(X):
+        X = np.asarray(X, dtype=np.float64)
+        n = X.shape[1]
+        scale = np.log(n) / np.log(start) if n > start else 1.0
+        return _attend(scale * _scores(head, X), X, head.v)
+
+    return box
+
+
 def alibi(d: int, seed=0, slope: float = 0.25):
     """ALiBi (Press et al. 2022): the score of token i is ``x_i^T W x_N - slope (N - i)``."""
     head = random_head(d, seed=seed)
@@ -173,5 +198,5 @@ def wrong_boxes(d: int, seed=0) -> dict:
 
 
 __all__ = ["two_heads", "three_heads", "biased_head", "relative_noise", "in_dtype",
-           "sliding_window", "alibi", "rotary", "rope", "rotate_half", "attention_sink",
-           "ARCHITECTURE_BOXES", "wrong_boxes", "AttentionHead"]
+           "sliding_window", "last_tokens", "logit_scaled", "alibi", "rotary", "rope",
+           "rotate_half", "attention_sink", "ARCHITECTURE_BOXES", "wrong_boxes", "AttentionHead"]

@@ -21,7 +21,9 @@ from attnquery.errors import (
     VacuousCheckWarning,
 )
 from attnquery.learners import (
+    AttentionLayerLearner,
     ExactValueQueryLearner,
+    LowPrecisionValueQueryLearner,
     MembershipLearner,
     NoisyValueQueryLearner,
     NuclearNormROPLearner,
@@ -31,15 +33,18 @@ from attnquery.learners import (
     TransformerLearner,
 )
 from attnquery.learners._base import (
+    CHECK_LENGTH,
     CHECK_LENGTHS,
     DEFAULT_VERIFY,
     MAX_VERIFY,
     check_answers,
+    check_lengths,
     check_plan,
     check_queries,
     check_signs,
     output_error_bound,
 )
+from attnquery.learners.multihead_generic import layer_dof
 from attnquery.metrics import fit_counted
 from attnquery.models import (
     AttentionHead,
@@ -49,17 +54,21 @@ from attnquery.models import (
     random_v,
 )
 from attnquery.oracles import ApproximateValueOracle, MembershipOracle, ValueOracle
+from attnquery.realheads import ModuleBlackBox, write_test_checkpoint
 from tests.boxes import (
     alibi,
     attention_sink,
     biased_head,
     in_dtype,
+    last_tokens,
+    logit_scaled,
     relative_noise,
     rotary,
     sliding_window,
     three_heads,
     two_heads,
 )
+from tests.reliability import LEARNERS
 
 
 def _membership_head(d):
@@ -382,3 +391,115 @@ def test_answers_off_by_exactly_tau_pass_the_order_test():
     est = NoisyValueQueryLearner(W_bound=4.0, mu=0.05, tau=tau, random_state=0)
     est.fit(ValueOracle(box, d))
     assert est.n_verify_queries_ == DEFAULT_VERIFY and np.isfinite(est.verify_error_)
+
+
+# -- checks as long as the claims: check_length ---------------------------------------------------
+
+#: the position-free learners (every one of tests/reliability.py but the rotary learner, whose
+#: check asks its own verify_lengths)
+POSITION_FREE = sorted(name for name in LEARNERS if name != "rotary")
+
+
+def test_check_lengths_put_check_length_in_place_of_the_longest():
+    assert CHECK_LENGTH == 4096 and check_lengths() == (2, 4, 8, 16, 32, 64, 4096)
+    assert check_lengths(128) == CHECK_LENGTHS  # the check of 128 tokens at most, as before
+    assert check_lengths(100) == (2, 4, 8, 16, 32, 64, 100)
+    assert check_lengths(16) == (2, 4, 8, 16) and check_lengths(1) == (1,)
+    assert check_lengths(8192, (1, *CHECK_LENGTHS)) == (1, 2, 4, 8, 16, 32, 64, 8192)
+    # the default check: the short queries as before, the longest and its permuted copy of
+    # check_length tokens, the same number of queries
+    assert check_plan(DEFAULT_VERIFY, check_lengths()) == ([2, 4, 8, 32, 64, 4096], 2)
+    assert check_plan(DEFAULT_VERIFY, check_lengths(CHECK_LENGTH, (1, *CHECK_LENGTHS))) == (
+        [1, 2, 8, 16, 64, 4096], 2)
+    with pytest.raises(ConfigError, match="check_length"):
+        check_lengths(0)
+
+
+@pytest.mark.filterwarnings("ignore::attnquery.errors.VacuousCheckWarning")  # noisy tau=5e-3
+@pytest.mark.parametrize("name", POSITION_FREE)
+def test_every_position_free_learner_checks_up_to_check_length(name):
+    make, truth, signs = LEARNERS[name]
+    assert make().get_params()["check_length"] == CHECK_LENGTH
+    seen = []
+    box = truth(8, 0)
+
+    def recorded(X):
+        seen.append(np.asarray(X).shape[1])
+        return box(X)
+
+    oracle = (MembershipOracle if signs else ValueOracle)(recorded, 8)
+    est = make().set_params(check_length=300).fit(oracle)
+    assert est.n_verify_queries_ == est.get_params()["verify"]
+    assert max(seen) == 300  # the longest check query, and nothing longer
+
+
+@pytest.mark.parametrize("bad", [0, -1, "abc", True, 2.5])
+@pytest.mark.parametrize("name", POSITION_FREE)
+def test_bad_check_length_is_refused_by_name_before_any_query(name, bad):
+    make, truth, signs = LEARNERS[name]
+    oracle = (MembershipOracle if signs else ValueOracle)(truth(8, 0), 8)
+    with pytest.raises(ConfigError, match=r"check_length must be an integer >= 1; got"):
+        make().set_params(check_length=bad).fit(oracle)
+    assert oracle.n_queries == 0
+
+
+@pytest.fixture(scope="module")
+def served_layer(tmp_path_factory):
+    """A layer of 4 heads at d = 32 computed in float32, as a served module (docs/served.md)."""
+    path = write_test_checkpoint(tmp_path_factory.mktemp("checklen") / "model.safetensors",
+                                 n_layers=1, n_heads=4, d=32, seed=7)
+    return ModuleBlackBox(path, 0, precision="float32")
+
+
+def _windowed(kind, served_layer):
+    """(learner, 200-token sliding-window box, d): a window wider than the check's 128 tokens
+    of before, which every one of these learners returned silently (the exact learner's
+    estimate off by 0.36 at 512 tokens)."""
+    if kind == "exact":
+        return ExactValueQueryLearner(random_state=0), sliding_window(8, 0, 200), 8
+    if kind == "lowprecision float16":
+        return (LowPrecisionValueQueryLearner(n_queries=20 * (8 * 8 + 8), random_state=0),
+                in_dtype(sliding_window(8, 0, 200), np.float16), 8)
+    return (AttentionLayerLearner(n_heads=4, n_queries=20 * layer_dof(32, 4, 8),
+                                  random_state=0), last_tokens(served_layer, 200), 32)
+
+
+@pytest.mark.parametrize("kind", ["exact", "lowprecision float16", "served layer float32"])
+def test_a_200_token_window_is_refused_by_name(kind, served_layer):
+    est, box, d = _windowed(kind, served_layer)
+    oracle = ValueOracle(box, d)
+    with pytest.raises(ModelMismatchError, match="first 4095 tokens of a 4096-token") as info:
+        est.fit(oracle)
+    assert "order of the tokens" in str(info.value) and info.value.error > 1e-2
+    assert est.n_verify_queries_ == DEFAULT_VERIFY
+    # the same box on inputs of up to 200 tokens is the model the learner assumes: the estimate
+    # was right there, and is refused for what it does beyond
+    X = np.random.default_rng(3).standard_normal((8, 200, d)) / np.sqrt(d)
+    assert np.max(np.abs(est.predict(X) - box(X))) <= 1e-2 * np.max(np.abs(box(X)))
+
+
+@pytest.mark.parametrize("kind", ["exact", "lowprecision float16"])
+def test_a_logit_scaling_from_128_tokens_is_refused(kind):
+    # scores times log(N) / log(128) on N > 128 tokens: position-free, so only the longest
+    # check queries (4096 tokens, the scores 1.71 times larger) can show it
+    head = random_head(8, seed=0)
+    box = logit_scaled(head, 128)
+    est = (ExactValueQueryLearner(random_state=0) if kind == "exact" else
+           LowPrecisionValueQueryLearner(n_queries=20 * (8 * 8 + 8), random_state=0))
+    if kind != "exact":
+        box = in_dtype(box, np.float16)
+    with pytest.raises(ModelMismatchError, match="of 4096 tokens") as info:
+        est.fit(ValueOracle(box, 8))
+    assert "differ from a single attention head" in str(info.value)
+    assert info.value.error > 1e-2
+
+
+def test_a_window_wider_than_check_length_passes_unseen_and_a_longer_check_refuses_it():
+    # what passes unseen: a 6,000-token window is a head on every query of the default check
+    box = sliding_window(8, 0, 6000)
+    est = ExactValueQueryLearner(random_state=0).fit(ValueOracle(box, 8))
+    assert est.verify_error_ <= 1e-12
+    np.testing.assert_allclose(est.W_, random_head(8, seed=0).W, rtol=1e-9, atol=1e-12)
+    # a check of 8,192 tokens sees it
+    with pytest.raises(ModelMismatchError, match="of a 8192-token check query"):
+        ExactValueQueryLearner(check_length=8192, random_state=0).fit(ValueOracle(box, 8))

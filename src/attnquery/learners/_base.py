@@ -18,13 +18,15 @@ from ._params import Interval, make_constraint, validate_parameter_constraints
 
 __all__ = ["BaseLearner", "QueryLedger", "check_scalar", "check_oracle",
            "check_budget", "chunk_slices", "check_answers", "check_signs", "check_queries",
-           "check_plan", "check_verify_param", "DEFAULT_VERIFY", "MAX_VERIFY", "VERIFY_PARAM",
-           "BLOCK_BYTES_PARAM", "CHECK_LENGTHS", "ROUNDING_RTOL",
+           "check_plan", "check_verify_param", "check_length_param", "DEFAULT_VERIFY",
+           "MAX_VERIFY", "VERIFY_PARAM", "BLOCK_BYTES_PARAM", "CHECK_LENGTH_PARAM",
+           "CHECK_LENGTHS", "CHECK_LENGTH", "check_lengths", "ROUNDING_RTOL",
            "output_error_bound"]
 
 #: check queries a learner spends after fitting, unless told otherwise (``verify=0`` turns it off):
-#: with the default :data:`CHECK_LENGTHS`, 6 fresh queries of 2, 4, 8, 32, 64 and 128 tokens and
-#: prefix-permuted copies of the two longest (see :func:`check_plan`)
+#: with the position-free learners' lengths (:func:`check_lengths`, ``check_length`` 4096), 6
+#: fresh queries of 2, 4, 8, 32, 64 and 4,096 tokens and prefix-permuted copies of the two
+#: longest, the 4,096- and 64-token ones (see :func:`check_plan`)
 DEFAULT_VERIFY = 8
 #: the most check queries a learner spends: 10,000 queries of 2 to 128 tokens at d = 384 hold
 #: about 1 GiB of float64 tokens
@@ -39,6 +41,14 @@ VERIFY_PARAM = Interval(numbers.Integral, 0, MAX_VERIFY, closed="both",
 #: shortest and the longest always included): long sequences are where a windowed or
 #: position-dependent box differs from a head (a 4-token window is exact on 2 and 4 tokens)
 CHECK_LENGTHS = (2, 4, 8, 16, 32, 64, 128)
+#: the longest check query of the position-free learners, unless their ``check_length`` says
+#: otherwise (:func:`check_lengths`): a box that behaves like a head on every input of up to
+#: this many tokens (a sliding window this wide or wider, a logit scaling that starts beyond
+#: it) passes the check
+CHECK_LENGTH = 4096
+#: the ``check_length`` parameter's constraint (the position-free learners')
+CHECK_LENGTH_PARAM = Interval(numbers.Integral, 1, None, closed="left",
+                              note="the tokens of the longest check queries")
 #: one check query in PERMUTED_SHARE is a copy of a fresh one with its first N - 1 tokens
 #: permuted, which a position-free box must answer alike
 PERMUTED_SHARE = 4
@@ -312,12 +322,15 @@ class BaseLearner:
                     token_scale: float = 1.0, n0: int | None = None, lengths=CHECK_LENGTHS,
                     signs: bool = False, hint: str | None = None,
                     pair_atol: float | None = None, permuted: bool = True,
-                    n_checks: int | None = None) -> None:
+                    n_checks: int | None = None, check_length: int | None = None) -> None:
         """Spend ``self.verify`` (or ``n_checks``) check queries and raise when the estimate
         disagrees.
 
         The queries are :func:`check_queries`'s: fresh random ones with lengths spread over
-        ``lengths`` (up to 128 tokens by default) and prefix-permuted copies of the longest.
+        ``lengths`` and prefix-permuted copies of the longest. A position-free learner passes
+        its ``check_length``: the lengths are then :func:`check_lengths` ``(check_length,
+        lengths)``, ``lengths`` with its longest replaced by ``check_length`` (without it,
+        ``lengths`` as given: a rotary learner's own ``verify_lengths``).
         Sets ``verify_error_`` and ``n_verify_queries_`` (see :func:`check_answers`; with
         ``signs``, :func:`check_signs`), also when the check fails; with ``n0`` (the oracle's
         count when ``fit`` began) it also sets ``n_queries_``, so that the count includes the
@@ -335,6 +348,8 @@ class BaseLearner:
                                else n_checks)
         self.verify_error_, self.n_verify_queries_ = float("nan"), 0
         self.verify_vacuous_ = False
+        if check_length is not None:
+            lengths = check_lengths(check_length, lengths)
         try:
             res = _run_check(oracle, predict, rng, n, rtol=rtol, atol=atol, what=what,
                              token_scale=token_scale, lengths=lengths, hint=hint, signs=signs,
@@ -426,6 +441,12 @@ def check_verify_param(n) -> int:
     return int(n)
 
 
+def check_length_param(n) -> int:
+    """The ``check_length`` parameter of the position-free learners (an integer >= 1): the
+    tokens of their longest check queries (:func:`check_lengths`)."""
+    return check_scalar(n, "check_length", numbers.Integral, min_val=1)
+
+
 def output_error_bound(X: np.ndarray, v_hat: np.ndarray, err_W, err_v) -> np.ndarray:
     """Largest ``|f_hat(X) - f(X)|`` for a head estimate with entrywise errors at most ``err_W``
     in W and ``err_v`` in v (arrays (d, d) and (d,), or numbers), per query of X (B, N, d).
@@ -447,6 +468,26 @@ def output_error_bound(X: np.ndarray, v_hat: np.ndarray, err_W, err_v) -> np.nda
     spread = top.sum(axis=1) if X.shape[1] > 1 else np.zeros(X.shape[0])
     xv = np.abs(X @ v_hat) + xv_err
     return xv_err.max(axis=1) + np.minimum(2.0, spread) * xv.max(axis=1)
+
+
+def check_lengths(check_length: int = CHECK_LENGTH, lengths=CHECK_LENGTHS) -> tuple[int, ...]:
+    """The lengths a position-free learner's check queries are spread over: ``lengths`` with
+    its longest replaced by ``check_length`` (and those not below ``check_length`` dropped).
+
+    ``check_length`` is then the longest, always asked, with its prefix-permuted copy
+    (:func:`check_plan`), while the short end of the plan is that of ``lengths``: with
+    :data:`DEFAULT_VERIFY` queries, the same lengths as before but for the longest (the short
+    queries are where a loose error model still tests the estimate: the noisy learner's at
+    tau = 1e-4, d = 6, on 2-token queries only). ``check_length = 128`` gives
+    :data:`CHECK_LENGTHS` itself.
+
+    Examples: ``check_lengths()`` is (2, 4, 8, 16, 32, 64, 4096), ``check_lengths(100)`` is
+    (2, 4, 8, 16, 32, 64, 100), ``check_lengths(16)`` is (2, 4, 8, 16), ``check_lengths(1)``
+    is (1,).
+    """
+    n = check_length_param(check_length)
+    base = sorted({int(m) for m in lengths})
+    return (*[m for m in base[:-1] if m < n], n)
 
 
 def check_plan(n_checks: int, lengths=CHECK_LENGTHS,

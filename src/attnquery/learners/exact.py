@@ -39,6 +39,8 @@ import scipy.linalg
 
 from ._base import (
     BLOCK_BYTES_PARAM,
+    CHECK_LENGTH,
+    CHECK_LENGTH_PARAM,
     DEFAULT_VERIFY,
     ROUNDING_RTOL,
     BaseLearner,
@@ -114,11 +116,16 @@ class ExactValueQueryLearner(BaseLearner):
         ``d^2 + d`` queries, and ``key_bias_`` and ``offset_`` are 0.
     verify : int
         Check queries spent after fitting (0: no check)
-        (default 8: 6 fresh random queries of 2 to 128 tokens and copies of the two longest
-        with their first N - 1 tokens permuted, which the box must answer alike;
+        (default 8: 6 fresh random queries of 2 to ``check_length`` tokens and copies of the
+        two longest with their first N - 1 tokens permuted, which the box must answer alike;
         :func:`~attnquery.learners._base.check_plan`): the oracle's
         answers must agree with the estimate's to ``ROUNDING_RTOL`` (relative), else
         :class:`~attnquery.errors.ModelMismatchError`.
+    check_length : int
+        Tokens of the longest check queries (default 4096,
+        :data:`~attnquery.learners._base.CHECK_LENGTH`; the others have 2 to 64 tokens,
+        :func:`~attnquery.learners._base.check_lengths`). A box that is a head on every
+        input of up to ``check_length`` tokens, such as a wider sliding window, passes.
     random_state : int, sequence of ints, Generator or None
         Seed of the Gaussian probes.
 
@@ -150,6 +157,7 @@ class ExactValueQueryLearner(BaseLearner):
 
     _parameter_constraints = {
         **BaseLearner._parameter_constraints,
+        "check_length": [CHECK_LENGTH_PARAM],
         **PROBE_PARAMS,
         "probes": [Options(PROBE_DESIGNS)],
         "zero_tol": [ZERO_TOL_PARAM],
@@ -168,6 +176,7 @@ class ExactValueQueryLearner(BaseLearner):
         block_bytes: int = 64 * 2**20,
         fit_bias: bool = False,
         verify: int = DEFAULT_VERIFY,
+        check_length: int = CHECK_LENGTH,
         random_state=None,
     ):
         self.probes = probes
@@ -178,6 +187,7 @@ class ExactValueQueryLearner(BaseLearner):
         self.block_bytes = block_bytes
         self.fit_bias = fit_bias
         self.verify = verify
+        self.check_length = check_length
         self.random_state = random_state
 
     # ------------------------------------------------------------------------------------------
@@ -227,7 +237,7 @@ class ExactValueQueryLearner(BaseLearner):
             self.n_requeried_ = int(n_requeried + head.n_requeried)
             with ledger.stage("verify"):
                 self._verify_fit(oracle, self.predict, rng.spawn(1)[0], rtol=ROUNDING_RTOL,
-                                 n0=ledger.n0)
+                                 n0=ledger.n0, check_length=self.check_length)
         return self
 
     def _chunk(self, d: int) -> int:

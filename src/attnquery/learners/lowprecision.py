@@ -73,6 +73,8 @@ import numpy as np
 from ..errors import AssumptionViolation, BudgetExceededError, ConfigError, ModelMismatchError
 from ._base import (
     BLOCK_BYTES_PARAM,
+    CHECK_LENGTH,
+    CHECK_LENGTH_PARAM,
     DEFAULT_VERIFY,
     BaseLearner,
     check_budget,
@@ -681,9 +683,14 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         Memory bound on one batch of queries.
     verify : int
         Check queries spent after fitting (0 turns the check off)
-        (default 8: 6 fresh random queries of 2 to 128 tokens and copies of the two longest
-        with their first N - 1 tokens permuted, which the box must answer alike;
+        (default 8: 6 fresh random queries of 2 to ``check_length`` tokens and copies of the
+        two longest with their first N - 1 tokens permuted, which the box must answer alike;
         :func:`~attnquery.learners._base.check_plan`).
+    check_length : int
+        Tokens of the longest check queries (default 4096,
+        :data:`~attnquery.learners._base.CHECK_LENGTH`; the others have 2 to 64 tokens,
+        :func:`~attnquery.learners._base.check_lengths`). A box that is a head on every
+        input of up to ``check_length`` tokens, such as a wider sliding window, passes.
     fit_bias : bool
         The head may carry a key bias c and an offset beta, as a real module's head does
         (``f(X) = softmax(X (W x_N + c))^T (X v) + beta``; served boxes, docs/served.md). The
@@ -772,6 +779,7 @@ class LowPrecisionValueQueryLearner(BaseLearner):
 
     _parameter_constraints = {
         **BaseLearner._parameter_constraints,
+        "check_length": [CHECK_LENGTH_PARAM],
         "n_queries": [Interval(Integral, 1, None, closed="left")],
         "rank": [Interval(Integral, 1, None, closed="left"), None],
         "target_logit": [Interval(Real, 0, None, closed="neither")],
@@ -789,7 +797,8 @@ class LowPrecisionValueQueryLearner(BaseLearner):
                  answer_scale: float = 16.0, max_logit: float = 10.0,
                  initial_logit_scale: float = 1.0, pilot_rows: int = 8,
                  block_bytes: int = 16 * 2**20, fit_bias: bool = False,
-                 verify: int = DEFAULT_VERIFY, random_state=None):
+                 verify: int = DEFAULT_VERIFY, check_length: int = CHECK_LENGTH,
+                 random_state=None):
         self.n_queries = n_queries
         self.rank = rank
         self.target_logit = target_logit
@@ -799,6 +808,7 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         self.pilot_rows = pilot_rows
         self.block_bytes = block_bytes
         self.verify = verify
+        self.check_length = check_length
         self.random_state = random_state
         self.fit_bias = fit_bias
 
@@ -869,7 +879,7 @@ class LowPrecisionValueQueryLearner(BaseLearner):
                 self._verify_fit(oracle, self.predict, check_rng,
                                  rtol=self._check_tolerance(W_err_noise),
                                  token_scale=float(np.sqrt(d / Wn)) if Wn > 0 else 1.0,
-                                 n0=ledger.n0)
+                                 n0=ledger.n0, check_length=self.check_length)
         return self
 
     def _full_passes(self, pairs, ledger, rng) -> _Entries:

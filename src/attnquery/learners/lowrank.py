@@ -30,6 +30,8 @@ from ..errors import AssumptionViolation, ConfigError
 from ..theory import lowrank_floor
 from ._base import (
     BLOCK_BYTES_PARAM,
+    CHECK_LENGTH,
+    CHECK_LENGTH_PARAM,
     DEFAULT_VERIFY,
     ROUNDING_RTOL,
     BaseLearner,
@@ -113,11 +115,16 @@ class NuclearNormROPLearner(BaseLearner):
         Logit window of the probes (see :class:`SketchLowRankLearner`).
     verify : int
         Check queries spent after fitting (0: no check)
-        (default 8: 6 fresh random queries of 2 to 128 tokens and copies of the two longest
-        with their first N - 1 tokens permuted, which the box must answer alike;
+        (default 8: 6 fresh random queries of 2 to ``check_length`` tokens and copies of the
+        two longest with their first N - 1 tokens permuted, which the box must answer alike;
         :func:`~attnquery.learners._base.check_plan`); the tolerance is
         :data:`ROUNDING_RTOL` when the solution is polished, else
         ``NUCLEAR_VERIFY_FACTOR * solver_eps``.
+    check_length : int
+        Tokens of the longest check queries (default 4096,
+        :data:`~attnquery.learners._base.CHECK_LENGTH`; the others have 2 to 64 tokens,
+        :func:`~attnquery.learners._base.check_lengths`). A box that is a head on every
+        input of up to ``check_length`` tokens, such as a wider sliding window, passes.
     random_state : int, sequence of ints, Generator or None
         Seed of the Gaussian probes.
 
@@ -157,6 +164,7 @@ class NuclearNormROPLearner(BaseLearner):
 
     _parameter_constraints = {
         **BaseLearner._parameter_constraints,
+        "check_length": [CHECK_LENGTH_PARAM],
         **PROBE_PARAMS,
         "n_measurements": [Interval(Integral, 1, None, closed="left"), None],
         "rank": [Interval(Integral, 1, None, closed="left"), None],
@@ -183,6 +191,7 @@ class NuclearNormROPLearner(BaseLearner):
         min_logit: float = 1e-5,
         initial_logit_scale: float = 1e-2,
         verify: int = DEFAULT_VERIFY,
+        check_length: int = CHECK_LENGTH,
         random_state=None,
     ):
         self.n_measurements = n_measurements
@@ -197,6 +206,7 @@ class NuclearNormROPLearner(BaseLearner):
         self.min_logit = min_logit
         self.initial_logit_scale = initial_logit_scale
         self.verify = verify
+        self.check_length = check_length
         self.random_state = random_state
 
     def _validate_extra(self):
@@ -253,7 +263,8 @@ class NuclearNormROPLearner(BaseLearner):
                     else NUCLEAR_VERIFY_FACTOR * float(self.solver_eps))
             with ledger.stage("verify"):
                 self._verify_fit(oracle, self.predict, rng.spawn(1)[0], rtol=rtol, n0=ledger.n0,
-                                 what="a single low-rank head", hint=NUCLEAR_HINT)
+                                 what="a single low-rank head", hint=NUCLEAR_HINT,
+                                 check_length=self.check_length)
         return self
 
     def _measure(self, oracle, v, m, rng):
@@ -495,10 +506,15 @@ class SketchLowRankLearner(BaseLearner):
         queries). Default False: the paper's head; ``key_bias_`` and ``offset_`` are 0.
     verify : int
         Check queries spent after fitting (0: no check)
-        (default 8: 6 fresh random queries of 2 to 128 tokens and copies of the two longest
-        with their first N - 1 tokens permuted, which the box must answer alike;
+        (default 8: 6 fresh random queries of 2 to ``check_length`` tokens and copies of the
+        two longest with their first N - 1 tokens permuted, which the box must answer alike;
         :func:`~attnquery.learners._base.check_plan`); see
         :data:`ROUNDING_RTOL`.
+    check_length : int
+        Tokens of the longest check queries (default 4096,
+        :data:`~attnquery.learners._base.CHECK_LENGTH`; the others have 2 to 64 tokens,
+        :func:`~attnquery.learners._base.check_lengths`). A box that is a head on every
+        input of up to ``check_length`` tokens, such as a wider sliding window, passes.
     random_state : int, sequence of ints, Generator or None
         Seed of the sketches.
 
@@ -532,6 +548,7 @@ class SketchLowRankLearner(BaseLearner):
 
     _parameter_constraints = {
         **BaseLearner._parameter_constraints,
+        "check_length": [CHECK_LENGTH_PARAM],
         **PROBE_PARAMS,
         "rank": [Interval(Integral, 0, None, closed="left"), None],
         "oversample": [Interval(Integral, 0, None, closed="left"), None],
@@ -556,6 +573,7 @@ class SketchLowRankLearner(BaseLearner):
         block_bytes: int = 4 * 2**20,
         fit_bias: bool = False,
         verify: int = DEFAULT_VERIFY,
+        check_length: int = CHECK_LENGTH,
         random_state=None,
     ):
         self.rank = rank
@@ -569,6 +587,7 @@ class SketchLowRankLearner(BaseLearner):
         self.block_bytes = block_bytes
         self.fit_bias = fit_bias
         self.verify = verify
+        self.check_length = check_length
         self.random_state = random_state
 
     # ------------------------------------------------------------------------------------------
@@ -634,7 +653,7 @@ class SketchLowRankLearner(BaseLearner):
             with ledger.stage("verify"):
                 self._verify_fit(oracle, self.predict, rng.spawn(1)[0], rtol=ROUNDING_RTOL,
                                  n0=ledger.n0, what=f"a single head of rank {self.rank_}",
-                                 hint=SKETCH_HINT)
+                                 hint=SKETCH_HINT, check_length=self.check_length)
         return self
 
     def _chunk(self, d: int) -> int:

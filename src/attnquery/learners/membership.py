@@ -46,6 +46,8 @@ import scipy.special
 
 from ..errors import AssumptionViolation, BudgetExceededError, NotIdentifiableError
 from ._base import (
+    CHECK_LENGTH,
+    CHECK_LENGTH_PARAM,
     BaseLearner,
     check_budget,
     check_oracle,
@@ -100,11 +102,16 @@ class MembershipLearner(BaseLearner):
         and the v stage's precision), the oracle must give the same sign, else
         :class:`~attnquery.errors.ModelMismatchError`. An answer carries one bit, so the
         default is :data:`MEMBERSHIP_VERIFY`, more than the value learners' 8: 48 fresh
-        random queries of 2 to 128 tokens and 16 copies of the longest with their first N - 1
-        tokens permuted, whose signs must equal the originals'
-        (:func:`~attnquery.learners._base.check_plan`). Where the estimate is unsure on every
-        query the check is vacuous: ``verify_vacuous_`` and a
+        random queries of 2 to ``check_length`` tokens (about 7 of each length) and 16 copies of
+        the longest with their first N - 1 tokens permuted, whose signs must equal the
+        originals' (:func:`~attnquery.learners._base.check_plan`). Where the estimate is
+        unsure on every query the check is vacuous: ``verify_vacuous_`` and a
         :class:`~attnquery.errors.VacuousCheckWarning`.
+    check_length : int
+        Tokens of the longest check queries (default 4096,
+        :data:`~attnquery.learners._base.CHECK_LENGTH`; the others have 2 to 64 tokens,
+        :func:`~attnquery.learners._base.check_lengths`). A box that is a head on every
+        input of up to ``check_length`` tokens, such as a wider sliding window, passes.
     random_state : int, Generator or None
         Seed of the sphere samples and of the check queries.
 
@@ -144,6 +151,7 @@ class MembershipLearner(BaseLearner):
 
     _parameter_constraints = {
         **BaseLearner._parameter_constraints,
+        "check_length": [CHECK_LENGTH_PARAM],
         "eps": [Interval(Real, 0, 1, closed="neither")],
         "v_method": [Options(V_METHODS)],
         "W_bound": [Interval(Real, 2, None, closed="left", note="App. B")],
@@ -158,7 +166,8 @@ class MembershipLearner(BaseLearner):
     def __init__(self, *, eps: float = 1e-3, v_method: str = "bisection",
                  W_bound: float = 4.0, mu: float = 0.1, eps_v: float | None = None,
                  delta: float = 0.05, sample_budget: int = 10**7,
-                 verify: int = MEMBERSHIP_VERIFY, random_state=None):
+                 verify: int = MEMBERSHIP_VERIFY, check_length: int = CHECK_LENGTH,
+                 random_state=None):
         self.eps = eps
         self.v_method = v_method
         self.W_bound = W_bound
@@ -167,6 +176,7 @@ class MembershipLearner(BaseLearner):
         self.delta = delta
         self.sample_budget = sample_budget
         self.verify = verify
+        self.check_length = check_length
         self.random_state = random_state
 
     @property
@@ -259,7 +269,8 @@ class MembershipLearner(BaseLearner):
             with ledger.stage("verify"):
                 self._verify_fit(
                     oracle, self.predict, self._rng().spawn(1)[0], rtol=0.0, n0=n0, signs=True,
-                    atol=lambda X: output_error_bound(X, self.v_, self.err_W_, self.err_v_))
+                    atol=lambda X: output_error_bound(X, self.v_, self.err_W_, self.err_v_),
+                    check_length=self.check_length)
         return self
 
     def _W_error(self, d: int, err_v: float) -> float:

@@ -20,6 +20,8 @@ import numpy as np
 from ..errors import AssumptionViolation, ConfigError, NotIdentifiableError
 from ..models import AttentionHead, MultiHeadAttention
 from ._base import (
+    CHECK_LENGTH,
+    CHECK_LENGTH_PARAM,
     DEFAULT_VERIFY,
     ROUNDING_RTOL,
     BaseLearner,
@@ -133,13 +135,19 @@ class OrthogonalSubspaceLearner(BaseLearner):
         well conditioned in the small reduced dimensions d_h).
     verify : int
         Check queries spent after fitting (0: no check)
-        (default 8: 6 fresh random queries of 2 to 128 tokens and copies of the two longest
-        with their first N - 1 tokens permuted, which the box must answer alike;
+        (default 8: 6 fresh random queries of 2 to ``check_length`` tokens and copies of the
+        two longest with their first N - 1 tokens permuted, which the box must answer alike;
         :func:`~attnquery.learners._base.check_plan`): the multi-head
         model found must agree
         with the oracle to :data:`ROUNDING_RTOL` with the bases given, or to
         :data:`DISCOVERY_VERIFY_RTOL` with the bases discovered (finite differences), else
         :class:`~attnquery.errors.ModelMismatchError`.
+    check_length : int
+        Tokens of the longest check queries (default 4096,
+        :data:`~attnquery.learners._base.CHECK_LENGTH`; the others have 2 to 64 tokens,
+        :func:`~attnquery.learners._base.check_lengths`). A box that is a layer of such heads
+        on every input of up to ``check_length`` tokens, such as one with a wider sliding
+        window, passes.
     random_state : int, sequence of ints, Generator or None
         Seed of the anchors, the per-head learners and the check queries.
 
@@ -167,6 +175,7 @@ class OrthogonalSubspaceLearner(BaseLearner):
 
     _parameter_constraints = {
         **BaseLearner._parameter_constraints,
+        "check_length": [CHECK_LENGTH_PARAM],
         "n_heads": [Interval(Integral, 1, None, closed="left")],
         "bases": ["array-like", None],
         "n_anchors": [Interval(Integral, 1, None, closed="left"), None],
@@ -176,13 +185,14 @@ class OrthogonalSubspaceLearner(BaseLearner):
 
     def __init__(self, *, n_heads: int, bases=None, n_anchors: int | None = None,
                  fd_step: float = 1e-2, probes: str = "basis", verify: int = DEFAULT_VERIFY,
-                 random_state=None):
+                 check_length: int = CHECK_LENGTH, random_state=None):
         self.n_heads = n_heads
         self.bases = bases
         self.n_anchors = n_anchors
         self.fd_step = fd_step
         self.probes = probes
         self.verify = verify
+        self.check_length = check_length
         self.random_state = random_state
 
     @property
@@ -227,7 +237,7 @@ class OrthogonalSubspaceLearner(BaseLearner):
                                  what=f"the {H} heads found",
                                  hint="the box may not satisfy Assumption C.1 (orthogonal "
                                  "subspaces) with this number of heads, or its answers may "
-                                 "carry noise")
+                                 "carry noise", check_length=self.check_length)
         return self
 
     def _fit_heads(self, oracle, bases, rng):

@@ -38,6 +38,8 @@ import scipy.special
 from ..errors import AssumptionViolation, ConfigError, NotIdentifiableError
 from ..theory import THEOREM_CONSTANT, theorem61_guarantee, theorem61_required_tau  # noqa: F401
 from ._base import (
+    CHECK_LENGTH,
+    CHECK_LENGTH_PARAM,
     CHECK_LENGTHS,
     DEFAULT_VERIFY,
     BaseLearner,
@@ -132,16 +134,21 @@ class NoisyValueQueryLearner(BaseLearner):
         ``False`` such weights are clipped silently and counted in ``n_out_of_range_``.
     verify : int
         Check queries spent after fitting (0: no check): by default 6 fresh random queries of
-        1, 2, 8, 16, 64 and 128 tokens and copies of the two longest with their first N - 1
-        tokens permuted, whose answers must differ by at most ``2 tau`` (a position-free head
-        answers both alike; :func:`~attnquery.learners._base.check_plan`). The answers
-        must agree with the estimate's within ``tau`` plus the error the estimate can have: on
-        one-row queries ``[x]``, ``|x|^T err_v`` (tight, so answers off by more than tau show);
-        on longer ones, the proof's bound on
-        each entry (``L |alpha_hat - alpha| / (a b)`` with ``|alpha_hat - alpha|`` bounded from
-        tau and the measured ``v_hat``), carried to the outputs by
+        1, 4, 8, 32, 64 and ``check_length`` tokens and copies of the two longest with their
+        first N - 1 tokens permuted, whose answers must differ by at most ``2 tau`` (a
+        position-free head answers both alike; :func:`~attnquery.learners._base.check_plan`).
+        The answers must agree with the estimate's within ``tau`` plus the error the estimate
+        can have: on one-row queries ``[x]``, ``|x|^T err_v`` (tight, so answers off by more
+        than tau show); on longer ones, the proof's bound on each entry (``L |alpha_hat -
+        alpha| / (a b)`` with ``|alpha_hat - alpha|`` bounded from tau and the measured
+        ``v_hat``), carried to the outputs by
         :func:`~attnquery.learners._base.output_error_bound`; else
         :class:`~attnquery.errors.ModelMismatchError`.
+    check_length : int
+        Tokens of the longest check queries (default 4096,
+        :data:`~attnquery.learners._base.CHECK_LENGTH`; the others have 1 to 64 tokens,
+        :func:`~attnquery.learners._base.check_lengths`). A box that is a head on every
+        input of up to ``check_length`` tokens, such as a wider sliding window, passes.
     random_state : int, Generator or None
         Seed of the extra probe scales (only used when ``oversample > 1``) and of the check
         queries.
@@ -188,6 +195,7 @@ class NoisyValueQueryLearner(BaseLearner):
 
     _parameter_constraints = {
         **BaseLearner._parameter_constraints,
+        "check_length": [CHECK_LENGTH_PARAM],
         "W_bound": [Interval(Real, 2, None, closed="left", note="Theorem 6.1")],
         "mu": [Interval(Real, 0, 1, closed="right")],
         "eps_W": [Interval(Real, 0, None, closed="neither")],
@@ -202,7 +210,8 @@ class NoisyValueQueryLearner(BaseLearner):
 
     def __init__(self, *, W_bound: float, mu: float, eps_W: float = 1e-2, eps_v: float = 1e-2,
                  oversample: int = 1, clip: bool = True, tau: float | None = None,
-                 strict: bool = True, verify: int = DEFAULT_VERIFY, random_state=None):
+                 strict: bool = True, verify: int = DEFAULT_VERIFY,
+                 check_length: int = CHECK_LENGTH, random_state=None):
         self.W_bound = W_bound
         self.mu = mu
         self.eps_W = eps_W
@@ -212,6 +221,7 @@ class NoisyValueQueryLearner(BaseLearner):
         self.tau = tau
         self.strict = strict
         self.verify = verify
+        self.check_length = check_length
         self.random_state = random_state
 
     # ------------------------------------------------------------------------------------------
@@ -262,7 +272,8 @@ class NoisyValueQueryLearner(BaseLearner):
             with ledger.stage("verify"):
                 self._verify_fit(
                     oracle, self.predict, rng.spawn(1)[0], rtol=0.0, n0=ledger.n0,
-                    lengths=(1, *CHECK_LENGTHS), pair_atol=2.0 * self.tau_,
+                    lengths=(1, *CHECK_LENGTHS), check_length=self.check_length,
+                    pair_atol=2.0 * self.tau_,
                     atol=lambda X: self.tau_ + output_error_bound(X, self.v_, self.err_W_,
                                                                   self.err_v_),
                     hint=f"the answers may be off by more than tau = {self.tau_:.3g}, or the "

@@ -10,7 +10,7 @@ The transformer ``TF(X) = w_o^T ReLU(A^T X^T alpha(X, W))`` is learned in two in
   function.
 
 The two parts are fitted without their own checks; the whole transformer is then checked on fresh
-random queries of lengths 2 and 4.
+random queries of 2 to ``check_length`` (4,096) tokens and prefix-permuted copies of the longest.
 """
 
 from __future__ import annotations
@@ -19,7 +19,15 @@ import numpy as np
 
 from ..errors import ConfigError, NotIdentifiableError
 from ..oracles import AntisymmetricOracle
-from ._base import DEFAULT_VERIFY, BaseLearner, check_budget, check_oracle, check_verify_param
+from ._base import (
+    CHECK_LENGTH,
+    CHECK_LENGTH_PARAM,
+    DEFAULT_VERIFY,
+    BaseLearner,
+    check_budget,
+    check_oracle,
+    check_verify_param,
+)
 from ._params import Options
 from .exact import PROBE_DESIGNS, ExactValueQueryLearner
 from .ffn import FFN_VERIFY_RTOL, ReLUNetworkLearner
@@ -50,11 +58,17 @@ class TransformerLearner(BaseLearner):
         transformer's).
     verify : int
         Check queries spent after fitting (0: no check)
-        (default 8: 6 fresh random queries of 2 to 128 tokens and copies of the two longest
-        with their first N - 1 tokens permuted, which the box must answer alike;
+        (default 8: 6 fresh random queries of 2 to ``check_length`` tokens and copies of the
+        two longest with their first N - 1 tokens permuted, which the box must answer alike;
         :func:`~attnquery.learners._base.check_plan`): the transformer
         found must agree with the oracle to :data:`FFN_VERIFY_RTOL`, else
         :class:`~attnquery.errors.ModelMismatchError`.
+    check_length : int
+        Tokens of the longest check queries (default 4096,
+        :data:`~attnquery.learners._base.CHECK_LENGTH`; the others have 2 to 64 tokens,
+        :func:`~attnquery.learners._base.check_lengths`). A box that is such a transformer on
+        every input of up to ``check_length`` tokens, such as one with a wider sliding window,
+        passes.
     random_state : int, sequence of ints, Generator or None
         Seed of the attention part's probes, the FFN learner and the check queries.
 
@@ -84,6 +98,7 @@ class TransformerLearner(BaseLearner):
 
     _parameter_constraints = {
         **BaseLearner._parameter_constraints,
+        "check_length": [CHECK_LENGTH_PARAM],
         "ffn": [Options(FFN_LEARNERS)],
         "probes": [Options(PROBE_DESIGNS)],
         "ffn_params": [dict, None],
@@ -91,11 +106,12 @@ class TransformerLearner(BaseLearner):
 
     def __init__(self, *, ffn: str = "kinks", probes: str = "basis",
                  ffn_params: dict | None = None, verify: int = DEFAULT_VERIFY,
-                 random_state=None):
+                 check_length: int = CHECK_LENGTH, random_state=None):
         self.ffn = ffn
         self.probes = probes
         self.ffn_params = ffn_params
         self.verify = verify
+        self.check_length = check_length
         self.random_state = random_state
 
     def _validate_extra(self):
@@ -157,7 +173,8 @@ class TransformerLearner(BaseLearner):
                 self._verify_fit(oracle, self.predict, rng.spawn(1)[0], rtol=FFN_VERIFY_RTOL,
                                  n0=ledger.n0, what="the transformer found",
                                  hint="the box may not be a bias-free one-layer transformer, or "
-                                 "its answers may carry noise or lower precision than float64")
+                                 "its answers may carry noise or lower precision than float64",
+                                 check_length=self.check_length)
         return self
 
     def _fit_attention(self, oracle, rng) -> ExactValueQueryLearner:

@@ -48,7 +48,14 @@ from numbers import Integral, Real
 import numpy as np
 
 from ...errors import AssumptionViolation, NotIdentifiableError
-from .._base import DEFAULT_VERIFY, BaseLearner, QueryLedger, check_oracle
+from .._base import (
+    CHECK_LENGTH,
+    CHECK_LENGTH_PARAM,
+    DEFAULT_VERIFY,
+    BaseLearner,
+    QueryLedger,
+    check_oracle,
+)
 from .._params import Interval
 from .._probes import read_v
 from .lines import LineFit, fit_tanh_sum, predicted_error
@@ -104,10 +111,16 @@ class MultiHeadLearner(BaseLearner):
         Rounds of new lines drawn per anchor when lines are rejected.
     verify : int
         Fresh random check queries spent last, after the held-out check (0 turns it off)
-        (default 8: 6 fresh random queries of 2 to 128 tokens and copies of the two longest
-        with their first N - 1 tokens permuted, which the box must answer alike;
+        (default 8: 6 fresh random queries of 2 to ``check_length`` tokens and copies of the
+        two longest with their first N - 1 tokens permuted, which the box must answer alike;
         :func:`~attnquery.learners._base.check_plan`);
         raises :class:`~attnquery.errors.ModelMismatchError` when the heads disagree with them.
+    check_length : int
+        Tokens of the longest check queries (default 4096,
+        :data:`~attnquery.learners._base.CHECK_LENGTH`; the others have 2 to 64 tokens,
+        :func:`~attnquery.learners._base.check_lengths`). A box that is a sum of heads on
+        every input of up to ``check_length`` tokens, such as one with a wider sliding window,
+        passes.
     random_state : int, sequence of ints, Generator or None
         Seed of the random anchors, directions and refit queries.
 
@@ -160,6 +173,7 @@ class MultiHeadLearner(BaseLearner):
 
     _parameter_constraints = {
         **BaseLearner._parameter_constraints,
+        "check_length": [CHECK_LENGTH_PARAM],
         "n_heads": [Interval(Integral, 1, None, closed="left"), None],
         "three_row_queries": ["boolean"],
         "max_heads": [Interval(Integral, 1, None, closed="left")],
@@ -185,6 +199,7 @@ class MultiHeadLearner(BaseLearner):
         refit_factor: float = 1.5,
         max_line_rounds: int = 4,
         verify: int = DEFAULT_VERIFY,
+        check_length: int = CHECK_LENGTH,
         random_state=None,
     ):
         self.n_heads = n_heads
@@ -199,6 +214,7 @@ class MultiHeadLearner(BaseLearner):
         self.refit_factor = refit_factor
         self.max_line_rounds = max_line_rounds
         self.verify = verify
+        self.check_length = check_length
         self.random_state = random_state
 
     # -- queries ---------------------------------------------------------------------------------
@@ -272,7 +288,8 @@ class MultiHeadLearner(BaseLearner):
             with ledger.stage("verify"):
                 self._verify_fit(oracle, self.predict, r_verify, rtol=self.func_tol,
                                  what=f"{self.n_heads_} attention heads",
-                                 token_scale=float(np.sqrt(d) * query_scale(Ws)))
+                                 token_scale=float(np.sqrt(d) * query_scale(Ws)),
+                                 check_length=self.check_length)
             self.n_queries_ = ledger.total
         return self
 

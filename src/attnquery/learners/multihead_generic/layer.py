@@ -69,6 +69,8 @@ from ...errors import AnswerError, AssumptionViolation, ConfigError, SearchLimit
 from ...models import AttentionHead, MultiHeadAttention
 from .._base import (
     BLOCK_BYTES_PARAM,
+    CHECK_LENGTH,
+    CHECK_LENGTH_PARAM,
     DEFAULT_VERIFY,
     BaseLearner,
     check_budget,
@@ -155,7 +157,17 @@ class AttentionLayerLearner(BaseLearner):
     rtol : float
         Largest relative disagreement with the verification queries.
     verify : int
-        Verification queries spent last (0 turns the check off).
+        Verification queries spent last (0 turns the check off): 6 fresh random queries of 2
+        to ``check_length`` tokens and copies of the two longest with their first N - 1 tokens
+        permuted, which the box must answer alike
+        (:func:`~attnquery.learners._base.check_plan`).
+    check_length : int
+        Tokens of the longest check queries (default 4096,
+        :data:`~attnquery.learners._base.CHECK_LENGTH`; the others have 2 to 64 tokens,
+        :func:`~attnquery.learners._base.check_lengths`). A box that is such a layer on every
+        input of up to ``check_length`` tokens, such as one with a wider sliding window,
+        passes. With ``positions="rotary"`` the check asks the rotary layer's own lengths
+        instead (:data:`~attnquery.learners.rotary_layer.ROTARY_VERIFY_LENGTHS`).
     max_logit, min_logit, initial_logit_scale : float
         Logit window of the probes (see :class:`~attnquery.learners.SketchLowRankLearner`).
     block_bytes : int
@@ -228,6 +240,7 @@ class AttentionLayerLearner(BaseLearner):
 
     _parameter_constraints = {
         **BaseLearner._parameter_constraints,
+        "check_length": [CHECK_LENGTH_PARAM],
         **PROBE_PARAMS,
         "n_heads": [Interval(Integral, 1, None, closed="left")],
         "rank": [Interval(Integral, 1, None, closed="left"), None],
@@ -253,6 +266,7 @@ class AttentionLayerLearner(BaseLearner):
         oversample: int = 2,
         rtol: float = 1e-8,
         verify: int = DEFAULT_VERIFY,
+        check_length: int = CHECK_LENGTH,
         max_logit: float = 10.0,
         min_logit: float = 1e-5,
         initial_logit_scale: float = 1.0,
@@ -270,6 +284,7 @@ class AttentionLayerLearner(BaseLearner):
         self.oversample = oversample
         self.rtol = rtol
         self.verify = verify
+        self.check_length = check_length
         self.max_logit = max_logit
         self.min_logit = min_logit
         self.initial_logit_scale = initial_logit_scale
@@ -354,7 +369,7 @@ class AttentionLayerLearner(BaseLearner):
             with ledger.stage("verify"):
                 self._verify_fit(oracle, self.predict, r_verify, rtol=self._rtol(run),
                                  what=f"an attention layer of {H} heads of rank {r}",
-                                 token_scale=token)
+                                 token_scale=token, check_length=self.check_length)
             self.n_requeried_ = int(ledger.n_requeried)
             self.n_queries_ = ledger.total
         return self
