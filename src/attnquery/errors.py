@@ -20,6 +20,7 @@ __all__ = [
     "SearchLimitError",
     "UndefinedEstimate",
     "VacuousCheckWarning",
+    "NoiseAboveFormatWarning",
 ]
 
 
@@ -93,3 +94,12 @@ class VacuousCheckWarning(UserWarning):
     disagreement its error model allows was at least the estimate's own answer (a loose
     tolerance tau, say), so the returned estimate is unverified. The learner sets
     ``verify_vacuous_ = True``; the study records it in the row (``verify_vacuous``)."""
+
+
+class NoiseAboveFormatWarning(UserWarning):
+    """The answers are values of a narrow format (float32, float16, bfloat16) but carry more
+    noise than that format's rounding explains, and the learner was told to expect it
+    (``noise="measured"``): it goes on with the noise it measured, which a box that is not what
+    the learner assumes inflates as well, so its check is only as sharp as that noise. The
+    learner sets ``noise_above_format_ = True``. Without ``noise="measured"`` the learner raises
+    :class:`ModelMismatchError` instead (docs/served.md, "Noise judged against the format")."""
