@@ -8,8 +8,7 @@ import pytest
 from attnquery.errors import ModelError, ModelMismatchError
 from attnquery.learners import ExactValueQueryLearner
 from attnquery.models import AttentionHead, MultiHeadAttention, random_head
-from attnquery.oracles import ValueOracle
-from attnquery.oracles import RoundingOracle
+from attnquery.oracles import RoundingOracle, ValueOracle
 from attnquery.precision import (
     PRECISIONS,
     AnswerFormat,

@@ -406,14 +406,14 @@ def check_verify_param(n) -> int:
 NOISE_MODES = ("format", "measured")
 #: the most relative noise answers in a narrow format may carry, in units of the format's
 #: rounding floor (:func:`attnquery.precision.rounding_floor`). Measured noise over floor on
-#: valid boxes (2026-11-27, docs/notes/2026-11-27-noise-format.md): the low-precision
-#: learner's ``noise_level_`` 0.29 to 0.54 on float32 heads at d = 16 and 32 (random heads,
-#: served test checkpoints, ours and onnxruntime's), 0.79 to 0.96 at d = 64 (sketch), 0.62 and
-#: 0.88 on MiniLM heads (d = 384), 0.77 to 1.42 in float16 and 0.85 to 1.43 in bfloat16
-#: (0.41 to 0.44 on the study's rounding oracles); the layer learner's one-row noise 0.26 to
-#: 0.44 on float32 layers (test checkpoint, MiniLM layers 0 to 5), 0.42 to 1.41 in float16,
-#: 0.73 to 1.43 in bfloat16. Against misfits: a soft-capped float32 head (d = 64) shows 1e4
-#: floors; a soft-capped float32 layer with relative noise 5e-6 (d = 32) 6.3 to 9.2
+#: valid boxes (docs/notes/2026-11-27-noise-format.md): the low-precision learner's
+#: ``noise_level_`` on float32 heads 0.29 to 0.54 at d = 16 and 32 (random heads, the served
+#: test checkpoint, ours and onnxruntime's), 0.79 to 0.96 at d = 64, 0.55 to 1.03 on six
+#: MiniLM heads (d = 384); 0.77 to 1.42 in float16, 0.85 to 1.43 in bfloat16; the layer
+#: learner's one-row noise 0.26 to 0.44 on float32 layers (test checkpoint, MiniLM layers 0 to
+#: 5), 0.42 to 1.41 in float16, 0.73 to 1.43 in bfloat16. Misfits: a soft-capped float32 head
+#: (d = 64) 7e3 to 1.4e4; a soft-capped float32 layer with relative noise 5e-6 (d = 32) 6.5
+#: to 9.8
 NOISE_FORMAT_FACTOR = 4.0
 
 
