@@ -424,7 +424,8 @@ def check_noise_mode(noise) -> str:
     return noise
 
 
-def judge_noise(learner, noise: float, fmt: str, d: int, what: str) -> None:
+def judge_noise(learner, noise: float, fmt: str, d: int, what: str,
+                stacklevel: int = 3) -> None:
     """Judge the answers' measured relative noise against what their format explains.
 
     Answers in a narrow format (``fmt``, :func:`attnquery.precision.answer_format`) are
@@ -436,7 +437,8 @@ def judge_noise(learner, noise: float, fmt: str, d: int, what: str) -> None:
     allowance); with ``"measured"`` (noise declared) it warns with
     :class:`~attnquery.errors.NoiseAboveFormatWarning`. Answers in no narrow format
     (``"float64"``) are not judged. Sets ``answer_format_``, ``noise_floor_`` (the floor; None
-    for float64) and ``noise_above_format_`` on the learner.
+    for float64) and ``noise_above_format_`` on the learner. ``stacklevel``: the warning's, so
+    that it names the line that called ``fit`` (3 where ``fit`` calls this directly).
     """
     learner.answer_format_, learner.noise_floor_ = fmt, None
     learner.noise_above_format_ = False
@@ -460,7 +462,7 @@ def judge_noise(learner, noise: float, fmt: str, d: int, what: str) -> None:
     warnings.warn(f"{msg}; noise='measured' declares such answers, so {type(learner).__name__} "
                   "goes on with the noise it measured, which a box that is not "
                   f"{what} inflates too (noise_above_format_ = True)",
-                  NoiseAboveFormatWarning, stacklevel=3)
+                  NoiseAboveFormatWarning, stacklevel=stacklevel)
 
 
 def output_error_bound(X: np.ndarray, v_hat: np.ndarray, err_W, err_v) -> np.ndarray:

@@ -378,7 +378,7 @@ class AttentionLayerLearner(BaseLearner):
                 # check's tolerance, VERIFY_NOISE units of this noise, then stays within the
                 # format's floor in "format" mode
                 judge_noise(self, noise, ledger.oracle.formats.format, d,
-                            f"an attention layer of {int(self.n_heads)} heads")
+                            f"an attention layer of {int(self.n_heads)} heads", stacklevel=4)
             if noise is not None:  # served mode: V and beta averaged
                 check_budget(ledger, served.constant_queries(d), "reading V and beta again")
                 V, beta = served.constants(ledger, d, rng.spawn(1)[0])
