@@ -70,6 +70,9 @@ class ModelMismatchError(AssumptionViolation):
     Raised after fitting, when fresh check queries show that the black box is not what the learner
     assumes (several heads, biases, noise or lower precision than the learner allows for). The
     attributes ``error`` (relative disagreement), ``allowed`` and ``n_checks`` say what was seen.
+    Also raised before the check when the answers are values of a narrow format but carry more
+    noise than its rounding explains (:func:`attnquery.learners._base.judge_noise`): ``error``
+    is then that relative noise, ``allowed`` the most the format allows, ``n_checks`` 0.
     """
 
     def __init__(self, message: str, error: float = float("nan"), allowed: float = float("nan"),
