@@ -10,6 +10,7 @@ import numpy as np
 
 from attnquery.models import AttentionHead, random_head, random_multihead, softmax_last
 from attnquery.oracles import query_hash
+from attnquery.precision import Arithmetic
 
 
 def two_heads(d: int, seed=0):
@@ -168,6 +169,36 @@ def attention_sink(d: int, seed=0, sink_logit: float = 0.0):
     return box
 
 
+def soft_capped(model, cap: float = 5.0, precision: str = "float32"):
+    """``model`` (an :class:`AttentionHead` or a :class:`MultiHeadAttention`) with its scores
+    soft-capped, ``cap tanh(s / cap)`` (Gemma 2's logit soft-capping), computed in
+    ``precision`` as a served model is (every operation rounded to the format,
+    :mod:`attnquery.precision`; the heads' answers added in order, each with its offset, then the
+    layer's offset): answers in the format that are not those of attention heads."""
+    A = Arithmetic(precision)
+    heads = [model] if isinstance(model, AttentionHead) else list(model.heads)
+    params = [(A.store(h.W), A.store(h.key_bias), A.store(h.v), h.offset) for h in heads]
+    offset = 0.0 if isinstance(model, AttentionHead) else float(model.offset)
+    capped = A.store(cap)
+
+    def box(X):
+        Xs = A.store(np.asarray(X, dtype=np.float64))
+        out = None
+        for W, c, v, beta in params:
+            a = A.add(A.matmul(Xs[:, -1, :], W.T), c)
+            s = A.matmul(Xs, a[:, :, None])[..., 0]
+            s = A.mul(A.rnd(np.tanh(A.div(s, capped))), capped)
+            y = A.matmul(A.softmax(s)[:, None, :], A.matmul(Xs, v)[:, :, None])[:, 0, 0]
+            if beta:
+                y = A.add(y, A.store(beta))
+            out = y if out is None else A.add(out, y)
+        if offset:
+            out = A.add(out, A.store(offset))
+        return A.answers(out)
+
+    return box
+
+
 def three_heads(d: int, seed=0):
     """The sum of three random heads."""
     return random_multihead(d, 3, seed)
@@ -198,5 +229,6 @@ def wrong_boxes(d: int, seed=0) -> dict:
 
 
 __all__ = ["two_heads", "three_heads", "biased_head", "relative_noise", "in_dtype",
-           "sliding_window", "last_tokens", "logit_scaled", "alibi", "rotary", "rope",
-           "rotate_half", "attention_sink", "ARCHITECTURE_BOXES", "wrong_boxes", "AttentionHead"]
+           "soft_capped", "sliding_window", "last_tokens", "logit_scaled", "alibi", "rotary",
+           "rope", "rotate_half", "attention_sink", "ARCHITECTURE_BOXES", "wrong_boxes",
+           "AttentionHead"]

@@ -8,8 +8,16 @@ import pytest
 from attnquery.errors import ModelError, ModelMismatchError
 from attnquery.learners import ExactValueQueryLearner
 from attnquery.models import AttentionHead, MultiHeadAttention, random_head
-from attnquery.oracles import ValueOracle
-from attnquery.precision import PRECISIONS, Arithmetic, largest_finite, round_to
+from attnquery.oracles import RoundingOracle, ValueOracle
+from attnquery.precision import (
+    PRECISIONS,
+    AnswerFormat,
+    Arithmetic,
+    answer_format,
+    largest_finite,
+    round_to,
+    rounding_floor,
+)
 from attnquery.realheads import ModuleBlackBox, build_layer, write_test_checkpoint
 
 from .onnx_boxes import module_box
@@ -69,6 +77,46 @@ def test_bfloat16_is_ml_dtypes_and_float16_overflows():
     with pytest.raises(ModelError, match="precision"):
         AttentionHead(h.v, W=h.W, precision="float8")
     assert PRECISIONS == ("float64", "float32", "float16", "bfloat16")
+
+
+@pytest.mark.parametrize("precision", ["float32", "float16", "bfloat16"])
+def test_answers_read_their_format(precision):
+    """A served head's answers are read as its format's (the narrowest holding them all);
+    answers in no narrow format (a few decimal digits, float64) are float64's; answers that
+    are not finite (an overflow) say nothing about the format."""
+    h = random_head(16, 4, rank=4, key_bias=0.5, offset=0.3)
+    hp = AttentionHead(h.v, K=h.K, Q=h.Q, key_bias=h.key_bias, offset=h.offset,
+                       precision=precision)
+    X = np.random.default_rng(2).standard_normal((400, 3, 16))
+    y = hp(X)
+    assert answer_format(y) == precision
+    assert answer_format(np.append(y, [np.inf, np.nan])) == precision
+    assert answer_format(h(X)) == "float64"
+    digits = RoundingOracle(h, 16, digits=3)(X)
+    assert answer_format(digits) == "float64"
+    # batch by batch: one float64 answer makes the whole float64, float16's and bfloat16's
+    # answers together are float16's, the formats' own subsets float32's
+    seen = AnswerFormat()
+    assert seen.update(y[:100]).format == precision
+    assert seen.update(y[100:]).format == precision
+    assert seen.update(h(X[:1])).format == "float64"
+    y64 = h(X)
+    mixed = AnswerFormat().update(round_to(y64, "bfloat16")).update(round_to(y64, "float16"))
+    assert mixed.format == "float16"
+    assert answer_format(np.concatenate([round_to(y64, "float16"), round_to(y64, "float32")])) \
+        == "float32"
+
+
+def test_rounding_floor_is_the_unit_roundoff_or_float32_sums():
+    """The noise rounding explains: the format's unit roundoff, or float32's accumulated over
+    d-term sums (``u sqrt(d)``) where larger; float64 has none to judge."""
+    for precision, u in EPS.items():
+        assert rounding_floor(precision, 1) == u
+    assert rounding_floor("float32", 64) == 8 * EPS["float32"]
+    assert rounding_floor("float16", 384) == EPS["float16"]
+    assert rounding_floor("bfloat16", 4096) == EPS["bfloat16"]
+    with pytest.raises(ModelError, match="precision"):
+        rounding_floor("float64", 16)
 
 
 @pytest.mark.parametrize("precision", ["float32", "float16", "bfloat16"])

@@ -438,7 +438,8 @@ def test_every_position_free_learner_checks_up_to_check_length(name):
 def test_bad_check_length_is_refused_by_name_before_any_query(name, bad):
     make, truth, signs = LEARNERS[name]
     oracle = (MembershipOracle if signs else ValueOracle)(truth(8, 0), 8)
-    with pytest.raises(ConfigError, match=r"check_length must be an integer >= 1 \(the tokens of the longest check queries\); got"):
+    with pytest.raises(ConfigError, match=r"check_length must be an integer >= 1 \(the tokens "
+                       r"of the longest check queries\); got"):
         make().set_params(check_length=bad).fit(oracle)
     assert oracle.n_queries == 0
 

@@ -20,6 +20,7 @@ __all__ = [
     "SearchLimitError",
     "UndefinedEstimate",
     "VacuousCheckWarning",
+    "NoiseAboveFormatWarning",
 ]
 
 
@@ -69,6 +70,9 @@ class ModelMismatchError(AssumptionViolation):
     Raised after fitting, when fresh check queries show that the black box is not what the learner
     assumes (several heads, biases, noise or lower precision than the learner allows for). The
     attributes ``error`` (relative disagreement), ``allowed`` and ``n_checks`` say what was seen.
+    Also raised before the check when the answers are values of a narrow format but carry more
+    noise than its rounding explains (:func:`attnquery.learners._base.judge_noise`): ``error``
+    is then that relative noise, ``allowed`` the most the format allows, ``n_checks`` 0.
     """
 
     def __init__(self, message: str, error: float = float("nan"), allowed: float = float("nan"),
@@ -93,3 +97,12 @@ class VacuousCheckWarning(UserWarning):
     disagreement its error model allows was at least the estimate's own answer (a loose
     tolerance tau, say), so the returned estimate is unverified. The learner sets
     ``verify_vacuous_ = True``; the study records it in the row (``verify_vacuous``)."""
+
+
+class NoiseAboveFormatWarning(UserWarning):
+    """The answers are values of a narrow format (float32, float16, bfloat16) but carry more
+    noise than that format's rounding explains, and the learner was told to expect it
+    (``noise="measured"``): it goes on with the noise it measured, which a box that is not what
+    the learner assumes inflates as well, so its check is only as sharp as that noise. The
+    learner sets ``noise_above_format_ = True``. Without ``noise="measured"`` the learner raises
+    :class:`ModelMismatchError` instead (docs/served.md, "Noise judged against the format")."""

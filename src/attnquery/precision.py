@@ -23,6 +23,11 @@ to it. :class:`Arithmetic` is that arithmetic, for the models of :mod:`attnquery
 A float16 value beyond 65504 is ``inf`` (the cast overflows, as on an accelerator), and the
 softmax of a row holding ``inf`` is NaN: a float16 box answers ``inf``/NaN to inputs that are too
 large, as a real one does. Nothing is clipped.
+
+Seen from the other side, a learner reads the format of a box's answers
+(:func:`answer_format`, :class:`AnswerFormat`) and the relative noise that format's rounding
+explains (:func:`rounding_floor`), against which it judges the noise it measures (docs/served.md,
+"Noise judged against the format").
 """
 
 from __future__ import annotations
@@ -31,9 +36,11 @@ import ml_dtypes
 import numpy as np
 
 from .errors import ModelError
+from .theory import relative_rounding_error
 
 __all__ = ["PRECISIONS", "Arithmetic", "check_precision", "storage_dtype", "round_to",
-           "largest_finite"]
+           "largest_finite", "NARROW_FORMATS", "answer_format", "AnswerFormat",
+           "rounding_floor"]
 
 #: the compute precisions a model accepts
 PRECISIONS = ("float64", "float32", "float16", "bfloat16")
@@ -64,6 +71,56 @@ def round_to(a, precision: str) -> np.ndarray:
     dt = storage_dtype(precision)
     with np.errstate(over="ignore", invalid="ignore"):
         return np.asarray(a, dtype=np.float64).astype(dt).astype(np.float64)
+
+
+#: the formats narrower than float64 that answers are read in, the fewest significant bits first:
+#: a bfloat16 value within float16's normal range is also a float16 value, and both are float32
+#: values, so the first format holding every answer is the one of fewest bits that does
+NARROW_FORMATS = ("bfloat16", "float16", "float32")
+
+
+def answer_format(y) -> str:
+    """The format of answers ``y``: the first of :data:`NARROW_FORMATS` that holds every finite
+    answer exactly, else ``"float64"`` (answers rounded to a few decimal digits, or carrying
+    noise of their own, are float64 values). Answers that are not finite (a format's overflow)
+    say nothing about it."""
+    return AnswerFormat().update(y).format
+
+
+class AnswerFormat:
+    """The format of every answer seen so far (:func:`answer_format` of all of them), updated
+    batch by batch: each batch is tested against the formats that held every earlier answer
+    only, so float64 answers cost one test of each format, once."""
+
+    def __init__(self):
+        self._left = NARROW_FORMATS
+
+    def update(self, y) -> AnswerFormat:
+        """Take a batch of answers into account; returns self."""
+        if self._left:
+            y = np.asarray(y, dtype=np.float64).ravel()
+            y = y[np.isfinite(y)]
+            self._left = tuple(f for f in self._left if np.array_equal(round_to(y, f), y))
+        return self
+
+    @property
+    def format(self) -> str:
+        """The narrowest format holding every answer seen (``"float64"`` where none does)."""
+        return self._left[0] if self._left else "float64"
+
+
+def rounding_floor(precision: str, d: int) -> float:
+    """The relative noise that rounding alone explains in the answers of a model of token
+    dimension ``d`` served in ``precision`` (one of :data:`NARROW_FORMATS`): the format's unit
+    roundoff ``u`` (``2^-b`` for b significant bits), or float32's ``u sqrt(d)`` where that is
+    larger, since an engine accumulates its d-term sums in float32 and their rounding adds up
+    like ``sqrt(d)`` roundings (in float32 itself; a narrow format's own rounding of the result
+    is the larger below d = 2^26). The noise the learners measure on served boxes is a small
+    multiple of it (``NOISE_FORMAT_FACTOR`` in :mod:`attnquery.learners._base`)."""
+    if precision not in NARROW_FORMATS:
+        raise ModelError(f"precision must be one of {NARROW_FORMATS}; got {precision!r}")
+    return float(max(relative_rounding_error(dtype=precision),
+                     relative_rounding_error(dtype="float32") * np.sqrt(int(d))))
 
 
 class Arithmetic:

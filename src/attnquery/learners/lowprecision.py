@@ -42,6 +42,10 @@ and checks its estimate against the oracle on fresh random queries
 (:meth:`~attnquery.learners._base.BaseLearner._verify_fit`) with a tolerance built from the
 answers' noise, so a box that is not a single head raises
 :class:`~attnquery.errors.ModelMismatchError` while rounded answers of a single head pass.
+Where every answer is a float32, float16 or bfloat16 value, that noise is first judged against
+what the format's rounding explains (:func:`~attnquery.learners._base.judge_noise`): a box
+that is not a head shows its misfit as noise, which would otherwise widen the check's
+tolerance with it (``noise`` parameter).
 
 With ``fit_bias=True`` the head may carry a key bias and an offset, as a served module's head
 does (docs/served.md): the offset is averaged from one-token answers and cancelled by a shift of
@@ -71,18 +75,21 @@ from numbers import Integral, Real
 import numpy as np
 
 from ..errors import AssumptionViolation, BudgetExceededError, ConfigError, ModelMismatchError
+from ..precision import AnswerFormat
 from ._base import (
     BLOCK_BYTES_PARAM,
     CHECK_LENGTH,
     CHECK_LENGTH_PARAM,
     DEFAULT_VERIFY,
+    NOISE_MODES,
     BaseLearner,
     check_budget,
     check_oracle,
     check_verify_param,
     chunk_slices,
+    judge_noise,
 )
-from ._params import Interval
+from ._params import Interval, Options
 from ._probes import balanced_orthonormal, check_v, read_v
 
 __all__ = ["LowPrecisionValueQueryLearner", "pair_logits", "MAX_NOISE_LEVEL"]
@@ -363,6 +370,7 @@ class _Pairs:
         self.V = None  # last-token directions (rows) of the columns; None: e_j
         self.sign_base = None  # the sketch's passes: each entry's last-token sign
         self.rowspace = self.T0 = None  # with fit_bias: W's row space and rows found in 3b
+        self.formats = AnswerFormat()  # the format of every answer the pairs met
 
     def col_v(self, cols) -> np.ndarray:
         """``w_j^T v`` for the columns' last-token directions (``v_j`` for ``e_j``)."""
@@ -373,6 +381,7 @@ class _Pairs:
         overflowed) are counted in ``n_overflow`` and, NaN to the pairs, make the probes that
         met them be asked again at a smaller scale: the overflow bounds the input scale."""
         y = np.asarray(self.ledger(X), dtype=float)
+        self.formats.update(y)
         bad = ~np.isfinite(y)
         if bad.any():
             self.n_overflow += int(bad.sum())
@@ -710,6 +719,20 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         finite (the box's format overflowed) count in ``n_overflow_`` and their probes are
         asked again at a smaller scale. Default False (the paper's head, and the float64
         behaviour of earlier versions).
+    noise : {"format", "measured"}
+        How the answers' measured relative noise (``noise_level_``) is judged when every answer
+        is a value of a narrow format (float32, float16, bfloat16: ``answer_format_``).
+        "format" (default): it may be at most ``NOISE_FORMAT_FACTOR`` (4) times what the
+        format's rounding explains (``noise_floor_``,
+        :func:`~attnquery.precision.rounding_floor`); more means the box is not a single head
+        (its disagreement with one is counted as noise, and the check's tolerance, built from
+        the noise, would grow with it), and :class:`~attnquery.errors.ModelMismatchError` is
+        raised before the check. "measured": the answers are declared noisier than their
+        format (a box that adds noise before it rounds); the learner then warns with
+        :class:`~attnquery.errors.NoiseAboveFormatWarning`, sets ``noise_above_format_`` and
+        goes on with the noise it measured. Answers in no narrow format (float64, a few decimal
+        digits, noise added in float64) are not judged, in either mode. docs/served.md, "Noise
+        judged against the format".
 
     Attributes
     ----------
@@ -775,11 +798,21 @@ class LowPrecisionValueQueryLearner(BaseLearner):
     shift_ : ndarray (d,) or None
         With ``fit_bias``: the shift z added to every probe's tokens (``z^T v = -beta``; None
         where the offset is 0).
+    answer_format_ : str
+        The narrowest format holding every answer the fit used: "bfloat16", "float16",
+        "float32" or "float64" (:func:`~attnquery.precision.answer_format`).
+    noise_floor_ : float or None
+        The relative noise the answers' format explains
+        (:func:`~attnquery.precision.rounding_floor`); None for float64 answers.
+    noise_above_format_ : bool
+        Whether ``noise_level_`` exceeded ``NOISE_FORMAT_FACTOR`` times ``noise_floor_`` (set
+        only with ``noise="measured"``, which warns; "format" raises).
     """
 
     _parameter_constraints = {
         **BaseLearner._parameter_constraints,
         "check_length": [CHECK_LENGTH_PARAM],
+        "noise": [Options(NOISE_MODES)],
         "n_queries": [Interval(Integral, 1, None, closed="left")],
         "rank": [Interval(Integral, 1, None, closed="left"), None],
         "target_logit": [Interval(Real, 0, None, closed="neither")],
@@ -797,8 +830,8 @@ class LowPrecisionValueQueryLearner(BaseLearner):
                  answer_scale: float = 16.0, max_logit: float = 10.0,
                  initial_logit_scale: float = 1.0, pilot_rows: int = 8,
                  block_bytes: int = 16 * 2**20, fit_bias: bool = False,
-                 verify: int = DEFAULT_VERIFY, check_length: int = CHECK_LENGTH,
-                 random_state=None):
+                 noise: str = "format", verify: int = DEFAULT_VERIFY,
+                 check_length: int = CHECK_LENGTH, random_state=None):
         self.n_queries = n_queries
         self.rank = rank
         self.target_logit = target_logit
@@ -811,6 +844,7 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         self.check_length = check_length
         self.random_state = random_state
         self.fit_bias = fit_bias
+        self.noise = noise
 
     # ------------------------------------------------------------------------------------------
     @staticmethod
@@ -847,9 +881,16 @@ class LowPrecisionValueQueryLearner(BaseLearner):
             digit, for instance), where averaging cannot remove the bias of a pair's log-ratio.
         ModelMismatchError
             The box is not a single attention head: some pairs give no positive ratio at any
-            scale, or the check queries disagree with the estimate beyond the learner's own
-            error estimate (also when the answers carry additive noise that is large beside the
-            check's answers: the error model is relative).
+            scale, the answers are values of a narrow format but carry more than
+            ``NOISE_FORMAT_FACTOR`` times the noise its rounding explains (with
+            ``noise="format"``), or the check queries disagree with the estimate beyond the
+            learner's own error estimate (also when the answers carry additive noise that is
+            large beside the check's answers: the error model is relative).
+
+        Warns
+        -----
+        NoiseAboveFormatWarning
+            With ``noise="measured"``, where ``noise="format"`` would raise.
         """
         self._validate_params()
         d = check_oracle(oracle)
@@ -860,6 +901,8 @@ class LowPrecisionValueQueryLearner(BaseLearner):
             with ledger.stage("v"):  # with fit_bias, the offset and the key bias too
                 v0 = self._read_v_offset(pairs, d, fit_rng) if self.fit_bias else read_v(
                     ledger, d)
+                if not self.fit_bias:  # the answers themselves
+                    pairs.formats.update(v0)
                 check_v(v0)
                 pairs.v0, pairs.uv = v0, float(np.linalg.norm(v0) / np.sqrt(d))
                 pairs.U = balanced_orthonormal(v0, fit_rng)
@@ -874,6 +917,10 @@ class LowPrecisionValueQueryLearner(BaseLearner):
                 self.n_overflow_ = int(pairs.n_overflow)
             W_err_noise = (self._solve_sketch(pairs, *acc) if self.sketch_
                            else self._solve(acc, pairs.U, pairs))
+            # the noise against the answers' format: in "format" mode the check's tolerance,
+            # built from the noise, is then bounded by the format's floor
+            judge_noise(self, self.noise_level_, pairs.formats.format, d,
+                        "a single attention head" + (" with biases" if self.fit_bias else ""))
             Wn = float(np.linalg.norm(self.singular_values_))
             with ledger.stage("verify"):
                 self._verify_fit(oracle, self.predict, check_rng,

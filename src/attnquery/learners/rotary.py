@@ -175,7 +175,7 @@ import numpy as np
 
 from ..errors import AssumptionViolation, BudgetExceededError, ConfigError, NotIdentifiableError
 from ..models import RotaryAttentionHead, rope_frequencies, rotate_half
-from ..precision import round_to, storage_dtype
+from ..precision import answer_format, storage_dtype
 from ._base import (
     BLOCK_BYTES_PARAM,
     DEFAULT_VERIFY,
@@ -605,15 +605,10 @@ class RotaryValueQueryLearner(BaseLearner):
 
     def _served_setup(self, v, rank) -> None:
         """The answers' format (``answer_precision_``: the first of bfloat16, float16,
-        float32 holding every answer ``v``, else float64) and the tolerances it implies.
-        bfloat16 is tried first: a bfloat16 value within float16's range is also a float16
-        value, while float16 answers (11 significant bits) are rarely all bfloat16 values."""
-        self.answer_precision_ = "float64"
+        float32 holding every answer ``v``, else float64;
+        :func:`~attnquery.precision.answer_format`) and the tolerances it implies."""
+        self.answer_precision_ = answer_format(v) if np.all(np.isfinite(v)) else "float64"
         self.noise_level_ = 0.0
-        for fmt in ("bfloat16", "float16", "float32"):
-            if np.array_equal(round_to(v, fmt), v):
-                self.answer_precision_ = fmt
-                break
         self._unit_tol, self._rank_tol = UNIT_TOL, self.rank_tol
         self._n_check = check_verify_param(self.verify)
         self.n_m1_repeats_, self.long_offsets_ = 0, ()

@@ -72,10 +72,12 @@ from .._base import (
     CHECK_LENGTH,
     CHECK_LENGTH_PARAM,
     DEFAULT_VERIFY,
+    NOISE_MODES,
     BaseLearner,
     check_budget,
     check_oracle,
     check_scalar,
+    judge_noise,
 )
 from .._params import Interval, Options
 from .._probes import (
@@ -195,6 +197,18 @@ class AttentionLayerLearner(BaseLearner):
         than :data:`.served.LAYER_MAX_NOISE` (bfloat16's) are refused with
         :class:`~attnquery.errors.AssumptionViolation`. None (default): the exact learner, bit
         for bit as before.
+    noise : {"format", "measured"}
+        Served mode: how the answers' measured noise is judged when every answer is a float32,
+        float16 or bfloat16 value (``answer_format_``). "format" (default): at most
+        ``NOISE_FORMAT_FACTOR`` (4) times what the format's rounding explains
+        (``noise_floor_``, :func:`~attnquery.precision.rounding_floor`), else
+        :class:`~attnquery.errors.ModelMismatchError` right after the noise is measured (a box
+        that is not a layer, or one that adds noise: the check's tolerance, ``VERIFY_NOISE``
+        units of the noise, would grow with it). "measured": the answers are declared noisier
+        than their format; the learner warns with
+        :class:`~attnquery.errors.NoiseAboveFormatWarning`, sets ``noise_above_format_`` and
+        goes on with the noise it measured. Answers in no narrow format are not judged.
+        docs/served.md, "Noise judged against the format".
     random_state : int, sequence of ints, Generator or None
         Seed of every random choice (scan plane, sketches, checks).
 
@@ -226,6 +240,15 @@ class AttentionLayerLearner(BaseLearner):
     n_verify_queries_ : int
     noise_level_ : float or None
         Served mode: the answers' measured relative noise (None in exact mode).
+    answer_format_ : str or None
+        Served mode: the narrowest format holding every answer read before the noise was
+        judged ("bfloat16", "float16", "float32" or "float64"; None in exact mode).
+    noise_floor_ : float or None
+        Served mode, narrow formats: the relative noise the format's rounding explains
+        (:func:`~attnquery.precision.rounding_floor`; None otherwise).
+    noise_above_format_ : bool
+        Whether the noise exceeded ``NOISE_FORMAT_FACTOR`` times ``noise_floor_`` (only with
+        ``noise="measured"``, which warns; "format" raises).
     n_passes_ : int
         Passes over the isolated and missing-direction probes (1 in exact mode; in served
         mode after one rough pass).
@@ -241,6 +264,7 @@ class AttentionLayerLearner(BaseLearner):
     _parameter_constraints = {
         **BaseLearner._parameter_constraints,
         "check_length": [CHECK_LENGTH_PARAM],
+        "noise": [Options(NOISE_MODES)],
         **PROBE_PARAMS,
         "n_heads": [Interval(Integral, 1, None, closed="left")],
         "rank": [Interval(Integral, 1, None, closed="left"), None],
@@ -274,6 +298,7 @@ class AttentionLayerLearner(BaseLearner):
         n_kv_heads: int | None = None,
         positions: str = "none",
         n_queries: int | None = None,
+        noise: str = "format",
         random_state=None,
     ):
         self.n_heads = n_heads
@@ -292,6 +317,7 @@ class AttentionLayerLearner(BaseLearner):
         self.n_kv_heads = n_kv_heads
         self.positions = positions
         self.n_queries = n_queries
+        self.noise = noise
         self.random_state = random_state
 
     # ------------------------------------------------------------------------------------------
@@ -334,7 +360,9 @@ class AttentionLayerLearner(BaseLearner):
             If the answers contradict the layer model (a scan whose arcs do not add up, value
             vectors that do not sum to V, a measurement out of range).
         ModelMismatchError
-            If the assembled layer disagrees with fresh random queries beyond ``rtol``.
+            If the assembled layer disagrees with fresh random queries beyond ``rtol``, or (served
+            mode, ``noise="format"``) the answers are float32, float16 or bfloat16 values
+            carrying more than ``NOISE_FORMAT_FACTOR`` times the noise their format explains.
         NotIdentifiableError
             If every one-row answer is the same (V = 0).
         """
@@ -386,11 +414,19 @@ class AttentionLayerLearner(BaseLearner):
                 self._check_served_budget(ledger, d)
                 noise = served.measure_noise(ledger, d, rng.spawn(1)[0],
                                              float(np.sqrt(d)))
+                self.noise_level_ = noise
+                # against the answers' format (ledger.oracle: the cap, which reads it): the
+                # check's tolerance, VERIFY_NOISE units of this noise, then stays within the
+                # format's floor in "format" mode
+                judge_noise(self, noise, ledger.oracle.formats.format, d,
+                            f"an attention layer of {int(self.n_heads)} heads", stacklevel=4)
             if noise is not None:  # served mode: V and beta averaged
                 check_budget(ledger, served.constant_queries(d), "reading V and beta again")
                 V, beta = served.constants(ledger, d, rng.spawn(1)[0])
                 head = dataclasses.replace(head, v=V, offset=beta)
         self.noise_level_ = noise
+        if noise is None:  # exact mode: the noise is not measured, nor judged
+            self.answer_format_, self.noise_floor_, self.noise_above_format_ = None, None, False
         return _Layer(ledger, head.v, head.offset,
                       None if base is None else base / np.linalg.norm(base), noise=noise)
 
@@ -480,7 +516,9 @@ class AttentionLayerLearner(BaseLearner):
     def _rtol(self, run: _Layer) -> float:
         """The check's tolerance: ``rtol``, or in served mode ``VERIFY_NOISE`` units of the
         answers' noise if larger (narrow formats: ``NARROW_VERIFY_NOISE``,
-        :func:`.served.verify_units`)."""
+        :func:`.served.verify_units`). With ``noise="format"`` that noise has been judged
+        against the answers' format (:func:`~attnquery.learners._base.judge_noise`), so the
+        tolerance is at most those units of ``NOISE_FORMAT_FACTOR`` times its floor."""
         if run.noise is None:
             return float(self.rtol)
         return float(max(self.rtol, served.verify_units(run.noise) * run.noise))

@@ -21,6 +21,7 @@ import dataclasses
 import numpy as np
 
 from ...errors import AssumptionViolation, BudgetExceededError, SearchLimitError
+from ...precision import AnswerFormat
 from ..lowprecision import _BIAS_MAX_LOGIT, _KAPPA_DITHER, MAX_NOISE_LEVEL
 
 __all__ = ["Capped", "repeated", "measure_noise", "clean_tol", "fd_tol", "noisy_gradient",
@@ -580,11 +581,13 @@ class Capped:
     """The oracle seen through a cap of ``n`` more queries: every stage's budget check
     (:func:`~attnquery.learners._base.check_budget`) reads ``remaining``, so a fit that would
     spend more than ``n_queries`` stops with :class:`~attnquery.errors.BudgetExceededError`
-    before the query that would pass it."""
+    before the query that would pass it. ``formats`` reads the format of every answer
+    (:class:`~attnquery.precision.AnswerFormat`)."""
 
     def __init__(self, oracle, n: int):
         self.oracle = oracle
         self.limit = int(oracle.n_queries) + int(n)
+        self.formats = AnswerFormat()
 
     @property
     def d(self) -> int:
@@ -605,4 +608,6 @@ class Capped:
         return own if inner is None else min(own, int(inner))
 
     def __call__(self, X):
-        return self.oracle(X)
+        y = self.oracle(X)
+        self.formats.update(y)
+        return y
