@@ -152,16 +152,23 @@ def _dependencies(modname: str) -> frozenset[str]:
     return frozenset(deps)
 
 
+#: modules a closure does not follow: the learner registry maps a name to a class (the learner
+#: modules import it for :class:`~attnquery.learners.LearnerSpec`); a cell's code version covers
+#: the module of the class its learner's name resolves to instead (:func:`code_version`)
+REGISTRY_MODULES = frozenset({f"{PACKAGE}.learners._registry"})
+
+
 def module_closure(modnames: Iterable[str]) -> list[Path]:
     """Source files of ``modnames`` and of every module of the package they import, transitively.
 
-    Imports inside functions count too. Sorted, as absolute paths.
+    Imports inside functions count too; the learner registry (:data:`REGISTRY_MODULES`) is not
+    followed. Sorted, as absolute paths.
     """
     todo = [m for m in modnames]
     seen: set[str] = set()
     while todo:
         m = todo.pop()
-        if m in seen or _module_path(m) is None:
+        if m in seen or m in REGISTRY_MODULES or _module_path(m) is None:
             continue
         seen.add(m)
         todo.extend(_dependencies(m) - seen)

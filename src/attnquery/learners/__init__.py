@@ -1,9 +1,13 @@
 """Learners: each takes an oracle and recovers the parameters behind it.
 
 Every learner follows the scikit-learn convention: parameters in ``__init__``,
-``fit(oracle)`` returns self, fitted attributes end in an underscore.
+``fit(oracle)`` returns self, fitted attributes end in an underscore. Each declares what it is
+in its class attribute ``spec`` (a :class:`LearnerSpec`), which the registry reads
+(:func:`registry`, :func:`get_learner`, :func:`learner_table`), together with the plug-ins of
+the entry-point group ``attnquery.learners``.
 """
 
+from ._registry import LearnerSpec, get_learner, learner_table, registry
 from .exact import ExactValueQueryLearner
 from .ffn import ReLUNetworkLearner
 from .lowprecision import LowPrecisionValueQueryLearner
@@ -16,16 +20,21 @@ from .rotary import RotaryValueQueryLearner
 from .transformer import TransformerLearner
 
 __all__ = [
+    # the command line's methods first, in its order (attnquery info lists them so)
     "ExactValueQueryLearner",
-    "NuclearNormROPLearner",
     "SketchLowRankLearner",
+    "NuclearNormROPLearner",
     "NoisyValueQueryLearner",
-    "LowPrecisionValueQueryLearner",
     "MembershipLearner",
+    "AttentionLayerLearner",
+    "RotaryValueQueryLearner",
+    "LowPrecisionValueQueryLearner",
     "TransformerLearner",
     "ReLUNetworkLearner",
     "OrthogonalSubspaceLearner",
     "MultiHeadLearner",
-    "AttentionLayerLearner",
-    "RotaryValueQueryLearner",
+    "LearnerSpec",
+    "registry",
+    "get_learner",
+    "learner_table",
 ]

@@ -59,6 +59,7 @@ from ._probes import (
     read_v,
     unit_directions,
 )
+from ._registry import LearnerSpec
 
 __all__ = ["ExactValueQueryLearner", "read_v", "probe_logits", "check_v", "unit_directions",
            "PROBE_DESIGNS"]
@@ -145,6 +146,11 @@ class ExactValueQueryLearner(BaseLearner):
     logit_scale_ : ndarray (d,)
         The scale ``c s`` used for each column's probes.
     """
+
+    spec = LearnerSpec(
+        name="exact", oracle="value", returns="head", stages=STAGES, fits_bias=True,
+        description="exact value queries, d^2 + d queries (Theorem 4.1)",
+        variants={"paper": {"probes": "gaussian"}}, label="exact (Thm 4.1)")
 
     def __init__(
         self,

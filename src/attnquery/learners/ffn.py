@@ -42,6 +42,7 @@ import numpy as np
 
 from ..errors import SearchLimitError
 from ._base import DEFAULT_VERIFY, BaseLearner, check_oracle, check_scalar, check_verify_param
+from ._registry import LearnerSpec
 
 __all__ = ["ReLUNetworkLearner", "Interval", "Kink", "Line", "FFN_VERIFY_RTOL"]
 
@@ -241,6 +242,11 @@ class ReLUNetworkLearner(BaseLearner):
         Queries per stage: ``lines`` (the line search), ``kinks`` (the gradient jumps),
         ``refine``, ``fit`` (the output weights and linear part) and ``verify``.
     """
+
+    spec = LearnerSpec(
+        name="relu", oracle="value", returns="network", stages=STAGES,
+        description="a bias-free two-layer ReLU network from its kinks (the transformer "
+        "learner's FFN part, beyond the paper)", label="ReLU network")
 
     def __init__(
         self,

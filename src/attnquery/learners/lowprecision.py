@@ -81,6 +81,7 @@ from ._base import (
     chunk_slices,
 )
 from ._probes import balanced_orthonormal, check_v, read_v
+from ._registry import LearnerSpec
 
 __all__ = ["LowPrecisionValueQueryLearner", "pair_logits", "MAX_NOISE_LEVEL"]
 
@@ -768,6 +769,12 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         With ``fit_bias``: the shift z added to every probe's tokens (``z^T v = -beta``; None
         where the offset is 0).
     """
+
+    spec = LearnerSpec(
+        name="lowprecision", oracle="value", returns="head", stages=STAGES, fits_bias=True,
+        description="a head behind float16, bfloat16 or rounded answers, within a budget of "
+        "n_queries value queries (beyond the paper)", label="low precision",
+        command_line=False)
 
     def __init__(self, *, n_queries: int, rank: int | None = None, target_logit: float = 2.5,
                  answer_scale: float = 16.0, max_logit: float = 10.0,

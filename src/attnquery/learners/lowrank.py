@@ -50,6 +50,7 @@ from ._probes import (
     read_v,
     unit_directions,
 )
+from ._registry import LearnerSpec
 
 __all__ = ["NuclearNormROPLearner", "SketchLowRankLearner", "lowrank_floor", "SOLVERS"]
 
@@ -152,6 +153,11 @@ class NuclearNormROPLearner(BaseLearner):
     n_queries_by_stage_ : dict
         Queries per stage: ``v``, ``measurements`` and ``verify``.
     """
+
+    spec = LearnerSpec(
+        name="nuclear", oracle="value", returns="head", stages=NUCLEAR_STAGES,
+        description="nuclear-norm minimisation from rank-one projections (Theorem 5.1)",
+        label="nuclear norm (Thm 5.1)")
 
     def __init__(
         self,
@@ -513,6 +519,10 @@ class SketchLowRankLearner(BaseLearner):
         Queries per stage: ``constants`` (v, and beta and c with ``fit_bias``),
         ``right_sketch``, ``left_sketch`` and ``verify``.
     """
+
+    spec = LearnerSpec(
+        name="sketch", oracle="value", returns="head", stages=SKETCH_STAGES, fits_bias=True,
+        description="low-rank sketch, r(2d - r) + d queries", label="sketch, rank found")
 
     def __init__(
         self,

@@ -54,6 +54,7 @@ from ._base import (
     chunk_slices,
     output_error_bound,
 )
+from ._registry import LearnerSpec
 from .noisy import TAU_CLIP, AssumptionParameterError
 
 __all__ = ["MembershipLearner", "sphere_constant", "V_METHODS"]
@@ -141,6 +142,11 @@ class MembershipLearner(BaseLearner):
         precise than the W stage needs, the flip's position reflects that error, and the entry
         is left at the bound).
     """
+
+    spec = LearnerSpec(
+        name="membership", oracle="membership", returns="head", stages=STAGES,
+        description="membership queries 1[f(X) > 0] (Appendix B)",
+        variants={"paper": {"v_method": "sampling"}}, label="membership (App. B)")
 
     def __init__(self, *, eps: float = 1e-3, v_method: str = "bisection",
                  W_bound: float = 4.0, mu: float = 0.1, eps_v: float | None = None,

@@ -27,6 +27,7 @@ from ._base import (
     check_oracle,
     check_scalar,
 )
+from ._registry import LearnerSpec
 from .exact import ExactValueQueryLearner, read_v
 
 __all__ = ["OrthogonalSubspaceLearner"]
@@ -163,6 +164,11 @@ class OrthogonalSubspaceLearner(BaseLearner):
     verify_error_ : float
         Largest disagreement on the check queries, relative to the largest answer.
     """
+
+    spec = LearnerSpec(
+        name="orthogonal", oracle="value", returns="heads", stages=STAGES,
+        description="H heads with orthogonal subspaces, head by head (Appendix C)",
+        label="orthogonal subspaces (App. C)")
 
     def __init__(self, *, n_heads: int, bases=None, n_anchors: int | None = None,
                  fd_step: float = 1e-2, probes: str = "basis", verify: int = DEFAULT_VERIFY,

@@ -48,6 +48,7 @@ from ._base import (
     chunk_slices,
     output_error_bound,
 )
+from ._registry import LearnerSpec
 
 __all__ = [
     "NoisyValueQueryLearner",
@@ -185,6 +186,11 @@ class NoisyValueQueryLearner(BaseLearner):
     n_queries_by_stage_ : dict
         Queries per stage: ``v``, ``W`` and ``verify``.
     """
+
+    spec = LearnerSpec(
+        name="noisy", oracle="approximate value", returns="head", stages=STAGES,
+        description="approximate value queries within +-tau (Theorem 6.1)",
+        variants={"unclipped": {"clip": False, "strict": False}}, label="noisy (Thm 6.1)")
 
     def __init__(self, *, W_bound: float, mu: float, eps_W: float = 1e-2, eps_v: float = 1e-2,
                  oversample: int = 1, clip: bool = True, tau: float | None = None,

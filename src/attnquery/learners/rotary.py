@@ -187,6 +187,7 @@ from ._base import (
     check_verify_param,
 )
 from ._probes import balanced_orthonormal
+from ._registry import LearnerSpec
 
 __all__ = ["RotaryValueQueryLearner", "rotary_query_count", "rotary_refine_count",
            "rotary_refine_rows", "rotary_dof",
@@ -383,6 +384,11 @@ class RotaryValueQueryLearner(BaseLearner):
 
     #: the tolerance of T's eigenvalues on the unit circle (set per fit: float64 or served)
     _unit_tol = UNIT_TOL
+
+    spec = LearnerSpec(
+        name="rotary", oracle="value", returns="rotary head", stages=STAGES,
+        description="a rotary (RoPE) head, 2 (d^2 + d) queries (beyond the paper; "
+        "--param rope_base=B optional, --rank r for the low-rank route)", label="rotary head")
 
     def __init__(self, *, rope_base=None, rotary_dim=None, rank=None, fit_bias=False,
                  n_queries=None, refine="auto", oversample: int = 8, max_logit: float = 10.0,

@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import ConfigError, NotIdentifiableError
 from ..oracles import AntisymmetricOracle
 from ._base import DEFAULT_VERIFY, BaseLearner, check_budget, check_oracle, check_verify_param
+from ._registry import LearnerSpec
 from .exact import ExactValueQueryLearner
 from .ffn import FFN_VERIFY_RTOL, ReLUNetworkLearner
 
@@ -80,6 +81,11 @@ class TransformerLearner(BaseLearner):
     verify_error_ : float
         Largest disagreement on the check queries, relative to the largest answer.
     """
+
+    spec = LearnerSpec(
+        name="transformer", oracle="value", returns="transformer", stages=STAGES,
+        description="a one-layer transformer, its attention head and its ReLU network "
+        "(Section 4.1)", label="transformer (Sec. 4.1)")
 
     def __init__(self, *, ffn: str = "kinks", probes: str = "basis",
                  ffn_params: dict | None = None, verify: int = DEFAULT_VERIFY,

@@ -50,6 +50,7 @@ import numpy as np
 from ...errors import AssumptionViolation, NotIdentifiableError
 from .._base import DEFAULT_VERIFY, BaseLearner, QueryLedger, check_oracle, check_scalar
 from .._probes import read_v
+from .._registry import LearnerSpec
 from .lines import LineFit, fit_tanh_sum, predicted_error
 from .matching import match_additive, match_by_v
 from .refit import (
@@ -156,6 +157,11 @@ class MultiHeadLearner(BaseLearner):
     ``2 n_t (d^2 + 3 d)`` lines' worth plus ``refit_factor H (d^2 + d)`` refit queries; the
     refit's Jacobian has ``H (d^2 + d)`` columns, which bounds the sizes it can reach.
     """
+
+    spec = LearnerSpec(
+        name="multihead", oracle="value", returns="heads", stages=STAGES,
+        description="H heads in general position, up to a permutation (beyond the paper)",
+        label="multi-head, general position")
 
     def __init__(
         self,

@@ -76,6 +76,7 @@ from .._base import (
     check_scalar,
 )
 from .._probes import Prober, check_probe_params, coordinate_rows, read_head_constants
+from .._registry import LearnerSpec
 from ..rotary_layer import fit_rotary_layer, is_rotary_fit, predict_rotary_layer
 from . import served
 from ._state import _Head, _Layer
@@ -218,6 +219,12 @@ class AttentionLayerLearner(BaseLearner):
         the whole passes the budget leaves after them, given to the heads whose probes were the
         noisiest (:func:`.served.share_passes`).
     """
+
+    spec = LearnerSpec(
+        name="layer", oracle="value", returns="layer", fits_bias=True,
+        stages=tuple(dict.fromkeys(STAGES + SERVED_STAGES)),
+        description="a whole attention layer, H heads of rank d / H with their biases (beyond "
+        "the paper; --param n_heads=H)", label="attention layer")
 
     def __init__(
         self,
