@@ -29,9 +29,13 @@ from attnquery.oracles import ValueOracle
 
 
 @pytest.fixture
-def fresh_registry():
-    """The registry read again (after a test changes the entry points), and again after it."""
+def fresh_registry(monkeypatch):
+    """The registry (and the command line's methods) read again after a test changes the entry
+    points, and again after it."""
+    import attnquery.extraction as extraction
+
     _registry._registry.cache_clear()
+    monkeypatch.setattr(extraction, "_METHODS", None)
     yield
     _registry._registry.cache_clear()
 
@@ -192,3 +196,55 @@ def test_a_plugin_may_not_take_a_built_in_name(monkeypatch, fresh_registry):
                       r"taken by attnquery.learners.exact:ExactValueQueryLearner"):
         reg = registry()
     assert not reg["exact"].plugin
+
+
+# ---------------------------------------------------------------------------------------------
+# the command line's methods read the registry
+# ---------------------------------------------------------------------------------------------
+def test_the_methods_are_the_registrys_specs():
+    from attnquery.extraction import BIAS_METHODS, METHODS
+
+    assert list(METHODS) == ["exact", "sketch", "nuclear", "noisy", "membership", "layer",
+                             "rotary"]
+    for name, m in METHODS.items():
+        spec = get_entry(name).spec
+        assert (m.load(), m.oracle, m.description, m.returns, m.fits_bias) == (
+            get_learner(name), spec.oracle, spec.description, spec.returns, spec.fits_bias)
+    assert BIAS_METHODS == ("exact", "sketch", "layer")
+
+
+class _Network(learners.ExactValueQueryLearner):
+    spec = LearnerSpec(name="net", oracle="value", description="a network", returns="network")
+
+
+def test_a_plugin_method_extracts_and_one_the_command_line_cannot_report_is_refused(
+        monkeypatch, fresh_registry):
+    mod = types.ModuleType("attnquery_test_plugins")
+    mod.Child, mod.Network = _Child, _Network
+    monkeypatch.setitem(sys.modules, "attnquery_test_plugins", mod)
+    _entry_points(monkeypatch, child="attnquery_test_plugins:Child",
+                  net="attnquery_test_plugins:Network", gone="attnquery_gone:Gone")
+    from attnquery.extraction import METHODS, ExtractionSpec, run_extraction
+    from tests.fixtures import SOME_HEAD, some_head
+
+    assert {"child", "net", "gone"} <= set(METHODS)
+    summary, head = run_extraction(ExtractionSpec("child", some_head, 16, truth=SOME_HEAD))
+    assert summary["method"] == "child" and summary["rel_err_W"] < 1e-10
+    assert summary["n_queries"] == 16 * 16 + 16 + 8
+    with pytest.raises(ConfigError, match=r"learner 'net' .* returns a network: attnquery "
+                       "extract reports a head, a layer, a rotary head"):
+        run_extraction(ExtractionSpec("net", some_head, 16))
+    with pytest.raises(ConfigError, match="learner 'gone' .* cannot be loaded"):
+        run_extraction(ExtractionSpec("gone", some_head, 16))
+    assert not METHODS["gone"].available and METHODS["child"].available
+
+
+def test_a_learner_that_does_not_return_what_its_spec_says_is_named():
+    from attnquery.extraction import _learned_model
+
+    est = learners.ExactValueQueryLearner()
+    with pytest.raises(ConfigError, match="ExactValueQueryLearner returns a layer but did not "
+                       "produce heads_"):
+        _learned_model(est, 4, "layer")
+    with pytest.raises(ConfigError, match="returns a rotary head but did not produce head_"):
+        _learned_model(est, 4, "rotary head")
