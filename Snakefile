@@ -6,10 +6,12 @@ import sys
 # number of cores.
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"
-# The library is imported from this source tree, by the workflow and by its scripts.
+# The library is imported from this source tree, by the workflow and by its scripts; a
+# PYTHONPATH given (a plug-in learner installed with pip --target) follows it, in the jobs too.
 _SRC = os.path.join(workflow.basedir, "src")
 sys.path.insert(0, _SRC)
-os.environ.update(PYTHONPATH=_SRC)
+os.environ.update(PYTHONPATH=os.pathsep.join(
+    [_SRC] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != _SRC]))
 
 import warnings
 

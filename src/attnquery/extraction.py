@@ -2,8 +2,11 @@
 
 What ``attnquery extract`` does, without the command line:
 
-* :data:`METHODS` maps a method name (``--method``) to its learner, imported only when used, so
-  a method whose learner is not installed fails with a clear message while the others work;
+* :data:`METHODS` maps a method name (``--method``) to its learner: the learner registry's
+  (:mod:`attnquery.learners._registry`), built-in learners and plug-ins of the entry-point group
+  ``attnquery.learners``; a plug-in is imported only when used, so one that fails fails with a
+  clear message naming it while the others work. :data:`BIAS_METHODS` are the methods whose
+  spec says they fit a module head's key bias and offset;
   :func:`make_learner` builds one with checked parameters (:func:`construct`);
 * :func:`load_black_box` imports a user's black box given as ``MODULE:FUNCTION`` or
   ``path/to/file.py:FUNCTION``; :func:`black_box_files` names the files it would run, without
@@ -35,19 +38,30 @@ import numpy as np
 from . import theory
 from .errors import AttnQueryError, ConfigError
 
-__all__ = ["METHODS", "Method", "BIAS_METHODS", "construct", "make_learner", "make_oracle",
+# METHODS and BIAS_METHODS are made from the learner registry when first asked for (__getattr__)
+__all__ = ["METHODS", "Method", "methods", "BIAS_METHODS", "REPORTABLE", "construct",  # noqa: F822
+           "make_learner", "make_oracle",
            "DeclaredApproximateOracle", "ProgressOracle", "expected_queries", "load_black_box",
            "black_box_files", "ExtractionSpec", "run_extraction"]
 
 
+#: what ``attnquery extract`` can report and save: one head, a layer, a rotary head
+REPORTABLE = ("head", "layer", "rotary head")
+
+
 @dataclass(frozen=True)
 class Method:
-    """A learner reachable from ``--method``: where its class lives and what oracle it needs."""
+    """A learner reachable from ``--method``: where its class lives, what oracle it needs, what
+    it returns (``"head"``, ``"layer"`` or ``"rotary head"``) and whether it fits a module head's
+    key bias and offset. :func:`methods` makes one from each registry entry
+    (:mod:`attnquery.learners._registry`)."""
 
     module: str
     cls: str
     oracle: str  # "value", "approximate value" or "membership"
     description: str
+    returns: str = "head"
+    fits_bias: bool = False
 
     def load(self):
         """Import and return the learner class (ConfigError if it is not available)."""
@@ -69,28 +83,80 @@ class Method:
         return True
 
 
-#: --method name -> learner
-METHODS: dict[str, Method] = {
-    "exact": Method("attnquery.learners.exact", "ExactValueQueryLearner", "value",
-                    "exact value queries, d^2 + d queries (Theorem 4.1)"),
-    "sketch": Method("attnquery.learners.lowrank", "SketchLowRankLearner", "value",
-                     "low-rank sketch, r(2d - r) + d queries"),
-    "nuclear": Method("attnquery.learners.lowrank", "NuclearNormROPLearner", "value",
-                      "nuclear-norm minimisation from rank-one projections (Theorem 5.1)"),
-    "noisy": Method("attnquery.learners.noisy", "NoisyValueQueryLearner", "approximate value",
-                    "approximate value queries within +-tau (Theorem 6.1)"),
-    "membership": Method("attnquery.learners.membership", "MembershipLearner", "membership",
-                         "membership queries 1[f(X) > 0] (Appendix B)"),
-    "layer": Method("attnquery.learners.multihead_generic", "AttentionLayerLearner", "value",
-                    "a whole attention layer, H heads of rank d / H with their biases (beyond "
-                    "the paper; --param n_heads=H)"),
-    "rotary": Method("attnquery.learners.rotary", "RotaryValueQueryLearner", "value",
-                     "a rotary (RoPE) head, 2 (d^2 + d) queries (beyond the paper; "
-                     "--param rope_base=B optional, --rank r for the low-rank route)"),
-}
+class _PluginMethod:
+    """The :class:`Method` of a plug-in learner: its class is imported, and its spec read, only
+    when a field is first asked for; a plug-in that cannot be loaded, or returns what the command
+    line cannot report, raises a ConfigError naming it then (and is not :attr:`available`)."""
 
-#: --method names whose learners fit a head's key bias and offset (``fit_bias``)
-BIAS_METHODS = ("exact", "sketch", "layer")
+    def __init__(self, entry):
+        self._entry = entry
+
+    module = property(lambda self: self._entry.module)
+    cls = property(lambda self: self._entry.qualname)
+
+    @property
+    def _spec(self):
+        spec = self._entry.spec
+        if not spec.command_line or spec.returns not in REPORTABLE:
+            raise ConfigError(f"learner {spec.name!r} ({self._entry.where()}) returns a "
+                              f"{spec.returns}: attnquery extract reports a "
+                              f"{', a '.join(REPORTABLE)}")
+        return spec
+
+    oracle = property(lambda self: self._spec.oracle)
+    description = property(lambda self: self._spec.description)
+    returns = property(lambda self: self._spec.returns)
+    fits_bias = property(lambda self: self._spec.fits_bias)
+
+    def load(self):
+        """Import and return the learner class (ConfigError naming the plug-in if it cannot)."""
+        self._spec  # noqa: B018 (refused here too when the command line cannot report it)
+        return self._entry.load()
+
+    @property
+    def available(self) -> bool:
+        try:
+            self.load()
+        except ConfigError:
+            return False
+        return True
+
+    def __repr__(self) -> str:
+        return f"_PluginMethod({self._entry.name!r}, {self._entry.target!r})"
+
+
+_METHODS: dict[str, Method] | None = None
+
+
+def methods() -> dict[str, Method]:
+    """``--method`` name -> :class:`Method`: the registry's learners that the command line
+    offers (a spec with ``command_line`` that returns a head, a layer or a rotary head), built
+    in first, then every plug-in (imported when it is used). Built once per process; the same
+    dict as :data:`METHODS`."""
+    global _METHODS
+    if _METHODS is None:
+        from .learners._registry import registry
+
+        out: dict[str, Method] = {}
+        for name, entry in registry().items():
+            if entry.plugin:
+                out[name] = _PluginMethod(entry)
+                continue
+            spec = entry.spec
+            if spec.command_line and spec.returns in REPORTABLE:
+                out[name] = Method(entry.module, entry.qualname, spec.oracle, spec.description,
+                                   spec.returns, spec.fits_bias)
+        _METHODS = out
+    return _METHODS
+
+
+def __getattr__(name):
+    # METHODS and BIAS_METHODS are read from the learner registry when first asked for
+    if name == "METHODS":
+        return methods()
+    if name == "BIAS_METHODS":  # every plug-in is imported (one that cannot be is left out)
+        return tuple(k for k, m in methods().items() if m.available and m.fits_bias)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _accepts(cls, params=None) -> tuple[set[str], bool]:
@@ -189,9 +255,9 @@ def make_learner(method: str, *, seed=None, rank=None, tau=None, eps=None, probe
     params : dict, optional
         Further constructor parameters, by name.
     """
-    if method not in METHODS:
-        raise ConfigError(f"unknown method {method!r}; choose from {sorted(METHODS)}")
-    cls = METHODS[method].load()
+    if method not in methods():
+        raise ConfigError(f"unknown method {method!r}; choose from {sorted(methods())}")
+    cls = methods()[method].load()
     required = {"rank": rank, "tau": tau, "eps": eps, "probes": probes, **(params or {})}
     return construct(cls, optional={"random_state": seed}, required=required)
 
@@ -231,7 +297,7 @@ def make_oracle(method: str, fn, d: int, *, budget=None, tau=None, noise=None, s
     """
     from . import oracles
 
-    kind = METHODS[method].oracle
+    kind = methods()[method].oracle
     if kind == "value":
         return oracles.ValueOracle(fn, d, budget=budget)
     if kind == "approximate value":
@@ -425,23 +491,32 @@ class _guard_import:
                           f"{exc}") from None
 
 
-def _learned_model(est, d: int):
-    """The learner's estimate as a model: an AttentionHead (with the key bias and offset a
-    ``fit_bias`` learner found), a MultiHeadAttention for a layer learner, or the
-    RotaryAttentionHead of the rotary learner."""
+def _learned_model(est, d: int, returns: str):
+    """The learner's estimate as the model its spec says it returns (``returns``): an
+    AttentionHead (with the key bias and offset a ``fit_bias`` learner found), a
+    MultiHeadAttention for a layer, or the RotaryAttentionHead of a rotary learner."""
     from .models import AttentionHead, MultiHeadAttention, RotaryAttentionHead
 
-    rotary = getattr(est, "head_", None)
-    if isinstance(rotary, RotaryAttentionHead):
-        return rotary
-    heads = getattr(est, "heads_", None)
-    if isinstance(heads, list) and heads and all(isinstance(h, AttentionHead) for h in heads):
+    what = type(est).__name__
+    if returns == "rotary head":
+        head = getattr(est, "head_", None)
+        if not isinstance(head, RotaryAttentionHead):
+            raise ConfigError(f"{what} returns a rotary head but did not produce head_")
+        return head
+    if returns == "layer":
+        heads = getattr(est, "heads_", None)
+        if not (isinstance(heads, list) and heads
+                and all(isinstance(h, AttentionHead) for h in heads)):
+            raise ConfigError(f"{what} returns a layer but did not produce heads_")
         return MultiHeadAttention(heads, offset=float(getattr(est, "offset_", 0.0)))
+    if returns != "head":
+        raise ConfigError(f"{what} returns a {returns}: attnquery extract reports a "
+                          f"{', a '.join(REPORTABLE)}")
     W = getattr(est, "W_", None)
     v = getattr(est, "v_", None)
     if W is None or v is None:
-        raise ConfigError(f"{type(est).__name__} did not produce W_ and v_")
-    c = getattr(est, "key_bias_", None)
+        raise ConfigError(f"{what} did not produce W_ and v_")
+    c = getattr(est, "key_bias_", None)  # a head's key bias and offset, where it fits them
     return AttentionHead(np.asarray(v, dtype=float).reshape(d), W=np.asarray(W, dtype=float),
                          key_bias=None if c is None else np.asarray(c, dtype=float),
                          offset=float(getattr(est, "offset_", 0.0)))
@@ -543,8 +618,9 @@ class ExtractionSpec:
     simulated: bool | None = None
 
     def __post_init__(self):
-        if self.method not in METHODS:
-            raise ConfigError(f"unknown method {self.method!r}; choose from {sorted(METHODS)}")
+        if self.method not in methods():
+            raise ConfigError(f"unknown method {self.method!r}; choose from "
+                              f"{sorted(methods())}")
 
     @property
     def simulates_noise(self) -> bool:
@@ -568,7 +644,7 @@ def run_extraction(spec: ExtractionSpec) -> tuple[dict, object]:
     from .errors import BudgetExceededError
 
     method, d = spec.method, spec.d
-    approximate = METHODS[method].oracle == "approximate value"
+    approximate = methods()[method].oracle == "approximate value"
     oracle = make_oracle(method, spec.fn, d, budget=spec.budget, tau=spec.tau, noise=spec.noise,
                          seed=spec.seed, simulated=spec.simulates_noise)
     learner = make_learner(method, seed=spec.seed, rank=spec.rank,
@@ -592,7 +668,7 @@ def run_extraction(spec: ExtractionSpec) -> tuple[dict, object]:
         bar.close()
     elapsed = time.perf_counter() - t0
     n = _counted_queries(method, oracle, learner)
-    learned = _learned_model(learner, d)
+    learned = _learned_model(learner, d, methods()[method].returns)
     summary = _summary(spec, learner, oracle, learned, n, elapsed)
     if spec.truth is not None:
         summary.update(_errors_against(method, learned, spec.truth, d))
@@ -662,7 +738,7 @@ def _errors_against(method: str, learned, truth, d: int) -> dict:
     from .models import AttentionHead
 
     out = {}
-    if METHODS[method].oracle == "membership":
+    if methods()[method].oracle == "membership":
         norm = float(np.linalg.norm(truth.v))
         truth = AttentionHead(truth.v / norm, W=truth.W) if norm > 0 else truth
         out["v_compared"] = "direction (v / ||v||)"

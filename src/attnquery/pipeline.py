@@ -48,9 +48,10 @@ def run_shard(name: str, cells, seed: int, time_limit: float | None, out, timing
               log=None) -> int:
     """Compute the cells of one shard of experiment ``name`` and write their rows.
 
-    ``cells`` carry their keys (:func:`attnquery.study.keyed_cells`); the code version they were
-    planned with must still be the code's, or the shard stops before computing anything (the
-    sources changed while the workflow ran: run it again). Every cell gives a row, including
+    ``cells`` carry their keys (:func:`attnquery.study.keyed_cells`); the code version each was
+    planned with (its learner's, :func:`attnquery.study.code_version`) must still be the code's,
+    or the shard stops before computing anything (the sources changed while the workflow ran:
+    run it again). Every cell gives a row, including
     failed ones. Returns the number of rows written.
     """
     from .errors import AttnQueryError, VacuousCheckWarning
@@ -59,9 +60,10 @@ def run_shard(name: str, cells, seed: int, time_limit: float | None, out, timing
     logger = Logger(log)
     try:
         cells = [dict(c) for c in cells]
-        version = code_version(name)
+        now = {lr: code_version(name, lr) for lr in {c.get("learner") for c in cells}}
         planned = {c["code_version"] for c in cells}
-        if planned != {version}:
+        version = ", ".join(sorted(set(now.values())))
+        if any(c["code_version"] != now[c.get("learner")] for c in cells):
             raise AttnQueryError(
                 f"experiment {name}: the code changed since the workflow planned this shard "
                 f"(planned with code version {sorted(planned)}, the sources now give {version}); "

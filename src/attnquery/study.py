@@ -40,6 +40,9 @@ from .errors import ConfigError
 __all__ = [
     "PACKAGE_DIR",
     "module_closure",
+    "outside_closure",
+    "source_digest",
+    "REGISTRY_MODULES",
     "code_version",
     "experiment_module",
     "figure_sources",
@@ -94,11 +97,13 @@ def _parsed(path: Path) -> ast.Module:
     return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
 
 
-def _absolute(modname: str, node: ast.ImportFrom) -> str:
-    """The absolute module named by a (possibly relative) ``from ... import`` in ``modname``."""
+def _absolute(modname: str, node: ast.ImportFrom, is_package: bool | None = None) -> str:
+    """The absolute module named by a (possibly relative) ``from ... import`` in ``modname`` (a
+    package's ``__init__`` when ``is_package``; default: whether it is one of this package)."""
     if node.level == 0:
         return node.module or ""
-    package = modname if _is_package(modname) else modname.rsplit(".", 1)[0]
+    is_package = _is_package(modname) if is_package is None else is_package
+    package = modname if is_package else modname.rsplit(".", 1)[0]
     base = package.split(".")
     if node.level > 1:
         base = base[: len(base) - (node.level - 1)]
@@ -124,22 +129,25 @@ def _binding(package: str, name: str, seen: frozenset = frozenset()) -> str | No
     return None
 
 
-@functools.cache
-def _dependencies(modname: str) -> frozenset[str]:
-    """Modules of this package that ``modname`` imports (anywhere in its source).
+def _import_targets(tree: ast.Module, modname: str, is_package: bool) -> set[str]:
+    """Modules of this package that the import statements of ``tree`` (the source of module
+    ``modname``, a package's ``__init__`` when ``is_package``) name, and the absolute names of
+    every other module they import (those outside the package, as written).
 
-    ``from package import name`` depends on the module that defines ``name``: a submodule, or
-    the module an ``__init__`` re-exports it from, so importing a class through
-    ``attnquery.learners`` depends on that class's module only; a name defined in the
-    ``__init__`` itself depends on the ``__init__``.
+    ``from package import name`` names the module that defines ``name``: a submodule, or the
+    module an ``__init__`` re-exports it from, so importing a class through
+    ``attnquery.learners`` names that class's module only; a name defined in the ``__init__``
+    itself names the ``__init__``.
     """
     deps: set[str] = set()
-    for node in ast.walk(_parsed(_module_path(modname))):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            deps.update(a.name for a in node.names if _module_path(a.name))
+            deps.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
-            source = _absolute(modname, node)
+            source = _absolute(modname, node, is_package)
             if _module_path(source) is None:
+                deps.add(source)
+                deps.update(f"{source}.{a.name}" for a in node.names)
                 continue
             for alias in node.names:
                 if _module_path(f"{source}.{alias.name}") is not None:
@@ -148,20 +156,36 @@ def _dependencies(modname: str) -> frozenset[str]:
                     deps.add(_binding(source, alias.name) or source)
                 else:
                     deps.add(source)
+    return deps
+
+
+@functools.cache
+def _dependencies(modname: str) -> frozenset[str]:
+    """Modules of this package that ``modname`` imports (anywhere in its source; see
+    :func:`_import_targets`)."""
+    deps = {m for m in _import_targets(_parsed(_module_path(modname)), modname,
+                                       _is_package(modname)) if _module_path(m)}
     deps.discard(modname)
     return frozenset(deps)
+
+
+#: modules a closure does not follow: the learner registry maps a name to a class (the learner
+#: modules import it for :class:`~attnquery.learners.LearnerSpec`); a cell's code version covers
+#: the module of the class its learner's name resolves to instead (:func:`code_version`)
+REGISTRY_MODULES = frozenset({f"{PACKAGE}.learners._registry"})
 
 
 def module_closure(modnames: Iterable[str]) -> list[Path]:
     """Source files of ``modnames`` and of every module of the package they import, transitively.
 
-    Imports inside functions count too. Sorted, as absolute paths.
+    Imports inside functions count too; the learner registry (:data:`REGISTRY_MODULES`) is not
+    followed. Sorted, as absolute paths.
     """
     todo = [m for m in modnames]
     seen: set[str] = set()
     while todo:
         m = todo.pop()
-        if m in seen or _module_path(m) is None:
+        if m in seen or m in REGISTRY_MODULES or _module_path(m) is None:
             continue
         seen.add(m)
         todo.extend(_dependencies(m) - seen)
@@ -179,15 +203,57 @@ def _file_digest(path: Path) -> bytes:
     return hashlib.sha256(path.read_bytes()).digest()
 
 
-def source_digest(files: Iterable[Path], extra: Mapping | None = None) -> str:
-    """A 16-hex-digit digest of files' names (relative to the package) and contents."""
+def source_digest(files: Iterable[Path], extra: Mapping | None = None,
+                  modules: Mapping[str, Path] | None = None) -> str:
+    """A 16-hex-digit digest of files' names (relative to the package) and contents, and of
+    ``modules`` outside the package (a plug-in's), named by their module name."""
     h = hashlib.sha256()
     for f in sorted(Path(p) for p in files):
         h.update(str(f.relative_to(PACKAGE_DIR)).encode() + b"\0")
         h.update(_file_digest(f))
+    for name, f in sorted((modules or {}).items()):
+        h.update(f"<module {name}>".encode() + b"\0")
+        h.update(_file_digest(Path(f)))
     if extra:
         h.update(json.dumps(extra, sort_keys=True).encode())
     return h.hexdigest()[:16]
+
+
+def _outside_path(modname: str) -> Path | None:
+    """The source file of a module outside the package (None if it has no Python source)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(modname)
+    except (ImportError, ValueError):  # "pkg.mod.Class": not a module
+        return None
+    origin = getattr(spec, "origin", None) if spec is not None else None
+    return Path(origin).resolve() if origin and origin.endswith(".py") else None
+
+
+def outside_closure(modname: str) -> tuple[dict[str, Path], set[str]]:
+    """A module outside the package (a plug-in learner's) and what it imports, transitively:
+    ``({module name: source file}, modules of this package it imports)``. Followed are the
+    modules of its own top-level package; those of this package go to the second set (their
+    closure is :func:`module_closure`'s)."""
+    top = modname.split(".")[0]
+    files: dict[str, Path] = {}
+    inside: set[str] = set()
+    todo = [modname]
+    while todo:
+        m = todo.pop()
+        if m in files:
+            continue
+        path = _outside_path(m)
+        if path is None:
+            continue
+        files[m] = path
+        for dep in _import_targets(_parsed(path), m, path.name == "__init__.py"):
+            if _module_path(dep) is not None:
+                inside.add(dep)
+            elif dep.split(".")[0] == top and dep != m:
+                todo.append(dep)
+    return files, inside
 
 
 def experiment_module(name: str) -> str:
@@ -197,10 +263,28 @@ def experiment_module(name: str) -> str:
     return get_experiment(name).run.__module__
 
 
-def code_version(name: str) -> str:
+def code_version(name: str, learner: str | None = None) -> str:
     """The version of the code that experiment ``name``'s cells run: a digest of its module
-    closure and of the numerical libraries' versions."""
-    return source_digest(module_closure([experiment_module(name)]), _library_versions())
+    closure and of the numerical libraries' versions.
+
+    An experiment whose module imports the learner registry builds a cell's learner from its name
+    (``learner``, the cell's ``learner``): its cells' version then covers the module the
+    registry's entry for that name names, too: a built-in learner's module closure (no file more
+    where the experiment imports that learner already), or a plug-in's source files by module
+    name (:func:`outside_closure`) with the package modules they import.
+    """
+    module = experiment_module(name)
+    modules, outside = [module], {}
+    if learner is not None and REGISTRY_MODULES & _dependencies(module):
+        from .learners._registry import registry
+
+        entry = registry().get(learner)
+        if entry is not None and _module_path(entry.module) is not None:
+            modules.append(entry.module)
+        elif entry is not None:
+            outside, inside = outside_closure(entry.module)
+            modules.extend(sorted(inside))
+    return source_digest(module_closure(modules), _library_versions(), outside)
 
 
 def figure_sources(name: str) -> list[Path]:
@@ -231,17 +315,21 @@ def cell_key(config_hash: str, version: str) -> str:
 
 def keyed_cells(name: str, cells: list[dict], section: Mapping, study_seed: int,
                 version: str | None = None) -> list[dict]:
-    """``cells`` with their provenance keys ``config_hash``, ``code_version`` and ``cell_key``
-    (new dicts; the cells keep their order)."""
+    """``cells`` with their provenance keys ``config_hash``, ``code_version`` (that of the cell's
+    learner, :func:`code_version`; ``version`` for every cell where given) and ``cell_key`` (new
+    dicts; the cells keep their order)."""
     from .experiments import get_experiment
 
-    version = version or code_version(name)
+    versions: dict = {}  # the cells' learners' code versions (code_version)
     data = data_identity(get_experiment(name).data(section))
     out = []
     for c in cells:
+        learner = c.get("learner")
+        if learner not in versions:
+            versions[learner] = version or code_version(name, learner)
         ch = cell_config_hash(c, study_seed, data)
-        out.append({**c, "config_hash": ch, "code_version": version,
-                    "cell_key": cell_key(ch, version)})
+        out.append({**c, "config_hash": ch, "code_version": versions[learner],
+                    "cell_key": cell_key(ch, versions[learner])})
     return out
 
 

@@ -8,11 +8,10 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..extraction import (
-    BIAS_METHODS,
-    METHODS,
     ExtractionSpec,
     black_box_files,
     load_black_box,
+    methods,
     run_extraction,
 )
 from ._common import (
@@ -54,7 +53,7 @@ def register(sub) -> None:
                      "head (--head) or the whole layer; errors are reported against its weights")
     e.add_argument("--d", type=int_at_least(1, MAX_D), help="token dimension of the black box "
                    "(required with --oracle)")
-    e.add_argument("--method", choices=sorted(METHODS),
+    e.add_argument("--method", choices=sorted(methods()),
                    help="learner (default: exact; layer for --module without --head)")
     e.add_argument("--out", type=Path, help="write the learned head (v, W) to this .npz (a "
                    "regular file, or a new one; never one of the inputs)")
@@ -228,7 +227,7 @@ def _module_method(args, ckpt, biases: bool) -> tuple[str, int | None, dict]:
     method = args.method or "exact"
     if method == "layer":
         raise ConfigError("--method layer learns a whole layer: leave out --head")
-    if biases and method not in BIAS_METHODS:
+    if biases and not methods()[method].fits_bias:
         raise ConfigError(f"the module's head has biases, which --method {method} does "
                           "not fit: use --method exact or sketch, or drop the biases with "
                           "--no-biases (the paper's head)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..errors import ConfigError
 from ._common import load_config, print_json
 
 __all__ = ["register", "run", "DEFAULT_CONFIG"]
@@ -27,15 +28,14 @@ def register(sub) -> None:
 
 def run(args) -> int:
     """Run ``attnquery info``."""
-    from ..extraction import METHODS
+    from ..extraction import methods
     from ..provenance import versions
     from ..results import SCHEMA_VERSION
 
     info = {
         "versions": versions(),
         "schema_version": SCHEMA_VERSION,
-        "methods": {k: {"learner": m.cls, "oracle": m.oracle, "available": m.available,
-                        "description": m.description} for k, m in METHODS.items()},
+        "methods": {k: _method(m) for k, m in methods().items()},
     }
     cfg_path = DEFAULT_CONFIG if args.config is None else args.config
     if args.config is not None or cfg_path.exists():
@@ -48,6 +48,17 @@ def run(args) -> int:
     else:
         _print(info)
     return 0
+
+
+def _method(m) -> dict:
+    """A ``--method``'s class, oracle, availability and description (a plug-in that cannot be
+    loaded: no oracle, and why in its description)."""
+    try:
+        return {"learner": m.cls, "oracle": m.oracle, "available": m.available,
+                "description": m.description}
+    except ConfigError as exc:
+        return {"learner": m.cls, "oracle": None, "available": False,
+                "description": f"not available: {exc}"}
 
 
 def _experiments(cfg) -> dict:

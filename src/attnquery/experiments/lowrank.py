@@ -5,7 +5,10 @@
   at most :data:`PHASE_TOL` after polishing) shows the phase transition and the constant C.
 * ``lowrank_scale``: the sketch learner (rank found from the answers) and the exact learner of
   Theorem 4.1 on the same factored heads, up to d = 1024 (4096 in ``config/scale.yaml``): the
-  queries counted against the floor ``r (2d - r) + d``, the error and the wall time.
+  queries counted against the floor ``r (2d - r) + d``, the error and the wall time. Its
+  ``learners`` may name any registered learner of one head from value queries
+  (:mod:`attnquery.learners._registry`, plug-ins included) that needs no parameter: it is built
+  with its defaults and the cell's generator, and judged on its dense ``W_`` and ``v_``.
 
 The head of a grid point depends on (d, r, seed index) only, so every learner and every c of a
 grid point meet the same head; the probes come from the cell's own generator.
@@ -19,6 +22,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..learners import ExactValueQueryLearner, NuclearNormROPLearner, SketchLowRankLearner
+from ..learners._registry import REQUIRED, get_entry, registry
 from ..metrics import fit_counted, functional_error, head_errors, relative_error
 from ..models import random_head
 from ..theory import PHASE_TOL, SKETCH_TOL, lowrank_floor
@@ -119,12 +123,64 @@ def _exact(head, oracle, rng):
     return est, counts, abs_err, relative_error(est.W_, W), None, {"n_requeried": est.n_requeried_}
 
 
-#: the learners of "lowrank_scale", by name: (head, oracle, rng) -> (estimator, query counts,
-#: absolute and relative error of W, rank found, extra)
+def _registered(name: str):
+    """A registered learner built with its defaults (its spec checked by
+    :func:`_check_learner`); its error from the dense W."""
+    def fit(head, oracle, rng):
+        est = get_entry(name).load()(random_state=rng)
+        counts = fit_counted(est, oracle)
+        W = head.W
+        abs_err = float(np.linalg.norm(est.W_ - W))
+        return est, counts, abs_err, relative_error(est.W_, W), None, {}
+    return fit
+
+
+#: the learners of "lowrank_scale" with a fit of their own, by name: (head, oracle, rng) ->
+#: (estimator, query counts, absolute and relative error of W, rank found, extra); any other
+#: registered learner of one head from value queries runs through :func:`_registered`
 SCALE_LEARNERS = {"sketch": _sketch, "exact": _exact}
 
 
+def scale_learners() -> list[str]:
+    """The registered learners ``lowrank_scale`` can run: one head from value queries, no
+    parameter needed (a plug-in is imported to read its spec; one that cannot be is left
+    out)."""
+    return [name for name in registry() if _unfit(name) is None]
+
+
+def _unfit(name: str) -> str | None:
+    """Why ``lowrank_scale`` cannot run the learner ``name`` (None if it can): it must be
+    registered, learn one head from value queries and need no parameter but the cell's
+    ``random_state``."""
+    if name in SCALE_LEARNERS:
+        return None
+    if name not in registry():
+        return "is not a registered learner"
+    entry = get_entry(name)
+    try:
+        spec, params = entry.spec, entry.parameters()
+    except ConfigError as exc:
+        return f"cannot be loaded ({exc})"
+    if spec.oracle != "value" or spec.returns != "head":
+        return f"learns a {spec.returns} from the {spec.oracle} oracle"
+    needs = [k for k, p in params.items() if p["default"] is REQUIRED]
+    if needs or "random_state" not in params:
+        return (f"needs {needs or ['random_state']}, which lowrank_scale does not give (it "
+                "builds a learner with its defaults and the cell's random_state)")
+    return None
+
+
+def _check_learner(name: str) -> None:
+    """ConfigError naming the learners ``lowrank_scale`` can run unless it can run ``name``."""
+    why = _unfit(name)
+    if why is not None:
+        raise ConfigError(f"learners: {name!r} {why}; lowrank_scale runs the registered "
+                          f"learners of one head from value queries: {scale_learners()}")
+
+
 def scale_cells(cfg) -> list[dict]:
+    for name in dict.fromkeys(cfg["learners"]):
+        _check_learner(name)
     out = []
     for g in grid(d=cfg["d"], rank=cfg["rank"], learner=cfg["learners"],
                   seed=list(range(cfg["seeds"]))):
@@ -145,10 +201,9 @@ def scale_run(cell: dict, rng: np.random.Generator) -> dict:
     from ..oracles import ValueOracle
 
     oracle = ValueOracle(head, d)
-    if cell["learner"] not in SCALE_LEARNERS:
-        raise ConfigError(f"lowrank_scale: unknown learner {cell['learner']!r}")
-    est, counts, abs_err, rel, rank_found, extra = SCALE_LEARNERS[cell["learner"]](
-        head, oracle, learner_rng)
+    _check_learner(cell["learner"])
+    fit = SCALE_LEARNERS.get(cell["learner"]) or _registered(cell["learner"])
+    est, counts, abs_err, rel, rank_found, extra = fit(head, oracle, learner_rng)
     extra = {"floor": lowrank_floor(d, r), **extra}
     rel_v = relative_error(est.v_, head.v)
     out = {
@@ -178,8 +233,9 @@ def phase_seconds(cell) -> float:
 
 def scale_seconds(cell) -> float:
     """Sketch: 3.4 s at d = 1024, r = 128 (default study), 50 s at d = 4096, r = 128
-    (benchmark): r d^2; exact: as the exact experiment."""
-    return _SCALE_SECONDS[cell["learner"]](cell["d"], cell["rank"])
+    (benchmark): r d^2; exact: as the exact experiment; another registered learner: as the exact
+    learner (a dense head, d^2 + d queries; not measured)."""
+    return _SCALE_SECONDS.get(cell["learner"], _SCALE_SECONDS["exact"])(cell["d"], cell["rank"])
 
 
 _SCALE_SECONDS = {"sketch": lambda d, r: 0.02 + 3e-8 * r * d**2,

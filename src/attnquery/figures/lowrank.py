@@ -27,6 +27,27 @@ SKETCH_FACTOR = 1.05
 SKETCH_MIN_D = 256
 
 
+#: markers of the other registered learners a config lists (sketch and exact have their own)
+OTHER_MARKERS = "vDP*Xh<>p"
+
+
+def learner_label(name: str) -> str:
+    """The figure label of learner ``name``: its registry spec's (its name where it cannot be
+    loaded)."""
+    from ..errors import ConfigError
+    from ..learners._registry import get_entry
+
+    try:
+        return get_entry(name).spec.display
+    except ConfigError:
+        return name
+
+
+def _other_learners(sc) -> list[str]:
+    """The learners of ``lowrank_scale`` rows other than sketch and exact, sorted."""
+    return sorted(set(sc["learner"]) - {"sketch", "exact"})
+
+
 def _phase_rows(df):
     rows = df[df["experiment"] == "lowrank_phase"]
     return rows[rows["status"] == "ok"]
@@ -327,7 +348,8 @@ def lowrank_phase(df):
     caption=LOWRANK_QUERIES_CAPTION,
 )
 def lowrank_queries(df):
-    """Queries against r d: nuclear (smallest successful m + d), sketch, exact, the floor."""
+    """Queries against r d: nuclear (smallest successful m + d), sketch, exact, every other
+    learner the rows have (labelled by its spec), the floor."""
     claims = lowrank_claims(df)
     fig, ax = plt.subplots(figsize=(6.75, 3.6))
     tp = transition_points(df)
@@ -346,6 +368,10 @@ def lowrank_queries(df):
     if len(g):
         series.append(("exact (Thm 4.1), $d^2 + d$", g["d"] * g["rank"], g["n_queries"], "^",
                        None))
+    for i, name in enumerate(_other_learners(sc)):
+        g = sc[sc["learner"] == name]
+        series.append((learner_label(name), g["d"] * g["rank"], g["n_queries"],
+                       OTHER_MARKERS[i % len(OTHER_MARKERS)], g["n_queries"]))
     st = success_table(df)
     sd = statdim_table(zip(st["d"], st["rank"], strict=True))
     sd = sd.assign(rd=sd["d"] * sd["rank"])
@@ -396,7 +422,7 @@ def lowrank_queries(df):
     uses_timing=True,
 )
 def lowrank_time(df):
-    """Wall time against d: nuclear norm (per solver) and sketch (per r)."""
+    """Wall time against d: nuclear norm (per solver) and each learner of the rows (per r)."""
     claims = []
     fig, ax = plt.subplots(figsize=(6.75, 3.4))
     ph = _phase_rows(df)
@@ -409,11 +435,16 @@ def lowrank_time(df):
     if "wall_time_s" in df.columns and len(sc):
         colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
         ranks = sorted(sc["rank"].unique())
+        others = _other_learners(sc)
         for (learner, r), g in sc.groupby(["learner", "rank"]):
             agg = g.groupby("d")["wall_time_s"].median()
-            ls = "s--" if learner == "sketch" else "^:"
+            ls = {"sketch": "s--", "exact": "^:"}.get(learner)
+            name = learner
+            if ls is None:  # another registered learner: its spec's label
+                ls = OTHER_MARKERS[others.index(learner) % len(OTHER_MARKERS)] + "-."
+                name = learner_label(learner)
             ax.plot(agg.index, agg.values, ls, color=colors[ranks.index(r) % len(colors)],
-                    label=f"{learner}, r = {r}")
+                    label=f"{name}, r = {r}")
     ax.set(xscale="log", yscale="log", xlabel="dimension $d$",
            ylabel="wall time per run (s), oracle included")
     ax.set_title("Wall time against $d$ (shared CPU: times are upper bounds)", fontsize=8)

@@ -63,6 +63,7 @@ from ._probes import (
     read_v,
     unit_directions,
 )
+from ._registry import LearnerSpec
 
 __all__ = ["ExactValueQueryLearner", "read_v", "probe_logits", "check_v", "unit_directions",
            "PROBE_DESIGNS"]
@@ -164,6 +165,10 @@ class ExactValueQueryLearner(BaseLearner):
         "block_bytes": [BLOCK_BYTES_PARAM],
         "fit_bias": ["boolean"],
     }
+    spec = LearnerSpec(
+        name="exact", oracle="value", returns="head", stages=STAGES, fits_bias=True,
+        description="exact value queries, d^2 + d queries (Theorem 4.1)",
+        variants={"paper": {"probes": "gaussian"}}, label="exact (Thm 4.1)")
 
     def __init__(
         self,

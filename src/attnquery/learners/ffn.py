@@ -43,6 +43,7 @@ import numpy as np
 from ..errors import SearchLimitError
 from . import _params
 from ._base import DEFAULT_VERIFY, BaseLearner, check_oracle, check_verify_param
+from ._registry import LearnerSpec
 
 __all__ = ["ReLUNetworkLearner", "Interval", "Kink", "Line", "FFN_VERIFY_RTOL"]
 
@@ -257,6 +258,10 @@ class ReLUNetworkLearner(BaseLearner):
         "max_kinks": [_params.Interval(Integral, 1, None, closed="left")],
         "max_queries": [_params.Interval(Integral, 1, None, closed="left"), None],
     }
+    spec = LearnerSpec(
+        name="relu", oracle="value", returns="network", stages=STAGES,
+        description="a bias-free two-layer ReLU network from its kinks (the transformer "
+        "learner's FFN part, beyond the paper)", label="ReLU network")
 
     def __init__(
         self,

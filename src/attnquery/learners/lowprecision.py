@@ -91,6 +91,7 @@ from ._base import (
 )
 from ._params import Interval, Options
 from ._probes import balanced_orthonormal, check_v, read_v
+from ._registry import LearnerSpec
 
 __all__ = ["LowPrecisionValueQueryLearner", "pair_logits", "MAX_NOISE_LEVEL"]
 
@@ -825,6 +826,11 @@ class LowPrecisionValueQueryLearner(BaseLearner):
         "block_bytes": [BLOCK_BYTES_PARAM],
         "fit_bias": ["boolean"],
     }
+    spec = LearnerSpec(
+        name="lowprecision", oracle="value", returns="head", stages=STAGES, fits_bias=True,
+        description="a head behind float16, bfloat16 or rounded answers, within a budget of "
+        "n_queries value queries (beyond the paper)", label="low precision",
+        command_line=False)
 
     def __init__(self, *, n_queries: int, rank: int | None = None, target_logit: float = 2.5,
                  answer_scale: float = 16.0, max_logit: float = 10.0,

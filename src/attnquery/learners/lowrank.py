@@ -54,6 +54,7 @@ from ._probes import (
     read_v,
     unit_directions,
 )
+from ._registry import LearnerSpec
 
 __all__ = ["NuclearNormROPLearner", "SketchLowRankLearner", "lowrank_floor", "SOLVERS"]
 
@@ -175,6 +176,10 @@ class NuclearNormROPLearner(BaseLearner):
         "gap_floor": [Interval(Real, 0, 1, closed="neither")],
         "min_gap": [Interval(Real, 1, None, closed="left")],
     }
+    spec = LearnerSpec(
+        name="nuclear", oracle="value", returns="head", stages=NUCLEAR_STAGES,
+        description="nuclear-norm minimisation from rank-one projections (Theorem 5.1)",
+        label="nuclear norm (Thm 5.1)")
 
     def __init__(
         self,
@@ -558,6 +563,9 @@ class SketchLowRankLearner(BaseLearner):
         "block_bytes": [BLOCK_BYTES_PARAM],
         "fit_bias": ["boolean"],
     }
+    spec = LearnerSpec(
+        name="sketch", oracle="value", returns="head", stages=SKETCH_STAGES, fits_bias=True,
+        description="low-rank sketch, r(2d - r) + d queries", label="sketch, rank found")
 
     def __init__(
         self,

@@ -56,6 +56,7 @@ from ._base import (
     output_error_bound,
 )
 from ._params import Interval, Options
+from ._registry import LearnerSpec
 from .noisy import TAU_CLIP, AssumptionParameterError
 
 __all__ = ["MembershipLearner", "sphere_constant", "V_METHODS"]
@@ -162,6 +163,10 @@ class MembershipLearner(BaseLearner):
     }
     #: the appendix's assumptions: a bad value is also an AssumptionViolation
     _parameter_errors = {name: AssumptionParameterError for name in ("W_bound", "mu")}
+    spec = LearnerSpec(
+        name="membership", oracle="membership", returns="head", stages=STAGES,
+        description="membership queries 1[f(X) > 0] (Appendix B)",
+        variants={"paper": {"v_method": "sampling"}}, label="membership (App. B)")
 
     def __init__(self, *, eps: float = 1e-3, v_method: str = "bisection",
                  W_bound: float = 4.0, mu: float = 0.1, eps_v: float | None = None,

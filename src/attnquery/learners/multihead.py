@@ -30,6 +30,7 @@ from ._base import (
     check_scalar,
 )
 from ._params import Interval, Options
+from ._registry import LearnerSpec
 from .exact import PROBE_DESIGNS, ExactValueQueryLearner, read_v
 
 __all__ = ["OrthogonalSubspaceLearner"]
@@ -182,6 +183,10 @@ class OrthogonalSubspaceLearner(BaseLearner):
         "fd_step": [Interval(Real, 0, 1, closed="neither")],
         "probes": [Options(PROBE_DESIGNS)],
     }
+    spec = LearnerSpec(
+        name="orthogonal", oracle="value", returns="heads", stages=STAGES,
+        description="H heads with orthogonal subspaces, head by head (Appendix C)",
+        label="orthogonal subspaces (App. C)")
 
     def __init__(self, *, n_heads: int, bases=None, n_anchors: int | None = None,
                  fd_step: float = 1e-2, probes: str = "basis", verify: int = DEFAULT_VERIFY,

@@ -50,6 +50,7 @@ from ._base import (
     output_error_bound,
 )
 from ._params import Interval
+from ._registry import LearnerSpec
 
 __all__ = [
     "NoisyValueQueryLearner",
@@ -207,6 +208,10 @@ class NoisyValueQueryLearner(BaseLearner):
     }
     #: the theorem's assumptions: a bad value is also an AssumptionViolation
     _parameter_errors = {name: AssumptionParameterError for name in ("W_bound", "mu", "tau")}
+    spec = LearnerSpec(
+        name="noisy", oracle="approximate value", returns="head", stages=STAGES,
+        description="approximate value queries within +-tau (Theorem 6.1)",
+        variants={"unclipped": {"clip": False, "strict": False}}, label="noisy (Thm 6.1)")
 
     def __init__(self, *, W_bound: float, mu: float, eps_W: float = 1e-2, eps_v: float = 1e-2,
                  oversample: int = 1, clip: bool = True, tau: float | None = None,

@@ -188,6 +188,7 @@ from ._base import (
 )
 from ._params import Interval, Lengths, Options
 from ._probes import PROBE_PARAMS, balanced_orthonormal, check_probe_params
+from ._registry import LearnerSpec
 
 __all__ = ["RotaryValueQueryLearner", "rotary_query_count", "rotary_refine_count",
            "rotary_refine_rows", "rotary_dof",
@@ -399,6 +400,10 @@ class RotaryValueQueryLearner(BaseLearner):
         "verify_lengths": [Lengths(1)],
         "block_bytes": [BLOCK_BYTES_PARAM],
     }
+    spec = LearnerSpec(
+        name="rotary", oracle="value", returns="rotary head", stages=STAGES,
+        description="a rotary (RoPE) head, 2 (d^2 + d) queries (beyond the paper; "
+        "--param rope_base=B optional, --rank r for the low-rank route)", label="rotary head")
 
     def __init__(self, *, rope_base=None, rotary_dim=None, rank=None, fit_bias=False,
                  n_queries=None, refine="auto", oversample: int = 8, max_logit: float = 10.0,

@@ -29,6 +29,7 @@ from ._base import (
     check_verify_param,
 )
 from ._params import Options
+from ._registry import LearnerSpec
 from .exact import PROBE_DESIGNS, ExactValueQueryLearner
 from .ffn import FFN_VERIFY_RTOL, ReLUNetworkLearner
 
@@ -103,6 +104,10 @@ class TransformerLearner(BaseLearner):
         "probes": [Options(PROBE_DESIGNS)],
         "ffn_params": [dict, None],
     }
+    spec = LearnerSpec(
+        name="transformer", oracle="value", returns="transformer", stages=STAGES,
+        description="a one-layer transformer, its attention head and its ReLU network "
+        "(Section 4.1)", label="transformer (Sec. 4.1)")
 
     def __init__(self, *, ffn: str = "kinks", probes: str = "basis",
                  ffn_params: dict | None = None, verify: int = DEFAULT_VERIFY,

@@ -58,6 +58,7 @@ from .._base import (
 )
 from .._params import Interval
 from .._probes import read_v
+from .._registry import LearnerSpec
 from .lines import LineFit, fit_tanh_sum, predicted_error
 from .matching import match_additive, match_by_v
 from .refit import (
@@ -183,6 +184,10 @@ class MultiHeadLearner(BaseLearner):
         "refit_factor": [Interval(Real, 1, None, closed="left")],
         "max_line_rounds": [Interval(Integral, 1, None, closed="left")],
     }
+    spec = LearnerSpec(
+        name="multihead", oracle="value", returns="heads", stages=STAGES,
+        description="H heads in general position, up to a permutation (beyond the paper)",
+        label="multi-head, general position")
 
     def __init__(
         self,

@@ -87,6 +87,7 @@ from .._probes import (
     coordinate_rows,
     read_head_constants,
 )
+from .._registry import LearnerSpec
 from ..rotary_layer import fit_rotary_layer, is_rotary_fit, predict_rotary_layer
 from . import served
 from ._state import _Head, _Layer
@@ -278,6 +279,11 @@ class AttentionLayerLearner(BaseLearner):
         "positions": [Options({"none", "rotary"})],
         "n_queries": [Interval(Integral, 1, None, closed="left"), None],
     }
+    spec = LearnerSpec(
+        name="layer", oracle="value", returns="layer", fits_bias=True,
+        stages=tuple(dict.fromkeys(STAGES + SERVED_STAGES)),
+        description="a whole attention layer, H heads of rank d / H with their biases (beyond "
+        "the paper; --param n_heads=H)", label="attention layer")
 
     def __init__(
         self,
