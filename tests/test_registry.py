@@ -97,7 +97,7 @@ def test_the_papers_exact_variant_recovers_a_head():
 def test_parameters_come_from_the_constraints_where_a_class_has_them():
     params = learner_parameters(learners.NoisyValueQueryLearner)
     assert params["W_bound"]["default"] is REQUIRED and params["clip"]["default"] is True
-    assert all(p["constraints"] is None for p in params.values())
+    assert all(p["constraints"] is not None for p in params.values())
 
     class Constrained(learners.ExactValueQueryLearner):
         _parameter_constraints = {"probes": [("basis", "gaussian", "orthogonal")]}
