@@ -170,3 +170,36 @@ def test_check_scalar_names_the_parameter_and_its_range():
             check_scalar(*args, **kw)
     with pytest.raises(AssumptionViolation, match="mu must be in"):
         check_scalar(2.0, "mu", max_val=1, exc=AssumptionViolation, what="in (0, 1]")
+
+
+# -- the one budget: QueryLedger(cap=, reserve=), left() and need() ------------------------------
+def test_ledger_cap_and_reserve_bound_what_a_fit_may_ask():
+    d = 4
+    oracle = ValueOracle(random_head(d, seed=0), d, budget=50)
+    oracle(np.zeros((5, 2, d)))                      # 5 spent before the fit: 45 remain
+    ledger = QueryLedger(oracle, ("a", "check"), "L", cap=30, reserve=8)
+    assert ledger.left() == 22 and ledger.left(reserved=True) == 30
+    ledger.need(22, "the a pass")                     # fits, reserve kept
+    with pytest.raises(BudgetExceededError, match=r"the a pass needs 23 queries but only 22 of "
+                       r"L's budget of 30 remain \(0 spent, 8 kept for later stages\)"):
+        ledger.need(23, "the a pass")
+    assert oracle.n_queries == 5                      # refused before anything was asked
+    ledger.ask(np.zeros((22, 2, d)), "a")
+    assert ledger.left() == 0 and ledger.left(reserved=True) == 8
+    ledger.ask(np.zeros((8, 2, d)), "check")          # the reserve is the check's
+    assert ledger.left(reserved=True) == 0
+    with pytest.raises(BudgetExceededError):
+        ledger.ask(np.zeros((1, 2, d)), "check")
+    assert ledger.counts() == {"a": 22, "check": 8} and oracle.n_queries == 35
+
+
+def test_ledger_without_cap_follows_the_oracles_budget():
+    d = 3
+    assert QueryLedger(ValueOracle(random_head(d, seed=1), d)).left() is None
+    oracle = ValueOracle(random_head(d, seed=1), d, budget=10)
+    ledger = QueryLedger(oracle, reserve=4)
+    assert ledger.left() == 6
+    with pytest.raises(BudgetExceededError, match="kept for later stages"):
+        ledger.need(7, "step")
+    with pytest.raises(BudgetExceededError, match="only 10 of the budget of 10 remain"):
+        ledger.need(11, "step", reserved=True)

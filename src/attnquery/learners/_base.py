@@ -11,7 +11,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ConfigError, ModelMismatchError, NoiseAboveFormatWarning, VacuousCheckWarning
+from ..errors import (
+    BudgetExceededError,
+    ConfigError,
+    ModelMismatchError,
+    NoiseAboveFormatWarning,
+    VacuousCheckWarning,
+)
 from ..oracles import Oracle
 from ..precision import rounding_floor
 from ..rng import as_rng
@@ -150,6 +156,14 @@ class QueryLedger:
         (with 0 when the fit asked nothing in it). A stage not listed is added when used.
     what : str
         Names the learner in budget messages (``"{what}'s {stage} stage needs n queries"``).
+    cap : int, optional
+        The learner's own query budget for this fit (its ``n_queries`` parameter), counted
+        from the oracle's count when the ledger opens; the oracle's budget, if any, applies
+        too. This is the one budget mechanism of the learners: :meth:`left` says what is left,
+        :meth:`need` refuses a step that does not fit before it is asked.
+    reserve : int
+        Queries kept back for the last stages (the check): :meth:`left` and :meth:`need`
+        leave them out unless called with ``reserved=True``; :meth:`ask` may spend them.
 
     Attributes
     ----------
@@ -172,9 +186,12 @@ class QueryLedger:
                 self._verify_fit(oracle, self.predict, rng, rtol=..., n0=ledger.n0)
     """
 
-    def __init__(self, oracle, stages=(), what: str = "the learner"):
+    def __init__(self, oracle, stages=(), what: str = "the learner", cap: int | None = None,
+                 reserve: int = 0):
         self.oracle = oracle
         self.what = what
+        self.cap = None if cap is None else int(cap)
+        self.reserve = int(reserve)
         self.n0 = int(oracle.n_queries)
         self.n_requeried = 0
         self._counts = dict.fromkeys(stages, 0)
@@ -203,7 +220,44 @@ class QueryLedger:
 
     def check_budget(self, n: int, what: str = "this step") -> None:
         """Raise :class:`~attnquery.errors.BudgetExceededError` before spending ``n`` queries
-        the budget cannot pay for (:func:`check_budget`)."""
+        the budget cannot pay for: the fit's cap (the reserve included) and the oracle's
+        budget (:func:`check_budget`)."""
+        self.need(n, what, reserved=True)
+
+    # -- the one budget --------------------------------------------------------------------------
+    def left(self, *, reserved: bool = False) -> int | None:
+        """Queries this fit may still ask: the least of what its ``cap`` and the oracle's
+        budget leave, less the ``reserve`` kept for later stages (with ``reserved=True``, the
+        reserve included: what the stages it is kept for may spend). None when neither the
+        cap nor the oracle bounds the fit."""
+        bounds = []
+        if self.cap is not None:
+            bounds.append(self.cap - self.total)
+        remaining = self.remaining
+        if remaining is not None:
+            bounds.append(int(remaining))
+        if not bounds:
+            return None
+        return min(bounds) - (0 if reserved else self.reserve)
+
+    def need(self, n: int, what: str, *, reserved: bool = False) -> None:
+        """Raise :class:`~attnquery.errors.BudgetExceededError`, naming ``what``, when ``n``
+        more queries do not fit in :meth:`left` (before any of them is asked).
+
+        A learner plans with it (``ledger.need(m, "the W pass")``); :meth:`ask` checks every
+        batch with ``reserved=True``, so the stages the reserve is kept for can spend it."""
+        n = int(n)
+        keep = 0 if reserved else self.reserve
+        if self.cap is not None and n + keep > self.cap - self.total:
+            kept = f", {keep} kept for later stages" if keep else ""
+            raise BudgetExceededError(
+                f"{what} needs {n} queries but only {max(self.cap - self.total - keep, 0)} of "
+                f"{self.what}'s budget of {self.cap} remain ({self.total} spent{kept})")
+        remaining = self.remaining
+        if keep and remaining is not None and n + keep > remaining:
+            raise BudgetExceededError(
+                f"{what} needs {n} queries but only {max(int(remaining) - keep, 0)} of the "
+                f"oracle's budget remain ({keep} kept for later stages)")
         check_budget(self.oracle, n, what)
 
     def __call__(self, X) -> np.ndarray:
@@ -379,10 +433,13 @@ class BaseLearner:
         return as_rng(getattr(self, "random_state", None))
 
     @contextlib.contextmanager
-    def _open_ledger(self, oracle, stages=(), what: str | None = None):
-        """Open the :class:`QueryLedger` of one ``fit``; when the block ends (also by an
+    def _open_ledger(self, oracle, stages=(), what: str | None = None, cap: int | None = None,
+                     reserve: int = 0):
+        """Open the :class:`QueryLedger` of one ``fit`` (with the learner's own budget ``cap``
+        and a ``reserve`` for its last stages, if any); when the block ends (also by an
         exception) set ``n_queries_by_stage_`` (a dict stage -> queries) from it."""
-        ledger = QueryLedger(oracle, stages, what or type(self).__name__)
+        ledger = QueryLedger(oracle, stages, what or type(self).__name__, cap=cap,
+                             reserve=reserve)
         try:
             yield ledger
         finally:
@@ -419,7 +476,8 @@ def check_oracle(oracle, kinds: tuple[str, ...] | None = None) -> int:
 def check_budget(oracle, n: int, what: str) -> None:
     """Ask the oracle whether ``n`` queries fit its budget (if it has one) before spending them."""
     if isinstance(oracle, QueryLedger):
-        oracle = oracle.oracle
+        oracle.need(n, what, reserved=True)
+        return
     if isinstance(oracle, Oracle):
         oracle.check_budget(n, what)
     else:
