@@ -31,10 +31,12 @@ def test_uniform_noise_is_bounded_deterministic_and_spread(head, X):
     y1 = o(X)
     noise = y1 - head(X)
     assert np.all(np.abs(noise) <= 1e-3)
-    # the same query gets the same answer, in another batch and in another order
-    assert np.array_equal(o(X[::-1])[::-1], y1)
-    assert np.array_equal(o(X[5:6])[0], y1[5])
-    assert o.n_queries == 2 * len(X) + 1
+    # the same query gets the same noise, in another batch and in another order (the box's own
+    # answer may differ in its last bit with the batch: BLAS kernels sum in batch-dependent order)
+    assert np.array_equal(o(X[::-1])[::-1] - head(X[::-1])[::-1], noise)
+    assert np.array_equal(o(X[5:6])[0] - head(X[5:6])[0], noise[5])
+    assert np.allclose(o(X[5:6])[0], y1[5], rtol=0, atol=1e-15)
+    assert o.n_queries == 2 * len(X) + 2
     # a fresh oracle with the same seed answers alike; another seed does not
     assert np.array_equal(ApproximateValueOracle(head, D, 1e-3, random_state=7)(X), y1)
     assert not np.allclose(ApproximateValueOracle(head, D, 1e-3, random_state=8)(X), y1)
