@@ -213,12 +213,12 @@ class VectorAttentionLayer:
                       A.store(self.b_Q)[:, None, :])  # (b, H, m, dh)
             if self.rotary:
                 q = A.rnd(rotate_half(q, pos[rows[rs]], self.frequencies))
-            s = A.mul(A.einsum("bhme,bhne->bhmn", q, k[bs][:, self.groups]), self.scale)
+            s = A.mul(A.matmul(q, k[bs][:, self.groups].swapaxes(2, 3)), self.scale)
             if self.softcap is not None:
                 s = A.mul(A.rnd(np.tanh(A.div(s, self.softcap))), self.softcap)
             if self.causal:
                 s = np.where(pos[None, :] > rows[rs][:, None], -np.inf, s)
-            o = A.einsum("bhmn,bhnf->bmhf", A.softmax(s), vals[bs][:, self.groups])
+            o = A.matmul(A.softmax(s), vals[bs][:, self.groups]).transpose(0, 2, 1, 3)
             heads[bs, rs] = o.reshape(o.shape[0], o.shape[1], H * dv)
         out = A.add(A.matmul(heads, W_O.T), A.store(self.b_O))
         return A.answers(out if self.outputs == "all" else out[:, 0])

@@ -14,6 +14,7 @@ from .multihead_generic import AttentionLayerLearner, MultiHeadLearner
 from .noisy import NoisyValueQueryLearner
 from .rotary import RotaryValueQueryLearner
 from .transformer import TransformerLearner
+from .vector import VectorLayerLearner
 
 __all__ = [
     "ExactValueQueryLearner",
@@ -28,4 +29,5 @@ __all__ = [
     "MultiHeadLearner",
     "AttentionLayerLearner",
     "RotaryValueQueryLearner",
+    "VectorLayerLearner",
 ]

@@ -1,0 +1,360 @@
+"""Extraction from vector answers: an attention head from every token's output vector.
+
+Beyond the paper, whose oracle answers one number per sequence. A served attention module
+answers an output vector per token (:class:`attnquery.oracles.VectorOracle`); then a single head
+
+    out_n = sum_i a_{n,i} x_i^T V + beta,   a_n = softmax_i(x_i^T (W x_n + c))
+
+is read in two steps. One-token queries answer ``x^T V + beta``: ``V`` and ``beta`` from d + 1 of
+them (one batch). A query of N <= rank(V) + 1 tokens then gives the head's whole attention
+matrix, ``A = [O - beta, 1] [X V, 1]^+`` (the weights of a row sum to one), and every row n
+gives N - 1 logit differences ``log a_{n,k} - log a_{n,j} = (x_k - x_j)^T (W x_n + c)``, linear in
+``(W, c)``: N (N - 1) equations per query when every token's output is answered, N - 1 when the
+last token's is, half as many for a causal head. (W, c) is their least-squares solution, each
+equation weighted by its attention weights (a weight's absolute error becomes a logit's error
+divided by the weight).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+import scipy.linalg
+
+from ..errors import ConfigError, ModelMismatchError, NotIdentifiableError
+from ..vector_models import bilinear_layer
+from ._base import BaseLearner, check_bool, check_oracle, check_scalar, check_queries
+
+__all__ = ["VectorLayerLearner", "STAGES", "POSITIONS", "CHECK_LENGTHS", "VERIFY_RTOL"]
+
+#: the stages of a fit, as ``n_queries_by_stage_`` counts them
+STAGES = ("V", "attention", "verify")
+#: the position models the learner knows
+POSITIONS = ("none", "rotary")
+#: lengths of the fresh check queries after a fit, one query each: long sequences are where a
+#: position-dependent or windowed box differs from a head
+CHECK_LENGTHS = (1, 2, 3, 8, 64, 256, 1024, 4096)
+#: largest relative disagreement ``max |O - O_hat| / max |O|`` the check allows: float64 fits of
+#: full-rank heads (d = 64, 1 to 4096 tokens) stay below 1e-10; a soft-capped, rotary or
+#: two-head box, or answers rounded to float32, exceed it by orders of magnitude
+VERIFY_RTOL = 1e-8
+#: largest disagreement of the answers with an attention matrix (relative to the answers) and
+#: largest negative attention weight that float64 rounding explains (measured: below 1e-13)
+ATTENTION_TOL = 1e-9
+#: singular values of V below this fraction of the largest count as zero (its rank)
+RANK_RTOL = 1e-10
+#: logit differences asked per unknown of (W, c): the least-squares system's oversampling
+OVERSAMPLE = 1.5
+#: weights below this are left out of the logit equations (their logarithm is rounding noise)
+MIN_WEIGHT = 1e-12
+
+
+class VectorLayerLearner(BaseLearner):
+    """Recover an attention head from a :class:`~attnquery.oracles.VectorOracle`.
+
+    Works for a single head (``n_heads`` None or 1) without positions, with or without biases
+    and a causal mask, from every token's outputs or the last token's (the oracle's
+    ``outputs``). See the module's docstring for the method and ``docs/vector.md`` for measured
+    query counts and errors.
+
+    Parameters
+    ----------
+    n_heads : int, optional
+        Number of heads of the box; None or 1 (a single head: the only count fitted so far).
+    n_kv_heads : int, optional
+        Number of key/value heads; None or equal to ``n_heads``.
+    causal : bool
+        Token n attends to tokens i <= n only (a decoder's mask).
+    positions : {"none", "rotary"}
+        Position model; only ``"none"`` is fitted so far.
+    fit_bias : bool
+        Fit the key bias c and the output offset beta (default True); False assumes both 0 and
+        saves one query and d unknowns.
+    n_queries : int, optional
+        Queries of the attention stage; default ``OVERSAMPLE`` times the unknowns of (W, c)
+        divided by the logit differences a query gives (and at least d + 1 for last-token
+        answers).
+    random_state : int, Generator or None
+        Seed of the query tokens.
+
+    Attributes
+    ----------
+    W_ : ndarray (H, d, d)
+        Per head: the logit of key x_k for query x_q is ``x_k^T W_h x_q + x_k^T c_h`` plus terms
+        constant in k.
+    key_bias_ : ndarray (H, d)
+        Per head c_h (zeros without ``fit_bias``).
+    V_ : ndarray (H, d, d_out)
+        Per head the value-output map.
+    output_bias_ : ndarray (d_out,)
+        beta, added to every output (zeros without ``fit_bias``).
+    head_groups_ : ndarray (H,)
+        The key/value head each head reads.
+    frequencies_ : ndarray (0,)
+        Rotary frequencies (none without positions).
+    outputs_ : str
+        The oracle's ``outputs``; :meth:`predict` answers in its shape.
+    rank_ : int
+        Numerical rank of ``V``.
+    tokens_per_query_ : int
+        N, the length of the attention stage's queries.
+    attention_residual_ : float
+        Largest disagreement of the attention stage's answers with the attention matrices
+        read from them, relative to the largest answer.
+    logit_residual_ : float
+        Largest weighted residual of the logit equations, relative to their largest right-hand
+        side.
+    n_queries_, n_tokens_ : int
+        Queries and tokens the fit asked, the check included.
+    n_queries_by_stage_ : dict
+        Queries per stage (:data:`STAGES`).
+    verify_error_ : float
+        ``max |O - O_hat| / max |O|`` on the check queries.
+    n_verify_queries_ : int
+    """
+
+    def __init__(self, n_heads=None, n_kv_heads=None, causal=False, positions="none",
+                 fit_bias=True, n_queries=None, random_state=None):
+        self.n_heads = n_heads
+        self.n_kv_heads = n_kv_heads
+        self.causal = causal
+        self.positions = positions
+        self.fit_bias = fit_bias
+        self.n_queries = n_queries
+        self.random_state = random_state
+
+    # -- parameters ------------------------------------------------------------------------------
+    def _validate_params(self) -> None:
+        H = check_scalar(self.n_heads, "n_heads", numbers.Integral, min_val=1, allow_none=True)
+        G = check_scalar(self.n_kv_heads, "n_kv_heads", numbers.Integral, min_val=1,
+                         allow_none=True)
+        check_bool(self.causal, "causal")
+        check_bool(self.fit_bias, "fit_bias")
+        check_scalar(self.n_queries, "n_queries", numbers.Integral, min_val=1, allow_none=True)
+        if self.positions not in POSITIONS:
+            raise ConfigError(f"positions must be one of {POSITIONS}; got {self.positions!r}")
+        if H not in (None, 1) or G not in (None, 1):
+            raise ConfigError(
+                f"n_heads={self.n_heads!r}, n_kv_heads={self.n_kv_heads!r}: only a single head "
+                "(n_heads None or 1) is fitted so far")
+        if self.positions != "none":
+            raise ConfigError(f"positions={self.positions!r}: only heads without positions "
+                              "(positions='none') are fitted so far")
+
+    # -- fit -----------------------------------------------------------------------------------------
+    def fit(self, oracle):
+        """Recover the head behind ``oracle``; returns self.
+
+        Raises
+        ------
+        ConfigError
+            A bad parameter, an oracle that is not a vector oracle, or ``n_queries`` too few
+            for the unknowns.
+        NotIdentifiableError
+            V = 0: every answer is the offset, so W is not identifiable.
+        ModelMismatchError
+            The answers are not those of a single head as the parameters describe it (several
+            heads, a causal mask where none was declared or the reverse, soft-capped logits,
+            positions, lower precision than float64): the answers are no attention-weighted
+            sums of one value map, or the fresh check queries (1 to 4096 tokens) disagree with
+            the estimate by more than :data:`VERIFY_RTOL`.
+        """
+        self._validate_params()
+        d = check_oracle(oracle, kinds=("vector",))
+        outputs = getattr(oracle, "outputs", None)
+        if outputs not in ("all", "last"):
+            raise ConfigError(f"the oracle's outputs must be 'all' or 'last'; got {outputs!r}")
+        rng = self._rng()
+        tokens0 = int(oracle.n_tokens)
+        self.outputs_ = outputs
+        with self._open_ledger(oracle, STAGES) as ledger:
+            try:
+                ledger.check_budget(d + int(self.fit_bias), "the value stage")
+                with ledger.stage("V"):
+                    V, beta = self._read_values(ledger, d)
+                N, n = self._plan(d, V, outputs)
+                ledger.check_budget(n + len(CHECK_LENGTHS),
+                                    f"the attention stage ({n} queries of {N} tokens) and the "
+                                    "check")
+                with ledger.stage("attention"):
+                    X = rng.standard_normal((n, N, d)) / np.sqrt(d)
+                    A = self._attention_matrices(X, ledger(X), V, beta, outputs)
+                W, c = self._solve_logits(X, A, outputs)
+                self.W_, self.key_bias_ = W[None], c[None]
+                self.V_, self.output_bias_ = V[None], beta
+                self.head_groups_ = np.zeros(1, dtype=int)
+                self.frequencies_ = np.zeros(0)
+                with ledger.stage("verify"):
+                    self._verify(ledger, rng)
+            finally:
+                self.n_queries_ = ledger.total
+                self.n_tokens_ = int(oracle.n_tokens) - tokens0
+        return self
+
+    def _read_values(self, oracle, d: int) -> tuple[np.ndarray, np.ndarray]:
+        """V and beta from one batch of one-token queries: ``0`` (with ``fit_bias``) and the
+        basis vectors."""
+        X = np.eye(d)[:, None, :]
+        if self.fit_bias:
+            X = np.concatenate([np.zeros((1, 1, d)), X])
+        y = np.asarray(oracle(X), dtype=np.float64)
+        y = y[:, 0] if y.ndim == 3 else y
+        beta = y[0] if self.fit_bias else np.zeros(y.shape[1])
+        V = y[int(self.fit_bias):] - beta
+        if not np.any(V):
+            raise NotIdentifiableError("every one-token answer is the offset (V = 0): the "
+                                       "attention weights, and so W, are not identifiable")
+        return V, beta
+
+    def _plan(self, d: int, V: np.ndarray, outputs: str) -> tuple[int, int]:
+        """Tokens per query N and queries n of the attention stage; sets ``rank_`` and
+        ``tokens_per_query_``."""
+        s = np.linalg.svd(V, compute_uv=False)
+        r = int(np.count_nonzero(s > RANK_RTOL * s[0]))
+        if outputs == "all":
+            # half of d: the measured best balance of equations per query and their accuracy
+            N = max(2, min(r, math.ceil(d / 2)))
+            per_query = N * (N - 1) // (2 if self.causal else 1)
+        else:
+            N = max(2, min(r + 1, d))
+            per_query = N - 1
+        unknowns = d * (d + int(self.fit_bias))
+        n = self.n_queries
+        if n is None:
+            n = math.ceil(OVERSAMPLE * unknowns / per_query)
+            if outputs == "last":
+                n = max(n, d + 2)
+        elif n * per_query < unknowns:
+            raise ConfigError(
+                f"n_queries={n} queries of {N} tokens give {n * per_query} logit differences "
+                f"for {unknowns} unknowns of (W, c); at least "
+                f"{math.ceil(unknowns / per_query)} are needed")
+        self.rank_, self.tokens_per_query_ = r, N
+        return N, int(n)
+
+    def _attention_matrices(self, X, O, V, beta, outputs) -> np.ndarray:
+        """The attention matrices (n, M, N) behind the answers O to the queries X (M = N rows
+        for every token's outputs, 1 for the last token's); sets ``attention_residual_``.
+
+        Raises ModelMismatchError where the answers are not attention-weighted sums of the
+        values ``X V``: a negative weight, a row that is no weighted sum, weights on later
+        tokens of a causal head, or none on them where no mask was declared.
+        """
+        O = O[:, None, :] if outputs == "last" else O
+        P = X @ V
+        unit = max(float(np.max(np.abs(P))), 1.0)  # the sum-to-one column, at the values' scale
+        Pa = np.concatenate([P, np.full(P.shape[:2] + (1,), unit)], axis=2)
+        Ra = np.concatenate([O - beta, np.full(O.shape[:2] + (1,), unit)], axis=2)
+        A = Ra @ np.linalg.pinv(Pa)
+        scale = float(np.max(np.abs(Ra)))
+        self.attention_residual_ = float(np.max(np.abs(A @ Pa - Ra))) / scale
+        hint = "the box may have several heads, biases fit_bias=False leaves out, or noise"
+        if self.attention_residual_ > ATTENTION_TOL:
+            raise ModelMismatchError(
+                f"the answers differ by {self.attention_residual_:.3g} (relative) from every "
+                "attention-weighted sum of one value map, where float64 rounding explains "
+                f"{ATTENTION_TOL:g}: the box is not a single attention head; {hint}",
+                error=self.attention_residual_, allowed=ATTENTION_TOL)
+        N = X.shape[1]
+        rows = np.arange(N) if outputs == "all" else np.array([N - 1])
+        later = np.arange(N)[None, :] > rows[:, None]  # (M, N): keys after the row's token
+        if self.causal and np.any(np.abs(A[:, later]) > ATTENTION_TOL):
+            raise ModelMismatchError(
+                f"tokens attend to later tokens (weight up to {np.max(np.abs(A[:, later])):.3g})"
+                ": the box is not causal; fit it with causal=False",
+                error=float(np.max(np.abs(A[:, later]))), allowed=ATTENTION_TOL)
+        if not self.causal and later.any() and np.all(np.abs(A[:, later]) <= ATTENTION_TOL):
+            raise ModelMismatchError(
+                "no token attends to a later token: the box has a causal mask; fit it with "
+                "causal=True", error=1.0, allowed=ATTENTION_TOL)
+        if np.min(A) < -ATTENTION_TOL:
+            raise ModelMismatchError(
+                f"an attention weight read from the answers is {np.min(A):.3g} < 0: the box is "
+                f"not a single attention head; {hint}", error=float(-np.min(A)),
+                allowed=ATTENTION_TOL)
+        return A
+
+    def _solve_logits(self, X, A, outputs) -> tuple[np.ndarray, np.ndarray]:
+        """(W, c) from the logit differences of the attention matrices A (n, M, N) by weighted
+        least squares (normal equations, one step of refinement); sets ``logit_residual_``."""
+        n, N, d = X.shape
+        M = A.shape[1]
+        rows = np.arange(N) if outputs == "all" else np.array([N - 1])
+        allowed = np.ones((M, N), dtype=bool)
+        if self.causal:
+            allowed = np.arange(N)[None, :] <= rows[:, None]
+        Am = np.where(allowed, A, 0.0).reshape(n * M, N)
+        ref = np.argmax(Am, axis=1)  # each row's largest weight: its best-known logit
+        a_ref = Am[np.arange(n * M), ref]
+        use = np.tile(allowed, (n, 1)) & (Am > MIN_WEIGHT)
+        use[np.arange(n * M), ref] = False
+        safe = np.where(use, Am, 1.0)
+        y = np.where(use, np.log(safe) - np.log(a_ref)[:, None], 0.0)  # (R, N)
+        w2 = np.where(use, 1.0 / (1.0 / safe**2 + 1.0 / a_ref[:, None] ** 2), 0.0)
+        Xr = np.repeat(X, M, axis=0)  # (R, N, d): the keys of each row
+        U = Xr - Xr[np.arange(n * M), ref][:, None, :]
+        Z = X[:, rows].reshape(n * M, d)
+        if self.fit_bias:
+            Z = np.concatenate([Z, np.ones((n * M, 1))], axis=1)
+        e = Z.shape[1]
+        S = (U * w2[:, :, None]).swapaxes(1, 2) @ U
+        ZZ = np.einsum("rc,re->rce", Z, Z)
+        G = (S.reshape(n * M, d * d).T @ ZZ.reshape(n * M, e * e)).reshape(d, d, e, e)
+        G = G.transpose(0, 2, 1, 3).reshape(d * e, d * e)
+        try:
+            factor = scipy.linalg.cho_factor(G)
+        except np.linalg.LinAlgError:
+            raise NotIdentifiableError(
+                "the logit equations do not determine (W, c): too few usable attention weights "
+                "(the head's attention may be too peaked for tokens of norm 1)") from None
+
+        def rhs(res):  # sum over the equations of w^2 res (u outer z)
+            return ((w2 * res)[:, None, :] @ U)[:, 0].T @ Z
+
+        def residual(Wt):  # y - u^T Wt z per equation
+            return np.where(use, y - ((U @ Wt) @ Z[:, :, None])[..., 0], 0.0)
+
+        Wt = scipy.linalg.cho_solve(factor, rhs(y).ravel()).reshape(d, e)
+        Wt += scipy.linalg.cho_solve(factor, rhs(residual(Wt)).ravel()).reshape(d, e)
+        r = residual(Wt) * np.sqrt(w2)
+        self.logit_residual_ = float(np.max(np.abs(r)) / max(np.max(np.abs(y * np.sqrt(w2))),
+                                                            np.finfo(float).tiny))
+        c = Wt[:, d] if self.fit_bias else np.zeros(d)
+        return Wt[:, :d], c
+
+    def _verify(self, oracle, rng) -> None:
+        """One fresh query of each of :data:`CHECK_LENGTHS`; raise ModelMismatchError when the
+        estimate's answers differ from the box's by more than :data:`VERIFY_RTOL`."""
+        d = int(oracle.d)
+        batches = check_queries(rng, d, len(CHECK_LENGTHS), lengths=CHECK_LENGTHS,
+                                permuted=False)
+        self.verify_error_, self.n_verify_queries_ = float("nan"), 0
+        worst, scale, at = 0.0, 0.0, 0
+        for X in batches:
+            O = np.asarray(oracle(X), dtype=np.float64)
+            self.n_verify_queries_ += X.shape[0]
+            diff = float(np.max(np.abs(O - self.predict(X))))
+            scale = max(scale, float(np.max(np.abs(O))))
+            if diff > worst:
+                worst, at = diff, X.shape[1]
+        self.verify_error_ = worst / scale if scale > 0 else worst
+        if not self.verify_error_ <= VERIFY_RTOL:
+            raise ModelMismatchError(
+                f"the estimate's outputs differ from the box's by {self.verify_error_:.3g} "
+                f"(relative) on {self.n_verify_queries_} check queries of "
+                f"{min(CHECK_LENGTHS)} to {max(CHECK_LENGTHS)} tokens (the farthest of {at} "
+                f"tokens), where at most {VERIFY_RTOL:g} is expected: the box is not a single "
+                "head as declared (positions, soft-capped logits, several heads, lower "
+                "precision than float64)",
+                error=self.verify_error_, allowed=VERIFY_RTOL, n_checks=self.n_verify_queries_)
+
+    # -- prediction ------------------------------------------------------------------------------
+    def predict(self, X) -> np.ndarray:
+        """The recovered layer's outputs on X (B, N, d), in the oracle's shape: (B, N, d_out)
+        for every token's outputs, (B, d_out) for the last token's."""
+        if not hasattr(self, "W_"):
+            raise ConfigError("predict() needs a fitted learner; call fit(oracle) first")
+        return bilinear_layer(self.W_, self.key_bias_, self.V_, self.output_bias_,
+                              causal=bool(self.causal), outputs=self.outputs_)(X)
