@@ -97,6 +97,17 @@ def test_low_rank_values_and_narrow_outputs():
     assert_recovered(layer, est, GOAL)
 
 
+@pytest.mark.parametrize("logit_scale", [0.1, 6.0])
+def test_peaked_and_flat_heads_are_read_at_their_own_token_scale(logit_scale):
+    # logits of unit tokens spread over about 0.1 or 6 standard deviations: at token scale 1
+    # a peaked head's smallest weights are rounding noise (W to 7e-9 at d = 32, measured)
+    d = 16
+    layer = random_vector_layer(d, 1, seed=14, bias=0.5, logit_scale=logit_scale)
+    est = VectorLayerLearner(random_state=0).fit(VectorOracle(layer, d))
+    assert (est.token_scale_ < 1) if logit_scale > 1 else (est.token_scale_ > 1)
+    assert_recovered(layer, est, GOAL)
+
+
 def test_same_seed_same_fit_other_seed_other_queries():
     a = fitted(8, "all", seed=6)[2]
     b = fitted(8, "all", seed=6)[2]

@@ -47,6 +47,12 @@ ATTENTION_TOL = 1e-9
 RANK_RTOL = 1e-10
 #: logit differences asked per unknown of (W, c): the least-squares system's oversampling
 OVERSAMPLE = 1.5
+#: one attention query in PILOT_SHARE (at least one) is a pilot of tokens of norm about 1; the
+#: others' tokens are scaled so that a row's logits spread over about TARGET_SPREAD (the largest
+#: weight about e^4 times the smallest), by a factor within [1 / MAX_RESCALE, MAX_RESCALE]
+PILOT_SHARE = 8
+TARGET_SPREAD = 4.0
+MAX_RESCALE = 100.0
 #: weights below this are left out of the logit equations (their logarithm is rounding noise)
 MIN_WEIGHT = 1e-12
 
@@ -100,6 +106,9 @@ class VectorLayerLearner(BaseLearner):
         Numerical rank of ``V``.
     tokens_per_query_ : int
         N, the length of the attention stage's queries.
+    token_scale_ : float
+        The factor on the attention stage's tokens after the pilot (below 1 for a peaked
+        head, above 1 for a flat one).
     attention_residual_ : float
         Largest disagreement of the attention stage's answers with the attention matrices
         read from them, relative to the largest answer.
@@ -182,8 +191,7 @@ class VectorLayerLearner(BaseLearner):
                                     f"the attention stage ({n} queries of {N} tokens) and the "
                                     "check")
                 with ledger.stage("attention"):
-                    X = rng.standard_normal((n, N, d)) / np.sqrt(d)
-                    A = self._attention_matrices(X, ledger(X), V, beta, outputs)
+                    X, A = self._ask_attention(ledger, rng, n, N, V, beta, outputs)
                 W, c = self._solve_logits(X, A, outputs)
                 self.W_, self.key_bias_ = W[None], c[None]
                 self.V_, self.output_bias_ = V[None], beta
@@ -239,6 +247,41 @@ class VectorLayerLearner(BaseLearner):
                 f"{math.ceil(unknowns / per_query)} are needed")
         self.rank_, self.tokens_per_query_ = r, N
         return N, int(n)
+
+    def _ask_attention(self, oracle, rng, n, N, V, beta, outputs):
+        """The attention stage's queries X (n, N, d) and their attention matrices.
+
+        A pilot (one query in :data:`PILOT_SHARE`) of tokens of norm about 1 measures how
+        peaked the head's attention is; the other queries' tokens are scaled so that a row's
+        logits spread over about :data:`TARGET_SPREAD` (logits are quadratic in the tokens'
+        scale). Sets ``token_scale_``."""
+        d = V.shape[0]
+        X = rng.standard_normal((n, N, d)) / np.sqrt(d)
+        k = max(1, n // PILOT_SHARE)
+        A = self._attention_matrices(X[:k], oracle(X[:k]), V, beta, outputs)
+        scale = 1.0
+        if k < n:
+            spread = float(np.median(self._spreads(A, outputs)))
+            if spread > 0:
+                scale = float(np.clip(np.sqrt(TARGET_SPREAD / spread), 1 / MAX_RESCALE,
+                                      MAX_RESCALE))
+            X[k:] *= scale
+            A = np.concatenate(
+                [A, self._attention_matrices(X[k:], oracle(X[k:]), V, beta, outputs)])
+        self.token_scale_ = scale
+        return X, A
+
+    def _spreads(self, A, outputs) -> np.ndarray:
+        """Per row of the attention matrices A (n, M, N): ``log(max a / min a)`` over the keys
+        it sees (weights below :data:`MIN_WEIGHT` count as that)."""
+        N = A.shape[2]
+        rows = np.arange(N) if outputs == "all" else np.array([N - 1])
+        seen = np.arange(N)[None, :] <= rows[:, None] if self.causal else np.ones(A.shape[1:],
+                                                                                   dtype=bool)
+        a = np.maximum(A, MIN_WEIGHT)
+        hi = np.where(seen, a, 0.0).max(axis=2)
+        lo = np.where(seen, a, np.inf).min(axis=2)
+        return np.log(hi / lo)[:, seen.sum(axis=1) > 1].ravel()
 
     def _attention_matrices(self, X, O, V, beta, outputs) -> np.ndarray:
         """The attention matrices (n, M, N) behind the answers O to the queries X (M = N rows
