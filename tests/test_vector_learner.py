@@ -180,8 +180,8 @@ def test_budget_is_checked_before_each_stage_spends():
 
 @pytest.mark.parametrize("params, match", [
     (dict(n_heads=0), "n_heads must be an integer >= 1"),
-    (dict(n_heads=2), "only a single head"),
-    (dict(n_kv_heads=2), "only a single head"),
+    (dict(n_kv_heads=2), "grouped-query layers are not fitted"),
+    (dict(n_heads=4, n_kv_heads=2), "grouped-query layers are not fitted"),
     (dict(positions="alibi"), "positions must be one of"),
     (dict(positions="rotary"), "only heads without positions"),
     (dict(causal=1), "causal must be True or False"),
@@ -201,3 +201,48 @@ def test_a_scalar_oracle_is_refused():
         VectorLayerLearner().fit(ValueOracle(lambda X: layer(X)[:, 0], 4))
     with pytest.raises(ConfigError, match="fitted"):
         VectorLayerLearner().predict(np.ones((1, 2, 4)))
+
+
+# -- several heads ------------------------------------------------------------------------------
+
+
+def heads_matched(layer, est):
+    """The true heads in the order of the estimate's (matched by their value maps)."""
+    V = layer.value_maps()
+    order = [int(np.argmin([np.abs(Vh - Vk).max() for Vk in V])) for Vh in est.V_]
+    assert sorted(order) == list(range(layer.n_heads))
+    return order
+
+
+@pytest.mark.parametrize("H, outputs, causal", [(2, "all", False), (2, "last", False),
+                                                (4, "all", True), (4, "last", True)])
+def test_layer_of_heads_that_fill_d(H, outputs, causal):
+    d = 16
+    layer = random_vector_layer(d, H, seed=3, bias=0.3, causal=causal, outputs=outputs)
+    oracle = VectorOracle(layer, d, outputs=outputs)
+    est = VectorLayerLearner(n_heads=H, causal=causal, random_state=0).fit(oracle)
+    order = heads_matched(layer, est)
+    W, c, V = layer.head_W()[order], layer.key_bias()[order], layer.value_maps()[order]
+    for h in range(H):
+        assert rel(est.W_[h], W[h]) < GOAL and rel(est.V_[h], V[h]) < GOAL
+        assert np.max(np.abs(est.key_bias_[h] - c[h])) < GOAL
+    assert np.max(np.abs(est.output_bias_ - layer.output_bias)) < GOAL
+    assert est.n_queries_ == oracle.n_queries and est.n_queries_by_stage_["split"] > 0
+    np.testing.assert_array_equal(est.head_groups_, np.arange(H))
+    X = np.random.default_rng(4).standard_normal((2, 100, d)) / 4
+    assert rel(est.predict(X), layer(X)) < GOAL
+
+
+@pytest.mark.parametrize("declared, actual", [(2, 4), (4, 2), (2, 1)])
+def test_another_number_of_heads_is_refused(declared, actual):
+    d = 16
+    box = VectorOracle(random_vector_layer(d, actual, seed=5, head_dim=d // actual), d)
+    with pytest.raises(ModelMismatchError, match="number of heads|not a single"):
+        VectorLayerLearner(n_heads=declared, random_state=0).fit(box)
+
+
+def test_heads_that_do_not_fill_d_are_not_split():
+    d = 16
+    box = VectorOracle(random_vector_layer(d, 2, seed=6, head_dim=4), d)  # rank V_sum = 8
+    with pytest.raises(NotIdentifiableError, match="heads that fill d"):
+        VectorLayerLearner(n_heads=2, random_state=0).fit(box)

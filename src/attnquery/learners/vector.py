@@ -26,11 +26,12 @@ import scipy.linalg
 from ..errors import ConfigError, ModelMismatchError, NotIdentifiableError
 from ..vector_models import bilinear_layer
 from ._base import BaseLearner, check_bool, check_oracle, check_queries, check_scalar
+from ._vector_split import scan_queries_per_line, split_values
 
 __all__ = ["VectorLayerLearner", "STAGES", "POSITIONS", "CHECK_LENGTHS", "VERIFY_RTOL"]
 
 #: the stages of a fit, as ``n_queries_by_stage_`` counts them
-STAGES = ("V", "attention", "verify")
+STAGES = ("V", "split", "attention", "verify")
 #: the position models the learner knows
 POSITIONS = ("none", "rotary")
 #: lengths of the fresh check queries after a fit, one query each: long sequences are where a
@@ -144,10 +145,10 @@ class VectorLayerLearner(BaseLearner):
         check_scalar(self.n_queries, "n_queries", numbers.Integral, min_val=1, allow_none=True)
         if self.positions not in POSITIONS:
             raise ConfigError(f"positions must be one of {POSITIONS}; got {self.positions!r}")
-        if H not in (None, 1) or G not in (None, 1):
+        if G is not None and G != (H or 1):
             raise ConfigError(
-                f"n_heads={self.n_heads!r}, n_kv_heads={self.n_kv_heads!r}: only a single head "
-                "(n_heads None or 1) is fitted so far")
+                f"n_kv_heads={self.n_kv_heads!r}: grouped-query layers are not fitted so far "
+                "(n_kv_heads None or equal to n_heads)")
         if self.positions != "none":
             raise ConfigError(f"positions={self.positions!r}: only heads without positions "
                               "(positions='none') are fitted so far")
@@ -185,17 +186,26 @@ class VectorLayerLearner(BaseLearner):
             try:
                 ledger.check_budget(d + int(self.fit_bias), "the value stage")
                 with ledger.stage("V"):
-                    V, beta = self._read_values(ledger, d)
-                N, n = self._plan(d, V, outputs)
+                    V_sum, beta = self._read_values(ledger, d)
+                H = self.n_heads or 1
+                V = V_sum[None]
+                if H > 1:
+                    ledger.check_budget((2 * (d // H) + 1) * scan_queries_per_line(H),
+                                        "the split of the value maps (at most)")
+                    with ledger.stage("split"):
+                        V = split_values(ledger, V_sum, beta, H, rng)
+                N, n = self._plan(d, V_sum, H, outputs)
                 ledger.check_budget(n + len(CHECK_LENGTHS),
                                     f"the attention stage ({n} queries of {N} tokens) and the "
                                     "check")
                 with ledger.stage("attention"):
                     X, A = self._ask_attention(ledger, rng, n, N, V, beta, outputs)
-                W, c = self._solve_logits(X, A, outputs)
-                self.W_, self.key_bias_ = W[None], c[None]
-                self.V_, self.output_bias_ = V[None], beta
-                self.head_groups_ = np.zeros(1, dtype=int)
+                fits = [self._solve_logits(X, A[h], outputs) for h in range(H)]
+                self.W_ = np.stack([f[0] for f in fits])
+                self.key_bias_ = np.stack([f[1] for f in fits])
+                self.logit_residual_ = max(f[2] for f in fits)
+                self.V_, self.output_bias_ = V, beta
+                self.head_groups_ = np.arange(H)
                 self.frequencies_ = np.zeros(0)
                 with ledger.stage("verify"):
                     self._verify(ledger, rng)
@@ -219,7 +229,7 @@ class VectorLayerLearner(BaseLearner):
                                        "attention weights, and so W, are not identifiable")
         return V, beta
 
-    def _plan(self, d: int, V: np.ndarray, outputs: str) -> tuple[int, int]:
+    def _plan(self, d: int, V: np.ndarray, H: int, outputs: str) -> tuple[int, int]:
         """Tokens per query N and queries n of the attention stage; sets ``rank_`` and
         ``tokens_per_query_``."""
         s = np.linalg.svd(V, compute_uv=False)
@@ -227,12 +237,12 @@ class VectorLayerLearner(BaseLearner):
         if outputs == "all":
             # half of d: at d = 64, W to 8e-14 from 7 queries of 32 tokens (3e-13 from 3 of 48,
             # 4e-14 from 26 of 16; 2 of 64 leave the equations singular)
-            N = max(2, min(r, math.ceil(d / 2)))
+            N = max(2, min(r // H, math.ceil(d / (2 * H))))
             per_query = N * (N - 1) // (2 if self.causal else 1)
         else:
             # three quarters of d: at d = 64, W to 2.8e-13 from 133 queries of 48 tokens,
             # 1.1e-10 from 100 of 64 (the square systems [X V, 1] are ill-conditioned)
-            N = max(2, min(r + 1, math.ceil(3 * d / 4)))
+            N = max(2, min(r // H + 1, math.ceil(3 * d / (4 * H))))
             per_query = N - 1
         unknowns = d * (d + int(self.fit_bias))
         n = self.n_queries
@@ -249,13 +259,14 @@ class VectorLayerLearner(BaseLearner):
         return N, int(n)
 
     def _ask_attention(self, oracle, rng, n, N, V, beta, outputs):
-        """The attention stage's queries X (n, N, d) and their attention matrices.
+        """The attention stage's queries X (n, N, d) and the heads' attention matrices
+        (H, n, M, N), from the heads' value maps V (H, d, d_out).
 
         A pilot (one query in :data:`PILOT_SHARE`) of tokens of norm about 1 measures how
         peaked the head's attention is; the other queries' tokens are scaled so that a row's
         logits spread over about :data:`TARGET_SPREAD` (logits are quadratic in the tokens'
         scale). Sets ``token_scale_``."""
-        d = V.shape[0]
+        d = V.shape[1]
         X = rng.standard_normal((n, N, d)) / np.sqrt(d)
         k = max(1, n // PILOT_SHARE)
         A = self._attention_matrices(X[:k], oracle(X[:k]), V, beta, outputs)
@@ -267,13 +278,14 @@ class VectorLayerLearner(BaseLearner):
                                       MAX_RESCALE))
             X[k:] *= scale
             A = np.concatenate(
-                [A, self._attention_matrices(X[k:], oracle(X[k:]), V, beta, outputs)])
+                [A, self._attention_matrices(X[k:], oracle(X[k:]), V, beta, outputs)], axis=1)
         self.token_scale_ = scale
         return X, A
 
     def _spreads(self, A, outputs) -> np.ndarray:
-        """Per row of the attention matrices A (n, M, N): ``log(max a / min a)`` over the keys
+        """Per row of the attention matrices A (H, n, M, N): ``log(max a / min a)`` over the keys
         it sees (weights below :data:`MIN_WEIGHT` count as that)."""
+        A = A.reshape((-1,) + A.shape[2:])
         N = A.shape[2]
         rows = np.arange(N) if outputs == "all" else np.array([N - 1])
         seen = np.arange(N)[None, :] <= rows[:, None] if self.causal else np.ones(A.shape[1:],
@@ -284,18 +296,22 @@ class VectorLayerLearner(BaseLearner):
         return np.log(hi / lo)[:, seen.sum(axis=1) > 1].ravel()
 
     def _attention_matrices(self, X, O, V, beta, outputs) -> np.ndarray:
-        """The attention matrices (n, M, N) behind the answers O to the queries X (M = N rows
-        for every token's outputs, 1 for the last token's); sets ``attention_residual_``.
+        """The heads' attention matrices (H, n, M, N) behind the answers O to the queries X
+        (M = N rows for every token's outputs, 1 for the last token's), from the heads' value
+        maps V (H, d, d_out): each row solves ``o - beta = sum_h a_h^T X V_h`` with every
+        head's weights summing to one; sets ``attention_residual_``.
 
         Raises ModelMismatchError where the answers are not attention-weighted sums of the
-        values ``X V``: a negative weight, a row that is no weighted sum, weights on later
+        values ``X V_h``: a negative weight, a row that is no weighted sum, weights on later
         tokens of a causal head, or none on them where no mask was declared.
         """
         O = O[:, None, :] if outputs == "last" else O
-        P = X @ V
-        unit = max(float(np.max(np.abs(P))), 1.0)  # the sum-to-one column, at the values' scale
-        Pa = np.concatenate([P, np.full(P.shape[:2] + (1,), unit)], axis=2)
-        Ra = np.concatenate([O - beta, np.full(O.shape[:2] + (1,), unit)], axis=2)
+        H, n, N = V.shape[0], X.shape[0], X.shape[1]
+        P = np.concatenate([X @ V[h] for h in range(H)], axis=1)  # (n, H N, d_out)
+        unit = max(float(np.max(np.abs(P))), 1.0)  # the sum-to-one columns, at the values' scale
+        ones = np.kron(np.eye(H), np.full((N, 1), unit))  # (H N, H): head h's rows sum to one
+        Pa = np.concatenate([P, np.broadcast_to(ones, (n, H * N, H))], axis=2)
+        Ra = np.concatenate([O - beta, np.full(O.shape[:2] + (H,), unit)], axis=2)
         A = Ra @ np.linalg.pinv(Pa)
         scale = float(np.max(np.abs(Ra)))
         self.attention_residual_ = float(np.max(np.abs(A @ Pa - Ra))) / scale
@@ -303,18 +319,20 @@ class VectorLayerLearner(BaseLearner):
         if self.attention_residual_ > ATTENTION_TOL:
             raise ModelMismatchError(
                 f"the answers differ by {self.attention_residual_:.3g} (relative) from every "
-                "attention-weighted sum of one value map, where float64 rounding explains "
-                f"{ATTENTION_TOL:g}: the box is not a single attention head; {hint}",
+                f"attention-weighted sum of the {H} value map(s), where float64 rounding "
+                f"explains {ATTENTION_TOL:g}: the box is not a single attention head"
+                f"{'' if H == 1 else ' per declared head'}; {hint}",
                 error=self.attention_residual_, allowed=ATTENTION_TOL)
-        N = X.shape[1]
+        A = A.reshape(n, A.shape[1], H, N).transpose(2, 0, 1, 3)
         rows = np.arange(N) if outputs == "all" else np.array([N - 1])
         later = np.arange(N)[None, :] > rows[:, None]  # (M, N): keys after the row's token
-        if self.causal and np.any(np.abs(A[:, later]) > ATTENTION_TOL):
+        ahead = np.abs(A[:, :, later])
+        if self.causal and np.any(ahead > ATTENTION_TOL):
             raise ModelMismatchError(
-                f"tokens attend to later tokens (weight up to {np.max(np.abs(A[:, later])):.3g})"
-                ": the box is not causal; fit it with causal=False",
-                error=float(np.max(np.abs(A[:, later]))), allowed=ATTENTION_TOL)
-        if not self.causal and later.any() and np.all(np.abs(A[:, later]) <= ATTENTION_TOL):
+                f"tokens attend to later tokens (weight up to {np.max(ahead):.3g}): the box is "
+                "not causal; fit it with causal=False",
+                error=float(np.max(ahead)), allowed=ATTENTION_TOL)
+        if not self.causal and later.any() and np.all(ahead <= ATTENTION_TOL):
             raise ModelMismatchError(
                 "no token attends to a later token: the box has a causal mask; fit it with "
                 "causal=True", error=1.0, allowed=ATTENTION_TOL)
@@ -325,9 +343,10 @@ class VectorLayerLearner(BaseLearner):
                 allowed=ATTENTION_TOL)
         return A
 
-    def _solve_logits(self, X, A, outputs) -> tuple[np.ndarray, np.ndarray]:
-        """(W, c) from the logit differences of the attention matrices A (n, M, N) by weighted
-        least squares (normal equations, one step of refinement); sets ``logit_residual_``."""
+    def _solve_logits(self, X, A, outputs) -> tuple[np.ndarray, np.ndarray, float]:
+        """One head's (W, c) from the logit differences of its attention matrices A (n, M, N)
+        by weighted least squares (normal equations, one step of refinement), and the largest
+        weighted residual relative to the largest weighted right-hand side."""
         n, N, d = X.shape
         M = A.shape[1]
         rows = np.arange(N) if outputs == "all" else np.array([N - 1])
@@ -368,10 +387,9 @@ class VectorLayerLearner(BaseLearner):
         Wt = scipy.linalg.cho_solve(factor, rhs(y).ravel()).reshape(d, e)
         Wt += scipy.linalg.cho_solve(factor, rhs(residual(Wt)).ravel()).reshape(d, e)
         r = residual(Wt) * np.sqrt(w2)
-        self.logit_residual_ = float(np.max(np.abs(r)) / max(np.max(np.abs(y * np.sqrt(w2))),
-                                                            np.finfo(float).tiny))
+        res = float(np.max(np.abs(r)) / max(np.max(np.abs(y * np.sqrt(w2))), np.finfo(float).tiny))
         c = Wt[:, d] if self.fit_bias else np.zeros(d)
-        return Wt[:, :d], c
+        return Wt[:, :d], c, res
 
     def _verify(self, oracle, rng) -> None:
         """One fresh query of each of :data:`CHECK_LENGTHS`; raise ModelMismatchError when the
