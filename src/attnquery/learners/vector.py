@@ -13,6 +13,12 @@ gives N - 1 logit differences ``log a_{n,k} - log a_{n,j} = (x_k - x_j)^T (W x_n
 last token's is, half as many for a causal head. (W, c) is their least-squares solution, each
 equation weighted by its attention weights (a weight's absolute error becomes a logit's error
 divided by the weight).
+
+A layer of H heads that fill d (``H dh = d``, the summed value map of rank d) first splits the
+one-token queries' ``V_sum = sum_h V_h`` into the heads' maps (:mod:`._vector_split`); a row of
+a query of N tokens then holds ``H N`` weights against ``d_out`` numbers and H sums to one, so
+with ``H N <= d_out`` every query gives every head's attention matrix at once, and each head's
+``(W_h, c_h)`` is solved as a single head's.
 """
 
 from __future__ import annotations
@@ -61,15 +67,16 @@ MIN_WEIGHT = 1e-12
 class VectorLayerLearner(BaseLearner):
     """Recover an attention head from a :class:`~attnquery.oracles.VectorOracle`.
 
-    Works for a single head (``n_heads`` None or 1) without positions, with or without biases
-    and a causal mask, from every token's outputs or the last token's (the oracle's
-    ``outputs``). See the module's docstring for the method and ``docs/vector.md`` for measured
+    Works for a single head (``n_heads`` None or 1) and for layers of heads that fill d, without
+    positions, with or without biases and a causal mask, from every token's outputs or the last
+    token's (the oracle's ``outputs``). See the module's docstring for the method and ``docs/vector.md`` for measured
     query counts and errors.
 
     Parameters
     ----------
     n_heads : int, optional
-        Number of heads of the box; None or 1 (a single head: the only count fitted so far).
+        Number H of heads of the box (default None: one). With H > 1 the heads must fill d
+        (H dividing d, the summed value map of rank d).
     n_kv_heads : int, optional
         Number of key/value heads; None or equal to ``n_heads``.
     causal : bool
@@ -94,7 +101,7 @@ class VectorLayerLearner(BaseLearner):
     key_bias_ : ndarray (H, d)
         Per head c_h (zeros without ``fit_bias``).
     V_ : ndarray (H, d, d_out)
-        Per head the value-output map.
+        Per head the value-output map (the heads in the order the split found them).
     output_bias_ : ndarray (d_out,)
         beta, added to every output (zeros without ``fit_bias``).
     head_groups_ : ndarray (H,)
@@ -104,7 +111,7 @@ class VectorLayerLearner(BaseLearner):
     outputs_ : str
         The oracle's ``outputs``; :meth:`predict` answers in its shape.
     rank_ : int
-        Numerical rank of ``V``.
+        Numerical rank of the summed value map.
     tokens_per_query_ : int
         N, the length of the attention stage's queries.
     token_scale_ : float
@@ -163,13 +170,15 @@ class VectorLayerLearner(BaseLearner):
             A bad parameter, an oracle that is not a vector oracle, or ``n_queries`` too few
             for the unknowns.
         NotIdentifiableError
-            V = 0: every answer is the offset, so W is not identifiable.
+            V = 0: every answer is the offset, so W is not identifiable; or, with H > 1, heads
+            that do not fill d.
         ModelMismatchError
-            The answers are not those of a single head as the parameters describe it (several
+            The answers are not those of the layer the parameters describe (another number of
             heads, a causal mask where none was declared or the reverse, soft-capped logits,
-            positions, lower precision than float64): the answers are no attention-weighted
-            sums of one value map, or the fresh check queries (1 to 4096 tokens) disagree with
-            the estimate by more than :data:`VERIFY_RTOL`.
+            positions, lower precision than float64): the split's lines cross another number
+            of heads, the answers are no attention-weighted sums of the heads' value maps, or
+            the fresh check queries (1 to 4096 tokens) disagree with the estimate by more than
+            :data:`VERIFY_RTOL`.
         """
         self._validate_params()
         d = check_oracle(oracle, kinds=("vector",))
