@@ -69,8 +69,8 @@ class VectorLayerLearner(BaseLearner):
 
     Works for a single head (``n_heads`` None or 1) and for layers of heads that fill d, without
     positions, with or without biases and a causal mask, from every token's outputs or the last
-    token's (the oracle's ``outputs``). See the module's docstring for the method and ``docs/vector.md`` for measured
-    query counts and errors.
+    token's (the oracle's ``outputs``). See the module's docstring for the method and
+    ``docs/vector.md`` for measured query counts and errors.
 
     Parameters
     ----------
