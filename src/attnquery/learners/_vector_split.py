@@ -30,6 +30,8 @@ KEY_SCALE = 1e10
 LINE_HALF = 1e3
 #: bisection levels: final intervals of 2 LINE_HALF 2^-31, about 1e-6
 LEVELS = 31
+#: singular values of a value map below this fraction of the largest count as zero (its rank)
+RANK_RTOL = 1e-10
 #: a change of the scaled answer (tokens of norm about 1) below this is rounding
 CHANGE_TOL = 1e-9
 #: a line that crosses another number of jumps than n_heads is scanned again along a fresh line
@@ -127,10 +129,11 @@ def split_values(oracle, V_sum: np.ndarray, beta: np.ndarray, n_heads: int,
     d, d_out = V_sum.shape
     H = int(n_heads)
     s = np.linalg.svd(V_sum, compute_uv=False)
-    if d % H or np.count_nonzero(s > 1e-10 * s[0]) < d:
+    rank = int(np.count_nonzero(s > RANK_RTOL * s[0]))
+    if d % H or rank < d:
         raise NotIdentifiableError(
             f"splitting the value maps needs heads that fill d: H = {H} dividing d = {d} and "
-            f"the summed value map of rank d (rank {np.count_nonzero(s > 1e-10 * s[0])})")
+            f"the summed value map of rank d (rank {rank})")
     dh = d // H
     Vp = np.linalg.pinv(V_sum)
     D0 = rng.standard_normal(d) / np.sqrt(d)

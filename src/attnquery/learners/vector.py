@@ -32,7 +32,7 @@ import scipy.linalg
 from ..errors import ConfigError, ModelMismatchError, NotIdentifiableError
 from ..vector_models import bilinear_layer
 from ._base import BaseLearner, check_bool, check_oracle, check_queries, check_scalar
-from ._vector_split import scan_queries_per_line, split_values
+from ._vector_split import RANK_RTOL, scan_queries_per_line, split_values
 
 __all__ = ["VectorLayerLearner", "STAGES", "POSITIONS", "CHECK_LENGTHS", "VERIFY_RTOL"]
 
@@ -52,8 +52,6 @@ VERIFY_RTOL = 1e-8
 #: largest negative attention weight that float64 rounding explains (measured: at most 6e-14,
 #: single heads at d = 64 and layers of 2 to 8 heads at d = 16 and 32)
 ATTENTION_TOL = 1e-9
-#: singular values of V below this fraction of the largest count as zero (its rank)
-RANK_RTOL = 1e-10
 #: logit differences asked per unknown of (W, c): the least-squares system's oversampling
 OVERSAMPLE = 1.5
 #: one attention query in PILOT_SHARE (at least one) is a pilot of tokens of norm about 1; the
