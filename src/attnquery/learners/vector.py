@@ -132,7 +132,7 @@ class VectorLayerLearner(BaseLearner):
     n_verify_queries_ : int
     """
 
-    def __init__(self, n_heads=None, n_kv_heads=None, causal=False, positions="none",
+    def __init__(self, *, n_heads=None, n_kv_heads=None, causal=False, positions="none",
                  fit_bias=True, n_queries=None, random_state=None):
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads
@@ -193,35 +193,38 @@ class VectorLayerLearner(BaseLearner):
         self.outputs_ = outputs
         with self._open_ledger(oracle, STAGES) as ledger:
             try:
-                ledger.check_budget(d + int(self.fit_bias), "the value stage")
-                with ledger.stage("V"):
-                    V_sum, beta = self._read_values(ledger, d)
-                H = self.n_heads or 1
-                V = V_sum[None]
-                if H > 1:
-                    ledger.check_budget((2 * (d // H) + 1) * scan_queries_per_line(H),
-                                        "the split of the value maps (at most)")
-                    with ledger.stage("split"):
-                        V = split_values(ledger, V_sum, beta, H, rng)
-                N, n = self._plan(d, V_sum, H, outputs)
-                ledger.check_budget(n + len(CHECK_LENGTHS),
-                                    f"the attention stage ({n} queries of {N} tokens) and the "
-                                    "check")
-                with ledger.stage("attention"):
-                    X, A = self._ask_attention(ledger, rng, n, N, V, beta, outputs)
-                fits = [self._solve_logits(X, A[h], outputs) for h in range(H)]
-                self.W_ = np.stack([f[0] for f in fits])
-                self.key_bias_ = np.stack([f[1] for f in fits])
-                self.logit_residual_ = max(f[2] for f in fits)
-                self.V_, self.output_bias_ = V, beta
-                self.head_groups_ = np.arange(H)
-                self.frequencies_ = np.zeros(0)
+                self._fit_layer(ledger, rng, d, outputs)
                 with ledger.stage("verify"):
                     self._verify(ledger, rng)
             finally:
                 self.n_queries_ = ledger.total
                 self.n_tokens_ = int(oracle.n_tokens) - tokens0
         return self
+
+    def _fit_layer(self, ledger, rng, d: int, outputs: str) -> None:
+        """The stages V, split (several heads) and attention, and every head's (W, c)."""
+        ledger.check_budget(d + int(self.fit_bias), "the value stage")
+        with ledger.stage("V"):
+            V_sum, beta = self._read_values(ledger, d)
+        H = self.n_heads or 1
+        V = V_sum[None]
+        if H > 1:
+            ledger.check_budget((2 * (d // H) + 1) * scan_queries_per_line(H),
+                                "the split of the value maps (at most)")
+            with ledger.stage("split"):
+                V = split_values(ledger, V_sum, beta, H, rng)
+        N, n = self._plan(d, V_sum, H, outputs)
+        ledger.check_budget(n + len(CHECK_LENGTHS),
+                            f"the attention stage ({n} queries of {N} tokens) and the check")
+        with ledger.stage("attention"):
+            X, A = self._ask_attention(ledger, rng, n, N, V, beta, outputs)
+        fits = [self._solve_logits(X, A[h], outputs) for h in range(H)]
+        self.W_ = np.stack([f[0] for f in fits])
+        self.key_bias_ = np.stack([f[1] for f in fits])
+        self.logit_residual_ = max(f[2] for f in fits)
+        self.V_, self.output_bias_ = V, beta
+        self.head_groups_ = np.arange(H)
+        self.frequencies_ = np.zeros(0)
 
     def _read_values(self, oracle, d: int) -> tuple[np.ndarray, np.ndarray]:
         """V and beta from one batch of one-token queries: ``0`` (with ``fit_bias``) and the
