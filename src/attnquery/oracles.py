@@ -4,6 +4,9 @@ An oracle wraps any callable ``fn`` that maps a float64 array of shape ``(B, N, 
 shape ``(B,)``. It validates every query and every answer, counts queries (a batch of B counts B)
 and enforces an optional budget *before* anything is spent.
 
+:class:`VectorOracle` wraps a box that answers output vectors, (B, N, d_out) or (B, d_out), and
+also counts the tokens it was sent.
+
 A learner receives an oracle and reads ``oracle.d``; it never receives the model. The wrapped
 callable is kept in a private slot and is not part of the public interface.
 """
@@ -22,7 +25,7 @@ from .errors import (
 from .rng import seed_int
 from .theory import FORMAT_BITS, ROUNDING_DTYPES, parse_rounding, relative_rounding_error  # noqa: F401
 
-__all__ = ["Oracle", "ValueOracle", "AntisymmetricOracle", "ApproximateValueOracle",
+__all__ = ["Oracle", "ValueOracle", "VectorOracle", "AntisymmetricOracle", "ApproximateValueOracle",
            "RoundingOracle", "MembershipOracle", "ToleranceError", "query_hash",
            "relative_rounding_error", "ROUNDING_DTYPES", "FORMAT_BITS"]
 
@@ -142,39 +145,51 @@ class Oracle:
         return X
 
     def _validate_answer(self, y, B: int) -> np.ndarray:
-        try:
-            raw = np.asarray(y)
-        except (TypeError, ValueError) as exc:
-            raise AnswerError(f"the black box returned a non-numeric answer: {exc}") from None
-        if raw.dtype.kind == "O":  # Python objects: only real numbers pass
-            kinds = {np.asarray(x).dtype.kind for x in raw.ravel()}
-            kind = next((k for k in "cb" if k in kinds), "f" if kinds <= set("iuf") else "U")
-        else:
-            kind = raw.dtype.kind
-        if kind == "c":
-            raise AnswerError("the black box returned complex answers; answers must be real "
-                              "numbers (the imaginary part is not dropped silently)")
-        if kind == "b":
-            raise AnswerError("the black box returned boolean answers; answers must be real "
-                              "numbers (True and False are not taken as 1 and 0)")
-        if kind not in "iuf":
-            raise AnswerError(f"the black box returned answers that are not real numbers "
-                              f"(dtype {raw.dtype})")
-        try:
-            y = raw.astype(np.float64)
-        except (TypeError, ValueError) as exc:
-            raise AnswerError(f"the black box returned a non-numeric answer: {exc}") from None
+        y = _real_answers(y)
         if y.shape != (B,):
             raise AnswerError(
                 f"the black box must return shape ({B},) for a batch of {B}; got {y.shape}"
             )
-        if not np.all(np.isfinite(y)):
-            bad = int(np.count_nonzero(~np.isfinite(y)))
-            raise AnswerError(f"the black box returned {bad} non-finite answers (NaN or inf)")
+        _check_finite(y)
         return y
 
     def _answer(self, X: np.ndarray) -> np.ndarray:  # pragma: no cover - abstract
         raise NotImplementedError
+
+
+def _real_answers(y) -> np.ndarray:
+    """The black box's answers as a float64 array, or :class:`AnswerError` when they are not
+    real numbers (complex, boolean, strings, ragged lists)."""
+    try:
+        raw = np.asarray(y)
+    except (TypeError, ValueError) as exc:
+        raise AnswerError(f"the black box returned a non-numeric answer: {exc}") from None
+    if raw.dtype.kind == "O":  # Python objects: only real numbers pass
+        kinds = {np.asarray(x).dtype.kind for x in raw.ravel()}
+        kind = next((k for k in "cb" if k in kinds), "f" if kinds <= set("iuf") else "U")
+    else:
+        kind = raw.dtype.kind
+    if kind == "c":
+        raise AnswerError("the black box returned complex answers; answers must be real "
+                          "numbers (the imaginary part is not dropped silently)")
+    if kind == "b":
+        raise AnswerError("the black box returned boolean answers; answers must be real "
+                          "numbers (True and False are not taken as 1 and 0)")
+    if kind not in "iuf":
+        raise AnswerError(f"the black box returned answers that are not real numbers "
+                          f"(dtype {raw.dtype})")
+    try:
+        y = raw.astype(np.float64)
+    except (TypeError, ValueError) as exc:
+        raise AnswerError(f"the black box returned a non-numeric answer: {exc}") from None
+    return y
+
+
+def _check_finite(y: np.ndarray) -> None:
+    """Raise :class:`AnswerError` when an answer holds NaN or inf."""
+    if not np.all(np.isfinite(y)):
+        bad = int(np.count_nonzero(~np.isfinite(y)))
+        raise AnswerError(f"the black box returned {bad} non-finite answers (NaN or inf)")
 
 
 def _call_black_box(fn, X: np.ndarray) -> np.ndarray:
@@ -294,6 +309,111 @@ class AntisymmetricOracle(Oracle):
                 f"the wrapped oracle must return shape ({2 * B},); got {y.shape}"
             )
         return y[:B] - y[B:]
+
+
+class VectorOracle(Oracle):
+    """Value queries answered with vectors: the output of every token, or of the last one.
+
+    A served attention module returns an output vector per token. This oracle wraps such a box:
+    ``outputs="all"`` answers a batch ``(B, N, d)`` with an array ``(B, N, d_out)`` (row n is
+    token n's output), ``outputs="last"`` with ``(B, d_out)`` (the last token's output only).
+    Queries are validated, counted and budgeted as by :class:`Oracle` (a batch of B counts B
+    queries); :attr:`n_tokens` also counts the tokens sent (a query of N tokens counts N).
+
+    Parameters
+    ----------
+    fn : callable
+        Maps a float64 array (B, N, d) to an array (B, N, d_out) (``outputs="all"``) or
+        (B, d_out) (``outputs="last"``).
+    d : int
+        Token dimension.
+    outputs : {"all", "last"}
+        Which outputs the box returns.
+    d_out : int, optional
+        Output dimension. Default: read from the first answer; every later answer must have
+        the same.
+    budget : int, optional
+        Maximum number of queries.
+
+    Examples
+    --------
+    >>> from attnquery.vector_models import random_vector_layer
+    >>> oracle = VectorOracle(random_vector_layer(4, 1, seed=0), 4)
+    >>> oracle(np.ones((3, 2, 4))).shape, oracle.n_queries, oracle.n_tokens
+    ((3, 2, 4), 3, 6)
+    """
+
+    kind = "vector"
+    OUTPUTS = ("all", "last")
+
+    __slots__ = ("__fn", "_outputs", "_d_out", "_n_tokens")
+
+    def __init__(self, fn, d: int, outputs: str = "all", d_out: int | None = None,
+                 budget: int | None = None):
+        if not callable(fn):
+            raise QueryError(f"fn must be callable; got {type(fn).__name__}")
+        if outputs not in self.OUTPUTS:
+            raise QueryError(f"outputs must be one of {self.OUTPUTS}; got {outputs!r}")
+        if d_out is not None and (
+            isinstance(d_out, bool) or not isinstance(d_out, int | np.integer) or d_out < 1
+        ):
+            raise QueryError(f"d_out must be a positive integer or None; got {d_out!r}")
+        super().__init__(d, budget)
+        self.__fn = fn
+        self._outputs = outputs
+        self._d_out = None if d_out is None else int(d_out)
+        self._n_tokens = 0
+
+    @property
+    def outputs(self) -> str:
+        """``"all"`` (every token's output) or ``"last"`` (the last token's)."""
+        return self._outputs
+
+    @property
+    def d_out(self) -> int | None:
+        """Output dimension (None until the first answer when it was not given)."""
+        return self._d_out
+
+    @property
+    def n_tokens(self) -> int:
+        """Tokens in the queries answered so far (a query of N tokens counts N)."""
+        return self._n_tokens
+
+    def __repr__(self) -> str:
+        b = "" if self._budget is None else f", budget={self._budget}"
+        return (f"{type(self).__name__}(d={self._d}, outputs={self._outputs!r}, "
+                f"d_out={self._d_out}{b}, n_queries={self._n_queries}, "
+                f"n_tokens={self._n_tokens})")
+
+    def __call__(self, X) -> np.ndarray:
+        """Answer a batch ``X`` (B, N, d): shape (B, N, d_out) or (B, d_out)."""
+        X = self._validate_query(X)
+        B, N = X.shape[0], X.shape[1]
+        self.check_budget(B, what=f"a batch of {B} queries")
+        y = self._validate_vectors(_call_black_box(self.__fn, X), B, N)
+        self._n_queries += B
+        self._n_calls += 1
+        self._n_tokens += B * N
+        return y
+
+    query = __call__
+
+    def _validate_vectors(self, y, B: int, N: int) -> np.ndarray:
+        y = _real_answers(y)
+        lead = (B, N) if self._outputs == "all" else (B,)
+        names = "(B, N, d_out)" if self._outputs == "all" else "(B, d_out)"
+        if y.ndim != len(lead) + 1 or y.shape[:-1] != lead or y.shape[-1] < 1:
+            want = lead + ("d_out" if self._d_out is None else self._d_out,)
+            raise AnswerError(
+                f"the black box must return shape {names} = {want} for a batch of shape "
+                f"({B}, {N}, {self._d}) with outputs={self._outputs!r}; got {y.shape}"
+                .replace("'d_out'", "d_out"))
+        if self._d_out is not None and y.shape[-1] != self._d_out:
+            raise AnswerError(f"the black box must return d_out = {self._d_out} numbers per "
+                              f"output; got shape {y.shape}")
+        _check_finite(y)
+        self._d_out = int(y.shape[-1])
+        return y
 
 
 # ----------------------------------------------------------------------------------------------

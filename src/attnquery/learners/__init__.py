@@ -22,6 +22,7 @@ from .multihead_generic import AttentionLayerLearner, MultiHeadLearner
 from .noisy import NoisyValueQueryLearner
 from .rotary import RotaryValueQueryLearner
 from .transformer import TransformerLearner
+from .vector import VectorLayerLearner
 
 __all__ = [
     # the command line's methods first, in its order (attnquery info lists them so)
@@ -37,4 +38,5 @@ __all__ = [
     "ReLUNetworkLearner",
     "OrthogonalSubspaceLearner",
     "MultiHeadLearner",
+    "VectorLayerLearner",
 ]

@@ -1,0 +1,439 @@
+"""Extraction from vector answers: an attention head from every token's output vector.
+
+Beyond the paper, whose oracle answers one number per sequence. A served attention module
+answers an output vector per token (:class:`attnquery.oracles.VectorOracle`); then a single head
+
+    out_n = sum_i a_{n,i} x_i^T V + beta,   a_n = softmax_i(x_i^T (W x_n + c))
+
+is read in two steps. One-token queries answer ``x^T V + beta``: ``V`` and ``beta`` from d + 1 of
+them (one batch). A query of N <= rank(V) + 1 tokens then gives the head's whole attention
+matrix, ``A = [O - beta, 1] [X V, 1]^+`` (the weights of a row sum to one), and every row n
+gives N - 1 logit differences ``log a_{n,k} - log a_{n,j} = (x_k - x_j)^T (W x_n + c)``, linear in
+``(W, c)``: N (N - 1) equations per query when every token's output is answered, N - 1 when the
+last token's is, half as many for a causal head. (W, c) is their least-squares solution, each
+equation weighted by its attention weights (a weight's absolute error becomes a logit's error
+divided by the weight).
+
+A layer of H heads that fill d (``H dh = d``, the summed value map of rank d) first splits the
+one-token queries' ``V_sum = sum_h V_h`` into the heads' maps (:mod:`._vector_split`); a row of
+a query of N tokens then holds ``H N`` weights against ``d_out`` numbers and H sums to one, so
+with ``H N <= d_out`` every query gives every head's attention matrix at once, and each head's
+``(W_h, c_h)`` is solved as a single head's.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+import scipy.linalg
+
+from ..errors import ConfigError, ModelMismatchError, NotIdentifiableError
+from ..vector_models import bilinear_layer
+from ._base import BaseLearner, check_bool, check_oracle, check_queries, check_scalar
+from ._vector_split import RANK_RTOL, scan_queries_per_line, split_values
+
+__all__ = ["VectorLayerLearner", "STAGES", "POSITIONS", "CHECK_LENGTHS", "VERIFY_RTOL"]
+
+#: the stages of a fit, as ``n_queries_by_stage_`` counts them
+STAGES = ("V", "split", "attention", "verify")
+#: the position models the learner knows
+POSITIONS = ("none", "rotary")
+#: lengths of the fresh check queries after a fit, one query each: long sequences are where a
+#: position-dependent or windowed box differs from a head
+CHECK_LENGTHS = (1, 2, 3, 8, 64, 256, 1024, 4096)
+#: largest relative disagreement ``max |O - O_hat| / max |O|`` the check allows: float64 fits
+#: (1 to 4096 tokens) stay at 1e-11 or below (single heads at d = 64: 1.4e-13; 8 heads at
+#: d = 16: 1.0e-11); a soft-capped, rotary or undeclared extra head, or answers rounded to
+#: float32, exceed it by orders of magnitude
+VERIFY_RTOL = 1e-8
+#: largest disagreement of the answers with attention matrices (relative to the answers) and
+#: largest negative attention weight that float64 rounding explains (measured: at most 6e-14,
+#: single heads at d = 64 and layers of 2 to 8 heads at d = 16 and 32)
+ATTENTION_TOL = 1e-9
+#: logit differences asked per unknown of (W, c): the least-squares system's oversampling
+OVERSAMPLE = 1.5
+#: one attention query in PILOT_SHARE (at least one) is a pilot of tokens of norm about 1; the
+#: others' tokens are scaled so that a row's logits spread over about TARGET_SPREAD (the largest
+#: weight about e^4 times the smallest), by a factor within [1 / MAX_RESCALE, MAX_RESCALE]
+PILOT_SHARE = 8
+TARGET_SPREAD = 4.0
+MAX_RESCALE = 100.0
+#: weights below this are left out of the logit equations (their logarithm is rounding noise)
+MIN_WEIGHT = 1e-12
+
+
+class VectorLayerLearner(BaseLearner):
+    """Recover an attention head from a :class:`~attnquery.oracles.VectorOracle`.
+
+    Works for a single head (``n_heads`` None or 1) and for layers of heads that fill d, without
+    positions, with or without biases and a causal mask, from every token's outputs or the last
+    token's (the oracle's ``outputs``). See the module's docstring for the method and
+    ``docs/vector.md`` for measured query counts and errors.
+
+    Parameters
+    ----------
+    n_heads : int, optional
+        Number H of heads of the box (default None: one). With H > 1 the heads must fill d
+        (H dividing d, the summed value map of rank d).
+    n_kv_heads : int, optional
+        Number of key/value heads; None or equal to ``n_heads``.
+    causal : bool
+        Token n attends to tokens i <= n only (a decoder's mask).
+    positions : {"none", "rotary"}
+        Position model; only ``"none"`` is fitted so far.
+    fit_bias : bool
+        Fit the key bias c and the output offset beta (default True); False assumes both 0 and
+        saves one query and d unknowns.
+    n_queries : int, optional
+        Queries of the attention stage; default ``OVERSAMPLE`` times the unknowns of (W, c)
+        divided by the logit differences a query gives (and at least d + 1 for last-token
+        answers).
+    random_state : int, Generator or None
+        Seed of the query tokens.
+
+    Attributes
+    ----------
+    W_ : ndarray (H, d, d)
+        Per head: the logit of key x_k for query x_q is ``x_k^T W_h x_q + x_k^T c_h`` plus terms
+        constant in k.
+    key_bias_ : ndarray (H, d)
+        Per head c_h (zeros without ``fit_bias``).
+    V_ : ndarray (H, d, d_out)
+        Per head the value-output map (the heads in the order the split found them).
+    output_bias_ : ndarray (d_out,)
+        beta, added to every output (zeros without ``fit_bias``).
+    head_groups_ : ndarray (H,)
+        The key/value head each head reads.
+    frequencies_ : ndarray (0,)
+        Rotary frequencies (none without positions).
+    outputs_ : str
+        The oracle's ``outputs``; :meth:`predict` answers in its shape.
+    rank_ : int
+        Numerical rank of the summed value map.
+    tokens_per_query_ : int
+        N, the length of the attention stage's queries.
+    token_scale_ : float
+        The factor on the attention stage's tokens after the pilot (below 1 for a peaked
+        head, above 1 for a flat one).
+    attention_residual_ : float
+        Largest disagreement of the attention stage's answers with the attention matrices
+        read from them, relative to the largest answer.
+    logit_residual_ : float
+        Largest weighted residual of the logit equations, relative to their largest right-hand
+        side.
+    n_queries_, n_tokens_ : int
+        Queries and tokens the fit asked, the check included.
+    n_queries_by_stage_ : dict
+        Queries per stage (:data:`STAGES`).
+    verify_error_ : float
+        ``max |O - O_hat| / max |O|`` on the check queries.
+    n_verify_queries_ : int
+    """
+
+    def __init__(self, *, n_heads=None, n_kv_heads=None, causal=False, positions="none",
+                 fit_bias=True, n_queries=None, random_state=None):
+        self.n_heads = n_heads
+        self.n_kv_heads = n_kv_heads
+        self.causal = causal
+        self.positions = positions
+        self.fit_bias = fit_bias
+        self.n_queries = n_queries
+        self.random_state = random_state
+
+    # -- parameters ------------------------------------------------------------------------------
+    def _validate_params(self) -> None:
+        H = check_scalar(self.n_heads, "n_heads", numbers.Integral, min_val=1, allow_none=True)
+        G = check_scalar(self.n_kv_heads, "n_kv_heads", numbers.Integral, min_val=1,
+                         allow_none=True)
+        check_bool(self.causal, "causal")
+        check_bool(self.fit_bias, "fit_bias")
+        check_scalar(self.n_queries, "n_queries", numbers.Integral, min_val=1, allow_none=True)
+        if self.positions not in POSITIONS:
+            raise ConfigError(f"positions must be one of {POSITIONS}; got {self.positions!r}")
+        if G is not None and G != (H or 1):
+            raise ConfigError(
+                f"n_kv_heads={self.n_kv_heads!r}: grouped-query layers are not fitted so far "
+                "(n_kv_heads None or equal to n_heads)")
+        if self.positions != "none":
+            raise ConfigError(f"positions={self.positions!r}: only heads without positions "
+                              "(positions='none') are fitted so far")
+
+    # -- fit ---------------------------------------------------------------------------------------
+    def fit(self, oracle):
+        """Recover the head behind ``oracle``; returns self.
+
+        Raises
+        ------
+        ConfigError
+            A bad parameter, an oracle that is not a vector oracle, or ``n_queries`` too few
+            for the unknowns.
+        NotIdentifiableError
+            V = 0: every answer is the offset, so W is not identifiable; or, with H > 1, heads
+            that do not fill d.
+        ModelMismatchError
+            The answers are not those of the layer the parameters describe (another number of
+            heads, a causal mask where none was declared or the reverse, soft-capped logits,
+            positions, lower precision than float64): the split's lines cross another number
+            of heads, the answers are no attention-weighted sums of the heads' value maps, or
+            the fresh check queries (1 to 4096 tokens) disagree with the estimate by more than
+            :data:`VERIFY_RTOL`.
+        """
+        self._validate_params()
+        d = check_oracle(oracle, kinds=("vector",))
+        outputs = getattr(oracle, "outputs", None)
+        if outputs not in ("all", "last"):
+            raise ConfigError(f"the oracle's outputs must be 'all' or 'last'; got {outputs!r}")
+        if not hasattr(oracle, "n_tokens"):
+            raise ConfigError(f"the oracle must count its tokens (n_tokens), as VectorOracle "
+                              f"does; got {type(oracle).__name__}")
+        rng = self._rng()
+        tokens0 = int(oracle.n_tokens)
+        self.outputs_ = outputs
+        with self._open_ledger(oracle, STAGES) as ledger:
+            try:
+                self._fit_layer(ledger, rng, d, outputs)
+                with ledger.stage("verify"):
+                    self._verify(ledger, rng)
+            finally:
+                self.n_queries_ = ledger.total
+                self.n_tokens_ = int(oracle.n_tokens) - tokens0
+        return self
+
+    def _fit_layer(self, ledger, rng, d: int, outputs: str) -> None:
+        """The stages V, split (several heads) and attention, and every head's (W, c)."""
+        ledger.check_budget(d + int(self.fit_bias), "the value stage")
+        with ledger.stage("V"):
+            V_sum, beta = self._read_values(ledger, d)
+        H = self.n_heads or 1
+        V = V_sum[None]
+        if H > 1:
+            ledger.check_budget((2 * (d // H) + 1) * scan_queries_per_line(H),
+                                "the split of the value maps (at most)")
+            with ledger.stage("split"):
+                V = split_values(ledger, V_sum, beta, H, rng)
+        N, n = self._plan(d, V_sum, H, outputs)
+        ledger.check_budget(n + len(CHECK_LENGTHS),
+                            f"the attention stage ({n} queries of {N} tokens) and the check")
+        with ledger.stage("attention"):
+            X, A = self._ask_attention(ledger, rng, n, N, V, beta, outputs)
+        fits = [self._solve_logits(X, A[h], outputs) for h in range(H)]
+        self.W_ = np.stack([f[0] for f in fits])
+        self.key_bias_ = np.stack([f[1] for f in fits])
+        self.logit_residual_ = max(f[2] for f in fits)
+        self.V_, self.output_bias_ = V, beta
+        self.head_groups_ = np.arange(H)
+        self.frequencies_ = np.zeros(0)
+
+    def _read_values(self, oracle, d: int) -> tuple[np.ndarray, np.ndarray]:
+        """V and beta from one batch of one-token queries: ``0`` (with ``fit_bias``) and the
+        basis vectors."""
+        X = np.eye(d)[:, None, :]
+        if self.fit_bias:
+            X = np.concatenate([np.zeros((1, 1, d)), X])
+        y = np.asarray(oracle(X), dtype=np.float64)
+        y = y[:, 0] if y.ndim == 3 else y
+        beta = y[0] if self.fit_bias else np.zeros(y.shape[1])
+        V = y[int(self.fit_bias):] - beta
+        if not np.any(V):
+            raise NotIdentifiableError("every one-token answer is the offset (V = 0): the "
+                                       "attention weights, and so W, are not identifiable")
+        return V, beta
+
+    def _plan(self, d: int, V: np.ndarray, H: int, outputs: str) -> tuple[int, int]:
+        """Tokens per query N and queries n of the attention stage; sets ``rank_`` and
+        ``tokens_per_query_``."""
+        s = np.linalg.svd(V, compute_uv=False)
+        r = int(np.count_nonzero(s > RANK_RTOL * s[0]))
+        if outputs == "all":
+            # half of d: at d = 64, W to 8e-14 from 7 queries of 32 tokens (3e-13 from 3 of 48,
+            # 4e-14 from 26 of 16; 2 of 64 leave the equations singular)
+            N = max(2, min(r // H, math.ceil(d / (2 * H))))
+            per_query = N * (N - 1) // (2 if self.causal else 1)
+        else:
+            # three quarters of d: at d = 64, W to 2.8e-13 from 133 queries of 48 tokens,
+            # 1.1e-10 from 100 of 64 (the square systems [X V, 1] are ill-conditioned)
+            N = max(2, min(r // H + 1, math.ceil(3 * d / (4 * H))))
+            per_query = N - 1
+        unknowns = d * (d + int(self.fit_bias))
+        n = self.n_queries
+        if n is None:
+            n = math.ceil(OVERSAMPLE * unknowns / per_query)
+            if outputs == "last":
+                n = max(n, d + 2)
+        elif n * per_query < unknowns:
+            raise ConfigError(
+                f"n_queries={n} queries of {N} tokens give {n * per_query} logit differences "
+                f"for {unknowns} unknowns of (W, c); at least "
+                f"{math.ceil(unknowns / per_query)} are needed")
+        self.rank_, self.tokens_per_query_ = r, N
+        return N, int(n)
+
+    def _ask_attention(self, oracle, rng, n, N, V, beta, outputs):
+        """The attention stage's queries X (n, N, d) and the heads' attention matrices
+        (H, n, M, N), from the heads' value maps V (H, d, d_out).
+
+        A pilot (one query in :data:`PILOT_SHARE`) of tokens of norm about 1 measures how
+        peaked the head's attention is; the other queries' tokens are scaled so that a row's
+        logits spread over about :data:`TARGET_SPREAD` (logits are quadratic in the tokens'
+        scale). Sets ``token_scale_``."""
+        d = V.shape[1]
+        X = rng.standard_normal((n, N, d)) / np.sqrt(d)
+        k = max(1, n // PILOT_SHARE)
+        A = self._attention_matrices(X[:k], oracle(X[:k]), V, beta, outputs)
+        scale = 1.0
+        if k < n:
+            spread = float(np.median(self._spreads(A, outputs)))
+            if spread > 0:
+                scale = float(np.clip(np.sqrt(TARGET_SPREAD / spread), 1 / MAX_RESCALE,
+                                      MAX_RESCALE))
+            X[k:] *= scale
+            A = np.concatenate(
+                [A, self._attention_matrices(X[k:], oracle(X[k:]), V, beta, outputs)], axis=1)
+        self.token_scale_ = scale
+        return X, A
+
+    def _spreads(self, A, outputs) -> np.ndarray:
+        """Per row of the attention matrices A (H, n, M, N): ``log(max a / min a)`` over the keys
+        it sees (weights below :data:`MIN_WEIGHT` count as that)."""
+        A = A.reshape((-1,) + A.shape[2:])
+        N = A.shape[2]
+        rows = np.arange(N) if outputs == "all" else np.array([N - 1])
+        seen = np.arange(N)[None, :] <= rows[:, None] if self.causal else np.ones(A.shape[1:],
+                                                                                   dtype=bool)
+        a = np.maximum(A, MIN_WEIGHT)
+        hi = np.where(seen, a, 0.0).max(axis=2)
+        lo = np.where(seen, a, np.inf).min(axis=2)
+        return np.log(hi / lo)[:, seen.sum(axis=1) > 1].ravel()
+
+    def _attention_matrices(self, X, O, V, beta, outputs) -> np.ndarray:
+        """The heads' attention matrices (H, n, M, N) behind the answers O to the queries X
+        (M = N rows for every token's outputs, 1 for the last token's), from the heads' value
+        maps V (H, d, d_out): each row solves ``o - beta = sum_h a_h^T X V_h`` with every
+        head's weights summing to one; sets ``attention_residual_``.
+
+        Raises ModelMismatchError where the answers are not attention-weighted sums of the
+        values ``X V_h``: a negative weight, a row that is no weighted sum, weights on later
+        tokens of a causal head, or none on them where no mask was declared.
+        """
+        O = O[:, None, :] if outputs == "last" else O
+        H, n, N = V.shape[0], X.shape[0], X.shape[1]
+        P = np.concatenate([X @ V[h] for h in range(H)], axis=1)  # (n, H N, d_out)
+        unit = max(float(np.max(np.abs(P))), 1.0)  # the sum-to-one columns, at the values' scale
+        ones = np.kron(np.eye(H), np.full((N, 1), unit))  # (H N, H): head h's rows sum to one
+        Pa = np.concatenate([P, np.broadcast_to(ones, (n, H * N, H))], axis=2)
+        Ra = np.concatenate([O - beta, np.full(O.shape[:2] + (H,), unit)], axis=2)
+        A = Ra @ np.linalg.pinv(Pa)
+        scale = float(np.max(np.abs(Ra)))
+        self.attention_residual_ = float(np.max(np.abs(A @ Pa - Ra))) / scale
+        hint = "the box may have several heads, biases fit_bias=False leaves out, or noise"
+        if self.attention_residual_ > ATTENTION_TOL:
+            raise ModelMismatchError(
+                f"the answers differ by {self.attention_residual_:.3g} (relative) from every "
+                f"attention-weighted sum of the {H} value map(s), where float64 rounding "
+                f"explains {ATTENTION_TOL:g}: the box is not a single attention head"
+                f"{'' if H == 1 else ' per declared head'}; {hint}",
+                error=self.attention_residual_, allowed=ATTENTION_TOL)
+        A = A.reshape(n, A.shape[1], H, N).transpose(2, 0, 1, 3)
+        rows = np.arange(N) if outputs == "all" else np.array([N - 1])
+        later = np.arange(N)[None, :] > rows[:, None]  # (M, N): keys after the row's token
+        ahead = np.abs(A[:, :, later])
+        if self.causal and np.any(ahead > ATTENTION_TOL):
+            raise ModelMismatchError(
+                f"tokens attend to later tokens (weight up to {np.max(ahead):.3g}): the box is "
+                "not causal; fit it with causal=False",
+                error=float(np.max(ahead)), allowed=ATTENTION_TOL)
+        if not self.causal and later.any() and np.all(ahead <= ATTENTION_TOL):
+            raise ModelMismatchError(
+                "no token attends to a later token: the box has a causal mask; fit it with "
+                "causal=True", error=1.0, allowed=ATTENTION_TOL)
+        if np.min(A) < -ATTENTION_TOL:
+            raise ModelMismatchError(
+                f"an attention weight read from the answers is {np.min(A):.3g} < 0: the box is "
+                f"not a single attention head; {hint}", error=float(-np.min(A)),
+                allowed=ATTENTION_TOL)
+        return A
+
+    def _solve_logits(self, X, A, outputs) -> tuple[np.ndarray, np.ndarray, float]:
+        """One head's (W, c) from the logit differences of its attention matrices A (n, M, N)
+        by weighted least squares (normal equations, one step of refinement), and the largest
+        weighted residual relative to the largest weighted right-hand side."""
+        n, N, d = X.shape
+        M = A.shape[1]
+        rows = np.arange(N) if outputs == "all" else np.array([N - 1])
+        allowed = np.ones((M, N), dtype=bool)
+        if self.causal:
+            allowed = np.arange(N)[None, :] <= rows[:, None]
+        Am = np.where(allowed, A, 0.0).reshape(n * M, N)
+        ref = np.argmax(Am, axis=1)  # each row's largest weight: its best-known logit
+        a_ref = Am[np.arange(n * M), ref]
+        use = np.tile(allowed, (n, 1)) & (Am > MIN_WEIGHT)
+        use[np.arange(n * M), ref] = False
+        safe = np.where(use, Am, 1.0)
+        y = np.where(use, np.log(safe) - np.log(a_ref)[:, None], 0.0)  # (R, N)
+        w2 = np.where(use, 1.0 / (1.0 / safe**2 + 1.0 / a_ref[:, None] ** 2), 0.0)
+        Xr = np.repeat(X, M, axis=0)  # (R, N, d): the keys of each row
+        U = Xr - Xr[np.arange(n * M), ref][:, None, :]
+        Z = X[:, rows].reshape(n * M, d)
+        if self.fit_bias:
+            Z = np.concatenate([Z, np.ones((n * M, 1))], axis=1)
+        e = Z.shape[1]
+        S = (U * w2[:, :, None]).swapaxes(1, 2) @ U
+        ZZ = np.einsum("rc,re->rce", Z, Z)
+        G = (S.reshape(n * M, d * d).T @ ZZ.reshape(n * M, e * e)).reshape(d, d, e, e)
+        G = G.transpose(0, 2, 1, 3).reshape(d * e, d * e)
+        try:
+            factor = scipy.linalg.cho_factor(G)
+        except np.linalg.LinAlgError:
+            raise NotIdentifiableError(
+                "the logit equations do not determine (W, c): too few usable attention weights "
+                "(the head's attention may be too peaked for tokens of norm 1)") from None
+
+        def rhs(res):  # sum over the equations of w^2 res (u outer z)
+            return ((w2 * res)[:, None, :] @ U)[:, 0].T @ Z
+
+        def residual(Wt):  # y - u^T Wt z per equation
+            return np.where(use, y - ((U @ Wt) @ Z[:, :, None])[..., 0], 0.0)
+
+        Wt = scipy.linalg.cho_solve(factor, rhs(y).ravel()).reshape(d, e)
+        Wt += scipy.linalg.cho_solve(factor, rhs(residual(Wt)).ravel()).reshape(d, e)
+        r = residual(Wt) * np.sqrt(w2)
+        res = float(np.max(np.abs(r)) / max(np.max(np.abs(y * np.sqrt(w2))), np.finfo(float).tiny))
+        c = Wt[:, d] if self.fit_bias else np.zeros(d)
+        return Wt[:, :d], c, res
+
+    def _verify(self, oracle, rng) -> None:
+        """One fresh query of each of :data:`CHECK_LENGTHS`; raise ModelMismatchError when the
+        estimate's answers differ from the box's by more than :data:`VERIFY_RTOL`."""
+        d = int(oracle.d)
+        batches = check_queries(rng, d, len(CHECK_LENGTHS), lengths=CHECK_LENGTHS,
+                                permuted=False)
+        self.verify_error_, self.n_verify_queries_ = float("nan"), 0
+        worst, scale, at = 0.0, 0.0, 0
+        for X in batches:
+            O = np.asarray(oracle(X), dtype=np.float64)
+            self.n_verify_queries_ += X.shape[0]
+            diff = float(np.max(np.abs(O - self.predict(X))))
+            scale = max(scale, float(np.max(np.abs(O))))
+            if diff > worst:
+                worst, at = diff, X.shape[1]
+        self.verify_error_ = worst / scale if scale > 0 else worst
+        if not self.verify_error_ <= VERIFY_RTOL:
+            raise ModelMismatchError(
+                f"the estimate's outputs differ from the box's by {self.verify_error_:.3g} "
+                f"(relative) on {self.n_verify_queries_} check queries of "
+                f"{min(CHECK_LENGTHS)} to {max(CHECK_LENGTHS)} tokens (the farthest of {at} "
+                f"tokens), where at most {VERIFY_RTOL:g} is expected: the box is not a single "
+                "head as declared (positions, soft-capped logits, several heads, lower "
+                "precision than float64)",
+                error=self.verify_error_, allowed=VERIFY_RTOL, n_checks=self.n_verify_queries_)
+
+    # -- prediction ------------------------------------------------------------------------------
+    def predict(self, X) -> np.ndarray:
+        """The recovered layer's outputs on X (B, N, d), in the oracle's shape: (B, N, d_out)
+        for every token's outputs, (B, d_out) for the last token's."""
+        if not hasattr(self, "W_"):
+            raise ConfigError("predict() needs a fitted learner; call fit(oracle) first")
+        return bilinear_layer(self.W_, self.key_bias_, self.V_, self.output_bias_,
+                              causal=bool(self.causal), outputs=self.outputs_)(X)

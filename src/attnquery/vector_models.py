@@ -1,0 +1,301 @@
+"""Vector-output attention layers: every token's output vector, as a served module returns it.
+
+The models of :mod:`attnquery.models` answer one number per sequence. A served attention module
+answers an output vector per token; :class:`VectorAttentionLayer` is such a module, with H query
+heads and G key/value heads (grouped-query attention, G dividing H), biases, an optional causal
+mask, rotary positions and logit soft-capping::
+
+    s_{h,n,i} = scale (W_Q[h] x_n + b_Q[h])^T (W_K[g] x_i + b_K[g])     (rotated, capped, masked)
+    o_{h,n} = sum_i softmax(s_{h,n})_i (W_V[g] x_i + b_V[g])             (g = h // (H / G))
+    out_n = W_O [o_{1,n}; ...; o_{H,n}] + b_O
+
+for every token n (``outputs="all"``, shape (B, N, d_out)) or the last one only
+(``outputs="last"``, shape (B, d_out)). Wrap one in :class:`attnquery.oracles.VectorOracle`.
+
+Without positions and soft-capping, head h's logit of key x_i for query x_n is
+``x_i^T W_h x_n + x_i^T c_h`` plus terms constant in i (which the softmax cancels), and the layer
+is ``out_n = sum_h sum_i a_{h,n,i} x_i^T V_h + beta``: :meth:`VectorAttentionLayer.head_W`,
+:meth:`~VectorAttentionLayer.key_bias`, :meth:`~VectorAttentionLayer.value_maps` and
+:attr:`~VectorAttentionLayer.output_bias` give W_h, c_h, V_h and beta, the quantities
+:class:`attnquery.learners.VectorLayerLearner` recovers. :func:`bilinear_layer` builds the layer
+back from them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import ModelError
+from .models import _rotary_frequencies_arg, check_input, rotate_half
+from .precision import Arithmetic, check_precision
+from .rng import as_rng
+
+__all__ = ["VectorAttentionLayer", "bilinear_layer", "random_vector_layer", "OUTPUTS"]
+
+#: what a layer answers: every token's output vector, or the last token's
+OUTPUTS = ("all", "last")
+#: score entries (batch x heads x rows x keys) evaluated at once: bounds the memory of long
+#: sequences (4096 tokens of 12 heads are evaluated a few rows at a time)
+_BLOCK_ENTRIES = 1 << 22
+
+
+def _blocks(B: int, M: int, per_row: int):
+    """(batch slice, row slice) pairs covering B queries of M rows, each block holding at most
+    about ``_BLOCK_ENTRIES`` score entries (``per_row`` entries per row of one query)."""
+    rows = max(1, _BLOCK_ENTRIES // max(1, per_row))
+    if rows >= M:
+        step = max(1, rows // M)
+        return [(slice(b, min(b + step, B)), slice(0, M)) for b in range(0, B, step)]
+    return [(slice(b, b + 1), slice(r, min(r + rows, M)))
+            for b in range(B) for r in range(0, M, rows)]
+
+
+class VectorAttentionLayer:
+    """A self-attention layer that answers output vectors (see the module's docstring).
+
+    Parameters
+    ----------
+    W_Q : array_like (H, dh, d)
+    W_K : array_like (G, dh, d)
+    W_V : array_like (G, dv, d)
+    W_O : array_like (d_out, H dv)
+        Head h's output columns are ``W_O[:, h dv:(h + 1) dv]``.
+    b_Q : array_like (H, dh), optional
+    b_K : array_like (G, dh), optional
+    b_V : array_like (G, dv), optional
+    b_O : array_like (d_out,), optional
+        Biases (default 0).
+    causal : bool
+        Token n attends to tokens i <= n only (a decoder's mask).
+    outputs : {"all", "last"}
+        Answer every token's output (B, N, d_out) or the last token's (B, d_out).
+    scale : float, optional
+        Logit scale; default ``1 / sqrt(dh)``.
+    softcap : float, optional
+        Logits ``s`` become ``softcap * tanh(s / softcap)`` (Gemma 2); default none.
+    rope_base, frequencies, rotary_dim : optional
+        Rotary positions (as :class:`attnquery.models.RotaryAttentionHead`): token n's query and
+        key vectors are rotated by position n. Default: no positions.
+    precision : {"float64", "float32", "float16", "bfloat16"}
+        Compute precision of ``__call__`` (:mod:`attnquery.precision`): weights and inputs
+        stored in the format, every product, sum and softmax rounded to it.
+    """
+
+    def __init__(self, W_Q, W_K, W_V, W_O, *, b_Q=None, b_K=None, b_V=None, b_O=None,
+                 causal: bool = False, outputs: str = "all", scale=None, softcap=None,
+                 rope_base=None, frequencies=None, rotary_dim=None,
+                 precision: str = "float64"):
+        W_Q, W_K, W_V, W_O = (np.asarray(a, dtype=np.float64) for a in (W_Q, W_K, W_V, W_O))
+        if W_Q.ndim != 3 or W_K.ndim != 3 or W_V.ndim != 3 or W_O.ndim != 2:
+            raise ModelError("W_Q, W_K and W_V must have shapes (H, dh, d), (G, dh, d) and "
+                             f"(G, dv, d), W_O (d_out, H dv); got {W_Q.shape}, {W_K.shape}, "
+                             f"{W_V.shape} and {W_O.shape}")
+        H, dh, d = W_Q.shape
+        G, dv = W_K.shape[0], W_V.shape[1]
+        if W_K.shape != (G, dh, d) or W_V.shape != (G, dv, d) or G < 1 or H % G:
+            raise ModelError(f"W_K must have shape (G, {dh}, {d}) and W_V (G, dv, {d}) with G "
+                             f"dividing H = {H}; got {W_K.shape} and {W_V.shape}")
+        if W_O.shape[1] != H * dv:
+            raise ModelError(f"W_O must have H dv = {H * dv} columns; got shape {W_O.shape}")
+        if not all(np.all(np.isfinite(a)) for a in (W_Q, W_K, W_V, W_O)):
+            raise ModelError("model parameters must be finite")
+        if not isinstance(causal, bool | np.bool_):
+            raise ModelError(f"causal must be True or False; got {causal!r}")
+        if outputs not in OUTPUTS:
+            raise ModelError(f"outputs must be one of {OUTPUTS}; got {outputs!r}")
+        d_out = W_O.shape[0]
+
+        def bias(b, shape, name):
+            if b is None:
+                return np.zeros(shape)
+            b = np.asarray(b, dtype=np.float64)
+            if b.shape != shape or not np.all(np.isfinite(b)):
+                raise ModelError(f"{name} must be finite with shape {shape}; got {b.shape}")
+            return b
+
+        self.W_Q, self.W_K, self.W_V, self.W_O = W_Q, W_K, W_V, W_O
+        self.b_Q = bias(b_Q, (H, dh), "b_Q")
+        self.b_K = bias(b_K, (G, dh), "b_K")
+        self.b_V = bias(b_V, (G, dv), "b_V")
+        self.b_O = bias(b_O, (d_out,), "b_O")
+        self.causal = bool(causal)
+        self.outputs = outputs
+        self.scale = 1.0 / np.sqrt(dh) if scale is None else float(scale)
+        if softcap is not None and not (np.isfinite(softcap) and softcap > 0):
+            raise ModelError(f"softcap must be a positive number or None; got {softcap!r}")
+        self.softcap = None if softcap is None else float(softcap)
+        rotary = rope_base is not None or frequencies is not None
+        self.frequencies = (_rotary_frequencies_arg(frequencies, rope_base, rotary_dim, dh)
+                            if rotary else np.zeros(0))
+        self.groups = np.arange(H) // (H // G)
+        self.precision = check_precision(precision)
+
+    # -- shape ---------------------------------------------------------------------------------
+    @property
+    def d(self) -> int:
+        """Token dimension."""
+        return self.W_Q.shape[2]
+
+    @property
+    def d_out(self) -> int:
+        """Output dimension."""
+        return self.W_O.shape[0]
+
+    @property
+    def n_heads(self) -> int:
+        return self.W_Q.shape[0]
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.W_K.shape[0]
+
+    @property
+    def head_dim(self) -> int:
+        return self.W_Q.shape[1]
+
+    @property
+    def rotary(self) -> bool:
+        """Whether the layer has rotary positions."""
+        return self.frequencies.size > 0
+
+    # -- the quantities a learner recovers --------------------------------------------------------
+    def _bilinear(self, what: str) -> None:
+        if self.rotary or self.softcap is not None:
+            raise ModelError(f"{what} is defined for layers without rotary positions and "
+                             "soft-capping (their logits are not bilinear in the tokens)")
+
+    def head_W(self) -> np.ndarray:
+        """Every head's score matrix ``W_h = scale W_K[g]^T W_Q[h]``, shape (H, d, d): the logit
+        of key x_i for query x_n is ``x_i^T W_h x_n + x_i^T c_h`` plus terms constant in i."""
+        self._bilinear("head_W")
+        return self.scale * np.einsum("hed,hef->hdf", self.W_K[self.groups], self.W_Q)
+
+    def key_bias(self) -> np.ndarray:
+        """Every head's ``c_h = scale W_K[g]^T b_Q[h]``, shape (H, d)."""
+        self._bilinear("key_bias")
+        return self.scale * np.einsum("hed,he->hd", self.W_K[self.groups], self.b_Q)
+
+    def value_maps(self) -> np.ndarray:
+        """Every head's value-output map ``V_h = W_V[g]^T W_O[:, h]^T``, shape (H, d, d_out)."""
+        H, dv = self.n_heads, self.W_V.shape[1]
+        Oh = self.W_O.T.reshape(H, dv, self.d_out)
+        return np.einsum("hed,hek->hdk", self.W_V[self.groups], Oh)
+
+    @property
+    def output_bias(self) -> np.ndarray:
+        """``beta = W_O [b_V[g(1)]; ...; b_V[g(H)]] + b_O``, shape (d_out,): added to every
+        output (the attention weights of a head sum to one)."""
+        return self.W_O @ self.b_V[self.groups].ravel() + self.b_O
+
+    # -- evaluation --------------------------------------------------------------------------------
+    def __call__(self, X) -> np.ndarray:
+        X = check_input(X, self.d)
+        A = Arithmetic(self.precision)
+        B, N, d = X.shape
+        H, dh, G = self.n_heads, self.head_dim, self.n_kv_heads
+        dv = self.W_V.shape[1]
+        Xs = A.store(X)
+        W_Q, W_K, W_V, W_O = (A.store(a) for a in (self.W_Q, self.W_K, self.W_V, self.W_O))
+        pos = np.arange(N, dtype=np.float64)
+        # keys and values of every token, per key/value head: (B, G, N, dh) and (B, G, N, dv)
+        k = A.add(A.matmul(Xs, W_K.reshape(G * dh, d).T).reshape(B, N, G, dh)
+                  .transpose(0, 2, 1, 3), A.store(self.b_K)[:, None, :])
+        vals = A.add(A.matmul(Xs, W_V.reshape(G * dv, d).T).reshape(B, N, G, dv)
+                     .transpose(0, 2, 1, 3), A.store(self.b_V)[:, None, :])
+        if self.rotary:
+            k = A.rnd(rotate_half(k, pos, self.frequencies))
+        rows = np.arange(N) if self.outputs == "all" else np.array([N - 1])
+        M = rows.size
+        heads = np.empty((B, M, H * dv), dtype=A.compute)
+        for bs, rs in _blocks(B, M, H * N):
+            q = A.add(A.matmul(Xs[bs][:, rows[rs]], W_Q.reshape(H * dh, d).T)
+                      .reshape(-1, rows[rs].size, H, dh).transpose(0, 2, 1, 3),
+                      A.store(self.b_Q)[:, None, :])  # (b, H, m, dh)
+            if self.rotary:
+                q = A.rnd(rotate_half(q, pos[rows[rs]], self.frequencies))
+            s = A.mul(A.matmul(q, k[bs][:, self.groups].swapaxes(2, 3)), self.scale)
+            if self.softcap is not None:
+                s = A.mul(A.rnd(np.tanh(A.div(s, self.softcap))), self.softcap)
+            if self.causal:
+                s = np.where(pos[None, :] > rows[rs][:, None], -np.inf, s)
+            o = A.matmul(A.softmax(s), vals[bs][:, self.groups]).transpose(0, 2, 1, 3)
+            heads[bs, rs] = o.reshape(o.shape[0], o.shape[1], H * dv)
+        out = A.add(A.matmul(heads, W_O.T), A.store(self.b_O))
+        return A.answers(out if self.outputs == "all" else out[:, 0])
+
+
+def bilinear_layer(W, key_bias, V, output_bias, *, causal: bool = False,
+                   outputs: str = "all") -> VectorAttentionLayer:
+    """The layer with score matrices ``W`` (H, d, d), key biases ``key_bias`` (H, d),
+    value-output maps ``V`` (H, d, d_out) and output offset ``output_bias`` (d_out,): head h's
+    logit of key x_i for query x_n is ``x_i^T (W_h x_n + c_h)``, and token n's output is
+    ``sum_h sum_i a_{h,n,i} x_i^T V_h + beta``.
+
+    It is a :class:`VectorAttentionLayer` with ``W_Q = W``, ``b_Q = c``, one identity key map
+    shared by every head, identity value maps, ``W_O = [V_1^T, ..., V_H^T]`` and scale 1.
+    """
+    W = np.asarray(W, dtype=np.float64)
+    V = np.asarray(V, dtype=np.float64)
+    if W.ndim != 3 or W.shape[1] != W.shape[2] or V.ndim != 3 or V.shape[:2] != W.shape[:2]:
+        raise ModelError(f"W must have shape (H, d, d) and V (H, d, d_out); got {W.shape} and "
+                         f"{V.shape}")
+    H, d, _ = W.shape
+    eye = np.eye(d)[None]
+    return VectorAttentionLayer(W, eye, eye, np.concatenate(list(V), axis=0).T, b_Q=key_bias,
+                                b_O=output_bias, causal=causal, outputs=outputs, scale=1.0)
+
+
+def random_vector_layer(d: int, n_heads: int, seed=None, *, n_kv_heads: int | None = None,
+                        head_dim: int | None = None, d_out: int | None = None,
+                        bias: float = 0.0, logit_scale: float = 1.0, causal: bool = False,
+                        outputs: str = "all", **options) -> VectorAttentionLayer:
+    """Draw a random :class:`VectorAttentionLayer`.
+
+    ``W_Q`` and ``W_K`` have i.i.d. ``N(0, logit_scale)`` entries, so a logit between two tokens
+    of norm 1 has standard deviation about ``logit_scale``; ``W_V`` has ``N(0, 1 / d)`` and
+    ``W_O`` ``N(0, 1 / (H dv))`` entries, so outputs have about the tokens' norm.
+
+    Parameters
+    ----------
+    d, n_heads : int
+        Token dimension and number H of query heads.
+    seed : int, sequence of ints or Generator
+    n_kv_heads : int, optional
+        Number G of key/value heads (dividing H); default H.
+    head_dim : int, optional
+        dh = dv; default ``d // n_heads``.
+    d_out : int, optional
+        Output dimension; default d.
+    bias : float
+        Standard deviation of every bias entry (query, key, value and output); 0 (the default)
+        draws none.
+    logit_scale : float
+    causal, outputs, **options
+        Passed to :class:`VectorAttentionLayer` (``softcap``, ``rope_base``, ``precision``, ...).
+    """
+    rng = as_rng(seed)
+    H = int(n_heads)
+    G = H if n_kv_heads is None else int(n_kv_heads)
+    if H < 1 or G < 1 or H % G:
+        raise ModelError(f"n_kv_heads must divide n_heads; got H={n_heads}, G={n_kv_heads}")
+    dh = d // H if head_dim is None else int(head_dim)
+    dout = d if d_out is None else int(d_out)
+    if dh < 1 or dout < 1:
+        raise ModelError(f"head_dim and d_out must be >= 1; got {dh} and {dout}")
+    if not (np.isfinite(logit_scale) and logit_scale > 0):
+        raise ModelError(f"logit_scale must be positive; got {logit_scale}")
+    if not (np.isfinite(bias) and bias >= 0):
+        raise ModelError(f"bias must be a non-negative standard deviation; got {bias}")
+    sd = np.sqrt(logit_scale)
+    W_Q = rng.standard_normal((H, dh, d)) * sd
+    W_K = rng.standard_normal((G, dh, d)) * sd
+    W_V = rng.standard_normal((G, dh, d)) / np.sqrt(d)
+    W_O = rng.standard_normal((dout, H * dh)) / np.sqrt(H * dh)
+    b = {}
+    if bias > 0:
+        b = dict(b_Q=rng.standard_normal((H, dh)) * bias,
+                 b_K=rng.standard_normal((G, dh)) * bias,
+                 b_V=rng.standard_normal((G, dh)) * bias,
+                 b_O=rng.standard_normal(dout) * bias)
+    return VectorAttentionLayer(W_Q, W_K, W_V, W_O, causal=causal, outputs=outputs, **b,
+                                **options)
