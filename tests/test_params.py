@@ -38,7 +38,8 @@ from attnquery.learners._params import (
     validate_parameter_constraints,
 )
 from attnquery.models import random_head
-from attnquery.oracles import MembershipOracle, ValueOracle
+from attnquery.oracles import MembershipOracle, ValueOracle, VectorOracle
+from attnquery.vector_models import random_vector_layer
 
 D = 4
 HUGE = 10**30
@@ -57,11 +58,16 @@ VALID = {
     "MultiHeadLearner": ({}, False),
     "AttentionLayerLearner": ({"n_heads": 2}, False),
     "RotaryValueQueryLearner": ({}, False),
+    "VectorLayerLearner": ({}, "vector"),
 }
 
 
 def _oracle(membership=False):
+    """The oracle a learner of VALID takes: value, membership (True) or vector ("vector")."""
     head = random_head(D, seed=0)
+    if membership == "vector":
+        layer = random_vector_layer(D, n_heads=1, seed=0)
+        return VectorOracle(layer, D, outputs="all")
     return MembershipOracle(head, D) if membership else ValueOracle(head, D)
 
 

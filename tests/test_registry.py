@@ -48,7 +48,7 @@ def _learner_classes():
 
 def test_every_exported_learner_declares_its_own_spec_and_is_registered():
     classes = _learner_classes()
-    assert len(classes) == 12
+    assert len(classes) == 13
     reg = registry()
     for cls in classes:
         assert isinstance(cls.__dict__.get("spec"), LearnerSpec), cls.__name__

@@ -44,12 +44,12 @@ __all__ = ["LearnerSpec", "LearnerEntry", "ORACLES", "RETURNS", "ENTRY_POINT_GRO
 ENTRY_POINT_GROUP = "attnquery.learners"
 
 #: the oracles a learner may need (the paper's Sections 3 and 6, Appendix B)
-ORACLES = ("value", "approximate value", "membership")
+ORACLES = ("value", "approximate value", "membership", "vector")
 
 #: what a learner may return: one head (``W_``, ``v_``, and ``key_bias_``, ``offset_`` when it
 #: fits biases), a layer (``heads_``, ``offset_``), a rotary head (``head_``), several heads
 #: without biases (lists ``W_``, ``v_``), a transformer block, a ReLU network
-RETURNS = ("head", "layer", "rotary head", "heads", "transformer", "network")
+RETURNS = ("head", "layer", "rotary head", "heads", "transformer", "network", "vector layer")
 
 #: the package whose ``__all__`` lists the built-in learners
 _BUILTIN_PACKAGE = "attnquery.learners"
@@ -75,7 +75,7 @@ class LearnerSpec:
     name : str
         The learner's name: ``attnquery extract --method NAME``, a study config's learner list.
         A plug-in is registered under its entry point's name instead.
-    oracle : {"value", "approximate value", "membership"}
+    oracle : {"value", "approximate value", "membership", "vector"}
         The oracle it asks.
     description : str
         One line: what it learns, from how many queries, and the paper's result it implements.

@@ -31,7 +31,9 @@ import scipy.linalg
 
 from ..errors import ConfigError, ModelMismatchError, NotIdentifiableError
 from ..vector_models import bilinear_layer
-from ._base import BaseLearner, check_bool, check_oracle, check_queries, check_scalar
+from ._base import BaseLearner, check_oracle, check_queries
+from ._params import Interval, Options
+from ._registry import LearnerSpec
 from ._vector_split import RANK_RTOL, scan_queries_per_line, split_values
 
 __all__ = ["VectorLayerLearner", "STAGES", "POSITIONS", "CHECK_LENGTHS", "VERIFY_RTOL"]
@@ -142,16 +144,24 @@ class VectorLayerLearner(BaseLearner):
         self.n_queries = n_queries
         self.random_state = random_state
 
+    _parameter_constraints = {
+        "random_state": BaseLearner._parameter_constraints["random_state"],
+        "n_heads": [Interval(numbers.Integral, 1, None, closed="left"), None],
+        "n_kv_heads": [Interval(numbers.Integral, 1, None, closed="left"), None],
+        "causal": ["boolean"],
+        "positions": [Options(POSITIONS)],
+        "fit_bias": ["boolean"],
+        "n_queries": [Interval(numbers.Integral, 1, None, closed="left"), None],
+    }
+    spec = LearnerSpec(
+        name="vector", oracle="vector", returns="vector layer", stages=STAGES, fits_bias=True,
+        command_line=False,
+        description="a layer from vector answers, every token's output or the last one's "
+        "(beyond the paper)", label="vector answers")
+
     # -- parameters ------------------------------------------------------------------------------
-    def _validate_params(self) -> None:
-        H = check_scalar(self.n_heads, "n_heads", numbers.Integral, min_val=1, allow_none=True)
-        G = check_scalar(self.n_kv_heads, "n_kv_heads", numbers.Integral, min_val=1,
-                         allow_none=True)
-        check_bool(self.causal, "causal")
-        check_bool(self.fit_bias, "fit_bias")
-        check_scalar(self.n_queries, "n_queries", numbers.Integral, min_val=1, allow_none=True)
-        if self.positions not in POSITIONS:
-            raise ConfigError(f"positions must be one of {POSITIONS}; got {self.positions!r}")
+    def _validate_extra(self) -> None:
+        H, G = self.n_heads, self.n_kv_heads
         if G is not None and G != (H or 1):
             raise ConfigError(
                 f"n_kv_heads={self.n_kv_heads!r}: grouped-query layers are not fitted so far "
