@@ -240,3 +240,18 @@ def test_every_public_module_has_an_api_reference_page():
                if not m.name.startswith("_")}
     assert set(pages) == modules, (sorted(modules - set(pages)), sorted(set(pages) - modules))
     assert all(page == f"api/{t.removeprefix('attnquery.')}.md" for t, page in pages.items())
+
+
+def test_the_registry_table_in_library_md_is_the_registry():
+    """docs/library.md's table of every learner is learner_table()'s output (regenerate it
+    by pasting `python -c "from attnquery.learners import learner_table as t; print(t())"`)."""
+    from attnquery.learners import learner_table
+
+    text = (REPO / "docs" / "library.md").read_text(encoding="utf-8")
+    begin, end = ("<!-- registry table: learner_table() of attnquery.learners -->\n",
+                  "\n<!-- end of the registry table -->")
+    assert begin in text and end in text
+    table = text.split(begin, 1)[1].split(end, 1)[0]
+    builtin = "\n".join(line for line in learner_table().splitlines()
+                        if "(plug-in " not in line)
+    assert table == builtin
