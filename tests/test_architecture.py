@@ -219,3 +219,21 @@ def test_a_learner_name_the_command_line_and_an_experiment_share_is_one_class():
             assert type(est) is METHODS[learner].load(), (name, learner)
             shared.append((name, learner))
     assert len(shared) >= 3, shared  # noise's noisy, rounding's exact and noisy at least
+
+
+@pytest.mark.parametrize("package", ["attnquery.models", "attnquery.realheads"])
+def test_a_package_split_from_one_module_exports_every_public_name_of_its_modules(package):
+    # models.py and realheads.py became packages: every public name of their modules is still
+    # importable from the package, the very object, and listed in its __all__
+    import importlib
+
+    pkg = importlib.import_module(package)
+    modules = [m.name for m in pkgutil.iter_modules(pkg.__path__)]
+    assert len(modules) >= 4, modules
+    for name in modules:
+        module = importlib.import_module(f"{package}.{name}")
+        for public in module.__all__:
+            assert public in pkg.__all__, f"{package}.{name}.{public} is not in {package}.__all__"
+            assert getattr(pkg, public) is getattr(module, public), f"{package}.{public}"
+    assert len(set(pkg.__all__)) == len(pkg.__all__)
+    assert all(hasattr(pkg, public) for public in pkg.__all__)
