@@ -113,7 +113,8 @@ def test_an_experiment_never_imports_another_experiment(family):
 def test_a_noise_cell_depends_on_no_real_weights_code():
     closure = {str(p.relative_to(PACKAGE_DIR)) for p in
                module_closure([get_experiment("noise").run.__module__])}
-    assert "realheads.py" not in closure and "learners/lowprecision.py" not in closure
+    assert not any(c.startswith("realheads/") for c in closure)
+    assert "learners/lowprecision.py" not in closure
     assert {"experiments/noise.py", "learners/noisy.py", "oracles.py"} <= closure
 
 
@@ -218,3 +219,21 @@ def test_a_learner_name_the_command_line_and_an_experiment_share_is_one_class():
             assert type(est) is METHODS[learner].load(), (name, learner)
             shared.append((name, learner))
     assert len(shared) >= 3, shared  # noise's noisy, rounding's exact and noisy at least
+
+
+@pytest.mark.parametrize("package", ["attnquery.models", "attnquery.realheads"])
+def test_a_package_split_from_one_module_exports_every_public_name_of_its_modules(package):
+    # models.py and realheads.py became packages: every public name of their modules is still
+    # importable from the package, the very object, and listed in its __all__
+    import importlib
+
+    pkg = importlib.import_module(package)
+    modules = [m.name for m in pkgutil.iter_modules(pkg.__path__)]
+    assert len(modules) >= 4, modules
+    for name in modules:
+        module = importlib.import_module(f"{package}.{name}")
+        for public in module.__all__:
+            assert public in pkg.__all__, f"{package}.{name}.{public} is not in {package}.__all__"
+            assert getattr(pkg, public) is getattr(module, public), f"{package}.{public}"
+    assert len(set(pkg.__all__)) == len(pkg.__all__)
+    assert all(hasattr(pkg, public) for public in pkg.__all__)

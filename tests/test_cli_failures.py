@@ -166,7 +166,7 @@ def test_a_full_disk_leaves_the_old_file_whole(files, capsys, monkeypatch, repo)
         fh.write(b"PK partial")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("attnquery.realheads.np.savez", full_disk)
+    monkeypatch.setattr("attnquery.realheads.io.np.savez", full_disk)
     assert main(BOX + ["--out", str(out)]) == 1
     err = capsys.readouterr().err
     assert "writing the head failed (no space left on the device)" in err

@@ -1,6 +1,7 @@
 # The checkpoints the experiments read (realheads, lowprecision): downloaded (fetch, as in
 # config/config.yaml), or written (synthetic, config/quick.yaml: no network), or given (the file
-# must then exist: the workflow stops before any job when it does not).
+# must then exist: the workflow stops before any job when it does not). A written checkpoint
+# is rewritten when the code that writes it changes (the closure of attnquery.realheads.checkpoints).
 import re
 
 _FETCHED = {p: s for p, s in DATA.items() if s.get("fetch")}
@@ -30,7 +31,7 @@ rule make_test_checkpoint:
     params:
         synthetic=lambda w: _WRITTEN[w.checkpoint]["synthetic"],
         n_heads=lambda w: _WRITTEN[w.checkpoint]["n_heads"],
-        code=source_digest(module_closure(["attnquery.realheads"])),
+        code=source_digest(module_closure(["attnquery.realheads.checkpoints"])),
     log:
         "logs/checkpoints/write_{checkpoint}.log",
     conda:

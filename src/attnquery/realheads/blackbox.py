@@ -1,0 +1,122 @@
+"""The attention module of a checkpoint evaluated from its raw tensors, as a black box:
+:class:`ModuleBlackBox` (a head or the whole layer, exact or in a served precision)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ModelError
+from ..models import check_input, softmax_last
+from ..precision import Arithmetic, check_precision
+from .checkpoints import cached_checkpoint
+from .readout import _check_layer, readout_vector
+
+__all__ = ["ModuleBlackBox"]
+
+
+class ModuleBlackBox:
+    """The attention module of a checkpoint, evaluated from its raw tensors, as a black box.
+
+    ``f(X) = r^T (W_O concat_h(head_h) + b_O)`` at the last token of each input, with
+    ``head_h = sum_i softmax_i((W_Q,h x_N + b_Q,h)^T (W_K,h x_i + b_K,h) / sqrt(d_h))
+    (W_V,h x_i + b_V,h)``, computed as the framework computes it (queries, keys and values
+    first, then the scaled dot products), not through :class:`AttentionHead`. With ``head``
+    given, every other head is removed (its slice of the concatenation is zero), so the answer
+    is one head read out by ``u_h``, plus ``r^T b_O``. Pass it to
+    :class:`~attnquery.oracles.ValueOracle` with ``d`` to extract it.
+
+    Parameters
+    ----------
+    path : str or Path
+        A BERT- or GPT-2-style ``.safetensors`` checkpoint (read once per process).
+    layer : int
+        The layer.
+    head : int, optional
+        One head; ``None`` (default) is the whole layer.
+    n_heads : int, optional
+        Heads per layer (default: from ``config.json`` beside the checkpoint).
+    readout : {"gaussian", "ones", "coordinate"}, readout_seed : int
+        The readout vector r (:func:`readout_vector`).
+    biases : bool
+        Keep the module's biases (default); ``False`` drops them all.
+    precision : {"float64", "float32", "float16", "bfloat16"}
+        Compute precision (served arithmetic, :mod:`attnquery.precision`). Not float64, the
+        weights and biases are stored in the format, the inputs are rounded to it, and every
+        operation is rounded to it as an engine computes the module: ``q = X_N W_Q^T`` then
+        ``+ b_Q``, likewise k and the values, per head ``q . k`` then ``/ sqrt(d_h)``, the
+        softmax, the attention-weighted values, the output projection ``W_O concat`` (the kept
+        heads' columns) then ``+ b_O``, and the readout ``r^T out`` (matrix products
+        accumulate in float32 for float16 and bfloat16). The readout vector r is stored in the
+        format too. ``"float64"`` (default) is the exact module, computed as before.
+    """
+
+    def __init__(self, path, layer: int, head: int | None = None, *, n_heads: int | None = None,
+                 readout: str = "gaussian", readout_seed: int = 0, biases: bool = True,
+                 precision: str = "float64"):
+        ckpt = cached_checkpoint(path, n_heads)
+        self.r = readout_vector(ckpt.d, readout, readout_seed)
+        w, _ = _check_layer(ckpt, layer, self.r, biases)
+        if head is not None and not 0 <= head < ckpt.n_heads:
+            raise ModelError(f"head must be in [0, {ckpt.n_heads}); got {head}")
+        self.d, self.n_heads, self.d_head = ckpt.d, ckpt.n_heads, ckpt.d_head
+        self.layer, self.head, self.biases = int(layer), head, bool(biases)
+        heads = range(ckpt.n_heads) if head is None else [int(head)]
+        cols = np.concatenate([np.arange(h * ckpt.d_head, (h + 1) * ckpt.d_head) for h in heads])
+        zero = np.zeros(ckpt.d)
+
+        def bias(name):
+            return w[name] if biases and w[name] is not None else zero
+
+        self._heads = list(heads)
+        self._cols = cols
+        self._wq, self._wk, self._wv = w["q"][cols], w["k"][cols], w["v"][cols]
+        self._bq, self._bk, self._bv = bias("bq")[cols], bias("bk")[cols], bias("bv")[cols]
+        self._ro = (w["o"].T @ self.r)[cols]  # r^T W_O on the kept slices
+        self._rbo = float(self.r @ bias("bo"))
+        self.precision = check_precision(precision)
+        if self.precision != "float64":
+            A = self._arith = Arithmetic(self.precision)
+            # the key and value projections of the kept heads as one (kept + kept, d) matrix:
+            # one float32 product per element either way, one matrix product per call
+            self._s = {"wq": A.store(self._wq), "wkv": A.store(np.vstack([self._wk, self._wv])),
+                       "bq": A.store(self._bq), "bk": A.store(self._bk), "bv": A.store(self._bv),
+                       "wo": A.store(w["o"][:, cols]), "bo": A.store(bias("bo")),
+                       "r": A.store(self.r), "scale": A.store(np.sqrt(ckpt.d_head))}
+
+    def __call__(self, X) -> np.ndarray:
+        X = check_input(X, self.d)
+        if self.precision != "float64":
+            return self._served(X)
+        dh = self.d_head
+        q = X[:, -1, :] @ self._wq.T + self._bq  # (B, kept)
+        k = X @ self._wk.T + self._bk  # (B, N, kept)
+        val = X @ self._wv.T + self._bv
+        out = np.full(X.shape[0], self._rbo)
+        for j in range(len(self._heads)):
+            sl = slice(j * dh, (j + 1) * dh)
+            s = np.einsum("bnk,bk->bn", k[..., sl], q[:, sl]) / np.sqrt(dh)
+            out += np.einsum("bn,bnk,k->b", softmax_last(s), val[..., sl], self._ro[sl])
+        return out
+
+    def _served(self, X: np.ndarray) -> np.ndarray:
+        """The module in ``self.precision``, operation by operation (see the class).
+
+        Every element of every product is one dot product accumulated in float32, as an
+        engine's kernels compute it; the projections are two-dimensional matrix products over
+        every token at once (``(B N, d) x (d, kept)``) and the scores and weighted values of all
+        kept heads one batched contraction each (``np.einsum`` in float32), not one small matrix
+        product per input and head."""
+        A, P = self._arith, self._s
+        B, N, d = X.shape
+        dh, H = self.d_head, len(self._heads)
+        kept = H * dh
+        Xs = A.store(X)
+        q = A.add(A.matmul(Xs[:, -1, :], P["wq"].T), P["bq"]).reshape(B, H, dh)
+        kv = A.matmul(Xs.reshape(B * N, d), P["wkv"].T)  # (B N, 2 kept)
+        k = A.add(kv[:, :kept], P["bk"]).reshape(B, N, H, dh)
+        val = A.add(kv[:, kept:], P["bv"]).reshape(B, N, H, dh)
+        s = A.div(A.einsum("bnhk,bhk->bhn", k, q), P["scale"])  # (B, H, N)
+        alpha = A.softmax(s)
+        o = A.einsum("bhn,bnhk->bhk", alpha, val).reshape(B, kept)
+        out = A.add(A.matmul(o, P["wo"].T), P["bo"])  # (B, d)
+        return A.answers(A.matmul(out, P["r"]))

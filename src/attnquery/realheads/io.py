@@ -1,0 +1,203 @@
+"""Head and layer files: :func:`save_head`, :func:`load_head`, :func:`save_layer` and
+:func:`load_layer` write and read ``.npz`` archives of plain arrays (written atomically, read
+with ``allow_pickle=False``)."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ModelError
+from ..files import special_file_kind
+from ..models import AttentionHead, MultiHeadAttention, RotaryAttentionHead
+
+__all__ = ["save_head", "load_head", "save_layer", "load_layer"]
+
+
+def _save_arrays(path, arrays: dict, meta: dict) -> None:
+    """Write ``arrays`` and the metadata ``meta`` (as ``meta_<key>``) to an .npz, atomically."""
+    arrays = dict(arrays)
+    for k, val in meta.items():
+        if not isinstance(val, str | int | float | np.integer | np.floating):
+            raise ModelError(f"metadata {k!r} must be a string or a number; got {type(val)}")
+        arrays[f"meta_{k}"] = np.asarray(val)
+    from ..results import atomic_path
+
+    kind = special_file_kind(path)  # the rename below would replace it by a regular file
+    if kind is not None:
+        raise ModelError(f"{path} exists and is not a regular file (it is {kind}); it is not "
+                         "replaced")
+    # a temporary file beside the target, flushed and renamed over it: an existing file is
+    # replaced whole or not at all (a full disk leaves it as it was)
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        np.savez(fh, **arrays)
+
+
+#: the first bytes of a zip archive (an .npz; an empty one too) and of an .npy array
+_NPZ_MAGIC, _NPY_MAGIC = (b"PK\x03\x04", b"PK\x05\x06"), b"\x93NUMPY"
+
+
+def _file_kind(p: Path) -> str | None:
+    """"npz" or "npy" by the file's first bytes, else None (numpy would try to unpickle it)."""
+    with open(p, "rb") as fh:
+        head = fh.read(6)
+    if head.startswith(_NPZ_MAGIC):
+        return "npz"
+    if head.startswith(_NPY_MAGIC):
+        return "npy"
+    return None
+
+
+def _load_arrays(path, what: str) -> tuple[dict, dict]:
+    """The numeric arrays and the metadata of an .npz written by :func:`_save_arrays`."""
+    p = Path(path)
+    if not p.exists():
+        raise ModelError(f"{what} file {p} does not exist")
+    if p.is_dir():
+        raise ModelError(f"{what} file {p} is a folder")
+    special = special_file_kind(p)
+    if special is not None:  # reading a FIFO would block
+        raise ModelError(f"{what} file {p} is not a regular file (it is {special})")
+    kind = _file_kind(p)
+    if kind is None:
+        raise ModelError(f"{p} is not a {what} file (.npz of plain arrays, as written by "
+                         "attnquery): it is neither an .npz archive nor an .npy array")
+    try:
+        z = np.load(p, allow_pickle=False)
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise ModelError(f"{p} is not a {what} file (.npz of plain arrays, as written by "
+                         f"attnquery): {type(exc).__name__}: {exc}") from None
+    if not isinstance(z, np.lib.npyio.NpzFile):
+        raise ModelError(f"{p} holds a single array, not a {what} file (.npz)")
+    try:
+        with z:
+            data = {k: z[k] for k in z.files}
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise ModelError(f"{p} is not a {what} file of plain arrays (damaged, or holding "
+                         f"objects): {type(exc).__name__}: {exc}") from None
+    odd = sorted(k for k, a in data.items() if not isinstance(a, np.ndarray))
+    if odd:
+        raise ModelError(f"{p} is not a {what} file: member {odd[0]!r} is not an .npy array")
+    bad = sorted(k for k, a in data.items() if not k.startswith("meta_")
+                 and not np.issubdtype(a.dtype, np.number))
+    if bad:
+        raise ModelError(f"{p}: arrays {bad} are not numeric")
+    cplx = sorted(k for k, a in data.items() if not k.startswith("meta_")
+                  and np.issubdtype(a.dtype, np.complexfloating))
+    if cplx:
+        raise ModelError(f"{p} is not a {what} file: arrays {cplx} are complex (a head's "
+                         "parameters are real; the imaginary part is not dropped)")
+    if "v" not in data:
+        raise ModelError(f"{p} holds no value vector 'v'; arrays: {sorted(data)}")
+    multi = sorted(k[5:] for k, a in data.items() if k.startswith("meta_") and a.size != 1)
+    if multi:
+        raise ModelError(f"{p} is not a {what} file: metadata {multi[0]!r} is not a single "
+                         "value")
+    meta = {k[5:]: data.pop(k).item() for k in list(data) if k.startswith("meta_")}
+    return data, meta
+
+
+def save_head(path, head: AttentionHead, /, **meta) -> None:
+    """Write a head to ``path`` (.npz of plain arrays): v and either W or the factors K, Q, and
+    the key bias ``c`` and offset ``beta`` of a head that has them.
+
+    Written atomically (:func:`attnquery.results.atomic_path`).
+
+    Extra keyword arguments (ints, floats, strings) are stored as metadata arrays ``meta_<key>``.
+
+    A :class:`~attnquery.models.RotaryAttentionHead` is written as its factors ``W_Q``, ``W_K``,
+    its ``frequencies``, biases ``b_Q``, ``b_K``, ``beta`` and score ``scale``.
+    """
+    if isinstance(head, RotaryAttentionHead):
+        arrays = {"v": head.v, "W_Q": head.W_Q, "W_K": head.W_K, "frequencies": head.frequencies,
+                  "b_Q": head.b_Q, "b_K": head.b_K, "beta": np.asarray(head.offset),
+                  "scale": np.asarray(head.scale)}
+        _save_arrays(path, arrays, meta)
+        return
+    arrays = {"v": head.v}
+    if head.is_lowrank:
+        arrays["K"] = head.K
+        arrays["Q"] = head.Q
+    else:
+        arrays["W"] = head.W
+    if head.has_bias:
+        arrays["c"] = head.key_bias
+        arrays["beta"] = np.asarray(head.offset)
+    _save_arrays(path, arrays, meta)
+
+
+def load_head(path) -> tuple[AttentionHead | RotaryAttentionHead, dict]:
+    """Read a head written by :func:`save_head`; returns ``(head, metadata)`` (a
+    :class:`~attnquery.models.RotaryAttentionHead` for a rotary head's file)."""
+    data, meta = _load_arrays(path, "head")
+    p = Path(path)
+    if data["v"].ndim == 2:
+        raise ModelError(f"{p} holds {data['v'].shape[0]} value vectors: a layer file "
+                         "(attnquery.realheads.load_layer), not a head file")
+    if data["v"].ndim != 1:
+        raise ModelError(f"{p} is not a head file: 'v' must be a vector; got shape "
+                         f"{data['v'].shape}")
+    if "beta" in data and data["beta"].size != 1:
+        raise ModelError(f"{p} is not a head file: 'beta' must be a single number; got shape "
+                         f"{data['beta'].shape}")
+    if "frequencies" in data:  # a rotary head (save_head of a RotaryAttentionHead)
+        return _load_rotary(p, data), meta
+    bias = {"key_bias": data.get("c"), "offset": float(data["beta"]) if "beta" in data else 0.0}
+    if "W" in data:
+        head = AttentionHead(data["v"], W=data["W"], **bias)
+    elif "K" in data and "Q" in data:
+        head = AttentionHead(data["v"], K=data["K"], Q=data["Q"], **bias)
+    else:
+        raise ModelError(f"{p} holds neither 'W' nor the factors 'K' and 'Q'")
+    return head, meta
+
+
+def _load_rotary(p: Path, data: dict) -> RotaryAttentionHead:
+    missing = [k for k in ("W_Q", "W_K", "b_Q", "b_K", "beta", "scale") if k not in data]
+    if missing:
+        raise ModelError(f"{p} is not a rotary head file: it lacks {missing}")
+    return RotaryAttentionHead(data["W_Q"], data["W_K"], data["v"],
+                               frequencies=data["frequencies"], b_Q=data["b_Q"],
+                               b_K=data["b_K"], offset=float(data["beta"]),
+                               scale=float(data["scale"]))
+
+
+def save_layer(path, layer: MultiHeadAttention, /, **meta) -> None:
+    """Write a layer to ``path`` (.npz of plain arrays stacked over its H heads).
+
+    ``v`` (H, d) and ``c`` (H, d), the heads' value vectors and key biases; ``K`` and ``Q``
+    (H, r, d) when every head is factored with the same rank r, else ``W`` (H, d, d); ``beta``,
+    the layer's constant (the output bias and every head's offset). Written atomically; metadata
+    as in :func:`save_head`. Read it with :func:`load_layer`.
+    """
+    heads = layer.heads
+    arrays = {"v": np.stack([h.v for h in heads]), "c": np.stack([h.key_bias for h in heads]),
+              "beta": np.asarray(layer.total_offset)}
+    shapes = {h.K.shape if h.is_lowrank else None for h in heads}
+    if None not in shapes and len(shapes) == 1:
+        arrays["K"] = np.stack([h.K for h in heads])
+        arrays["Q"] = np.stack([h.Q for h in heads])
+    else:
+        arrays["W"] = np.stack([h.W for h in heads])
+    _save_arrays(path, arrays, meta)
+
+
+def load_layer(path) -> tuple[MultiHeadAttention, dict]:
+    """Read a layer written by :func:`save_layer`; returns ``(layer, metadata)``."""
+    data, meta = _load_arrays(path, "layer")
+    p = Path(path)
+    V = data["v"]
+    if V.ndim != 2 or "c" not in data or "beta" not in data:
+        raise ModelError(f"{p} is not a layer file (v of shape (H, d), c and beta); a head "
+                         "file is read by attnquery.realheads.load_head")
+    if "W" in data:
+        heads = [AttentionHead(V[h], W=data["W"][h], key_bias=data["c"][h])
+                 for h in range(V.shape[0])]
+    elif "K" in data and "Q" in data:
+        heads = [AttentionHead(V[h], K=data["K"][h], Q=data["Q"][h], key_bias=data["c"][h])
+                 for h in range(V.shape[0])]
+    else:
+        raise ModelError(f"{p} holds neither 'W' nor the factors 'K' and 'Q'")
+    return MultiHeadAttention(heads, offset=float(data["beta"])), meta
