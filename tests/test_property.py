@@ -438,3 +438,22 @@ def test_every_learner_agrees_with_every_box_or_raises_a_named_error(learner):
                                                                               "rotary"):
             # position-dependent boxes never pass a position-free learner's check
             assert r["agrees"] is None, (learner, box, r)
+
+
+#: registered learners without a row in the reliability table, and why
+NOT_IN_TABLE = {
+    "relu": "a ReLU network's box takes one vector: the transformer row covers it",
+    "vector": "vector answers: tests/test_vector_learner.py refuses the same boxes by name",
+}
+
+
+def test_every_registered_learner_has_a_row_in_the_reliability_table():
+    """A learner added to the registry (a built-in; plug-ins bring their own tests) is measured
+    on every box of docs/reliability.md, or says here why not."""
+    from attnquery.learners import registry
+
+    rows = {name.split()[0] for name in TABLE_LEARNERS}
+    builtin = {name for name, entry in registry().items() if not entry.plugin}
+    assert builtin - rows == set(NOT_IN_TABLE), sorted(builtin - rows - set(NOT_IN_TABLE))
+    for name in rows:
+        assert name in builtin, f"reliability row {name!r} names no registered learner"
