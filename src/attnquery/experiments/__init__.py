@@ -25,6 +25,7 @@ import importlib
 import itertools
 import json
 import math
+import pkgutil
 import signal
 import time
 import traceback
@@ -123,10 +124,10 @@ def register(exp: Experiment) -> Experiment:
     return exp
 
 
-#: the experiment families: each has a module here and one in attnquery.figures
-FAMILIES = ("exact", "lowprecision", "lowrank", "membership", "multihead", "multihead_generic",
-            "noise", "reallayer", "realheads", "rotary", "rounding", "served",
-            "transformer")
+#: the experiment families, discovered as the figures are: every public module of this package
+#: (each has one in attnquery.figures too); adding an experiment is adding its module
+FAMILIES = tuple(sorted(m.name for m in pkgutil.iter_modules(__path__)
+                        if not m.name.startswith("_")))
 
 
 def _load_all() -> None:
