@@ -126,30 +126,17 @@ class ServedLayerLearner(LayerRoute):
         r_scan, r_sketch, r_verify, r_base = rng.spawn(4)
         bias = bool(self.fit_bias)
         base = r_base.standard_normal(d) if bias else None
-        n, n_check = int(self.n_queries), int(self.verify)
         reader = served.FormatReader(oracle)  # the format of every answer read
-        with self._open_ledger(reader, SERVED_STAGES, what="the layer", cap=n,
-                               reserve=n_check) as ledger:
-            ledger.need(d + 1, "reading V and beta", reserved=True)
+        with self._open_ledger(reader, SERVED_STAGES, what="the layer",
+                               cap=int(self.n_queries), reserve=int(self.verify)) as ledger:
             with ledger.stage("v_sum"):
-                # V and beta from d + 1 one-row queries (V = 0 refused), read again below
-                read_head_constants(ledger, d, bias=bias, key_bias=False)
-                # the oracle's own budget must pay for n_queries too
-                ledger.need(n - ledger.total, self._what, reserved=True)
-                if n < d + 1 + 2 * served.NOISE_QUERIES + n_check:
-                    raise ConfigError(f"n_queries = {n} does not pay for reading V and beta, "
-                                      "the noise and the check")
-                noise = served.measure_noise(ledger, d, rng.spawn(1)[0], float(np.sqrt(d)))
-                self.noise_level_ = noise
+                self.noise_level_ = noise = self._noise(ledger, d, bias, rng)
                 # against the answers' format: the check's tolerance, VERIFY_NOISE units of
-                # this noise, then stays within the format's floor in "format" mode
-                judge_noise(self, noise, reader.formats.format, d,  # names fit's caller
-                            f"an attention layer of {int(self.n_heads)} heads",  # through
-                            stacklevel=4)  # AttentionLayerLearner.fit, the public entry
-                # V and beta averaged
-                ledger.need(served.constant_queries(d), "reading V and beta again",
-                            reserved=True)
-                V, beta = served.constants(ledger, d, rng.spawn(1)[0])
+                # this noise, then stays within the format's floor in "format" mode (the
+                # warning names the line that called AttentionLayerLearner.fit, the entry)
+                judge_noise(self, noise, reader.formats.format, d,
+                            f"an attention layer of {int(self.n_heads)} heads", stacklevel=4)
+                V, beta = self._constants(ledger, d, rng)
             run = _Layer(ledger, V, beta, None if base is None else base / np.linalg.norm(base),
                          noise=noise)
             scan = self._scan(run, H, r_scan)  # every v_h, from a circle of saturated queries
@@ -160,18 +147,48 @@ class ServedLayerLearner(LayerRoute):
                                                               r_sketch)
             layer, token = assembled(vs, Ks, Qs, cs, run.beta, r)
             vars(self).update(layer._asdict())
-            # the check's tolerance: rtol, or VERIFY_NOISE units of the noise if larger
-            # (narrow formats: NARROW_VERIFY_NOISE); with noise="format" that noise has been
-            # judged against the answers' format, so it is at most those units of
-            # NOISE_FORMAT_FACTOR times its floor
-            rtol = float(max(self.rtol, served.verify_units(noise) * noise))
             with ledger.stage("verify"):
-                self._verify_fit(ledger, self.predict, r_verify, rtol=rtol,
+                self._verify_fit(ledger, self.predict, r_verify, rtol=self._rtol(noise),
                                  what=f"an attention layer of {H} heads of rank {r}",
                                  token_scale=token, check_length=self.check_length)
             self.n_requeried_ = int(ledger.n_requeried)
             self.n_queries_ = ledger.total
         return self
+
+    def _noise(self, ledger, d: int, bias: bool, rng) -> float:
+        """The answers' relative noise (:func:`.served.measure_noise`), after the ``d + 1``
+        one-row queries of V and beta (V = 0 refused; both are read again by
+        :meth:`_constants`) and the check that the oracle's own budget pays for
+        ``n_queries``.
+
+        Raises
+        ------
+        ConfigError
+            When ``n_queries`` does not pay for reading V and beta, the noise and the check.
+        """
+        ledger.need(d + 1, "reading V and beta", reserved=True)
+        read_head_constants(ledger, d, bias=bias, key_bias=False)
+        n = int(self.n_queries)
+        ledger.need(n - ledger.total, self._what, reserved=True)
+        if n < d + 1 + 2 * served.NOISE_QUERIES + int(self.verify):
+            raise ConfigError(f"n_queries = {n} does not pay for reading V and beta, the noise "
+                              "and the check")
+        return served.measure_noise(ledger, d, rng.spawn(1)[0], float(np.sqrt(d)))
+
+    @staticmethod
+    def _constants(ledger, d: int, rng) -> tuple[np.ndarray, float]:
+        """V and beta again, by least squares over :func:`.served.constant_queries` one-row
+        queries (:func:`.served.constants`)."""
+        ledger.need(served.constant_queries(d), "reading V and beta again", reserved=True)
+        return served.constants(ledger, d, rng.spawn(1)[0])
+
+    def _rtol(self, noise: float) -> float:
+        """The check's tolerance: ``rtol``, or ``VERIFY_NOISE`` units of the answers' noise if
+        larger (narrow formats: ``NARROW_VERIFY_NOISE``, :func:`.served.verify_units`). With
+        ``noise="format"`` that noise has been judged against the answers' format
+        (:func:`~attnquery.learners._base.judge_noise`), so the tolerance is at most those
+        units of ``NOISE_FORMAT_FACTOR`` times its floor."""
+        return float(max(self.rtol, served.verify_units(noise) * noise))
 
     def _plan(self, run: _Layer, H: int, r: int) -> ServedPlan:
         """How many passes over the isolated and missing probes what the ledger has left pays
