@@ -74,6 +74,7 @@ from .multihead_generic._route import (
     check_kv_heads,
     fitted_attributes,
     layer_shape,
+    set_init_params,
 )
 from .multihead_generic._state import _Head, _Layer
 from .rotary import FREQ_TOL, RotaryValueQueryLearner, _first_tokens, _RotaryProber
@@ -193,19 +194,7 @@ class RotaryLayerLearner(LayerRoute):
                  min_logit: float = 1e-5, initial_logit_scale: float = 1.0,
                  block_bytes: int = 16 * 2**20, n_kv_heads: int | None = None,
                  random_state=None):
-        self.n_heads = n_heads
-        self.rank = rank
-        self.n_grid = n_grid
-        self.max_planes = max_planes
-        self.oversample = oversample
-        self.rtol = rtol
-        self.verify = verify
-        self.max_logit = max_logit
-        self.min_logit = min_logit
-        self.initial_logit_scale = initial_logit_scale
-        self.block_bytes = block_bytes
-        self.n_kv_heads = n_kv_heads
-        self.random_state = random_state
+        set_init_params(self, locals())
 
     def _validate_extra(self):
         super()._validate_extra()

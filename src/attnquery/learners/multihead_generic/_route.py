@@ -24,7 +24,8 @@ from .heads import HeadProbes
 from .scan import CircleScan
 
 __all__ = ["LAYER_PARAMS", "STAGES", "SERVED_STAGES", "layer_dof", "layer_probe_count",
-           "missing_probe_count", "layer_shape", "check_kv_heads", "fitted_attributes",
+           "missing_probe_count", "layer_shape", "check_kv_heads", "set_init_params",
+           "fitted_attributes",
            "AssembledLayer", "assembled", "DenseScores"]
 
 #: the stages whose queries ``n_queries_by_stage_`` counts
@@ -100,6 +101,14 @@ def check_kv_heads(n_heads: int, n_kv_heads) -> None:
     """``n_kv_heads`` (None: not checked) must divide ``n_heads``; raise ConfigError."""
     if n_kv_heads is not None and (n_kv_heads > n_heads or n_heads % n_kv_heads):
         raise ConfigError(f"n_kv_heads must divide n_heads = {n_heads}; got {n_kv_heads}")
+
+
+def set_init_params(est, args: dict) -> None:
+    """Set a route's constructor arguments (``locals()`` in its ``__init__``) as its
+    parameters, under their own names (what ``get_params`` reads)."""
+    for name, value in args.items():
+        if name not in ("self", "__class__"):
+            setattr(est, name, value)
 
 
 def fitted_attributes(est) -> dict:

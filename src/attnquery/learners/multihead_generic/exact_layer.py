@@ -14,7 +14,15 @@ import numpy as np
 from .._base import CHECK_LENGTH, DEFAULT_VERIFY, check_oracle
 from .._probes import read_head_constants
 from .._registry import LearnerSpec
-from ._route import BIAS_PARAMS, LAYER_PARAMS, STAGES, LayerRoute, assembled, layer_shape
+from ._route import (
+    BIAS_PARAMS,
+    LAYER_PARAMS,
+    STAGES,
+    LayerRoute,
+    assembled,
+    layer_shape,
+    set_init_params,
+)
 from ._state import _Layer
 
 __all__ = ["ExactLayerLearner"]
@@ -56,20 +64,7 @@ class ExactLayerLearner(LayerRoute):
                  check_length: int = CHECK_LENGTH, max_logit: float = 10.0,
                  min_logit: float = 1e-5, initial_logit_scale: float = 1.0,
                  block_bytes: int = 16 * 2**20, random_state=None):
-        self.n_heads = n_heads
-        self.rank = rank
-        self.fit_bias = fit_bias
-        self.n_grid = n_grid
-        self.max_planes = max_planes
-        self.oversample = oversample
-        self.rtol = rtol
-        self.verify = verify
-        self.check_length = check_length
-        self.max_logit = max_logit
-        self.min_logit = min_logit
-        self.initial_logit_scale = initial_logit_scale
-        self.block_bytes = block_bytes
-        self.random_state = random_state
+        set_init_params(self, locals())
 
     def fit(self, oracle):
         """Recover the layer behind ``oracle``; returns self.

@@ -31,6 +31,7 @@ from ._route import (
     layer_probe_count,
     layer_shape,
     missing_probe_count,
+    set_init_params,
 )
 from ._state import ServedPlan, _Layer
 from .heads import PILOT
@@ -80,22 +81,7 @@ class ServedLayerLearner(LayerRoute):
                  check_length: int = CHECK_LENGTH, max_logit: float = 10.0,
                  min_logit: float = 1e-5, initial_logit_scale: float = 1.0,
                  block_bytes: int = 16 * 2**20, noise: str = "format", random_state=None):
-        self.n_heads = n_heads
-        self.n_queries = n_queries
-        self.rank = rank
-        self.fit_bias = fit_bias
-        self.n_grid = n_grid
-        self.max_planes = max_planes
-        self.oversample = oversample
-        self.rtol = rtol
-        self.verify = verify
-        self.check_length = check_length
-        self.max_logit = max_logit
-        self.min_logit = min_logit
-        self.initial_logit_scale = initial_logit_scale
-        self.block_bytes = block_bytes
-        self.noise = noise
-        self.random_state = random_state
+        set_init_params(self, locals())
 
     @property
     def _what(self) -> str:
