@@ -48,6 +48,13 @@ the probes asked again at a smaller scale (``n_requeried_``) and the verificatio
 size (d = 384, H = 12, r = 32) that is about 1.1 times the layer's degrees of freedom
 ``H (r (2d - r) + 2d) + 1`` (:func:`layer_dof`).
 
+Routes: :class:`AttentionLayerLearner` fits one estimator per route, over the shared
+measurement modules :mod:`.scan` (the circle) and :mod:`.heads` (the isolated heads and the
+missing directions): :class:`~.exact_layer.ExactLayerLearner` on exact answers,
+:class:`~.served_layer.ServedLayerLearner` on served ones within ``n_queries`` (its budget is
+the fit's query ledger, ``cap=n_queries``, the check kept in reserve) and
+:class:`~attnquery.learners.rotary_layer.RotaryLayerLearner` for rotary layers.
+
 Limits: the value vectors must be linearly independent (``H <= d``) and every head's query
 vector ``a_h(x)`` nonzero at the scan's last token (a head whose ``W_h`` and ``c_h`` vanish, or
 whose v is 0, is not a head the learner can see); the learner raises
@@ -101,7 +108,11 @@ __all__ = ["AttentionLayerLearner", "layer_dof", "layer_probe_count", "missing_p
 class AttentionLayerLearner(DenseScores, BaseLearner):
     """Recover a whole attention layer, every head with its biases, up to a permutation.
 
-    See the module docstring for the method and the query count.
+    See the module docstring for the method and the query count. The fit is one of three
+    estimators, picked from the parameters (:meth:`route`), whose fitted attributes it takes:
+    :class:`~.exact_layer.ExactLayerLearner` (exact answers), :class:`~.served_layer.
+    ServedLayerLearner` (``n_queries`` set) and :class:`~attnquery.learners.rotary_layer.
+    RotaryLayerLearner` (``positions="rotary"``).
 
     Parameters
     ----------
