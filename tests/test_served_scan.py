@@ -139,7 +139,7 @@ def test_minilm_layer_2_leaky_circle_is_refused(monkeypatch):
     class Stop(Exception):
         pass
 
-    def stop(self, run, vs, *a):
+    def stop(self, run, plan, vs, *a):
         raise Stop(vs)
 
     monkeypatch.setattr(S, "isolation_test", spy)

@@ -23,10 +23,10 @@ from .._probes import PROBE_PARAMS, check_probe_params
 from .heads import HeadProbes
 from .scan import CircleScan
 
-__all__ = ["LAYER_PARAMS", "STAGES", "SERVED_STAGES", "layer_dof", "layer_probe_count",
-           "missing_probe_count", "layer_shape", "check_kv_heads", "set_init_params",
-           "fitted_attributes",
-           "AssembledLayer", "assembled", "DenseScores"]
+__all__ = ["LAYER_PARAMS", "BIAS_PARAMS", "STAGES", "SERVED_STAGES", "layer_dof",
+           "layer_probe_count", "missing_probe_count", "layer_shape", "check_kv_heads",
+           "set_init_params", "fitted_attributes", "AssembledLayer", "assembled", "DenseScores",
+           "LayerRoute"]
 
 #: the stages whose queries ``n_queries_by_stage_`` counts
 STAGES = ("v_sum", "circle", "isolated", "missing", "verify")
