@@ -2,6 +2,8 @@
 its own estimator, and AttentionLayerLearner, which picks one from its parameters and takes its
 fitted attributes."""
 
+import inspect
+
 import numpy as np
 import pytest
 
@@ -140,3 +142,14 @@ def test_routes_stay_off_the_command_line(cls):
     assert cls.spec.command_line is False and cls.spec.returns == "layer"
     assert cls.spec.name not in registry()
     assert set(cls.spec.stages) <= set(AttentionLayerLearner.spec.stages)
+
+
+@pytest.mark.parametrize("cls", ROUTES)
+def test_routes_follow_the_learner_conventions(cls):
+    # not in learners.__all__, so test_learner_core and test_params do not iterate them
+    params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    assert all(p.kind is p.KEYWORD_ONLY for p in params) and params[-1].name == "random_state"
+    assert {p.name for p in params} == set(cls._parameter_constraints)
+    with pytest.raises(ConfigError, match="n_heads must be"):
+        cls(n_heads=0, **({"n_queries": 10} if cls is ServedLayerLearner else {})).fit(
+            ValueOracle(_layer(8, 2, 0), 8))
