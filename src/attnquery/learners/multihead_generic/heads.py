@@ -49,23 +49,19 @@ class HeadProbes:
         return np.concatenate([w[:, None], rest[others.shape[0] + 1:].T], axis=1)
 
     def _prober(self, run: _Layer, key_bias=None) -> Prober:
-        # served mode: larger logits (a logit's rounding error does not shrink with it); in
-        # float32 also each probe at its own scale after the rough pass, and a larger key bias
-        # share (docs/notes/2026-11-27-served.md, "The left sketch in full")
-        exact = run.noise is None
-        full = served.full_sketch(run.noise)
+        """The single-head probes of one isolated head, through the run's ledger, with the
+        settings of :meth:`_probe_settings`."""
         return Prober(run.ledger, run.V, initial_logit_scale=self.initial_logit_scale,
-                      max_logit=self.max_logit if exact else min(self.max_logit,
-                                                                 served.NOISY_MAX_LOGIT),
                       min_logit=self.min_logit,
                       chunk=max(1, int(self.block_bytes // (32 * run.d))),
-                      key_bias=key_bias, offset=run.beta,
-                      target=0.1 if exact else served.NOISY_TARGET, pilot=PILOT,
-                      repilot=not exact,
-                      relimit=None if exact else served.RELIMIT * served.NOISY_TARGET,
-                      entry_target=served.ENTRY_TARGET if full and run.rough_heads else None,
-                      entry_cap=served.ENTRY_CAP,
-                      bias_logit=served.BIAS_LOGIT if full else 1.0)
+                      key_bias=key_bias, offset=run.beta, pilot=PILOT,
+                      entry_cap=served.ENTRY_CAP, **self._probe_settings(run))
+
+    def _probe_settings(self, run: _Layer) -> dict:
+        """The probes' logit window and targets on exact answers (the served route's:
+        :meth:`.served_layer.ServedLayerLearner._probe_settings`)."""
+        return {"max_logit": self.max_logit, "target": 0.1, "repilot": False, "relimit": None,
+                "entry_target": None, "bias_logit": 1.0}
 
     @staticmethod
     def _measure(run: _Layer, prober, make, n, floor):
@@ -207,21 +203,9 @@ class HeadProbes:
         return Kt.T, Q.T, c
 
     def _missing_passes(self, run: _Layer, nu, heads, silent, g, j, Q, bias):
-        """:meth:`_missing` once (exact mode) or averaged over ``run.reps`` passes at dithered
-        scales ``t``, weighted by ``t^2`` (served mode; after the rough pass at the logit scale
-        ``served.MISSING_LOGIT`` and the answer scale ``served.MISSING_ANSWER``)."""
-        exact = run.noise is None or run.rough
-        scale = 1.0 if exact or served.narrow(run.noise) else served.MISSING_LOGIT
-        size = 1.0 if exact else served.MISSING_ANSWER
-        if run.reps * run.missing_reps == 1:
-            return self._missing(run, nu, heads, silent, g, j, Q, bias, factor=scale,
-                                 answer=size)
-        f = served.dithers(run.reps * run.missing_reps)
-        out = [self._missing(run, nu, heads, silent, g, j, Q, bias, factor=scale * fk,
-                             answer=size) for fk in f]
-        w = f * f / np.sum(f * f)
-        return (sum(wk * o[0] for wk, o in zip(w, out, strict=True)),
-                float(sum(wk * o[1] for wk, o in zip(w, out, strict=True))))
+        """:meth:`_missing` once, at the exact answers' scales (the served route averages
+        passes, :meth:`.served_layer.ServedLayerLearner._missing_passes`)."""
+        return self._missing(run, nu, heads, silent, g, j, Q, bias)
 
     @staticmethod
     def _missing(run: _Layer, nu, heads, silent, g, j, Q, bias, factor: float = 1.0,

@@ -288,34 +288,23 @@ class CircleScan:
     @staticmethod
     def _isolation(run: _Layer, vs, x0, scale: float, rng,
                    factor: float = served.ISOLATION_SCALE) -> float | None:
-        """Served mode: how far the scan's v's are from isolating every head
-        (:func:`.served.isolation_test`, refused beyond ``ISOLATION_TOL``). Exact mode: None,
-        nothing asked (the arcs' checks are exact there)."""
-        if run.noise is None:
-            return None
-        run.ledger.need(served.isolation_queries(vs.shape[0]), "the scan's check",
-                        reserved=True)
-        return served.isolation_test(run, vs, x0, factor * scale, rng)[0]
+        """How far the scan's v's are from isolating every head: None, nothing asked (on exact
+        answers the arcs' checks are exact; the served route measures it,
+        :meth:`.served_layer.ServedLayerLearner._isolation`)."""
+        return None
 
     def _gradient_pairs(self, run: _Layer, H: int, most: int) -> int:
-        """Served mode: distinct step pairs per coordinate of the arcs' gradients, at most
-        ``most`` (0: exact)."""
-        if run.noise is None:
-            return 0
-        return served.gradient_pairs(run.ledger.left(), run.d, H + 1, most)
+        """Distinct step pairs per coordinate of the arcs' gradients: 0, the exact finite
+        differences of :meth:`_gradient` (the served route's least-squares slopes,
+        :meth:`.served_layer.ServedLayerLearner._gradient_pairs`)."""
+        return 0
 
     @staticmethod
     def _scan_tols(run: _Layer, errs, D) -> tuple[float, float]:
         """Tolerances of the scan's two checks (``G_0 + G_H = V``, relative to |V|, and the
-        coefficients of V in the v's within this of 1): ``1e-8`` and ``1e-6`` in exact mode;
-        in served mode widened by the gradients' estimated errors and the answers' noise."""
-        if run.noise is None:
-            return 1e-8, 1e-6
-        Vn = max(float(np.linalg.norm(run.V)), 1e-300)
-        vmin = max(float(np.min(np.linalg.norm(D, axis=1))), 1e-300)
-        base = 1e-8 + 1e3 * run.noise
-        return (base + 8.0 * float(errs[0] + errs[-1]) / Vn,
-                1e-6 + 1e3 * run.noise + 8.0 * float(np.linalg.norm(errs)) / vmin)
+        coefficients of V in the v's within this of 1): ``1e-8`` and ``1e-6`` on exact answers
+        (the served route widens them, :meth:`.served_layer.ServedLayerLearner._scan_tols`)."""
+        return 1e-8, 1e-6
 
     def _start_scale(self, run: _Layer, x0, p, q) -> float:
         """The circle scale at which the logits are of order 1.

@@ -245,3 +245,57 @@ class ServedLayerLearner(LayerRoute):
             heads[g], self._isolated(dataclasses.replace(run, reps=int(n[g] - run.reps)), vs,
                                      g, r, bias, rng, rows[g]), run.reps, int(n[g] - run.reps))
             for g in range(H)], [int(k) for k in n]
+
+    # -- the served settings of the shared measurements (scan.py, heads.py) ----------------------
+    @staticmethod
+    def _isolation(run: _Layer, vs, x0, scale: float, rng,
+                   factor: float = served.ISOLATION_SCALE) -> float:
+        """How far the scan's v's are from isolating every head
+        (:func:`.served.isolation_test`; the scan refuses a circle beyond its settings'
+        ``isolation_tol``)."""
+        run.ledger.need(served.isolation_queries(vs.shape[0]), "the scan's check",
+                        reserved=True)
+        return served.isolation_test(run, vs, x0, factor * scale, rng)[0]
+
+    def _gradient_pairs(self, run: _Layer, H: int, most: int) -> int:
+        """Distinct step pairs per coordinate of the arcs' gradients, at most ``most``: what
+        the ledger has left pays for (:func:`.served.gradient_pairs`)."""
+        return served.gradient_pairs(run.ledger.left(), run.d, H + 1, most)
+
+    @staticmethod
+    def _scan_tols(run: _Layer, errs, D) -> tuple[float, float]:
+        """The scan's two tolerances (:meth:`.scan.CircleScan._scan_tols`) widened by the
+        gradients' estimated errors and the answers' noise."""
+        Vn = max(float(np.linalg.norm(run.V)), 1e-300)
+        vmin = max(float(np.min(np.linalg.norm(D, axis=1))), 1e-300)
+        base = 1e-8 + 1e3 * run.noise
+        return (base + 8.0 * float(errs[0] + errs[-1]) / Vn,
+                1e-6 + 1e3 * run.noise + 8.0 * float(np.linalg.norm(errs)) / vmin)
+
+    def _probe_settings(self, run: _Layer) -> dict:
+        """Larger logits (a logit's rounding error does not shrink with it); in float32 also
+        each probe at its own scale after the rough pass, and a larger key bias share
+        (docs/notes/2026-11-27-served.md, "The left sketch in full")."""
+        full = served.full_sketch(run.noise)
+        return {"max_logit": min(self.max_logit, served.NOISY_MAX_LOGIT),
+                "target": served.NOISY_TARGET, "repilot": True,
+                "relimit": served.RELIMIT * served.NOISY_TARGET,
+                "entry_target": served.ENTRY_TARGET if full and run.rough_heads else None,
+                "bias_logit": served.BIAS_LOGIT if full else 1.0}
+
+    def _missing_passes(self, run: _Layer, nu, heads, silent, g, j, Q, bias):
+        """:meth:`.heads.HeadProbes._missing` averaged over ``run.reps * run.missing_reps``
+        passes at dithered scales ``t``, weighted by ``t^2``; after the rough pass at the logit
+        scale ``served.MISSING_LOGIT`` (1 in narrow formats) and the answer scale
+        ``served.MISSING_ANSWER`` (the rough pass: once, at 1 and 1)."""
+        scale = 1.0 if run.rough or served.narrow(run.noise) else served.MISSING_LOGIT
+        size = 1.0 if run.rough else served.MISSING_ANSWER
+        if run.reps * run.missing_reps == 1:
+            return self._missing(run, nu, heads, silent, g, j, Q, bias, factor=scale,
+                                 answer=size)
+        f = served.dithers(run.reps * run.missing_reps)
+        out = [self._missing(run, nu, heads, silent, g, j, Q, bias, factor=scale * fk,
+                             answer=size) for fk in f]
+        w = f * f / np.sum(f * f)
+        return (sum(wk * o[0] for wk, o in zip(w, out, strict=True)),
+                float(sum(wk * o[1] for wk, o in zip(w, out, strict=True))))
