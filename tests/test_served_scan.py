@@ -10,7 +10,7 @@ import pytest
 from attnquery.errors import SearchLimitError
 from attnquery.learners import AttentionLayerLearner
 from attnquery.learners._base import QueryLedger
-from attnquery.learners.multihead_generic import layer_dof
+from attnquery.learners.multihead_generic import ExactLayerLearner, ServedLayerLearner, layer_dof
 from attnquery.learners.multihead_generic import served as S
 from attnquery.learners.multihead_generic._state import _Layer
 from attnquery.metrics import functional_error, match_heads
@@ -139,11 +139,11 @@ def test_minilm_layer_2_leaky_circle_is_refused(monkeypatch):
     class Stop(Exception):
         pass
 
-    def stop(self, run, vs, *a):
+    def stop(self, run, plan, vs, *a):
         raise Stop(vs)
 
     monkeypatch.setattr(S, "isolation_test", spy)
-    monkeypatch.setattr(AttentionLayerLearner, "_heads", stop)
+    monkeypatch.setattr(ServedLayerLearner, "_heads", stop)
     d = 384
     learner_rng = np.random.default_rng(0).spawn(2)[0]
     est = AttentionLayerLearner(n_heads=12, n_queries=4 * layer_dof(d, 12, 32),
@@ -182,7 +182,7 @@ def test_narrow_start_scale_stands_out_of_the_rounding(ckpt, precision):
         run = _Layer(led, sum(h.v for h in truth.heads), truth.total_offset,
                      noise=None if prec == "float64" else noise)
         assert S.narrow(run.noise) == (prec != "float64")
-        scales[prec] = AttentionLayerLearner(n_heads=H)._start_scale(run, x0, P[:, 0], P[:, 1])
+        scales[prec] = ExactLayerLearner(n_heads=H)._start_scale(run, x0, P[:, 0], P[:, 1])
     assert 0.25 <= scales[precision] / scales["float64"] <= 4.0
 
 

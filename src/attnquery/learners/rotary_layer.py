@@ -1,6 +1,7 @@
 """A whole rotary attention layer with grouped-query attention (Llama-style), beyond the paper.
 
-Reached through :class:`~attnquery.learners.AttentionLayerLearner` with ``positions="rotary"``.
+:class:`RotaryLayerLearner`, the rotary route of
+:class:`~attnquery.learners.AttentionLayerLearner`, which fits it with ``positions="rotary"``.
 The box is a self-attention layer with rotary positions (RoPE, "rotate half"), H query heads
 and G key/value heads, read out along a vector (:class:`attnquery.models.RotaryAttentionLayer`
 without biases): a sum of H rotary heads (:mod:`attnquery.learners.rotary`)
@@ -55,16 +56,31 @@ at 1,024 tokens was 9e-10 with either. Biases are not supported
 
 from __future__ import annotations
 
+import inspect
+from numbers import Integral
+from typing import NamedTuple
+
 import numpy as np
 
 from ..errors import AssumptionViolation
 from ..models import RotaryAttentionHead, rotate_half
-from ._base import check_budget
+from ._base import DEFAULT_VERIFY, check_oracle
+from ._params import Interval
 from ._probes import read_head_constants
+from ._registry import LearnerSpec
+from .multihead_generic._route import (
+    LAYER_PARAMS,
+    LayerRoute,
+    check_kv_heads,
+    fitted_attributes,
+    layer_shape,
+    set_init_params,
+)
+from .multihead_generic._state import _Head, _Layer
 from .rotary import FREQ_TOL, RotaryValueQueryLearner, _first_tokens, _RotaryProber
 
-__all__ = ["fit_rotary_layer", "predict_rotary_layer", "is_rotary_fit", "rotary_layer_probe_count",
-           "ROTARY_STAGES", "ROTARY_VERIFY_LENGTHS"]
+__all__ = ["RotaryLayerLearner", "fit_rotary_layer", "predict_rotary_layer", "is_rotary_fit",
+           "rotary_layer_probe_count", "ROTARY_STAGES", "ROTARY_VERIFY_LENGTHS"]
 
 #: the stages ``n_queries_by_stage_`` counts with ``positions="rotary"``
 ROTARY_STAGES = ("v_sum", "circle", "isolated", "missing", "verify")
@@ -103,29 +119,144 @@ class _LayerProber(_RotaryProber):
             return np.where(ok, np.log(a) - np.log1p(-a), np.nan)
 
 
-def fit_rotary_layer(est, oracle, d: int, H: int, r: int) -> None:
-    """``AttentionLayerLearner.fit`` for ``positions="rotary"`` (module docstring); sets the
-    fitted attributes on ``est``."""
-    from .multihead_generic._state import _Layer
+class RotaryLayer(NamedTuple):
+    """A rotary layer from its measured parts, under the fitted attributes' names."""
 
-    r_scan, r_probe, r_verify = est._rng().spawn(3)
-    with est._open_ledger(oracle, ROTARY_STAGES, what="the rotary layer") as ledger:
-        check_budget(ledger, d, "reading V")
-        with ledger.stage("v_sum"):
-            V = read_head_constants(ledger, d, bias=False, key_bias=False).v
-        run = _Layer(ledger, V, 0.0)
-        vs = est._scan(run, H, r_scan)
-        with ledger.stage("isolated"):
-            iso = [_isolated(est, run, vs, g, r, r_probe) for g in range(H)]
-        with ledger.stage("missing"):
-            M1 = _missing_directions(est, run, vs, iso)
-        _set_heads(est, vs, iso, M1, H, r)
-        with ledger.stage("verify"):
-            est._verify_fit(oracle, est.predict, r_verify, rtol=est.rtol,
-                            what=f"a rotary attention layer of {H} heads of rank {r}",
-                            lengths=ROTARY_VERIFY_LENGTHS, permuted=False)
-        est.n_requeried_ = int(ledger.n_requeried)
-        est.n_queries_ = ledger.total
+    heads_: list
+    v_: list
+    offset_: float
+    frequencies_: np.ndarray
+    rotary_dim_: int
+    n_heads_: int
+    rank_: int
+    kv_groups_: np.ndarray
+    n_kv_heads_: int
+
+
+class _Isolated(NamedTuple):
+    """One head isolated (module docstring, step 2)."""
+
+    B: np.ndarray  # (d, m) orthonormal basis of Delta_g
+    Y1: np.ndarray  # B^T M_(-1), rank r
+    Vt: np.ndarray  # (r, d) its row space
+    Q: np.ndarray  # the head's queries, up to the rotary gauge
+    freq: np.ndarray
+    rotary_dim: int
+
+
+class RotaryLayerLearner(LayerRoute):
+    """Recover a whole rotary attention layer with grouped-query attention, without biases,
+    up to a permutation of its heads: the rotary route of
+    :class:`~attnquery.learners.AttentionLayerLearner` (``positions="rotary"``; module
+    docstring).
+
+    Parameters
+    ----------
+    n_kv_heads : int, optional
+        Number G of key/value heads: the heads found sharing keys must form that many groups.
+        None: not checked.
+    n_heads, rank, n_grid, max_planes, oversample, rtol, verify, max_logit, min_logit,
+    initial_logit_scale, block_bytes, random_state
+        As :class:`~attnquery.learners.AttentionLayerLearner`'s. The check asks
+        :data:`ROTARY_VERIFY_LENGTHS`, without prefix-permuted copies.
+
+    Attributes
+    ----------
+    heads_ : list of RotaryAttentionHead
+    v_ : list of ndarray (d,)
+    offset_ : float
+        0.
+    frequencies_ : ndarray
+        The rotary frequencies (the same for every head).
+    rotary_dim_ : int
+    n_heads_, rank_ : int
+    kv_groups_ : ndarray of int
+        The key/value group of each head (heads whose forms share a column space).
+    n_kv_heads_ : int
+    n_queries_, n_queries_by_stage_, n_requeried_, scan_, verify_error_, n_verify_queries_
+        As :class:`~attnquery.learners.AttentionLayerLearner`'s
+        (``n_queries_by_stage_``: :data:`ROTARY_STAGES`).
+    """
+
+    _parameter_constraints = {
+        **LAYER_PARAMS,
+        "n_kv_heads": [Interval(Integral, 1, None, closed="left"), None],
+    }
+    spec = LearnerSpec(
+        name="layer_rotary", oracle="value", returns="layer", stages=ROTARY_STAGES,
+        description="the layer learner's rotary route (AttentionLayerLearner with "
+        "positions='rotary'): rotary positions, grouped-query attention, no biases",
+        label="rotary attention layer", command_line=False)
+
+    def __init__(self, *, n_heads: int, rank: int | None = None, n_grid: int = 720,
+                 max_planes: int = 6, oversample: int = 2, rtol: float = 1e-8,
+                 verify: int = DEFAULT_VERIFY, max_logit: float = 10.0,
+                 min_logit: float = 1e-5, initial_logit_scale: float = 1.0,
+                 block_bytes: int = 16 * 2**20, n_kv_heads: int | None = None,
+                 random_state=None):
+        set_init_params(self, locals())
+
+    def _validate_extra(self):
+        super()._validate_extra()
+        check_kv_heads(self.n_heads, self.n_kv_heads)
+
+    def fit(self, oracle):
+        """Recover the rotary layer behind ``oracle`` (module docstring); returns self.
+
+        Raises
+        ------
+        SearchLimitError
+            If no circle of the scan separates all the heads (a value or output bias, too).
+        AssumptionViolation
+            If the answers contradict a rotary layer (the heads' frequencies differ, a form
+            of rank below r), or the heads share keys in other than ``n_kv_heads`` groups.
+        ModelMismatchError
+            If the assembled layer disagrees with fresh random queries beyond ``rtol``.
+        """
+        self._validate_params()
+        d = check_oracle(oracle)
+        H, r = layer_shape(self, d)
+        r_scan, r_probe, r_verify = self._rng().spawn(3)
+        with self._open_ledger(oracle, ROTARY_STAGES, what="the rotary layer") as ledger:
+            ledger.need(d, "reading V", reserved=True)
+            with ledger.stage("v_sum"):
+                V = read_head_constants(ledger, d, bias=False, key_bias=False).v
+            run = _Layer(ledger, V, 0.0)
+            scan = self._scan(run, H, r_scan)
+            self.scan_ = scan.info
+            with ledger.stage("isolated"):
+                iso = [_isolated(self, run, scan.vs, g, r, r_probe) for g in range(H)]
+            with ledger.stage("missing"):
+                M1 = _missing_directions(self, run, scan.vs, iso)
+            vars(self).update(_rotary_heads(scan.vs, iso, M1, H, r)._asdict())
+            if self.n_kv_heads is not None and self.n_kv_heads_ != self.n_kv_heads:
+                raise AssumptionViolation(f"the heads share keys in {self.n_kv_heads_} groups, "
+                                          f"not n_kv_heads={self.n_kv_heads}")
+            with ledger.stage("verify"):
+                self._verify_fit(oracle, self.predict, r_verify, rtol=self.rtol,
+                                 what=f"a rotary attention layer of {H} heads of rank {r}",
+                                 lengths=ROTARY_VERIFY_LENGTHS, permuted=False)
+            self.n_requeried_ = int(ledger.n_requeried)
+            self.n_queries_ = ledger.total
+        return self
+
+    def predict(self, X) -> np.ndarray:
+        """The sum of the recovered rotary heads on inputs X (B, N, d)."""
+        return predict_rotary_layer(self, X)
+
+
+def fit_rotary_layer(est, oracle, d: int, H: int, r: int) -> None:
+    """Fit :class:`RotaryLayerLearner` with the parameters of ``est`` (a layer learner with
+    ``positions="rotary"``) on ``oracle`` and give ``est`` its fitted attributes (also those
+    set when it raised). Kept with the former entry point's signature: ``d``, ``H`` and ``r``
+    are read again from the oracle and ``est``. :class:`~attnquery.learners.
+    AttentionLayerLearner` fits the route itself."""
+    names = inspect.signature(RotaryLayerLearner.__init__).parameters
+    route = RotaryLayerLearner(**{k: v for k, v in est.get_params().items() if k in names})
+    try:
+        route.fit(oracle)
+    finally:
+        vars(est).update(fitted_attributes(route))
 
 
 def is_rotary_fit(est) -> bool:
@@ -147,7 +278,7 @@ def _coords(t: np.ndarray) -> np.ndarray:
     return out
 
 
-def _isolated(est, run, vs, g: int, r: int, rng) -> dict:
+def _isolated(est, run, vs, g: int, r: int, rng) -> _Isolated:
     """Head g isolated (module docstring, step 2): ``Y1 = B^T M_{-1}`` of rank r from a
     two-sided sketch, its SVD, and the rotary factorisation from ``U^T B^T M_{-2} V``."""
     d = run.d
@@ -182,63 +313,51 @@ def _isolated(est, run, vs, g: int, r: int, rng) -> dict:
     one = RotaryValueQueryLearner()
     one._factor(T, Us, S, Vt)
     run.ledger.n_requeried += int(pr.n_requeried)
-    return {"B": B, "Y1": (Us * S) @ Vt, "Vt": Vt, "Q": one.Q_,
-            "freq": one.frequencies_, "rotary_dim": one.rotary_dim_}
+    return _Isolated(B, (Us * S) @ Vt, Vt, one.Q_, one.frequencies_, int(one.rotary_dim_))
 
 
 def _missing_directions(est, run, vs, iso) -> list[np.ndarray]:
     """Every head's full ``M^g_{-1}`` (d x d, rank r): its rows along ``Delta_g`` from the
     isolated head, the H - 1 missing rows ``nu_j^T M^g_{-1}`` measured (module docstring)."""
-    from .multihead_generic._state import _Head
-
     H = vs.shape[0]
     nu = np.linalg.pinv(vs).T  # (H, d): nu_j^T v_h = [j = h]
     perp = np.linalg.svd(vs)[2][H:].T  # (d, d - H): orthogonal to every v
-    heads = [_Head(h["B"], h["Y1"] @ h["Vt"].T, h["Vt"].T, np.zeros(h["B"].shape[1]))
-             for h in iso]
-    silent = (perp, [perp.T @ h["B"] for h in iso])
+    heads = [_Head(h.B, h.Y1 @ h.Vt.T, h.Vt.T, np.zeros(h.B.shape[1])) for h in iso]
+    silent = (perp, [perp.T @ h.B for h in iso])
     # last tokens of norm eps: the constants k(x) ~ eps^2 |M| stay about 1 or less
-    eps = min(1.0, 1.0 / np.sqrt(max(np.linalg.norm(h["Y1"], 2) for h in iso)))
+    eps = min(1.0, 1.0 / np.sqrt(max(np.linalg.norm(h.Y1, 2) for h in iso)))
     out = []
     for g in range(H):
-        Qo = iso[g]["Vt"].T  # (d, r) orthonormal basis of the row space
+        Qo = iso[g].Vt.T  # (d, r) orthonormal basis of the row space
         rows = [heads[g].L]  # B_g^T M Qo
         for j in range(H):
             if j != g:
                 rho, _ = est._missing(run, nu, heads, silent, g, j, eps * Qo, False)
                 rows.append(rho[None, :] / eps)
         others = [j for j in range(H) if j != g]
-        Tm = np.concatenate([iso[g]["B"], nu[others].T], axis=1)  # (d, d)
+        Tm = np.concatenate([iso[g].B, nu[others].T], axis=1)  # (d, d)
         MQ = np.linalg.solve(Tm.T, np.concatenate(rows))  # M Qo (d, r)
         out.append(MQ @ Qo.T)
     return out
 
 
-def _set_heads(est, vs, iso, M1, H: int, r: int) -> None:
+def _rotary_heads(vs, iso, M1, H: int, r: int) -> RotaryLayer:
     """The heads ``K_h^T Rot Q_h`` from ``M^h_{-1}`` and the isolated factorisation, the
     frequencies (the same for every head), and the heads that share their keys."""
-    freqs = [h["freq"] for h in iso]
+    freqs = [h.freq for h in iso]
     if any(f.size != freqs[0].size or (f.size and np.max(np.abs(f - freqs[0])) > FREQ_TOL)
            for f in freqs):
         raise AssumptionViolation("the heads' frequencies differ: not one rotary layer")
     heads = []
     for g in range(H):
-        Q, theta = iso[g]["Q"], iso[g]["freq"]
+        Q, theta = iso[g].Q, iso[g].freq
         KT = M1[g] @ np.linalg.pinv(Q)  # (d, r): K^T D, as M_{-1} = K^T D Q
         K = rotate_half(KT, np.full(KT.shape[0], 1.0), theta).T
         heads.append(RotaryAttentionHead(Q, K, vs[g], frequencies=theta, scale=1.0))
-    est.heads_ = heads
-    est.v_ = [v.copy() for v in vs]
-    est.offset_ = 0.0
-    est.frequencies_ = freqs[0]
-    est.rotary_dim_ = int(iso[0]["rotary_dim"])
-    est.n_heads_, est.rank_ = H, r
-    est.kv_groups_ = _groups(M1, r)
-    est.n_kv_heads_ = int(est.kv_groups_.max()) + 1
-    want = getattr(est, "n_kv_heads", None)
-    if want is not None and est.n_kv_heads_ != want:
-        raise AssumptionViolation(
-            f"the heads share keys in {est.n_kv_heads_} groups, not n_kv_heads={want}")
+    groups = _groups(M1, r)
+    return RotaryLayer(heads_=heads, v_=[v.copy() for v in vs], offset_=0.0,
+                       frequencies_=freqs[0], rotary_dim_=int(iso[0].rotary_dim), n_heads_=H,
+                       rank_=r, kv_groups_=groups, n_kv_heads_=int(groups.max()) + 1)
 
 
 def _groups(M1, r: int) -> np.ndarray:

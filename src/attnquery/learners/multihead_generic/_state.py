@@ -1,9 +1,12 @@
-"""The state one fit of the layer learners reads: the layer's ledger, V and beta, and one head as
-its isolated measurements give it (shared by :mod:`.layer` and :mod:`..rotary_layer`)."""
+"""The frozen run objects of one fit of the layer learners: the layer's ledger, V and beta
+(:class:`_Layer`), one head as its isolated measurements give it (:class:`_Head`), the circle
+scan's result (:class:`Scan`) and the served route's plan (:class:`ServedPlan`); shared by
+:mod:`.exact_layer`, :mod:`.served_layer` and :mod:`..rotary_layer`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -33,10 +36,6 @@ class _Layer:
     #: served mode, after the rough pass: every head's rough (K, Q, c), which bound the logits
     #: of the missing-direction probes (:data:`.served.MISSING_MAX_LOGIT`)
     rough_heads: tuple | None = None
-    #: served mode: the queries of one pass over the isolated probes (every head), and the
-    #: queries kept back for probes asked again (:data:`.served.MARGIN` of what the plan saw)
-    pass_cost: int = 0
-    reserve: float = 0.0
 
     @property
     def d(self) -> int:
@@ -58,3 +57,25 @@ class _Head:
     def query_vectors(self, X) -> np.ndarray:
         """``B^T a(x) = B^T (W x + c)`` for the rows x of X (n, d): shape (n, m)."""
         return (X @ self.R) @ self.L.T + self.t_c
+
+
+class Scan(NamedTuple):
+    """What the circle scan found: every value vector, and the circle that separated them
+    (the fit's ``scan_``)."""
+
+    vs: np.ndarray  # (H, d)
+    info: dict
+
+
+class ServedPlan(NamedTuple):
+    """The served route's passes, planned from what its ledger has left
+    (:meth:`.served_layer.ServedLayerLearner._plan`)."""
+
+    #: passes over every isolated and missing-direction probe (``n_passes_``)
+    reps: int
+    #: the missing-direction probes are asked ``reps * missing_reps`` times
+    missing_reps: int
+    #: the queries of one pass over the isolated probes (every head)
+    pass_cost: int
+    #: queries kept back for probes asked again (:data:`.served.MARGIN` of what the plan saw)
+    margin: float

@@ -11,7 +11,9 @@ directions is asked ``reps`` times at dithered logit scales and averaged with we
 ``kappa^2`` (its inverse variance, as :class:`~attnquery.learners.LowPrecisionValueQueryLearner`
 weighs its passes), with logits kept within that learner's ``_BIAS_MAX_LOGIT``.
 
-This module holds the pieces that only the served mode uses; :mod:`.layer` calls them.
+This module holds the pieces that only the served mode uses; :mod:`.served_layer` (the served
+route, :class:`~.served_layer.ServedLayerLearner`) and the shared measurement modules
+(:mod:`.scan`, :mod:`.heads`) call them.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from ...errors import AssumptionViolation, BudgetExceededError, SearchLimitError
 from ...precision import AnswerFormat
 from ..lowprecision import _BIAS_MAX_LOGIT, _KAPPA_DITHER, MAX_NOISE_LEVEL
 
-__all__ = ["Capped", "repeated", "measure_noise", "clean_tol", "fd_tol", "noisy_gradient",
+__all__ = ["FormatReader", "repeated", "measure_noise", "clean_tol", "fd_tol", "noisy_gradient",
            "gradient_pairs", "plan_repeats", "dithers", "NOISE_QUERIES", "NOISY_TARGET",
            "ENTRY_TARGET", "ENTRY_CAP", "BIAS_LOGIT", "full_sketch", "share_passes", "merged",
            "NOISY_MAX_LOGIT", "VERIFY_NOISE", "value_queries", "saturated_values",
@@ -577,16 +579,15 @@ def repeated(prober, make, n: int, floor, reps: int) -> np.ndarray:
     return num / den
 
 
-class Capped:
-    """The oracle seen through a cap of ``n`` more queries: every stage's budget check
-    (:func:`~attnquery.learners._base.check_budget`) reads ``remaining``, so a fit that would
-    spend more than ``n_queries`` stops with :class:`~attnquery.errors.BudgetExceededError`
-    before the query that would pass it. ``formats`` reads the format of every answer
-    (:class:`~attnquery.precision.AnswerFormat`)."""
+class FormatReader:
+    """The oracle, with the format of every answer it gives read on the way
+    (``formats``, an :class:`~attnquery.precision.AnswerFormat`): the served route judges the
+    answers' noise against it. It forwards the oracle's interface (``d``, ``n_queries``,
+    ``kind``, ``remaining``) and counts nothing of its own; the fit's budget is its ledger's
+    (:class:`~attnquery.learners._base.QueryLedger` with ``cap=n_queries``)."""
 
-    def __init__(self, oracle, n: int):
+    def __init__(self, oracle):
         self.oracle = oracle
-        self.limit = int(oracle.n_queries) + int(n)
         self.formats = AnswerFormat()
 
     @property
@@ -602,10 +603,9 @@ class Capped:
         return getattr(self.oracle, "kind", "value")
 
     @property
-    def remaining(self) -> int:
-        own = self.limit - int(self.oracle.n_queries)
-        inner = getattr(self.oracle, "remaining", None)
-        return own if inner is None else min(own, int(inner))
+    def remaining(self):
+        """The oracle's own budget left (None without one)."""
+        return getattr(self.oracle, "remaining", None)
 
     def __call__(self, X):
         y = self.oracle(X)

@@ -1,0 +1,155 @@
+"""The layer learner's routes: ExactLayerLearner, ServedLayerLearner and RotaryLayerLearner, each
+its own estimator, and AttentionLayerLearner, which picks one from its parameters and takes its
+fitted attributes."""
+
+import inspect
+
+import numpy as np
+import pytest
+
+from attnquery.errors import BudgetExceededError, ConfigError
+from attnquery.learners import AttentionLayerLearner, registry
+from attnquery.learners.multihead_generic import (
+    ExactLayerLearner,
+    RotaryLayerLearner,
+    ServedLayerLearner,
+    layer_dof,
+)
+from attnquery.learners.multihead_generic._route import fitted_attributes
+from attnquery.learners.rotary_layer import fit_rotary_layer
+from attnquery.models import MultiHeadAttention, random_head, random_rotary_layer
+from attnquery.oracles import ValueOracle
+from attnquery.realheads import ModuleBlackBox, write_test_checkpoint
+
+D, H = 32, 4
+DOF = layer_dof(D, H, D // H)
+ROUTES = (ExactLayerLearner, ServedLayerLearner, RotaryLayerLearner)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return write_test_checkpoint(tmp_path_factory.mktemp("layer_routes") / "model.safetensors",
+                                 n_layers=1, n_heads=H, d=D, seed=7)
+
+
+def _served(ckpt, budget=None):
+    return ValueOracle(ModuleBlackBox(ckpt, 0, precision="float32"), D, budget=budget)
+
+
+def _layer(d, n_heads, seed):
+    heads = [random_head(d, [seed, h], rank=d // n_heads, key_bias=0.5)
+             for h in range(n_heads)]
+    return MultiHeadAttention(heads, offset=0.3)
+
+
+def _same(a: dict, b: dict):
+    """Two dicts of fitted attributes hold the same names and bit-identical values."""
+    assert sorted(a) == sorted(b)
+    for name in a:
+        x, y = a[name], b[name]
+        if name == "heads_":
+            x, y = [vars(h) for h in x], [vars(h) for h in y]
+        np.testing.assert_equal(x, y, err_msg=name)
+
+
+@pytest.mark.parametrize("kw, cls", [
+    ({}, ExactLayerLearner),
+    ({"n_queries": 5000, "noise": "measured"}, ServedLayerLearner),
+    ({"positions": "rotary", "fit_bias": False, "n_kv_heads": 2}, RotaryLayerLearner),
+])
+def test_the_parameters_pick_the_route(kw, cls):
+    est = AttentionLayerLearner(n_heads=4, rank=3, n_grid=100, random_state=7, **kw)
+    route = est.route()
+    assert type(route) is cls
+    params = est.get_params()
+    assert route.get_params() == {k: params[k] for k in route.get_params()}
+    # each route takes only its own parameters
+    assert ("n_queries" in route.get_params()) == (cls is ServedLayerLearner)
+    assert ("n_kv_heads" in route.get_params()) == (cls is RotaryLayerLearner)
+    assert ("fit_bias" in route.get_params()) == (cls is not RotaryLayerLearner)
+
+
+def test_exact_route_fits_as_the_entry_bit_for_bit():
+    model = _layer(24, 3, 1)
+    direct = ExactLayerLearner(n_heads=3, random_state=2).fit(ValueOracle(model, 24))
+    entry = AttentionLayerLearner(n_heads=3, random_state=2).fit(ValueOracle(model, 24))
+    _same(fitted_attributes(direct), fitted_attributes(entry))
+    assert direct.n_queries_ == sum(direct.n_queries_by_stage_.values())
+    assert direct.n_passes_ == direct.n_missing_passes_ == 1 and direct.noise_level_ is None
+    X = np.random.default_rng(0).standard_normal((4, 5, 24))
+    np.testing.assert_array_equal(direct.predict(X), entry.predict(X))
+    assert max(np.abs(direct.predict(X) - model(X))) <= 1e-9 * max(np.abs(model(X)))
+
+
+def test_served_route_spends_its_ledger_and_plans_from_what_it_leaves(ckpt):
+    fits = {}
+    for k in (10, 20):
+        oracle = _served(ckpt)
+        fits[k] = ServedLayerLearner(n_heads=H, n_queries=k * DOF, random_state=0).fit(oracle)
+        assert fits[k].n_queries_ == oracle.n_queries <= k * DOF
+        assert fits[k].n_queries_by_stage_["verify"] == fits[k].n_verify_queries_ == 8
+    # twice the budget pays for more passes over the same probes
+    assert fits[20].n_passes_ > fits[10].n_passes_ >= 1
+    entry = AttentionLayerLearner(n_heads=H, n_queries=10 * DOF, random_state=0)
+    _same(fitted_attributes(fits[10]), fitted_attributes(entry.fit(_served(ckpt))))
+
+
+def test_served_budget_is_the_ledgers_cap(ckpt):
+    oracle = _served(ckpt)
+    est = AttentionLayerLearner(n_heads=H, n_queries=2000, random_state=0)
+    with pytest.raises(BudgetExceededError, match="of the layer's budget of 2000 remain"):
+        est.fit(oracle)
+    assert oracle.n_queries <= 2000
+    # the entry holds what the route had set when it was refused
+    assert est.n_queries_by_stage_["circle"] > 0 and est.answer_format_ == "float32"
+    assert sum(est.n_queries_by_stage_.values()) == oracle.n_queries
+
+
+def test_served_route_refuses_an_oracle_budget_below_n_queries(ckpt):
+    oracle = _served(ckpt, budget=5000)
+    with pytest.raises(BudgetExceededError,
+                       match=rf"AttentionLayerLearner\(n_queries={10 * DOF}\) needs"):
+        ServedLayerLearner(n_heads=H, n_queries=10 * DOF, random_state=0).fit(oracle)
+    assert oracle.n_queries == D + 1  # V and beta only: refused before the noise is measured
+
+
+def test_rotary_route_fits_as_the_entry_and_the_former_function():
+    L = random_rotary_layer(24, 4, 2, 7, rope_base=1e4)
+    kw = {"n_heads": 4, "n_kv_heads": 2, "random_state": 0}
+    direct = RotaryLayerLearner(**kw).fit(ValueOracle(L, 24))
+    entry = AttentionLayerLearner(positions="rotary", fit_bias=False, **kw)
+    _same(fitted_attributes(direct), fitted_attributes(entry.fit(ValueOracle(L, 24))))
+    former = AttentionLayerLearner(positions="rotary", fit_bias=False, **kw)
+    fit_rotary_layer(former, ValueOracle(L, 24), 24, 4, 6)
+    _same(fitted_attributes(direct), fitted_attributes(former))
+    assert direct.n_kv_heads_ == 2 and sorted(np.bincount(direct.kv_groups_)) == [2, 2]
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: ServedLayerLearner(n_heads=2, n_queries=None), "n_queries must be"),
+    (lambda: ServedLayerLearner(n_heads=2, n_queries=100, noise="none"), "noise must be"),
+    (lambda: RotaryLayerLearner(n_heads=4, n_kv_heads=3), "n_kv_heads must divide"),
+    (lambda: ExactLayerLearner(n_heads=2, min_logit=20.0, max_logit=10.0),
+     "min_logit must be below"),
+])
+def test_routes_refuse_bad_parameters_by_name(make, match):
+    with pytest.raises(ConfigError, match=match):
+        make()._validate_params()
+
+
+@pytest.mark.parametrize("cls", ROUTES)
+def test_routes_stay_off_the_command_line(cls):
+    assert cls.spec.command_line is False and cls.spec.returns == "layer"
+    assert cls.spec.name not in registry()
+    assert set(cls.spec.stages) <= set(AttentionLayerLearner.spec.stages)
+
+
+@pytest.mark.parametrize("cls", ROUTES)
+def test_routes_follow_the_learner_conventions(cls):
+    # not in learners.__all__, so test_learner_core and test_params do not iterate them
+    params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    assert all(p.kind is p.KEYWORD_ONLY for p in params) and params[-1].name == "random_state"
+    assert {p.name for p in params} == set(cls._parameter_constraints)
+    with pytest.raises(ConfigError, match="n_heads must be"):
+        cls(n_heads=0, **({"n_queries": 10} if cls is ServedLayerLearner else {})).fit(
+            ValueOracle(_layer(8, 2, 0), 8))
