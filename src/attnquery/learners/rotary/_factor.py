@@ -154,10 +154,14 @@ def rotary_factors(E: np.ndarray, theta: np.ndarray, half: int, svd: Svd):
     return Q, K
 
 
-def biases(fac: Factors, g1, dk1, Cp, sc):
+def biases(fac: Factors, bias_data):
     """The query and key biases ``(b_Q, b_K)`` in the basis of ``fac.Q`` and ``fac.K``, from the
     zero-last-token probes (``g1 = g_{-1}``, ``dk1 = k_{-1} - k_0``) and the two-row columns'
-    constants ``Cp`` at token scales ``sc`` (module docstring, "Biases")."""
+    constants ``Cp`` at token scales ``sc``, ``bias_data = (g1, dk1, Cp, sc)`` (module
+    docstring, "Biases"); zeros when ``bias_data`` is None (a head fitted without biases)."""
+    if bias_data is None:
+        return np.zeros(fac.rank), np.zeros(fac.rank)
+    g1, dk1, Cp, sc = bias_data
     theta = fac.frequencies
     half = theta.size
     # g_{-1} = K^T D b_Q

@@ -224,10 +224,7 @@ class RotaryValueQueryLearner(BaseLearner):
         n_verify = check_verify_param(self.verify)
         r_probe, r_check = self._rng().spawn(2)
         with self._open_ledger(oracle, STAGES, cap=self.n_queries, reserve=n_verify) as ledger:
-            planned = rotary_query_count(d, rank, self.oversample, bias=bool(self.fit_bias))
-            if self.refine is True:
-                planned += rotary_refine_count(d)
-            check_plan(ledger, planned + n_verify, n_verify, self.n_queries)
+            check_plan(ledger, self._planned(d, rank) + n_verify, n_verify, self.n_queries)
             with ledger.stage("v"):
                 beta, v = self._read_v(ledger, d)
             fmt = answer_format(v) if np.all(np.isfinite(v)) else "float64"
@@ -238,34 +235,39 @@ class RotaryValueQueryLearner(BaseLearner):
             forms = route.forms(ledger, pr, v, r_probe)
             fac = factor(forms.T, forms.svd, route.unit_tol, self.rotary_dim, self.rope_base)
             blocks = route.blocks(ledger, pr, fac, forms.svd, r_probe, lengths, self.rope_base)
-            head = fac if blocks is None else blocks.factors
-            self.eigenvalues_ = fac.eigenvalues
-            self.frequencies_, self.rotary_dim_, self.rank_ = (head.frequencies,
-                                                               head.rotary_dim, head.rank)
-            self.Q_, self.K_ = head.Q, head.K
-            self.n_m1_repeats_ = forms.n_m1_repeats
+            head = fac if blocks is None else blocks.factors  # the served blocks refine T's
+            self.eigenvalues_, self.frequencies_ = fac.eigenvalues, head.frequencies
+            self.rotary_dim_, self.rank_, self.Q_, self.K_ = (head.rotary_dim, head.rank,
+                                                              head.Q, head.K)
+            self.v_, self.offset_, self.n_m1_repeats_ = v, beta, forms.n_m1_repeats
             self.noise_level_ = route.noise_level if blocks is None else blocks.noise_level
             if blocks is not None:
-                self.long_offset_ = blocks.long_offsets[0]
-                self.long_offsets_ = blocks.long_offsets
-            self.v_, self.offset_ = v, beta
-            self.b_Q_, self.b_K_ = np.zeros(self.rank_), np.zeros(self.rank_)
-            if forms.bias_data is not None:
-                self.b_Q_, self.b_K_ = biases(fac, *forms.bias_data)
-            self.n_requeried_ = int(pr.n_requeried)
-            self.logit_scale_ = float(pr.kappa)
-            S = forms.svd.S
-            self.condition_ = float(S[0] / S[-1])
+                self.long_offset_, self.long_offsets_ = (blocks.long_offsets[0],
+                                                         blocks.long_offsets)
+            self.b_Q_, self.b_K_ = biases(fac, forms.bias_data)
+            self.n_requeried_, self.logit_scale_ = int(pr.n_requeried), float(pr.kappa)
+            self.condition_ = float(forms.svd.S[0] / forms.svd.S[-1])
             self.check_rtol_ = route.check_rtol(self.condition_, lengths)
             with ledger.stage("verify"):
-                self._verify_fit(
-                    oracle, self.predict, r_check, n0=ledger.n0, permuted=False,
-                    what="a rotary attention head",
-                    hint="the box may not be a rotary head (ALiBi, a sliding window, query or "
-                         "key biases without fit_bias), or have several heads, noise or "
-                         "precision below float32",
-                    **route.check_args(lengths, self.check_rtol_, self.predict))
+                self._check(oracle, r_check, ledger.n0,
+                            route.check_args(lengths, self.check_rtol_, self.predict))
         return self
+
+    def _planned(self, d: int, rank) -> int:
+        """The queries of the plan before the check: :func:`rotary_query_count` on the route
+        ``rank`` (with the biases' and, with ``refine=True``, the refinement's)."""
+        planned = rotary_query_count(d, rank, self.oversample, bias=bool(self.fit_bias))
+        return planned + (rotary_refine_count(d) if self.refine is True else 0)
+
+    def _check(self, oracle, rng, n0: int, args: dict) -> None:
+        """The self-check on fresh sequences (no permuted copies: a rotary head depends on the
+        order of the tokens), with the route's tolerances ``args``
+        (``check_args``: ``rtol``, ``atol``, ``lengths``, ``n_checks``)."""
+        self._verify_fit(oracle, self.predict, rng, n0=n0, permuted=False,
+                         what="a rotary attention head",
+                         hint="the box may not be a rotary head (ALiBi, a sliding window, "
+                              "query or key biases without fit_bias), or have several "
+                              "heads, noise or precision below float32", **args)
 
     def _route(self, ledger, fmt: str, d: int, rank, n_verify: int):
         """The route for answers in the format ``fmt`` (float64: dense or low-rank; else the
