@@ -409,14 +409,26 @@ def test_square_heads_meet_the_goals_with_the_pilot_column_asked_again(d, base, 
         np.abs(L.frequencies_ - h.frequencies))
 
 
+#: the frequencies of a biased head are within this many ``eps cond(M_{-1})``: the biased route
+#: subtracts the key-bias share ``c u^T g`` (from the zero-token probes) from every logit and
+#: asks no rows again, so its angles carry 0.3 to 17 ``eps cond`` (1e-13 to 3e-11) over 24 square
+#: heads (d = 24, bias 0.8), against under 0.4 for the same heads without biases
+#: (docs/notes/2026-11-27-rotary-split.md)
+BIASED_FREQ_FACTOR = 32
+
+
 def test_square_head_with_biases_is_refined_too():
+    """The pilot column is asked again on a biased square head too; its frequencies are within
+    the biased route's error model (this head: 1.02e-12, 8 eps cond with cond 571: a fixed
+    1e-12 was one machine's last bits)."""
     d = 24
     h = random_rotary_head(d, 8, head_dim=d, rope_base=1e6, bias=0.8, offset=-0.4)
     X = _tokens(3, 4096, d, 12)
     L, _ = _fit(h, fit_bias=True)
     assert L.n_queries_by_stage_["refine"] == d + 1
     assert L.n_queries_ - L.n_verify_queries_ == rotary_query_count(d, bias=True) + d + 1
-    assert np.max(np.abs(L.frequencies_ - h.frequencies)) < 1e-12
+    bound = BIASED_FREQ_FACTOR * np.finfo(float).eps * L.condition_
+    assert np.max(np.abs(L.frequencies_ - h.frequencies)) < bound
     assert _rel(L.predict(X), h(X)) < 1e-9
 
 
