@@ -678,3 +678,53 @@ def test_max_error_by_length_measures_each_length_on_its_own_sequences():
     assert list(errs) == [1, 3, 50]
     assert errs[1] == 0.0 and abs(errs[3] - 0.01) < 1e-12 and abs(errs[50] - 0.01) < 1e-12
     assert max_error_by_length(f, f, 4, np.random.default_rng(0), {2: 3}) == {2: 0.0}
+
+
+# ---------------------------------------------------------------------------------------------
+# the learner's structure: routes, its one budget, its import paths
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("route", ["dense", "lowrank", "bias", "served"])
+def test_fit_keeps_no_private_state_on_the_estimator(route):
+    """Every route's fit state lives in its frozen run values: after ``fit`` the estimator holds
+    its parameters and fitted attributes (ending in ``_``) only."""
+    d = 16
+    h = random_rotary_head(d, 3, head_dim=8, rope_base=1e4,
+                           bias=0.5 if route == "bias" else 0.0)
+    box = _served(h, "float32") if route == "served" else h
+    kw = {"dense": {}, "lowrank": {"rank": 8}, "bias": {"fit_bias": True}, "served": {}}[route]
+    L, _ = _fit(box, **kw)
+    assert L.answer_precision_ == ("float32" if route == "served" else "float64")
+    params = set(L.get_params())
+    extra = [k for k in vars(L) if k not in params and not (k.endswith("_")
+                                                             and not k.startswith("_"))]
+    assert not extra, extra
+
+
+def test_n_queries_caps_every_batch_of_the_fit():
+    """``n_queries`` is the ledger's cap: probes asked again (a pilot saturated at a large
+    ``initial_logit_scale``) cannot run the fit past it; it stops with BudgetExceededError."""
+    d = 12
+    h = random_rotary_head(d, 4, head_dim=6, rope_base=1e4, logit_scale=30.0)
+    plan = rotary_query_count(d) + 8
+    free, oracle = _fit(h, initial_logit_scale=50.0)
+    assert free.n_requeried_ > 0 and oracle.n_queries > plan  # what the cap must stop
+    oracle = ValueOracle(h, d)
+    with pytest.raises(BudgetExceededError, match=f"budget of {plan} remain"):
+        RotaryValueQueryLearner(n_queries=plan, initial_logit_scale=50.0,
+                                random_state=0).fit(oracle)
+    assert oracle.n_queries <= plan
+
+
+def test_the_module_paths_of_the_names_others_import_still_work():
+    """``attnquery.learners.rotary`` is a package; the names it exported as a module, and the
+    private ones learners/rotary_layer.py imports, still come from it."""
+    import attnquery.learners.rotary as rotary
+
+    for name in ("RotaryValueQueryLearner", "rotary_query_count", "rotary_refine_count",
+                 "rotary_refine_rows", "rotary_dof", "VERIFY_LENGTHS", "STAGES", "FREQ_TOL",
+                 "SERVED_RTOL", "SERVED_VERIFY", "SERVED_M1_REPEATS", "SERVED_QUERY_FACTOR",
+                 "_RotaryProber", "_first_tokens", "_thin_svd", "_long_offsets"):
+        assert hasattr(rotary, name), name
+    assert set(rotary.__all__) <= set(dir(rotary))
+    assert rotary.RotaryValueQueryLearner is RotaryValueQueryLearner
