@@ -57,10 +57,12 @@ class RotaryValueQueryLearner(BaseLearner):
         Learn a head with query, key and value biases (Qwen2): ``2 d^2 + 5 d + 3`` queries,
         dense route only (module docstring, "Biases").
     n_queries : int, optional
-        A cap on the queries of the fit (the check included); the fit raises
+        A cap on the queries of the fit (the check included), the cap of its
+        :class:`~attnquery.learners._base.QueryLedger`: the fit raises
         :class:`~attnquery.errors.BudgetExceededError` before spending any query when its plan
-        exceeds it. A served (float32) head spends up to it on repeated measurements (None:
-        ``8 (d^2 + d)``; module docstring, "Served heads").
+        exceeds it, and when probes asked again (saturated ones) would run past it. A served
+        (float32) head spends up to it on repeated measurements (None: ``8 (d^2 + d)``;
+        module docstring, "Served heads").
     refine : {"auto", True, False}
         Ask the pilot column of ``M_{-1}`` again at the learnt logit scale (``d + 1`` queries,
         dense route; module docstring, "Refinement"): ``"auto"`` (default) when
@@ -216,7 +218,8 @@ class RotaryValueQueryLearner(BaseLearner):
             length's answers); the estimate's attributes are set.
         BudgetExceededError
             When the plan exceeds ``n_queries`` or the oracle's budget (before any query; for
-            a served head's larger minimum, after the d queries of v).
+            a served head's larger minimum, after the d queries of v), or a batch would run
+            past either (probes asked again).
         """
         self._validate_params()
         d = check_oracle(oracle)

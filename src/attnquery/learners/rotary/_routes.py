@@ -78,7 +78,6 @@ class _Float64Route:
 
     d: int
     n_check: int
-    precision = "float64"
     unit_tol = UNIT_TOL
     noise_level = 0.0
 

@@ -65,7 +65,6 @@ class ServedRoute:
     rank_tol: float
     u: float
     budget: QueryLedger
-    precision = "float32"
     unit_tol = SERVED_UNIT_TOL
 
     @property
