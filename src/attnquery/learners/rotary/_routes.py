@@ -29,7 +29,7 @@ from ._common import (
 from ._factor import Svd, thin_svd
 from ._prober import _balanced_rows, _first_tokens
 
-__all__ = ["Forms", "DenseRoute", "LowRankRoute", "over_cap", "fits"]
+__all__ = ["Forms", "DenseRoute", "LowRankRoute", "over_cap", "room_for", "check_plan"]
 
 
 class Forms(NamedTuple):
@@ -49,7 +49,7 @@ def over_cap(ledger, n: int) -> bool:
     return ledger.cap is not None and n > ledger.cap - ledger.total
 
 
-def fits(ledger, n: int) -> bool:
+def room_for(ledger, n: int) -> bool:
     """Whether ``n`` more queries fit :meth:`QueryLedger.left` (the cap and the oracle's budget,
     the reserve for the check kept)."""
     left = ledger.left()
@@ -122,7 +122,7 @@ class DenseRoute(_Float64Route):
                 t, m0 = pr.pairs(A, eye)  # t[j] = A M_{-1} e_j
             svd = thin_svd(A.T @ t.T, self.rank_tol)
             small = None
-            if self._refines(ledger, svd.S):  # the pilot column again, at the learnt scale
+            if self._asks_pilot_again(ledger, svd.S):  # the pilot column again, at the learnt scale
                 with ledger.stage("refine"):
                     if self.fit_bias:
                         t[0], Cp[0], sc[0] = (a[0] for a in pr.pairs(A, eye[:1], 1, gf=g1f,
@@ -150,7 +150,7 @@ class DenseRoute(_Float64Route):
         bias_data = (A.T @ g1f, float(dk1), Cp, sc) if self.fit_bias else None
         return Forms(svd, T, bias_data)
 
-    def _refines(self, ledger, S) -> bool:
+    def _asks_pilot_again(self, ledger, S) -> bool:
         """Whether the pilot column is asked again (module docstring, "Refinement"):
         ``refine=True`` always; ``"auto"`` when ``cond(M_{-1}) >= REFINE_CONDITION`` and its
         ``d + 1`` queries fit the ledger with the rest of the plan."""
@@ -159,7 +159,7 @@ class DenseRoute(_Float64Route):
             return False
         d = self.d
         rest = d * d + rotary_refine_count(d) + (d + 1 if self.fit_bias else 0)
-        return self.refine is True or fits(ledger, rest)
+        return self.refine is True or room_for(ledger, rest)
 
     def _small_rows(self, ledger, pr, M1, U_s, m0):
         """The rows of M_{-1} on its ``rotary_refine_rows(d)`` smallest left singular
@@ -169,7 +169,7 @@ class DenseRoute(_Float64Route):
         None."""
         d = self.d
         k = rotary_refine_rows(d)
-        if k == 0 or self.fit_bias or not fits(ledger, d * d + 2 * k * d):
+        if k == 0 or self.fit_bias or not room_for(ledger, d * d + 2 * k * d):
             return None
         F = U_s[:, -min(k, U_s.shape[1]):].T
         with ledger.stage("refine"):
