@@ -28,9 +28,9 @@ hyperplanes are distinct.
 
 Every loop is bounded: the line search stops after ``max_rounds`` rounds, or as soon as a line
 holds more unresolved intervals than ``n_grid + 2 max_kinks`` (answers that are not piecewise
-linear at ``rtol``: noise, low precision), and the whole fit never asks more than
-:meth:`ReLUNetworkLearner.query_cap` queries; each limit ends in
-:class:`~attnquery.errors.SearchLimitError`.
+linear at ``rtol``: noise, low precision), and the search never asks more than
+:meth:`ReLUNetworkLearner.query_cap` queries (the cap of the fit's query ledger, ``n_queries``
+when given); each limit ends in :class:`~attnquery.errors.SearchLimitError`.
 """
 
 from __future__ import annotations
@@ -42,7 +42,14 @@ import numpy as np
 
 from ..errors import SearchLimitError
 from . import _params
-from ._base import DEFAULT_VERIFY, BaseLearner, check_oracle, check_verify_param
+from ._base import (
+    DEFAULT_VERIFY,
+    BaseLearner,
+    QueryLedger,
+    check_oracle,
+    check_verify_param,
+    renamed_parameter,
+)
 from ._registry import LearnerSpec
 
 __all__ = ["ReLUNetworkLearner", "Interval", "Kink", "Line", "FFN_VERIFY_RTOL"]
@@ -134,24 +141,27 @@ class _Ask:
     right: Interval | None = None
 
 
-class _CappedFunction:
-    """``f(Z)`` through the oracle with one-row queries, refusing to pass ``cap`` queries."""
+def _cap_refusal(n: int, spent: int, cap: int) -> SearchLimitError:
+    """The search's end when a batch would pass the fit's cap (the ledger's ``refusal``)."""
+    return SearchLimitError(
+        f"the FFN learner would pass its cap of {cap} queries ({spent} spent, {n} more "
+        "asked): raise max_kinks or n_queries if the network is that wide; otherwise the "
+        "answers are not those of a bias-free ReLU network")
 
-    def __init__(self, oracle, cap: int):
-        self.oracle = oracle
-        self.cap = int(cap)
-        self.n0 = oracle.n_queries
+
+@dataclass(frozen=True)
+class _OneRowFunction:
+    """``f(Z)`` for vectors Z (n, d): one-row queries asked through the fit's ledger, whose cap
+    (:meth:`ReLUNetworkLearner.query_cap`) refuses a batch that would pass it with a
+    :class:`~attnquery.errors.SearchLimitError` before it is asked."""
+
+    ledger: QueryLedger
 
     def __call__(self, Z) -> np.ndarray:
         Z = np.ascontiguousarray(Z, dtype=np.float64)
-        used = self.oracle.n_queries - self.n0
-        if used + Z.shape[0] > self.cap:
-            raise SearchLimitError(
-                f"the FFN learner would pass its cap of {self.cap} queries ({used} spent, "
-                f"{Z.shape[0]} more asked): raise max_kinks or max_queries if the network is "
-                "that wide; otherwise the answers are not those of a bias-free ReLU network"
-            )
-        return self.oracle(Z[:, None, :])
+        n = Z.shape[0]
+        self.ledger.need(n, f"a batch of {n} queries", reserved=True, refusal=_cap_refusal)
+        return self.ledger.ask(Z[:, None, :])
 
 
 def _fd_gradients(f, Y: np.ndarray, h: np.ndarray) -> np.ndarray:
@@ -209,8 +219,15 @@ class ReLUNetworkLearner(BaseLearner):
         Most kinks a line is expected to cross (the network's width bounds it). A line with more
         than ``n_grid + 2 max_kinks`` unresolved intervals at once raises
         :class:`~attnquery.errors.SearchLimitError`.
+    n_queries : int, optional
+        The fit's query budget: the cap of its query ledger, which the search, the gradient
+        jumps, the refinement and the least-squares fit may not pass (a batch that would
+        raises :class:`~attnquery.errors.SearchLimitError` before it is asked); default
+        :meth:`query_cap`. The oracle's own budget applies too
+        (:class:`~attnquery.errors.BudgetExceededError`).
     max_queries : int, optional
-        Cap on the queries of the whole fit; default :meth:`query_cap`.
+        Deprecated: the old name of ``n_queries`` (a :class:`FutureWarning`; giving both is a
+        :class:`~attnquery.errors.ConfigError`).
     random_state : int, sequence of ints, Generator or None
         Seed of the lines, the refinement points, the fit points and the check queries.
 
@@ -231,8 +248,10 @@ class ReLUNetworkLearner(BaseLearner):
         Intervals given up (kinks too close to resolve).
     n_rounds_ : int
         Rounds the line search took.
+    fit_residual_ : float
+        Relative residual of the least-squares fit of the output weights.
     query_cap_ : int
-        The cap the fit ran under.
+        The cap the fit ran under (:meth:`query_cap`).
     verify_error_ : float
         Largest ``|f_hat - f|`` over the largest ``|f|`` on the check queries (NaN if none).
     n_verify_queries_ : int
@@ -256,7 +275,9 @@ class ReLUNetworkLearner(BaseLearner):
         "linear_tol": [_params.Interval(Real, 0, 1e-2, closed="neither")],
         "refine": ["boolean"],
         "max_kinks": [_params.Interval(Integral, 1, None, closed="left")],
-        "max_queries": [_params.Interval(Integral, 1, None, closed="left"), None],
+        "n_queries": [_params.Interval(Integral, 1, None, closed="left"), None],
+        "max_queries": [_params.Interval(Integral, 1, None, closed="left"), None,
+                        _params.Hidden(_params.Options({_params.DEPRECATED}))],
     }
     spec = LearnerSpec(
         name="relu", oracle="value", returns="network", stages=STAGES,
@@ -277,7 +298,8 @@ class ReLUNetworkLearner(BaseLearner):
         verify: int = DEFAULT_VERIFY,
         refine: bool = True,
         max_kinks: int = 256,
-        max_queries: int | None = None,
+        n_queries: int | None = None,
+        max_queries: int | None | str = _params.DEPRECATED,
         random_state=None,
     ):
         self.n_line_pairs = n_line_pairs
@@ -291,19 +313,27 @@ class ReLUNetworkLearner(BaseLearner):
         self.verify = verify
         self.refine = refine
         self.max_kinks = max_kinks
+        self.n_queries = n_queries
         self.max_queries = max_queries
         self.random_state = random_state
 
+    def _validate_extra(self) -> None:
+        """``max_queries``, the old name of ``n_queries``: a FutureWarning, or a ConfigError
+        beside ``n_queries``."""
+        renamed_parameter(self, "max_queries", "n_queries")
+
     def query_cap(self, d: int) -> int:
-        """The most queries a fit at dimension ``d`` may ask (``max_queries`` when given).
+        """The most queries a fit at dimension ``d`` may ask (``n_queries`` when given).
 
         With L lines, K = ``max_kinks``, G = ``n_grid`` and R = ``max_rounds``: the grid
         ``L (G + 1)``; R rounds of at most 3 queries for each of at most ``G + 2 K`` open
         intervals per line; for each of at most ``L K`` kinks, ``2 (d + 1)`` for its gradient
         jump and ``4 (d - 1)`` for its hyperplane; the least-squares fit; the check.
         """
-        if self.max_queries is not None:
-            return int(self.max_queries)
+        given = self.n_queries if self.n_queries is not None else \
+            renamed_parameter(self, "max_queries", "n_queries", warn=False)
+        if given is not None:
+            return int(given)
         L, K, G = 2 * int(self.n_line_pairs), int(self.max_kinks), int(self.n_grid)
         search = L * (G + 1) + int(self.max_rounds) * L * 3 * (G + 2 * K)
         per_kink = 2 * (d + 1) + 4 * max(d - 1, 0)
@@ -329,10 +359,10 @@ class ReLUNetworkLearner(BaseLearner):
         rng = self._rng()
         n0 = oracle.n_queries
         self.query_cap_ = self.query_cap(d)
-        f = _CappedFunction(oracle, self.query_cap_)
-        with self._open_ledger(oracle, STAGES) as ledger:
+        with self._open_ledger(oracle, STAGES, cap=self.query_cap_) as ledger:
+            f = _OneRowFunction(ledger)
             with ledger.stage("lines"):
-                lines = self._search_lines(f, d, rng)
+                lines, self.n_rounds_ = self._search_lines(f, d, rng)
             with ledger.stage("kinks"):
                 U, _, n_kinks, Xk = self._jumps(f, lines, d)
             N, groups = self._merge(U, Xk)
@@ -340,7 +370,7 @@ class ReLUNetworkLearner(BaseLearner):
                 with ledger.stage("refine"):
                     N = self._refine_normals(f, N, groups, Xk, d, rng)
             with ledger.stage("fit"):
-                A, w_o, recovered = self._linear_part(f, N, d, rng)
+                A, w_o, recovered, self.fit_residual_ = self._linear_part(f, N, d, rng)
             self.A_ = A
             self.w_o_ = w_o
             self.n_neurons_ = int(A.shape[1] - (0 if recovered else 2))
@@ -361,12 +391,13 @@ class ReLUNetworkLearner(BaseLearner):
         return np.maximum(np.asarray(Z, dtype=np.float64) @ self.A_, 0.0) @ self.w_o_
 
     # -- the line search ----------------------------------------------------------------------
-    def _search_lines(self, f, d, rng) -> list[Line]:
-        """Find the kinks along ``2 n_line_pairs`` random lines (see the module docstring)."""
+    def _search_lines(self, f, d, rng) -> tuple[list[Line], int]:
+        """Find the kinks along ``2 n_line_pairs`` random lines (see the module docstring).
+        Returns the lines and the rounds the search took."""
         lines = self._start_lines(f, d, rng)
-        self.n_rounds_ = 0
+        n_rounds = 0
         for rnd in range(1, int(self.max_rounds) + 1):
-            self.n_rounds_ = rnd
+            n_rounds = rnd
             asks = [a for ln in lines for a in self._plan(ln)]
             changed = [self._split_marked(ln) for ln in lines]
             if any(changed) or not asks:
@@ -387,7 +418,7 @@ class ReLUNetworkLearner(BaseLearner):
                 )
         for ln in lines:
             self._set_radii(ln)
-        return lines
+        return lines, n_rounds
 
     def _start_lines(self, f, d, rng) -> list[Line]:
         """The line pairs ``p + t q``, ``q + t p`` and their values on the initial grid."""
@@ -649,6 +680,8 @@ class ReLUNetworkLearner(BaseLearner):
         gives them to rounding accuracy (the finite-difference jumps only fix the normals).
         ``b`` is then a combination ``sum_i beta_i n_i`` with ``beta_i in {0, -c_i}`` when the
         neurons are independent; ``c ReLU(n^T x) - c n^T x = c ReLU(-n^T x)`` flips those.
+        Returns ``A``, ``w_o``, whether the width was recovered and the fit's relative
+        residual.
         """
         k = N.shape[1]
         n_fit = int(self.n_fit_factor * (k + d)) + 8
@@ -664,7 +697,7 @@ class ReLUNetworkLearner(BaseLearner):
             if keep_nz.all():
                 break
             N = N[:, keep_nz]
-        self.fit_residual_ = float(np.linalg.norm(F @ coef - y) / max(np.linalg.norm(y), 1e-300))
+        residual = float(np.linalg.norm(F @ coef - y) / max(np.linalg.norm(y), 1e-300))
         if np.linalg.norm(b) > self.linear_tol * scale and c.size:
             beta, *_ = np.linalg.lstsq(N, b, rcond=None)
             resid = np.linalg.norm(N @ beta - b)
@@ -682,7 +715,7 @@ class ReLUNetworkLearner(BaseLearner):
             nb = np.linalg.norm(b)
             A = np.concatenate([A, (b / nb)[:, None], -(b / nb)[:, None]], axis=1)
             w_o = np.concatenate([w_o, [nb, -nb]])
-        return A, np.asarray(w_o, dtype=float), recovered
+        return A, np.asarray(w_o, dtype=float), recovered, residual
 
 
 def _crossing(it: Interval, sl: float, sr: float) -> float:
