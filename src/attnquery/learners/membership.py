@@ -301,15 +301,7 @@ class MembershipLearner(BaseLearner):
         d = check_oracle(oracle, kinds=("membership",))
         n0 = oracle.n_queries
         plan = self.planned_queries(d)
-        limit = self.max_samples()
-        if self.v_method == "sampling" and limit is not None and plan["v"] > limit:
-            given = renamed_parameter(self, "sample_budget", "n_queries", warn=False)
-            raise BudgetExceededError(
-                f"the sampling stage for v needs k = {plan['v']} sphere queries (eps_v = "
-                f"{self._sampling_eps_v(d):.3g}, d = {d}, delta = {self.delta:g}) but "
-                + (f"sample_budget = {limit}" if given is not None else
-                   f"at most MAX_SAMPLES = {limit} are drawn without n_queries")
-                + "; no query was spent")
+        self._check_sample(d, plan["v"])
         n_check = check_verify_param(self.verify)
         with self._open_ledger(oracle, STAGES, cap=self.n_queries) as ledger:
             ledger.need(plan["total"] + n_check,
@@ -340,6 +332,20 @@ class MembershipLearner(BaseLearner):
                     atol=lambda X: output_error_bound(X, self.v_, self.err_W_, self.err_v_),
                     check_length=self.check_length)
         return self
+
+    def _check_sample(self, d: int, k: int) -> None:
+        """Refuse a sampling stage of ``k`` sphere queries larger than :meth:`max_samples`
+        (:class:`BudgetExceededError`, before any query)."""
+        limit = self.max_samples()
+        if self.v_method != "sampling" or limit is None or k <= limit:
+            return
+        given = renamed_parameter(self, "sample_budget", "n_queries", warn=False)
+        raise BudgetExceededError(
+            f"the sampling stage for v needs k = {k} sphere queries (eps_v = "
+            f"{self._sampling_eps_v(d):.3g}, d = {d}, delta = {self.delta:g}) but "
+            + (f"sample_budget = {limit}" if given is not None else
+               f"at most MAX_SAMPLES = {limit} are drawn without n_queries")
+            + "; no query was spent")
 
     def _W_error(self, d: int, err_v: float) -> float:
         """Bound on each entry of ``W_``'s error: the bisection's ``eps / (2d)`` plus the shift
