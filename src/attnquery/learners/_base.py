@@ -519,14 +519,18 @@ def renamed_parameter(learner, old: str, new: str, *, warn: bool = True):
 
 class ForwardingOracle:
     """Base of an oracle that wraps another one query for query (one of its queries is one of
-    the wrapped oracle's): the count and the budget are the wrapped oracle's (``_inner``).
+    the wrapped oracle's): the kind, the count and the budget are the wrapped oracle's
+    (``_inner``).
 
     ``remaining`` and ``check_budget`` reach the wrapped oracle's budget, which
     :func:`check_budget` (and a :class:`QueryLedger` around the wrapper) reads; the wrapper
     keeps no budget of its own.
     """
 
-    kind = "value"
+    @property
+    def kind(self) -> str:
+        """The wrapped oracle's kind (``"value"`` unless it says otherwise)."""
+        return getattr(self._inner, "kind", "value")
 
     @property
     def n_queries(self) -> int:
