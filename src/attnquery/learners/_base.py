@@ -131,7 +131,42 @@ def check_scalar(x, name: str, target_type: type | tuple = numbers.Real, *, min_
     return int(x) if integral else float(x)
 
 
-class QueryLedger:
+class ForwardingOracle:
+    """Base of an oracle that wraps another one query for query (one of its queries is one of
+    the wrapped oracle's): the kind, the count and the budget are the wrapped oracle's
+    (``_inner``).
+
+    ``remaining`` and ``check_budget`` reach the wrapped oracle's budget, which
+    :func:`check_budget` (and a :class:`QueryLedger` around the wrapper) reads; the wrapper
+    keeps no budget of its own. The :class:`QueryLedger` is one, whose ``check_budget`` adds
+    the fit's own cap.
+    """
+
+    @property
+    def d(self) -> int:
+        return int(self._inner.d)
+
+    @property
+    def kind(self) -> str:
+        """The wrapped oracle's kind (``"value"`` unless it says otherwise)."""
+        return getattr(self._inner, "kind", "value")
+
+    @property
+    def n_queries(self) -> int:
+        """The wrapped oracle's count now."""
+        return int(self._inner.n_queries)
+
+    @property
+    def remaining(self):
+        """The wrapped oracle's ``remaining`` (None without a budget)."""
+        return getattr(self._inner, "remaining", None)
+
+    def check_budget(self, n: int, what: str = "this step") -> None:
+        """The wrapped oracle's check (:func:`check_budget`)."""
+        check_budget(self._inner, n, what)
+
+
+class QueryLedger(ForwardingOracle):
     """The queries of one ``fit``: asked through it, checked against the budget, counted per
     stage.
 
@@ -198,25 +233,10 @@ class QueryLedger:
         self._current: str | None = None
         self._mark = self.n0
 
-    # -- the oracle interface --------------------------------------------------------------------
+    # -- the oracle interface (d, n_queries, kind, remaining: the oracle's) ---------------------
     @property
-    def d(self) -> int:
-        return int(self.oracle.d)
-
-    @property
-    def n_queries(self) -> int:
-        """The oracle's count now (as the oracle reports it, not since the ledger opened)."""
-        return int(self.oracle.n_queries)
-
-    @property
-    def remaining(self):
-        """Queries the oracle's budget has left (None without a budget)."""
-        return getattr(self.oracle, "remaining", None)
-
-    @property
-    def kind(self) -> str:
-        """The wrapped oracle's kind (``"value"`` unless it says otherwise)."""
-        return getattr(self.oracle, "kind", "value")
+    def _inner(self):
+        return self.oracle
 
     def check_budget(self, n: int, what: str = "this step") -> None:
         """Raise :class:`~attnquery.errors.BudgetExceededError` before spending ``n`` queries
@@ -515,35 +535,6 @@ def renamed_parameter(learner, old: str, new: str, *, warn: bool = True):
                       "budget, the name every learner's budget has)", FutureWarning,
                       stacklevel=5)
     return value
-
-
-class ForwardingOracle:
-    """Base of an oracle that wraps another one query for query (one of its queries is one of
-    the wrapped oracle's): the kind, the count and the budget are the wrapped oracle's
-    (``_inner``).
-
-    ``remaining`` and ``check_budget`` reach the wrapped oracle's budget, which
-    :func:`check_budget` (and a :class:`QueryLedger` around the wrapper) reads; the wrapper
-    keeps no budget of its own.
-    """
-
-    @property
-    def kind(self) -> str:
-        """The wrapped oracle's kind (``"value"`` unless it says otherwise)."""
-        return getattr(self._inner, "kind", "value")
-
-    @property
-    def n_queries(self) -> int:
-        return int(self._inner.n_queries)
-
-    @property
-    def remaining(self):
-        """The wrapped oracle's ``remaining`` (None without a budget)."""
-        return getattr(self._inner, "remaining", None)
-
-    def check_budget(self, n: int, what: str = "this step") -> None:
-        """The wrapped oracle's check (:func:`check_budget`)."""
-        check_budget(self._inner, n, what)
 
 
 def chunk_slices(n: int, size: int):
