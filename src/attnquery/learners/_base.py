@@ -499,7 +499,10 @@ def check_oracle(oracle, kinds: tuple[str, ...] | None = None) -> int:
 
 
 def check_budget(oracle, n: int, what: str) -> None:
-    """Ask the oracle whether ``n`` queries fit its budget (if it has one) before spending them."""
+    """Ask the oracle whether ``n`` queries fit its budget (if it has one) before spending them.
+
+    The ledger's way to the oracle's budget (:meth:`QueryLedger.need` calls it; given a ledger,
+    it is the ledger's ``need``): a learner plans with its fit's ledger, never with this."""
     if isinstance(oracle, QueryLedger):
         oracle.need(n, what, reserved=True)
         return
