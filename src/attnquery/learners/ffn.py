@@ -280,6 +280,10 @@ class ReLUNetworkLearner(BaseLearner):
             intervals than ``n_grid + 2 max_kinks``, or the fit would pass its query cap
             (answers that are not piecewise linear at ``rtol``: noise, lower precision, a
             network wider than ``max_kinks``).
+        BudgetExceededError
+            A batch would pass the oracle's budget (before it is asked).
+        ConfigError
+            A bad parameter, or ``n_queries`` and its old name ``max_queries`` both given.
         ModelMismatchError
             The network disagrees with the check queries beyond :data:`FFN_VERIFY_RTOL`.
         """

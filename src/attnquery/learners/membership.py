@@ -292,8 +292,9 @@ class MembershipLearner(BaseLearner):
         NotIdentifiableError
             The oracle never answers 1 (v = 0): nothing is identifiable.
         BudgetExceededError
-            The sampling stage would need more than ``sample_budget`` queries, or the oracle's
-            budget is too small (raised before any query, with the count needed).
+            The plan needs more than ``n_queries`` or the oracle's budget, or the sampling
+            stage more than :meth:`max_samples` queries (raised before any query, with the
+            count needed).
         AssumptionViolation
             An entry of W lies outside ``[-W_bound, W_bound]`` (``||W||_F > W_bound``).
         """
