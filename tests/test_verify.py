@@ -215,7 +215,7 @@ def test_ffn_search_caps_are_named_errors():
     # a query cap smaller than the fit needs: stopped before passing it
     oracle = ValueOracle(tf, 4)
     with pytest.raises(SearchLimitError, match="cap of 500 queries"):
-        ReLUNetworkLearner(random_state=0, max_queries=500).fit(oracle)
+        ReLUNetworkLearner(random_state=0, n_queries=500).fit(oracle)
     assert oracle.n_queries <= 500
     # rounds
     with pytest.raises(SearchLimitError, match="max_rounds = 3"):

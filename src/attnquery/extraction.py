@@ -37,6 +37,7 @@ import numpy as np
 
 from . import theory
 from .errors import AttnQueryError, ConfigError
+from .learners._base import ForwardingOracle
 
 # METHODS and BIAS_METHODS are made from the learner registry when first asked for (__getattr__)
 __all__ = ["METHODS", "Method", "methods", "BIAS_METHODS", "REPORTABLE", "construct",  # noqa: F822
@@ -262,11 +263,13 @@ def make_learner(method: str, *, seed=None, rank=None, tau=None, eps=None, probe
     return construct(cls, optional={"random_state": seed}, required=required)
 
 
-class DeclaredApproximateOracle:
+class DeclaredApproximateOracle(ForwardingOracle):
     """A user's black box taken as an approximate value oracle with a declared tolerance.
 
     Used when ``--method noisy`` is run against a real black box: its answers are already
-    approximate, so no noise is added; ``tau`` is the tolerance the user declares.
+    approximate, so no noise is added; ``tau`` is the tolerance the user declares. The count
+    and the budget are the wrapped value oracle's
+    (:class:`~attnquery.learners._base.ForwardingOracle`).
     """
 
     kind = "approximate value"
@@ -329,28 +332,29 @@ def expected_queries(method: str, d: int, rank: int | None = None,
     return None
 
 
-class ProgressOracle:
+class ProgressOracle(ForwardingOracle):
     """A thin wrapper with the oracle interface that advances a progress bar on every batch.
 
-    Everything but ``__call__`` is delegated to the wrapped oracle, so the counts and the budget
-    are the wrapped oracle's own.
+    Everything but ``__call__`` is delegated to the wrapped oracle, so the kind, the counts and
+    the budget are the wrapped oracle's own
+    (:class:`~attnquery.learners._base.ForwardingOracle`).
     """
 
     def __init__(self, oracle, bar):
-        self._oracle = oracle
+        self._inner = oracle
         self._bar = bar
 
     def __call__(self, X):
-        y = self._oracle(X)
+        y = self._inner(X)
         self._bar.update(int(np.shape(X)[0]))
         return y
 
     query = __call__
 
     def __getattr__(self, name):
-        if name in ("_oracle", "_bar"):
+        if name in ("_inner", "_bar"):
             raise AttributeError(name)
-        return getattr(self._oracle, name)
+        return getattr(self._inner, name)
 
 
 def load_black_box(spec: str):

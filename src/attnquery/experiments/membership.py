@@ -36,8 +36,7 @@ def _membership_learner(v_method: str):
         eps = cell["eps"]
         return MembershipLearner(
             eps=eps, v_method=v_method, W_bound=cell["W_bound"], mu=cell["mu"],
-            random_state=rng, eps_v=eps if cell["variant"] == "v_compare" else None,
-            sample_budget=SAMPLE_BUDGET)
+            random_state=rng, eps_v=eps if cell["variant"] == "v_compare" else None)
     return factory
 
 
@@ -76,7 +75,7 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     plan = learner.planned_queries(d)
     target = membership_target(d, eps, Wb)
     extra = {"target_queries": target, "planned_v": plan["v"], "planned_W": plan["W"]}
-    if cell["v_method"] == "sampling" and plan["v"] > learner.sample_budget:
+    if cell["v_method"] == "sampling" and plan["v"] > SAMPLE_BUDGET:
         return {
             "n_queries": plan["total"], "n_queries_v": plan["v"], "n_queries_W": plan["W"],
             "queries_computed": True, "extra": extra,

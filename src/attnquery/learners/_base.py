@@ -21,7 +21,7 @@ from ..errors import (
 from ..oracles import Oracle
 from ..precision import rounding_floor
 from ..rng import as_rng
-from ._params import Interval, make_constraint, validate_parameter_constraints
+from ._params import DEPRECATED, Interval, make_constraint, validate_parameter_constraints
 
 __all__ = ["BaseLearner", "QueryLedger", "check_scalar", "check_oracle",
            "check_budget", "chunk_slices", "check_answers", "check_signs", "check_queries",
@@ -29,7 +29,7 @@ __all__ = ["BaseLearner", "QueryLedger", "check_scalar", "check_oracle",
            "MAX_VERIFY", "VERIFY_PARAM", "BLOCK_BYTES_PARAM", "CHECK_LENGTH_PARAM",
            "CHECK_LENGTHS", "CHECK_LENGTH", "check_lengths", "ROUNDING_RTOL",
            "output_error_bound", "NOISE_FORMAT_FACTOR", "NOISE_MODES",
-           "check_noise_mode", "judge_noise"]
+           "check_noise_mode", "judge_noise", "renamed_parameter", "ForwardingOracle"]
 
 #: check queries a learner spends after fitting, unless told otherwise (``verify=0`` turns it off):
 #: with the position-free learners' lengths (:func:`check_lengths`, ``check_length`` 4096), 6
@@ -131,7 +131,42 @@ def check_scalar(x, name: str, target_type: type | tuple = numbers.Real, *, min_
     return int(x) if integral else float(x)
 
 
-class QueryLedger:
+class ForwardingOracle:
+    """Base of an oracle that wraps another one query for query (one of its queries is one of
+    the wrapped oracle's): the kind, the count and the budget are the wrapped oracle's
+    (``_inner``).
+
+    ``remaining`` and ``check_budget`` reach the wrapped oracle's budget, which
+    :func:`check_budget` (and a :class:`QueryLedger` around the wrapper) reads; the wrapper
+    keeps no budget of its own. The :class:`QueryLedger` is one, whose ``check_budget`` adds
+    the fit's own cap.
+    """
+
+    @property
+    def d(self) -> int:
+        return int(self._inner.d)
+
+    @property
+    def kind(self) -> str:
+        """The wrapped oracle's kind (``"value"`` unless it says otherwise)."""
+        return getattr(self._inner, "kind", "value")
+
+    @property
+    def n_queries(self) -> int:
+        """The wrapped oracle's count now."""
+        return int(self._inner.n_queries)
+
+    @property
+    def remaining(self):
+        """The wrapped oracle's ``remaining`` (None without a budget)."""
+        return getattr(self._inner, "remaining", None)
+
+    def check_budget(self, n: int, what: str = "this step") -> None:
+        """The wrapped oracle's check (:func:`check_budget`)."""
+        check_budget(self._inner, n, what)
+
+
+class QueryLedger(ForwardingOracle):
     """The queries of one ``fit``: asked through it, checked against the budget, counted per
     stage.
 
@@ -198,25 +233,10 @@ class QueryLedger:
         self._current: str | None = None
         self._mark = self.n0
 
-    # -- the oracle interface --------------------------------------------------------------------
+    # -- the oracle interface (d, n_queries, kind, remaining: the oracle's) ---------------------
     @property
-    def d(self) -> int:
-        return int(self.oracle.d)
-
-    @property
-    def n_queries(self) -> int:
-        """The oracle's count now (as the oracle reports it, not since the ledger opened)."""
-        return int(self.oracle.n_queries)
-
-    @property
-    def remaining(self):
-        """Queries the oracle's budget has left (None without a budget)."""
-        return getattr(self.oracle, "remaining", None)
-
-    @property
-    def kind(self) -> str:
-        """The wrapped oracle's kind (``"value"`` unless it says otherwise)."""
-        return getattr(self.oracle, "kind", "value")
+    def _inner(self):
+        return self.oracle
 
     def check_budget(self, n: int, what: str = "this step") -> None:
         """Raise :class:`~attnquery.errors.BudgetExceededError` before spending ``n`` queries
@@ -240,15 +260,20 @@ class QueryLedger:
             return None
         return min(bounds) - (0 if reserved else self.reserve)
 
-    def need(self, n: int, what: str, *, reserved: bool = False) -> None:
+    def need(self, n: int, what: str, *, reserved: bool = False, refusal=None) -> None:
         """Raise :class:`~attnquery.errors.BudgetExceededError`, naming ``what``, when ``n``
         more queries do not fit in :meth:`left` (before any of them is asked).
 
         A learner plans with it (``ledger.need(m, "the W pass")``); :meth:`ask` checks every
-        batch with ``reserved=True``, so the stages the reserve is kept for can spend it."""
+        batch with ``reserved=True``, so the stages the reserve is kept for can spend it.
+        ``refusal``, a function ``(n, spent, cap) -> exception``, gives the error raised when
+        the fit's own ``cap`` refuses, where a learner words its own (the FFN learner's cap
+        ends its search with a :class:`~attnquery.errors.SearchLimitError`)."""
         n = int(n)
         keep = 0 if reserved else self.reserve
         if self.cap is not None and n + keep > self.cap - self.total:
+            if refusal is not None:
+                raise refusal(n, self.total, self.cap)
             kept = f", {keep} kept for later stages" if keep else ""
             raise BudgetExceededError(
                 f"{what} needs {n} queries but only {max(self.cap - self.total - keep, 0)} of "
@@ -474,7 +499,10 @@ def check_oracle(oracle, kinds: tuple[str, ...] | None = None) -> int:
 
 
 def check_budget(oracle, n: int, what: str) -> None:
-    """Ask the oracle whether ``n`` queries fit its budget (if it has one) before spending them."""
+    """Ask the oracle whether ``n`` queries fit its budget (if it has one) before spending them.
+
+    The ledger's way to the oracle's budget (:meth:`QueryLedger.need` calls it; given a ledger,
+    it is the ledger's ``need``): a learner plans with its fit's ledger, never with this."""
     if isinstance(oracle, QueryLedger):
         oracle.need(n, what, reserved=True)
         return
@@ -486,6 +514,30 @@ def check_budget(oracle, n: int, what: str) -> None:
             from ..errors import BudgetExceededError
 
             raise BudgetExceededError(f"{what} needs {n} queries; {remaining} remain")
+
+
+def renamed_parameter(learner, old: str, new: str, *, warn: bool = True):
+    """The value a learner was given under the deprecated name ``old`` of its parameter
+    ``new`` (scikit-learn's pattern), or None when ``old`` has its default
+    :data:`~attnquery.learners._params.DEPRECATED`.
+
+    Given, it warns with a :class:`FutureWarning` naming ``new`` (unless ``warn=False``: the
+    learner's plan, read before ``fit``, warns once in ``fit``); given beside ``new`` (not
+    None), it is a :class:`~attnquery.errors.ConfigError`. A learner calls this in its
+    ``_validate_extra``, so both happen before any query.
+    """
+    value = getattr(learner, old)
+    if isinstance(value, str) and value == DEPRECATED:
+        return None
+    if getattr(learner, new) is not None:
+        raise ConfigError(f"{old} and {new} are both given; {old} is the old name of {new} "
+                          f"(deprecated): give {new} only")
+    if warn:
+        warnings.warn(f"{type(learner).__name__}'s {old} is deprecated and will be removed in "
+                      f"a future release: pass {new}={value!r} instead (the fit's query "
+                      "budget, the name every learner's budget has)", FutureWarning,
+                      stacklevel=5)
+    return value
 
 
 def chunk_slices(n: int, size: int):

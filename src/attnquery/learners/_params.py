@@ -37,11 +37,14 @@ import numpy as np
 
 from ..errors import ConfigError
 
-__all__ = ["Constraint", "Interval", "Options", "Lengths", "INT64_MAX", "make_constraint",
-           "describe_constraints", "validate_parameter_constraints"]
+__all__ = ["Constraint", "Interval", "Options", "Lengths", "Hidden", "DEPRECATED", "INT64_MAX",
+           "make_constraint", "describe_constraints", "validate_parameter_constraints"]
 
 #: the largest integer parameter (int64); numpy cannot hold a larger one
 INT64_MAX = int(np.iinfo(np.int64).max)
+#: the default of a parameter kept under its old name for a while (scikit-learn's pattern): the
+#: value that says it was not given; its constraint is ``Hidden(Options({DEPRECATED}))``
+DEPRECATED = "deprecated"
 
 
 def _bounds_text(kind: str, left, right, closed: str) -> str:
@@ -180,6 +183,21 @@ class Lengths(Constraint):
         return f"a non-empty sequence of integers >= {self.low}"
 
 
+class Hidden(Constraint):
+    """A constraint that admits what ``constraint`` admits but is not described: the
+    ``"deprecated"`` default of a renamed parameter (:data:`DEPRECATED`), which a user never
+    passes, stays out of the messages and the documentation."""
+
+    def __init__(self, constraint):
+        self.constraint = make_constraint(constraint)
+
+    def is_satisfied_by(self, value) -> bool:
+        return self.constraint.is_satisfied_by(value)
+
+    def describe(self) -> str:
+        return self.constraint.describe()
+
+
 class _NoneConstraint(Constraint):
     def is_satisfied_by(self, value) -> bool:
         return value is None
@@ -262,8 +280,11 @@ def make_constraint(c) -> Constraint:
 
 
 def describe_constraints(constraints) -> str:
-    """A parameter's constraints in words, joined by "or": ``"an integer >= 1 or None"``."""
-    texts = [make_constraint(c).describe() for c in constraints]
+    """A parameter's constraints in words, joined by "or": ``"an integer >= 1 or None"``
+    (:class:`Hidden` ones left out)."""
+    shown = [make_constraint(c) for c in constraints]
+    texts = [c.describe() for c in shown if not isinstance(c, Hidden)] or \
+        [c.describe() for c in shown]
     return texts[0] if len(texts) == 1 else ", ".join(texts[:-1]) + " or " + texts[-1]
 
 

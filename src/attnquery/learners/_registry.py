@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from ..errors import ConfigError
+from ._params import DEPRECATED
 
 __all__ = ["LearnerSpec", "LearnerEntry", "ORACLES", "RETURNS", "ENTRY_POINT_GROUP",
            "registry", "get_learner", "get_entry", "learner_parameters", "learner_table",
@@ -279,12 +280,16 @@ def learner_parameters(cls) -> dict[str, dict]:
 
     The constraints are the class's ``_parameter_constraints`` entry (scikit-learn style) where
     the class has that dict, else None; a parameter without a default has :data:`REQUIRED`.
-    The names are the ``__init__`` signature's keyword parameters, in order.
+    The names are the ``__init__`` signature's keyword parameters, in order, but for the
+    deprecated old names kept for a while (default ``"deprecated"``,
+    :data:`~attnquery.learners._params.DEPRECATED`): a learner's budget is listed once, as
+    ``n_queries``.
     """
     constraints = getattr(cls, "_parameter_constraints", None)
     out = {}
     for name, p in inspect.signature(cls).parameters.items():
-        if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+        if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) or \
+                (isinstance(p.default, str) and p.default == DEPRECATED):
             continue
         out[name] = {"default": REQUIRED if p.default is p.empty else p.default,
                      "constraints": None if constraints is None else constraints.get(name)}

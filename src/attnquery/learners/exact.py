@@ -44,7 +44,6 @@ from ._base import (
     DEFAULT_VERIFY,
     ROUNDING_RTOL,
     BaseLearner,
-    check_budget,
     check_oracle,
     check_verify_param,
 )
@@ -248,15 +247,16 @@ class ExactValueQueryLearner(BaseLearner):
     def _chunk(self, d: int) -> int:
         return max(1, int(self.block_bytes // (32 * d)))
 
-    def _check_budget(self, oracle, d: int) -> None:
+    def _check_budget(self, ledger, d: int) -> None:
+        """The whole plan (with the check) against the fit's budget, before any query."""
         n_check = check_verify_param(self.verify)
         if self.fit_bias:
-            check_budget(oracle, d * d + 2 * d + 1 + n_check,
-                         f"exact recovery with biases (d^2 + 2d + 1 queries and {n_check} check "
-                         "queries)")
+            ledger.need(d * d + 2 * d + 1 + n_check,
+                        f"exact recovery with biases (d^2 + 2d + 1 queries and {n_check} check "
+                        "queries)")
         else:
-            check_budget(oracle, d * d + d + n_check,
-                         f"exact recovery (d^2 + d queries and {n_check} check queries)")
+            ledger.need(d * d + d + n_check,
+                        f"exact recovery (d^2 + d queries and {n_check} check queries)")
 
     def _measure_columns(self, oracle, head, rng):
         """``T[l, j] = u_l^T w_j`` from the d^2 column probes (Theorem 4.1, phase 2); sets

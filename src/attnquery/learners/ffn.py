@@ -5,7 +5,7 @@ two-layer ReLU network is piecewise linear with kinks on the hyperplanes ``a_i^T
 
 1. Along random lines ``p + t q`` (and ``q + t p``, so that every hyperplane through the origin
    crosses one of the pair within ``|t| <= 1.25``), a grid of values is refined by bisection
-   (:meth:`ReLUNetworkLearner._search_lines`): an interval whose midpoint lies on the chord is
+   (:mod:`attnquery.learners._kinks`): an interval whose midpoint lies on the chord is
    linear; a kink interval between two linear neighbours is located exactly as the intersection
    of the neighbours' lines, and accepted when the values at the kink and just beside it lie on
    those lines and both halves pass the chord test (otherwise it is split).
@@ -28,21 +28,36 @@ hyperplanes are distinct.
 
 Every loop is bounded: the line search stops after ``max_rounds`` rounds, or as soon as a line
 holds more unresolved intervals than ``n_grid + 2 max_kinks`` (answers that are not piecewise
-linear at ``rtol``: noise, low precision), and the whole fit never asks more than
-:meth:`ReLUNetworkLearner.query_cap` queries; each limit ends in
-:class:`~attnquery.errors.SearchLimitError`.
+linear at ``rtol``: noise, low precision), and the search never asks more than
+:meth:`ReLUNetworkLearner.query_cap` queries (the cap of the fit's query ledger, ``n_queries``
+when given); each limit ends in :class:`~attnquery.errors.SearchLimitError`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from numbers import Integral, Real
 
 import numpy as np
 
 from ..errors import SearchLimitError
 from . import _params
-from ._base import DEFAULT_VERIFY, BaseLearner, check_oracle, check_verify_param
+from ._base import (
+    DEFAULT_VERIFY,
+    BaseLearner,
+    QueryLedger,
+    check_oracle,
+    check_verify_param,
+    renamed_parameter,
+)
+from ._kinks import KINK as KINK
+from ._kinks import LINEAR as LINEAR
+from ._kinks import NONLINEAR as NONLINEAR
+from ._kinks import SPLIT as SPLIT
+from ._kinks import T_END as T_END
+from ._kinks import UNKNOWN as UNKNOWN
+from ._kinks import W_MIN as W_MIN
+from ._kinks import Interval, Kink, Line, SearchPlan, search_lines
 from ._registry import LearnerSpec
 
 __all__ = ["ReLUNetworkLearner", "Interval", "Kink", "Line", "FFN_VERIFY_RTOL"]
@@ -53,105 +68,29 @@ FFN_VERIFY_RTOL = 1e-8
 #: the stages ``n_queries_by_stage_`` counts
 STAGES = ("lines", "kinks", "refine", "fit", "verify")
 
-#: the search along a line covers t in [-T_END, T_END]
-T_END = 1.25
-#: an interval narrower than this is given up (two kinks closer than rounding can resolve)
-W_MIN = 2.5e-12
-
-# interval states
-UNKNOWN, LINEAR, NONLINEAR, SPLIT, KINK = "unknown", "linear", "nonlinear", "split", "kink"
 
 
-@dataclass
-class Kink:
-    """A kink at ``t`` on a line: ``f(t)``, the slopes of ``f`` on both sides, and the radius
-    of the neighbourhood in which ``f`` is linear on either side (set after the search)."""
-
-    t: float
-    f: float
-    slope_left: float
-    slope_right: float
-    radius: float = float("nan")
+def _cap_refusal(n: int, spent: int, cap: int) -> SearchLimitError:
+    """The search's end when a batch would pass the fit's cap (the ledger's ``refusal``)."""
+    return SearchLimitError(
+        f"the FFN learner would pass its cap of {cap} queries ({spent} spent, {n} more "
+        "asked): raise max_kinks or n_queries if the network is that wide; otherwise the "
+        "answers are not those of a bias-free ReLU network")
 
 
-@dataclass
-class Interval:
-    """A piece ``[l, r]`` of a line with ``f(l) = fl``, ``f(r) = fr`` and a search state."""
+@dataclass(frozen=True)
+class _OneRowFunction:
+    """``f(Z)`` for vectors Z (n, d): one-row queries asked through the fit's ledger, whose cap
+    (:meth:`ReLUNetworkLearner.query_cap`) refuses a batch that would pass it with a
+    :class:`~attnquery.errors.SearchLimitError` before it is asked."""
 
-    l: float  # noqa: E741 - the interval's left end
-    r: float
-    fl: float
-    fr: float
-    state: str = UNKNOWN
-    fmid: float = float("nan")  # f at the midpoint, once asked
-    kink: Kink | None = None  # the candidate, in state KINK
-
-    @property
-    def mid(self) -> float:
-        return 0.5 * (self.l + self.r)
-
-    @property
-    def width(self) -> float:
-        return self.r - self.l
-
-    @property
-    def slope(self) -> float:
-        return (self.fr - self.fl) / (self.r - self.l)
-
-    def split(self, t: float, ft: float) -> list[Interval]:
-        """The two halves at ``t`` (where ``f = ft``), both to be tested."""
-        return [Interval(self.l, t, self.fl, ft), Interval(t, self.r, ft, self.fr)]
-
-
-@dataclass
-class Line:
-    """The kink search along the line ``base + t dirn``."""
-
-    base: np.ndarray
-    dirn: np.ndarray
-    tol: float
-    intervals: list[Interval]
-    kinks: list[Kink] = field(default_factory=list)
-    pending: list[Kink] = field(default_factory=list)  # candidates whose halves are tested
-    given_up: list[float] = field(default_factory=list)  # ends of the intervals given up
-    lost: int = 0
-
-    def point(self, t) -> np.ndarray:
-        return self.base + np.asarray(t, dtype=float)[..., None] * self.dirn
-
-    def n_open(self) -> int:
-        return sum(1 for it in self.intervals if it.state != LINEAR)
-
-
-@dataclass
-class _Ask:
-    """Queries one interval needs this round: its midpoint, or a kink candidate's test."""
-
-    line: Line
-    interval: Interval
-    ts: np.ndarray
-    left: Interval | None = None  # the kink test's linear neighbours
-    right: Interval | None = None
-
-
-class _CappedFunction:
-    """``f(Z)`` through the oracle with one-row queries, refusing to pass ``cap`` queries."""
-
-    def __init__(self, oracle, cap: int):
-        self.oracle = oracle
-        self.cap = int(cap)
-        self.n0 = oracle.n_queries
+    ledger: QueryLedger
 
     def __call__(self, Z) -> np.ndarray:
         Z = np.ascontiguousarray(Z, dtype=np.float64)
-        used = self.oracle.n_queries - self.n0
-        if used + Z.shape[0] > self.cap:
-            raise SearchLimitError(
-                f"the FFN learner would pass its cap of {self.cap} queries ({used} spent, "
-                f"{Z.shape[0]} more asked): raise max_kinks or max_queries if the network is "
-                "that wide; otherwise the answers are not those of a bias-free ReLU network"
-            )
-        return self.oracle(Z[:, None, :])
+        n = Z.shape[0]
+        self.ledger.need(n, f"a batch of {n} queries", reserved=True, refusal=_cap_refusal)
+        return self.ledger.ask(Z[:, None, :])
 
 
 def _fd_gradients(f, Y: np.ndarray, h: np.ndarray) -> np.ndarray:
@@ -209,8 +148,15 @@ class ReLUNetworkLearner(BaseLearner):
         Most kinks a line is expected to cross (the network's width bounds it). A line with more
         than ``n_grid + 2 max_kinks`` unresolved intervals at once raises
         :class:`~attnquery.errors.SearchLimitError`.
+    n_queries : int, optional
+        The fit's query budget: the cap of its query ledger, which the search, the gradient
+        jumps, the refinement and the least-squares fit may not pass (a batch that would
+        raises :class:`~attnquery.errors.SearchLimitError` before it is asked); default
+        :meth:`query_cap`. The oracle's own budget applies too
+        (:class:`~attnquery.errors.BudgetExceededError`).
     max_queries : int, optional
-        Cap on the queries of the whole fit; default :meth:`query_cap`.
+        Deprecated: the old name of ``n_queries`` (a :class:`FutureWarning`; giving both is a
+        :class:`~attnquery.errors.ConfigError`).
     random_state : int, sequence of ints, Generator or None
         Seed of the lines, the refinement points, the fit points and the check queries.
 
@@ -231,8 +177,10 @@ class ReLUNetworkLearner(BaseLearner):
         Intervals given up (kinks too close to resolve).
     n_rounds_ : int
         Rounds the line search took.
+    fit_residual_ : float
+        Relative residual of the least-squares fit of the output weights.
     query_cap_ : int
-        The cap the fit ran under.
+        The cap the fit ran under (:meth:`query_cap`).
     verify_error_ : float
         Largest ``|f_hat - f|`` over the largest ``|f|`` on the check queries (NaN if none).
     n_verify_queries_ : int
@@ -256,7 +204,9 @@ class ReLUNetworkLearner(BaseLearner):
         "linear_tol": [_params.Interval(Real, 0, 1e-2, closed="neither")],
         "refine": ["boolean"],
         "max_kinks": [_params.Interval(Integral, 1, None, closed="left")],
-        "max_queries": [_params.Interval(Integral, 1, None, closed="left"), None],
+        "n_queries": [_params.Interval(Integral, 1, None, closed="left"), None],
+        "max_queries": [_params.Interval(Integral, 1, None, closed="left"), None,
+                        _params.Hidden(_params.Options({_params.DEPRECATED}))],
     }
     spec = LearnerSpec(
         name="relu", oracle="value", returns="network", stages=STAGES,
@@ -277,7 +227,8 @@ class ReLUNetworkLearner(BaseLearner):
         verify: int = DEFAULT_VERIFY,
         refine: bool = True,
         max_kinks: int = 256,
-        max_queries: int | None = None,
+        n_queries: int | None = None,
+        max_queries: int | None | str = _params.DEPRECATED,
         random_state=None,
     ):
         self.n_line_pairs = n_line_pairs
@@ -291,19 +242,27 @@ class ReLUNetworkLearner(BaseLearner):
         self.verify = verify
         self.refine = refine
         self.max_kinks = max_kinks
+        self.n_queries = n_queries
         self.max_queries = max_queries
         self.random_state = random_state
 
+    def _validate_extra(self) -> None:
+        """``max_queries``, the old name of ``n_queries``: a FutureWarning, or a ConfigError
+        beside ``n_queries``."""
+        renamed_parameter(self, "max_queries", "n_queries")
+
     def query_cap(self, d: int) -> int:
-        """The most queries a fit at dimension ``d`` may ask (``max_queries`` when given).
+        """The most queries a fit at dimension ``d`` may ask (``n_queries`` when given).
 
         With L lines, K = ``max_kinks``, G = ``n_grid`` and R = ``max_rounds``: the grid
         ``L (G + 1)``; R rounds of at most 3 queries for each of at most ``G + 2 K`` open
         intervals per line; for each of at most ``L K`` kinks, ``2 (d + 1)`` for its gradient
         jump and ``4 (d - 1)`` for its hyperplane; the least-squares fit; the check.
         """
-        if self.max_queries is not None:
-            return int(self.max_queries)
+        given = self.n_queries if self.n_queries is not None else \
+            renamed_parameter(self, "max_queries", "n_queries", warn=False)
+        if given is not None:
+            return int(given)
         L, K, G = 2 * int(self.n_line_pairs), int(self.max_kinks), int(self.n_grid)
         search = L * (G + 1) + int(self.max_rounds) * L * 3 * (G + 2 * K)
         per_kink = 2 * (d + 1) + 4 * max(d - 1, 0)
@@ -321,6 +280,10 @@ class ReLUNetworkLearner(BaseLearner):
             intervals than ``n_grid + 2 max_kinks``, or the fit would pass its query cap
             (answers that are not piecewise linear at ``rtol``: noise, lower precision, a
             network wider than ``max_kinks``).
+        BudgetExceededError
+            A batch would pass the oracle's budget (before it is asked).
+        ConfigError
+            A bad parameter, or ``n_queries`` and its old name ``max_queries`` both given.
         ModelMismatchError
             The network disagrees with the check queries beyond :data:`FFN_VERIFY_RTOL`.
         """
@@ -329,10 +292,11 @@ class ReLUNetworkLearner(BaseLearner):
         rng = self._rng()
         n0 = oracle.n_queries
         self.query_cap_ = self.query_cap(d)
-        f = _CappedFunction(oracle, self.query_cap_)
-        with self._open_ledger(oracle, STAGES) as ledger:
+        with self._open_ledger(oracle, STAGES, cap=self.query_cap_) as ledger:
+            f = _OneRowFunction(ledger)
             with ledger.stage("lines"):
-                lines = self._search_lines(f, d, rng)
+                lines, self.n_rounds_ = search_lines(f, d, rng, SearchPlan(
+                    self.n_line_pairs, self.n_grid, self.rtol, self.max_rounds, self.max_kinks))
             with ledger.stage("kinks"):
                 U, _, n_kinks, Xk = self._jumps(f, lines, d)
             N, groups = self._merge(U, Xk)
@@ -340,7 +304,7 @@ class ReLUNetworkLearner(BaseLearner):
                 with ledger.stage("refine"):
                     N = self._refine_normals(f, N, groups, Xk, d, rng)
             with ledger.stage("fit"):
-                A, w_o, recovered = self._linear_part(f, N, d, rng)
+                A, w_o, recovered, self.fit_residual_ = self._linear_part(f, N, d, rng)
             self.A_ = A
             self.w_o_ = w_o
             self.n_neurons_ = int(A.shape[1] - (0 if recovered else 2))
@@ -359,181 +323,6 @@ class ReLUNetworkLearner(BaseLearner):
     def predict(self, Z) -> np.ndarray:
         """Evaluate the recovered network on vectors Z (B, d)."""
         return np.maximum(np.asarray(Z, dtype=np.float64) @ self.A_, 0.0) @ self.w_o_
-
-    # -- the line search ----------------------------------------------------------------------
-    def _search_lines(self, f, d, rng) -> list[Line]:
-        """Find the kinks along ``2 n_line_pairs`` random lines (see the module docstring)."""
-        lines = self._start_lines(f, d, rng)
-        self.n_rounds_ = 0
-        for rnd in range(1, int(self.max_rounds) + 1):
-            self.n_rounds_ = rnd
-            asks = [a for ln in lines for a in self._plan(ln)]
-            changed = [self._split_marked(ln) for ln in lines]
-            if any(changed) or not asks:
-                if any(changed):
-                    continue  # the partition moved: plan again, before asking anything
-                break
-            self._ask(f, asks)
-            for ln in lines:
-                self._confirm(ln)
-                self._open_candidates(ln)
-            self._check_open(lines)
-        else:
-            if any(it.state != LINEAR for ln in lines for it in ln.intervals):
-                raise SearchLimitError(
-                    f"the kink search along the lines is still open after max_rounds = "
-                    f"{self.max_rounds} rounds: the answers are not piecewise linear at rtol = "
-                    f"{self.rtol:g} (noise or lower precision than float64?)"
-                )
-        for ln in lines:
-            self._set_radii(ln)
-        return lines
-
-    def _start_lines(self, f, d, rng) -> list[Line]:
-        """The line pairs ``p + t q``, ``q + t p`` and their values on the initial grid."""
-        L = 2 * int(self.n_line_pairs)
-        G = rng.standard_normal((L, d))
-        G /= np.linalg.norm(G, axis=1, keepdims=True)
-        base = np.empty((L, d))
-        dirn = np.empty((L, d))
-        base[0::2], dirn[0::2] = G[0::2], G[1::2]
-        base[1::2], dirn[1::2] = G[1::2], G[0::2]
-        ts = np.linspace(-T_END, T_END, int(self.n_grid) + 1)
-        pts = base[:, None, :] + ts[None, :, None] * dirn[:, None, :]
-        vals = f(pts.reshape(-1, d)).reshape(L, ts.size)
-        lines = []
-        for k in range(L):
-            scale = float(np.max(np.abs(vals[k])))
-            tol = self.rtol * scale if scale > 0 else 1e-300
-            ivs = [Interval(ts[j], ts[j + 1], vals[k, j], vals[k, j + 1])
-                   for j in range(ts.size - 1)]
-            lines.append(Line(base[k], dirn[k], tol, ivs))
-        return lines
-
-    @staticmethod
-    def _plan(ln: Line) -> list[_Ask]:
-        """What each interval needs: a midpoint (unknown), a kink test (nonlinear between two
-        linear neighbours, where their lines cross inside it), or a split (marked SPLIT)."""
-        asks = []
-        ivs = ln.intervals
-        for k, it in enumerate(ivs):
-            if it.state == UNKNOWN:
-                asks.append(_Ask(ln, it, np.array([it.mid])))
-                continue
-            if it.state != NONLINEAR:
-                continue
-            left = ivs[k - 1] if k > 0 else None
-            right = ivs[k + 1] if k + 1 < len(ivs) else None
-            if left is not None and right is not None and \
-                    left.state == LINEAR and right.state == LINEAR:
-                t_star = _crossing(it, left.slope, right.slope)
-                if np.isfinite(t_star) and it.l < t_star < it.r:
-                    # t* is also checked just inside both pieces: two kinks on the same side
-                    # of t* would put one of these off its line
-                    eta = 1e-6 * it.width
-                    asks.append(_Ask(ln, it, np.array([t_star, t_star - eta, t_star + eta]),
-                                     left, right))
-                    continue
-                it.state = SPLIT
-            elif UNKNOWN in (getattr(left, "state", None), getattr(right, "state", None)):
-                continue  # wait for the neighbour's test
-            else:
-                it.state = SPLIT
-        return asks
-
-    @staticmethod
-    def _split_marked(ln: Line) -> bool:
-        """Split every interval marked SPLIT at its midpoint (no query: f there is known); give
-        up on one narrower than :data:`W_MIN`. Returns whether anything changed."""
-        changed = False
-        new = []
-        for it in ln.intervals:
-            if it.state != SPLIT:
-                new.append(it)
-                continue
-            changed = True
-            if it.width < W_MIN:
-                ln.lost += 1
-                ln.given_up += [it.l, it.r]
-                new.append(Interval(it.l, it.r, it.fl, it.fr, LINEAR))
-            else:
-                new += it.split(it.mid, it.fmid)
-        ln.intervals = new
-        return changed
-
-    @staticmethod
-    def _ask(f, asks: list[_Ask]) -> None:
-        """One batch for every ask of the round, then the chord and kink tests."""
-        sizes = np.array([a.ts.size for a in asks])
-        P = np.concatenate([a.line.point(a.ts) for a in asks])
-        for a, vals in zip(asks, np.split(f(P), np.cumsum(sizes)[:-1]), strict=True):
-            it, tol = a.interval, a.line.tol
-            if a.left is None:  # chord test
-                it.fmid = vals[0]
-                it.state = LINEAR if abs(vals[0] - 0.5 * (it.fl + it.fr)) <= tol else NONLINEAR
-                continue
-            # the neighbours' lines, through the interval's ends
-            t, sl, sr = a.ts[0], a.left.slope, a.right.slope
-            tt = np.array([a.ts[0], a.ts[1], a.ts[2], it.mid])
-            got = np.array([vals[0], vals[1], vals[2], it.fmid])
-            pred = np.where(tt <= t, it.fl + sl * (tt - it.l), it.fr + sr * (tt - it.r))
-            pred[0] = it.fl + sl * (t - it.l)
-            if np.all(np.abs(got - pred) <= tol):
-                it.state = KINK
-                it.kink = Kink(t, vals[0], sl, sr)
-            else:
-                it.state = SPLIT
-
-    @staticmethod
-    def _confirm(ln: Line) -> None:
-        """A candidate whose halves both pass the chord test is a kink; if one fails, the
-        interval held more than one kink and the candidate is dropped."""
-        starting = {it.l: it.state for it in ln.intervals}
-        ending = {it.r: it.state for it in ln.intervals}
-        keep = []
-        for cand in ln.pending:
-            a, b = ending.get(cand.t), starting.get(cand.t)
-            if a == LINEAR and b == LINEAR:
-                ln.kinks.append(cand)
-            elif UNKNOWN in (a, b):
-                keep.append(cand)
-        ln.pending = keep
-
-    @staticmethod
-    def _open_candidates(ln: Line) -> None:
-        """Split each interval holding a new candidate at the candidate, to test both halves."""
-        new = []
-        for it in ln.intervals:
-            if it.state == KINK:
-                ln.pending.append(it.kink)
-                new += it.split(it.kink.t, it.kink.f)
-            else:
-                new.append(it)
-        ln.intervals = new
-
-    def _check_open(self, lines: list[Line]) -> None:
-        """Stop when a line holds more open intervals than ``n_grid + 2 max_kinks``."""
-        limit = int(self.n_grid) + 2 * int(self.max_kinks)
-        worst = max(ln.n_open() for ln in lines)
-        if worst > limit:
-            raise SearchLimitError(
-                f"a line holds {worst} unresolved intervals, more than n_grid + 2 max_kinks = "
-                f"{limit}: the answers are not piecewise linear at rtol = {self.rtol:g} (noise "
-                "or lower precision than float64?), or the network is wider than max_kinks"
-            )
-
-    @staticmethod
-    def _set_radii(ln: Line) -> None:
-        """Each kink's neighbourhood: 0.4 times the distance to the nearest other kink, open
-        interval, interval given up or end of the line (at most 0.1); f is linear on either
-        side within it."""
-        obst = [it.l for it in ln.intervals if it.state != LINEAR] + \
-            [it.r for it in ln.intervals if it.state != LINEAR] + ln.given_up + [-T_END, T_END]
-        obst = np.array(obst)
-        kt = np.array([kk.t for kk in ln.kinks])
-        for i, kk in enumerate(ln.kinks):
-            others = np.concatenate([np.delete(kt, i), obst])
-            kk.radius = min(0.4 * float(np.min(np.abs(others - kk.t))), 0.1)
 
     # -- from kinks to a network --------------------------------------------------------------
     def _jumps(self, f, lines, d):
@@ -649,6 +438,8 @@ class ReLUNetworkLearner(BaseLearner):
         gives them to rounding accuracy (the finite-difference jumps only fix the normals).
         ``b`` is then a combination ``sum_i beta_i n_i`` with ``beta_i in {0, -c_i}`` when the
         neurons are independent; ``c ReLU(n^T x) - c n^T x = c ReLU(-n^T x)`` flips those.
+        Returns ``A``, ``w_o``, whether the width was recovered and the fit's relative
+        residual.
         """
         k = N.shape[1]
         n_fit = int(self.n_fit_factor * (k + d)) + 8
@@ -664,7 +455,7 @@ class ReLUNetworkLearner(BaseLearner):
             if keep_nz.all():
                 break
             N = N[:, keep_nz]
-        self.fit_residual_ = float(np.linalg.norm(F @ coef - y) / max(np.linalg.norm(y), 1e-300))
+        residual = float(np.linalg.norm(F @ coef - y) / max(np.linalg.norm(y), 1e-300))
         if np.linalg.norm(b) > self.linear_tol * scale and c.size:
             beta, *_ = np.linalg.lstsq(N, b, rcond=None)
             resid = np.linalg.norm(N @ beta - b)
@@ -682,12 +473,4 @@ class ReLUNetworkLearner(BaseLearner):
             nb = np.linalg.norm(b)
             A = np.concatenate([A, (b / nb)[:, None], -(b / nb)[:, None]], axis=1)
             w_o = np.concatenate([w_o, [nb, -nb]])
-        return A, np.asarray(w_o, dtype=float), recovered
-
-
-def _crossing(it: Interval, sl: float, sr: float) -> float:
-    """Where the line of slope ``sl`` through the interval's left end crosses the line of slope
-    ``sr`` through its right end (NaN if parallel)."""
-    if sl == sr:
-        return float("nan")
-    return (it.fr - it.fl + sl * it.l - sr * it.r) / (sl - sr)
+        return A, np.asarray(w_o, dtype=float), recovered, residual

@@ -35,7 +35,6 @@ from ._base import (
     DEFAULT_VERIFY,
     ROUNDING_RTOL,
     BaseLearner,
-    check_budget,
     check_oracle,
     check_verify_param,
 )
@@ -251,10 +250,10 @@ class NuclearNormROPLearner(BaseLearner):
         d = check_oracle(oracle)
         m = self._validate(d)
         n_check = check_verify_param(self.verify)
-        check_budget(oracle, d + m + n_check, f"nuclear-norm recovery (d + m = {d} + {m} "
-                     f"queries and {n_check} check queries)")
         rng = self._rng()
         with self._open_ledger(oracle, NUCLEAR_STAGES) as ledger:
+            ledger.need(d + m + n_check, f"nuclear-norm recovery (d + m = {d} + {m} queries "
+                        f"and {n_check} check queries)")
             with ledger.stage("v"):
                 v = read_v(ledger, d)
                 check_v(v)
@@ -667,8 +666,9 @@ class SketchLowRankLearner(BaseLearner):
     def _chunk(self, d: int) -> int:
         return max(1, int(self.block_bytes // (32 * d)))
 
-    def _check_budget(self, oracle, d: int) -> None:
-        """With the rank known, the whole count before any query; else v's (and the biases')."""
+    def _check_budget(self, ledger, d: int) -> None:
+        """With the rank known, the whole count before any query; else v's (and the biases'),
+        against the fit's budget."""
         bias = bool(self.fit_bias)
         n_bias = d + 1 if bias else 0  # the zero token and the d key-bias probes
         if self.rank is not None:
@@ -678,14 +678,14 @@ class SketchLowRankLearner(BaseLearner):
             floor = lowrank_floor(d, r)
             what = f"r (2d - r) + d = {floor}" + (f", plus d + 1 = {n_bias} for the biases"
                                                   if bias else "")
-            check_budget(oracle, floor + n_bias + p * (d - r) + n_check,
-                         f"sketch recovery at rank {r} ({what} queries, plus {p} oversampled "
-                         f"rows and {n_check} check queries)")
+            ledger.need(floor + n_bias + p * (d - r) + n_check,
+                        f"sketch recovery at rank {r} ({what} queries, plus {p} oversampled "
+                        f"rows and {n_check} check queries)")
         else:
-            check_budget(oracle, d + n_bias, "reading v" + (" and the biases" if bias else "")
-                         + f" ({d + n_bias} queries)")
+            ledger.need(d + n_bias, "reading v" + (" and the biases" if bias else "")
+                        + f" ({d + n_bias} queries)")
 
-    def _right_sketch(self, oracle, prober, columns, rng_b, rng_check):
+    def _right_sketch(self, ledger, prober, columns, rng_b, rng_check):
         """Step 2: sketch vectors ``b`` (unit Gaussian) and their columns ``W b``, until the
         given rank, or (rank unknown) until a new ``W b`` lies in the span of the others.
         Returns B (d, k) and Y = W B (d, k)."""
@@ -697,7 +697,7 @@ class SketchLowRankLearner(BaseLearner):
             b = rng_b.standard_normal(d)
             b /= np.linalg.norm(b)
             if self.rank is None and k > 0:
-                tcol, e = self._next_column(oracle, prober, columns, b, Ts, piv, rng_check)
+                tcol, e = self._next_column(ledger, prober, columns, b, Ts, piv, rng_check)
                 if tcol is None:
                     break  # W b lies in span(W B): rank = k
             else:
@@ -716,7 +716,7 @@ class SketchLowRankLearner(BaseLearner):
         return (np.stack(Bs, axis=1),  # d x k
                 np.stack([columns.solve(tc) for tc in Ts], axis=1))  # W B, d x k
 
-    def _next_column(self, oracle, prober, columns, b, Ts, piv, rng_check):
+    def _next_column(self, ledger, prober, columns, b, Ts, piv, rng_check):
         """Rank unknown: test ``W b`` on the pivot rows and ``n_check`` more; returns
         ``(None, None)`` when it lies in the span of the columns so far, else the whole
         column and its residual against them."""
@@ -727,7 +727,7 @@ class SketchLowRankLearner(BaseLearner):
         rest = np.setdiff1d(all_rows, P)
         extra = rng_check.choice(rest, size=min(self.n_check, rest.size), replace=False)
         test_rows = np.concatenate([P, extra])
-        check_budget(oracle, test_rows.size, f"span test of sketch column {k + 1}")
+        ledger.need(test_rows.size, f"span test of sketch column {k + 1}")
         t_test = prober.measure(columns.make(b, test_rows), test_rows.size, columns.uv_floor)
         # interpolate the new column from the pivot rows; check it on the extra rows
         c = scipy.linalg.solve(Tk[P], t_test[:k])
@@ -741,13 +741,13 @@ class SketchLowRankLearner(BaseLearner):
                 "more queries than the exact learner; use ExactValueQueryLearner"
             )
         other = np.setdiff1d(all_rows, test_rows)
-        check_budget(oracle, other.size, f"sketch column {k + 1}")
+        ledger.need(other.size, f"sketch column {k + 1}")
         tcol = np.empty(d)
         tcol[test_rows] = t_test
         tcol[other] = prober.measure(columns.make(b, other), other.size, columns.uv_floor)
         return tcol, tcol - Tk @ c
 
-    def _left_sketch(self, oracle, prober, v, B, Y, rng_a) -> None:
+    def _left_sketch(self, ledger, prober, v, B, Y, rng_a) -> None:
         """Steps 3-4: ``Z = A^T W`` outside a well-conditioned pivot set of B's rows, then
         ``W = Y core^+ Z`` as factors; sets ``rank_``, ``oversample_`` and ``W_factors_``."""
         d, k = B.shape
@@ -761,7 +761,7 @@ class SketchLowRankLearner(BaseLearner):
         PB = scipy.linalg.qr(B.T, pivoting=True, mode="r")[1][:k]
         CB = np.setdiff1d(np.arange(d), PB)
         nC = CB.size
-        check_budget(oracle, kA * nC, f"left sketch ({kA} x {nC} queries)")
+        ledger.need(kA * nC, f"left sketch ({kA} x {nC} queries)")
 
         def row_probes(idx):
             # probe (i, j) is number j kA + i: the kA probes of a coordinate j share their

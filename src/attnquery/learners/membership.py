@@ -13,7 +13,8 @@ answers do not change when v is scaled by a positive number), so the learner ret
   ``1 - delta`` for ``k = ceil(2 / (eps_v^2 R^2) log(2 d / delta))`` (``O(d / eps_v^2)``).
   Theorem B.1 asks ``eps_v = eps mu^3 / (40 W d)``. The count is computed first
   (:meth:`MembershipLearner.sampling_queries`) and the learner refuses, before spending any
-  query, when it exceeds ``sample_budget`` or the oracle's budget.
+  query, when the fit's plan exceeds its budget ``n_queries`` or the oracle's budget, and,
+  without ``n_queries``, when the sample exceeds :data:`MAX_SAMPLES`.
 * ``"bisection"`` (beyond the paper): the signs of ``v_i`` from ``[e_i]`` (d queries), the
   largest ``|v_p|`` by a knockout tournament on ``[s_i e_i - s_j e_j]`` (d - 1 queries), then
   each ratio ``rho_i = |v_i| / |v_p|`` in ``[0, 1]`` by bisection on the sign of
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import math
 from numbers import Integral, Real
+from typing import NamedTuple
 
 import numpy as np
 import scipy.special
@@ -49,23 +51,49 @@ from ._base import (
     CHECK_LENGTH,
     CHECK_LENGTH_PARAM,
     BaseLearner,
-    check_budget,
     check_oracle,
     check_verify_param,
     chunk_slices,
     output_error_bound,
+    renamed_parameter,
 )
-from ._params import Interval, Options
+from ._params import DEPRECATED, Hidden, Interval, Options
 from ._registry import LearnerSpec
 from .noisy import TAU_CLIP, AssumptionParameterError
 
-__all__ = ["MembershipLearner", "sphere_constant", "V_METHODS"]
+__all__ = ["MembershipLearner", "sphere_constant", "V_METHODS", "MAX_SAMPLES"]
 
 V_METHODS = ("sampling", "bisection")
 #: the stages ``n_queries_by_stage_`` counts
 STAGES = ("v", "W", "verify")
 #: default number of membership check queries
 MEMBERSHIP_VERIFY = 64
+#: the largest sample the sampling stage draws when the fit has no budget ``n_queries`` (a
+#: plan larger than that is refused before any query, as Theorem B.1's sample at small eps
+#: would run for days)
+MAX_SAMPLES = 10**7
+
+
+class _VStage(NamedTuple):
+    """What the v stage found: the unit direction, the signs, the reference entry and its
+    counts."""
+
+    v: np.ndarray
+    signs: np.ndarray
+    ref_index: int
+    n_ratio_steps: int
+    n_samples: int
+    n_extra: int  # d more when every [e_i] answers 0
+    v_unnormalised: np.ndarray | None = None  # the sampling stage's estimate
+
+
+class _WStage(NamedTuple):
+    """What the W stage found: W, the entries whose flip lies beyond the bound, the queries
+    that checked the ends."""
+
+    W: np.ndarray
+    n_beyond: int
+    n_extra: int
 
 
 def sphere_constant(d: int) -> float:
@@ -93,9 +121,16 @@ class MembershipLearner(BaseLearner):
         For bisection a given ``eps_v`` can only tighten the ratios' precision.
     delta : float in (0, 1)
         Failure probability of the sampling stage.
-    sample_budget : int
-        Largest sample the sampling stage will draw; a larger one raises
-        :class:`BudgetExceededError` naming the count, before any query.
+    n_queries : int, optional
+        The fit's query budget (the cap of its query ledger): a plan that needs more (the v
+        and W stages and the check) raises :class:`BudgetExceededError` naming the count,
+        before any query. Default: the oracle's budget only, and a sampling stage of at most
+        :data:`MAX_SAMPLES` sphere queries.
+    sample_budget : int, optional
+        Deprecated (a :class:`FutureWarning`; giving it with ``n_queries`` is a
+        :class:`~attnquery.errors.ConfigError`): the largest sample the sampling stage will
+        draw in place of :data:`MAX_SAMPLES`; pass ``n_queries``, the budget of the whole fit,
+        instead.
     verify : int
         Membership check queries spent after fitting (0: no check). Where the estimate's sign
         is certain (its value exceeds the error the estimate can have there,
@@ -159,7 +194,9 @@ class MembershipLearner(BaseLearner):
         "mu": [Interval(Real, 0, 1, closed="right")],
         "eps_v": [Interval(Real, 0, 1, closed="neither"), None],
         "delta": [Interval(Real, 0, 1, closed="neither")],
-        "sample_budget": [Interval(Integral, 1, None, closed="left")],
+        "n_queries": [Interval(Integral, 1, None, closed="left"), None],
+        "sample_budget": [Interval(Integral, 1, None, closed="left"),
+                          Hidden(Options({DEPRECATED}))],
     }
     #: the appendix's assumptions: a bad value is also an AssumptionViolation
     _parameter_errors = {name: AssumptionParameterError for name in ("W_bound", "mu")}
@@ -170,15 +207,16 @@ class MembershipLearner(BaseLearner):
 
     def __init__(self, *, eps: float = 1e-3, v_method: str = "bisection",
                  W_bound: float = 4.0, mu: float = 0.1, eps_v: float | None = None,
-                 delta: float = 0.05, sample_budget: int = 10**7,
-                 verify: int = MEMBERSHIP_VERIFY, check_length: int = CHECK_LENGTH,
-                 random_state=None):
+                 delta: float = 0.05, n_queries: int | None = None,
+                 sample_budget: int | str = DEPRECATED, verify: int = MEMBERSHIP_VERIFY,
+                 check_length: int = CHECK_LENGTH, random_state=None):
         self.eps = eps
         self.v_method = v_method
         self.W_bound = W_bound
         self.mu = mu
         self.eps_v = eps_v
         self.delta = delta
+        self.n_queries = n_queries
         self.sample_budget = sample_budget
         self.verify = verify
         self.check_length = check_length
@@ -194,7 +232,21 @@ class MembershipLearner(BaseLearner):
         """Queries of the W stage (``n_queries_by_stage_["W"]``)."""
         return self._stage_count("W")
 
+    def _validate_extra(self) -> None:
+        """``sample_budget`` (deprecated): a FutureWarning, or a ConfigError beside
+        ``n_queries``."""
+        renamed_parameter(self, "sample_budget", "n_queries")
+
     # -- sizes, computable before any query --------------------------------------------------
+    def max_samples(self) -> int | None:
+        """The largest sample the sampling stage draws: the deprecated ``sample_budget`` when
+        given, else :data:`MAX_SAMPLES` without ``n_queries``, else None (the fit's budget
+        bounds it)."""
+        old = renamed_parameter(self, "sample_budget", "n_queries", warn=False)
+        if old is not None:
+            return int(old)
+        return MAX_SAMPLES if self.n_queries is None else None
+
     def _sampling_eps_v(self, d: int) -> float:
         if self.eps_v is not None:
             return float(self.eps_v)
@@ -240,43 +292,61 @@ class MembershipLearner(BaseLearner):
         NotIdentifiableError
             The oracle never answers 1 (v = 0): nothing is identifiable.
         BudgetExceededError
-            The sampling stage would need more than ``sample_budget`` queries, or the oracle's
-            budget is too small (raised before any query, with the count needed).
+            The plan needs more than ``n_queries`` or the oracle's budget, or the sampling
+            stage more than :meth:`max_samples` queries (raised before any query, with the
+            count needed).
         AssumptionViolation
             An entry of W lies outside ``[-W_bound, W_bound]`` (``||W||_F > W_bound``).
         """
         self._validate_params()
         d = check_oracle(oracle, kinds=("membership",))
         n0 = oracle.n_queries
-        self.n_extra_queries_ = 0
         plan = self.planned_queries(d)
-        if self.v_method == "sampling" and plan["v"] > self.sample_budget:
-            raise BudgetExceededError(
-                f"the sampling stage for v needs k = {plan['v']} sphere queries (eps_v = "
-                f"{self._sampling_eps_v(d):.3g}, d = {d}, delta = {self.delta:g}) but "
-                f"sample_budget = {self.sample_budget}; no query was spent"
-            )
+        self._check_sample(d, plan["v"])
         n_check = check_verify_param(self.verify)
-        check_budget(oracle, plan["total"] + n_check,
-                     f"membership recovery ({plan['v']} queries for v, {plan['W']} for W, "
-                     f"{n_check} check queries)")
-        with self._open_ledger(oracle, STAGES) as ledger:
+        with self._open_ledger(oracle, STAGES, cap=self.n_queries) as ledger:
+            ledger.need(plan["total"] + n_check,
+                        f"membership recovery ({plan['v']} queries for v, {plan['W']} for W, "
+                        f"{n_check} check queries)")
             with ledger.stage("v"):
                 if self.v_method == "bisection":
-                    v_dir, sgn = self._v_bisection(ledger, d)
+                    vs = self._v_bisection(ledger, d)
                 else:
-                    v_dir, sgn = self._v_sampling(ledger, d, plan["v"])
+                    vs = self._v_sampling(ledger, d, plan["v"])
             with ledger.stage("W"):
-                self.W_ = self._W_bisection(ledger, d, v_dir, sgn)
-            self.v_ = v_dir
-            self.err_v_ = self._v_error(d)
+                ws = self._W_bisection(ledger, d, vs.v, vs.signs)
+            self.W_ = ws.W
+            self.v_ = vs.v
+            self.ref_index_ = vs.ref_index
+            self.n_bisection_steps_ = self._steps(d)[0]
+            self.n_ratio_steps_ = vs.n_ratio_steps
+            self.n_samples_ = vs.n_samples
+            if vs.v_unnormalised is not None:
+                self.v_unnormalised_ = vs.v_unnormalised
+            self.n_extra_queries_ = vs.n_extra + ws.n_extra
+            self.n_beyond_bound_ = ws.n_beyond
+            self.err_v_ = self._v_error(d, vs.n_ratio_steps)
             self.err_W_ = self._W_error(d, self.err_v_)
             with ledger.stage("verify"):
                 self._verify_fit(
-                    oracle, self.predict, self._rng().spawn(1)[0], rtol=0.0, n0=n0, signs=True,
+                    ledger, self.predict, self._rng().spawn(1)[0], rtol=0.0, n0=n0, signs=True,
                     atol=lambda X: output_error_bound(X, self.v_, self.err_W_, self.err_v_),
                     check_length=self.check_length)
         return self
+
+    def _check_sample(self, d: int, k: int) -> None:
+        """Refuse a sampling stage of ``k`` sphere queries larger than :meth:`max_samples`
+        (:class:`BudgetExceededError`, before any query)."""
+        limit = self.max_samples()
+        if self.v_method != "sampling" or limit is None or k <= limit:
+            return
+        given = renamed_parameter(self, "sample_budget", "n_queries", warn=False)
+        raise BudgetExceededError(
+            f"the sampling stage for v needs k = {k} sphere queries (eps_v = "
+            f"{self._sampling_eps_v(d):.3g}, d = {d}, delta = {self.delta:g}) but "
+            + (f"sample_budget = {limit}" if given is not None else
+               f"at most MAX_SAMPLES = {limit} are drawn without n_queries")
+            + "; no query was spent")
 
     def _W_error(self, d: int, err_v: float) -> float:
         """Bound on each entry of ``W_``'s error: the bisection's ``eps / (2d)`` plus the shift
@@ -286,11 +356,12 @@ class MembershipLearner(BaseLearner):
         W, mu = float(self.W_bound), float(self.mu)
         return float(self.eps) / (2 * d) + 2.0 * W / TAU_CLIP * 2.0 * err_v / mu
 
-    def _v_error(self, d: int) -> float:
+    def _v_error(self, d: int, n_ratio_steps: int) -> float:
         """Bound on each entry of the unit ``v_``'s error: ``2 sqrt(d)`` times the error of the
-        unnormalised estimate (the ratios', or the sampling stage's ``eps_v``)."""
+        unnormalised estimate (the ratios', after ``n_ratio_steps``, or the sampling stage's
+        ``eps_v``)."""
         if self.v_method == "bisection":
-            per_entry = 0.5 ** (self.n_ratio_steps_ + 1)
+            per_entry = 0.5 ** (n_ratio_steps + 1)
         else:
             per_entry = self._sampling_eps_v(d)
         return float(2.0 * np.sqrt(d) * per_entry)
@@ -299,23 +370,24 @@ class MembershipLearner(BaseLearner):
     def _ask(oracle, X) -> np.ndarray:
         return np.asarray(oracle(X), dtype=float) > 0.5
 
-    def _signs(self, oracle, d):
+    def _signs(self, oracle, d) -> tuple[np.ndarray, int]:
+        """The signs of v from ``[e_i]``, and the queries asked beyond the plan (d more when
+        every ``[e_i]`` answers 0, to tell ``v < 0`` from ``v = 0``)."""
         pos = self._ask(oracle, np.eye(d)[:, None, :].copy())
+        extra = 0
         if not pos.any():
-            self.n_extra_queries_ += d
+            extra = d
             neg = self._ask(oracle, -np.eye(d)[:, None, :])
             if not neg.any():
                 raise NotIdentifiableError(
                     "the membership oracle never answers 1 (on e_i nor -e_i): v = 0, so "
                     "neither v nor W is identifiable"
                 )
-        return np.where(pos, 1.0, -1.0)
+        return np.where(pos, 1.0, -1.0), extra
 
-    def _v_bisection(self, oracle, d):
-        sgn = self._signs(oracle, d)
-        n_W, n_rho = self._steps(d)
-        self.n_bisection_steps_, self.n_ratio_steps_ = n_W, n_rho
-        self.n_samples_ = 0
+    def _v_bisection(self, oracle, d) -> _VStage:
+        sgn, extra = self._signs(oracle, d)
+        n_rho = self._steps(d)[1]
         # knockout tournament for p = argmax |v_i|: [s_i e_i - s_j e_j] -> 1 iff |v_i| > |v_j|
         cand = np.arange(d)
         while cand.size > 1:
@@ -341,12 +413,9 @@ class MembershipLearner(BaseLearner):
         rho = np.ones(d)
         rho[others] = 0.5 * (lo + hi)
         v = sgn * rho
-        self.ref_index_ = p
-        return v / np.linalg.norm(v), sgn
+        return _VStage(v / np.linalg.norm(v), sgn, p, n_rho, 0, extra)
 
-    def _v_sampling(self, oracle, d, k):
-        self.n_bisection_steps_, self.n_ratio_steps_ = self._steps(d)[0], 0
-        self.n_samples_ = int(k)
+    def _v_sampling(self, oracle, d, k) -> _VStage:
         rng = self._rng()
         acc = np.zeros(d)
         n_pos = 0
@@ -363,13 +432,12 @@ class MembershipLearner(BaseLearner):
             )
         v = acc / (sphere_constant(d) * k)
         nrm = np.linalg.norm(v)
-        self.v_unnormalised_ = v
-        self.ref_index_ = int(np.argmax(np.abs(v)))
-        return v / nrm, np.where(v >= 0, 1.0, -1.0)
+        return _VStage(v / nrm, np.where(v >= 0, 1.0, -1.0), int(np.argmax(np.abs(v))), 0,
+                       int(k), 0, v)
 
-    def _W_bisection(self, oracle, d, v_dir, sgn):
+    def _W_bisection(self, oracle, d, v_dir, sgn) -> _WStage:
         W = float(self.W_bound)
-        n_W = self.n_bisection_steps_
+        n_W = self._steps(d)[0]
         ii, jj = (g.ravel() for g in np.meshgrid(np.arange(d), np.arange(d), indexing="ij"))
         vi, vj = v_dir[ii], v_dir[jj]
         if np.any(vi == 0):
@@ -385,7 +453,7 @@ class MembershipLearner(BaseLearner):
         hi = np.full(n, W)
         moved_lo = np.zeros(n, dtype=bool)
         moved_hi = np.zeros(n, dtype=bool)
-        self.n_beyond_bound_ = 0
+        n_beyond, n_extra = 0, 0
         for _ in range(n_W):
             w = 0.5 * (lo + hi)
             up = ask(w)
@@ -401,9 +469,9 @@ class MembershipLearner(BaseLearner):
             sub = self._subset_asker(oracle, d, ii[idx], jj[idx], s[idx], abs_alpha[idx],
                                      sign_vi[idx], W)
             up = sub(w_end)
-            self.n_extra_queries_ += int(idx.size)
+            n_extra = int(idx.size)
             beyond = np.where(w_end > 0, up, ~up)
-            self.n_beyond_bound_ = int(beyond.sum())
+            n_beyond = int(beyond.sum())
             # with a v stage less precise than the W stage needs (eps_v given), a flip beyond
             # the range reflects alpha_hat's error, not W: the entry stays at the bound
             if beyond.any() and self.eps_v is None:
@@ -413,7 +481,7 @@ class MembershipLearner(BaseLearner):
                     f"the membership answers imply ||W||_F > W_bound ({int(beyond.sum())} "
                     "entries)"
                 )
-        return (0.5 * (lo + hi)).reshape(d, d)
+        return _WStage((0.5 * (lo + hi)).reshape(d, d), n_beyond, n_extra)
 
     def _subset_asker(self, oracle, d, ii, jj, s, abs_alpha, sign_vi, W):
         """``ask(w)``: for each entry (ii, jj), whether W_ij > w (one query per entry)."""

@@ -25,7 +25,8 @@ from ._base import (
     DEFAULT_VERIFY,
     ROUNDING_RTOL,
     BaseLearner,
-    check_budget,
+    ForwardingOracle,
+    QueryLedger,
     check_oracle,
     check_scalar,
 )
@@ -39,13 +40,12 @@ __all__ = ["OrthogonalSubspaceLearner"]
 STAGES = ("bases", "heads", "verify")
 
 
-class _SubspaceOracle:
+class _SubspaceOracle(ForwardingOracle):
     """A value oracle in reduced coordinates: ``Z (B, N, d_h) -> oracle(Z E^T)``.
 
-    Every row of a query lies in ``range(E)``; the wrapped oracle counts the queries.
+    Every row of a query lies in ``range(E)``; the wrapped oracle counts the queries, and its
+    budget is this oracle's (:class:`~attnquery.learners._base.ForwardingOracle`).
     """
-
-    kind = "value"
 
     def __init__(self, oracle, E):
         self._inner = oracle
@@ -54,17 +54,6 @@ class _SubspaceOracle:
     @property
     def d(self) -> int:
         return int(self._E.shape[1])
-
-    @property
-    def n_queries(self) -> int:
-        return int(self._inner.n_queries)
-
-    @property
-    def remaining(self):
-        return getattr(self._inner, "remaining", None)
-
-    def check_budget(self, n, what="this step"):
-        check_budget(self._inner, n, what)
 
     def __call__(self, Z):
         Z = np.asarray(Z, dtype=np.float64)
@@ -230,7 +219,7 @@ class OrthogonalSubspaceLearner(BaseLearner):
                 if self.bases is not None:
                     bases = _check_bases(list(self.bases), d, H)
                 else:
-                    bases = self._discover(oracle, d, H, r_disc)
+                    bases = self._discover(ledger, d, H, r_disc)
             with ledger.stage("heads"):
                 W, v = self._fit_heads(oracle, bases, r_heads)
             self.W_ = W
@@ -290,7 +279,9 @@ class OrthogonalSubspaceLearner(BaseLearner):
         """Finite-difference Hessians ``M(y_k)`` at ``z = 0`` for anchors Y (K, d).
 
         One batch of ``K (1 + 3 d (d + 1))`` queries (3 step sizes, +-z, the
-        ``d (d + 1) / 2`` directions ``e_i`` and ``e_i + e_j``).
+        ``d (d + 1) / 2`` directions ``e_i`` and ``e_i + e_j``), asked through ``oracle`` when
+        it is the fit's :class:`~attnquery.learners._base.QueryLedger` (else through a ledger
+        of its own), which refuses it before it is asked when the budget cannot pay for it.
         """
         K = Y.shape[0]
         iu, ju = np.triu_indices(d)
@@ -308,8 +299,10 @@ class OrthogonalSubspaceLearner(BaseLearner):
         sz = (steps[:, None, None] * Zdir[None, :, :]).reshape(-1, d)  # (3P, d)
         X[:, 1: 1 + sz.shape[0], 0, :] = Y[:, None, :] + sz[None]
         X[:, 1 + sz.shape[0]:, 0, :] = Y[:, None, :] - sz[None]
-        check_budget(oracle, K * n_per, "the Hessians for subspace discovery")
-        vals = oracle(X.reshape(K * n_per, 2, d)).reshape(K, n_per)
+        ledger = oracle if isinstance(oracle, QueryLedger) else \
+            QueryLedger(oracle, (), type(self).__name__)
+        ledger.need(K * n_per, "the Hessians for subspace discovery")
+        vals = ledger(X.reshape(K * n_per, 2, d)).reshape(K, n_per)
         f0 = vals[:, :1]
         fp = vals[:, 1: 1 + sz.shape[0]].reshape(K, steps.size, P)
         fm = vals[:, 1 + sz.shape[0]:].reshape(K, steps.size, P)

@@ -43,7 +43,6 @@ from ._base import (
     CHECK_LENGTHS,
     DEFAULT_VERIFY,
     BaseLearner,
-    check_budget,
     check_oracle,
     check_verify_param,
     chunk_slices,
@@ -256,7 +255,7 @@ class NoisyValueQueryLearner(BaseLearner):
             raise ConfigError("NoisyValueQueryLearner needs a value oracle; got a membership "
                               "oracle (use MembershipLearner)")
         with self._open_ledger(oracle, STAGES) as ledger:
-            scale = self._prepare(ledger, d)
+            self.required_tau_, self.tau_, scale = self._prepare(ledger, d)
             rng = self._rng()
             if scale.size > 1:  # probe scales: the theorem's (1) first, then k - 1 in [1/2, 1]
                 scale[1:] = rng.uniform(0.5, 1.0, size=scale.size - 1)
@@ -285,18 +284,18 @@ class NoisyValueQueryLearner(BaseLearner):
                     "box may have several heads or biases")
         return self
 
-    def _prepare(self, oracle, d: int) -> np.ndarray:
-        """Check the budget; set ``required_tau_`` and ``tau_``. Returns the probe scales (k,),
-        all 1 (the theorem's) until drawn."""
+    def _prepare(self, ledger, d: int) -> tuple[float, float, np.ndarray]:
+        """Check the plan against the fit's budget. Returns the theorem's required tau, the
+        tau used (given, the oracle's, else the required one) and the probe scales (k,), all
+        1 (the theorem's) until drawn."""
         W, mu, k = float(self.W_bound), float(self.mu), int(self.oversample)
         n_check = check_verify_param(self.verify)
-        check_budget(oracle, k * (d + d * d) + n_check,
-                     f"Theorem 6.1 recovery with oversample={k} ({k} (d + d^2) queries and "
-                     f"{n_check} check queries)")
-        self.required_tau_ = theorem61_required_tau(d, W, mu, self.eps_W, self.eps_v)
-        tau = self.tau if self.tau is not None else getattr(oracle.oracle, "tau", None)
-        self.tau_ = float(tau) if tau is not None else self.required_tau_
-        return np.ones(k)
+        ledger.need(k * (d + d * d) + n_check,
+                    f"Theorem 6.1 recovery with oversample={k} ({k} (d + d^2) queries and "
+                    f"{n_check} check queries)")
+        required = theorem61_required_tau(d, W, mu, self.eps_W, self.eps_v)
+        tau = self.tau if self.tau is not None else getattr(ledger.oracle, "tau", None)
+        return required, float(tau) if tau is not None else required, np.ones(k)
 
     def _read_v(self, ledger, d: int, scale: np.ndarray):
         """``v_hat``: one-row queries ``[c_m e_i]``, least squares over m; entries with

@@ -24,7 +24,6 @@ from ._base import (
     CHECK_LENGTH_PARAM,
     DEFAULT_VERIFY,
     BaseLearner,
-    check_budget,
     check_oracle,
     check_verify_param,
 )
@@ -160,9 +159,9 @@ class TransformerLearner(BaseLearner):
         d = check_oracle(oracle)
         rng = self._rng()
         r_att, r_ffn = rng.spawn(2)
-        check_budget(oracle, 2 * (d * d + d) + check_verify_param(self.verify),
-                     "the attention part (2 (d^2 + d) queries) and the check")
         with self._open_ledger(oracle, STAGES) as ledger:
+            ledger.need(2 * (d * d + d) + check_verify_param(self.verify),
+                        "the attention part (2 (d^2 + d) queries) and the check")
             with ledger.stage("attention"):
                 att = self._fit_attention(oracle, r_att)
             with ledger.stage("ffn"):
