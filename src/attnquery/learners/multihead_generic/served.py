@@ -24,6 +24,7 @@ import numpy as np
 
 from ...errors import AssumptionViolation, BudgetExceededError, SearchLimitError
 from ...precision import AnswerFormat
+from .._base import ForwardingOracle
 from ..lowprecision import _BIAS_MAX_LOGIT, _KAPPA_DITHER, MAX_NOISE_LEVEL
 
 __all__ = ["FormatReader", "repeated", "measure_noise", "clean_tol", "fd_tol", "noisy_gradient",
@@ -579,35 +580,24 @@ def repeated(prober, make, n: int, floor, reps: int) -> np.ndarray:
     return num / den
 
 
-class FormatReader:
+class FormatReader(ForwardingOracle):
     """The oracle, with the format of every answer it gives read on the way
     (``formats``, an :class:`~attnquery.precision.AnswerFormat`): the served route judges the
-    answers' noise against it. It forwards the oracle's interface (``d``, ``n_queries``,
-    ``kind``, ``remaining``) and counts nothing of its own; the fit's budget is its ledger's
-    (:class:`~attnquery.learners._base.QueryLedger` with ``cap=n_queries``)."""
+    answers' noise against it. It forwards the oracle's interface
+    (:class:`~attnquery.learners._base.ForwardingOracle`) and counts nothing of its own; the
+    fit's budget is its ledger's (:class:`~attnquery.learners._base.QueryLedger` with
+    ``cap=n_queries``)."""
 
     def __init__(self, oracle):
-        self.oracle = oracle
+        self._inner = oracle
         self.formats = AnswerFormat()
 
     @property
-    def d(self) -> int:
-        return self.oracle.d
-
-    @property
-    def n_queries(self) -> int:
-        return int(self.oracle.n_queries)
-
-    @property
-    def kind(self) -> str:
-        return getattr(self.oracle, "kind", "value")
-
-    @property
-    def remaining(self):
-        """The oracle's own budget left (None without one)."""
-        return getattr(self.oracle, "remaining", None)
+    def oracle(self):
+        """The wrapped oracle."""
+        return self._inner
 
     def __call__(self, X):
-        y = self.oracle(X)
+        y = self._inner(X)
         self.formats.update(y)
         return y
