@@ -4,17 +4,31 @@ answers (a served module's head)."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from .._base import CHECK_LENGTH, DEFAULT_VERIFY, check_oracle
 from .._probes import balanced_orthonormal, check_v
 from .._registry import LearnerSpec
-from ._bias import combine_key_bias, read_v_offset, shift_and_key_bias
+from ._bias import BiasRun, combine_key_bias, read_v_offset, shift_and_key_bias
 from ._common import LowPrecisionBase, min_queries
 from ._constants import _BIAS_SV_FACTOR, _MAX_ANSWER, STAGES
 from ._pairs import Channel, Probes
-from ._passes import full_passes, solve
+from ._passes import Solution, full_passes, solve
 from ._sketch import sketch_ok, sketch_passes, solve_sketch
+
+
+class MeasuredW(NamedTuple):
+    """W, v and the key bias as the bias route measured them (``_measure_W``)."""
+
+    #: each column's logit scale
+    logit_scale: np.ndarray
+    #: passes over every entry (over both sides of the sketch), and the partial pass's rows
+    n_passes: int
+    n_partial_rows: int
+    solution: Solution
+    key_bias: np.ndarray
 
 
 class BiasedLowPrecisionLearner(LowPrecisionBase):
@@ -112,39 +126,39 @@ class BiasedLowPrecisionLearner(LowPrecisionBase):
             with ledger.stage("v"):  # the offset and the key bias too
                 v0, off = read_v_offset(channel, d, fit_rng)
                 check_v(v0)
-                probes = Probes.start(self, channel, balanced_orthonormal(v0, fit_rng), v0,
-                                      fit_bias=True, off=off)
-                bias = shift_and_key_bias(self, probes, d, fit_rng)
-            probes = bias.probes
+                bias = shift_and_key_bias(self, Probes.start(
+                    self, channel, balanced_orthonormal(v0, fit_rng), v0, True, off), d, fit_rng)
             self.n_bias_rounds_ = bias.key_bias.rounds
             self.query_bias_cancelled_ = bias.cancelled
             self.answer_size_, self.entry_logit_ = bias.answer_size, bias.entry_logit
-            self.shift_ = None if probes.z is None else probes.z.copy()
+            self.shift_ = None if bias.probes.z is None else bias.probes.z.copy()
             self.sketch_ = sketch_ok(self.rank, bias, ledger)
             try:  # every entry of W (U^T T), or the two sides of its rank-r sketch
-                if self.sketch_:
-                    sk = sketch_passes(self, bias, ledger, fit_rng)
-                else:
-                    run = full_passes(self, probes, ledger, fit_rng)
+                run = self._measure_W(bias, ledger, fit_rng, self.sketch_)
             finally:
                 self.n_requeried_ = int(ledger.n_requeried)
                 self.n_overflow_ = int(channel.n_overflow)
-            if self.sketch_:
-                self.logit_scale_, self.n_passes_ = sk.logit_scale, sk.n_passes
-                self.n_partial_rows_ = 0
-                sol, key_bias = solve_sketch(bias, sk)
-            else:
-                self.logit_scale_ = run.logit_scale
-                self.n_passes_, self.n_partial_rows_ = run.n_passes, run.n_partial_rows
-                sol = solve(run.acc, probes.U, self.rank,
-                            min_cut=_BIAS_SV_FACTOR * self._key_bias_sv(bias, run.logit_scale))
-                key_bias = self._key_bias(bias, sol)
-            for attr, value in sol.fitted().items():
+            self.logit_scale_ = run.logit_scale
+            self.n_passes_, self.n_partial_rows_ = run.n_passes, run.n_partial_rows
+            for attr, value in run.solution.fitted().items():
                 setattr(self, attr, value)
-            self.key_bias_, self.offset_ = key_bias, float(probes.off)
-            self._check(oracle, ledger, check_rng, d, channel.formats.format, sol.W_err_noise,
-                        "a single attention head with biases")
+            self.key_bias_, self.offset_ = run.key_bias, float(bias.probes.off)
+            self._check(oracle, ledger, check_rng, d, channel.formats.format,
+                        run.solution.W_err_noise, "a single attention head with biases")
         return self
+
+    def _measure_W(self, bias: BiasRun, ledger, rng, sketch: bool) -> MeasuredW:
+        """W from the two sides of its rank-r sketch (``sketch``, where :func:`sketch_ok`
+        allows), else from passes over every entry, with the key bias taken out."""
+        if sketch:
+            sk = sketch_passes(self, bias, ledger, rng)
+            sol, key_bias = solve_sketch(bias, sk)
+            return MeasuredW(sk.logit_scale, sk.n_passes, 0, sol, key_bias)
+        run = full_passes(self, bias.probes, ledger, rng)
+        sol = solve(run.acc, bias.probes.U, self.rank,
+                    min_cut=_BIAS_SV_FACTOR * self._key_bias_sv(bias, run.logit_scale))
+        return MeasuredW(run.logit_scale, run.n_passes, run.n_partial_rows, sol,
+                         self._key_bias(bias, sol))
 
     def _key_bias_sv(self, bias, logit_scale) -> float:
         """The key bias's error in W: it reaches every entry of its direction's row through
