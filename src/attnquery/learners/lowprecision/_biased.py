@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .._base import CHECK_LENGTH, DEFAULT_VERIFY, check_oracle
+from .._base import DEFAULT_VERIFY, check_oracle
 from .._probes import balanced_orthonormal, check_v
 from .._registry import LearnerSpec
 from ._bias import BiasRun, combine_key_bias, read_v_offset, shift_and_key_bias
@@ -82,25 +82,6 @@ class BiasedLowPrecisionLearner(LowPrecisionBase):
         description="a head with a key bias and an offset behind float32, float16 or bfloat16 "
         "answers, within a budget of n_queries value queries (LowPrecisionValueQueryLearner's "
         "fit_bias=True route)", label="low precision, biases", command_line=False)
-
-    def __init__(self, *, n_queries: int, rank: int | None = None, target_logit: float = 2.5,
-                 answer_scale: float = 16.0, max_logit: float = 10.0,
-                 initial_logit_scale: float = 1.0, pilot_rows: int = 8,
-                 block_bytes: int = 16 * 2**20, noise: str = "format",
-                 verify: int = DEFAULT_VERIFY, check_length: int = CHECK_LENGTH,
-                 random_state=None):
-        self.n_queries = n_queries
-        self.rank = rank
-        self.target_logit = target_logit
-        self.answer_scale = answer_scale
-        self.max_logit = max_logit
-        self.initial_logit_scale = initial_logit_scale
-        self.pilot_rows = pilot_rows
-        self.block_bytes = block_bytes
-        self.verify = verify
-        self.check_length = check_length
-        self.random_state = random_state
-        self.noise = noise
 
     @staticmethod
     def min_queries(d: int, verify: int = DEFAULT_VERIFY) -> int:

@@ -12,6 +12,7 @@ import numpy as np
 from ...errors import ConfigError
 from .._base import (
     BLOCK_BYTES_PARAM,
+    CHECK_LENGTH,
     CHECK_LENGTH_PARAM,
     DEFAULT_VERIFY,
     NOISE_MODES,
@@ -51,6 +52,25 @@ class LowPrecisionBase(BaseLearner):
         "pilot_rows": [Interval(Integral, 2, None, closed="left")],
         "block_bytes": [BLOCK_BYTES_PARAM],
     }
+
+    def __init__(self, *, n_queries: int, rank: int | None = None, target_logit: float = 2.5,
+                 answer_scale: float = 16.0, max_logit: float = 10.0,
+                 initial_logit_scale: float = 1.0, pilot_rows: int = 8,
+                 block_bytes: int = 16 * 2**20, noise: str = "format",
+                 verify: int = DEFAULT_VERIFY, check_length: int = CHECK_LENGTH,
+                 random_state=None):
+        self.n_queries = n_queries
+        self.rank = rank
+        self.target_logit = target_logit
+        self.answer_scale = answer_scale
+        self.max_logit = max_logit
+        self.initial_logit_scale = initial_logit_scale
+        self.pilot_rows = pilot_rows
+        self.block_bytes = block_bytes
+        self.verify = verify
+        self.check_length = check_length
+        self.random_state = random_state
+        self.noise = noise
 
     def _validate_extra(self) -> None:
         if 2 * self.target_logit > self.max_logit:

@@ -193,22 +193,12 @@ class LowPrecisionValueQueryLearner(LowPrecisionBase):
                  block_bytes: int = 16 * 2**20, fit_bias: bool = False,
                  noise: str = "format", verify: int = DEFAULT_VERIFY,
                  check_length: int = CHECK_LENGTH, random_state=None):
-        self.n_queries = n_queries
-        self.rank = rank
-        self.target_logit = target_logit
-        self.answer_scale = answer_scale
-        self.max_logit = max_logit
-        self.initial_logit_scale = initial_logit_scale
-        self.pilot_rows = pilot_rows
-        self.block_bytes = block_bytes
-        self.verify = verify
-        self.check_length = check_length
-        self.random_state = random_state
+        # the bias route's parameters are all of these but fit_bias (LowPrecisionBase's)
+        LowPrecisionBase.__init__(self, **{k: v for k, v in locals().items()
+                                           if k not in ("self", "fit_bias")})
         self.fit_bias = fit_bias
-        self.noise = noise
 
     # ------------------------------------------------------------------------------------------
-    @staticmethod
     @staticmethod
     def min_queries(d: int, verify: int = DEFAULT_VERIFY, fit_bias: bool = False) -> int:
         """The least ``n_queries`` at dimension d: ``2 d^2`` (one pair per entry of W), ``d``
