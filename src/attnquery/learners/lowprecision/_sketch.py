@@ -22,8 +22,8 @@ from ._passes import Solution
 class Side:
     """One side of the rank-r sketch: its running means, its directions ``U`` (rows), last
     tokens ``V`` (rows; None: ``e_j``), each entry's measurements so far, its first last-token
-    sign, and each entry's measurements in the uniform passes (``last``). Changed only by
-    :func:`side_pass`, through :meth:`measured`."""
+    sign, and each entry's measurements in the uniform passes (``last``). Changed only
+    through its methods: :meth:`measured` (by :func:`side_pass`) and :meth:`remember`."""
 
     def __init__(self, acc, U, V, rng):
         self.acc, self.U, self.V = acc, U, V
@@ -41,6 +41,10 @@ class Side:
         (the entries of ``sub`` only, where given) into the running means and counts."""
         self.acc.add(rows, np.arange(self.count.shape[1]), P, kap)
         self.count[rows] += 1 if sub is None else sub
+
+    def remember(self, x) -> None:
+        """Keep a uniform pass's measurement of every entry ``x`` (for :func:`noise_model`)."""
+        self.last.append(x)
 
 
 class SketchRun(NamedTuple):
@@ -126,7 +130,7 @@ def sketch_passes(est, run: BiasRun, ledger, rng) -> SketchRun:
         for _ in range(_SKETCH_UNIFORM):  # passes that show how the noise grows with T
             for side in (Z, Y):
                 if ledger.left() >= 2.5 * side.count.size:
-                    side.last.append(side_pass(est, run, probes, side, kb, rng))
+                    side.remember(side_pass(est, run, probes, side, kb, rng))
         quotas = entry_quotas(ledger, d, (Z, Y), 1.0 - r / d, rng)
         for k in range(max(int(q.max()) for q in quotas)):
             for side, q in zip((Z, Y), quotas, strict=True):
