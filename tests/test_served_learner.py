@@ -97,7 +97,7 @@ def test_the_bias_route_is_its_own_estimator():
                                   if k != "fit_bias"}
 
 
-def test_the_bias_routes_refusals_name_the_estimator_asked():
+def test_the_bias_routes_refusals_and_warnings_name_the_estimator_asked():
     oracle = ValueOracle(random_head(8, 1, key_bias=0.5, offset=0.3), 8)
     need = BiasedLowPrecisionLearner.min_queries(8)
     assert need == LowPrecisionValueQueryLearner.min_queries(8, fit_bias=True)
@@ -109,6 +109,12 @@ def test_the_bias_routes_refusals_name_the_estimator_asked():
     with pytest.raises(ConfigError, match="max_logit"):
         BiasedLowPrecisionLearner(n_queries=need, max_logit=20.0).fit(oracle)
     assert oracle.n_queries == 0
+    noisy = random_head(16, 3, rank=4, key_bias=0.5, offset=0.3)
+    for est in (LowPrecisionValueQueryLearner(n_queries=3000, random_state=0, fit_bias=True,
+                                              noise="measured"),
+                BiasedLowPrecisionLearner(n_queries=3000, random_state=0, noise="measured")):
+        with pytest.warns(NoiseAboveFormatWarning, match=f"so {type(est).__name__} goes on"):
+            est.fit(ValueOracle(in_dtype(relative_noise(noisy, 1e-4), "float32"), 16))
 
 
 @pytest.mark.parametrize("engine", ["ours", "onnxruntime"])

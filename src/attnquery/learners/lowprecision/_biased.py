@@ -94,14 +94,9 @@ class BiasedLowPrecisionLearner(LowPrecisionBase):
         returns self. Raises what ``LowPrecisionValueQueryLearner(fit_bias=True).fit``
         raises."""
         self._validate_params()
-        return self._fit(oracle, type(self).__name__)
-
-    def _fit(self, oracle, name: str):
-        """The fit, its refusals naming the estimator ``name`` (the public entry's when it
-        runs this route)."""
         d = check_oracle(oracle)
-        n_verify = self._check_box(oracle, d, name, fit_bias=True)
-        with self._open_budget(oracle, n_verify, name) as ledger:
+        n_verify = self._check_box(oracle, d, fit_bias=True)
+        with self._open_budget(oracle, n_verify) as ledger:
             fit_rng, check_rng = self._rng().spawn(2)
             channel = Channel(ledger)
             with ledger.stage("v"):  # the offset and the key bias too

@@ -35,7 +35,8 @@ class LowPrecisionBase(BaseLearner):
     """The parameters, checks and results both low-precision estimators share
     (:class:`~attnquery.learners.lowprecision.LowPrecisionValueQueryLearner`, the public
     entry, and :class:`~attnquery.learners.lowprecision.BiasedLowPrecisionLearner`, its bias
-    route). Not a learner of its own: no ``fit``."""
+    route). Not a learner of its own: no ``fit``. Parameters: see
+    :class:`~attnquery.learners.lowprecision.LowPrecisionValueQueryLearner`."""
 
     _parameter_constraints = {
         **BaseLearner._parameter_constraints,
@@ -77,10 +78,11 @@ class LowPrecisionBase(BaseLearner):
             raise ConfigError(f"target_logit must be at most max_logit / 2; got "
                               f"{self.target_logit} with max_logit {self.max_logit}")
 
-    def _check_box(self, oracle, d: int, name: str, fit_bias: bool) -> int:
+    def _check_box(self, oracle, d: int, fit_bias: bool) -> int:
         """Raise :class:`~attnquery.errors.ConfigError` before any query for a membership
-        oracle, a rank above d or ``n_queries`` below :func:`min_queries` (``name`` is the
-        estimator the messages name); returns the check queries, the ledger's reserve."""
+        oracle, a rank above d or ``n_queries`` below :func:`min_queries`; returns the check
+        queries, the ledger's reserve."""
+        name = type(self).__name__
         if getattr(oracle, "kind", "value") == "membership":
             raise ConfigError(f"{name} needs value answers; got a "
                               "membership oracle (use MembershipLearner)")
@@ -97,12 +99,12 @@ class LowPrecisionBase(BaseLearner):
         return n_verify
 
     @contextlib.contextmanager
-    def _open_budget(self, oracle, n_verify: int, name: str):
+    def _open_budget(self, oracle, n_verify: int):
         """The fit's query ledger, its one budget: ``cap=n_queries`` with the check queries
         as its ``reserve`` (``ledger.left()`` is what the passes share, ``need`` refuses a step
         that does not fit); the oracle's budget must pay for all ``n_queries`` before any
         query (:class:`~attnquery.errors.BudgetExceededError` otherwise)."""
-        budget = int(self.n_queries)
+        budget, name = int(self.n_queries), type(self).__name__
         with self._open_ledger(oracle, STAGES, what=name, cap=budget,
                                reserve=n_verify) as ledger:
             ledger.need(budget, f"{name}(n_queries={budget})", reserved=True)

@@ -17,6 +17,15 @@ from ._pairs import Channel, Probes
 from ._passes import full_passes, solve
 
 
+class _BiasRoute(BiasedLowPrecisionLearner):
+    """:class:`BiasedLowPrecisionLearner` as ``LowPrecisionValueQueryLearner(fit_bias=True)``
+    runs it: its refusals and warnings name the public entry (they name
+    ``type(self).__name__``)."""
+
+
+_BiasRoute.__name__ = "LowPrecisionValueQueryLearner"
+
+
 class LowPrecisionValueQueryLearner(LowPrecisionBase):
     """Recovery of (W, v) from answers rounded to low precision, with a given query budget.
 
@@ -240,19 +249,18 @@ class LowPrecisionValueQueryLearner(LowPrecisionBase):
         """
         self._validate_params()
         if self.fit_bias:  # the bias route: its own estimator, whose fitted attributes are ours
-            route = BiasedLowPrecisionLearner(**{k: v for k, v in self.get_params().items()
-                                                 if k != "fit_bias"})
+            route = _BiasRoute(**{k: v for k, v in self.get_params().items()
+                                  if k != "fit_bias"})
             try:
-                route._fit(oracle, type(self).__name__)
+                route.fit(oracle)
             finally:
                 for name, value in vars(route).items():
                     if name.endswith("_") or name == "_W":
                         setattr(self, name, value)
             return self
-        name = type(self).__name__
         d = check_oracle(oracle)
-        n_verify = self._check_box(oracle, d, name, fit_bias=False)
-        with self._open_budget(oracle, n_verify, name) as ledger:
+        n_verify = self._check_box(oracle, d, fit_bias=False)
+        with self._open_budget(oracle, n_verify) as ledger:
             fit_rng, check_rng = self._rng().spawn(2)
             channel = Channel(ledger)
             with ledger.stage("v"):
