@@ -66,6 +66,15 @@ pass (errors that flip with the sign, such as the key bias's, cancel instead of 
 Floating-point formats carry more absolute precision near zero than near their largest answers;
 this learner does not exploit that (it treats every answer as carrying the same relative noise),
 so its query counts are what an attacker pays when the answers' errors are relative noise.
+
+Layout: :class:`LowPrecisionValueQueryLearner` (``_learner``) is the public entry; with
+``fit_bias=True`` it runs the bias route, :class:`BiasedLowPrecisionLearner` (``_biased``),
+and takes its fitted attributes. Both sequence shared measurement modules: the pair probes
+(``_pairs``: :func:`pair_logits`, the frozen probe design ``Probes`` and the ``Channel`` the
+answers come through, whose ledger is the fit's one budget), the entry estimates
+(``_entries``), the noise model (``_noise``), the passes over every entry and the solve
+(``_passes``), the bias route's stages (``_bias``) and the rank-r sketch (``_sketch``); the
+constants are in ``_constants``.
 """
 
 from __future__ import annotations
