@@ -20,6 +20,7 @@ from ._constants import (
     _MAX_ROUNDS,
     _T,
 )
+from ._entries import Entries
 from ._noise import check_noise
 
 
@@ -178,7 +179,7 @@ class Probes:
     zv: float = 0.0
     b: np.ndarray | None = None
     c_bias: np.ndarray | None = None
-    acc: object = None
+    acc: Entries | None = None
     rng: np.random.Generator | None = None
     jitter_size: float = 0.0
     cancelled: bool = False
