@@ -118,6 +118,16 @@ def test_a_noise_cell_depends_on_no_real_weights_code():
     assert {"experiments/noise.py", "learners/noisy.py", "oracles.py"} <= closure
 
 
+def test_a_noise_cell_depends_on_no_module_of_the_low_precision_package():
+    # learners/lowprecision/ is a package (its old single module's path names no file now)
+    closure = {str(p.relative_to(PACKAGE_DIR)) for p in
+               module_closure([get_experiment("noise").run.__module__])}
+    assert not any(c.startswith("learners/lowprecision") for c in closure)
+    lowprecision = {str(p.relative_to(PACKAGE_DIR)) for p in
+                    module_closure([get_experiment("lowprecision").run.__module__])}
+    assert "learners/lowprecision/_pairs.py" in lowprecision  # the closure sees the package
+
+
 def test_a_figure_module_never_imports_another_figure_module():
     import attnquery.figures as figs
 

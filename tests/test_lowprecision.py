@@ -34,7 +34,7 @@ from attnquery.learners import LowPrecisionValueQueryLearner
 from attnquery.learners.lowprecision import MAX_NOISE_LEVEL, pair_logits
 from attnquery.metrics import fit_power_law_within, relative_error
 from attnquery.models import AttentionHead, MultiHeadAttention, random_head
-from attnquery.oracles import MembershipOracle, RoundingOracle
+from attnquery.oracles import MembershipOracle, RoundingOracle, ValueOracle
 from attnquery.results import rows_to_table
 from attnquery.theory import precision_digits, precision_relative_tau
 
@@ -224,6 +224,19 @@ def test_v_zero_is_not_identifiable():
         LowPrecisionValueQueryLearner(
             n_queries=LowPrecisionValueQueryLearner.min_queries(4)).fit(oracle)
     assert oracle.n_queries == 4  # the one-row queries, nothing more
+
+
+def test_the_budget_is_the_fits_ledger_less_the_check():
+    """The passes share ``n_queries`` less the check's queries (the ledger's reserve): a fit
+    whose re-asked pairs leave too little refuses the next pass before asking it, naming
+    what is left, and the queries it spent are what the oracle counted."""
+    oracle = ValueOracle(random_head(8, seed=2), 8)
+    n, verify = 4 * (8 * 8 + 8), 8
+    with pytest.raises(BudgetExceededError, match=r"128 more queries are needed to measure "
+                       r"every entry of W once but only (\d+) of n_queries = 288") as info:
+        LowPrecisionValueQueryLearner(n_queries=n, verify=verify, random_state=3).fit(oracle)
+    left = int(str(info.value).split("only ")[1].split(" of")[0])
+    assert left < 128 and oracle.n_queries + left + verify == n
 
 
 def test_bad_parameters_and_budgets():

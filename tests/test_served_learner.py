@@ -12,6 +12,7 @@ from attnquery.errors import (
 )
 from attnquery.learners import LowPrecisionValueQueryLearner
 from attnquery.learners._base import NOISE_FORMAT_FACTOR
+from attnquery.learners.lowprecision import BiasedLowPrecisionLearner
 from attnquery.models import MultiHeadAttention, random_head
 from attnquery.oracles import ValueOracle
 from attnquery.precision import Arithmetic, rounding_floor
@@ -69,6 +70,51 @@ def test_exact_box_with_biases():
     assert eW < 1e-9 and ev < 1e-9 and ec < 1e-8
     assert abs(est.offset_ - 0.3) < 1e-12
     assert est.rank_ >= 4 and est.n_overflow_ == 0  # a 5th singular value at 1e-10 may stay
+
+
+def _fitted(est):
+    return {k: v for k, v in vars(est).items() if k.endswith("_") or k == "_W"}
+
+
+def test_the_bias_route_is_its_own_estimator():
+    """``LowPrecisionValueQueryLearner(fit_bias=True)`` runs BiasedLowPrecisionLearner with
+    its parameters: the same fitted attributes bit for bit, on the same queries."""
+    h = random_head(16, 3, rank=4, key_bias=0.5, offset=0.3)
+    public = LowPrecisionValueQueryLearner(n_queries=3000, random_state=0, fit_bias=True)
+    route = BiasedLowPrecisionLearner(n_queries=3000, random_state=0)
+    o1, o2 = ValueOracle(h, 16), ValueOracle(h, 16)
+    a, b = _fitted(public.fit(o1)), _fitted(route.fit(o2))
+    assert set(a) == set(b) and o1.n_queries == o2.n_queries
+    for k in a:
+        x, y = a[k], b[k]
+        if isinstance(x, tuple):
+            assert all(np.array_equal(p, q) for p, q in zip(x, y, strict=True)), k
+        else:
+            assert np.array_equal(x, y) if isinstance(x, np.ndarray) else x == y, k
+    eW, ev, ec = _errors(route, h)
+    assert eW < 1e-9 and ev < 1e-9 and ec < 1e-8 and abs(route.offset_ - 0.3) < 1e-12
+    assert route.get_params() == {k: v for k, v in public.get_params().items()
+                                  if k != "fit_bias"}
+
+
+def test_the_bias_routes_refusals_and_warnings_name_the_estimator_asked():
+    oracle = ValueOracle(random_head(8, 1, key_bias=0.5, offset=0.3), 8)
+    need = BiasedLowPrecisionLearner.min_queries(8)
+    assert need == LowPrecisionValueQueryLearner.min_queries(8, fit_bias=True)
+    assert need > LowPrecisionValueQueryLearner.min_queries(8)
+    with pytest.raises(ConfigError, match=r"see BiasedLowPrecisionLearner\.min_queries"):
+        BiasedLowPrecisionLearner(n_queries=need - 1).fit(oracle)
+    with pytest.raises(ConfigError, match=r"see LowPrecisionValueQueryLearner\.min_queries"):
+        LowPrecisionValueQueryLearner(n_queries=need - 1, fit_bias=True).fit(oracle)
+    with pytest.raises(ConfigError, match="max_logit"):
+        BiasedLowPrecisionLearner(n_queries=need, max_logit=20.0).fit(oracle)
+    assert oracle.n_queries == 0
+    noisy = random_head(16, 3, rank=4, key_bias=0.5, offset=0.3)
+    for est in (LowPrecisionValueQueryLearner(n_queries=3000, random_state=0, fit_bias=True,
+                                              noise="measured"),
+                BiasedLowPrecisionLearner(n_queries=3000, random_state=0, noise="measured")):
+        with pytest.warns(NoiseAboveFormatWarning, match=f"so {type(est).__name__} goes on"):
+            est.fit(ValueOracle(in_dtype(relative_noise(noisy, 1e-4), "float32"), 16))
 
 
 @pytest.mark.parametrize("engine", ["ours", "onnxruntime"])
