@@ -18,10 +18,27 @@ import math
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["Claim", "Number", "format_number", "format_interval", "fit_number", "number_name",
-           "ok_rows", "no_data", "extra_values", "threshold_claim"]
+__all__ = ["Claim", "Number", "ROUNDING_FACTOR", "NOISE_FACTOR", "format_number",
+           "format_interval", "fit_number", "number_name", "ok_rows", "no_data", "extra_values",
+           "threshold_claim"]
 
 _NAME = re.compile(r"^[a-z][A-Za-z0-9]*$")
+
+#: The factor (:attr:`Number.factor`) the numbers that measure floating-point rounding declare:
+#: the errors of the learners on exact (float64) answers, 1e-16 to 1e-9. Their digits depend on
+#: the BLAS kernel and the CPU (another summation order moves every rounding error); two
+#: OpenBLAS kernels of one machine moved them by up to a factor of 3.1
+#: (docs/notes/2026-11-27-cross-machine.md). What a reader can rely on is their order of
+#: magnitude, and the bound of the claim that states them.
+ROUNDING_FACTOR = 10.0
+#: The factor the errors of learners on float32-served answers declare (the served heads'
+#: errors, the served rotary heads'). The served box answers alike on every machine
+#: (:mod:`attnquery.precision`), but the learner chooses its queries with float64 arithmetic
+#: whose last bits depend on the BLAS kernel; the float32 rounding of a few queries then flips,
+#: and the error is that of another sample of the rounding noise: two OpenBLAS kernels moved a
+#: served MiniLM head's errors by up to 2% and a served rotary head's by a factor of 1.35
+#: (docs/notes/2026-11-27-cross-machine.md).
+NOISE_FACTOR = 2.0
 
 
 @dataclass(frozen=True)
