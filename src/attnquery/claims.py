@@ -27,7 +27,7 @@ _NAME = re.compile(r"^[a-z][A-Za-z0-9]*$")
 #: The factor (:attr:`Number.factor`) the numbers that measure floating-point rounding declare:
 #: the errors of the learners on exact (float64) answers, 1e-16 to 1e-9. Their digits depend on
 #: the BLAS kernel and the CPU (another summation order moves every rounding error); two
-#: OpenBLAS kernels of one machine moved them by up to a factor of 4.2
+#: OpenBLAS kernels of one machine moved them by up to a factor of 5.8
 #: (docs/notes/2026-11-27-cross-machine.md). What a reader can rely on is their order of
 #: magnitude, and the bound of the claim that states them.
 ROUNDING_FACTOR = 10.0
