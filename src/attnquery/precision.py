@@ -22,9 +22,9 @@ where every product is exact (24 + 24 significant bits fit in float64's 53), sum
 float64 and rounds the sum once to float32 and then (float16, bfloat16) to the format: the model
 of an engine that accumulates in higher precision than it stores. The softmax (max shift, exp,
 sum, division) is computed in float32 except its exponential, which is float64's rounded to
-float32 (correctly rounded but where the value lies within float64's roundoff of the
-midpoint of two float32 numbers), and its
-result is rounded once to the format, as the engines' half-precision softmax kernels do.
+float32 (correctly rounded but where the value lies within float64's roundoff of the midpoint
+of two float32 numbers), and its result is rounded once to the format, as the engines'
+half-precision softmax kernels do.
 Computing them in float32 instead (BLAS ``sgemm``, numpy's SIMD ``exp``) makes the answers
 depend on the CPU: the BLAS kernel sums in another order (OpenBLAS's Haswell and SkylakeX
 kernels gave different float32 answers to 91% of the inputs of a MiniLM head, the learner's
@@ -127,7 +127,7 @@ class Arithmetic:
         BLAS kernel); in float64 numpy's ``a @ b``."""
         with np.errstate(over="ignore", invalid="ignore"):
             if self.precision == "float64":
-                return np.matmul(a, b)
+                return self.rnd(np.matmul(a, b))
             return self._round(np.matmul(self._wide(a), self._wide(b)))
 
     def einsum(self, spec: str, *operands) -> np.ndarray:
@@ -135,7 +135,7 @@ class Arithmetic:
         values of many heads at once), summed in float64 and rounded once, as :meth:`matmul`."""
         with np.errstate(over="ignore", invalid="ignore"):
             if self.precision == "float64":
-                return np.einsum(spec, *operands)
+                return self.rnd(np.einsum(spec, *operands))
             return self._round(np.einsum(spec, *map(self._wide, operands)))
 
     def add(self, a, b) -> np.ndarray:
