@@ -189,3 +189,84 @@ def test_onnxruntime_example_is_extracted_with_its_biases(repo):
     X = np.random.default_rng(0).standard_normal((64, 3, 32))
     y = ex.served_head(X)
     assert _rel(est.predict(X), y) < 1e-5
+
+
+def _exact_dot_rounded(A, B):
+    """``A @ B`` of float32 matrices summed exactly (math.fsum of the exact float64 products),
+    rounded once to float32: what no summation order changes."""
+    import math
+
+    A64, B64 = A.astype(np.float64), B.astype(np.float64)
+    out = np.empty((A.shape[0], B.shape[1]), dtype=np.float32)
+    for i in range(A.shape[0]):
+        for j in range(B.shape[1]):
+            out[i, j] = np.float32(math.fsum(A64[i] * B64[:, j]))
+    return out
+
+
+def test_float32_products_are_the_exact_sums_rounded_once():
+    # products of float32 values are exact in float64; summed in float64 and rounded once the
+    # result is the exactly rounded sum but where a sum lies within float64's roundoff of the
+    # midpoint of two float32 numbers (none here): no BLAS kernel's order shows
+    rng = np.random.default_rng(8)
+    A = rng.standard_normal((40, 384)).astype(np.float32)
+    B = rng.standard_normal((384, 12)).astype(np.float32)
+    A32 = Arithmetic("float32")
+    got = A32.matmul(A, B)
+    assert got.dtype == np.float32
+    assert np.array_equal(got, _exact_dot_rounded(A, B))
+    X = rng.standard_normal((6, 5, 384)).astype(np.float32)
+    q = rng.standard_normal((6, 384)).astype(np.float32)
+    scores = A32.einsum("bnk,bk->bn", X, q)
+    assert np.array_equal(scores, np.vstack([_exact_dot_rounded(X[b], q[b][:, None]).ravel()
+                                             for b in range(6)]))
+    # the narrow formats: the same sum, rounded to the format
+    for fmt in ("float16", "bfloat16"):
+        An, Bn = Arithmetic(fmt).store(A / 8), Arithmetic(fmt).store(B / 8)
+        assert np.array_equal(Arithmetic(fmt).matmul(An, Bn),
+                              round_to(_exact_dot_rounded(An, Bn), fmt).astype(np.float32))
+    # float64 keeps numpy's own product, bit for bit
+    A64 = rng.standard_normal((7, 9))
+    assert np.array_equal(Arithmetic("float64").matmul(A64, A64.T), A64 @ A64.T)
+
+
+def test_float32_softmax_takes_its_exponential_from_float64():
+    s = np.random.default_rng(9).standard_normal((50, 30)).astype(np.float32) * 10
+    shifted = s - s.max(axis=-1, keepdims=True)
+    e = np.exp(shifted.astype(np.float64)).astype(np.float32)
+    assert np.array_equal(Arithmetic("float32").softmax(s), e / e.sum(axis=-1, keepdims=True))
+    assert np.all(np.isnan(Arithmetic("float32").softmax(np.array([[1.0, np.inf]]))))
+
+
+_KERNEL_SCRIPT = """
+import sys, numpy as np
+from attnquery.models import random_head, AttentionHead
+from attnquery.realheads import ModuleBlackBox
+X = np.random.default_rng(10).standard_normal((300, 4, 32))
+h = random_head(32, 3, key_bias=0.4, offset=0.2)
+y = [ModuleBlackBox(sys.argv[1], 0, None, precision=p)(X) for p in ("float32", "float16")]
+y.append(AttentionHead(h.v, W=h.W, key_bias=h.key_bias, precision="float32")(X))
+np.save(sys.argv[2], np.concatenate(y))
+"""
+
+
+def test_served_answers_do_not_depend_on_the_blas_kernel(ckpt, tmp_path):
+    # OpenBLAS picks its kernels by CPU (DYNAMIC_ARCH); OPENBLAS_CORETYPE forces one per process.
+    # Summed in float32 (BLAS sgemm) the served answers depended on it
+    # (docs/notes/2026-11-27-cross-machine.md)
+    import os
+    import platform
+    import subprocess
+    import sys
+
+    config = str(np.show_config(mode="dicts")["Build Dependencies"]["blas"])
+    if platform.machine() not in ("x86_64", "AMD64") or "DYNAMIC_ARCH" not in config:
+        pytest.skip("needs numpy's OpenBLAS built with DYNAMIC_ARCH on x86-64")
+    out = {}
+    for core in ("Haswell", "Nehalem"):  # AVX2 and SSE kernels: any x86-64 CPU with AVX2
+        path = tmp_path / f"{core}.npy"
+        env = {**os.environ, "OPENBLAS_CORETYPE": core, "OPENBLAS_NUM_THREADS": "1"}
+        subprocess.run([sys.executable, "-c", _KERNEL_SCRIPT, str(ckpt), str(path)], env=env,
+                       check=True)
+        out[core] = np.load(path)
+    assert np.array_equal(out["Haswell"], out["Nehalem"])

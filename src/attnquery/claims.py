@@ -18,10 +18,27 @@ import math
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["Claim", "Number", "format_number", "format_interval", "fit_number", "number_name",
-           "ok_rows", "no_data", "extra_values", "threshold_claim"]
+__all__ = ["Claim", "Number", "ROUNDING_FACTOR", "NOISE_FACTOR", "format_number",
+           "format_interval", "fit_number", "number_name", "ok_rows", "no_data", "extra_values",
+           "threshold_claim"]
 
 _NAME = re.compile(r"^[a-z][A-Za-z0-9]*$")
+
+#: The factor (:attr:`Number.factor`) the numbers that measure floating-point rounding declare:
+#: the errors of the learners on exact (float64) answers, 1e-16 to 1e-9. Their digits depend on
+#: the BLAS kernel and the CPU (another summation order moves every rounding error); two
+#: OpenBLAS kernels of one machine moved them by up to a factor of 5.8
+#: (docs/notes/2026-11-27-cross-machine.md). What a reader can rely on is their order of
+#: magnitude, and the bound of the claim that states them.
+ROUNDING_FACTOR = 10.0
+#: The factor the errors of learners on float32-served answers declare (the served heads'
+#: errors, the served rotary heads'). The served box answers alike on every machine
+#: (:mod:`attnquery.precision`), but the learner chooses its queries with float64 arithmetic
+#: whose last bits depend on the BLAS kernel; the float32 rounding of a few queries then flips,
+#: and the error is that of another sample of the rounding noise: two OpenBLAS kernels moved a
+#: served MiniLM head's errors by up to 2% and a served rotary head's by a factor of 1.35
+#: (docs/notes/2026-11-27-cross-machine.md).
+NOISE_FACTOR = 2.0
 
 
 @dataclass(frozen=True)
@@ -52,6 +69,13 @@ class Number:
         Without it a number is reproduced when it prints the same (or differs by less than half a
         unit of its last printed digit). A count (``fmt`` ``"d"``) must match exactly and takes
         none.
+    factor : float, optional
+        The largest ratio (at least 1) between the run's value and the committed one, either
+        way, that still counts as reproduced when the printed digits differ: ``new / committed``
+        within ``[1 / factor, factor]`` for the value and each end of the interval, both of one
+        sign. For numbers that measure floating-point rounding (errors of 1e-16 to 1e-9), which
+        another BLAS kernel or CPU changes by a factor of a few while their order of magnitude
+        holds (docs/reproducibility.md). A count takes none.
     """
 
     name: str
@@ -63,6 +87,7 @@ class Number:
     rows: str = ""
     timing: bool = False
     tol: float | None = None
+    factor: float | None = None
 
     def __post_init__(self):
         if not _NAME.match(self.name):
@@ -75,6 +100,14 @@ class Number:
                     and self.tol >= 0):
                 raise ValueError(f"number {self.name}: tol must be a finite number >= 0, got "
                                  f"{self.tol!r}")
+        if self.factor is not None:
+            if self.fmt.endswith("d"):
+                raise ValueError(f"number {self.name}: a count (fmt {self.fmt!r}) must be "
+                                 f"reproduced exactly and takes no factor (got {self.factor!r})")
+            if not (isinstance(self.factor, (int, float)) and not isinstance(self.factor, bool)
+                    and math.isfinite(self.factor) and self.factor >= 1):
+                raise ValueError(f"number {self.name}: factor must be a finite number >= 1, got "
+                                 f"{self.factor!r}")
 
     def format(self, x) -> str:
         """``x`` printed as this number is printed."""
@@ -99,7 +132,8 @@ class Number:
         return {"name": self.name, "value": plain(self.value), "text": self.text,
                 "unit": self.unit, "lo": plain(self.lo), "hi": plain(self.hi),
                 "interval": self.interval, "rows": self.rows, "timing": self.timing,
-                "fmt": self.fmt, "tol": None if self.tol is None else float(self.tol)}
+                "fmt": self.fmt, "tol": None if self.tol is None else float(self.tol),
+                "factor": None if self.factor is None else float(self.factor)}
 
 
 def format_number(x, fmt: str) -> str:
@@ -131,12 +165,13 @@ def number_name(*parts) -> str:
 
 
 def fit_number(name: str, fit, rows: str = "", unit: str = "exponent", fmt: str = ".3f",
-               timing: bool = False, tol: float | None = None) -> Number:
-    """The slope of a :class:`~attnquery.metrics.PowerLawFit` with its interval (``tol``: see
-    :class:`Number`)."""
+               timing: bool = False, tol: float | None = None,
+               factor: float | None = None) -> Number:
+    """The slope of a :class:`~attnquery.metrics.PowerLawFit` with its interval (``tol``,
+    ``factor``: see :class:`Number`)."""
     return Number(name, float(fit.slope), unit, fmt, float(fit.lo), float(fit.hi),
                   f"{rows}; {round(100 * fit.level)}% interval, n = {fit.n}".lstrip("; "),
-                  timing, tol)
+                  timing, tol, factor)
 
 
 @dataclass(frozen=True)

@@ -228,7 +228,15 @@ def _identical(a, b) -> bool:
                       and math.isnan(b))
 
 
-def _judge(committed: dict, new: dict, fmt: str, tol: float | None) -> str:
+def _within_factor(a: float, b: float, factor: float | None) -> bool:
+    """``b / a`` within ``[1 / factor, factor]``, both of one sign (never for zero or nan)."""
+    if factor is None or not (a * b > 0):
+        return False
+    return max(a / b, b / a) <= factor
+
+
+def _judge(committed: dict, new: dict, fmt: str, tol: float | None,
+           factor: float | None = None) -> str:
     """One of :data:`_VERDICTS` for the run's ``new`` number against the ``committed`` one,
     printed with ``fmt``: the worst over its value and the ends of its interval."""
     pairs = [(committed[k], new[k]) if k == "value" else (committed.get(k), new.get(k))
@@ -249,7 +257,7 @@ def _judge(committed: dict, new: dict, fmt: str, tol: float | None) -> str:
         diff = abs(float(b) - float(a))  # nan when either is: accepted by neither rule
         if diff < 0.5 * last_digit(float(a), fmt):
             worst = max(worst, 2)
-        elif tol is not None and diff <= tol:
+        elif (tol is not None and diff <= tol) or _within_factor(float(a), float(b), factor):
             worst = 3
         else:
             return "differs"
@@ -267,8 +275,9 @@ def compare_numbers(committed: dict[str, dict], new: dict[str, dict]) -> tuple[b
     - a float must print the same; one that prints differently is still reproduced when it
       differs by less than half a unit of the committed number's last printed digit (the two sit
       on either side of a rounding boundary, ``4.44999`` and ``4.45001`` at ``.2f``) or by at
-      most the tolerance its claim declares (:attr:`attnquery.claims.Number.tol`, the run's
-      declaration before the committed one).
+      most the tolerance its claim declares (:attr:`attnquery.claims.Number.tol`) or by at most
+      the factor it declares (:attr:`attnquery.claims.Number.factor`; the run's declarations
+      before the committed ones).
 
     Numbers that print the same but differ in their last bits (another BLAS, another CPU) are
     listed apart, as information; wall-clock numbers (``timing``) are not compared.
@@ -286,13 +295,14 @@ def compare_numbers(committed: dict[str, dict], new: dict[str, dict]) -> tuple[b
     compared = [k for k, v in committed.items() if not v.get("timing")]
     timing = len(committed) - len(compared)
     by = {v: [] for v in _VERDICTS}
-    fmts, tols = {}, {}
+    fmts, tols, factors = {}, {}, {}
     for k in compared:
         if k in new:
             c, n = committed[k], new[k]
             fmts[k] = printed_format(c, n.get("fmt"))
             tols[k] = n.get("tol") if n.get("tol") is not None else c.get("tol")
-            by[_judge(c, n, fmts[k], tols[k])].append(k)
+            factors[k] = n.get("factor") if n.get("factor") is not None else c.get("factor")
+            by[_judge(c, n, fmts[k], tols[k], factors[k])].append(k)
     missing = [k for k in committed if k not in new]
     failed = [k for k in compared if k in by["differs"] or k not in new]
     added = [k for k in new if k not in committed]
@@ -323,15 +333,19 @@ def compare_numbers(committed: dict[str, dict], new: dict[str, dict]) -> tuple[b
     for k in missing:
         lines.append(f"  missing: {k} (committed {committed[k]['text']}; the run states no such "
                      "number" + ("; wall clock, not compared)" if k not in compared else ")"))
+    def declared(k):
+        return "".join(f", {what} {x[k]!r}" for what, x in (("tol", tols), ("factor", factors))
+                       if x[k] is not None)
+
     accepted = {"boundary": "print differently at a rounding boundary, within half a unit of "
                             "their last printed digit",
-                "tolerance": "print differently within the tolerance their claims declare"}
+                "tolerance": "print differently within the tolerance or factor their claims "
+                             "declare"}
     for verdict, why in accepted.items():
         if by[verdict]:
             lines.append(f"  {len(by[verdict])} numbers {why} (reproduced):")
             lines += [f"    {k} committed {shown(k, committed[k])}, now {shown(k, new[k])} "
-                      f"({values(k)}" + (f", tol {tols[k]!r}" if verdict == "tolerance" else "")
-                      + ")"
+                      f"({values(k)}" + (declared(k) if verdict == "tolerance" else "") + ")"
                       for k in by[verdict]]
     if by["last bits"]:
         lines.append(f"  {len(by['last bits'])} numbers differ below their printed digits (last "

@@ -7,18 +7,33 @@ to it. :class:`Arithmetic` is that arithmetic, for the models of :mod:`attnquery
 
 * ``"float64"``: nothing is rounded (the models then keep their own float64 code path,
   bit-identical to a model built without ``precision``);
-* ``"float32"``: every array is a float32 array and every operation is numpy's float32 operation
-  (matrix products by BLAS ``sgemm``: float32 products and float32 accumulation, as a CPU engine
-  computes them);
+* ``"float32"``: every array is a float32 array and every operation is rounded to float32;
 * ``"float16"`` and ``"bfloat16"`` (``ml_dtypes.bfloat16``, the type JAX uses): values are held in
-  the format; a matrix product multiplies and accumulates in float32 and rounds its result to the
-  format once (what onnxruntime's and cuBLAS's half-precision GEMMs and PyTorch's ``matmul`` on
-  half tensors do); an elementwise operation (bias add, scaling) is computed in float32 and
-  rounded, which is the correctly rounded result of the format's own operation (float32 has more
-  than twice the format's significant bits plus two); the softmax is computed in float32 (max
-  shift, exp, sum, division) and its result rounded to the format, as the engines' half-precision
-  softmax kernels do. The inputs are rounded to the format on entry and the answers are the
-  format's values (returned as float64).
+  the format; an elementwise operation (bias add, scaling) is computed in float32 and rounded,
+  which is the correctly rounded result of the format's own operation (float32 has more than
+  twice the format's significant bits plus two).
+
+The answers are the format's values (returned as float64); the inputs are rounded to the format
+on entry.
+
+**Matrix products and the softmax's exponential are machine-independent.** A matrix product
+(:meth:`Arithmetic.matmul`, :meth:`Arithmetic.einsum`) multiplies the format's values in float64,
+where every product is exact (24 + 24 significant bits fit in float64's 53), sums them in
+float64 and rounds the sum once to float32 and then (float16, bfloat16) to the format: the model
+of an engine that accumulates in higher precision than it stores. The softmax (max shift, exp,
+sum, division) is computed in float32 except its exponential, which is float64's rounded to
+float32 (correctly rounded but where the value lies within float64's roundoff of the midpoint
+of two float32 numbers), and its result is rounded once to the format, as the engines'
+half-precision softmax kernels do.
+Computing them in float32 instead (BLAS ``sgemm``, numpy's SIMD ``exp``) makes the answers
+depend on the CPU: the BLAS kernel sums in another order (OpenBLAS's Haswell and SkylakeX
+kernels gave different float32 answers to 91% of the inputs of a MiniLM head, the learner's
+error of W then 1.8e-7 on one and 3.4e-7 on the other) and numpy's float32 ``exp`` is computed
+differently without FMA (36% of the values). The float64 sum is also summed in a
+kernel-dependent order, but its error (about 1e-16 relative) moves the float32 result only when
+the sum lies that close to the midpoint of two float32 numbers, which is rare: none of the
+answers of that MiniLM head to 2,000 queries, nor of a rotary head to 600, differed between the
+two kernels (docs/notes/2026-11-27-cross-machine.md).
 
 A float16 value beyond 65504 is ``inf`` (the cast overflows, as on an accelerator), and the
 softmax of a row holding ``inf`` is NaN: a float16 box answers ``inf``/NaN to inputs that are too
@@ -155,18 +170,30 @@ class Arithmetic:
         with np.errstate(over="ignore", invalid="ignore"):
             return np.asarray(a, dtype=np.float64).astype(self.dtype).astype(self.compute)
 
+    def _wide(self, a) -> np.ndarray:
+        """``a`` as float64 (exact: the format's values are float64 values)."""
+        return np.asarray(a, dtype=np.float64)
+
+    def _round(self, a) -> np.ndarray:
+        """A float64 result rounded to float32 and then to the format (the compute type)."""
+        return self.rnd(np.asarray(a).astype(np.float32))
+
     def matmul(self, a, b) -> np.ndarray:
-        """``a @ b``: products and sums in the compute type (float32 accumulation for the
-        narrow formats), the result rounded once."""
+        """``a @ b``: the products exact and summed in float64, the sum rounded once to float32
+        and then to the format (see the module's docstring: the result does not depend on the
+        BLAS kernel); in float64 numpy's ``a @ b``."""
         with np.errstate(over="ignore", invalid="ignore"):
-            return self.rnd(np.matmul(a, b))
+            if self.precision == "float64":
+                return self.rnd(np.matmul(a, b))
+            return self._round(np.matmul(self._wide(a), self._wide(b)))
 
     def einsum(self, spec: str, *operands) -> np.ndarray:
         """``np.einsum(spec, *operands)``, a batched contraction (the scores or the weighted
-        values of many heads at once): products and sums in the compute type, the result
-        rounded once, as :meth:`matmul`."""
+        values of many heads at once), summed in float64 and rounded once, as :meth:`matmul`."""
         with np.errstate(over="ignore", invalid="ignore"):
-            return self.rnd(np.einsum(spec, *operands))
+            if self.precision == "float64":
+                return self.rnd(np.einsum(spec, *operands))
+            return self._round(np.einsum(spec, *map(self._wide, operands)))
 
     def add(self, a, b) -> np.ndarray:
         """Elementwise ``a + b``, rounded."""
@@ -185,10 +212,13 @@ class Arithmetic:
 
     def softmax(self, s) -> np.ndarray:
         """Softmax over the last axis in the compute type (max shift, exp, sum, division),
-        rounded once; a row holding ``inf`` gives NaN, as an engine's kernel does."""
+        rounded once; the exponential is float64's rounded to float32 (see the module's
+        docstring). A row holding ``inf`` gives NaN, as an engine's kernel does."""
         s = np.asarray(s, dtype=self.compute)
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            e = np.exp(s - s.max(axis=-1, keepdims=True))
+            shifted = s - s.max(axis=-1, keepdims=True)
+            e = (np.exp(shifted) if self.precision == "float64"
+                 else np.exp(self._wide(shifted)).astype(np.float32))
             return self.rnd(e / e.sum(axis=-1, keepdims=True))
 
     def answers(self, y) -> np.ndarray:

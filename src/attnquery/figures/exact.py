@@ -5,7 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..claims import Claim, Number, fit_number, ok_rows, threshold_claim
+from ..claims import ROUNDING_FACTOR, Claim, Number, fit_number, ok_rows, threshold_claim
 from ..metrics import fit_power_law
 from ..theory import EXACT_TOL
 from . import log2_ticks, register_figure
@@ -63,12 +63,15 @@ def exact_claims(df) -> list[Claim]:
         "exact_error", f"every head is recovered to relative error <= {EXACT_TOL:g}",
         succ, of=len(all_rows), worst=ok["rel_err_W"].max(),
         numbers=(Number("exactWorstError", float(ok["rel_err_W"].max()), "relative error of W",
-                        ".2g", rows="exact, status ok, largest rel_err_W"),
+                        ".2g", rows="exact, status ok, largest rel_err_W",
+                        factor=ROUNDING_FACTOR),
                  *(Number(f"exactMedianError{p.capitalize()}", float(g["rel_err_W"].median()),
-                          "relative error of W", ".2g", rows=f"exact, status ok, probes = {p}")
+                          "relative error of W", ".2g", rows=f"exact, status ok, probes = {p}",
+                          factor=ROUNDING_FACTOR)
                    for p, g in ok.groupby("probes", sort=True)),
                  *(Number(f"exactWorstError{p.capitalize()}", float(g["rel_err_W"].max()),
-                          "relative error of W", ".2g", rows=f"exact, status ok, probes = {p}")
+                          "relative error of W", ".2g", rows=f"exact, status ok, probes = {p}",
+                          factor=ROUNDING_FACTOR)
                    for p, g in ok.groupby("probes", sort=True))) if len(ok) else ()))
     return claims
 

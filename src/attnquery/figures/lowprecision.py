@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ..claims import Claim, Number, extra_values, fit_number, number_name, ok_rows
+from ..claims import ROUNDING_FACTOR, Claim, Number, extra_values, fit_number, number_name, ok_rows
 from ..theory import LOWPRECISION_GOAL_QUERIES_PER_UNKNOWN as GOAL_QUERIES_PER_UNKNOWN
 from ..theory import LOWPRECISION_GOALS as GOALS
 from ..theory import LOWPRECISION_TARGET as TARGET_REL_ERR
@@ -123,7 +123,8 @@ def _claims(every, rows, fits) -> list[Claim]:
             f"{FLOAT64_MAX_ERR:g} at every budget", bool(worst <= FLOAT64_MAX_ERR),
             f"worst {worst:.2e}",
             numbers=(Number("lowprecisionFloat64Worst", worst, "relative error of W", ".2g",
-                            rows="lowprecision, status ok, rounding = float64"),)))
+                            rows="lowprecision, status ok, rounding = float64",
+                            factor=ROUNDING_FACTOR),)))
     est = rows[rows["rounding"] != "float64"]
     ratio = est["rel_err_W"] / est["estimate"]
     inside = (ratio >= ESTIMATE_RANGE[0]) & (ratio <= ESTIMATE_RANGE[1])

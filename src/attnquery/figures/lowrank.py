@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ..claims import Claim, Number, fit_number, ok_rows, threshold_claim
+from ..claims import ROUNDING_FACTOR, Claim, Number, fit_number, ok_rows, threshold_claim
 from ..metrics import fit_power_law
 from ..theory import PHASE_TOL, SKETCH_TOL, lowrank_floor, nuclear_statdim
 from . import register_figure
@@ -228,7 +228,8 @@ def lowrank_claims(df) -> list[Claim]:
                             rows="lowrank_scale, learner sketch"),
                      Number("sketchWorstError", float(sk["rel_err_W"].max()),
                             "relative error of W", ".2g",
-                            rows="lowrank_scale, learner sketch, status ok")) if len(sk) else (),
+                            rows="lowrank_scale, learner sketch, status ok",
+                            factor=ROUNDING_FACTOR)) if len(sk) else (),
         ))
         big = sk[sk["d"] >= SKETCH_MIN_D]
         floor = [lowrank_floor(int(d), int(r)) for d, r in zip(big["d"], big["rank"],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..claims import Claim, Number, ok_rows, threshold_claim
+from ..claims import ROUNDING_FACTOR, Claim, Number, ok_rows, threshold_claim
 from ..theory import AGREE_TOL, DISCOVER_TOL, DISTANCE_MIN, KNOWN_TOL
 from ..theory import NON_IDENTIFIABLE_CONSTRUCTIONS as CONSTRUCTIONS
 from . import log2_ticks, register_figure
@@ -41,7 +41,8 @@ def multihead_claims(df) -> list[Claim]:
         n_runs=len(ni),
         numbers=(Number("multiheadPairs", n_ni, "pairs", "d", rows="multihead, constructions"),
                  Number("multiheadPairsMaxDifference", float(ni["output_difference"].max()),
-                        "relative output difference", ".1g", rows="multihead, constructions"),
+                        "relative output difference", ".1g", rows="multihead, constructions",
+                        factor=ROUNDING_FACTOR),
                  Number("multiheadPairsMinDistance", float(ni["param_distance"].min()),
                         "relative parameter distance", ".2f", rows="multihead, constructions"))
         if len(ni) else (),
@@ -78,7 +79,8 @@ def multihead_claims(df) -> list[Claim]:
         f"with the bases known (Prop. C.2) every head is recovered to relative error <= "
         f"{KNOWN_TOL:g}", kn_ok, worst=kn["rel_err_W"].max(),
         numbers=(Number("multiheadKnownWorstError", float(kn["rel_err_W"].max()),
-                        "relative error of W", ".2g", rows="multihead, variant known"),)
+                        "relative error of W", ".2g", rows="multihead, variant known",
+                        factor=ROUNDING_FACTOR),)
         if len(kn) else ()))
     disc = all_rows[all_rows["variant"] == "discover"]
     at_default = disc[np.isclose(disc["fd_step"], DEFAULT_STEP)]

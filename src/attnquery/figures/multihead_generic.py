@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
-from ..claims import Claim, Number, threshold_claim
+from ..claims import ROUNDING_FACTOR, Claim, Number, threshold_claim
 from ..theory import MULTIHEAD_GENERIC_TOL as SUCCESS_TOL
 from . import log2_ticks, register_figure
 
@@ -60,7 +60,8 @@ def multihead_generic_claims(df) -> list[Claim]:
                         "success"),
                  *((Number("multiheadGenericWorstError", float(small.loc[s, "rel_err_W"].max()),
                            "relative error of W", ".2g",
-                           rows="multihead_generic, grid, recovered runs"),) if s.any()
+                           rows="multihead_generic, grid, recovered runs",
+                           factor=ROUNDING_FACTOR),) if s.any()
                    else ()))))
     sep = _rows(df, "separation")
     zero = sep[sep["separation"] == 0]

@@ -13,7 +13,7 @@ import pandas as pd
 from matplotlib.colors import LogNorm
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
-from ..claims import Claim, Number, extra_values, ok_rows
+from ..claims import ROUNDING_FACTOR, Claim, Number, extra_values, ok_rows
 from ..theory import BIAS_EXACT_TOL, BIAS_PARAM_TOL, BIAS_SKETCH_TOL, exact_queries, lowrank_floor
 from ..theory import REALHEADS_EXACT_TOL as EXACT_TOL
 from ..theory import REALHEADS_SKETCH_TOL as SKETCH_TOL
@@ -58,10 +58,12 @@ def _numbers(prefix, rows, ok, what) -> tuple:
         if col in ok and ok[col].notna().any():
             out.append(Number(f"{prefix}WorstError{name}", float(ok[col].max()),
                               f"relative error of {name.lower()}", ".2g",
-                              rows=f"{what}, status ok, largest {col}"))
+                              rows=f"{what}, status ok, largest {col}",
+                              factor=ROUNDING_FACTOR))
     if "rel_err_W" in ok:
         out.append(Number(f"{prefix}MedianErrorW", float(ok["rel_err_W"].median()),
-                          "relative error of W", ".2g", rows=f"{what}, status ok, median"))
+                          "relative error of W", ".2g", rows=f"{what}, status ok, median",
+                          factor=ROUNDING_FACTOR))
     return tuple(out)
 
 

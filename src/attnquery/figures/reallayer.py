@@ -10,7 +10,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..claims import Claim, Number, extra_values
+from ..claims import ROUNDING_FACTOR, Claim, Number, extra_values
 from ..theory import LAYER_FUNC_TOL as FUNC_TOL
 from ..theory import LAYER_HEAD_TOL as HEAD_TOL
 from . import register_figure
@@ -58,7 +58,8 @@ def reallayer_claims(df) -> list[Claim]:
                      Number("reallayerLayersRecovered", int(found.sum()), "layers", "d",
                             rows="reallayer, status ok, every head found"),
                      *(Number(f"reallayerWorstError{n}", worst(col), f"relative error of {n}",
-                              ".2g", rows=f"reallayer, status ok, largest {col} over heads")
+                              ".2g", rows=f"reallayer, status ok, largest {col} over heads",
+                              factor=ROUNDING_FACTOR)
                        for col, n in (("rel_err_W", "W"), ("rel_err_v", "V"), ("rel_err_c", "C"))
                        if col in ok and len(ok))),
         ),
@@ -70,7 +71,8 @@ def reallayer_claims(df) -> list[Claim]:
             f"{int(func_ok.sum())}/{len(rows)} layers (worst {worst('func_err'):.2e})",
             numbers=(Number("reallayerWorstFunctionalError", worst("func_err"),
                             "relative functional error", ".2g",
-                            rows="reallayer, status ok, largest func_err"),) if len(ok) else (),
+                            rows="reallayer, status ok, largest func_err",
+                            factor=ROUNDING_FACTOR),) if len(ok) else (),
         ),
         Claim(
             "reallayer_count",

@@ -13,7 +13,16 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from .. import errors
-from ..claims import Claim, Number, extra_values, fit_number, ok_rows, threshold_claim
+from ..claims import (
+    NOISE_FACTOR,
+    ROUNDING_FACTOR,
+    Claim,
+    Number,
+    extra_values,
+    fit_number,
+    ok_rows,
+    threshold_claim,
+)
 from ..metrics import fit_power_law
 from . import log2_ticks, register_figure
 
@@ -103,7 +112,8 @@ def rotary_claims(df) -> list[Claim]:
         "rotary_frequencies", f"the frequencies are found from the answers to {FREQ_TOL:g}",
         good, of=n_all, worst=worst_freq, fmt=".1e",
         numbers=(Number("rotaryWorstFrequencyError", worst_freq, "radians per position",
-                        ".1e", rows="rotary heads, status ok, no rope base given"),)))
+                        ".1e", rows="rotary heads, status ok, no rope base given",
+                        factor=ROUNDING_FACTOR),)))
     tol = ok["variant"].map(FUNC_TOL).astype(float)
     within = ok["func_err"].astype(float) <= tol
     parts, numbers = [], []
@@ -112,7 +122,8 @@ def rotary_claims(df) -> list[Claim]:
         parts.append(f"{route}: worst {worst:.1e} (<= {FUNC_TOL[route]:g})")
         numbers.append(Number(f"rotaryWorstError{route.capitalize()}", worst,
                               "relative error", ".1e",
-                              rows=f"rotary heads, {route} route, status ok, 1 to 4,096 tokens"))
+                              rows=f"rotary heads, {route} route, status ok, 1 to 4,096 tokens",
+                              factor=ROUNDING_FACTOR))
     claims.append(Claim(
         "rotary_length", "the recovered head agrees with the box on sequences of 1 to 4,096 "
         "tokens: functional relative error <= 1e-9 (dense; 1e-8 on the sketch route)",
@@ -228,9 +239,10 @@ def rotary_layer_claims(df) -> list[Claim]:
         numbers=(Number("rotaryLayers", n, "layers", "d", rows="rotary layers, every status"),
                  Number("rotaryLayersRecovered", int(good.sum()), "layers", "d",
                         rows=ok_rows_ + ", within the goal"),
-                 Number("rotaryLayersWorstError", worst, "relative error", ".1e", rows=ok_rows_),
+                 Number("rotaryLayersWorstError", worst, "relative error", ".1e", rows=ok_rows_,
+                        factor=ROUNDING_FACTOR),
                  Number("rotaryLayersWorstFrequencyError", worst_freq, "radians per position",
-                        ".1e", rows="rotary layers, status ok")))]
+                        ".1e", rows="rotary layers, status ok", factor=ROUNDING_FACTOR)))]
     failed = rows[rows["status"] != "ok"]
     names = [_error_name(m) for m in failed["message"]]
     named = [failed["status"].iloc[i] == "error" and isinstance(getattr(errors, nm, None), type)
@@ -266,7 +278,8 @@ def rotary_layer_claims(df) -> list[Claim]:
             "rotary_layers_goal", f"issue 23's goal layers {', '.join(shapes)} (d, H, G) are "
             f"recovered to {LAYER_TOL:g}", gok, worst=gworst, runs="goal layers",
             numbers=(Number("rotaryLayersGoalError", gworst, "relative error", ".1e",
-                            rows="rotary layers of the goal shapes, 1 to 4,096 tokens"),)))
+                            rows="rotary layers of the goal shapes, 1 to 4,096 tokens",
+                            factor=ROUNDING_FACTOR),)))
     return claims
 
 
@@ -422,15 +435,17 @@ def rotary_served_claims(df) -> list[Claim]:
                  Number("rotaryServedMet", int(gmet.sum()), "heads", "d",
                         rows=grows + ", within the goal"),
                  Number("rotaryServedWorstError", worst, "relative error", ".1e",
-                        rows=grows + ", status ok, 1 to 4,096 tokens"),
+                        rows=grows + ", status ok, 1 to 4,096 tokens", factor=NOISE_FACTOR),
                  Number("rotaryServedMostQueries", most, "queries / (d^2 + d)", ".2f",
                         rows=grows + ", status ok, check included"),
                  Number("rotaryServedWorstFrequencyError",
                         float(freq.max()) if len(gok) else float("nan"),
-                        "radians per position", ".1e", rows=grows + ", status ok"),
+                        "radians per position", ".1e", rows=grows + ", status ok",
+                        factor=NOISE_FACTOR),
                  Number("rotaryServedMaxNoise",
                         float(noise.max()) if len(gok) else float("nan"),
-                        "relative noise (noise_level_)", ".1e", rows=grows + ", status ok"),
+                        "relative noise (noise_level_)", ".1e", rows=grows + ", status ok",
+                        factor=NOISE_FACTOR),
                  Number("rotaryServedMaxD", int(goal_rows["d"].max()) if len(goal_rows) else 0,
                         "d", "d", rows=grows)))]
     failed = rows[rows["status"] != "ok"]

@@ -12,7 +12,7 @@ import matplotlib.ticker
 import numpy as np
 import pandas as pd
 
-from ..claims import Claim, Number, extra_values, number_name
+from ..claims import NOISE_FACTOR, Claim, Number, extra_values, number_name
 from . import register_figure
 
 #: the issue's goals: precision -> (largest budget in (d^2 + 2d + 1), goal on W). float32: the
@@ -103,17 +103,17 @@ def _goal_numbers(prec, budget, sel, val, n_heads, n_met) -> tuple:
             continue
         e = b[f"rel_err_{q}"].astype(float)
         if prec == "float32":
-            x, unit, label = e, "relative error", "error"
-        else:
+            x, unit, label, factor = e, "relative error", "error", NOISE_FACTOR
+        else:  # bit-identical on the kernels measured (docs/reproducibility.md)
             x = e / extra_values(b, f"floor_{q}", np.nan).astype(float)
-            unit, label = "error / floor", "ratio"
+            unit, label, factor = "error / floor", "ratio", None
         x = x[np.isfinite(x)]
         if not len(x):
             continue
         out += [Number(number_name("served", prec, "worst", label, q), float(x.max()), unit,
-                       ".3g", rows=what),
+                       ".3g", rows=what, factor=factor),
                 Number(number_name("served", prec, "median", label, q), float(x.median()),
-                       unit, ".3g", rows=what)]
+                       unit, ".3g", rows=what, factor=factor)]
     return tuple(out)
 
 

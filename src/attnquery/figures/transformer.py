@@ -5,7 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..claims import Claim, Number, ok_rows, threshold_claim
+from ..claims import ROUNDING_FACTOR, Claim, Number, ok_rows, threshold_claim
 from ..theory import FFN_TOL
 from ..theory import TRANSFORMER_W_TOL as W_TOL
 from . import log2_ticks, register_figure
@@ -29,7 +29,8 @@ def transformer_claims(df) -> list[Claim]:
         f"W is recovered from antisymmetric queries to relative error <= {W_TOL:g}",
         w_ok, worst=ok["rel_err_W"].max(),
         numbers=(Number("transformerWorstErrorW", float(ok["rel_err_W"].max()),
-                        "relative error of W", ".2g", rows="transformer, status ok"),)
+                        "relative error of W", ".2g", rows="transformer, status ok",
+                        factor=ROUNDING_FACTOR),)
         if len(ok) else ()))
     le = ok[ok["width"] <= ok["d"]]
     f_ok = le["func_err_ffn"] <= FFN_TOL
@@ -39,7 +40,8 @@ def transformer_claims(df) -> list[Claim]:
         f_ok, worst=le["func_err_ffn"].max(), runs="runs with m <= d",
         numbers=(Number("transformerWorstErrorFfn", float(le["func_err_ffn"].max()),
                         "relative functional error", ".2g",
-                        rows="transformer, status ok, width m <= d"),) if len(le) else ()))
+                        rows="transformer, status ok, width m <= d",
+                        factor=ROUNDING_FACTOR),) if len(le) else ()))
     q_ok = ok["n_queries_attention"] == 2 * (ok["d"] ** 2 + ok["d"])
     claims.append(threshold_claim(
         "transformer_attention_queries",

@@ -45,8 +45,9 @@ class ModuleBlackBox:
         operation is rounded to it as an engine computes the module: ``q = X_N W_Q^T`` then
         ``+ b_Q``, likewise k and the values, per head ``q . k`` then ``/ sqrt(d_h)``, the
         softmax, the attention-weighted values, the output projection ``W_O concat`` (the kept
-        heads' columns) then ``+ b_O``, and the readout ``r^T out`` (matrix products
-        accumulate in float32 for float16 and bfloat16). The readout vector r is stored in the
+        heads' columns) then ``+ b_O``, and the readout ``r^T out`` (a matrix product sums
+        the format's values in float64 and rounds once, so that the answers do not depend on
+        the BLAS kernel: :mod:`attnquery.precision`). The readout vector r is stored in the
         format too. ``"float64"`` (default) is the exact module, computed as before.
     """
 
@@ -101,11 +102,12 @@ class ModuleBlackBox:
     def _served(self, X: np.ndarray) -> np.ndarray:
         """The module in ``self.precision``, operation by operation (see the class).
 
-        Every element of every product is one dot product accumulated in float32, as an
-        engine's kernels compute it; the projections are two-dimensional matrix products over
-        every token at once (``(B N, d) x (d, kept)``) and the scores and weighted values of all
-        kept heads one batched contraction each (``np.einsum`` in float32), not one small matrix
-        product per input and head."""
+        Every element of every product is one dot product of the format's values summed in
+        float64 and rounded once (:meth:`attnquery.precision.Arithmetic.matmul`); the
+        projections are two-dimensional matrix products over every token at once
+        (``(B N, d) x (d, kept)``) and the scores and weighted values of all kept heads one
+        batched contraction each (:meth:`~attnquery.precision.Arithmetic.einsum`), not one small
+        matrix product per input and head."""
         A, P = self._arith, self._s
         B, N, d = X.shape
         dh, H = self.d_head, len(self._heads)
