@@ -45,7 +45,7 @@ class Method:
 
     module: str
     cls: str
-    oracle: str  # "value", "approximate value" or "membership"
+    oracle: str  # "value", "approximate value", "membership" or "vector"
     description: str
 
     def load(self):
@@ -86,6 +86,10 @@ METHODS: dict[str, Method] = {
     "rotary": Method("attnquery.learners.rotary", "RotaryValueQueryLearner", "value",
                      "a rotary (RoPE) head, 2 (d^2 + d) queries (beyond the paper; "
                      "--param rope_base=B optional, --rank r for the low-rank route)"),
+    "vector": Method("attnquery.learners.vector", "VectorLayerLearner", "vector",
+                     "vector answers, every token's output or the last token's (beyond the "
+                     "paper; --answers all|last, --param n_heads=H for a layer of heads that "
+                     "fill d)"),
 }
 
 #: --method names whose learners fit a head's key bias and offset (``fit_bias``)
@@ -215,15 +219,27 @@ class DeclaredApproximateOracle:
 
 
 def make_oracle(method: str, fn, d: int, *, budget=None, tau=None, noise=None, seed=None,
-                simulated: bool = False):
+                simulated: bool = False, outputs: str | None = None):
     """The oracle ``method``'s learner needs, around the callable ``fn``.
 
     For a simulated head (``simulated=True``) the approximate value oracle adds noise of size
     ``tau`` (noise model ``noise``); for a user's black box its answers are taken as they are.
+    A vector method's oracle answers every token's output vector (``outputs="all"``) or the
+    last token's (``"last"``); another method's oracle takes no ``outputs``.
     """
     from . import oracles
 
     kind = METHODS[method].oracle
+    if (kind == "vector") != (outputs is not None):
+        raise ConfigError(f"--method {method} needs --answers all|last (a box that answers "
+                          "vectors)" if kind == "vector" else
+                          f"--answers {outputs}: a box that answers vectors is learnt by "
+                          f"--method vector, not {method}")
+    if kind == "vector":
+        if outputs not in oracles.VectorOracle.OUTPUTS:
+            raise ConfigError(f"--answers must be one of {oracles.VectorOracle.OUTPUTS}; got "
+                              f"{outputs!r}")
+        return oracles.VectorOracle(fn, d, outputs=outputs, budget=budget)
     if kind == "value":
         return oracles.ValueOracle(fn, d, budget=budget)
     if kind == "approximate value":
@@ -355,9 +371,17 @@ class _guard_import:
 
 def _learned_model(est, d: int):
     """The learner's estimate as a model: an AttentionHead (with the key bias and offset a
-    ``fit_bias`` learner found), a MultiHeadAttention for a layer learner, or the
-    RotaryAttentionHead of the rotary learner."""
+    ``fit_bias`` learner found), a MultiHeadAttention for a layer learner, the
+    RotaryAttentionHead of the rotary learner, or the VectorAttentionLayer of the vector
+    learner (:func:`~attnquery.vector_models.bilinear_layer` of its ``W_``, ``key_bias_``,
+    ``V_`` and ``output_bias_``)."""
     from .models import AttentionHead, MultiHeadAttention, RotaryAttentionHead
+
+    if hasattr(est, "V_") and hasattr(est, "outputs_"):
+        from .vector_models import bilinear_layer
+
+        return bilinear_layer(est.W_, est.key_bias_, est.V_, est.output_bias_,
+                              causal=bool(est.causal), outputs=est.outputs_)
 
     rotary = getattr(est, "head_", None)
     if isinstance(rotary, RotaryAttentionHead):
@@ -453,6 +477,9 @@ class ExtractionSpec:
         Whether the approximate value oracle adds its own noise to exact answers of ``fn``
         (default: whether ``truth`` is given); a real black box's answers are taken as they
         are.
+    outputs : {"all", "last"}, optional
+        For ``method="vector"`` (and only then): ``fn`` answers every token's output vector,
+        ``(B, N, d_out)``, or the last token's, ``(B, d_out)``.
     """
 
     method: str
@@ -469,6 +496,7 @@ class ExtractionSpec:
     params: Mapping = field(default_factory=dict)
     progress: bool = False
     simulated: bool | None = None
+    outputs: str | None = None
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -498,11 +526,12 @@ def run_extraction(spec: ExtractionSpec) -> tuple[dict, object]:
     method, d = spec.method, spec.d
     approximate = METHODS[method].oracle == "approximate value"
     oracle = make_oracle(method, spec.fn, d, budget=spec.budget, tau=spec.tau, noise=spec.noise,
-                         seed=spec.seed, simulated=spec.simulates_noise)
+                         seed=spec.seed, simulated=spec.simulates_noise, outputs=spec.outputs)
     learner = make_learner(method, seed=spec.seed, rank=spec.rank,
                            tau=spec.tau if approximate else None, eps=spec.eps,
                            probes=spec.probes, params=dict(spec.params))
-    if getattr(learner, "positions", "none") != "none":  # before any query is spent
+    vector = METHODS[method].oracle == "vector"  # the vector learner refuses positions itself
+    if not vector and getattr(learner, "positions", "none") != "none":  # before any query
         raise ConfigError("a rotary layer (--param positions=rotary) is learnt from Python "
                           "(attnquery.learners.AttentionLayerLearner); the command line reports "
                           "and saves position-free layers, and one rotary head (--method rotary)")
@@ -521,7 +550,8 @@ def run_extraction(spec: ExtractionSpec) -> tuple[dict, object]:
     elapsed = time.perf_counter() - t0
     n = _counted_queries(method, oracle, learner)
     learned = _learned_model(learner, d)
-    summary = _summary(spec, learner, oracle, learned, n, elapsed)
+    summarize = _vector_summary if vector else _summary
+    summary = summarize(spec, learner, oracle, learned, n, elapsed)
     if spec.truth is not None:
         summary.update(_errors_against(method, learned, spec.truth, d))
     return summary, learned
@@ -572,6 +602,34 @@ def _summary(spec: ExtractionSpec, learner, oracle, learned, n: int, elapsed: fl
         "offset": float(learned.total_offset if layer else learned.offset),
         "budget": spec.budget,
         **_rotary_summary(learner),
+    }
+
+
+def _vector_summary(spec: ExtractionSpec, learner, oracle, learned, n: int,
+                    elapsed: float) -> dict:
+    """What a vector learner's run found and spent: queries and tokens, per stage too."""
+    verify_error = float(getattr(learner, "verify_error_", float("nan")))
+    return {
+        "method": spec.method,
+        "learner": repr(learner),
+        "d": spec.d,
+        "d_out": int(learned.d_out),
+        "answers": spec.outputs,
+        "n_heads": int(learned.n_heads),
+        "n_queries": n,
+        "n_tokens": int(oracle.n_tokens),
+        "n_queries_by_stage": {k: int(v) for k, v in learner.n_queries_by_stage_.items()},
+        "n_verify_queries": int(learner.n_verify_queries_),
+        "verify_error": verify_error if np.isfinite(verify_error) else None,
+        "n_calls": int(getattr(oracle, "n_calls", 0)),
+        "time_s": elapsed,
+        "rank_found": int(learner.rank_),
+        "tokens_per_query": int(learner.tokens_per_query_),
+        "W_fro": float(np.linalg.norm(learner.W_)),
+        "V_fro": float(np.linalg.norm(learner.V_)),
+        "fit_bias": bool(learner.fit_bias),
+        "causal": bool(learner.causal),
+        "budget": spec.budget,
     }
 
 
