@@ -126,7 +126,7 @@ def register(exp: Experiment) -> Experiment:
 #: the experiment families: each has a module here and one in attnquery.figures
 FAMILIES = ("exact", "lowprecision", "lowrank", "membership", "multihead", "multihead_generic",
             "noise", "reallayer", "realheads", "rotary", "rounding", "served",
-            "transformer")
+            "transformer", "vector")
 
 
 def _load_all() -> None:
