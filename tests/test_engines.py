@@ -74,3 +74,109 @@ def test_checked_model_names_the_opsets_it_writes():
     assert checked_model(graph).opset_import[0].version == 17
     with pytest.raises(ValueError, match="opset must be one of"):
         checked_model(graph, opset=12)
+
+
+# -- vector answers: every token's output vector ---------------------------------------------------
+
+#: unit roundoff of each format a layer is served in
+EPS = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
+
+
+def _with(layer, **changes):
+    """``layer`` (a VectorAttentionLayer) with some of its constructor arguments changed."""
+    from attnquery.vector_models import VectorAttentionLayer
+
+    kw = dict(b_Q=layer.b_Q, b_K=layer.b_K, b_V=layer.b_V, b_O=layer.b_O, causal=layer.causal,
+              outputs=layer.outputs, scale=layer.scale, softcap=layer.softcap)
+    return VectorAttentionLayer(layer.W_Q, layer.W_K, layer.W_V, layer.W_O, **{**kw, **changes})
+
+
+@pytest.mark.parametrize("precision", engines.VECTOR_PRECISIONS)
+@pytest.mark.parametrize("outputs, options", [
+    ("all", {}),
+    ("all", {"causal": True, "n_kv_heads": 2, "softcap": 2.0}),
+    ("last", {"causal": True}),
+])
+def test_the_vector_engine_answers_the_layer_at_the_formats_rounding(precision, outputs,
+                                                                      options):
+    from attnquery.vector_models import random_vector_layer
+
+    pytest.importorskip("onnxruntime")
+    d = 16
+    layer = random_vector_layer(d, 4, 0, bias=0.3, outputs=outputs, **options)
+    X = np.random.default_rng(1).standard_normal((6, 9, d))
+    y, ref = engines.vector_box(layer, precision)(X), layer(X)
+    assert y.dtype == np.float64 and y.shape == ((6, 9, d) if outputs == "all" else (6, d))
+    err = np.max(np.abs(y - ref)) / np.max(np.abs(ref))
+    # the format's rounding shows, within a few units of roundoff (measured: 1.5 to 7)
+    assert EPS[precision] / 4 < err < 16 * EPS[precision]
+    # the test can fail: the layer with the mask (or soft-capping) flipped is another function
+    other = _with(layer, causal=not layer.causal) if outputs == "all" else _with(layer,
+                                                                                 softcap=0.5)
+    assert np.max(np.abs(other(X) - y)) / np.max(np.abs(ref)) > 20 * EPS[precision]
+
+
+def test_the_vector_graph_is_onnx_checked_and_answers_its_outputs():
+    from attnquery.vector_models import random_vector_layer
+
+    pytest.importorskip("onnxruntime")
+    layer = random_vector_layer(8, 2, 3, bias=0.2)
+    X = np.random.default_rng(4).standard_normal((3, 5, 8))
+    every = engines.OnnxBox(engines.vector_layer_graph(layer, "float32"), 8, "float32")(X)
+    last = engines.OnnxBox(engines.vector_layer_graph(layer, "float32", "last"), 8, "float32")(X)
+    assert every.shape == (3, 5, 8) and last.shape == (3, 8)
+    assert np.allclose(last, every[:, -1], rtol=0, atol=1e-6)
+
+
+def test_a_checkpoint_layer_served_by_the_engine_is_the_module_read_out(tmp_path):
+    from attnquery.realheads import ModuleBlackBox, write_test_checkpoint
+
+    pytest.importorskip("onnxruntime")
+    path = write_test_checkpoint(tmp_path / "model.safetensors", n_layers=2, n_heads=4, d=16,
+                                 seed=5)
+    X = np.random.default_rng(6).standard_normal((4, 7, 16))
+    module = ModuleBlackBox(path, 1, None)  # the layer with its biases, read out along r
+    ref = module(X)
+    for precision in engines.VECTOR_PRECISIONS:
+        y = engines.vector_module_box(path, 1, precision, "last")(X) @ module.r
+        assert np.max(np.abs(y - ref)) / np.max(np.abs(ref)) < 16 * EPS[precision]
+    # another layer of the checkpoint answers otherwise
+    y0 = engines.vector_module_box(path, 0, "float32", "last")(X) @ module.r
+    assert np.max(np.abs(y0 - ref)) / np.max(np.abs(ref)) > 1e-2
+
+
+def test_a_vector_box_refuses_what_it_cannot_serve():
+    from attnquery.vector_models import random_vector_layer
+
+    with pytest.raises(ValueError, match="rotary"):
+        engines.vector_box(random_vector_layer(8, 2, 0, rope_base=100.0), "float32")
+    with pytest.raises(ValueError, match="rotary"):
+        engines.vector_box(random_vector_layer(8, 2, 0, rope_base=100.0), "bfloat16")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        engines.vector_box(random_vector_layer(8, 2, 0), "float64")
+    with pytest.raises(ValueError, match="outputs must be"):
+        engines.vector_box(random_vector_layer(8, 2, 0), "bfloat16", "first")
+
+
+@pytest.mark.parametrize("outputs", ["all", "last"])
+def test_the_vector_learner_refuses_float32_answers_by_name(outputs):
+    """onnxruntime computes in float32 at best: the learner, whose attention stage allows the
+    rounding of float64, refuses the served head by name (ModelMismatchError) rather than
+    return a float32-accurate estimate; the same head in float64 is recovered."""
+    from attnquery.errors import ModelMismatchError
+    from attnquery.learners import VectorLayerLearner
+    from attnquery.oracles import VectorOracle
+    from attnquery.vector_models import random_vector_layer
+
+    pytest.importorskip("onnxruntime")
+    d = 16
+    layer = random_vector_layer(d, 1, 0, bias=0.3, outputs=outputs)
+    est = VectorLayerLearner(random_state=0).fit(VectorOracle(layer, d, outputs=outputs))
+    W = layer.head_W()
+    assert np.max(np.abs(est.W_ - W)) / np.max(np.abs(W)) < 1e-9
+    served = VectorOracle(engines.vector_box(layer, "float32"), d, outputs=outputs)
+    with pytest.raises(ModelMismatchError, match="attention-weighted sum") as info:
+        VectorLayerLearner(random_state=0).fit(served)
+    # refused at the float32 rounding of the answers, after the attention stage's pilot
+    assert EPS["float32"] < info.value.error < 1e-5
+    assert served.n_queries < est.n_queries_

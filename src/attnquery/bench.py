@@ -387,6 +387,38 @@ def bench_rotary_layer() -> list[dict]:
     return rows
 
 
+@register_benchmark("vector")
+def bench_vector() -> list[dict]:
+    """Extraction from vector answers against scalar answers (beyond the paper): random float64
+    layers with biases, one number per query (the exact learner), the last token's output vector
+    or every token's (VectorLayerLearner); single heads at d = 32 and 64, layers of heads that
+    fill d. Each case is a cell of the ``vector`` experiment (:mod:`attnquery.experiments.vector`):
+    queries counted by the oracle (learning, and the check), tokens, the floor, the largest
+    error of W, V (v), c, beta and the function on 1 to 256 tokens, and wall time."""
+    from .experiments import cell_rng, expand_cells, get_experiment
+
+    cfg = {"heads": {"scalar": [32, 64], "last": [32, 64], "all": [32, 64]},
+           "layers": {"answers": ["all", "last"], "d": [16, 32], "n_heads": [2, 4]}}
+    order = {"scalar": 0, "last": 1, "all": 2}
+    cells = sorted(expand_cells("vector", cfg),
+                   key=lambda c: (c["n_heads"], c["d"], order[c["variant"]]))
+    run = get_experiment("vector").run
+    rows = []
+    for cell in cells:
+        t0 = time.perf_counter()
+        m = run(dict(cell), cell_rng(cell, 0))
+        wall = time.perf_counter() - t0
+        x = m["extra"]
+        errors = ("rel_err_W", "rel_err_v", "rel_err_c", "rel_err_offset", "func_err")
+        rows.append({"answers": cell["variant"], "d": cell["d"], "H": cell["n_heads"],
+                     "queries (counted)": m["n_queries"], "check": m["verify_queries"],
+                     "tokens": "-" if x["n_tokens"] is None else x["n_tokens"],
+                     "floor": x["floor"], "queries / floor": round(x["floor_ratio"], 2),
+                     "max error (W, V, c, beta, f)": max(float(m[k]) for k in errors),
+                     "wall time (s)": round(wall, 1)})
+    return rows
+
+
 def run_benchmarks(names=None, file=None) -> None:
     """Run the benchmarks ``names`` (default: all, in name order) and print their tables to
     ``file`` (default: standard output).

@@ -47,7 +47,7 @@ __all__ = ["METHODS", "Method", "methods", "BIAS_METHODS", "REPORTABLE", "constr
 
 
 #: what ``attnquery extract`` can report and save: one head, a layer, a rotary head
-REPORTABLE = ("head", "layer", "rotary head")
+REPORTABLE = ("head", "layer", "rotary head", "vector layer")
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class Method:
 
     module: str
     cls: str
-    oracle: str  # "value", "approximate value" or "membership"
+    oracle: str  # "value", "approximate value", "membership" or "vector"
     description: str
     returns: str = "head"
     fits_bias: bool = False
@@ -292,15 +292,27 @@ class DeclaredApproximateOracle(ForwardingOracle):
 
 
 def make_oracle(method: str, fn, d: int, *, budget=None, tau=None, noise=None, seed=None,
-                simulated: bool = False):
+                simulated: bool = False, outputs: str | None = None):
     """The oracle ``method``'s learner needs, around the callable ``fn``.
 
     For a simulated head (``simulated=True``) the approximate value oracle adds noise of size
     ``tau`` (noise model ``noise``); for a user's black box its answers are taken as they are.
+    A vector method's oracle answers every token's output vector (``outputs="all"``) or the
+    last token's (``"last"``); another method's oracle takes no ``outputs``.
     """
     from . import oracles
 
     kind = methods()[method].oracle
+    if (kind == "vector") != (outputs is not None):
+        raise ConfigError(f"--method {method} needs --answers all|last (a box that answers "
+                          "vectors)" if kind == "vector" else
+                          f"--answers {outputs}: a box that answers vectors is learnt by "
+                          f"--method vector, not {method}")
+    if kind == "vector":
+        if outputs not in oracles.VectorOracle.OUTPUTS:
+            raise ConfigError(f"--answers must be one of {oracles.VectorOracle.OUTPUTS}; got "
+                              f"{outputs!r}")
+        return oracles.VectorOracle(fn, d, outputs=outputs, budget=budget)
     if kind == "value":
         return oracles.ValueOracle(fn, d, budget=budget)
     if kind == "approximate value":
@@ -498,10 +510,17 @@ class _guard_import:
 def _learned_model(est, d: int, returns: str):
     """The learner's estimate as the model its spec says it returns (``returns``): an
     AttentionHead (with the key bias and offset a ``fit_bias`` learner found), a
-    MultiHeadAttention for a layer, or the RotaryAttentionHead of a rotary learner."""
+    MultiHeadAttention for a layer, the RotaryAttentionHead of a rotary learner, or the
+    VectorAttentionLayer of a vector learner (:func:`~attnquery.vector_models.bilinear_layer` of
+    its ``W_``, ``key_bias_``, ``V_`` and ``output_bias_``)."""
     from .models import AttentionHead, MultiHeadAttention, RotaryAttentionHead
 
     what = type(est).__name__
+    if returns == "vector layer":
+        from .vector_models import bilinear_layer
+
+        return bilinear_layer(est.W_, est.key_bias_, est.V_, est.output_bias_,
+                              causal=bool(est.causal), outputs=est.outputs_)
     if returns == "rotary head":
         head = getattr(est, "head_", None)
         if not isinstance(head, RotaryAttentionHead):
@@ -604,6 +623,9 @@ class ExtractionSpec:
         Whether the approximate value oracle adds its own noise to exact answers of ``fn``
         (default: whether ``truth`` is given); a real black box's answers are taken as they
         are.
+    outputs : {"all", "last"}, optional
+        For ``method="vector"`` (and only then): ``fn`` answers every token's output vector,
+        ``(B, N, d_out)``, or the last token's, ``(B, d_out)``.
     """
 
     method: str
@@ -620,6 +642,7 @@ class ExtractionSpec:
     params: Mapping = field(default_factory=dict)
     progress: bool = False
     simulated: bool | None = None
+    outputs: str | None = None
 
     def __post_init__(self):
         if self.method not in methods():
@@ -650,11 +673,12 @@ def run_extraction(spec: ExtractionSpec) -> tuple[dict, object]:
     method, d = spec.method, spec.d
     approximate = methods()[method].oracle == "approximate value"
     oracle = make_oracle(method, spec.fn, d, budget=spec.budget, tau=spec.tau, noise=spec.noise,
-                         seed=spec.seed, simulated=spec.simulates_noise)
+                         seed=spec.seed, simulated=spec.simulates_noise, outputs=spec.outputs)
     learner = make_learner(method, seed=spec.seed, rank=spec.rank,
                            tau=spec.tau if approximate else None, eps=spec.eps,
                            probes=spec.probes, params=dict(spec.params))
-    if getattr(learner, "positions", "none") != "none":  # before any query is spent
+    vector = methods()[method].oracle == "vector"  # the vector learner refuses positions itself
+    if not vector and getattr(learner, "positions", "none") != "none":  # before any query
         raise ConfigError("a rotary layer (--param positions=rotary) is learnt from Python "
                           "(attnquery.learners.AttentionLayerLearner); the command line reports "
                           "and saves position-free layers, and one rotary head (--method rotary)")
@@ -673,7 +697,8 @@ def run_extraction(spec: ExtractionSpec) -> tuple[dict, object]:
     elapsed = time.perf_counter() - t0
     n = _counted_queries(method, oracle, learner)
     learned = _learned_model(learner, d, methods()[method].returns)
-    summary = _summary(spec, learner, oracle, learned, n, elapsed)
+    summarize = _vector_summary if vector else _summary
+    summary = summarize(spec, learner, oracle, learned, n, elapsed)
     if spec.truth is not None:
         summary.update(_errors_against(method, learned, spec.truth, d))
     return summary, learned
@@ -724,6 +749,34 @@ def _summary(spec: ExtractionSpec, learner, oracle, learned, n: int, elapsed: fl
         "offset": float(learned.total_offset if layer else learned.offset),
         "budget": spec.budget,
         **_rotary_summary(learner),
+    }
+
+
+def _vector_summary(spec: ExtractionSpec, learner, oracle, learned, n: int,
+                    elapsed: float) -> dict:
+    """What a vector learner's run found and spent: queries and tokens, per stage too."""
+    verify_error = float(getattr(learner, "verify_error_", float("nan")))
+    return {
+        "method": spec.method,
+        "learner": repr(learner),
+        "d": spec.d,
+        "d_out": int(learned.d_out),
+        "answers": spec.outputs,
+        "n_heads": int(learned.n_heads),
+        "n_queries": n,
+        "n_tokens": int(oracle.n_tokens),
+        "n_queries_by_stage": {k: int(v) for k, v in learner.n_queries_by_stage_.items()},
+        "n_verify_queries": int(learner.n_verify_queries_),
+        "verify_error": verify_error if np.isfinite(verify_error) else None,
+        "n_calls": int(getattr(oracle, "n_calls", 0)),
+        "time_s": elapsed,
+        "rank_found": int(learner.rank_),
+        "tokens_per_query": int(learner.tokens_per_query_),
+        "W_fro": float(np.linalg.norm(learner.W_)),
+        "V_fro": float(np.linalg.norm(learner.V_)),
+        "fit_bias": bool(learner.fit_bias),
+        "causal": bool(learner.causal),
+        "budget": spec.budget,
     }
 
 

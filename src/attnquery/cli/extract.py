@@ -16,6 +16,7 @@ from ..extraction import (
 )
 from ._common import (
     MAX_D,
+    OutputError,
     check_out,
     int_at_least,
     model_usage,
@@ -39,7 +40,8 @@ def register(sub) -> None:
         description="Extract the parameters (W, v) of an attention head from queries, or every "
         "head of a whole layer (--method layer). The black box is a Python callable taking a "
         "float64 array (B, N, d) and returning (B,), or the attention module of a safetensors "
-        "checkpoint (--module).",
+        "checkpoint (--module); a callable returning every token's output vector (B, N, d_out) "
+        "or the last token's (B, d_out) is learnt with --answers all|last (--method vector).",
     )
     src = e.add_mutually_exclusive_group(required=True)
     src.add_argument("--oracle", metavar="MODULE:FUNCTION",
@@ -54,7 +56,12 @@ def register(sub) -> None:
     e.add_argument("--d", type=int_at_least(1, MAX_D), help="token dimension of the black box "
                    "(required with --oracle)")
     e.add_argument("--method", choices=sorted(methods()),
-                   help="learner (default: exact; layer for --module without --head)")
+                   help="learner (default: exact; layer for --module without --head; vector "
+                   "with --answers)")
+    e.add_argument("--answers", choices=("all", "last"),
+                   help="the --oracle box answers vectors: every token's output, an array (B, N, "
+                   "d_out) ('all'), or the last token's, (B, d_out) ('last'); learnt by --method "
+                   "vector")
     e.add_argument("--out", type=Path, help="write the learned head (v, W) to this .npz (a "
                    "regular file, or a new one; never one of the inputs)")
     e.add_argument("--budget", type=int_at_least(0), help="maximum number of queries, the "
@@ -116,12 +123,12 @@ def run(args) -> int:
         if args.d is None:
             raise ConfigError("--d is required with --oracle (the black box's token dimension)")
         source = _Source(load_black_box(args.oracle), args.d, args.oracle,
-                         method=args.method or "exact", rank=args.rank)
+                         method=_oracle_method(args), rank=args.rank)
     spec = ExtractionSpec(
         source.method, source.fn, source.d, truth=source.truth, budget=args.budget,
         seed=args.seed, rank=source.rank, tau=args.tau, eps=args.eps, probes=args.probes,
         noise=args.noise, params={**source.params, **params}, progress=not args.no_progress,
-        simulated=source.simulated)
+        simulated=source.simulated, outputs=args.answers)
     summary, learned = run_extraction(spec)
     summary["source"] = source.name
     if args.out is not None:
@@ -148,11 +155,29 @@ def _input_files(args) -> list:
 
 
 def _check_module_options(args) -> None:
+    if args.answers is not None and args.oracle is None:
+        raise ConfigError(f"--answers {args.answers}: only with --oracle (a box that answers "
+                          "vectors); a saved head or a checkpoint's module is read out as one "
+                          "number per query")
     module_only = [name for name in ("layer", "head", "n_heads") if getattr(args, name) is not None]
     module_only += ["no_biases"] if args.no_biases else []
     if args.module is None and module_only:
         opts = ", ".join("--" + n.replace("_", "-") for n in module_only)
         raise ConfigError(f"{opts}: only with --module (a checkpoint's attention module)")
+
+
+def _oracle_method(args) -> str:
+    """The method for ``--oracle``: ``--method``, else ``vector`` with ``--answers`` and
+    ``exact`` without; ``--answers`` and ``--method vector`` go together."""
+    vector = args.answers is not None
+    method = args.method or ("vector" if vector else "exact")
+    if vector and method != "vector":
+        raise ConfigError(f"--answers {args.answers}: a box that answers vectors is learnt by "
+                          f"--method vector, not --method {method}")
+    if method == "vector" and not vector:
+        raise ConfigError("--method vector needs --answers all|last (what the box returns: "
+                          "every token's output vector, or the last token's)")
+    return method
 
 
 def _parse_params(items) -> dict:
@@ -237,13 +262,38 @@ def _module_method(args, ckpt, biases: bool) -> tuple[str, int | None, dict]:
 def _save(out, source: _Source, learned, summary: dict) -> None:
     from ..realheads import save_head, save_layer
 
+    if source.method == "vector":
+        write_model(_save_vector_layer, "layer", out, learned, n_queries=summary["n_queries"],
+                    n_tokens=summary["n_tokens"], answers=summary["answers"],
+                    causal=int(summary["causal"]), source=source.name)
+        return
     layer = source.method == "layer"
     write_model(save_layer if layer else save_head, "layer" if layer else "head", out, learned,
                 method=source.method, n_queries=summary["n_queries"], source=source.name)
 
 
+def _save_vector_layer(path, layer, /, **meta) -> None:
+    """Write a vector layer's ``V`` (H, d, d_out), ``W`` (H, d, d), ``key_bias`` (H, d) and
+    ``output_bias`` (d_out,), and ``meta`` as ``meta_<key>``, to an .npz, atomically."""
+    import numpy as np
+
+    from ..files import special_file_kind
+    from ..results import atomic_path
+
+    arrays = {"V": layer.value_maps(), "W": layer.head_W(), "key_bias": layer.key_bias(),
+              "output_bias": layer.output_bias}
+    arrays.update({f"meta_{k}": np.asarray(v) for k, v in meta.items()})
+    kind = special_file_kind(path)  # the rename below would replace it by a regular file
+    if kind is not None:
+        raise OutputError(f"--out {path}: it is {kind}; nothing was written there")
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        np.savez(fh, **arrays)
+
+
 def _report(s: dict, source: _Source, learned, args) -> str:
     """The human-readable summary of a run."""
+    if source.method == "vector":
+        return _vector_report(s, source, args)
     layer = source.method == "layer"
     what = f"a layer of {s['n_heads']} heads of rank {s['rank_found']}" if layer else "a head"
     lines = [
@@ -275,6 +325,29 @@ def _report(s: dict, source: _Source, learned, args) -> str:
     if args.out is not None:
         lines.append(f"  saved          {args.out} "
                      + _saved_what(layer, learned))
+    return "\n".join(lines)
+
+
+def _vector_report(s: dict, source: _Source, args) -> str:
+    """The human-readable summary of a vector learner's run."""
+    stages = ", ".join(f"{k} {v}" for k, v in s["n_queries_by_stage"].items())
+    answers = "every token's output" if s["answers"] == "all" else "the last token's output"
+    lines = [
+        f"extracted a layer of {s['n_heads']} head(s) of dimension d = {s['d']} (d_out = "
+        f"{s['d_out']}) from {source.name} with --method vector, answers: {answers}",
+        f"  queries        {s['n_queries']} of {s['n_tokens']} tokens (counted by the oracle; "
+        f"by stage: {stages})",
+        f"  time           {s['time_s']:.2f} s",
+        f"  rank found     {s['rank_found']} (summed value map)",
+        f"  ||W||_F        {s['W_fro']:.6g}, ||V||_F {s['V_fro']:.6g} (all heads)",
+    ]
+    if s["verify_error"] is not None:
+        lines.append(f"  check          answers and the result agree to "
+                     f"{s['verify_error']:.1e} (relative) on {s['n_verify_queries']} fresh "
+                     "queries")
+    if args.out is not None:
+        lines.append(f"  saved          {args.out} (V, W, key_bias, output_bias per head: "
+                     "attnquery.vector_models.bilinear_layer builds the layer back)")
     return "\n".join(lines)
 
 

@@ -56,6 +56,7 @@ PAPER_ORDER: tuple[tuple[str, str], ...] = (
     ("served", "Beyond the paper: served heads"),
     ("served_layers", "Beyond the paper: served layers"),
     ("rotary", "Beyond the paper: rotary heads and grouped-query layers"),
+    ("vector", "Beyond the paper: vector answers"),
 )
 _RANK = {module: i for i, (module, _) in enumerate(PAPER_ORDER)}
 

@@ -155,9 +155,9 @@ class VectorLayerLearner(BaseLearner):
     }
     spec = LearnerSpec(
         name="vector", oracle="vector", returns="vector layer", stages=STAGES, fits_bias=True,
-        command_line=False,
-        description="a layer from vector answers, every token's output or the last one's "
-        "(beyond the paper)", label="vector answers")
+        description="vector answers, every token's output or the last token's (beyond the "
+        "paper; --answers all|last, --param n_heads=H for a layer of heads that fill d)",
+        label="vector answers")
 
     # -- parameters ------------------------------------------------------------------------------
     def _validate_extra(self) -> None:

@@ -1,0 +1,210 @@
+"""Figure "vector": extraction from vector answers against scalar answers (beyond the paper).
+
+Drawn from the rows of the ``vector`` experiment only: the queries counted by the oracle (the
+check queries included) against d for scalar answers (the exact learner, d^2 + 2d + 1 with
+biases), the last token's output vectors and every token's (``VectorLayerLearner``), beside the
+floor of each (degrees of freedom over the numbers one answer holds), and the errors of the fits.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from ..claims import Claim, Number, extra_values, number_name
+from . import log2_ticks, register_figure
+
+#: the issue's goal for float64 fits (W, V, c, beta and the function, relative)
+GOAL = 1e-9
+#: queries per d (the check included) one head may ask, per kind of vector answers, at d of at
+#: least QUERY_MIN_D (below it the d + 1 one-token queries and the 8 check queries weigh more)
+QUERIES_PER_D = {"all": 2, "last": 4}
+QUERY_MIN_D = 32
+#: all-token answers against scalar answers at d of at least GAIN_MIN_D: at least GAIN times
+#: fewer queries
+GAIN, GAIN_MIN_D = 30.0, 64
+COLORS = {"scalar": "C0", "last": "C1", "all": "C2"}
+LABELS = {"scalar": "scalar answers", "last": "last token's output", "all": "every token's output"}
+#: errors are drawn no lower than this on log axes
+LOW = 1e-17
+ERRORS = ("rel_err_W", "rel_err_v", "rel_err_c", "rel_err_offset", "func_err")
+
+
+def _rows(df):
+    rows = df[df["experiment"] == "vector"]
+    return rows, rows[rows["status"] == "ok"]
+
+
+def _worst_error(rows) -> np.ndarray:
+    """Per row, the largest of the errors of W, V (v), c, beta and the function."""
+    return rows[list(ERRORS)].astype(float).max(axis=1).to_numpy()
+
+
+def _total(rows) -> np.ndarray:
+    """Per row, the queries counted by the oracle, the check included."""
+    return (rows["n_queries"].astype(int) + rows["verify_queries"].astype(int)).to_numpy()
+
+
+def vector_claims(df) -> list[Claim]:
+    """The claims of the vector experiment, checked on its rows."""
+    rows, ok = _rows(df)
+    if not len(rows):
+        return []
+    single = ok[ok["n_heads"] == 1]
+    vec = single[single["variant"] != "scalar"]
+    vec_rows = rows[(rows["n_heads"] == 1) & (rows["variant"] != "scalar")]
+    err = _worst_error(vec)
+    worst = float(err.max()) if len(vec) else float("nan")
+    what = "single heads with biases, float64, vector answers"
+    claims = [
+        Claim("vector_runs", "every cell ran (no refusal, no error)", bool(len(ok) == len(rows)),
+              f"{len(ok)}/{len(rows)} cells ok", n_runs=len(ok)),
+        Claim("vector_goal", f"every single head with biases is recovered from vector answers "
+              f"(the last token's or every token's) in float64: W, V, c, beta and the function "
+              f"on 1 to 256 tokens within {GOAL:g}",
+              bool(len(vec) == len(vec_rows) and (err <= GOAL).all()),
+              f"{int((err <= GOAL).sum())}/{len(vec_rows)} heads, worst {worst:.3g}",
+              n_runs=len(vec),
+              numbers=(Number(number_name("vector", "heads"), len(vec_rows), "heads", "d",
+                              rows=what),
+                       Number(number_name("vector", "worst", "error"), worst, "relative error",
+                              ".2g", rows=what))),
+    ]
+    for variant, per_d in QUERIES_PER_D.items():
+        sel = vec[(vec["variant"] == variant) & (vec["d"] >= QUERY_MIN_D)]
+        if not len(sel):
+            continue
+        ratio = _total(sel) / sel["d"].to_numpy()
+        claims.append(Claim(
+            f"vector_queries_{variant}",
+            f"one head from {LABELS[variant]}s: at most {per_d}d queries, the check included, "
+            f"at d >= {QUERY_MIN_D}", bool((ratio <= per_d).all()),
+            f"{int((ratio <= per_d).sum())}/{len(sel)} heads, at most {ratio.max():.3g}d",
+            n_runs=len(sel), numbers=_query_numbers(vec, variant)))
+    claims += _gain_claims(single)
+    scal = single[single["variant"] == "scalar"]
+    if len(scal):
+        dof = extra_values(scal, "dof").astype(int).to_numpy()
+        exact = scal["n_queries"].astype(int).to_numpy() == dof
+        claims.append(Claim(
+            "vector_scalar_count", "scalar answers: the exact learner with biases asks exactly "
+            "d^2 + 2d + 1 queries, the check apart (its floor: one number an answer)",
+            bool(exact.all()), f"{int(exact.sum())}/{len(scal)} heads", n_runs=len(scal),
+            numbers=_query_numbers(single, "scalar")))
+    claims += _layer_claims(rows, ok)
+    return claims
+
+
+def _query_numbers(rows, variant) -> tuple:
+    """The queries (the check included) and the floor ratio of ``variant`` at the largest d."""
+    sel = rows[rows["variant"] == variant]
+    if not len(sel):
+        return ()
+    d = int(sel["d"].max())
+    at = sel[sel["d"] == d]
+    what = f"single heads, {LABELS[variant]}, d = {d}, the check included"
+    out = [Number(number_name("vector", variant, "max d"), d, "d", "d", rows=what),
+           Number(number_name("vector", variant, "queries"), int(_total(at).max()), "queries",
+                  "d", rows=what),
+           Number(number_name("vector", variant, "floor ratio"),
+                  float(extra_values(at, "floor_ratio").astype(float).max()),
+                  "queries / floor", ".3g", rows=what)]
+    if variant != "scalar":
+        out.append(Number(number_name("vector", variant, "tokens"),
+                          int(extra_values(at, "n_tokens").astype(int).max()), "tokens", "d",
+                          rows=what))
+    return tuple(out)
+
+
+def _gain_claims(single) -> list[Claim]:
+    """All-token answers against scalar answers at every d >= GAIN_MIN_D both ran at."""
+    scal, alls = single[single["variant"] == "scalar"], single[single["variant"] == "all"]
+    ds = sorted(set(scal["d"]) & set(alls["d"]))
+    ds = [d for d in ds if d >= GAIN_MIN_D]
+    if not ds:
+        return []
+    gains = {d: float(_total(scal[scal["d"] == d]).min() / _total(alls[alls["d"] == d]).max())
+             for d in ds}
+    worst = min(gains.values())
+    top = max(ds)
+    what = f"single heads, d = {top}: fewest scalar-answer queries over most all-token ones"
+    return [Claim(
+        "vector_gain", f"at d >= {GAIN_MIN_D}, a head from every token's outputs asks at least "
+        f"{GAIN:g} times fewer queries than from scalar answers (the check included)",
+        bool(worst >= GAIN), ", ".join(f"d = {d}: {g:.3g} times" for d, g in gains.items()),
+        n_runs=int(len(scal[scal["d"].isin(ds)]) + len(alls[alls["d"].isin(ds)])),
+        numbers=(Number(number_name("vector", "gain"), gains[top], "times", ".3g",
+                        rows=what),))]
+
+
+def _layer_claims(rows, ok) -> list[Claim]:
+    """Layers of several heads that fill d, from vector answers."""
+    lay_rows, lay = rows[rows["n_heads"] > 1], ok[ok["n_heads"] > 1]
+    if not len(lay_rows):
+        return []
+    err = _worst_error(lay)
+    met = int((err <= GOAL).sum())
+    worst = float(err.max()) if len(lay) else float("nan")
+    what = "layers of heads that fill d, float64, vector answers"
+    return [Claim(
+        "vector_layers", f"layers of H > 1 heads that fill d, from vector answers: every head's "
+        f"W, V and c, beta and the function within {GOAL:g} (heads matched by their value maps)",
+        bool(met == len(lay_rows)), f"{met}/{len(lay_rows)} layers, worst {worst:.3g}",
+        n_runs=len(lay),
+        numbers=(Number(number_name("vector", "layers"), len(lay_rows), "layers", "d", rows=what),
+                 Number(number_name("vector", "layers", "recovered"), met, "layers", "d",
+                        rows=what),
+                 Number(number_name("vector", "layers", "worst", "error"), worst,
+                        "relative error", ".2g", rows=what),
+                 Number(number_name("vector", "layers", "most", "queries"),
+                        int(_total(lay).max()) if len(lay) else 0, "queries", "d",
+                        rows=what)))]
+
+
+VECTOR_CAPTION = """\
+**Vector answers against scalar answers (beyond the paper).** Random float64 layers with
+biases, extracted from one number per query (the last token's output read out along a vector;
+the exact learner with biases), from the last token's output vector, or from every token's
+(``VectorLayerLearner``). (a) Queries counted by the oracle, the 8 check queries included,
+against d; dashed: each kind's floor, the degrees of freedom over the numbers one answer holds
+(for every token's outputs, at the learner's tokens per query); hollow markers: layers of
+several heads that fill d. (b) The largest relative error of W, V (v), c, beta and the function
+on 1 to 256 tokens; dotted: the goal 1e-9.
+"""
+
+
+@register_figure("vector", experiments=["vector"], category="Beyond the paper",
+                 caption=VECTOR_CAPTION)
+def vector(df):
+    """Queries against d per kind of answers, beside the floor; errors."""
+    claims = vector_claims(df)
+    _, ok = _rows(df)
+    fig, axes = plt.subplots(1, 2, figsize=(6.75, 2.8), layout="constrained")
+    ax, bx = axes
+    for variant, color in COLORS.items():
+        sel = ok[ok["variant"] == variant]
+        for layers, marker in ((False, "o"), (True, "s")):
+            s = sel[(sel["n_heads"] > 1) == layers]
+            if not len(s):
+                continue
+            face = "none" if layers else color
+            label = None if layers else LABELS[variant]
+            ax.scatter(s["d"], _total(s), s=14, marker=marker, facecolors=face, edgecolors=color,
+                       label=label)
+            bx.scatter(s["d"], np.maximum(_worst_error(s), LOW), s=14, marker=marker,
+                       facecolors=face, edgecolors=color, label=label)
+            if not layers:
+                fl = s.assign(floor=extra_values(s, "floor").astype(float))
+                fl = fl.groupby("d")["floor"].max().sort_index()
+                ax.plot(fl.index, fl.to_numpy(), color=color, ls="--", lw=0.8)
+    bx.axhline(GOAL, color="0.4", ls=":", lw=0.8)
+    ax.set(xscale="log", yscale="log", xlabel="d", ylabel="queries (check included)",
+           title="(a) queries and floor")
+    bx.set(xscale="log", yscale="log", xlabel="d", ylabel="largest relative error",
+           title="(b) errors")
+    for a in axes:
+        if len(ok):
+            log2_ticks(a, ok["d"])
+        if a.has_data():
+            a.legend(fontsize=7)
+    return fig, claims
