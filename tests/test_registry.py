@@ -205,12 +205,12 @@ def test_the_methods_are_the_registrys_specs():
     from attnquery.extraction import BIAS_METHODS, METHODS
 
     assert list(METHODS) == ["exact", "sketch", "nuclear", "noisy", "membership", "layer",
-                             "rotary"]
+                             "rotary", "vector"]
     for name, m in METHODS.items():
         spec = get_entry(name).spec
         assert (m.load(), m.oracle, m.description, m.returns, m.fits_bias) == (
             get_learner(name), spec.oracle, spec.description, spec.returns, spec.fits_bias)
-    assert BIAS_METHODS == ("exact", "sketch", "layer")
+    assert BIAS_METHODS == ("exact", "sketch", "layer", "vector")
 
 
 class _Network(learners.ExactValueQueryLearner):
