@@ -549,9 +549,12 @@ def _errors(learned, truth, d: int) -> dict:
     """Errors of a learned head or layer against the ground truth (simulations)."""
     from .metrics import functional_error, head_errors, layer_errors, relative_error
     from .models import MultiHeadAttention, RotaryAttentionHead
+    from .vector_models import VectorAttentionLayer
 
     out = {}
-    if isinstance(learned, RotaryAttentionHead) or isinstance(truth, RotaryAttentionHead):
+    if isinstance(truth, VectorAttentionLayer):
+        out.update(_vector_errors(learned, truth))
+    elif isinstance(learned, RotaryAttentionHead) or isinstance(truth, RotaryAttentionHead):
         out.update(_rotary_errors(learned, truth))
     elif isinstance(truth, MultiHeadAttention):
         if not isinstance(learned, MultiHeadAttention):
@@ -571,6 +574,25 @@ def _errors(learned, truth, d: int) -> dict:
             out["rel_err_offset"] = relative_error(learned.offset, truth.offset)
     out["func_err"] = functional_error(truth, learned, d, np.random.default_rng(0), n=64)
     return out
+
+
+def _vector_errors(learned, truth) -> dict:
+    """Errors of a learned vector layer against the truth (both VectorAttentionLayer): each
+    true head's W, V and c against the learned head matched to it (the heads' order is not
+    identifiable), the worst head's, and the output bias's."""
+    from .metrics import layer_errors, relative_error
+    from .vector_models import VectorAttentionLayer
+
+    if not isinstance(learned, VectorAttentionLayer):
+        raise ConfigError("the ground truth is a vector layer: extract it with --answers")
+    V_hat, V = learned.value_maps(), truth.value_maps()
+    m = layer_errors(list(learned.head_W()), [a.ravel() for a in V_hat],
+                     list(learned.key_bias()), list(truth.head_W()), [a.ravel() for a in V],
+                     list(truth.key_bias()))
+    return {"rel_err_W": m["max_rel_err_W"], "rel_err_V": m["max_rel_err_v"],
+            "rel_err_c": m["max_rel_err_c"], "rel_err_W_heads": m["rel_err_W"].tolist(),
+            "matched": m["perm"].tolist(),
+            "rel_err_output_bias": relative_error(learned.output_bias, truth.output_bias)}
 
 
 def _form(head, delta: int = -1) -> np.ndarray:

@@ -155,10 +155,18 @@ def _input_files(args) -> list:
 
 
 def _check_module_options(args) -> None:
-    if args.answers is not None and args.oracle is None:
+    if args.answers is not None and args.model is not None:
         raise ConfigError(f"--answers {args.answers}: only with --oracle (a box that answers "
-                          "vectors); a saved head or a checkpoint's module is read out as one "
-                          "number per query")
+                          "vectors) or --module (a checkpoint's module answering its output "
+                          "vectors); a saved head answers one number per query")
+    if args.answers is not None and args.module is not None:
+        readout_given = [o for o, given in (("--readout", args.readout != ("gaussian", None)),
+                                            ("--readout-seed", args.readout_seed != 0),
+                                            ("--rank", args.rank is not None)) if given]
+        if readout_given:
+            raise ConfigError(f"{', '.join(readout_given)}: not with --answers "
+                              f"{args.answers} (the module answers its output vectors, with no "
+                              "readout, and is learnt by --method vector)")
     module_only = [name for name in ("layer", "head", "n_heads") if getattr(args, name) is not None]
     module_only += ["no_biases"] if args.no_biases else []
     if args.module is None and module_only:
@@ -220,6 +228,8 @@ def _module_source(args) -> _Source:
     kind, index = args.readout
     readout_seed = index if kind == "coordinate" else args.readout_seed
     biases = not args.no_biases
+    if args.answers is not None:
+        return _module_vector_source(args, biases)
     with model_usage("--module"):
         ckpt = cached_checkpoint(args.module, args.n_heads)
         box = ModuleBlackBox(args.module, args.layer, args.head, biases=biases,
@@ -237,6 +247,30 @@ def _module_source(args) -> _Source:
     # a real module: its answers are taken as they are
     return _Source(box, box.d, name, truth=truth, method=method, rank=rank, params=params,
                    simulated=False)
+
+
+def _module_vector_source(args, biases: bool) -> _Source:
+    """``--module`` with ``--answers``: the module answering its output vectors (one head with
+    ``--head``, else the whole layer), learnt by ``--method vector`` with the checkpoint's heads;
+    the ground truth is the same module as a VectorAttentionLayer."""
+    from ..realheads import ModuleBlackBox, cached_checkpoint
+
+    if args.method not in (None, "vector"):
+        raise ConfigError(f"--answers {args.answers}: a module answering vectors is learnt by "
+                          f"--method vector, not --method {args.method}")
+    with model_usage("--module"):
+        ckpt = cached_checkpoint(args.module, args.n_heads)
+        box = ModuleBlackBox(args.module, args.layer, args.head, biases=biases,
+                             n_heads=args.n_heads, outputs=args.answers)
+        truth = box.vector_layer()
+    if args.d is not None and args.d != box.d:
+        raise ConfigError(f"--d {args.d} does not match the module (d = {box.d})")
+    what = f"layer {args.layer}" + ("" if args.head is None else f" head {args.head}")
+    name = f"{args.module} ({what}, {ckpt.style}-style, {'with' if biases else 'without'} " \
+           "biases)"
+    return _Source(box, box.d, name, truth=truth, method="vector",
+                   params={"n_heads": truth.n_heads, "fit_bias": biases,
+                           "causal": truth.causal}, simulated=False)
 
 
 def _module_method(args, ckpt, biases: bool) -> tuple[str, int | None, dict]:
@@ -345,6 +379,14 @@ def _vector_report(s: dict, source: _Source, args) -> str:
         lines.append(f"  check          answers and the result agree to "
                      f"{s['verify_error']:.1e} (relative) on {s['n_verify_queries']} fresh "
                      "queries")
+    if source.truth is not None:
+        heads = " (worst head, matched)" if s["n_heads"] > 1 else ""
+        lines += [f"  rel. error W   {s['rel_err_W']:.3e}{heads} (against the checkpoint's "
+                  "weights)",
+                  f"  rel. error V   {s['rel_err_V']:.3e}{heads}",
+                  f"  rel. error c   {s['rel_err_c']:.3e}{heads}",
+                  f"  rel. error beta {s['rel_err_output_bias']:.3e} (output bias)",
+                  f"  func. error    {s['func_err']:.3e} (held-out random inputs)"]
     if args.out is not None:
         lines.append(f"  saved          {args.out} (V, W, key_bias, output_bias per head: "
                      "attnquery.vector_models.bilinear_layer builds the layer back)")

@@ -25,6 +25,14 @@ class ModuleBlackBox:
     is one head read out by ``u_h``, plus ``r^T b_O``. Pass it to
     :class:`~attnquery.oracles.ValueOracle` with ``d`` to extract it.
 
+    With ``outputs``, the box answers the module's output vectors themselves, with no readout:
+    ``W_O concat_h(head_h) + b_O`` at every token, an array (B, N, d) (``"all"``, every token
+    its own query; a GPT-2-style module is causal, ``causal`` True: token n attends to the
+    tokens up to n), or at the last token, (B, d) (``"last"``). Pass it to
+    :class:`~attnquery.oracles.VectorOracle` with the same ``outputs`` to extract it
+    (:class:`~attnquery.learners.VectorLayerLearner`); :meth:`vector_layer` is the same module
+    as a :class:`~attnquery.vector_models.VectorAttentionLayer`, the ground truth.
+
     Parameters
     ----------
     path : str or Path
@@ -49,11 +57,17 @@ class ModuleBlackBox:
         the format's values in float64 and rounds once, so that the answers do not depend on
         the BLAS kernel: :mod:`attnquery.precision`). The readout vector r is stored in the
         format too. ``"float64"`` (default) is the exact module, computed as before.
+    outputs : {None, "all", "last"}
+        ``None`` (default): one number per input, read out along r as above. ``"all"`` or
+        ``"last"``: every token's output vector or the last token's, computed operation by
+        operation as above (in float64 without rounding), every query token's scores at once.
     """
 
     def __init__(self, path, layer: int, head: int | None = None, *, n_heads: int | None = None,
                  readout: str = "gaussian", readout_seed: int = 0, biases: bool = True,
-                 precision: str = "float64"):
+                 precision: str = "float64", outputs: str | None = None):
+        if outputs not in (None, "all", "last"):
+            raise ModelError(f"outputs must be None, 'all' or 'last'; got {outputs!r}")
         ckpt = cached_checkpoint(path, n_heads)
         self.r = readout_vector(ckpt.d, readout, readout_seed)
         w, _ = _check_layer(ckpt, layer, self.r, biases)
@@ -61,6 +75,7 @@ class ModuleBlackBox:
             raise ModelError(f"head must be in [0, {ckpt.n_heads}); got {head}")
         self.d, self.n_heads, self.d_head = ckpt.d, ckpt.n_heads, ckpt.d_head
         self.layer, self.head, self.biases = int(layer), head, bool(biases)
+        self.causal = ckpt.style == "gpt2"  # a decoder's mask (no effect on the last token)
         heads = range(ckpt.n_heads) if head is None else [int(head)]
         cols = np.concatenate([np.arange(h * ckpt.d_head, (h + 1) * ckpt.d_head) for h in heads])
         zero = np.zeros(ckpt.d)
@@ -75,7 +90,9 @@ class ModuleBlackBox:
         self._ro = (w["o"].T @ self.r)[cols]  # r^T W_O on the kept slices
         self._rbo = float(self.r @ bias("bo"))
         self.precision = check_precision(precision)
-        if self.precision != "float64":
+        self.outputs = outputs
+        self._w = w
+        if self.precision != "float64" or outputs is not None:
             A = self._arith = Arithmetic(self.precision)
             # the key and value projections of the kept heads as one (kept + kept, d) matrix:
             # one float32 product per element either way, one matrix product per call
@@ -86,6 +103,8 @@ class ModuleBlackBox:
 
     def __call__(self, X) -> np.ndarray:
         X = check_input(X, self.d)
+        if self.outputs is not None:
+            return self._vectors(X)
         if self.precision != "float64":
             return self._served(X)
         dh = self.d_head
@@ -122,3 +141,40 @@ class ModuleBlackBox:
         o = A.einsum("bhn,bnhk->bhk", alpha, val).reshape(B, kept)
         out = A.add(A.matmul(o, P["wo"].T), P["bo"])  # (B, d)
         return A.answers(A.matmul(out, P["r"]))
+
+    def _vectors(self, X: np.ndarray) -> np.ndarray:
+        """The output vectors (``outputs="all"`` or ``"last"``) in ``self.precision``: the
+        operations of :meth:`_served` with every answered token a query and no readout."""
+        A, P = self._arith, self._s
+        B, N, d = X.shape
+        dh, H = self.d_head, len(self._heads)
+        kept = H * dh
+        Xs = A.store(X)
+        rows = Xs if self.outputs == "all" else Xs[:, -1:, :]
+        M = rows.shape[1]
+        q = A.add(A.matmul(rows.reshape(B * M, d), P["wq"].T), P["bq"]).reshape(B, M, H, dh)
+        kv = A.matmul(Xs.reshape(B * N, d), P["wkv"].T)  # (B N, 2 kept)
+        k = A.add(kv[:, :kept], P["bk"]).reshape(B, N, H, dh)
+        val = A.add(kv[:, kept:], P["bv"]).reshape(B, N, H, dh)
+        s = A.div(A.einsum("bnhk,bmhk->bhmn", k, q), P["scale"])  # (B, H, M, N)
+        if self.causal and M > 1:  # token m sees the tokens n <= m
+            s = np.where(np.arange(N)[None, :] > np.arange(M)[:, None], -np.inf, s)
+        alpha = A.softmax(s)
+        o = A.einsum("bhmn,bnhk->bmhk", alpha, val).reshape(B, M, kept)
+        out = A.add(A.matmul(o, P["wo"].T), P["bo"])  # (B, M, d)
+        return A.answers(out if self.outputs == "all" else out[:, 0])
+
+    def vector_layer(self):
+        """The module this box computes (its kept heads, its biases or none) as a float64
+        :class:`~attnquery.vector_models.VectorAttentionLayer` answering ``self.outputs``
+        (``"all"`` when the box reads out one number): the ground truth of a vector learner."""
+        from ..vector_models import VectorAttentionLayer
+
+        H, dh = len(self._heads), self.d_head
+        bo = self._w["bo"] if self.biases and self._w["bo"] is not None else np.zeros(self.d)
+        return VectorAttentionLayer(
+            self._wq.reshape(H, dh, self.d), self._wk.reshape(H, dh, self.d),
+            self._wv.reshape(H, dh, self.d), self._w["o"][:, self._cols],
+            b_Q=self._bq.reshape(H, dh), b_K=self._bk.reshape(H, dh),
+            b_V=self._bv.reshape(H, dh), b_O=bo, causal=self.causal,
+            outputs=self.outputs or "all")
