@@ -156,11 +156,12 @@ class ModuleBlackBox:
         kv = A.matmul(Xs.reshape(B * N, d), P["wkv"].T)  # (B N, 2 kept)
         k = A.add(kv[:, :kept], P["bk"]).reshape(B, N, H, dh)
         val = A.add(kv[:, kept:], P["bv"]).reshape(B, N, H, dh)
-        s = A.div(A.einsum("bnhk,bmhk->bhmn", k, q), P["scale"])  # (B, H, M, N)
+        # batched matrix products over (B, H): scores (B, H, M, N), weighted values (B, H, M, dh)
+        s = A.div(A.matmul(q.transpose(0, 2, 1, 3), k.transpose(0, 2, 3, 1)), P["scale"])
         if self.causal and M > 1:  # token m sees the tokens n <= m
             s = np.where(np.arange(N)[None, :] > np.arange(M)[:, None], -np.inf, s)
         alpha = A.softmax(s)
-        o = A.einsum("bhmn,bnhk->bmhk", alpha, val).reshape(B, M, kept)
+        o = A.matmul(alpha, val.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3).reshape(B, M, kept)
         out = A.add(A.matmul(o, P["wo"].T), P["bo"])  # (B, M, d)
         return A.answers(out if self.outputs == "all" else out[:, 0])
 
