@@ -52,7 +52,8 @@ def register(sub) -> None:
     src.add_argument("--module", metavar="CHECKPOINT", type=Path,
                      help="the self-attention module of layer --layer of a BERT- or GPT-2-style "
                      ".safetensors checkpoint, with its biases, read out along a vector r: one "
-                     "head (--head) or the whole layer; errors are reported against its weights")
+                     "head (--head) or the whole layer, or its output vectors with --answers; "
+                     "errors are reported against its weights")
     e.add_argument("--d", type=int_at_least(1, MAX_D), help="token dimension of the black box "
                    "(required with --oracle)")
     e.add_argument("--method", choices=sorted(methods()),
@@ -61,7 +62,7 @@ def register(sub) -> None:
     e.add_argument("--answers", choices=("all", "last"),
                    help="the --oracle box answers vectors: every token's output, an array (B, N, "
                    "d_out) ('all'), or the last token's, (B, d_out) ('last'); learnt by --method "
-                   "vector")
+                   "vector. With --module, the module answers its output vectors (no readout)")
     e.add_argument("--out", type=Path, help="write the learned head (v, W) to this .npz (a "
                    "regular file, or a new one; never one of the inputs)")
     e.add_argument("--budget", type=int_at_least(0), help="maximum number of queries, the "
