@@ -10,7 +10,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..claims import Claim, Number, extra_values
+from ..claims import NOISE_FACTOR, Claim, Number, extra_values
 from . import register_figure
 
 #: the issue's goal for float32-served layers: every head's W and the function within GOAL at
@@ -84,9 +84,14 @@ def _goal_claim(f32, ok32) -> Claim:
         numbers=(Number("servedLayersMet", n_met, "layers", "d", rows=rows),
                  Number("servedLayersMeasured", len(layers), "layers", "d", rows=rows))
         # no layer cell within the budget (the quick study's): no worst error to state, not NaN
-        + ((Number("servedLayerWorstW", worst_W, "relative error", ".2g", rows=rows),
-            Number("servedLayerWorstFunc", worst_f, "relative error", ".2g", rows=rows),
-            Number("servedLayerQueriesPerDof", worst_q, "queries / dof", ".3g", rows=rows))
+        # float32 noise: the learner's float64 query choices flip a few float32 roundings
+        # from one BLAS kernel to another (NOISE_FACTOR), and with them the plan's passes
+        + ((Number("servedLayerWorstW", worst_W, "relative error", ".2g", rows=rows,
+                   factor=NOISE_FACTOR),
+            Number("servedLayerWorstFunc", worst_f, "relative error", ".2g", rows=rows,
+                   factor=NOISE_FACTOR),
+            Number("servedLayerQueriesPerDof", worst_q, "queries / dof", ".3g", rows=rows,
+                   factor=1.05))
            if len(sel) else ()))
 
 
