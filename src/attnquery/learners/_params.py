@@ -317,3 +317,63 @@ def validate_parameter_constraints(constraints: Mapping, params: Mapping,
         beyond = " (beyond int64)" if _is_integer(value) and abs(int(value)) > INT64_MAX else ""
         exc = (errors or {}).get(name, ConfigError)
         raise exc(f"{name} must be {describe_constraints(allowed)}; got {value!r}{beyond}")
+
+
+def check_scalar(x, name: str, target_type: type | tuple = numbers.Real, *, min_val=None,
+                 max_val=None, include_boundaries: str = "both", allow_none: bool = False,
+                 exc: type[Exception] = ConfigError, what: str | None = None):
+    """Check one scalar parameter and return it (``int`` or ``float``; ``None`` if allowed).
+
+    One value checked against one :class:`~attnquery.learners._params.Interval` (in the
+    manner of scikit-learn's ``check_scalar``), for the checks that need more than a learner's
+    declared constraints (a bound that depends on d) and for functions outside the learners:
+    ``x`` must be an instance of ``target_type`` (``numbers.Integral`` or ``numbers.Real``;
+    ``bool`` is never a number), finite (an integer at most int64, a number a float holds),
+    and within ``[min_val, max_val]``, whose ends are included as ``include_boundaries``
+    says.
+
+    Parameters
+    ----------
+    x : object
+        The value to check.
+    name : str
+        The parameter's name, first word of the error message.
+    target_type : type or tuple of types
+        ``numbers.Integral`` for a count, ``numbers.Real`` (the default) for a number.
+    min_val, max_val : float, optional
+        Bounds (``None``: unbounded on that side).
+    include_boundaries : {"both", "left", "right", "neither"}
+        Which of the bounds are allowed values.
+    allow_none : bool
+        Accept ``None`` (returned as is).
+    exc : Exception type
+        Raised on a bad value (default :class:`ConfigError`; a theorem's assumption parameter
+        raises :class:`~attnquery.learners.noisy.AssumptionParameterError`).
+    what : str, optional
+        What the value must be, in place of the description built from the bounds (the
+        message is ``"{name} must be {what}; got {x!r}"``).
+
+    Returns
+    -------
+    int, float or None
+
+    Raises
+    ------
+    ConfigError (or ``exc``)
+        The message names the parameter, what it must be, and the value given.
+    """
+    if x is None and allow_none:
+        return None
+    if isinstance(target_type, tuple):
+        integral = all(t is numbers.Integral for t in target_type)
+        target_type = numbers.Integral if integral else numbers.Real
+    integral = target_type is numbers.Integral
+    allowed = [Interval(target_type, min_val, max_val, closed=include_boundaries)]
+    if allow_none:
+        allowed.append(None)
+    if what is not None:
+        if not any(make_constraint(c).is_satisfied_by(x) for c in allowed):
+            raise exc(f"{name} must be {what}; got {x!r}")
+    else:
+        validate_parameter_constraints({name: allowed}, {name: x}, errors={name: exc})
+    return int(x) if integral else float(x)
