@@ -59,8 +59,9 @@ from .._base import (
 from .._params import Interval
 from .._probes import read_v
 from .._registry import LearnerSpec
-from .lines import LineFit, fit_tanh_sum, predicted_error
-from .matching import match_additive, match_by_v
+from ._anchor import ask_lines, first_anchor, fit_lines
+from .lines import fit_tanh_sum
+from .matching import match_by_v
 from .refit import (
     head_separation,
     multihead_eval,
@@ -223,28 +224,6 @@ class MultiHeadLearner(BaseLearner):
         self.random_state = random_state
 
     # -- queries ---------------------------------------------------------------------------------
-    @staticmethod
-    def _ask_lines(ledger: QueryLedger, vsum, y, U, t):
-        """Even part over t of ``g(t u) = f([y + t u; y]) - y^T s`` for each row u of U
-        (``s = vsum``).
-
-        Returns e (n_lines, n_t) = even part / t.
-        """
-        n, d = U.shape
-        ts = np.concatenate([t, -t])
-        X = np.empty((n, ts.size, 2, d))
-        X[:, :, 0, :] = y + ts[None, :, None] * U[:, None, :]
-        X[:, :, 1, :] = y
-        ans = ledger.ask(X.reshape(-1, 2, d), "lines").reshape(n, ts.size)
-        return (ans[:, : t.size] + ans[:, t.size:] - 2.0 * float(y @ vsum)) / (2.0 * t)
-
-    def _fit_lines(self, E, t, kmax) -> list[LineFit]:
-        out = []
-        for i, fit in enumerate(fit_tanh_sum(t, E, kmax, self.fit_tol)):
-            err = predicted_error(t, E[i], fit) if fit.n_terms else np.inf
-            out.append(LineFit(fit.n_terms, fit.rates, fit.coef, err))
-        return out
-
     def _tols(self):
         return {"line_tol": self.line_tol, "match_tol": self.match_tol}
 
@@ -305,7 +284,7 @@ class MultiHeadLearner(BaseLearner):
         for _ in range(8):
             u0 = _unit(r_dir.standard_normal(d))
             tp = np.geomspace(1e-3, 1e3, 4 * n_t)
-            e0 = self._ask_lines(ledger, vsum, y, u0[None], tp)[0]
+            e0 = ask_lines(ledger, vsum, y, u0[None], tp)[0]
             pilot = fit_tanh_sum(tp, e0, kmax, self.fit_tol)[0]
             if pilot.n_terms:
                 return np.geomspace(0.02, 50.0, n_t) / float(np.median(pilot.rates))
@@ -322,7 +301,9 @@ class MultiHeadLearner(BaseLearner):
         n_rej = 0
         first = None
         for _ in range(self.max_line_rounds):
-            first = self._first_anchor(ledger, vsum, y, t, kmax, r_dir)
+            first = first_anchor(ledger, vsum, y, t, kmax, r_dir, fit_tol=self.fit_tol,
+                                 line_tol=self.line_tol, match_tol=self.match_tol,
+                                 max_line_rounds=self.max_line_rounds)
             n_rej += first[-1]
             if first[0] is not None:
                 break
@@ -353,7 +334,7 @@ class MultiHeadLearner(BaseLearner):
                 need += n_rej * need // max(n_acc, 1)
                 Uj = r_dir.standard_normal((need, d))
                 Uj /= np.linalg.norm(Uj, axis=1, keepdims=True)
-                fits = self._fit_lines(self._ask_lines(ledger, vsum, yj, Uj, t), t, K)
+                fits = fit_lines(ask_lines(ledger, vsum, yj, Uj, t), t, K, self.fit_tol)
                 for i in range(need):
                     a = match_by_v(Uj[i] @ V.T, fits[i], K, **self._tols())
                     if a is None:
@@ -417,56 +398,6 @@ class MultiHeadLearner(BaseLearner):
         """Evaluate the recovered multi-head model on inputs X (B, N, d)."""
         X = np.asarray(X, dtype=np.float64)
         return multihead_eval(np.array(self.W_), np.array(self.v_), X)
-
-    def _first_anchor(self, ledger: QueryLedger, vsum, y, t, kmax, r_dir):
-        """Terms at the first anchor: a reference line u0 and lines u0 +- u_i (additivity).
-
-        Returns (rows_u, rows_a, rows_b, K, n_accepted, n_rejected); rows_u is None when too
-        few lines were accepted with this reference line.
-        """
-        d = y.size
-        # reference: among a few candidate lines, the most common number of terms K, then the
-        # best conditioned line with K terms
-        U0 = r_dir.standard_normal((4, d))
-        U0 /= np.linalg.norm(U0, axis=1, keepdims=True)
-        fits = self._fit_lines(self._ask_lines(ledger, vsum, y, U0, t), t, kmax)
-        ks = np.array([f.n_terms for f in fits])
-        if not np.any(ks):
-            return None, None, None, 0, 0, len(fits)
-        vals, counts = np.unique(ks[ks > 0], return_counts=True)
-        K = int(vals[np.argmax(counts)])
-        errs = np.array([f.err if f.n_terms == K else np.inf for f in fits])
-        i0 = int(np.argmin(errs))
-        if errs[i0] > 0.1 * self.line_tol:
-            return None, None, None, K, 0, len(fits)
-        u0, ref = U0[i0], fits[i0]
-        p0 = np.stack([ref.rates, 2.0 * ref.coef], axis=1)  # gauge: a(u0) > 0 for every term
-        rows_a, rows_b, rows_u = [p0[:, 0]], [p0[:, 1]], [u0]
-        n_acc = n_rej = 0
-        for _ in range(self.max_line_rounds):
-            need = d + 2 - n_acc
-            if need <= 0:
-                break
-            if n_acc:  # ask for as many lines as the acceptance rate so far needs
-                need = min(int(np.ceil(need * (n_acc + n_rej) / n_acc)) + 2, 8 * d)
-            Ui = r_dir.standard_normal((need, d))
-            Ui /= 2.0 * np.linalg.norm(Ui, axis=1, keepdims=True)
-            fits = self._fit_lines(
-                self._ask_lines(ledger, vsum, y, np.concatenate([u0 + Ui, u0 - Ui]), t), t, K)
-            for i in range(need):
-                res = match_additive(p0, fits[i], fits[need + i], **self._tols())
-                if res is None:
-                    n_rej += 1
-                    continue
-                rows_u.append(Ui[i])
-                rows_a.append(res[0])
-                rows_b.append(res[1])
-                n_acc += 1
-            if n_acc == 0:
-                break  # no line matches this reference line: it is wrong, try another one
-        if n_acc < d:
-            return None, None, None, K, n_acc, n_rej
-        return rows_u, rows_a, rows_b, K, n_acc, n_rej
 
     # -- signs and hidden heads ----------------------------------------------------------------
     def _resolve(self, ledger: QueryLedger, vsum, Wk, V, H, rng):
