@@ -102,6 +102,29 @@ def sphere_constant(d: int) -> float:
                  / np.sqrt(np.pi))
 
 
+def _ask(oracle, X) -> np.ndarray:
+    """The membership answers to X as booleans (an answer above 1/2)."""
+    return np.asarray(oracle(X), dtype=float) > 0.5
+
+
+def _subset_asker(oracle, d, ii, jj, s, abs_alpha, sign_vi, W):
+    """``ask(w)``: for each entry (ii, jj), whether W_ij > w (one query per entry)."""
+    n = ii.size
+    rows = np.arange(n)
+
+    def ask(w):
+        a = np.sqrt(scipy.special.expit(s * w) / (2.0 * W * abs_alpha))
+        X = np.zeros((n, 2, d))
+        X[rows, 0, ii] += s / a
+        X[rows, 0, jj] += a
+        X[rows, 1, jj] = a
+        ans = _ask(oracle, X)
+        below = np.where(ans, 1.0, -1.0) * sign_vi == np.sign(s)
+        return np.where(s > 0, below, ~below)
+
+    return ask
+
+
 class MembershipLearner(BaseLearner):
     """Recovery of (W, direction of v) from membership queries (Appendix B).
 
@@ -366,18 +389,14 @@ class MembershipLearner(BaseLearner):
             per_entry = self._sampling_eps_v(d)
         return float(2.0 * np.sqrt(d) * per_entry)
 
-    @staticmethod
-    def _ask(oracle, X) -> np.ndarray:
-        return np.asarray(oracle(X), dtype=float) > 0.5
-
     def _signs(self, oracle, d) -> tuple[np.ndarray, int]:
         """The signs of v from ``[e_i]``, and the queries asked beyond the plan (d more when
         every ``[e_i]`` answers 0, to tell ``v < 0`` from ``v = 0``)."""
-        pos = self._ask(oracle, np.eye(d)[:, None, :].copy())
+        pos = _ask(oracle, np.eye(d)[:, None, :].copy())
         extra = 0
         if not pos.any():
             extra = d
-            neg = self._ask(oracle, -np.eye(d)[:, None, :])
+            neg = _ask(oracle, -np.eye(d)[:, None, :])
             if not neg.any():
                 raise NotIdentifiableError(
                     "the membership oracle never answers 1 (on e_i nor -e_i): v = 0, so "
@@ -396,7 +415,7 @@ class MembershipLearner(BaseLearner):
             X = np.zeros((m, 1, d))
             X[np.arange(m), 0, A] = sgn[A]
             X[np.arange(m), 0, B] = -sgn[B]
-            win = np.where(self._ask(oracle, X), A, B)
+            win = np.where(_ask(oracle, X), A, B)
             cand = np.concatenate([win, rest])
         p = int(cand[0])
         others = np.array([i for i in range(d) if i != p], dtype=int)
@@ -407,7 +426,7 @@ class MembershipLearner(BaseLearner):
             X = np.zeros((others.size, 1, d))
             X[np.arange(others.size), 0, others] = sgn[others]
             X[np.arange(others.size), 0, p] = -t * sgn[p]
-            above = self._ask(oracle, X)  # |v_i| > t |v_p|  <=>  t < rho_i
+            above = _ask(oracle, X)  # |v_i| > t |v_p|  <=>  t < rho_i
             lo = np.where(above, t, lo)
             hi = np.where(above, hi, t)
         rho = np.ones(d)
@@ -422,7 +441,7 @@ class MembershipLearner(BaseLearner):
         for sl in chunk_slices(k, max(1, (16 * 2**20) // (8 * d))):
             G = rng.standard_normal((sl.stop - sl.start, d))
             G /= np.linalg.norm(G, axis=1, keepdims=True)
-            ans = self._ask(oracle, G[:, None, :])
+            ans = _ask(oracle, G[:, None, :])
             n_pos += int(ans.sum())
             acc += np.where(ans, 1.0, -1.0) @ G
         if n_pos == 0:
@@ -448,7 +467,7 @@ class MembershipLearner(BaseLearner):
         abs_alpha = np.maximum(np.abs(alpha), 1e-300)
         sign_vi = sgn[ii]
         n = ii.size
-        ask = self._subset_asker(oracle, d, ii, jj, s, abs_alpha, sign_vi, W)
+        ask = _subset_asker(oracle, d, ii, jj, s, abs_alpha, sign_vi, W)
         lo = np.full(n, -W)
         hi = np.full(n, W)
         moved_lo = np.zeros(n, dtype=bool)
@@ -466,8 +485,8 @@ class MembershipLearner(BaseLearner):
         if edge.any():
             idx = np.flatnonzero(edge)
             w_end = np.where(moved_lo[idx], W, -W)
-            sub = self._subset_asker(oracle, d, ii[idx], jj[idx], s[idx], abs_alpha[idx],
-                                     sign_vi[idx], W)
+            sub = _subset_asker(oracle, d, ii[idx], jj[idx], s[idx], abs_alpha[idx],
+                                sign_vi[idx], W)
             up = sub(w_end)
             n_extra = int(idx.size)
             beyond = np.where(w_end > 0, up, ~up)
@@ -482,23 +501,6 @@ class MembershipLearner(BaseLearner):
                     "entries)"
                 )
         return _WStage((0.5 * (lo + hi)).reshape(d, d), n_beyond, n_extra)
-
-    def _subset_asker(self, oracle, d, ii, jj, s, abs_alpha, sign_vi, W):
-        """``ask(w)``: for each entry (ii, jj), whether W_ij > w (one query per entry)."""
-        n = ii.size
-        rows = np.arange(n)
-
-        def ask(w):
-            a = np.sqrt(scipy.special.expit(s * w) / (2.0 * W * abs_alpha))
-            X = np.zeros((n, 2, d))
-            X[rows, 0, ii] += s / a
-            X[rows, 0, jj] += a
-            X[rows, 1, jj] = a
-            ans = self._ask(oracle, X)
-            below = np.where(ans, 1.0, -1.0) * sign_vi == np.sign(s)
-            return np.where(s > 0, below, ~below)
-
-        return ask
 
     def predict(self, X) -> np.ndarray:
         """Values of the recovered head (unit ``v_``) on inputs X (B, N, d): the true head's
