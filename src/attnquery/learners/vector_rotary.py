@@ -46,6 +46,8 @@ OVERSAMPLE = 1.5
 #: largest disagreement of an answer with the attention-weighted sum of its tokens' values
 #: (relative to the answer) that float64 rounding explains
 ATTENTION_TOL = 1e-9
+#: relative singular value below which the form equations' directions are left out
+FORMS_RCOND = 1e-10
 #: weights below this are left out of the equations (their logarithm is rounding noise)
 MIN_WEIGHT = 1e-12
 
@@ -69,7 +71,8 @@ class RotaryVectorLearner(BaseLearner):
         Token n attends to tokens i <= n only (a decoder's mask).
     max_offset : int
         Largest relative offset the form queries ask (their length minus one); it must reach the
-        offsets where the slowest frequencies turn, about ``1 / theta_min``.
+        offsets the estimate is used at (the check's queries reach 4095); beyond it the forms
+        are extrapolated.
     n_queries : int, optional
         Key sets of the form stage (each asked with every probe: d + 1 queries); default
         ``OVERSAMPLE`` times the unknowns per probe divided by the d - 1 keys of a query.
@@ -86,6 +89,9 @@ class RotaryVectorLearner(BaseLearner):
     output_bias_ : ndarray (d_out,)
     outputs_ : str
     attention_residual_ : float
+    forms_rank_ : int
+        Numerical rank of the form equations (below ``(R + 1)(d + 1)`` where the slowest
+        frequencies barely turn over ``max_offset``).
     n_queries_, n_tokens_ : int
     n_queries_by_stage_ : dict
     verify_error_ : float
@@ -93,7 +99,7 @@ class RotaryVectorLearner(BaseLearner):
     """
 
     def __init__(self, *, rope_base=10000.0, head_dim=None, rotary_dim=None, causal=True,
-                 max_offset=1024, n_queries=None, random_state=None):
+                 max_offset=4095, n_queries=None, random_state=None):
         self.rope_base = rope_base
         self.head_dim = head_dim
         self.rotary_dim = rotary_dim
@@ -187,7 +193,7 @@ class RotaryVectorLearner(BaseLearner):
 
     def _read_forms(self, oracle, rng, d: int) -> None:
         L = int(self.max_offset)
-        k = d - 1  # keys per query: with the probe and the zeros' lump, d + 1 weights
+        k = max(1, d // 2)  # keys per query (with the probe and the zeros: k + 2 weights)
         if L < k:
             raise ConfigError(f"max_offset={L} must be at least d - 1 = {k}")
         nb = self.frequencies_.size * 2 + 1
@@ -199,7 +205,13 @@ class RotaryVectorLearner(BaseLearner):
             raise ConfigError(f"n_queries={n} key sets give {n * k} equations per probe for "
                               f"{unknowns} unknowns; at least {math.ceil(unknowns / k)} needed")
         probes = rng.standard_normal((d + 1, d)) / np.sqrt(d)
-        pos = np.argsort(rng.random((n, L)), axis=1)[:, :k]  # distinct earlier positions
+        # distinct offsets 1..L per key set, drawn with probability proportional to
+        # 1 / offset + 4 / L
+        # (Gumbel top-k): the fast frequencies need the short offsets densely, the slow ones
+        # the long ones
+        offsets = np.arange(1, L + 1)
+        gumbel = -np.log(rng.exponential(size=(n, L))) + np.log(1.0 / offsets + 4.0 / L)
+        pos = L - offsets[np.argsort(-gumbel, axis=1)[:, :k]]
         keys = rng.standard_normal((n, k, d)) / np.sqrt(d)
         X = np.zeros((n, L + 1, d))
         X[np.arange(n)[:, None], pos] = keys
@@ -217,9 +229,15 @@ class RotaryVectorLearner(BaseLearner):
         Yk = np.concatenate([keys, np.ones((n, k, 1))], axis=2).reshape(n * k, d + 1)
         D = (self._basis((pos - L).astype(np.float64)).reshape(n * k, nb)[:, :, None]
              * Yk[:, None, :]).reshape(n * k, nb * (d + 1))
-        T, _, rank, _ = np.linalg.lstsq(D, rhs, rcond=None)
-        if rank < D.shape[1]:
-            raise NotIdentifiableError(f"the form equations have rank {rank} < {D.shape[1]}")
+        # the slowest frequencies turn by less than a radian over the offsets asked: their forms
+        # are nearly collinear with the constant one, and only the sum M_delta over the offsets
+        # asked is determined (the minimum-norm solution of the numerical rank)
+        # a weight's absolute error becomes a logit's error divided by the weight: each
+        # equation weighted by its weights (the smallest over the probes, so that one
+        # factorisation serves every probe)
+        w = np.min(1.0 / np.sqrt(1.0 / A[:, :, :k] ** 2 + 1.0 / A[:, :, k:] ** 2),
+                   axis=0).reshape(n * k, 1)
+        T, _, self.forms_rank_, _ = np.linalg.lstsq(D * w, rhs * w, rcond=FORMS_RCOND)
         Zp = np.concatenate([probes, np.ones((d + 1, 1))], axis=1)
         # T[(b, key side), probe] = form_b[key side] @ z_probe
         forms = np.linalg.solve(Zp, T.reshape(nb, d + 1, d + 1).transpose(0, 2, 1))
