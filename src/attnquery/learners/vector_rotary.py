@@ -195,7 +195,7 @@ class RotaryVectorLearner(BaseLearner):
         L = int(self.max_offset)
         k = max(1, d // 2)  # keys per query (with the probe and the zeros: k + 2 weights)
         if L < k:
-            raise ConfigError(f"max_offset={L} must be at least d - 1 = {k}")
+            raise ConfigError(f"max_offset={L} must be at least the {k} keys of a query")
         nb = self.frequencies_.size * 2 + 1
         unknowns = nb * (d + 1)
         n = self.n_queries
