@@ -11,7 +11,8 @@ last token's output (every token's output is accepted; only its last row is used
 
 1. ``V`` and ``beta`` from d + 1 one-token queries (a token at position 0 attends to itself).
 2. d + 1 fixed *probe* tokens p; each is asked as the last token of queries of ``max_offset +
-   1`` tokens holding d - 1 random keys at random earlier positions and zeros elsewhere. The
+   1`` tokens holding d / 2 random keys at earlier offsets (drawn with probability about
+   ``1 / offset + 4 / max_offset``) and zeros elsewhere. The
    answer gives the keys' attention weights (their values ``x V`` are independent; the zeros'
    weights are lumped), and ``log a_k - log a_p = y_k^T M_(k-q) z_p - z_p^T M_0 z_p``: linear
    in the vectors ``P_j z_p``, ``S_j z_p`` and ``C z_p`` once the frequencies are known (the
@@ -75,7 +76,7 @@ class RotaryVectorLearner(BaseLearner):
         are extrapolated.
     n_queries : int, optional
         Key sets of the form stage (each asked with every probe: d + 1 queries); default
-        ``OVERSAMPLE`` times the unknowns per probe divided by the d - 1 keys of a query.
+        ``OVERSAMPLE`` times the unknowns per probe divided by the d / 2 keys of a query.
     random_state : int, Generator or None
 
     Attributes
