@@ -1,0 +1,330 @@
+"""Extraction from vector answers: a rotary attention head (RoPE, biases, causal mask).
+
+Beyond the paper. A rotary head with biases (Qwen2) has, for key x_k at position k and query
+x_q at position q, with ``y = [x; 1]``, the logit ``y_k^T M_(k-q) y_q`` where
+
+    M_delta = sum_j cos(theta_j delta) P_j + sin(theta_j delta) S_j + C
+
+(the (d+1) x (d+1) bilinear form at relative offset delta; C holds the dimensions rotary
+positions leave alone). The learner reads it in three steps, every query answered with the
+last token's output (every token's output is accepted; only its last row is used):
+
+1. ``V`` and ``beta`` from d + 1 one-token queries (a token at position 0 attends to itself).
+2. d + 1 fixed *probe* tokens p; each is asked as the last token of queries of ``max_offset +
+   1`` tokens holding d / 2 random keys at earlier offsets (drawn with probability about
+   ``1 / offset + 4 / max_offset``) and zeros elsewhere. The
+   answer gives the keys' attention weights (their values ``x V`` are independent; the zeros'
+   weights are lumped), and ``log a_k - log a_p = y_k^T M_(k-q) z_p - z_p^T M_0 z_p``: linear
+   in the vectors ``P_j z_p``, ``S_j z_p`` and ``C z_p`` once the frequencies are known (the
+   probe's own term is a constant of the probe and is absorbed into ``C``'s last row, a
+   uniform shift of every logit of a row that the softmax cancels). Every probe is asked with
+   the same keys, so one least-squares factorisation serves all probes.
+3. The forms: the probes' solutions times ``[p; 1]^-1``.
+
+The frequencies are those of the declared ``rope_base`` (not found from the answers).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from ..errors import ConfigError, ModelMismatchError, NotIdentifiableError
+from ..models import rope_frequencies
+from ._base import BaseLearner, check_oracle, check_queries
+from ._params import Interval
+from ._registry import LearnerSpec
+from .vector import CHECK_LENGTHS, VERIFY_RTOL
+
+__all__ = ["RotaryVectorLearner", "STAGES"]
+
+#: the stages of a fit, as ``n_queries_by_stage_`` counts them
+STAGES = ("V", "forms", "verify")
+#: key equations asked per unknown of one probe's least-squares system
+OVERSAMPLE = 1.5
+#: largest disagreement of an answer with the attention-weighted sum of its tokens' values
+#: (relative to the answer) that float64 rounding explains
+ATTENTION_TOL = 1e-9
+#: relative singular value below which the form equations' directions are left out
+FORMS_RCOND = 1e-10
+#: weights below this are left out of the equations (their logarithm is rounding noise)
+MIN_WEIGHT = 1e-12
+
+
+class RotaryVectorLearner(BaseLearner):
+    """Recover a rotary attention head from a :class:`~attnquery.oracles.VectorOracle`.
+
+    One head with rotary positions (RoPE of base ``rope_base`` over ``rotary_dim`` dimensions),
+    query/key/value/output biases and a causal mask or none, from the last token's outputs or
+    every token's (see the module's docstring and ``docs/vector.md``).
+
+    Parameters
+    ----------
+    rope_base : float
+        Base of the rotary frequencies ``rope_base^(-2j/R)``.
+    head_dim : int
+        The head dimension dh (R = ``rotary_dim`` or dh).
+    rotary_dim : int, optional
+        R, the rotated dimensions (even, at most dh); default dh.
+    causal : bool
+        Token n attends to tokens i <= n only (a decoder's mask).
+    max_offset : int
+        Largest relative offset the form queries ask (their length minus one); it must reach the
+        offsets the estimate is used at (the check's queries reach 4095); beyond it the forms
+        are extrapolated.
+    n_key_sets : int, optional
+        Key sets of the form stage (each asked with every probe: d + 1 queries); default
+        ``OVERSAMPLE`` times the unknowns per probe divided by the d / 2 keys of a query.
+    random_state : int, Generator or None
+
+    Attributes
+    ----------
+    frequencies_ : ndarray (R/2,)
+    cos_forms_, sin_forms_ : ndarray (R/2, d+1, d+1)
+        P_j and S_j.
+    const_form_ : ndarray (d+1, d+1)
+        C (its last row up to a vector the softmax cancels).
+    V_ : ndarray (d, d_out)
+    output_bias_ : ndarray (d_out,)
+    outputs_ : str
+    attention_residual_ : float
+    forms_rank_ : int
+        Numerical rank of the form equations (below ``(R + 1)(d + 1)`` where the slowest
+        frequencies barely turn over ``max_offset``).
+    n_queries_, n_tokens_ : int
+    n_queries_by_stage_ : dict
+    verify_error_ : float
+    n_verify_queries_ : int
+    """
+
+    def __init__(self, *, rope_base=10000.0, head_dim=None, rotary_dim=None, causal=True,
+                 max_offset=4095, n_key_sets=None, random_state=None):
+        self.rope_base = rope_base
+        self.head_dim = head_dim
+        self.rotary_dim = rotary_dim
+        self.causal = causal
+        self.max_offset = max_offset
+        self.n_key_sets = n_key_sets
+        self.random_state = random_state
+
+    _parameter_constraints = {
+        "random_state": BaseLearner._parameter_constraints["random_state"],
+        "rope_base": [Interval(numbers.Real, 1, None, closed="neither")],
+        "head_dim": [Interval(numbers.Integral, 2, None, closed="left"), None],
+        "rotary_dim": [Interval(numbers.Integral, 2, None, closed="left"), None],
+        "causal": ["boolean"],
+        "max_offset": [Interval(numbers.Integral, 1, None, closed="left")],
+        "n_key_sets": [Interval(numbers.Integral, 1, None, closed="left"), None],
+    }
+    spec = LearnerSpec(
+        name="vector_rotary", oracle="vector", returns="vector layer", stages=STAGES,
+        fits_bias=True, command_line=False,
+        description="vector answers of a rotary head with biases (beyond the paper; declared "
+        "rope_base)", label="rotary vector answers")
+
+    def _validate_extra(self) -> None:
+        R = self.rotary_dim
+        if R is not None and R % 2:
+            raise ConfigError(f"rotary_dim={R!r} must be even")
+        if R is not None and self.head_dim is not None and R > self.head_dim:
+            raise ConfigError(f"rotary_dim={R} exceeds head_dim={self.head_dim}")
+
+    # -- fit ---------------------------------------------------------------------------------------
+    def fit(self, oracle):
+        """Recover the head behind ``oracle``; returns self.
+
+        Raises
+        ------
+        ConfigError
+            A bad parameter, an oracle that is not a vector oracle, or a token dimension below 2.
+        NotIdentifiableError
+            V of rank below d (the keys' weights cannot be told apart), or too few usable
+            weights.
+        ModelMismatchError
+            The answers are no attention-weighted sums of the tokens' values, or the fresh
+            check queries (1 to 4096 tokens) disagree with the estimate by more than
+            ``VERIFY_RTOL`` (another base, several heads, soft-capping, lower precision).
+        """
+        self._validate_params()
+        d = check_oracle(oracle, kinds=("vector",))
+        outputs = getattr(oracle, "outputs", None)
+        if outputs not in ("all", "last"):
+            raise ConfigError(f"the oracle's outputs must be 'all' or 'last'; got {outputs!r}")
+        if d < 2:
+            raise ConfigError(f"the token dimension must be at least 2; got d = {d}")
+        dh = d if self.head_dim is None else int(self.head_dim)
+        R = dh if self.rotary_dim is None else int(self.rotary_dim)
+        if R > dh:
+            raise ConfigError(f"rotary_dim={R} exceeds the head dimension {dh}")
+        self.frequencies_ = rope_frequencies(R, float(self.rope_base))
+        rng = self._rng()
+        tokens0 = int(getattr(oracle, "n_tokens", 0))
+        self.outputs_ = outputs
+        with self._open_ledger(oracle, STAGES) as ledger:
+            try:
+                with ledger.stage("V"):
+                    self._read_values(ledger, d)
+                with ledger.stage("forms"):
+                    self._read_forms(ledger, rng, d)
+                with ledger.stage("verify"):
+                    self._verify(ledger, rng)
+            finally:
+                self.n_queries_ = ledger.total
+                self.n_tokens_ = int(getattr(oracle, "n_tokens", 0)) - tokens0
+        return self
+
+    def _read_values(self, oracle, d: int) -> None:
+        X = np.concatenate([np.zeros((1, 1, d)), np.eye(d)[:, None, :]])
+        y = np.asarray(oracle(X), dtype=np.float64)
+        y = y[:, 0] if y.ndim == 3 else y
+        self.output_bias_ = y[0]
+        self.V_ = y[1:] - y[0]
+        s = np.linalg.svd(self.V_, compute_uv=False)
+        if s[-1] <= 1e-10 * s[0]:
+            raise NotIdentifiableError(
+                f"the value map has rank below d = {d}: the keys' attention weights cannot be "
+                "told apart from the answers")
+
+    def _basis(self, delta: np.ndarray) -> np.ndarray:
+        """[cos(theta_j delta), sin(theta_j delta), 1] per offset: shape (..., R + 1)."""
+        a = delta[..., None] * self.frequencies_
+        return np.concatenate([np.cos(a), np.sin(a), np.ones(delta.shape + (1,))], axis=-1)
+
+    def _read_forms(self, oracle, rng, d: int) -> None:
+        L = int(self.max_offset)
+        k = max(1, d // 2)  # keys per query (with the probe and the zeros: k + 2 weights)
+        if L < k:
+            raise ConfigError(f"max_offset={L} must be at least the {k} keys of a query")
+        nb = self.frequencies_.size * 2 + 1
+        unknowns = nb * (d + 1)
+        n = self.n_key_sets
+        if n is None:
+            n = math.ceil(OVERSAMPLE * unknowns / k)
+        elif n * k < unknowns:
+            raise ConfigError(f"n_key_sets={n} key sets give {n * k} equations per probe for "
+                              f"{unknowns} unknowns; at least {math.ceil(unknowns / k)} needed")
+        probes = rng.standard_normal((d + 1, d)) / np.sqrt(d)
+        # distinct offsets 1..L per key set, drawn with probability proportional to
+        # 1 / offset + 4 / L
+        # (Gumbel top-k): the fast frequencies need the short offsets densely, the slow ones
+        # the long ones
+        offsets = np.arange(1, L + 1)
+        gumbel = -np.log(rng.exponential(size=(n, L))) + np.log(1.0 / offsets + 4.0 / L)
+        pos = L - offsets[np.argsort(-gumbel, axis=1)[:, :k]]
+        keys = rng.standard_normal((n, k, d)) / np.sqrt(d)
+        X = np.zeros((n, L + 1, d))
+        X[np.arange(n)[:, None], pos] = keys
+        # the keys' and the probe's weights: (n_probes, n, k + 1)
+        A = np.empty((d + 1, n, k + 1))
+        for p in range(d + 1):
+            X[:, L] = probes[p]
+            A[p] = self._weights(keys, probes[p], oracle(X))
+        usable = np.all(A > MIN_WEIGHT)
+        if not usable:
+            raise NotIdentifiableError(
+                f"attention weights below {MIN_WEIGHT:g}: the head is too peaked for tokens of "
+                "norm 1")
+        rhs = (np.log(A[:, :, :k]) - np.log(A[:, :, k:])).reshape(d + 1, n * k).T
+        Yk = np.concatenate([keys, np.ones((n, k, 1))], axis=2).reshape(n * k, d + 1)
+        D = (self._basis((pos - L).astype(np.float64)).reshape(n * k, nb)[:, :, None]
+             * Yk[:, None, :]).reshape(n * k, nb * (d + 1))
+        # the slowest frequencies turn by less than a radian over the offsets asked: their forms
+        # are nearly collinear with the constant one, and only the sum M_delta over the offsets
+        # asked is determined (the minimum-norm solution of the numerical rank)
+        # a weight's absolute error becomes a logit's error divided by the weight: each
+        # equation weighted by its weights (the smallest over the probes, so that one
+        # factorisation serves every probe)
+        w = np.min(1.0 / np.sqrt(1.0 / A[:, :, :k] ** 2 + 1.0 / A[:, :, k:] ** 2),
+                   axis=0).reshape(n * k, 1)
+        T, _, self.forms_rank_, _ = np.linalg.lstsq(D * w, rhs * w, rcond=FORMS_RCOND)
+        Zp = np.concatenate([probes, np.ones((d + 1, 1))], axis=1)
+        # T[(b, key side), probe] = form_b[key side] @ z_probe
+        forms = np.linalg.solve(Zp, T.reshape(nb, d + 1, d + 1).transpose(0, 2, 1))
+        forms = forms.transpose(0, 2, 1)
+        h = self.frequencies_.size
+        self.cos_forms_, self.sin_forms_, self.const_form_ = forms[:h], forms[h:2 * h], forms[-1]
+
+    def _weights(self, keys, probe, O) -> np.ndarray:
+        """The keys' and the probe's attention weights (n, k + 1) in the last rows of the
+        answers O, from the values; raise ModelMismatchError when a row is no weighted sum."""
+        O = O[:, -1] if O.ndim == 3 else O
+        n, k, d = keys.shape
+        vals = np.concatenate([keys @ self.V_, np.broadcast_to(probe @ self.V_, (n, 1, d)),
+                               np.zeros((n, 1, d))], axis=1)  # (n, k + 2, d_out): zeros last
+        unit = max(float(np.max(np.abs(vals))), 1.0)
+        P = np.concatenate([vals, np.full((n, k + 2, 1), unit)], axis=2)
+        r = np.concatenate([O - self.output_bias_, np.full((n, 1), unit)], axis=1)
+        a = (r[:, None, :] @ np.linalg.pinv(P))[:, 0]
+        scale = float(np.max(np.abs(r)))
+        res = float(np.max(np.abs((a[:, None, :] @ P)[:, 0] - r))) / scale
+        self.attention_residual_ = res
+        if res > ATTENTION_TOL or np.min(a) < -ATTENTION_TOL:
+            raise ModelMismatchError(
+                f"the answers differ by {res:.3g} (relative) from every attention-weighted sum "
+                f"of the tokens' values (or a weight is negative, {np.min(a):.3g}), where "
+                f"float64 rounding explains {ATTENTION_TOL:g}: the box is not one rotary head",
+                error=max(res, float(-np.min(a))), allowed=ATTENTION_TOL)
+        return a[:, :k + 1]
+
+    def _verify(self, oracle, rng) -> None:
+        d = int(oracle.d)
+        batches = check_queries(rng, d, len(CHECK_LENGTHS), lengths=CHECK_LENGTHS,
+                                permuted=False)
+        worst, scale, n = 0.0, 0.0, 0
+        for X in batches:
+            O = np.asarray(oracle(X), dtype=np.float64)
+            n += X.shape[0]
+            worst = max(worst, float(np.max(np.abs(O - self.predict(X)))))
+            scale = max(scale, float(np.max(np.abs(O))))
+        self.n_verify_queries_ = n
+        self.verify_error_ = worst / scale if scale > 0 else worst
+        if not self.verify_error_ <= VERIFY_RTOL:
+            raise ModelMismatchError(
+                f"the estimate's outputs differ from the box's by {self.verify_error_:.3g} "
+                f"(relative) on {n} check queries of {min(CHECK_LENGTHS)} to "
+                f"{max(CHECK_LENGTHS)} tokens, where at most {VERIFY_RTOL:g} is expected: the "
+                "box is not one rotary head of the declared base and mask",
+                error=self.verify_error_, allowed=VERIFY_RTOL, n_checks=n)
+
+    # -- the estimate ------------------------------------------------------------------------------
+    def M(self, delta: int) -> np.ndarray:
+        """The form at relative offset ``delta`` (key position minus query position), shape
+        (d+1, d+1): the logit of key x_k for query x_q is ``[x_k; 1]^T M [x_q; 1]`` up to terms
+        constant over the keys."""
+        if not hasattr(self, "const_form_"):
+            raise ConfigError("M() needs a fitted learner; call fit(oracle) first")
+        b = self._basis(np.asarray(float(delta)))
+        h = self.frequencies_.size
+        return (np.tensordot(b[:h], self.cos_forms_, 1) + np.tensordot(b[h:2 * h],
+                self.sin_forms_, 1) + self.const_form_)
+
+    def predict(self, X) -> np.ndarray:
+        """The recovered head's outputs on X (B, N, d), in the oracle's shape."""
+        if not hasattr(self, "const_form_"):
+            raise ConfigError("predict() needs a fitted learner; call fit(oracle) first")
+        X = np.asarray(X, dtype=np.float64)
+        if X.ndim != 3 or X.shape[2] != self.V_.shape[0]:
+            raise ConfigError(f"X must have shape (B, N, {self.V_.shape[0]}); got {X.shape}")
+        B, N, d = X.shape
+        Y = np.concatenate([X, np.ones((B, N, 1))], axis=2)
+        a = np.arange(N, dtype=np.float64)[:, None] * self.frequencies_  # (N, h)
+        c, s = np.cos(a)[None, :, :, None], np.sin(a)[None, :, :, None]
+        PY = np.einsum("jef,bnf->bnje", self.cos_forms_, Y)
+        SY = np.einsum("jef,bnf->bnje", self.sin_forms_, Y)
+        Yj = Y[:, :, None, :]
+        # cos(t(i-n)) = c_i c_n + s_i s_n, sin(t(i-n)) = s_i c_n - c_i s_n
+        kf = np.concatenate([(c * Yj).reshape(B, N, -1), (s * Yj).reshape(B, N, -1), Y], axis=2)
+        qf = np.concatenate([(c * PY - s * SY).reshape(B, N, -1),
+                             (s * PY + c * SY).reshape(B, N, -1),
+                             Y @ self.const_form_.T], axis=2)
+        rows = np.arange(N) if self.outputs_ == "all" else np.array([N - 1])
+        logits = qf[:, rows] @ kf.swapaxes(1, 2)  # (B, M, N)
+        if self.causal:
+            logits = np.where(np.arange(N)[None, :] > rows[:, None], -np.inf, logits)
+        logits -= logits.max(axis=2, keepdims=True)
+        w = np.exp(logits)
+        w /= w.sum(axis=2, keepdims=True)
+        out = w @ (X @ self.V_) + self.output_bias_
+        return out if self.outputs_ == "all" else out[:, 0]
