@@ -17,9 +17,10 @@ from attnquery.models import membership_head, random_transformer
 from attnquery.oracles import MembershipOracle, ValueOracle
 
 SRC = Path(attnquery.__file__).parent
-#: the one place budget arithmetic lives: the ledger (and the check it calls) and the oracles,
-#: whose ``budget=`` is the box's
-BUDGET_MODULES = {"learners/_base.py", "oracles.py"}
+#: the one place budget arithmetic lives: the ledger (learners/_ledger.py, re-exported by
+#: learners/_base.py), the check of an estimate that asks through it, and the oracles, whose
+#: ``budget=`` is the box's
+BUDGET_MODULES = {"learners/_base.py", "learners/_ledger.py", "learners/_check.py", "oracles.py"}
 #: converted to the ledger on their own branches (none left: every learner reads the ledger)
 PENDING = ()
 #: what budget arithmetic of its own looks like: checking or reading an oracle's budget, and
