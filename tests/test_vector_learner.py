@@ -188,11 +188,43 @@ def test_budget_is_checked_before_each_stage_spends():
     (dict(fit_bias="yes"), "fit_bias must be True or False"),
     (dict(n_queries=0), "n_queries must be an integer >= 1"),
     (dict(n_queries=2), "n_queries=2 queries of 4 tokens give 24 logit differences for 72"),
+    (dict(verify=-1), "verify must be an integer in"),
+    (dict(verify=1.5), "verify must be an integer in"),
+    (dict(check_length=0), "check_length must be an integer >= 1"),
 ])
 def test_bad_parameters_are_refused_by_name(params, match):
     d = 8
     with pytest.raises(ConfigError, match=match):
         VectorLayerLearner(**params).fit(VectorOracle(random_vector_layer(d, 1, seed=0), d))
+
+
+def test_verify_and_check_length_set_the_check():
+    d = 8
+    layer = random_vector_layer(d, 1, seed=14, bias=0.5)
+    lengths = []
+
+    def box(X):
+        lengths.append(X.shape[1])
+        return layer(X)
+
+    est = VectorLayerLearner(verify=3, check_length=100, random_state=0)
+    est.fit(VectorOracle(box, d))
+    # the shortest, the longest (check_length) and one between, each one fresh query
+    assert est.n_queries_by_stage_["verify"] == est.n_verify_queries_ == 3
+    assert lengths[-3:] == [1, 3, 100] and max(lengths) == 100
+    assert est.verify_error_ < GOAL
+    off = VectorLayerLearner(verify=0, random_state=0).fit(VectorOracle(layer, d))
+    assert off.n_queries_by_stage_["verify"] == off.n_verify_queries_ == 0
+    assert np.isnan(off.verify_error_)
+    assert off.n_queries_ == est.n_queries_ - 3
+    np.testing.assert_array_equal(off.W_, est.W_)
+    # the last token's output of a box that sees only the last 64 tokens: a head up to 64
+    # tokens, passed by a check of up to 64, refused by the default check (up to 4096)
+    last = random_vector_layer(d, 1, seed=14, bias=0.5, outputs="last")
+    window = VectorOracle(lambda X: last(X[:, -64:]), d, outputs="last")
+    VectorLayerLearner(check_length=64, random_state=0).fit(window)
+    with pytest.raises(ModelMismatchError, match="4096 tokens"):
+        VectorLayerLearner(random_state=0).fit(window)
 
 
 def test_a_scalar_oracle_is_refused():

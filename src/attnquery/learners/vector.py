@@ -31,7 +31,16 @@ import scipy.linalg
 
 from ..errors import ConfigError, ModelMismatchError, NotIdentifiableError
 from ..vector_models import bilinear_layer
-from ._base import BaseLearner, check_oracle, check_queries
+from ._base import (
+    CHECK_LENGTH,
+    CHECK_LENGTH_PARAM,
+    DEFAULT_VERIFY,
+    VERIFY_PARAM,
+    BaseLearner,
+    check_lengths,
+    check_oracle,
+    check_queries,
+)
 from ._params import Interval, Options
 from ._registry import LearnerSpec
 from ._vector_split import RANK_RTOL, scan_queries_per_line, split_values
@@ -42,7 +51,9 @@ __all__ = ["VectorLayerLearner", "STAGES", "POSITIONS", "CHECK_LENGTHS", "VERIFY
 STAGES = ("V", "split", "attention", "verify")
 #: the position models the learner knows
 POSITIONS = ("none", "rotary")
-#: lengths of the fresh check queries after a fit, one query each: long sequences are where a
+#: lengths of the fresh check queries after a fit, one query each with the default ``verify``
+#: (8) and ``check_length`` (4096; a shorter one replaces the longest, see
+#: :func:`~attnquery.learners._base.check_lengths`): long sequences are where a
 #: position-dependent or windowed box differs from a head
 CHECK_LENGTHS = (1, 2, 3, 8, 64, 256, 1024, 4096)
 #: largest relative disagreement ``max |O - O_hat| / max |O|`` the check allows: float64 fits
@@ -92,6 +103,16 @@ class VectorLayerLearner(BaseLearner):
         Queries of the attention stage; default ``OVERSAMPLE`` times the unknowns of (W, c)
         divided by the logit differences a query gives (and at least d + 1 for last-token
         answers).
+    verify : int
+        Fresh check queries after the fit (default 8: one of each of 1, 2, 3, 8, 64, 256,
+        1024 and ``check_length`` tokens, :data:`CHECK_LENGTHS`; more are spread over these
+        lengths, fewer take the shortest, the longest and evenly spaced ones between); 0 turns
+        the check off.
+    check_length : int
+        Tokens of the longest check query (default
+        :data:`~attnquery.learners._base.CHECK_LENGTH`, 4096; the lengths of
+        :data:`CHECK_LENGTHS` not below it are dropped). A box that is such a layer on every
+        input of up to ``check_length`` tokens, such as a wider sliding window, passes.
     random_state : int, Generator or None
         Seed of the query tokens.
 
@@ -130,18 +151,22 @@ class VectorLayerLearner(BaseLearner):
     n_queries_by_stage_ : dict
         Queries per stage (:data:`STAGES`).
     verify_error_ : float
-        ``max |O - O_hat| / max |O|`` on the check queries.
+        ``max |O - O_hat| / max |O|`` on the check queries (NaN with ``verify=0``).
     n_verify_queries_ : int
+        Check queries asked (``verify``).
     """
 
     def __init__(self, *, n_heads=None, n_kv_heads=None, causal=False, positions="none",
-                 fit_bias=True, n_queries=None, random_state=None):
+                 fit_bias=True, n_queries=None, verify=DEFAULT_VERIFY,
+                 check_length=CHECK_LENGTH, random_state=None):
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads
         self.causal = causal
         self.positions = positions
         self.fit_bias = fit_bias
         self.n_queries = n_queries
+        self.verify = verify
+        self.check_length = check_length
         self.random_state = random_state
 
     _parameter_constraints = {
@@ -152,6 +177,8 @@ class VectorLayerLearner(BaseLearner):
         "positions": [Options(POSITIONS)],
         "fit_bias": ["boolean"],
         "n_queries": [Interval(numbers.Integral, 1, None, closed="left"), None],
+        "verify": [VERIFY_PARAM],
+        "check_length": [CHECK_LENGTH_PARAM],
     }
     spec = LearnerSpec(
         name="vector", oracle="vector", returns="vector layer", stages=STAGES, fits_bias=True,
@@ -224,7 +251,7 @@ class VectorLayerLearner(BaseLearner):
             with ledger.stage("split"):
                 V = split_values(ledger, V_sum, beta, H, rng)
         N, n = self._plan(d, V_sum, H, outputs)
-        ledger.check_budget(n + len(CHECK_LENGTHS),
+        ledger.check_budget(n + int(self.verify),
                             f"the attention stage ({n} queries of {N} tokens) and the check")
         with ledger.stage("attention"):
             X, A = self._ask_attention(ledger, rng, n, N, V, beta, outputs)
@@ -414,12 +441,15 @@ class VectorLayerLearner(BaseLearner):
         return Wt[:, :d], c, res
 
     def _verify(self, oracle, rng) -> None:
-        """One fresh query of each of :data:`CHECK_LENGTHS`; raise ModelMismatchError when the
-        estimate's answers differ from the box's by more than :data:`VERIFY_RTOL`."""
+        """``verify`` fresh queries spread over :data:`CHECK_LENGTHS` (up to ``check_length``
+        tokens); raise ModelMismatchError when the estimate's answers differ from the box's by
+        more than :data:`VERIFY_RTOL`."""
         d = int(oracle.d)
-        batches = check_queries(rng, d, len(CHECK_LENGTHS), lengths=CHECK_LENGTHS,
-                                permuted=False)
         self.verify_error_, self.n_verify_queries_ = float("nan"), 0
+        if self.verify == 0:
+            return
+        lengths = check_lengths(self.check_length, CHECK_LENGTHS)
+        batches = check_queries(rng, d, int(self.verify), lengths=lengths, permuted=False)
         worst, scale, at = 0.0, 0.0, 0
         for X in batches:
             O = np.asarray(oracle(X), dtype=np.float64)
@@ -433,7 +463,7 @@ class VectorLayerLearner(BaseLearner):
             raise ModelMismatchError(
                 f"the estimate's outputs differ from the box's by {self.verify_error_:.3g} "
                 f"(relative) on {self.n_verify_queries_} check queries of "
-                f"{min(CHECK_LENGTHS)} to {max(CHECK_LENGTHS)} tokens (the farthest of {at} "
+                f"{min(lengths)} to {max(lengths)} tokens (the farthest of {at} "
                 f"tokens), where at most {VERIFY_RTOL:g} is expected: the box is not a single "
                 "head as declared (positions, soft-capped logits, several heads, lower "
                 "precision than float64)",
