@@ -281,17 +281,26 @@ def test_heads_that_do_not_fill_d_are_not_split():
 
 
 def test_lines_that_miss_a_crossing_are_scanned_again(monkeypatch):
-    # lines over [-10, 10] miss some heads' crossings (at d = 16 with 2 heads, every one of six
-    # seeds met such a line): without fresh lines the fit is refused, with them it holds
+    # the first line is a point (no direction): it crosses no head's switch; the split tries a
+    # fresh line and holds, and without fresh lines (RETRIES = 0) the fit is refused
     from attnquery.learners import _vector_split
 
     d = 16
     layer = random_vector_layer(d, 2, seed=0, bias=0.3, outputs="last")
-    monkeypatch.setattr(_vector_split, "LINE_HALF", 10.0)
+    line = _vector_split._line
+    calls = []
+
+    def first_misses(rng, d):
+        b0, v = line(rng, d)
+        calls.append(1)
+        return (b0, 0 * v) if len(calls) == 1 else (b0, v)
+
+    monkeypatch.setattr(_vector_split, "_line", first_misses)
     est = VectorLayerLearner(n_heads=2, random_state=0)
     est.fit(VectorOracle(layer, d, outputs="last"))
     order = heads_matched(layer, est)
     assert rel(est.W_[0], layer.head_W()[order[0]]) < GOAL
+    monkeypatch.setattr(_vector_split, "_line", lambda rng, d: (line(rng, d)[0], np.zeros(d)))
     monkeypatch.setattr(_vector_split, "RETRIES", 0)
     with pytest.raises(ModelMismatchError, match="number of heads"):
         VectorLayerLearner(n_heads=2, random_state=0).fit(VectorOracle(layer, d, outputs="last"))

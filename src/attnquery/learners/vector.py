@@ -43,7 +43,7 @@ from ._base import (
 )
 from ._params import Interval, Options
 from ._registry import LearnerSpec
-from ._vector_split import RANK_RTOL, scan_queries_per_line, split_values
+from ._vector_split import RANK_RTOL, split_queries, split_values
 
 __all__ = ["VectorLayerLearner", "STAGES", "POSITIONS", "CHECK_LENGTHS", "VERIFY_RTOL"]
 
@@ -246,7 +246,7 @@ class VectorLayerLearner(BaseLearner):
         H = self.n_heads or 1
         V = V_sum[None]
         if H > 1:
-            ledger.check_budget((2 * (d // H) + 1) * scan_queries_per_line(H),
+            ledger.check_budget(split_queries(d, H),
                                 "the split of the value maps (at most)")
             with ledger.stage("split"):
                 V = split_values(ledger, V_sum, beta, H, rng)
