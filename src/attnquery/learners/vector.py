@@ -43,6 +43,7 @@ from ._base import (
 )
 from ._params import Interval, Options
 from ._registry import LearnerSpec
+from ._vector_heads import fit_shared
 from ._vector_split import RANK_RTOL, split_queries, split_values
 
 __all__ = ["VectorLayerLearner", "STAGES", "POSITIONS", "CHECK_LENGTHS", "VERIFY_RTOL"]
@@ -73,6 +74,12 @@ OVERSAMPLE = 1.5
 PILOT_SHARE = 8
 TARGET_SPREAD = 4.0
 MAX_RESCALE = 100.0
+#: heads whose (W, c) has more unknowns than this are read by the shared-token route
+#: (:mod:`._vector_heads`) where it applies (every token's outputs, no causal mask): at d = 64
+#: (4,160 unknowns) the dense least squares takes about 2 s and 80 queries for one head
+DENSE_UNKNOWNS = 64 * 65
+#: the most unknowns of the dense least squares (its normal equations hold their square: 2.2 GB)
+DENSE_MAX_UNKNOWNS = 128 * 129
 #: weights below this are left out of the logit equations (their logarithm is rounding noise)
 MIN_WEIGHT = 1e-12
 
@@ -250,6 +257,25 @@ class VectorLayerLearner(BaseLearner):
                                 "the split of the value maps (at most)")
             with ledger.stage("split"):
                 V = split_values(ledger, V_sum, beta, H, rng)
+        self.V_, self.output_bias_ = V, beta
+        if outputs == "all" and not self.causal and d * (d + 1) > DENSE_UNKNOWNS:
+            self._fit_shared(ledger, rng, d, V_sum, V, beta)
+        else:
+            self._fit_dense(ledger, rng, d, V_sum, V, beta, outputs)
+        self.head_groups_ = np.arange(H)
+        self.frequencies_ = np.zeros(0)
+
+    def _fit_dense(self, ledger, rng, d, V_sum, V, beta, outputs) -> None:
+        """The attention stage's random queries and each head's (W, c) from the dense least
+        squares of its d (d + 1) unknowns."""
+        H = V.shape[0]
+        unknowns = d * (d + int(self.fit_bias))
+        if unknowns > DENSE_MAX_UNKNOWNS:
+            raise ConfigError(
+                f"each head's (W, c) has {unknowns} unknowns at d = {d}, more than the dense "
+                f"least squares holds ({DENSE_MAX_UNKNOWNS}); only every token's outputs "
+                "without a causal mask are read by the shared-token route so far")
+        self.route_ = "dense"
         N, n = self._plan(d, V_sum, H, outputs)
         ledger.check_budget(n + int(self.verify),
                             f"the attention stage ({n} queries of {N} tokens) and the check")
@@ -259,9 +285,32 @@ class VectorLayerLearner(BaseLearner):
         self.W_ = np.stack([f[0] for f in fits])
         self.key_bias_ = np.stack([f[1] for f in fits])
         self.logit_residual_ = max(f[2] for f in fits)
-        self.V_, self.output_bias_ = V, beta
-        self.head_groups_ = np.arange(H)
-        self.frequencies_ = np.zeros(0)
+        self.head_ranks_ = np.linalg.matrix_rank(self.W_)
+
+    def _fit_shared(self, ledger, rng, d, V_sum, V, beta) -> None:
+        """Every head's (W, c) by the shared-token route (:mod:`._vector_heads`), from every
+        token's outputs without a causal mask."""
+        H, d_out = V.shape[0], V.shape[2]
+        s = np.linalg.svd(V_sum, compute_uv=False)
+        r = int(np.count_nonzero(s > RANK_RTOL * s[0]))
+        N = max(4, min(r // H, (3 * min(d, d_out)) // (4 * H)))
+        self.route_, self.rank_, self.tokens_per_query_ = "shared", r, N
+
+        def budget(n, what):
+            ledger.check_budget(n + int(self.verify), f"{what} and the check")
+
+        with ledger.stage("attention"):
+            W, c, info = fit_shared(
+                ledger, rng, d, H, N, lambda X, O: self._attention_matrices(X, O, V, beta,
+                                                                             "all"),
+                lambda A: self._spreads(A, "all"), fit_bias=bool(self.fit_bias),
+                target_spread=TARGET_SPREAD, max_rescale=MAX_RESCALE, min_weight=MIN_WEIGHT,
+                n_queries=self.n_queries, check_budget=budget)
+        self.W_, self.key_bias_ = W, c
+        self.logit_residual_ = info["residual"]
+        self.token_scale_ = info["token_scale"]
+        self.head_ranks_ = info["rank"]
+        self.n_groups_ = info["groups"]
 
     def _read_values(self, oracle, d: int) -> tuple[np.ndarray, np.ndarray]:
         """V and beta from one batch of one-token queries: ``0`` (with ``fit_bias``) and the
