@@ -78,6 +78,8 @@ MAX_RESCALE = 100.0
 #: (:mod:`._vector_heads`) where it applies (every token's outputs, no causal mask): at d = 64
 #: (4,160 unknowns) the dense least squares takes about 2 s and 80 queries for one head
 DENSE_UNKNOWNS = 64 * 65
+#: the shared-token route's queries hold SHARED_FILL d_out / H tokens, their rows H N weights
+SHARED_FILL = 0.75
 #: the most unknowns of the dense least squares (its normal equations hold their square: 2.2 GB)
 DENSE_MAX_UNKNOWNS = 128 * 129
 #: weights below this are left out of the logit equations (their logarithm is rounding noise)
@@ -293,7 +295,7 @@ class VectorLayerLearner(BaseLearner):
         H, d_out = V.shape[0], V.shape[2]
         s = np.linalg.svd(V_sum, compute_uv=False)
         r = int(np.count_nonzero(s > RANK_RTOL * s[0]))
-        N = max(4, min(r // H, (3 * min(d, d_out)) // (4 * H)))
+        N = max(4, min(r // H, int(SHARED_FILL * min(d, d_out)) // H))
         self.route_, self.rank_, self.tokens_per_query_ = "shared", r, N
 
         def budget(n, what):
@@ -304,7 +306,7 @@ class VectorLayerLearner(BaseLearner):
                 ledger, rng, d, H, N, lambda X, O: self._attention_matrices(X, O, V, beta,
                                                                              "all"),
                 lambda A: self._spreads(A, "all"), fit_bias=bool(self.fit_bias),
-                target_spread=TARGET_SPREAD, max_rescale=MAX_RESCALE, min_weight=MIN_WEIGHT,
+                max_rescale=MAX_RESCALE, min_weight=MIN_WEIGHT,
                 n_queries=self.n_queries, check_budget=budget)
         self.W_, self.key_bias_ = W, c
         self.logit_residual_ = info["residual"]
