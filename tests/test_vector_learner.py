@@ -304,3 +304,70 @@ def test_lines_that_miss_a_crossing_are_scanned_again(monkeypatch):
     monkeypatch.setattr(_vector_split, "RETRIES", 0)
     with pytest.raises(ModelMismatchError, match="number of heads"):
         VectorLayerLearner(n_heads=2, random_state=0).fit(VectorOracle(layer, d, outputs="last"))
+
+
+# -- the shared-token route: heads beyond the dense least squares --------------------------------
+
+#: the issue's goal for a MiniLM-shaped layer in float64: every head's W and V to 1e-8, the
+#: function to 1e-9, at most 10,000 queries and 30 times fewer than scalar answers
+#: (AttentionLayerLearner: 317,789 queries on MiniLM layer 0)
+LAYER_GOAL, SCALAR_QUERIES = 1e-8, 317_789
+
+
+def assert_layer_recovered(layer, est, oracle):
+    order = heads_matched(layer, est)
+    W, c, V = layer.head_W()[order], layer.key_bias()[order], layer.value_maps()[order]
+    for h in range(layer.n_heads):
+        assert rel(est.W_[h], W[h]) < LAYER_GOAL and rel(est.V_[h], V[h]) < LAYER_GOAL, h
+        assert np.max(np.abs(est.key_bias_[h] - c[h])) < LAYER_GOAL, h
+    assert np.max(np.abs(est.output_bias_ - layer.output_bias)) < GOAL
+    d = est.W_.shape[1]
+    rng = np.random.default_rng(8)
+    for N in (1, 2, 3, 16, 64, 256):
+        X = rng.standard_normal((2, N, d)) / np.sqrt(d)
+        assert rel(est.predict(X), layer(X)) < GOAL, N
+    assert est.n_queries_ == oracle.n_queries
+    assert sum(est.n_queries_by_stage_.values()) == est.n_queries_
+
+
+def test_layer_beyond_the_dense_least_squares_d96():
+    d, H = 96, 6  # (W_h, c_h): 9,312 unknowns per head, read by the shared-token route
+    layer = random_vector_layer(d, H, seed=21, bias=0.3)
+    oracle = VectorOracle(layer, d)
+    est = VectorLayerLearner(n_heads=H, random_state=0).fit(oracle)
+    assert est.route_ == "shared"
+    np.testing.assert_array_equal(est.head_ranks_, np.full(H, d // H))
+    assert_layer_recovered(layer, est, oracle)
+    assert est.n_queries_ < 1_000
+
+
+@pytest.mark.slow  # about 25 s on an idle 2-core machine
+def test_goal_minilm_shaped_layer():
+    d, H = 384, 12
+    layer = random_vector_layer(d, H, seed=22, head_dim=32, bias=0.3)
+    oracle = VectorOracle(layer, d)
+    est = VectorLayerLearner(n_heads=H, random_state=0).fit(oracle)
+    assert_layer_recovered(layer, est, oracle)
+    assert est.n_queries_ <= 10_000 and 30 * est.n_queries_ <= SCALAR_QUERIES
+
+
+def test_shared_route_refuses_boxes_that_are_not_such_layers():
+    d = 96
+    with pytest.raises(ModelMismatchError, match="number of heads"):
+        VectorLayerLearner(n_heads=4, random_state=0).fit(
+            VectorOracle(random_vector_layer(d, 6, seed=23, bias=0.3), d))
+    capped = VectorOracle(random_vector_layer(d, 6, seed=23, bias=0.3, softcap=1.0), d)
+    with pytest.raises(ModelMismatchError):
+        VectorLayerLearner(n_heads=6, random_state=0).fit(capped)
+
+
+def test_shared_route_query_cap_and_dense_limit():
+    d = 96
+    layer = random_vector_layer(d, 6, seed=24, bias=0.3)
+    with pytest.raises(ConfigError, match="n_queries=50: the shared-token route"):
+        VectorLayerLearner(n_heads=6, n_queries=50, random_state=0).fit(VectorOracle(layer, d))
+    # the last token's outputs go the dense way, which holds at most 128 x 129 unknowns
+    big = VectorOracle(random_vector_layer(130, 1, seed=0, outputs="last"), 130, outputs="last")
+    with pytest.raises(ConfigError, match="17030 unknowns at d = 130"):
+        VectorLayerLearner().fit(big)
+    assert big.n_queries == 0

@@ -209,7 +209,8 @@ def _basis(parts: np.ndarray, dh: int) -> np.ndarray:
     if sv[dh] > MATCH_TOL * sv[0]:
         raise ModelMismatchError(
             f"a head's parts span more than d / H = {dh} dimensions: the heads do not "
-            "fill d as declared", error=float(sv[dh] / sv[0]), allowed=MATCH_TOL)
+            "fill d as declared (another number of heads, or heads that do not fill d)",
+            error=float(sv[dh] / sv[0]), allowed=MATCH_TOL)
     return U[:, :dh]
 
 

@@ -249,6 +249,14 @@ class VectorLayerLearner(BaseLearner):
 
     def _fit_layer(self, ledger, rng, d: int, outputs: str) -> None:
         """The stages V, split (several heads) and attention, and every head's (W, c)."""
+        shared = outputs == "all" and not self.causal and d * (d + 1) > DENSE_UNKNOWNS
+        unknowns = d * (d + int(self.fit_bias))
+        if not shared and unknowns > DENSE_MAX_UNKNOWNS:
+            raise ConfigError(
+                f"each head's (W, c) has {unknowns} unknowns at d = {d}, more than the dense "
+                f"least squares holds ({DENSE_MAX_UNKNOWNS}); only every token's outputs "
+                "without a causal mask (outputs='all', causal=False) are read by the "
+                "shared-token route so far")
         ledger.check_budget(d + int(self.fit_bias), "the value stage")
         with ledger.stage("V"):
             V_sum, beta = self._read_values(ledger, d)
@@ -260,7 +268,7 @@ class VectorLayerLearner(BaseLearner):
             with ledger.stage("split"):
                 V = split_values(ledger, V_sum, beta, H, rng)
         self.V_, self.output_bias_ = V, beta
-        if outputs == "all" and not self.causal and d * (d + 1) > DENSE_UNKNOWNS:
+        if shared:
             self._fit_shared(ledger, rng, d, V_sum, V, beta)
         else:
             self._fit_dense(ledger, rng, d, V_sum, V, beta, outputs)
@@ -271,12 +279,6 @@ class VectorLayerLearner(BaseLearner):
         """The attention stage's random queries and each head's (W, c) from the dense least
         squares of its d (d + 1) unknowns."""
         H = V.shape[0]
-        unknowns = d * (d + int(self.fit_bias))
-        if unknowns > DENSE_MAX_UNKNOWNS:
-            raise ConfigError(
-                f"each head's (W, c) has {unknowns} unknowns at d = {d}, more than the dense "
-                f"least squares holds ({DENSE_MAX_UNKNOWNS}); only every token's outputs "
-                "without a causal mask are read by the shared-token route so far")
         self.route_ = "dense"
         N, n = self._plan(d, V_sum, H, outputs)
         ledger.check_budget(n + int(self.verify),
