@@ -45,8 +45,14 @@ RETRIES = 2
 #: a head's parts must span d / H dimensions to this (relative singular value)
 MATCH_TOL = 1e-8
 #: eps of the perturbed differences ``Delta_0 + eps Delta_j``: their parts are exact to about
-#: 1e-16 / eps relative, and their crossings move by about eps times the line's scale
-PERTURB = 1e-3
+#: 1e-16 / eps relative (times the projectors' norms: they only read the 0/1 patterns of the
+#: refinement, which gives the exact parts), and their crossings move by about eps times the
+#: line's scale
+PERTURB = 1e-5
+#: bisection levels after the line's jumps are isolated: the intervals shrink 2^EXTRA_LEVELS
+#: times about their crossings, so that the separators between them lie far from every
+#: crossing (MiniLM layer 0: with none, nearby differences moved crossings past separators)
+EXTRA_LEVELS = 8
 #: a perturbed difference's jump may differ from Delta_0's by at most this fraction of the
 #: largest jump (it differs by about PERTURB; a crossing moved past a separator changes a jump
 #: by a whole part)
@@ -86,16 +92,23 @@ def _parts(oracle, Vp, beta, b, Delta) -> np.ndarray:
 
 def _scan(oracle, Vp, beta, Delta, b0, v, n_heads) -> tuple[np.ndarray, np.ndarray]:
     """The jumps along the line ``b0 + s v`` for the key difference ``Delta``: bisection, one
-    batch per level, until ``n_heads`` intervals hold a change each (or :data:`LEVELS`).
+    batch per level, until ``n_heads`` intervals hold a change each and :data:`EXTRA_LEVELS`
+    more (or :data:`LEVELS` in all).
     Returns the jumps (k, d) and their intervals (k, 2), in the order of s."""
     lo, hi = np.array([-LINE_HALF]), np.array([LINE_HALF])
     g = _parts(oracle, Vp, beta, b0 + np.array([[-LINE_HALF], [LINE_HALF]]) * v,
                np.stack([Delta, Delta]))
     glo, ghi = g[:1], g[1:]
+    extra = EXTRA_LEVELS
     for _ in range(LEVELS + 1):
         keep = np.max(np.abs(ghi - glo), axis=1) > CHANGE_TOL
         lo, hi, glo, ghi = lo[keep], hi[keep], glo[keep], ghi[keep]
-        if lo.size == 0 or lo.size == n_heads:
+        if lo.size == n_heads:
+            extra -= 1
+        # each head crosses a line once: more changing intervals than heads (beyond a few
+        # crossings split by a midpoint) mean answers that are not piecewise constant (logits
+        # that do not saturate, such as soft-capped ones): stop before the intervals multiply
+        if lo.size == 0 or extra < 0 or lo.size > 2 * n_heads:
             break
         mid = (lo + hi) / 2
         gm = _parts(oracle, Vp, beta, b0 + mid[:, None] * v, np.repeat(Delta[None], mid.size, 0))
@@ -166,7 +179,8 @@ def split_values(oracle, V_sum: np.ndarray, beta: np.ndarray, n_heads: int,
             raise ModelMismatchError(
                 f"lines of saturated two-token queries cross {min(counts)} to {max(counts)} "
                 f"heads' switches ({1 + RETRIES} lines) where n_heads={H} was declared: the "
-                "box has another number of heads", error=float(max(counts)), allowed=float(H))
+                "box has another number of heads, or answers that do not saturate (soft-capped "
+                "logits)", error=float(max(counts)), allowed=float(H))
         raise ModelMismatchError(
             f"the jumps of nearby key differences differ by {min(moved):.3g} of a jump "
             f"({1 + RETRIES} lines; at most {MOVED_TOL:g} expected): the box is not a layer "
