@@ -2,6 +2,7 @@
 token's, causal), against the true W, c, V and beta, and refused where the box is not one."""
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +20,8 @@ from attnquery.vector_models import VectorAttentionLayer, random_vector_layer
 
 #: the issue's goal for a single full-rank head in float64
 GOAL = 1e-9
+#: all-MiniLM-L6-v2, fetched by the workflow (``make reproduce``)
+MINILM = Path(__file__).resolve().parents[1] / "data" / "minilm" / "model.safetensors"
 
 
 def rel(a, b):
@@ -345,6 +348,22 @@ def test_layer_beyond_the_dense_least_squares_d96():
 def test_goal_minilm_shaped_layer():
     d, H = 384, 12
     layer = random_vector_layer(d, H, seed=22, head_dim=32, bias=0.3)
+    oracle = VectorOracle(layer, d)
+    est = VectorLayerLearner(n_heads=H, random_state=0).fit(oracle)
+    assert_layer_recovered(layer, est, oracle)
+    assert est.n_queries_ <= 10_000 and 30 * est.n_queries_ <= SCALAR_QUERIES
+
+
+@pytest.mark.slow  # about 2 minutes on a loaded 2-core machine
+@pytest.mark.skipif(not MINILM.exists(), reason="the MiniLM checkpoint is not in data/minilm")
+def test_goal_real_minilm_layer_0():
+    from attnquery.realheads import load_checkpoint
+
+    ck = load_checkpoint(MINILM)
+    w, H, dh, d = ck.layers[0], ck.n_heads, ck.d_head, ck.d
+    layer = VectorAttentionLayer(
+        *(w[k].reshape(H, dh, d) for k in ("q", "k", "v")), w["o"],
+        **{f"b_{n}": w[f"b{n.lower()}"].reshape(H, dh) for n in ("Q", "K", "V")}, b_O=w["bo"])
     oracle = VectorOracle(layer, d)
     est = VectorLayerLearner(n_heads=H, random_state=0).fit(oracle)
     assert_layer_recovered(layer, est, oracle)

@@ -118,17 +118,7 @@ def fit_shared(oracle, rng: np.random.Generator, d: int, H: int, N: int, attenti
         X = np.concatenate([np.broadcast_to(Z, (Q, F, d)), Xf], axis=1)
         A = ask(X, f"group {len(Zs) + 1} of the shared-token queries ({Q} of {N} tokens)")
         asked += Q
-        logA = np.log(np.maximum(A, min_weight))  # (H, Q, N, N)
-        # the shared tokens' rows: every key
-        y = logA[:, :, :F, :] - logA[:, :, :F, :].mean(axis=3, keepdims=True)
-        U = (X - X.mean(axis=1, keepdims=True)).reshape(Q * N, d)
-        rhs = y.transpose(1, 3, 0, 2).reshape(Q * N, H * F)
-        M = np.linalg.lstsq(U, rhs, rcond=None)[0].reshape(d, H, F)
-        # the fresh tokens' rows: the shared keys
-        y2 = logA[:, :, F:, :F] - logA[:, :, F:, :F].mean(axis=3, keepdims=True)
-        design = np.concatenate([Xf.reshape(-1, d), np.ones((Q * (N - F), 1))], axis=1)
-        rhs2 = y2.transpose(1, 2, 0, 3).reshape(Q * (N - F), H * F)
-        Lk = np.linalg.lstsq(design, rhs2, rcond=None)[0][:d].reshape(d, H, F)
+        M, Lk = _read_group(X, A, F, min_weight)
         Zs.append(Z)
         Ms.append(M)
         Ls.append(Lk)
@@ -137,27 +127,54 @@ def fit_shared(oracle, rng: np.random.Generator, d: int, H: int, N: int, attenti
         ranks = np.array([_rank(L[:, h]) for h in range(H)])
         if np.all(ranks <= (G - 1) * (F - 1)) or (G - 1) * (F - 1) >= d:
             break
-    Zall = np.concatenate(Zs)  # (G F, d)
-    Mall = np.concatenate(Ms, axis=2)  # (d, H, G F)
-    W, c = np.zeros((H, d, d)), np.zeros((H, d))
-    residual = 0.0
-    for h in range(H):
-        U_, _, _ = np.linalg.svd(L[:, h], full_matrices=False)
-        R = U_[:, :ranks[h]]
-        if ranks[h] == 0:
-            raise NotIdentifiableError(f"head {h}'s logits do not depend on its query token")
-        design = Zall @ R
-        if fit_bias:
-            design = np.concatenate([design, np.ones((Zall.shape[0], 1))], axis=1)
-        sol = np.linalg.lstsq(design, Mall[:, h].T, rcond=None)[0]  # (r [+ 1], d)
-        W[h] = sol[:ranks[h]].T @ R.T
-        if fit_bias:
-            c[h] = sol[ranks[h]]
-        res = Mall[:, h].T - design @ sol
-        residual = max(residual, float(np.max(np.abs(res)) / np.max(np.abs(Mall[:, h]))))
+    W, c, residual = _assemble(np.concatenate(Zs), np.concatenate(Ms, axis=2), L, ranks,
+                               fit_bias)
     info = dict(rank=ranks, groups=len(Zs), group_queries=Q, token_scale=scale,
                 residual=residual)
     return W, c, info
+
+
+def _read_group(X: np.ndarray, A: np.ndarray, F: int, min_weight: float):
+    """A group's ``m_h(z_i)`` (d, H, F) from the shared tokens' rows and its row-space samples
+    ``W_h^T (z_k - z_bar)`` (d, H, F) from the fresh tokens' rows; X (Q, N, d) holds the
+    shared tokens first, A (H, Q, N, N) the heads' attention matrices."""
+    Q, N, d = X.shape
+    H = A.shape[0]
+    logA = np.log(np.maximum(A, min_weight))
+    # the shared tokens' rows: every key
+    y = logA[:, :, :F, :] - logA[:, :, :F, :].mean(axis=3, keepdims=True)
+    U = (X - X.mean(axis=1, keepdims=True)).reshape(Q * N, d)
+    rhs = y.transpose(1, 3, 0, 2).reshape(Q * N, H * F)
+    M = np.linalg.lstsq(U, rhs, rcond=None)[0].reshape(d, H, F)
+    # the fresh tokens' rows: the shared keys
+    y2 = logA[:, :, F:, :F] - logA[:, :, F:, :F].mean(axis=3, keepdims=True)
+    design = np.concatenate([X[:, F:].reshape(-1, d), np.ones((Q * (N - F), 1))], axis=1)
+    rhs2 = y2.transpose(1, 2, 0, 3).reshape(Q * (N - F), H * F)
+    Lk = np.linalg.lstsq(design, rhs2, rcond=None)[0][:d].reshape(d, H, F)
+    return M, Lk
+
+
+def _assemble(Z: np.ndarray, M: np.ndarray, L: np.ndarray, ranks, fit_bias: bool):
+    """Every head's W_h and c_h from ``m_h(z) = (W_h R_h) R_h^T z + c_h`` over the shared tokens
+    Z (k, d), M (d, H, k), with R_h the leading ``ranks[h]`` directions of the row-space
+    samples L (d, H, m); and the largest relative residual."""
+    H, d = M.shape[1], M.shape[0]
+    W, c = np.zeros((H, d, d)), np.zeros((H, d))
+    residual = 0.0
+    for h in range(H):
+        if ranks[h] == 0:
+            raise NotIdentifiableError(f"head {h}'s logits do not depend on its query token")
+        R = np.linalg.svd(L[:, h], full_matrices=False)[0][:, :ranks[h]]
+        design = Z @ R
+        if fit_bias:
+            design = np.concatenate([design, np.ones((Z.shape[0], 1))], axis=1)
+        sol = np.linalg.lstsq(design, M[:, h].T, rcond=None)[0]  # (r [+ 1], d)
+        W[h] = sol[:ranks[h]].T @ R.T
+        if fit_bias:
+            c[h] = sol[ranks[h]]
+        res = M[:, h].T - design @ sol
+        residual = max(residual, float(np.max(np.abs(res)) / np.max(np.abs(M[:, h]))))
+    return W, c, residual
 
 
 def _rank(L: np.ndarray) -> int:

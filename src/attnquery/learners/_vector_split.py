@@ -187,15 +187,23 @@ def split_values(oracle, V_sum: np.ndarray, beta: np.ndarray, n_heads: int,
             f"of n_heads={H} heads that fill d (another number of heads, or heads that do not "
             "fill d)", error=min(moved), allowed=MOVED_TOL)
     parts = np.concatenate([P[:1], (P[1:] - P[0]) / PERTURB])  # (dh + 1, H, d)
-    E = _projectors(parts, dh)
-    # the perturbed parts carry the error of the division by PERTURB (1e-13 / PERTURB, measured);
-    # refine: at random points b the saturated answers of [b + T D; b] are 0/1 combinations of
-    # D's exact parts, whose pattern the approximate projectors read; least squares gives them
-    D = np.concatenate([D0[None], Dj])
+    exact = _refine(oracle, Vp, beta, np.concatenate([D0[None], Dj]), _projectors(parts, dh),
+                    rng)
+    bases = [_basis(exact[:, k], dh) for k in range(H)]
+    return np.einsum("hde,eo->hdo", _from_bases(bases, dh), V_sum)
+
+
+def _refine(oracle, Vp, beta, D: np.ndarray, E: np.ndarray, rng) -> np.ndarray:
+    """The exact parts (k, H, d) of the differences D (k, d), from approximate projectors E.
+
+    The perturbed parts carry the error of the division by PERTURB (times the projectors'
+    norms); at random points b the saturated answers of ``[b + T D; b]`` are 0/1 combinations
+    of D's exact parts, whose pattern E reads; a least squares over the patterns gives them."""
+    H, d = E.shape[0], E.shape[1]
     n = REFINE_SHARE * H + REFINE_EXTRA
     b = rng.standard_normal((D.shape[0] * n, d)) * (REFINE_NORM / np.sqrt(d))
     g = _parts(oracle, Vp, beta, b, np.repeat(D, n, axis=0)).reshape(D.shape[0], n, d)
-    approx = np.einsum("jd,hde->jhe", D, E)  # (dh + 1, H, d)
+    approx = np.einsum("jd,hde->jhe", D, E)  # (k, H, d)
     read = np.einsum("jnd,hde->jnhe", g, E)
     sig = np.einsum("jnhe,jhe->jnh", read, approx) / np.einsum("jhe,jhe->jh", approx,
                                                                 approx)[:, None]
@@ -206,14 +214,13 @@ def split_values(oracle, V_sum: np.ndarray, beta: np.ndarray, n_heads: int,
             f"saturated answers are no 0/1 combinations of the heads' parts (off by {off:.3g}):"
             f" the box is not a layer of n_heads={H} heads that fill d (another number of "
             "heads, or heads that do not fill d)", error=off, allowed=MOVED_TOL)
-    exact = np.empty_like(parts)
+    exact = np.empty_like(approx)
     for j in range(D.shape[0]):
         if np.linalg.matrix_rank(S[j]) < H:  # too few patterns: keep the approximate parts
             exact[j] = approx[j]
             continue
         exact[j] = np.linalg.lstsq(S[j], g[j], rcond=None)[0]
-    bases = [_basis(exact[:, k], dh) for k in range(H)]
-    return np.einsum("hde,eo->hdo", _from_bases(bases, dh), V_sum)
+    return exact
 
 
 def _basis(parts: np.ndarray, dh: int) -> np.ndarray:
