@@ -78,7 +78,7 @@ REFINE_NORM = 100.0
 def split_queries(d: int, n_heads: int) -> int:
     """Queries :func:`split_values` asks at most (every line retried)."""
     dh = d // n_heads
-    refine = (dh + 1) * (REFINE_SHARE * n_heads + REFINE_EXTRA)
+    refine = (1 + RETRIES) * (dh + 1) * (REFINE_SHARE * n_heads + REFINE_EXTRA)
     return (1 + RETRIES) * (scan_queries_per_line(n_heads) + (dh + 1) * (n_heads + 1)) + refine
 
 
@@ -198,29 +198,40 @@ def _refine(oracle, Vp, beta, D: np.ndarray, E: np.ndarray, rng) -> np.ndarray:
 
     The perturbed parts carry the error of the division by PERTURB (times the projectors'
     norms); at random points b the saturated answers of ``[b + T D; b]`` are 0/1 combinations
-    of D's exact parts, whose pattern E reads; a least squares over the patterns gives them."""
+    of D's exact parts, whose pattern E reads; a least squares over the patterns gives them.
+    A difference whose patterns do not yet determine its H parts (a head whose weight did not
+    flip between the points) is asked at fresh points, up to :data:`RETRIES` times."""
     H, d = E.shape[0], E.shape[1]
     n = REFINE_SHARE * H + REFINE_EXTRA
-    b = rng.standard_normal((D.shape[0] * n, d)) * (REFINE_NORM / np.sqrt(d))
-    g = _parts(oracle, Vp, beta, b, np.repeat(D, n, axis=0)).reshape(D.shape[0], n, d)
     approx = np.einsum("jd,hde->jhe", D, E)  # (k, H, d)
-    read = np.einsum("jnd,hde->jnhe", g, E)
-    sig = np.einsum("jnhe,jhe->jnh", read, approx) / np.einsum("jhe,jhe->jh", approx,
-                                                                approx)[:, None]
-    S = np.round(sig)
-    off = float(np.max(np.abs(sig - S)))
-    if off > MOVED_TOL or np.any((S != 0) & (S != 1)):
+    g_all = [np.zeros((0, d)) for _ in range(D.shape[0])]
+    S_all = [np.zeros((0, H)) for _ in range(D.shape[0])]
+    todo = np.arange(D.shape[0])
+    for _ in range(1 + RETRIES):
+        b = rng.standard_normal((todo.size * n, d)) * (REFINE_NORM / np.sqrt(d))
+        g = _parts(oracle, Vp, beta, b, np.repeat(D[todo], n, axis=0)).reshape(todo.size, n, d)
+        read = np.einsum("jnd,hde->jnhe", g, E)
+        a = approx[todo]
+        sig = np.einsum("jnhe,jhe->jnh", read, a) / np.einsum("jhe,jhe->jh", a, a)[:, None]
+        S = np.round(sig)
+        off = float(np.max(np.abs(sig - S)))
+        if off > MOVED_TOL or np.any((S != 0) & (S != 1)):
+            raise ModelMismatchError(
+                f"saturated answers are no 0/1 combinations of the heads' parts (off by "
+                f"{off:.3g}): the box is not a layer of n_heads={H} heads that fill d (another "
+                "number of heads, or heads that do not fill d)", error=off, allowed=MOVED_TOL)
+        for i, j in enumerate(todo):
+            g_all[j] = np.concatenate([g_all[j], g[i]])
+            S_all[j] = np.concatenate([S_all[j], S[i]])
+        todo = np.array([j for j in todo if np.linalg.matrix_rank(S_all[j]) < H], dtype=int)
+        if todo.size == 0:
+            break
+    else:
         raise ModelMismatchError(
-            f"saturated answers are no 0/1 combinations of the heads' parts (off by {off:.3g}):"
-            f" the box is not a layer of n_heads={H} heads that fill d (another number of "
-            "heads, or heads that do not fill d)", error=off, allowed=MOVED_TOL)
-    exact = np.empty_like(approx)
-    for j in range(D.shape[0]):
-        if np.linalg.matrix_rank(S[j]) < H:  # too few patterns: keep the approximate parts
-            exact[j] = approx[j]
-            continue
-        exact[j] = np.linalg.lstsq(S[j], g[j], rcond=None)[0]
-    return exact
+            f"a head's weight did not flip at {(1 + RETRIES) * n} random points: the box is "
+            f"not a layer of n_heads={H} heads that fill d", error=float(todo.size), allowed=0.0)
+    return np.stack([np.linalg.lstsq(S_all[j], g_all[j], rcond=None)[0]
+                     for j in range(D.shape[0])])
 
 
 def _basis(parts: np.ndarray, dh: int) -> np.ndarray:
