@@ -9,10 +9,14 @@ A two-token query ``[b + T Delta; b]`` answers, at its last token,
 ``(o - beta) V_sum^+``): with T huge every head's weight is 0 or 1 to the last bit, and along a
 line ``b = b0 + s v`` head h's weight flips once, where ``Delta^T (W_h b + c_h)`` changes sign.
 The answer is piecewise constant in s and each jump is one head's part ``+-Delta^T E_h``
-exactly: bisection finds the H jumps of a line. The parts of ``Delta_0``, ``Delta_j`` and
-``Delta_0 + Delta_j`` add up head by head (``E_h`` is linear), which tells which jump of
-``Delta_j`` belongs to which head of ``Delta_0``; dh such ``Delta_j`` give a basis of every
-``U_h``, hence the projectors and ``V_h = E_h V_sum``.
+exactly. Bisection of one line for a key difference ``Delta_0`` separates its H jumps (it stops
+when H intervals hold one each); a point between each two neighbouring intervals is a
+separator. A nearby difference ``Delta_0 + eps Delta_j`` moves every crossing by about eps, so
+the same H + 1 separators still isolate its jumps, ``+-(Delta_0 + eps Delta_j)^T E_h`` in the
+same order: subtracting ``Delta_0``'s jumps and dividing by eps gives ``Delta_j``'s part in
+every head, matched to the head by its place on the line. dh such ``Delta_j`` give a basis of
+every ``U_h``, hence the projectors and ``V_h = E_h V_sum``: one line's bisection and
+``(dh + 1) (H + 1)`` queries at the separators.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ import numpy as np
 
 from ..errors import ModelMismatchError, NotIdentifiableError
 
-__all__ = ["split_values", "scan_queries_per_line", "KEY_SCALE", "LINE_HALF", "LEVELS"]
+__all__ = ["split_values", "split_queries", "scan_queries_per_line", "KEY_SCALE", "LINE_HALF",
+           "LEVELS", "PERTURB"]
 
 #: the key difference's scale T: logits of order 1e10 saturate every weight to 0 or 1 except
 #: within about 1e-10 (in s) of its crossing, far inside the last bisection interval
@@ -34,17 +39,47 @@ LEVELS = 31
 RANK_RTOL = 1e-10
 #: a change of the scaled answer (tokens of norm about 1) below this is rounding
 CHANGE_TOL = 1e-9
-#: a line that crosses another number of jumps than n_heads is scanned again along a fresh line
-#: up to RETRIES times (at d = 16 with 8 heads, 2 of 12 fits met such a line without retries)
+#: a line that crosses another number of jumps than n_heads, or whose separators do not isolate
+#: the perturbed differences' jumps, is replaced by a fresh line up to RETRIES times
 RETRIES = 2
-#: a match of parts (Delta_0's + Delta_j's = (Delta_0 + Delta_j)'s) must hold to this
+#: a head's parts must span d / H dimensions to this (relative singular value)
 MATCH_TOL = 1e-8
+#: eps of the perturbed differences ``Delta_0 + eps Delta_j``: their parts are exact to about
+#: 1e-16 / eps relative (times the projectors' norms: they only read the 0/1 patterns of the
+#: refinement, which gives the exact parts), and their crossings move by about eps times the
+#: line's scale
+PERTURB = 1e-5
+#: bisection levels after the line's jumps are isolated: the intervals shrink 2^EXTRA_LEVELS
+#: times about their crossings, so that the separators between them lie far from every
+#: crossing (MiniLM layer 0: with none, nearby differences moved crossings past separators)
+EXTRA_LEVELS = 8
+#: a perturbed difference's jump may differ from Delta_0's by at most this fraction of the
+#: largest jump (it differs by about PERTURB; a crossing moved past a separator changes a jump
+#: by a whole part)
+MOVED_TOL = 1e-2
 
 
 def scan_queries_per_line(n_heads: int) -> int:
-    """Queries one line's bisection asks: its two ends and, per level, the midpoints of at
-    most ``n_heads`` intervals (those holding a jump)."""
+    """Queries one line's bisection asks at most: its two ends and, per level, the midpoints of
+    at most ``n_heads`` intervals (those holding a jump)."""
     return 2 + LEVELS * n_heads
+
+
+#: random points b per key difference of the refinement (times n_heads, plus REFINE_EXTRA): their
+#: saturated answers are 0/1 combinations of the difference's H parts, which need H
+#: independent patterns
+REFINE_SHARE = 2
+REFINE_EXTRA = 4
+#: norm of the refinement's random points: far from the origin, ``W_h b`` outweighs the key bias
+#: and every head's weight flips between the points (at norm 1 and d = 64, some heads' did not)
+REFINE_NORM = 100.0
+
+
+def split_queries(d: int, n_heads: int) -> int:
+    """Queries :func:`split_values` asks at most (every line retried)."""
+    dh = d // n_heads
+    refine = (1 + RETRIES) * (dh + 1) * (REFINE_SHARE * n_heads + REFINE_EXTRA)
+    return (1 + RETRIES) * (scan_queries_per_line(n_heads) + (dh + 1) * (n_heads + 1)) + refine
 
 
 def _parts(oracle, Vp, beta, b, Delta) -> np.ndarray:
@@ -55,67 +90,50 @@ def _parts(oracle, Vp, beta, b, Delta) -> np.ndarray:
     return ((o - beta) @ Vp - b) / KEY_SCALE
 
 
-def _scan(oracle, Vp, beta, Deltas, b0, v) -> list[np.ndarray]:
-    """The jumps along the lines ``b0[i] + s v[i]`` for every row i of ``Deltas`` (S, d): a list
-    of S arrays (k, d). All lines are bisected together, one batch per level."""
-    S = Deltas.shape[0]
-    ends = np.concatenate([np.full(S, -LINE_HALF), np.full(S, LINE_HALF)])
-    sid = np.concatenate([np.arange(S), np.arange(S)])
-    g = _parts(oracle, Vp, beta, b0[sid] + ends[:, None] * v[sid], Deltas[sid])
-    scan, lo, hi, glo, ghi = np.arange(S), ends[:S], ends[S:], g[:S], g[S:]
-    keep = np.max(np.abs(ghi - glo), axis=1) > CHANGE_TOL
-    scan, lo, hi, glo, ghi = scan[keep], lo[keep], hi[keep], glo[keep], ghi[keep]
-    for _ in range(LEVELS):
-        if scan.size == 0:
+def _scan(oracle, Vp, beta, Delta, b0, v, n_heads) -> tuple[np.ndarray, np.ndarray]:
+    """The jumps along the line ``b0 + s v`` for the key difference ``Delta``: bisection, one
+    batch per level, until ``n_heads`` intervals hold a change each and :data:`EXTRA_LEVELS`
+    more (or :data:`LEVELS` in all).
+    Returns the jumps (k, d) and their intervals (k, 2), in the order of s."""
+    lo, hi = np.array([-LINE_HALF]), np.array([LINE_HALF])
+    g = _parts(oracle, Vp, beta, b0 + np.array([[-LINE_HALF], [LINE_HALF]]) * v,
+               np.stack([Delta, Delta]))
+    glo, ghi = g[:1], g[1:]
+    extra = EXTRA_LEVELS
+    for _ in range(LEVELS + 1):
+        keep = np.max(np.abs(ghi - glo), axis=1) > CHANGE_TOL
+        lo, hi, glo, ghi = lo[keep], hi[keep], glo[keep], ghi[keep]
+        if lo.size == n_heads:
+            extra -= 1
+        # each head crosses a line once: more changing intervals than heads (beyond a few
+        # crossings split by a midpoint) mean answers that are not piecewise constant (logits
+        # that do not saturate, such as soft-capped ones): stop before the intervals multiply
+        if lo.size == 0 or extra < 0 or lo.size > 2 * n_heads:
             break
         mid = (lo + hi) / 2
-        gm = _parts(oracle, Vp, beta, b0[scan] + mid[:, None] * v[scan], Deltas[scan])
-        scan = np.concatenate([scan, scan])
+        gm = _parts(oracle, Vp, beta, b0 + mid[:, None] * v, np.repeat(Delta[None], mid.size, 0))
         lo, hi = np.concatenate([lo, mid]), np.concatenate([mid, hi])
         glo, ghi = np.concatenate([glo, gm]), np.concatenate([gm, ghi])
-        keep = np.max(np.abs(ghi - glo), axis=1) > CHANGE_TOL
-        scan, lo, hi, glo, ghi = scan[keep], lo[keep], hi[keep], glo[keep], ghi[keep]
-    order = np.lexsort((lo, scan))
-    scan, lo, hi, jump = scan[order], lo[order], hi[order], (ghi - glo)[order]
-    # intervals that touch hold one jump split by a midpoint inside its crossing
-    new = np.ones(scan.size, dtype=bool)
-    new[1:] = (scan[1:] != scan[:-1]) | (lo[1:] != hi[:-1])
-    starts = np.flatnonzero(new)
-    jumps = np.add.reduceat(jump, starts, axis=0) if starts.size else jump
-    owner = scan[starts]
-    return [jumps[owner == s] for s in range(S)]
+    order = np.argsort(lo)
+    return (ghi - glo)[order], np.stack([lo[order], hi[order]], axis=1)
 
 
-def _lines(rng: np.random.Generator, S: int, d: int) -> tuple[np.ndarray, np.ndarray]:
-    """S random lines: points b0 of norm about 1 and unit directions v, each (S, d)."""
-    b0 = rng.standard_normal((S, d)) / np.sqrt(d)
-    v = rng.standard_normal((S, d))
-    return b0, v / np.linalg.norm(v, axis=1, keepdims=True)
-
-
-def _match(J0, Jj, Js, H: int, unit: float) -> np.ndarray:
-    """For each head k of ``J0`` the index of ``Jj``'s part of the same head: the one with
-    ``+-J0[k] +- Jj[i] = +-Js[m]`` for some m; -1 when no unique one matches."""
-    out = np.full(H, -1)
-    for k in range(H):
-        err = np.full(H, np.inf)
-        for i in range(H):
-            for s1 in (1.0, -1.0):
-                for s2 in (1.0, -1.0):
-                    e = np.max(np.abs(J0[k] + s1 * Jj[i] - s2 * Js), axis=1).min()
-                    err[i] = min(err[i], e)
-        good = np.flatnonzero(err <= MATCH_TOL * unit)
-        if good.size == 1:
-            out[k] = good[0]
-    return out
+def _line(rng: np.random.Generator, d: int) -> tuple[np.ndarray, np.ndarray]:
+    """A random line: a point b0 of norm about 1 and a unit direction v."""
+    b0 = rng.standard_normal(d) / np.sqrt(d)
+    v = rng.standard_normal(d)
+    return b0, v / np.linalg.norm(v)
 
 
 def split_values(oracle, V_sum: np.ndarray, beta: np.ndarray, n_heads: int,
                  rng: np.random.Generator) -> np.ndarray:
     """The heads' value-output maps (H, d, d_out) behind ``V_sum`` (see the module docstring).
 
-    Asks ``(2 dh + 1) * scan_queries_per_line(H)`` queries at most, in ``LEVELS + 1``
-    batches, and as many again for each line scanned again (at most :data:`RETRIES` times).
+    Asks at most :func:`split_queries` queries: per try, one line's bisection (at most
+    :data:`LEVELS` + 1 batches) and one batch at its separators; a fresh line is tried (at
+    most :data:`RETRIES` times) when the line crosses another number of jumps than
+    ``n_heads`` (a crossing beyond its end, or two in one final interval) or its separators do
+    not isolate the perturbed differences' jumps.
 
     Raises
     ------
@@ -123,8 +141,8 @@ def split_values(oracle, V_sum: np.ndarray, beta: np.ndarray, n_heads: int,
         ``V_sum`` has rank below d, or H does not divide d (the heads do not fill d: not
         split so far).
     ModelMismatchError
-        A line shows another number of heads than ``n_heads``, or the parts do not add up
-        head by head, or a head's parts span more than d / H dimensions.
+        Every line shows another number of heads than ``n_heads``, or a head's parts span
+        more than d / H dimensions.
     """
     d, d_out = V_sum.shape
     H = int(n_heads)
@@ -138,42 +156,105 @@ def split_values(oracle, V_sum: np.ndarray, beta: np.ndarray, n_heads: int,
     Vp = np.linalg.pinv(V_sum)
     D0 = rng.standard_normal(d) / np.sqrt(d)
     Dj = rng.standard_normal((dh, d)) / np.sqrt(d)
-    Deltas = np.concatenate([D0[None], Dj, D0 + Dj])
-    J = _scan(oracle, Vp, beta, Deltas, *_lines(rng, Deltas.shape[0], d))
-    for _ in range(RETRIES):  # a crossing beyond a line's end, or two crossings in one interval
-        bad = [i for i, j in enumerate(J) if j.shape[0] != H]
-        if not bad:
+    Deltas = np.concatenate([D0[None], D0 + PERTURB * Dj])
+    counts, moved = [], []
+    for _ in range(1 + RETRIES):
+        b0, v = _line(rng, d)
+        J, iv = _scan(oracle, Vp, beta, D0, b0, v, H)
+        counts.append(J.shape[0])
+        if J.shape[0] != H:
+            continue
+        seps = np.concatenate([[-LINE_HALF], (iv[1:, 0] + iv[:-1, 1]) / 2, [LINE_HALF]])
+        S = seps.size
+        g = _parts(oracle, Vp, beta, np.tile(b0 + seps[:, None] * v, (dh + 1, 1)),
+                   np.repeat(Deltas, S, axis=0)).reshape(dh + 1, S, d)
+        P = np.diff(g, axis=1)  # (dh + 1, H, d): jump k of each difference
+        unit = float(np.max(np.abs(P[0])))
+        shift = float(np.max(np.abs(P[1:] - P[0]))) / unit
+        moved.append(shift)
+        if shift <= MOVED_TOL:
             break
-        again = _scan(oracle, Vp, beta, Deltas[bad], *_lines(rng, len(bad), d))
-        for i, j in zip(bad, again, strict=True):
-            J[i] = j
-    counts = [j.shape[0] for j in J]
-    if any(c != H for c in counts):
+    else:
+        if counts[-1] != H or not moved:
+            raise ModelMismatchError(
+                f"lines of saturated two-token queries cross {min(counts)} to {max(counts)} "
+                f"heads' switches ({1 + RETRIES} lines) where n_heads={H} was declared: the "
+                "box has another number of heads, or answers that do not saturate (soft-capped "
+                "logits)", error=float(max(counts)), allowed=float(H))
         raise ModelMismatchError(
-            f"lines of saturated two-token queries cross {min(counts)} to {max(counts)} heads' "
-            f"switches (after {RETRIES} fresh lines) where n_heads={H} was declared: the box "
-            "has another number of heads", error=float(max(counts)),
-            allowed=float(H))
-    unit = float(np.max(np.abs(J[0])))
-    groups = [[J[0][k]] for k in range(H)]
-    for j in range(dh):
-        m = _match(J[0], J[1 + j], J[1 + dh + j], H, unit)
-        if np.any(m < 0) or np.unique(m).size != H:
+            f"the jumps of nearby key differences differ by {min(moved):.3g} of a jump "
+            f"({1 + RETRIES} lines; at most {MOVED_TOL:g} expected): the box is not a layer "
+            f"of n_heads={H} heads that fill d (another number of heads, or heads that do not "
+            "fill d)", error=min(moved), allowed=MOVED_TOL)
+    parts = np.concatenate([P[:1], (P[1:] - P[0]) / PERTURB])  # (dh + 1, H, d)
+    exact = _refine(oracle, Vp, beta, np.concatenate([D0[None], Dj]), _projectors(parts, dh),
+                    rng)
+    bases = [_basis(exact[:, k], dh) for k in range(H)]
+    return np.einsum("hde,eo->hdo", _from_bases(bases, dh), V_sum)
+
+
+def _refine(oracle, Vp, beta, D: np.ndarray, E: np.ndarray, rng) -> np.ndarray:
+    """The exact parts (k, H, d) of the differences D (k, d), from approximate projectors E.
+
+    The perturbed parts carry the error of the division by PERTURB (times the projectors'
+    norms); at random points b the saturated answers of ``[b + T D; b]`` are 0/1 combinations
+    of D's exact parts, whose pattern E reads; a least squares over the patterns gives them.
+    A difference whose patterns do not yet determine its H parts (a head whose weight did not
+    flip between the points) is asked at fresh points, up to :data:`RETRIES` times."""
+    H, d = E.shape[0], E.shape[1]
+    n = REFINE_SHARE * H + REFINE_EXTRA
+    approx = np.einsum("jd,hde->jhe", D, E)  # (k, H, d)
+    g_all = [np.zeros((0, d)) for _ in range(D.shape[0])]
+    S_all = [np.zeros((0, H)) for _ in range(D.shape[0])]
+    todo = np.arange(D.shape[0])
+    for _ in range(1 + RETRIES):
+        b = rng.standard_normal((todo.size * n, d)) * (REFINE_NORM / np.sqrt(d))
+        g = _parts(oracle, Vp, beta, b, np.repeat(D[todo], n, axis=0)).reshape(todo.size, n, d)
+        read = np.einsum("jnd,hde->jnhe", g, E)
+        a = approx[todo]
+        sig = np.einsum("jnhe,jhe->jnh", read, a) / np.einsum("jhe,jhe->jh", a, a)[:, None]
+        S = np.round(sig)
+        off = float(np.max(np.abs(sig - S)))
+        if off > MOVED_TOL or np.any((S != 0) & (S != 1)):
             raise ModelMismatchError(
-                "the heads' parts of two key differences do not add up head by head: the box "
-                "is not a layer of heads that fill d", error=1.0, allowed=MATCH_TOL)
-        for k in range(H):
-            groups[k].append(J[1 + j][m[k]])
-    bases = []
-    for g in groups:
-        U, sv, _ = np.linalg.svd(np.array(g).T, full_matrices=False)
-        if sv[dh] > MATCH_TOL * sv[0]:
-            raise ModelMismatchError(
-                f"a head's parts span more than d / H = {dh} dimensions: the heads do not "
-                "fill d as declared", error=float(sv[dh] / sv[0]), allowed=MATCH_TOL)
-        bases.append(U[:, :dh])
+                f"saturated answers are no 0/1 combinations of the heads' parts (off by "
+                f"{off:.3g}): the box is not a layer of n_heads={H} heads that fill d (another "
+                "number of heads, or heads that do not fill d)", error=off, allowed=MOVED_TOL)
+        for i, j in enumerate(todo):
+            g_all[j] = np.concatenate([g_all[j], g[i]])
+            S_all[j] = np.concatenate([S_all[j], S[i]])
+        todo = np.array([j for j in todo if np.linalg.matrix_rank(S_all[j]) < H], dtype=int)
+        if todo.size == 0:
+            break
+    else:
+        raise ModelMismatchError(
+            f"a head's weight did not flip at {(1 + RETRIES) * n} random points: the box is "
+            f"not a layer of n_heads={H} heads that fill d", error=float(todo.size), allowed=0.0)
+    return np.stack([np.linalg.lstsq(S_all[j], g_all[j], rcond=None)[0]
+                     for j in range(D.shape[0])])
+
+
+def _basis(parts: np.ndarray, dh: int) -> np.ndarray:
+    """An orthonormal basis (d, dh) of one head's parts (k, d); raises ModelMismatchError when
+    they span more than dh dimensions."""
+    U, sv, _ = np.linalg.svd(parts.T, full_matrices=False)
+    if sv[dh] > MATCH_TOL * sv[0]:
+        raise ModelMismatchError(
+            f"a head's parts span more than d / H = {dh} dimensions: the heads do not "
+            "fill d as declared (another number of heads, or heads that do not fill d)",
+            error=float(sv[dh] / sv[0]), allowed=MATCH_TOL)
+    return U[:, :dh]
+
+
+def _from_bases(bases, dh: int) -> np.ndarray:
+    """The projectors E_h (H, d, d), ``x^T E_h`` in head h's subspace, from the heads' bases:
+    ``E_h = (B S_h B^-1)^T``, S_h selecting head h's columns of B."""
     B = np.concatenate(bases, axis=1)
     Binv = np.linalg.inv(B)
-    # E_h = (B S_h B^-1)^T, S_h selecting head h's columns; V_h = E_h V_sum
-    return np.stack([(B[:, h * dh:(h + 1) * dh] @ Binv[h * dh:(h + 1) * dh]).T @ V_sum
-                     for h in range(H)])
+    return np.stack([(B[:, h * dh:(h + 1) * dh] @ Binv[h * dh:(h + 1) * dh]).T
+                     for h in range(len(bases))])
+
+
+def _projectors(parts: np.ndarray, dh: int) -> np.ndarray:
+    """The projectors (H, d, d) from every head's parts (k, H, d)."""
+    return _from_bases([_basis(parts[:, k], dh) for k in range(parts.shape[1])], dh)

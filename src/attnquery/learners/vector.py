@@ -31,10 +31,20 @@ import scipy.linalg
 
 from ..errors import ConfigError, ModelMismatchError, NotIdentifiableError
 from ..vector_models import bilinear_layer
-from ._base import BaseLearner, check_oracle, check_queries
+from ._base import (
+    CHECK_LENGTH,
+    CHECK_LENGTH_PARAM,
+    DEFAULT_VERIFY,
+    VERIFY_PARAM,
+    BaseLearner,
+    check_lengths,
+    check_oracle,
+    check_queries,
+)
 from ._params import Interval, Options
 from ._registry import LearnerSpec
-from ._vector_split import RANK_RTOL, scan_queries_per_line, split_values
+from ._vector_heads import fit_shared
+from ._vector_split import RANK_RTOL, split_queries, split_values
 
 __all__ = ["VectorLayerLearner", "STAGES", "POSITIONS", "CHECK_LENGTHS", "VERIFY_RTOL"]
 
@@ -42,7 +52,9 @@ __all__ = ["VectorLayerLearner", "STAGES", "POSITIONS", "CHECK_LENGTHS", "VERIFY
 STAGES = ("V", "split", "attention", "verify")
 #: the position models the learner knows
 POSITIONS = ("none", "rotary")
-#: lengths of the fresh check queries after a fit, one query each: long sequences are where a
+#: lengths of the fresh check queries after a fit, one query each with the default ``verify``
+#: (8) and ``check_length`` (4096; a shorter one replaces the longest, see
+#: :func:`~attnquery.learners._base.check_lengths`): long sequences are where a
 #: position-dependent or windowed box differs from a head
 CHECK_LENGTHS = (1, 2, 3, 8, 64, 256, 1024, 4096)
 #: largest relative disagreement ``max |O - O_hat| / max |O|`` the check allows: float64 fits
@@ -62,6 +74,14 @@ OVERSAMPLE = 1.5
 PILOT_SHARE = 8
 TARGET_SPREAD = 4.0
 MAX_RESCALE = 100.0
+#: heads whose (W, c) has more unknowns than this are read by the shared-token route
+#: (:mod:`._vector_heads`) where it applies (every token's outputs, no causal mask): at d = 64
+#: (4,160 unknowns) the dense least squares takes about 2 s and 80 queries for one head
+DENSE_UNKNOWNS = 64 * 65
+#: the shared-token route's queries hold SHARED_FILL d_out / H tokens, their rows H N weights
+SHARED_FILL = 0.75
+#: the most unknowns of the dense least squares (its normal equations hold their square: 2.2 GB)
+DENSE_MAX_UNKNOWNS = 128 * 129
 #: weights below this are left out of the logit equations (their logarithm is rounding noise)
 MIN_WEIGHT = 1e-12
 
@@ -92,6 +112,16 @@ class VectorLayerLearner(BaseLearner):
         Queries of the attention stage; default ``OVERSAMPLE`` times the unknowns of (W, c)
         divided by the logit differences a query gives (and at least d + 1 for last-token
         answers).
+    verify : int
+        Fresh check queries after the fit (default 8: one of each of 1, 2, 3, 8, 64, 256,
+        1024 and ``check_length`` tokens, :data:`CHECK_LENGTHS`; more are spread over these
+        lengths, fewer take the shortest, the longest and evenly spaced ones between); 0 turns
+        the check off.
+    check_length : int
+        Tokens of the longest check query (default
+        :data:`~attnquery.learners._base.CHECK_LENGTH`, 4096; the lengths of
+        :data:`CHECK_LENGTHS` not below it are dropped). A box that is such a layer on every
+        input of up to ``check_length`` tokens, such as a wider sliding window, passes.
     random_state : int, Generator or None
         Seed of the query tokens.
 
@@ -130,18 +160,22 @@ class VectorLayerLearner(BaseLearner):
     n_queries_by_stage_ : dict
         Queries per stage (:data:`STAGES`).
     verify_error_ : float
-        ``max |O - O_hat| / max |O|`` on the check queries.
+        ``max |O - O_hat| / max |O|`` on the check queries (NaN with ``verify=0``).
     n_verify_queries_ : int
+        Check queries asked (``verify``).
     """
 
     def __init__(self, *, n_heads=None, n_kv_heads=None, causal=False, positions="none",
-                 fit_bias=True, n_queries=None, random_state=None):
+                 fit_bias=True, n_queries=None, verify=DEFAULT_VERIFY,
+                 check_length=CHECK_LENGTH, random_state=None):
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads
         self.causal = causal
         self.positions = positions
         self.fit_bias = fit_bias
         self.n_queries = n_queries
+        self.verify = verify
+        self.check_length = check_length
         self.random_state = random_state
 
     _parameter_constraints = {
@@ -152,6 +186,8 @@ class VectorLayerLearner(BaseLearner):
         "positions": [Options(POSITIONS)],
         "fit_bias": ["boolean"],
         "n_queries": [Interval(numbers.Integral, 1, None, closed="left"), None],
+        "verify": [VERIFY_PARAM],
+        "check_length": [CHECK_LENGTH_PARAM],
     }
     spec = LearnerSpec(
         name="vector", oracle="vector", returns="vector layer", stages=STAGES, fits_bias=True,
@@ -213,18 +249,39 @@ class VectorLayerLearner(BaseLearner):
 
     def _fit_layer(self, ledger, rng, d: int, outputs: str) -> None:
         """The stages V, split (several heads) and attention, and every head's (W, c)."""
+        shared = outputs == "all" and not self.causal and d * (d + 1) > DENSE_UNKNOWNS
+        unknowns = d * (d + int(self.fit_bias))
+        if not shared and unknowns > DENSE_MAX_UNKNOWNS:
+            raise ConfigError(
+                f"each head's (W, c) has {unknowns} unknowns at d = {d}, more than the dense "
+                f"least squares holds ({DENSE_MAX_UNKNOWNS}); only every token's outputs "
+                "without a causal mask (outputs='all', causal=False) are read by the "
+                "shared-token route so far")
         ledger.check_budget(d + int(self.fit_bias), "the value stage")
         with ledger.stage("V"):
             V_sum, beta = self._read_values(ledger, d)
         H = self.n_heads or 1
         V = V_sum[None]
         if H > 1:
-            ledger.check_budget((2 * (d // H) + 1) * scan_queries_per_line(H),
+            ledger.check_budget(split_queries(d, H),
                                 "the split of the value maps (at most)")
             with ledger.stage("split"):
                 V = split_values(ledger, V_sum, beta, H, rng)
+        self.V_, self.output_bias_ = V, beta
+        if shared:
+            self._fit_shared(ledger, rng, d, V_sum, V, beta)
+        else:
+            self._fit_dense(ledger, rng, d, V_sum, V, beta, outputs)
+        self.head_groups_ = np.arange(H)
+        self.frequencies_ = np.zeros(0)
+
+    def _fit_dense(self, ledger, rng, d, V_sum, V, beta, outputs) -> None:
+        """The attention stage's random queries and each head's (W, c) from the dense least
+        squares of its d (d + 1) unknowns."""
+        H = V.shape[0]
+        self.route_ = "dense"
         N, n = self._plan(d, V_sum, H, outputs)
-        ledger.check_budget(n + len(CHECK_LENGTHS),
+        ledger.check_budget(n + int(self.verify),
                             f"the attention stage ({n} queries of {N} tokens) and the check")
         with ledger.stage("attention"):
             X, A = self._ask_attention(ledger, rng, n, N, V, beta, outputs)
@@ -232,9 +289,32 @@ class VectorLayerLearner(BaseLearner):
         self.W_ = np.stack([f[0] for f in fits])
         self.key_bias_ = np.stack([f[1] for f in fits])
         self.logit_residual_ = max(f[2] for f in fits)
-        self.V_, self.output_bias_ = V, beta
-        self.head_groups_ = np.arange(H)
-        self.frequencies_ = np.zeros(0)
+        self.head_ranks_ = np.linalg.matrix_rank(self.W_)
+
+    def _fit_shared(self, ledger, rng, d, V_sum, V, beta) -> None:
+        """Every head's (W, c) by the shared-token route (:mod:`._vector_heads`), from every
+        token's outputs without a causal mask."""
+        H, d_out = V.shape[0], V.shape[2]
+        s = np.linalg.svd(V_sum, compute_uv=False)
+        r = int(np.count_nonzero(s > RANK_RTOL * s[0]))
+        N = max(4, min(r // H, int(SHARED_FILL * min(d, d_out)) // H))
+        self.route_, self.rank_, self.tokens_per_query_ = "shared", r, N
+
+        def budget(n, what):
+            ledger.check_budget(n + int(self.verify), f"{what} and the check")
+
+        with ledger.stage("attention"):
+            W, c, info = fit_shared(
+                ledger, rng, d, H, N, lambda X, O: self._attention_matrices(X, O, V, beta,
+                                                                             "all"),
+                lambda A: self._spreads(A, "all"), fit_bias=bool(self.fit_bias),
+                max_rescale=MAX_RESCALE, min_weight=MIN_WEIGHT,
+                n_queries=self.n_queries, check_budget=budget)
+        self.W_, self.key_bias_ = W, c
+        self.logit_residual_ = info["residual"]
+        self.token_scale_ = info["token_scale"]
+        self.head_ranks_ = info["rank"]
+        self.n_groups_ = info["groups"]
 
     def _read_values(self, oracle, d: int) -> tuple[np.ndarray, np.ndarray]:
         """V and beta from one batch of one-token queries: ``0`` (with ``fit_bias``) and the
@@ -414,12 +494,15 @@ class VectorLayerLearner(BaseLearner):
         return Wt[:, :d], c, res
 
     def _verify(self, oracle, rng) -> None:
-        """One fresh query of each of :data:`CHECK_LENGTHS`; raise ModelMismatchError when the
-        estimate's answers differ from the box's by more than :data:`VERIFY_RTOL`."""
+        """``verify`` fresh queries spread over :data:`CHECK_LENGTHS` (up to ``check_length``
+        tokens); raise ModelMismatchError when the estimate's answers differ from the box's by
+        more than :data:`VERIFY_RTOL`."""
         d = int(oracle.d)
-        batches = check_queries(rng, d, len(CHECK_LENGTHS), lengths=CHECK_LENGTHS,
-                                permuted=False)
         self.verify_error_, self.n_verify_queries_ = float("nan"), 0
+        if self.verify == 0:
+            return
+        lengths = check_lengths(self.check_length, CHECK_LENGTHS)
+        batches = check_queries(rng, d, int(self.verify), lengths=lengths, permuted=False)
         worst, scale, at = 0.0, 0.0, 0
         for X in batches:
             O = np.asarray(oracle(X), dtype=np.float64)
@@ -433,7 +516,7 @@ class VectorLayerLearner(BaseLearner):
             raise ModelMismatchError(
                 f"the estimate's outputs differ from the box's by {self.verify_error_:.3g} "
                 f"(relative) on {self.n_verify_queries_} check queries of "
-                f"{min(CHECK_LENGTHS)} to {max(CHECK_LENGTHS)} tokens (the farthest of {at} "
+                f"{min(lengths)} to {max(lengths)} tokens (the farthest of {at} "
                 f"tokens), where at most {VERIFY_RTOL:g} is expected: the box is not a single "
                 "head as declared (positions, soft-capped logits, several heads, lower "
                 "precision than float64)",
