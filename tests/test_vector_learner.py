@@ -186,7 +186,7 @@ def test_budget_is_checked_before_each_stage_spends():
     (dict(n_kv_heads=2), "grouped-query layers are not fitted"),
     (dict(n_heads=4, n_kv_heads=2), "grouped-query layers are not fitted"),
     (dict(positions="alibi"), "positions must be one of"),
-    (dict(positions="rotary"), "only heads without positions"),
+    (dict(positions="rotary", n_heads=2), "only single rotary heads"),
     (dict(causal=1), "causal must be True or False"),
     (dict(fit_bias="yes"), "fit_bias must be True or False"),
     (dict(n_queries=0), "n_queries must be an integer >= 1"),

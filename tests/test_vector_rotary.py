@@ -106,3 +106,22 @@ def test_other_oracles_and_unfitted_use_are_refused():
         RotaryVectorLearner().fit(ValueOracle(lambda X: X.sum(axis=(1, 2)), D))
     with pytest.raises(ConfigError, match="fit"):
         RotaryVectorLearner().predict(np.zeros((1, 2, D)))
+
+
+def test_the_vector_layer_learner_routes_a_rotary_head_to_its_route():
+    """VectorLayerLearner(positions="rotary") fits one rotary head through RotaryVectorLearner
+    and answers as it does; several rotary heads are refused by name before any query."""
+    from attnquery.learners import VectorLayerLearner
+
+    d = 8
+    layer = random_vector_layer(d, 1, seed=3, bias=0.3, causal=True, rope_base=10000.0,
+                                outputs="last")
+    oracle = VectorOracle(layer, d, outputs="last")
+    est = VectorLayerLearner(positions="rotary", causal=True, random_state=0).fit(oracle)
+    assert est.rotary_ is not None and est.frequencies_.size > 0
+    X = np.random.default_rng(5).standard_normal((4, 300, d)) / np.sqrt(d)
+    assert np.max(np.abs(est.predict(X) - layer(X))) <= 1e-9 * np.max(np.abs(layer(X)))
+    fresh = VectorOracle(layer, d, outputs="last")
+    with pytest.raises(ConfigError, match="single rotary heads"):
+        VectorLayerLearner(positions="rotary", n_heads=2).fit(fresh)
+    assert fresh.n_queries == 0

@@ -699,7 +699,11 @@ def run_extraction(spec: ExtractionSpec) -> tuple[dict, object]:
     learner = make_learner(method, seed=spec.seed, rank=spec.rank,
                            tau=spec.tau if approximate else None, eps=spec.eps,
                            probes=spec.probes, params=dict(spec.params))
-    vector = methods()[method].oracle == "vector"  # the vector learner refuses positions itself
+    vector = methods()[method].oracle == "vector"
+    if vector and getattr(learner, "positions", "none") != "none":  # before any query
+        raise ConfigError("a rotary head from vector answers (--param positions=rotary) is "
+                          "learnt from Python (attnquery.learners.VectorLayerLearner); the "
+                          "command line reports and saves position-free vector layers")
     if not vector and getattr(learner, "positions", "none") != "none":  # before any query
         raise ConfigError("a rotary layer (--param positions=rotary) is learnt from Python "
                           "(attnquery.learners.AttentionLayerLearner); the command line reports "

@@ -60,7 +60,7 @@ def group_size(d: int, N: int) -> int:
 def fit_shared(oracle, rng: np.random.Generator, d: int, H: int, N: int, attention, spreads,
                fit_bias: bool = True, target_spread: float = SHARED_SPREAD,
                max_rescale: float = 100.0, min_weight: float = 1e-12,
-               n_queries: int | None = None, check_budget=None):
+               n_queries: int | None = None, need=None):
     """Every head's (W_h, c_h) by the shared-token route (see the module docstring).
 
     Parameters
@@ -81,8 +81,9 @@ def fit_shared(oracle, rng: np.random.Generator, d: int, H: int, N: int, attenti
         factor ``max_rescale`` of norm 1; weights below ``min_weight`` count as that.
     n_queries : int, optional
         The most queries the route may ask (pilot and groups).
-    check_budget : callable, optional
-        ``check_budget(n, what)`` before each batch.
+    need : callable, optional
+        The fit's ledger's ``need(n, what)``, called before each batch (refuses a batch its
+        budget cannot pay for, before it is asked).
 
     Returns
     -------
@@ -96,8 +97,8 @@ def fit_shared(oracle, rng: np.random.Generator, d: int, H: int, N: int, attenti
     Q = group_size(d, N)
 
     def ask(X, what):
-        if check_budget is not None:
-            check_budget(X.shape[0], what)
+        if need is not None:
+            need(X.shape[0], what)
         return attention(X, oracle(X))
 
     Xp = rng.standard_normal((PILOT_QUERIES, N, d)) / np.sqrt(d)

@@ -104,7 +104,11 @@ class VectorLayerLearner(BaseLearner):
     causal : bool
         Token n attends to tokens i <= n only (a decoder's mask).
     positions : {"none", "rotary"}
-        Position model; only ``"none"`` is fitted so far.
+        Position model. ``"rotary"`` fits one rotary head (RoPE of base 10000 over the whole
+        head, biases as Qwen2 has) by :class:`~attnquery.learners.vector_rotary.
+        RotaryVectorLearner`, whose fitted attributes (``frequencies_``, ``cos_forms_``,
+        ``sin_forms_``, ``const_form_``, ``V_``, ``output_bias_``) this learner takes, and
+        ``rotary_`` the fitted route; layers of several rotary heads are not fitted so far.
     fit_bias : bool
         Fit the key bias c and the output offset beta (default True); False assumes both 0 and
         saves one query and d unknowns.
@@ -202,9 +206,9 @@ class VectorLayerLearner(BaseLearner):
             raise ConfigError(
                 f"n_kv_heads={self.n_kv_heads!r}: grouped-query layers are not fitted so far "
                 "(n_kv_heads None or equal to n_heads)")
-        if self.positions != "none":
-            raise ConfigError(f"positions={self.positions!r}: only heads without positions "
-                              "(positions='none') are fitted so far")
+        if self.positions == "rotary" and (H or 1) > 1:
+            raise ConfigError("positions='rotary': only single rotary heads are fitted so far "
+                              "(n_heads None or 1)")
 
     # -- fit ---------------------------------------------------------------------------------------
     def fit(self, oracle):
@@ -227,6 +231,16 @@ class VectorLayerLearner(BaseLearner):
             :data:`VERIFY_RTOL`.
         """
         self._validate_params()
+        if self.positions == "rotary":  # a route of its own: RotaryVectorLearner's forms
+            from .vector_rotary import RotaryVectorLearner
+
+            self.rotary_ = RotaryVectorLearner(causal=self.causal,
+                                               random_state=self.random_state).fit(oracle)
+            for k, v in vars(self.rotary_).items():
+                if k.endswith("_"):
+                    setattr(self, k, v)
+            return self
+        self.rotary_ = None
         d = check_oracle(oracle, kinds=("vector",))
         outputs = getattr(oracle, "outputs", None)
         if outputs not in ("all", "last"):
@@ -309,7 +323,7 @@ class VectorLayerLearner(BaseLearner):
                                                                              "all"),
                 lambda A: self._spreads(A, "all"), fit_bias=bool(self.fit_bias),
                 max_rescale=MAX_RESCALE, min_weight=MIN_WEIGHT,
-                n_queries=self.n_queries, check_budget=budget)
+                n_queries=self.n_queries, need=budget)
         self.W_, self.key_bias_ = W, c
         self.logit_residual_ = info["residual"]
         self.token_scale_ = info["token_scale"]
@@ -526,6 +540,8 @@ class VectorLayerLearner(BaseLearner):
     def predict(self, X) -> np.ndarray:
         """The recovered layer's outputs on X (B, N, d), in the oracle's shape: (B, N, d_out)
         for every token's outputs, (B, d_out) for the last token's."""
+        if getattr(self, "rotary_", None) is not None:
+            return self.rotary_.predict(X)
         if not hasattr(self, "W_"):
             raise ConfigError("predict() needs a fitted learner; call fit(oracle) first")
         return bilinear_layer(self.W_, self.key_bias_, self.V_, self.output_bias_,
