@@ -354,7 +354,7 @@ def test_goal_minilm_shaped_layer():
     assert est.n_queries_ <= 10_000 and 30 * est.n_queries_ <= SCALAR_QUERIES
 
 
-@pytest.mark.slow  # about 2 minutes on a loaded 2-core machine
+@pytest.mark.slow  # about 25 s on a shared 2-core machine
 @pytest.mark.skipif(not MINILM.exists(), reason="the MiniLM checkpoint is not in data/minilm")
 def test_goal_real_minilm_layer_0():
     from attnquery.realheads import load_checkpoint

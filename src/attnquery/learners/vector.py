@@ -18,7 +18,10 @@ A layer of H heads that fill d (``H dh = d``, the summed value map of rank d) fi
 one-token queries' ``V_sum = sum_h V_h`` into the heads' maps (:mod:`._vector_split`); a row of
 a query of N tokens then holds ``H N`` weights against ``d_out`` numbers and H sums to one, so
 with ``H N <= d_out`` every query gives every head's attention matrix at once, and each head's
-``(W_h, c_h)`` is solved as a single head's.
+``(W_h, c_h)`` is solved as a single head's. Heads whose (W, c) has more than
+:data:`DENSE_UNKNOWNS` unknowns are read, from every token's outputs without a causal mask, by
+the shared-token route (:mod:`._vector_heads`), which uses W_h's rank instead of a least
+squares of d (d + 1) unknowns (a MiniLM-shaped layer: d = 384, 12 heads of 32).
 """
 
 from __future__ import annotations
@@ -115,7 +118,8 @@ class VectorLayerLearner(BaseLearner):
     n_queries : int, optional
         Queries of the attention stage; default ``OVERSAMPLE`` times the unknowns of (W, c)
         divided by the logit differences a query gives (and at least d + 1 for last-token
-        answers).
+        answers). On the shared-token route, the most it may ask (it adds groups of queries
+        until the heads' row spaces stop growing).
     verify : int
         Fresh check queries after the fit (default 8: one of each of 1, 2, 3, 8, 64, 256,
         1024 and ``check_length`` tokens, :data:`CHECK_LENGTHS`; more are spread over these
@@ -159,6 +163,14 @@ class VectorLayerLearner(BaseLearner):
     logit_residual_ : float
         Largest weighted residual of the logit equations, relative to their largest right-hand
         side.
+    route_ : str
+        How (W, c) was read: ``"dense"`` (one least squares of d (d + 1) unknowns per head) or
+        ``"shared"`` (the shared-token route, :mod:`._vector_heads`).
+    head_ranks_ : ndarray (H,)
+        Rank of each head's W (measured by the shared-token route; of the estimate on the
+        dense one).
+    n_groups_ : int
+        Groups of shared-token queries (0 on the dense route).
     n_queries_, n_tokens_ : int
         Queries and tokens the fit asked, the check included.
     n_queries_by_stage_ : dict
@@ -217,8 +229,10 @@ class VectorLayerLearner(BaseLearner):
         Raises
         ------
         ConfigError
-            A bad parameter, an oracle that is not a vector oracle, or ``n_queries`` too few
-            for the unknowns.
+            A bad parameter, an oracle that is not a vector oracle, ``n_queries`` too few
+            for the unknowns, or heads beyond the dense least squares (more than
+            :data:`DENSE_MAX_UNKNOWNS` unknowns) from the last token's outputs or with a
+            causal mask (before any query).
         NotIdentifiableError
             V = 0: every answer is the offset, so W is not identifiable; or, with H > 1, heads
             that do not fill d.
@@ -293,7 +307,7 @@ class VectorLayerLearner(BaseLearner):
         """The attention stage's random queries and each head's (W, c) from the dense least
         squares of its d (d + 1) unknowns."""
         H = V.shape[0]
-        self.route_ = "dense"
+        self.route_, self.n_groups_ = "dense", 0
         N, n = self._plan(d, V_sum, H, outputs)
         ledger.check_budget(n + int(self.verify),
                             f"the attention stage ({n} queries of {N} tokens) and the check")
