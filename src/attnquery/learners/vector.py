@@ -46,6 +46,7 @@ from ._base import (
 )
 from ._params import Interval, Options
 from ._registry import LearnerSpec
+from ._vector_check import CHECK_LENGTHS, VERIFY_RTOL
 from ._vector_heads import fit_shared
 from ._vector_split import RANK_RTOL, split_queries, split_values
 
@@ -55,16 +56,6 @@ __all__ = ["VectorLayerLearner", "STAGES", "POSITIONS", "CHECK_LENGTHS", "VERIFY
 STAGES = ("V", "split", "attention", "verify")
 #: the position models the learner knows
 POSITIONS = ("none", "rotary")
-#: lengths of the fresh check queries after a fit, one query each with the default ``verify``
-#: (8) and ``check_length`` (4096; a shorter one replaces the longest, see
-#: :func:`~attnquery.learners._base.check_lengths`): long sequences are where a
-#: position-dependent or windowed box differs from a head
-CHECK_LENGTHS = (1, 2, 3, 8, 64, 256, 1024, 4096)
-#: largest relative disagreement ``max |O - O_hat| / max |O|`` the check allows: float64 fits
-#: (1 to 4096 tokens) stay at 1e-11 or below (single heads at d = 64: 1.4e-13; 8 heads at
-#: d = 16: 1.0e-11); a soft-capped, rotary or undeclared extra head, or answers rounded to
-#: float32, exceed it by orders of magnitude
-VERIFY_RTOL = 1e-8
 #: largest disagreement of the answers with attention matrices (relative to the answers) and
 #: largest negative attention weight that float64 rounding explains (measured: at most 6e-14,
 #: single heads at d = 64 and layers of 2 to 8 heads at d = 16 and 32)

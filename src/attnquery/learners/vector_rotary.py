@@ -36,7 +36,7 @@ from ..models import rope_frequencies
 from ._base import BaseLearner, check_oracle, check_queries
 from ._params import Interval
 from ._registry import LearnerSpec
-from .vector import CHECK_LENGTHS, VERIFY_RTOL
+from ._vector_check import CHECK_LENGTHS, VERIFY_RTOL
 
 __all__ = ["RotaryVectorLearner", "STAGES"]
 
