@@ -7,6 +7,7 @@ Claim checked: the queries counted by the oracle grow as d^2 (fitted log-log exp
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 
 from ..learners import ExactValueQueryLearner
 from ..metrics import fit_counted, functional_error, head_errors
@@ -49,11 +50,24 @@ def seconds(cell) -> float:
     return exact_learner_seconds(cell["d"])
 
 
+#: the result columns of this module's cell parameters (beyond the shared ones of
+#: :mod:`attnquery.results`)
+PARAMS: dict[str, pa.DataType] = {
+    "probes": pa.string(),
+    "W_spectral": pa.float64(),
+    "zero_frac": pa.float64(),
+}
+#: the result columns of this module's metrics (beyond the shared ones)
+METRICS: dict[str, pa.DataType] = {}
+
+
 EXPERIMENT = register(
     Experiment(
         name="exact",
         cells=cells,
         run=run,
+        params=PARAMS,
+        metrics=METRICS,
         description="Exact recovery from d^2 + d value queries (Theorem 4.1)",
         seconds=seconds,
     )

@@ -14,6 +14,7 @@ largest relative error and the queries per unknown actually spent.
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 
 from ..errors import ConfigError
 from ..learners import LowPrecisionValueQueryLearner
@@ -132,8 +133,26 @@ def seconds(cell) -> float:
     return extra + 1.2e-8 * cell["queries_per_unknown"] * (d * d + d) * d
 
 
+#: the result columns of this module's cell parameters (beyond the shared ones of
+#: :mod:`attnquery.results`)
+PARAMS: dict[str, pa.DataType] = {
+    "n_heads": pa.int64(),
+    "rounding": pa.string(),
+    "queries_per_unknown": pa.float64(),
+    "family": pa.string(),
+    "layer": pa.int64(),
+    "head": pa.int64(),
+    "checkpoint": pa.string(),
+    "readout": pa.string(),
+}
+#: the result columns of this module's metrics (beyond the shared ones)
+METRICS: dict[str, pa.DataType] = {
+    "rank_found": pa.int64(),
+}
+
+
 EXPERIMENT = register(Experiment(
-    name="lowprecision", cells=cells, run=run,
+    name="lowprecision", cells=cells, run=run, params=PARAMS, metrics=METRICS,
     description="Extraction from float32/float16/bfloat16 answers and a few significant digits "
     "(error of W against queries per unknown)",
     seconds=seconds,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pyarrow as pa
 
 from ..errors import ConfigError
 from ..learners import ExactValueQueryLearner, NuclearNormROPLearner, SketchLowRankLearner
@@ -242,10 +243,30 @@ _SCALE_SECONDS = {"sketch": lambda d, r: 0.02 + 3e-8 * r * d**2,
                   "exact": lambda d, r: exact_learner_seconds(d)}
 
 
+#: the result columns of this module's cell parameters (beyond the shared ones of
+#: :mod:`attnquery.results`)
+PARAMS: dict[str, pa.DataType] = {
+    "rank": pa.int64(),
+    "oversample": pa.int64(),
+    "c": pa.float64(),
+    "n_measurements": pa.int64(),
+    "solver": pa.string(),
+    "head": pa.int64(),
+}
+#: the result columns of this module's metrics (beyond the shared ones)
+METRICS: dict[str, pa.DataType] = {
+    "rank_found": pa.int64(),
+    "solver_status": pa.string(),
+    "solver_iterations": pa.int64(),
+}
+
+
 PHASE = register(Experiment(
     name="lowrank_phase",
     cells=phase_cells,
     run=phase_run,
+    params=PARAMS,
+    metrics=METRICS,
     description="Nuclear-norm recovery from rank-one projections (Theorem 5.1): phase transition",
     seconds=phase_seconds,
 ))
@@ -254,6 +275,8 @@ SCALE = register(Experiment(
     name="lowrank_scale",
     cells=scale_cells,
     run=scale_run,
+    params=PARAMS,
+    metrics=METRICS,
     description="Sketch learner vs exact learner on low-rank heads: queries, error, time",
     seconds=scale_seconds,
 ))

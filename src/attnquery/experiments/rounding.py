@@ -9,6 +9,7 @@ learner at several budgets (``queries_per_unknown`` times ``d^2 + d`` queries).
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 
 from ..errors import ConfigError, UndefinedEstimate
 from ..learners import (
@@ -102,8 +103,23 @@ def seconds(cell) -> float:
     return 0.003 + 2e-5 * d**2 + 1.2e-8 * q * (d * d + d) * d
 
 
+#: the result columns of this module's cell parameters (beyond the shared ones of
+#: :mod:`attnquery.results`)
+PARAMS: dict[str, pa.DataType] = {
+    "rank": pa.int64(),
+    "probes": pa.string(),
+    "W_bound": pa.float64(),
+    "mu": pa.float64(),
+    "zero_frac": pa.float64(),
+    "rounding": pa.string(),
+    "queries_per_unknown": pa.float64(),
+}
+#: the result columns of this module's metrics (beyond the shared ones)
+METRICS: dict[str, pa.DataType] = {}
+
+
 EXPERIMENT = register(Experiment(
-    name="rounding", cells=cells, run=run,
+    name="rounding", cells=cells, run=run, params=PARAMS, metrics=METRICS,
     description="Output rounding as a defence (error against digits kept)",
     seconds=seconds,
 ))
