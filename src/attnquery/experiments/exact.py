@@ -10,12 +10,12 @@ import numpy as np
 import pyarrow as pa
 
 from ..learners import ExactValueQueryLearner
-from ..metrics import fit_counted, functional_error, head_errors
 from ..models import random_head
 from ..oracles import ValueOracle
 from ..theory import EXACT_TOL
 from . import Experiment, grid, register
 from ._costs import exact_learner_seconds
+from ._recipe import fit_and_measure
 
 
 def cells(cfg) -> list[dict]:
@@ -37,9 +37,7 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     head = random_head(d, model_rng, W_spectral=cell["W_spectral"], zero_frac=cell["zero_frac"])
     oracle = ValueOracle(head, d)
     est = ExactValueQueryLearner(probes=cell["probes"], random_state=learner_rng)
-    m = fit_counted(est, oracle)
-    m.update(head_errors(est.W_, est.v_, head.W, head.v))
-    m["func_err"] = functional_error(head, est.predict, d, eval_rng, n=64)
+    m = fit_and_measure(est, oracle, head, d, eval_rng, n_eval=64)
     m["success"] = bool(m["rel_err_W"] <= EXACT_TOL and m["rel_err_v"] <= EXACT_TOL)
     return m
 

@@ -24,11 +24,12 @@ import pyarrow as pa
 from ..errors import ConfigError
 from ..learners import ExactValueQueryLearner, NuclearNormROPLearner, SketchLowRankLearner
 from ..learners._registry import REQUIRED, get_entry, registry
-from ..metrics import fit_counted, functional_error, head_errors, relative_error
+from ..metrics import fit_counted, functional_error, relative_error
 from ..models import random_head
 from ..theory import PHASE_TOL, SKETCH_TOL, lowrank_floor
 from . import Experiment, grid, register
 from ._costs import exact_learner_seconds
+from ._recipe import fit_and_measure
 
 #: tag mixed into the seed of the heads (so they differ from other experiments' heads)
 _HEAD_TAG = 5_0001
@@ -82,20 +83,16 @@ def phase_run(cell: dict, rng: np.random.Generator) -> dict:
                                 solver=cell["solver"], random_state=learner_rng)
     # below the phase transition the program's solution is wrong and the learner says so
     # (verified = False); the row keeps its errors
-    counts = fit_counted(est, oracle, record_refusal=True)
-    W = head.W
-    errors = head_errors(est.W_, est.v_, W, head.v)
+    m = fit_and_measure(est, oracle, head, d, eval_rng, n_eval=32, record_refusal=True)
     return {
-        **counts,
-        **errors,
-        "func_err": functional_error(head, est.predict, d, eval_rng, n=32),
-        "success": bool(errors["rel_err_W"] <= PHASE_TOL and errors["rel_err_v"] <= PHASE_TOL),
+        **m,
+        "success": bool(m["rel_err_W"] <= PHASE_TOL and m["rel_err_v"] <= PHASE_TOL),
         "rank_found": est.rank_,
         "solver_status": est.solver_status_,
         "solver_iterations": est.solver_iterations_,
         "solve_time_s": est.solve_time_s_,
         "extra": {
-            "raw_rel_err_W": relative_error(est.W_raw_, W),
+            "raw_rel_err_W": relative_error(est.W_raw_, head.W),
             "polished": est.polished_,
             "spectral_gap": est.gap_,
             "n_requeried": est.n_requeried_,
