@@ -1,7 +1,9 @@
 """The shared recipe of the experiments' run(cell, rng)."""
 
 import numpy as np
+import pytest
 
+from attnquery.errors import UndefinedEstimate
 from attnquery.experiments import expand_cells, get_experiment
 from attnquery.experiments._recipe import fit_and_measure
 from attnquery.learners import ExactValueQueryLearner
@@ -46,3 +48,23 @@ def test_an_exact_cell_gives_the_same_row_twice():
     a = run(dict(cell), np.random.default_rng(5))
     b = run(dict(cell), np.random.default_rng(5))
     assert a == b and a["success"] and a["n_queries"] == 3 * 3 + 3
+
+
+class _NaNLearner:
+    """A learner whose estimate of W is not finite."""
+
+    def fit(self, oracle):
+        d = oracle.d
+        oracle(np.zeros((1, 1, d)))  # one query, counted
+        self.W_, self.v_ = np.full((d, d), np.nan), np.zeros(d)
+        return self
+
+
+def test_a_non_finite_estimate_is_refused_by_the_learner_name():
+    d = 3
+    head, oracle, _ = _fitted(d, 1)
+    with pytest.raises(UndefinedEstimate, match="nan-learner: the estimate has non-finite"):
+        fit_and_measure(_NaNLearner(), oracle, head, d, finite_as="nan-learner")
+    head, oracle, _ = _fitted(d, 1)
+    m = fit_and_measure(_NaNLearner(), oracle, head, d)  # without finite_as it is measured
+    assert np.isnan(m["rel_err_W"]) and m["n_queries"] == 1
