@@ -85,9 +85,9 @@ def test_identical_rows_give_identical_bytes(tmp_path):
 
 def test_unknown_columns_are_refused():
     cell = {"experiment": "e", "cell_id": "0", "learner": "x", "seed": 0}
-    with pytest.raises(ConfigError, match="not a registered result column"):
+    with pytest.raises(ConfigError, match="'colour' of experiment 'e' is not a result column"):
         make_row({**cell, "colour": "red"}, {}, "ok")
-    with pytest.raises(ConfigError, match="not a registered result column"):
+    with pytest.raises(ConfigError, match="'accuracy' of experiment 'e' is not a result column"):
         make_row(cell, {"accuracy": 1.0}, "ok")
     with pytest.raises(ConfigError, match="status"):
         make_row(cell, {}, "fine")

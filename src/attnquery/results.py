@@ -10,6 +10,10 @@ Columns come in groups:
   ``seed``;
 * parameters (:data:`PARAM_COLUMNS`), one typed column each;
 * metrics (:data:`METRIC_COLUMNS`): queries counted by the oracle, errors, success flag;
+  parameters and metrics are the shared ones (:data:`SHARED_PARAM_COLUMNS`,
+  :data:`SHARED_METRIC_COLUMNS`) and those each experiment declares with its
+  :class:`~attnquery.experiments.Experiment` (``params``, ``metrics``), assembled by
+  :func:`assemble_columns` when first used;
   ``n_queries`` counts the queries that learnt the parameters and ``verify_queries`` the
   check queries the learner spent afterwards (``verified``: whether the estimate passed its
   check, ``verify_error`` the disagreement seen), so the learning count stays what the paper
@@ -32,6 +36,8 @@ settings, so identical rows give identical bytes.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import json
 import os
 import tempfile
@@ -47,11 +53,14 @@ from .errors import ConfigError
 __all__ = [
     "SCHEMA_VERSION",
     "STATUSES",
-    "PARAM_COLUMNS",
-    "METRIC_COLUMNS",
+    "SHARED_PARAM_COLUMNS",
+    "SHARED_METRIC_COLUMNS",
+    "assemble_columns",
+    "PARAM_COLUMNS",  # noqa: F822 (assembled on first use, see __getattr__)
+    "METRIC_COLUMNS",  # noqa: F822 (assembled on first use, see __getattr__)
     "TIMING_COLUMNS",
     "PROVENANCE_COLUMNS",
-    "RESULT_SCHEMA",
+    "RESULT_SCHEMA",  # noqa: F822 (assembled on first use, see __getattr__)
     "TIMING_SCHEMA",
     "make_row",
     "rows_to_table",
@@ -78,82 +87,49 @@ SCHEMA_VERSION = 4
 #: every status a row can have
 STATUSES = ("ok", "not_identifiable", "error", "timeout", "skipped")
 
-#: cell parameters: name -> arrow type. Every key of a cell must be listed here (or be one of
-#: the identity columns); add new parameters here, in one place.
-PARAM_COLUMNS: dict[str, pa.DataType] = {
+#: cell parameters every experiment may use: name -> arrow type. An experiment declares the
+#: parameters it adds in :attr:`attnquery.experiments.Experiment.params`; ``logit_scale`` is
+#: written by no experiment today and kept so the stored schema (version 4) stays as it is
+SHARED_PARAM_COLUMNS: dict[str, pa.DataType] = {
     "d": pa.int64(),
-    "rank": pa.int64(),
-    "n_heads": pa.int64(),
-    "width": pa.int64(),
-    "probes": pa.string(),
-    "W_spectral": pa.float64(),
-    "W_fro": pa.float64(),
     "logit_scale": pa.float64(),
-    "W_bound": pa.float64(),
-    "mu": pa.float64(),
-    "zero_frac": pa.float64(),
-    "tau": pa.float64(),
-    "noise": pa.string(),
-    "rounding": pa.string(),
-    "oversample": pa.int64(),
-    "queries_per_unknown": pa.float64(),
-    "eps": pa.float64(),
-    "v_method": pa.string(),
-    "c": pa.float64(),
-    "n_measurements": pa.int64(),
-    "solver": pa.string(),
-    "separation": pa.float64(),
-    "fd_step": pa.float64(),
-    "family": pa.string(),
-    "variant": pa.string(),
-    "layer": pa.int64(),
-    "head": pa.int64(),
-    "checkpoint": pa.string(),
-    "readout": pa.string(),
-    "biases": pa.bool_(),
-    "rope_base": pa.float64(),
-    "n_kv_heads": pa.int64(),
 }
 
-#: metrics: name -> arrow type (deterministic values only; timings go to TIMING_COLUMNS)
-METRIC_COLUMNS: dict[str, pa.DataType] = {
+#: metrics every experiment may write (those of :func:`attnquery.metrics.fit_counted` and
+#: :func:`attnquery.metrics.head_errors`, the functional error, the success flag and ``extra``):
+#: name -> arrow type, deterministic values only (timings go to TIMING_COLUMNS). An experiment
+#: declares the metrics it adds in :attr:`attnquery.experiments.Experiment.metrics`
+SHARED_METRIC_COLUMNS: dict[str, pa.DataType] = {
     "n_queries": pa.int64(),
     "verify_queries": pa.int64(),
     "verify_error": pa.float64(),
     "verified": pa.bool_(),
     "verify_vacuous": pa.bool_(),
-    "n_queries_attention": pa.int64(),
-    "n_queries_ffn": pa.int64(),
-    "n_queries_v": pa.int64(),
-    "n_queries_W": pa.int64(),
-    "queries_computed": pa.bool_(),
     "rel_err_W": pa.float64(),
     "abs_err_W": pa.float64(),
     "rel_err_v": pa.float64(),
     "err_v": pa.float64(),
-    "rel_err_c": pa.float64(),
-    "rel_err_offset": pa.float64(),
     "func_err": pa.float64(),
     "success": pa.bool_(),
-    "rank_found": pa.int64(),
-    "n_heads_found": pa.int64(),
-    "solver_status": pa.string(),
-    "solver_iterations": pa.int64(),
-    "required_tau": pa.float64(),
-    "bound_W": pa.float64(),
-    "bound_v": pa.float64(),
-    "within_bound": pa.bool_(),
-    "param_distance": pa.float64(),
-    "output_difference": pa.float64(),
-    "head_separation": pa.float64(),
-    "func_err_max": pa.float64(),
-    "func_err_median": pa.float64(),
-    "func_err_ffn": pa.float64(),
-    "neuron_err": pa.float64(),
-    "width_found": pa.int64(),
-    "basis_err": pa.float64(),
     "extra": pa.string(),
 }
+
+#: where the parameter and metric columns stand in the stored tables (schema version 4); a
+#: column declared later and not named here follows them, in the order the experiments are
+#: registered
+_STORED_ORDER = (
+    "d", "rank", "n_heads", "width", "probes", "W_spectral", "W_fro", "logit_scale", "W_bound",
+    "mu", "zero_frac", "tau", "noise", "rounding", "oversample", "queries_per_unknown", "eps",
+    "v_method", "c", "n_measurements", "solver", "separation", "fd_step", "family", "variant",
+    "layer", "head", "checkpoint", "readout", "biases", "rope_base", "n_kv_heads",
+    "n_queries", "verify_queries", "verify_error", "verified", "verify_vacuous",
+    "n_queries_attention", "n_queries_ffn", "n_queries_v", "n_queries_W", "queries_computed",
+    "rel_err_W", "abs_err_W", "rel_err_v", "err_v", "rel_err_c", "rel_err_offset", "func_err",
+    "success", "rank_found", "n_heads_found", "solver_status", "solver_iterations",
+    "required_tau", "bound_W", "bound_v", "within_bound", "param_distance", "output_difference",
+    "head_separation", "func_err_max", "func_err_median", "func_err_ffn", "neuron_err",
+    "width_found", "basis_err", "extra",
+)
 
 #: non-deterministic measurements, stored apart from the result rows
 TIMING_COLUMNS: dict[str, pa.DataType] = {
@@ -187,14 +163,77 @@ OUTCOME_COLUMNS: dict[str, pa.DataType] = {
 }
 
 
+def assemble_columns(experiments) -> tuple[dict[str, pa.DataType], dict[str, pa.DataType]]:
+    """The parameter and metric columns of the result tables: the shared ones and those the
+    ``experiments`` declare (:attr:`~attnquery.experiments.Experiment.params`,
+    :attr:`~attnquery.experiments.Experiment.metrics`), in their stored order.
+
+    Parameters
+    ----------
+    experiments : iterable of attnquery.experiments.Experiment
+
+    Returns
+    -------
+    params, metrics : dict of str to pyarrow.DataType
+
+    Raises
+    ------
+    ConfigError
+        A column declared with two types, as a parameter and a metric, or with the name of an
+        identity, outcome, provenance or timing column; the message names it and the experiment.
+    """
+    reserved = {**IDENTITY_COLUMNS, **OUTCOME_COLUMNS, **PROVENANCE_COLUMNS, **TIMING_COLUMNS}
+    params, metrics = dict(SHARED_PARAM_COLUMNS), dict(SHARED_METRIC_COLUMNS)
+    for exp in experiments:
+        for kind, declared, into, other in (("parameter", exp.params, params, metrics),
+                                            ("metric", exp.metrics, metrics, params)):
+            for name, typ in declared.items():
+                if not isinstance(typ, pa.DataType):
+                    raise ConfigError(f"experiment {exp.name!r}: {kind} column {name!r} needs a "
+                                      f"pyarrow type; got {typ!r}")
+                if name in reserved or name in other:
+                    raise ConfigError(f"experiment {exp.name!r}: {kind} column {name!r} is "
+                                      "already a result column of another kind")
+                if name in into and into[name] != typ:
+                    raise ConfigError(f"experiment {exp.name!r}: {kind} column {name!r} is "
+                                      f"{typ}, but it is already declared as {into[name]}")
+                into[name] = typ
+    position = {name: i for i, name in enumerate(_STORED_ORDER)}
+
+    def ordered(cols):  # a stable sort: new columns keep the order they were declared in
+        return {n: cols[n] for n in sorted(cols, key=lambda n: position.get(n, len(position)))}
+
+    return ordered(params), ordered(metrics)
+
+
+@functools.cache
+def _registered() -> tuple[dict, dict, pa.Schema]:
+    # Imported by name, on purpose: the experiments import this module, and a cell's code
+    # version (attnquery.study.module_closure) follows the imports the source shows. The
+    # columns other experiments declare change no value of a cell's row, so they stay out of
+    # its code version, as the modules the experiments package discovers do.
+    experiments = importlib.import_module(f"{__package__}.experiments")
+    params, metrics = assemble_columns(experiments.all_experiments())
+    schema = _schema(IDENTITY_COLUMNS, params, metrics, OUTCOME_COLUMNS, PROVENANCE_COLUMNS)
+    return params, metrics, schema
+
+
+def __getattr__(name):
+    # PARAM_COLUMNS, METRIC_COLUMNS and RESULT_SCHEMA are assembled from the registered
+    # experiments on first use (the experiments' modules import this one's neighbours)
+    if name in _ASSEMBLED:
+        return _registered()[_ASSEMBLED.index(name)]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+_ASSEMBLED = ("PARAM_COLUMNS", "METRIC_COLUMNS", "RESULT_SCHEMA")
+
+
 def _schema(*groups: Mapping[str, pa.DataType], version: int = SCHEMA_VERSION) -> pa.Schema:
     fields = [pa.field(k, t) for g in groups for k, t in g.items()]
     return pa.schema(fields, metadata={b"attnquery_schema_version": str(version).encode()})
 
 
-RESULT_SCHEMA = _schema(
-    IDENTITY_COLUMNS, PARAM_COLUMNS, METRIC_COLUMNS, OUTCOME_COLUMNS, PROVENANCE_COLUMNS
-)
 TIMING_SCHEMA = _schema(
     {"experiment": pa.string(), "cell_id": pa.string()}, TIMING_COLUMNS
 )
@@ -218,27 +257,30 @@ def make_row(cell: Mapping, metrics: Mapping | None, status: str, message: str =
     if status not in STATUSES:
         raise ConfigError(f"status must be one of {STATUSES}; got {status!r}")
     metrics = dict(metrics or {})
+    param_columns, metric_columns, _ = _registered()
     row: dict = {}
     timing: dict = {"experiment": cell["experiment"], "cell_id": cell["cell_id"]}
     for k, val in cell.items():
-        if k not in IDENTITY_COLUMNS and k not in PARAM_COLUMNS:
+        if k not in IDENTITY_COLUMNS and k not in param_columns:
             raise ConfigError(
-                f"cell parameter {k!r} is not a registered result column; add it to "
-                "attnquery.results.PARAM_COLUMNS"
+                f"cell parameter {k!r} of experiment {cell['experiment']!r} is not a result "
+                "column; declare it in the experiment's params (or add it to "
+                "attnquery.results.SHARED_PARAM_COLUMNS)"
             )
         row[k] = _clean(val)
     for k, val in metrics.items():
         if k in TIMING_COLUMNS:
             timing[k] = _clean(val)
-        elif k in METRIC_COLUMNS:
+        elif k in metric_columns:
             val = _clean(val)
             if k == "extra" and not isinstance(val, str | type(None)):
                 val = json.dumps(val, sort_keys=True, default=float)
             row[k] = val
         else:
             raise ConfigError(
-                f"metric {k!r} is not a registered result column; add it to "
-                "attnquery.results.METRIC_COLUMNS or TIMING_COLUMNS"
+                f"metric {k!r} of experiment {cell['experiment']!r} is not a result column; "
+                "declare it in the experiment's metrics (or add it to "
+                "attnquery.results.SHARED_METRIC_COLUMNS or TIMING_COLUMNS)"
             )
     row["status"] = status
     row["message"] = message
@@ -247,8 +289,11 @@ def make_row(cell: Mapping, metrics: Mapping | None, status: str, message: str =
     return row, timing
 
 
-def rows_to_table(rows: Iterable[Mapping], schema: pa.Schema = RESULT_SCHEMA) -> pa.Table:
-    """Rows (dicts) to a table with exactly ``schema``, sorted by (experiment, cell_id)."""
+def rows_to_table(rows: Iterable[Mapping], schema: pa.Schema | None = None) -> pa.Table:
+    """Rows (dicts) to a table with exactly ``schema`` (default: the result schema), sorted by
+    (experiment, cell_id)."""
+    if schema is None:
+        schema = _registered()[2]
     rows = sorted(rows, key=lambda r: (r.get("experiment", ""), r.get("cell_id", "")))
     cols = {}
     for f in schema:
@@ -394,7 +439,7 @@ def experiment_tables(name: str, results_dir="results") -> list[str]:
 
 def write_rows(rows, timings, path, timing_out) -> None:
     """Write result rows and their timing rows to two Parquet files."""
-    write_table(rows_to_table(rows, RESULT_SCHEMA), path)
+    write_table(rows_to_table(rows), path)
     write_table(rows_to_table(timings, TIMING_SCHEMA), timing_out)
 
 
@@ -408,7 +453,7 @@ def read_results(path, with_timing: bool = False):
 
     paths = _result_paths(path)
     if not paths:
-        return rows_to_table([], RESULT_SCHEMA).to_pandas()
+        return rows_to_table([]).to_pandas()
     df = pd.concat([pq.read_table(p).to_pandas() for p in paths], ignore_index=True)
     if with_timing:
         tpaths = [t for t in map(timing_path, paths) if t.exists()]

@@ -3,10 +3,18 @@
 An experiment is registered with :func:`register` and provides two pure functions:
 
 * ``cells(cfg) -> list[dict]``: expand the experiment's config section into cells. A cell is a
-  dict of parameters (every key registered in :data:`attnquery.results.PARAM_COLUMNS`) plus
-  ``learner`` and ``seed`` (the seed index within the grid point).
+  dict of parameters (the shared ones of :mod:`attnquery.results` or those the experiment
+  declares in :attr:`Experiment.params`) plus ``learner`` and ``seed`` (the seed index within the
+  grid point).
 * ``run(cell, rng) -> dict``: build the ground truth, run the learner against an oracle, and
-  return metrics (keys registered in ``METRIC_COLUMNS`` / ``TIMING_COLUMNS``).
+  return metrics (shared ones, timings, or those declared in :attr:`Experiment.metrics`).
+
+The result schema is assembled from the columns the experiments declare
+(:func:`attnquery.results.assemble_columns`).
+
+Most ``run`` functions share one recipe: spawn the cell's generator, build the truth, wrap it in
+an oracle, then fit the learner, count its queries and measure its estimate against the truth
+(:func:`attnquery.experiments._recipe.fit_and_measure`).
 
 :func:`run_cells` runs cells one after another and turns each into a result row, whatever
 happens: a cell that raises becomes a row with status ``error`` (or ``not_identifiable``), one
@@ -30,7 +38,8 @@ import signal
 import time
 import traceback
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -40,6 +49,7 @@ __all__ = [
     "Experiment",
     "register",
     "get_experiment",
+    "all_experiments",
     "EXPERIMENTS",
     "FAMILIES",
     "cell_id",
@@ -103,6 +113,12 @@ class Experiment:
         are inputs of every compute job, and what identifies them (the sha256 they are fetched
         with, the parameters they are written from, or the file's digest) is part of every cell's
         key (:func:`attnquery.study.data_identity`).
+    params : dict of str to pyarrow.DataType
+        The result columns of the cell parameters this experiment adds to the shared ones of
+        :mod:`attnquery.results` (name -> arrow type). Two experiments may declare the same
+        column, with the same type.
+    metrics : dict of str to pyarrow.DataType
+        The result columns of the metrics this experiment adds to the shared ones.
     """
 
     name: str
@@ -111,6 +127,8 @@ class Experiment:
     description: str = ""
     seconds: Callable[[Mapping], float] = _one_second
     data: Callable[[Mapping], dict] = _no_data
+    params: Mapping[str, Any] = field(default_factory=dict)
+    metrics: Mapping[str, Any] = field(default_factory=dict)
 
 
 EXPERIMENTS: dict[str, Experiment] = {}
@@ -134,6 +152,13 @@ def _load_all() -> None:
     # importing the modules registers their experiments
     for family in FAMILIES:
         importlib.import_module(f"{__name__}.{family}")
+
+
+def all_experiments() -> list[Experiment]:
+    """Every registered experiment, in the order they were registered (the families' modules
+    imported first)."""
+    _load_all()
+    return list(EXPERIMENTS.values())
 
 
 def get_experiment(name: str) -> Experiment:

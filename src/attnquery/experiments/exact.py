@@ -7,14 +7,15 @@ Claim checked: the queries counted by the oracle grow as d^2 (fitted log-log exp
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 
 from ..learners import ExactValueQueryLearner
-from ..metrics import fit_counted, functional_error, head_errors
 from ..models import random_head
 from ..oracles import ValueOracle
 from ..theory import EXACT_TOL
 from . import Experiment, grid, register
 from ._costs import exact_learner_seconds
+from ._recipe import fit_and_measure
 
 
 def cells(cfg) -> list[dict]:
@@ -36,9 +37,7 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     head = random_head(d, model_rng, W_spectral=cell["W_spectral"], zero_frac=cell["zero_frac"])
     oracle = ValueOracle(head, d)
     est = ExactValueQueryLearner(probes=cell["probes"], random_state=learner_rng)
-    m = fit_counted(est, oracle)
-    m.update(head_errors(est.W_, est.v_, head.W, head.v))
-    m["func_err"] = functional_error(head, est.predict, d, eval_rng, n=64)
+    m = fit_and_measure(est, oracle, head, d, eval_rng, n_eval=64)
     m["success"] = bool(m["rel_err_W"] <= EXACT_TOL and m["rel_err_v"] <= EXACT_TOL)
     return m
 
@@ -49,11 +48,24 @@ def seconds(cell) -> float:
     return exact_learner_seconds(cell["d"])
 
 
+#: the result columns of this module's cell parameters (beyond the shared ones of
+#: :mod:`attnquery.results`)
+PARAMS: dict[str, pa.DataType] = {
+    "probes": pa.string(),
+    "W_spectral": pa.float64(),
+    "zero_frac": pa.float64(),
+}
+#: the result columns of this module's metrics (beyond the shared ones)
+METRICS: dict[str, pa.DataType] = {}
+
+
 EXPERIMENT = register(
     Experiment(
         name="exact",
         cells=cells,
         run=run,
+        params=PARAMS,
+        metrics=METRICS,
         description="Exact recovery from d^2 + d value queries (Theorem 4.1)",
         seconds=seconds,
     )

@@ -14,16 +14,17 @@ largest relative error and the queries per unknown actually spent.
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 
 from ..errors import ConfigError
 from ..learners import LowPrecisionValueQueryLearner
-from ..metrics import fit_counted, functional_error, head_errors
 from ..models import AttentionHead, random_head
 from ..oracles import RoundingOracle
 from ..realheads import head_from_checkpoint
 from ..theory import LOWPRECISION_TARGET as TARGET_REL_ERR
 from ..theory import budget_queries, parse_rounding, precision_digits, precision_relative_tau
 from . import Experiment, checkpoint_source, grid, readout_args, register
+from ._recipe import fit_and_measure
 
 __all__ = ["LEARNERS", "cells", "run", "seconds"]
 
@@ -94,11 +95,8 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     d = head.d
     oracle = RoundingOracle.from_spec(head, d, cell["rounding"])
     est = LEARNERS[cell["learner"]](cell, d, learner_rng)
-    counts = fit_counted(est, oracle)
-    m = head_errors(est.W_, est.v_, head.W, head.v)
-    m.update(counts)
+    m = fit_and_measure(est, oracle, head, d, eval_rng, n_eval=32)
     m["rank_found"] = int(est.rank_)
-    m["func_err"] = functional_error(head, est.predict, d, eval_rng, n=32)
     m["success"] = bool(m["rel_err_W"] <= TARGET_REL_ERR)
     m["extra"] = {
         "d": d,
@@ -132,8 +130,26 @@ def seconds(cell) -> float:
     return extra + 1.2e-8 * cell["queries_per_unknown"] * (d * d + d) * d
 
 
+#: the result columns of this module's cell parameters (beyond the shared ones of
+#: :mod:`attnquery.results`)
+PARAMS: dict[str, pa.DataType] = {
+    "n_heads": pa.int64(),
+    "rounding": pa.string(),
+    "queries_per_unknown": pa.float64(),
+    "family": pa.string(),
+    "layer": pa.int64(),
+    "head": pa.int64(),
+    "checkpoint": pa.string(),
+    "readout": pa.string(),
+}
+#: the result columns of this module's metrics (beyond the shared ones)
+METRICS: dict[str, pa.DataType] = {
+    "rank_found": pa.int64(),
+}
+
+
 EXPERIMENT = register(Experiment(
-    name="lowprecision", cells=cells, run=run,
+    name="lowprecision", cells=cells, run=run, params=PARAMS, metrics=METRICS,
     description="Extraction from float32/float16/bfloat16 answers and a few significant digits "
     "(error of W against queries per unknown)",
     seconds=seconds,

@@ -19,15 +19,17 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pyarrow as pa
 
 from ..errors import ConfigError
 from ..learners import ExactValueQueryLearner, NuclearNormROPLearner, SketchLowRankLearner
 from ..learners._registry import REQUIRED, get_entry, registry
-from ..metrics import fit_counted, functional_error, head_errors, relative_error
+from ..metrics import fit_counted, functional_error, relative_error
 from ..models import random_head
 from ..theory import PHASE_TOL, SKETCH_TOL, lowrank_floor
 from . import Experiment, grid, register
 from ._costs import exact_learner_seconds
+from ._recipe import fit_and_measure
 
 #: tag mixed into the seed of the heads (so they differ from other experiments' heads)
 _HEAD_TAG = 5_0001
@@ -81,20 +83,16 @@ def phase_run(cell: dict, rng: np.random.Generator) -> dict:
                                 solver=cell["solver"], random_state=learner_rng)
     # below the phase transition the program's solution is wrong and the learner says so
     # (verified = False); the row keeps its errors
-    counts = fit_counted(est, oracle, record_refusal=True)
-    W = head.W
-    errors = head_errors(est.W_, est.v_, W, head.v)
+    m = fit_and_measure(est, oracle, head, d, eval_rng, n_eval=32, record_refusal=True)
     return {
-        **counts,
-        **errors,
-        "func_err": functional_error(head, est.predict, d, eval_rng, n=32),
-        "success": bool(errors["rel_err_W"] <= PHASE_TOL and errors["rel_err_v"] <= PHASE_TOL),
+        **m,
+        "success": bool(m["rel_err_W"] <= PHASE_TOL and m["rel_err_v"] <= PHASE_TOL),
         "rank_found": est.rank_,
         "solver_status": est.solver_status_,
         "solver_iterations": est.solver_iterations_,
         "solve_time_s": est.solve_time_s_,
         "extra": {
-            "raw_rel_err_W": relative_error(est.W_raw_, W),
+            "raw_rel_err_W": relative_error(est.W_raw_, head.W),
             "polished": est.polished_,
             "spectral_gap": est.gap_,
             "n_requeried": est.n_requeried_,
@@ -242,10 +240,30 @@ _SCALE_SECONDS = {"sketch": lambda d, r: 0.02 + 3e-8 * r * d**2,
                   "exact": lambda d, r: exact_learner_seconds(d)}
 
 
+#: the result columns of this module's cell parameters (beyond the shared ones of
+#: :mod:`attnquery.results`)
+PARAMS: dict[str, pa.DataType] = {
+    "rank": pa.int64(),
+    "oversample": pa.int64(),
+    "c": pa.float64(),
+    "n_measurements": pa.int64(),
+    "solver": pa.string(),
+    "head": pa.int64(),
+}
+#: the result columns of this module's metrics (beyond the shared ones)
+METRICS: dict[str, pa.DataType] = {
+    "rank_found": pa.int64(),
+    "solver_status": pa.string(),
+    "solver_iterations": pa.int64(),
+}
+
+
 PHASE = register(Experiment(
     name="lowrank_phase",
     cells=phase_cells,
     run=phase_run,
+    params=PARAMS,
+    metrics=METRICS,
     description="Nuclear-norm recovery from rank-one projections (Theorem 5.1): phase transition",
     seconds=phase_seconds,
 ))
@@ -254,6 +272,8 @@ SCALE = register(Experiment(
     name="lowrank_scale",
     cells=scale_cells,
     run=scale_run,
+    params=PARAMS,
+    metrics=METRICS,
     description="Sketch learner vs exact learner on low-rank heads: queries, error, time",
     seconds=scale_seconds,
 ))

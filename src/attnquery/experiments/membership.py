@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pyarrow as pa
 
 from ..learners import MembershipLearner
 from ..metrics import fit_counted
@@ -121,8 +122,25 @@ def seconds(cell) -> float:
     return 0.01 + 4e-6 * cell["d"] ** 2 * max(1.0, math.log2(1.0 / cell["eps"]))
 
 
+#: the result columns of this module's cell parameters (beyond the shared ones of
+#: :mod:`attnquery.results`)
+PARAMS: dict[str, pa.DataType] = {
+    "W_bound": pa.float64(),
+    "mu": pa.float64(),
+    "eps": pa.float64(),
+    "v_method": pa.string(),
+    "variant": pa.string(),
+}
+#: the result columns of this module's metrics (beyond the shared ones)
+METRICS: dict[str, pa.DataType] = {
+    "n_queries_v": pa.int64(),
+    "n_queries_W": pa.int64(),
+    "queries_computed": pa.bool_(),
+}
+
+
 EXPERIMENT = register(Experiment(
-    name="membership", cells=cells, run=run,
+    name="membership", cells=cells, run=run, params=PARAMS, metrics=METRICS,
     description="Recovery from membership queries (Appendix B): queries against eps and d",
     seconds=seconds,
 ))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pyarrow as pa
 
 from ..errors import AssumptionViolation, ConfigError, NotIdentifiableError
 from ..learners import ExactValueQueryLearner, OrthogonalSubspaceLearner
@@ -272,11 +273,29 @@ def seconds(cell) -> float:
     return 0.02 + 0.05 * (d / 64) ** 2
 
 
+#: the result columns of this module's cell parameters (beyond the shared ones of
+#: :mod:`attnquery.results`)
+PARAMS: dict[str, pa.DataType] = {
+    "n_heads": pa.int64(),
+    "fd_step": pa.float64(),
+    "variant": pa.string(),
+}
+#: the result columns of this module's metrics (beyond the shared ones)
+METRICS: dict[str, pa.DataType] = {
+    "n_heads_found": pa.int64(),
+    "param_distance": pa.float64(),
+    "output_difference": pa.float64(),
+    "basis_err": pa.float64(),
+}
+
+
 EXPERIMENT = register(
     Experiment(
         name="multihead",
         cells=cells,
         run=run,
+        params=PARAMS,
+        metrics=METRICS,
         description="Multi-head attention: non-identifiability and orthogonal subspaces",
         seconds=seconds,
     )

@@ -21,6 +21,7 @@ that raises is a row with status ``error`` (or ``not_identifiable``), never a mi
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 
 from ..learners import MultiHeadLearner, OrthogonalSubspaceLearner
 from ..metrics import fit_counted, functional_error, match_heads
@@ -145,11 +146,28 @@ def seconds(cell) -> float:
     return 0.3 + 0.004 * cell["d"] ** 2 * cell["n_heads"] ** 2
 
 
+#: the result columns of this module's cell parameters (beyond the shared ones of
+#: :mod:`attnquery.results`)
+PARAMS: dict[str, pa.DataType] = {
+    "n_heads": pa.int64(),
+    "separation": pa.float64(),
+    "variant": pa.string(),
+}
+#: the result columns of this module's metrics (beyond the shared ones)
+METRICS: dict[str, pa.DataType] = {
+    "n_heads_found": pa.int64(),
+    "param_distance": pa.float64(),
+    "head_separation": pa.float64(),
+}
+
+
 EXPERIMENT = register(
     Experiment(
         name="multihead_generic",
         cells=cells,
         run=run,
+        params=PARAMS,
+        metrics=METRICS,
         description="Generic multi-head attention from value queries, up to a permutation",
         seconds=seconds,
     )

@@ -15,6 +15,7 @@ The heads are :func:`attnquery.models.theorem_head`; the rounding experiment
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 
 from ..errors import UndefinedEstimate
 from ..learners import ExactValueQueryLearner, NoisyValueQueryLearner
@@ -137,8 +138,31 @@ def seconds(cell) -> float:
     return 0.003 + 2e-5 * cell["d"] ** 2 * cell.get("oversample", 1)
 
 
+#: the result columns of this module's cell parameters (beyond the shared ones of
+#: :mod:`attnquery.results`)
+PARAMS: dict[str, pa.DataType] = {
+    "probes": pa.string(),
+    "W_fro": pa.float64(),
+    "W_bound": pa.float64(),
+    "mu": pa.float64(),
+    "zero_frac": pa.float64(),
+    "tau": pa.float64(),
+    "noise": pa.string(),
+    "oversample": pa.int64(),
+    "eps": pa.float64(),
+    "variant": pa.string(),
+}
+#: the result columns of this module's metrics (beyond the shared ones)
+METRICS: dict[str, pa.DataType] = {
+    "required_tau": pa.float64(),
+    "bound_W": pa.float64(),
+    "bound_v": pa.float64(),
+    "within_bound": pa.bool_(),
+}
+
+
 EXPERIMENT = register(Experiment(
-    name="noise", cells=cells, run=run,
+    name="noise", cells=cells, run=run, params=PARAMS, metrics=METRICS,
     description="Theorem 6.1 under uniform and adversarial noise (error against tau)",
     seconds=seconds,
 ))

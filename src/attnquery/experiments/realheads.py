@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
+import pyarrow as pa
 
 from ..errors import ConfigError
 from ..metrics import fit_counted, functional_error, head_errors, relative_error
@@ -236,11 +237,43 @@ def seconds(cell) -> float:
     return _SECONDS[cell["learner"]]
 
 
+#: the result columns of this module's cell parameters (beyond the shared ones of
+#: :mod:`attnquery.results`)
+PARAMS: dict[str, pa.DataType] = {
+    "rank": pa.int64(),
+    "n_heads": pa.int64(),
+    "probes": pa.string(),
+    "W_spectral": pa.float64(),
+    "W_fro": pa.float64(),
+    "W_bound": pa.float64(),
+    "mu": pa.float64(),
+    "tau": pa.float64(),
+    "noise": pa.string(),
+    "layer": pa.int64(),
+    "head": pa.int64(),
+    "checkpoint": pa.string(),
+    "readout": pa.string(),
+    "biases": pa.bool_(),
+}
+#: the result columns of this module's metrics (beyond the shared ones)
+METRICS: dict[str, pa.DataType] = {
+    "rel_err_c": pa.float64(),
+    "rel_err_offset": pa.float64(),
+    "rank_found": pa.int64(),
+    "required_tau": pa.float64(),
+    "bound_W": pa.float64(),
+    "bound_v": pa.float64(),
+    "within_bound": pa.bool_(),
+}
+
+
 EXPERIMENT = register(
     Experiment(
         name="realheads",
         cells=cells,
         run=run,
+        params=PARAMS,
+        metrics=METRICS,
         description="Every head of a pretrained checkpoint, with and without the module's "
         "biases, extracted by the exact, sketch and noisy learners",
         seconds=seconds,

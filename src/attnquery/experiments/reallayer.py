@@ -26,6 +26,7 @@ study; a layer the learner refuses is a row with status ``error`` and the learne
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 
 from ..errors import ConfigError
 from ..metrics import fit_counted, functional_error, layer_errors, relative_error
@@ -101,11 +102,31 @@ def seconds(cell) -> float:
     return 12.0
 
 
+#: the result columns of this module's cell parameters (beyond the shared ones of
+#: :mod:`attnquery.results`)
+PARAMS: dict[str, pa.DataType] = {
+    "rank": pa.int64(),
+    "n_heads": pa.int64(),
+    "layer": pa.int64(),
+    "checkpoint": pa.string(),
+    "readout": pa.string(),
+    "biases": pa.bool_(),
+}
+#: the result columns of this module's metrics (beyond the shared ones)
+METRICS: dict[str, pa.DataType] = {
+    "rel_err_c": pa.float64(),
+    "rel_err_offset": pa.float64(),
+    "n_heads_found": pa.int64(),
+}
+
+
 EXPERIMENT = register(
     Experiment(
         name="reallayer",
         cells=cells,
         run=run,
+        params=PARAMS,
+        metrics=METRICS,
         description="Whole attention layers of a pretrained checkpoint (every head, with its "
         "biases) recovered by the attention-layer learner",
         seconds=seconds,

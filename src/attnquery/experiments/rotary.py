@@ -42,6 +42,7 @@ import itertools
 import json
 
 import numpy as np
+import pyarrow as pa
 
 from ..learners import AttentionLayerLearner, RotaryValueQueryLearner
 from ..metrics import fit_counted, max_error_by_length, relative_error
@@ -268,11 +269,33 @@ def seconds(cell) -> float:
     return 0.2 + 5.0 * (d / 128) ** 3
 
 
+#: the result columns of this module's cell parameters (beyond the shared ones of
+#: :mod:`attnquery.results`)
+PARAMS: dict[str, pa.DataType] = {
+    "rank": pa.int64(),
+    "n_heads": pa.int64(),
+    "rounding": pa.string(),
+    "queries_per_unknown": pa.float64(),
+    "variant": pa.string(),
+    "layer": pa.int64(),
+    "biases": pa.bool_(),
+    "rope_base": pa.float64(),
+    "n_kv_heads": pa.int64(),
+}
+#: the result columns of this module's metrics (beyond the shared ones)
+METRICS: dict[str, pa.DataType] = {
+    "rank_found": pa.int64(),
+    "n_heads_found": pa.int64(),
+}
+
+
 EXPERIMENT = register(
     Experiment(
         name="rotary",
         cells=cells,
         run=run,
+        params=PARAMS,
+        metrics=METRICS,
         description="Rotary heads (RoPE) from 2 (d^2 + d) value queries (beyond the paper)",
         seconds=seconds,
     )

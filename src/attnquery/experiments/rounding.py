@@ -9,19 +9,20 @@ learner at several budgets (``queries_per_unknown`` times ``d^2 + d`` queries).
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 
-from ..errors import ConfigError, UndefinedEstimate
+from ..errors import ConfigError
 from ..learners import (
     ExactValueQueryLearner,
     LowPrecisionValueQueryLearner,
     NoisyValueQueryLearner,
     SketchLowRankLearner,
 )
-from ..metrics import fit_counted, head_errors
 from ..models import theorem_head
 from ..oracles import RoundingOracle
 from ..theory import USEFUL_REL_ERR, budget_queries
 from . import Experiment, grid, register
+from ._recipe import fit_and_measure
 
 __all__ = ["LEARNERS", "BUDGET_AXES", "cells", "run", "seconds"]
 
@@ -78,14 +79,10 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     est = LEARNERS[learner](cell, d, learner_rng)
     # rounded answers are not float64 answers: the learners' checks refuse most estimates
     # (verified = False), and the row keeps their errors, which the defence is judged by
-    counts = fit_counted(est, oracle, record_refusal=True)
+    m = fit_and_measure(est, oracle, head, d, record_refusal=True, finite_as=learner)
     if isinstance(est, LowPrecisionValueQueryLearner):
         extra.update(W_error_estimate=est.W_error_estimate_, noise_level=est.noise_level_,
                      n_passes=est.n_passes_)
-    m = head_errors(est.W_, est.v_, head.W, head.v)
-    if not all(np.isfinite(list(m.values()))):
-        raise UndefinedEstimate(f"{learner}: the estimate has non-finite entries")
-    m.update(counts)
     m["success"] = bool(m["rel_err_W"] <= USEFUL_REL_ERR)
     m["extra"] = extra
     return m
@@ -102,8 +99,23 @@ def seconds(cell) -> float:
     return 0.003 + 2e-5 * d**2 + 1.2e-8 * q * (d * d + d) * d
 
 
+#: the result columns of this module's cell parameters (beyond the shared ones of
+#: :mod:`attnquery.results`)
+PARAMS: dict[str, pa.DataType] = {
+    "rank": pa.int64(),
+    "probes": pa.string(),
+    "W_bound": pa.float64(),
+    "mu": pa.float64(),
+    "zero_frac": pa.float64(),
+    "rounding": pa.string(),
+    "queries_per_unknown": pa.float64(),
+}
+#: the result columns of this module's metrics (beyond the shared ones)
+METRICS: dict[str, pa.DataType] = {}
+
+
 EXPERIMENT = register(Experiment(
-    name="rounding", cells=cells, run=run,
+    name="rounding", cells=cells, run=run, params=PARAMS, metrics=METRICS,
     description="Output rounding as a defence (error against digits kept)",
     seconds=seconds,
 ))

@@ -15,6 +15,7 @@ within 2x its floor, bfloat16 within 1.5x, with no answer overflowing.
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 
 from ..errors import ConfigError
 from ..metrics import fit_counted, functional_error, relative_error
@@ -226,8 +227,32 @@ def layer_seconds(cell) -> float:
 LAYER_SECONDS = 150.0
 
 
+#: the result columns of this module's cell parameters (beyond the shared ones of
+#: :mod:`attnquery.results`)
+PARAMS: dict[str, pa.DataType] = {
+    "n_heads": pa.int64(),
+    "rounding": pa.string(),
+    "queries_per_unknown": pa.float64(),
+    "c": pa.float64(),
+    "family": pa.string(),
+    "variant": pa.string(),
+    "layer": pa.int64(),
+    "head": pa.int64(),
+    "checkpoint": pa.string(),
+    "readout": pa.string(),
+    "biases": pa.bool_(),
+}
+#: the result columns of this module's metrics (beyond the shared ones)
+METRICS: dict[str, pa.DataType] = {
+    "rel_err_c": pa.float64(),
+    "rel_err_offset": pa.float64(),
+    "rank_found": pa.int64(),
+    "n_heads_found": pa.int64(),
+}
+
+
 EXPERIMENT = register(Experiment(
-    name="served", cells=cells, run=run,
+    name="served", cells=cells, run=run, params=PARAMS, metrics=METRICS,
     description="Single heads with their biases extracted from answers served in float32, "
     "float16 and bfloat16 arithmetic (error of W against queries per unknown and the format's "
     "floor)",

@@ -18,6 +18,7 @@ attention part uses exactly 2 (d^2 + d) value queries.
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 
 from ..learners import TransformerLearner
 from ..metrics import fit_counted, match_neurons, random_inputs, relative_error
@@ -95,11 +96,30 @@ def seconds(cell) -> float:
     return 0.03 + 1e-4 * cell["d"] * cell["width"]
 
 
+#: the result columns of this module's cell parameters (beyond the shared ones of
+#: :mod:`attnquery.results`)
+PARAMS: dict[str, pa.DataType] = {
+    "width": pa.int64(),
+}
+#: the result columns of this module's metrics (beyond the shared ones)
+METRICS: dict[str, pa.DataType] = {
+    "n_queries_attention": pa.int64(),
+    "n_queries_ffn": pa.int64(),
+    "func_err_max": pa.float64(),
+    "func_err_median": pa.float64(),
+    "func_err_ffn": pa.float64(),
+    "neuron_err": pa.float64(),
+    "width_found": pa.int64(),
+}
+
+
 EXPERIMENT = register(
     Experiment(
         name="transformer",
         cells=cells,
         run=run,
+        params=PARAMS,
+        metrics=METRICS,
         description="One-layer transformers: antisymmetric queries + bias-free ReLU FFN learner",
         seconds=seconds,
     )

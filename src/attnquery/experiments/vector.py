@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pyarrow as pa
 
 from ..errors import ConfigError
 from ..metrics import fit_counted, relative_error
@@ -199,8 +200,23 @@ def seconds(cell) -> float:
     return 1.0 + (cell["d"] / 24) ** 3 + 3.0 * (cell["n_heads"] - 1)
 
 
+#: the result columns of this module's cell parameters (beyond the shared ones of
+#: :mod:`attnquery.results`)
+PARAMS: dict[str, pa.DataType] = {
+    "n_heads": pa.int64(),
+    "variant": pa.string(),
+    "biases": pa.bool_(),
+}
+#: the result columns of this module's metrics (beyond the shared ones)
+METRICS: dict[str, pa.DataType] = {
+    "rel_err_c": pa.float64(),
+    "rel_err_offset": pa.float64(),
+    "rank_found": pa.int64(),
+}
+
+
 EXPERIMENT = register(Experiment(
-    name="vector", cells=cells, run=run,
+    name="vector", cells=cells, run=run, params=PARAMS, metrics=METRICS,
     description="Extraction from vector answers (every token's output, the last token's) "
     "against scalar answers: queries and tokens counted by the oracle against d and the floor",
     seconds=seconds,
