@@ -27,6 +27,7 @@ import numpy as np
 
 from .errors import ModelError
 from .models import _rotary_frequencies_arg, check_input, rotate_half
+from .models.rotary import _GroupedLayer
 from .precision import Arithmetic, check_precision
 from .rng import as_rng
 
@@ -50,7 +51,7 @@ def _blocks(B: int, M: int, per_row: int):
             for b in range(B) for r in range(0, M, rows)]
 
 
-class VectorAttentionLayer:
+class VectorAttentionLayer(_GroupedLayer):
     """A self-attention layer that answers output vectors (see the module's docstring).
 
     Parameters
@@ -103,55 +104,23 @@ class VectorAttentionLayer:
             raise ModelError(f"causal must be True or False; got {causal!r}")
         if outputs not in OUTPUTS:
             raise ModelError(f"outputs must be one of {OUTPUTS}; got {outputs!r}")
-        d_out = W_O.shape[0]
-
-        def bias(b, shape, name):
-            if b is None:
-                return np.zeros(shape)
-            b = np.asarray(b, dtype=np.float64)
-            if b.shape != shape or not np.all(np.isfinite(b)):
-                raise ModelError(f"{name} must be finite with shape {shape}; got {b.shape}")
-            return b
-
         self.W_Q, self.W_K, self.W_V, self.W_O = W_Q, W_K, W_V, W_O
-        self.b_Q = bias(b_Q, (H, dh), "b_Q")
-        self.b_K = bias(b_K, (G, dh), "b_K")
-        self.b_V = bias(b_V, (G, dv), "b_V")
-        self.b_O = bias(b_O, (d_out,), "b_O")
+        self._init_grouped(b_Q, b_K, b_V, b_O, scale)
         self.causal = bool(causal)
         self.outputs = outputs
-        self.scale = 1.0 / np.sqrt(dh) if scale is None else float(scale)
         if softcap is not None and not (np.isfinite(softcap) and softcap > 0):
             raise ModelError(f"softcap must be a positive number or None; got {softcap!r}")
         self.softcap = None if softcap is None else float(softcap)
         rotary = rope_base is not None or frequencies is not None
         self.frequencies = (_rotary_frequencies_arg(frequencies, rope_base, rotary_dim, dh)
                             if rotary else np.zeros(0))
-        self.groups = np.arange(H) // (H // G)
         self.precision = check_precision(precision)
 
     # -- shape ---------------------------------------------------------------------------------
     @property
-    def d(self) -> int:
-        """Token dimension."""
-        return self.W_Q.shape[2]
-
-    @property
     def d_out(self) -> int:
         """Output dimension."""
         return self.W_O.shape[0]
-
-    @property
-    def n_heads(self) -> int:
-        return self.W_Q.shape[0]
-
-    @property
-    def n_kv_heads(self) -> int:
-        return self.W_K.shape[0]
-
-    @property
-    def head_dim(self) -> int:
-        return self.W_Q.shape[1]
 
     @property
     def rotary(self) -> bool:

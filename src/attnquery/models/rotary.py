@@ -104,6 +104,52 @@ def _vec_or_zeros(b, n: int, name: str) -> np.ndarray:
     return b
 
 
+class _GroupedLayer:
+    """What a layer of H query heads and G key/value heads (grouped-query attention, G dividing
+    H) reads from its weights ``W_Q`` (H, dh, d), ``W_K`` (G, dh, d), ``W_V`` (G, dv, d) and
+    ``W_O`` (d_out, H dv): its shape, biases, scale and groups. :class:`RotaryAttentionLayer`
+    and :class:`attnquery.vector_models.VectorAttentionLayer` share it."""
+
+    def _init_grouped(self, b_Q, b_K, b_V, b_O, scale) -> None:
+        """Set the biases (each zero when None, else finite with its shape), the logit scale
+        (default ``1 / sqrt(dh)``) and ``groups`` (query head h reads key/value head
+        ``h // (H / G)``); the weights are set and checked."""
+        H, dh, _ = self.W_Q.shape
+        G, dv = self.W_K.shape[0], self.W_V.shape[1]
+        self.b_Q = _bias_or_zeros(b_Q, (H, dh), "b_Q")
+        self.b_K = _bias_or_zeros(b_K, (G, dh), "b_K")
+        self.b_V = _bias_or_zeros(b_V, (G, dv), "b_V")
+        self.b_O = _bias_or_zeros(b_O, (self.W_O.shape[0],), "b_O")
+        self.scale = 1.0 / np.sqrt(dh) if scale is None else float(scale)
+        self.groups = np.arange(H) // (H // G)
+
+    @property
+    def d(self) -> int:
+        """Token dimension."""
+        return self.W_Q.shape[2]
+
+    @property
+    def n_heads(self) -> int:
+        return self.W_Q.shape[0]
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.W_K.shape[0]
+
+    @property
+    def head_dim(self) -> int:
+        return self.W_Q.shape[1]
+
+
+def _bias_or_zeros(b, shape: tuple, name: str) -> np.ndarray:
+    if b is None:
+        return np.zeros(shape)
+    b = np.asarray(b, dtype=np.float64)
+    if b.shape != shape or not np.all(np.isfinite(b)):
+        raise ModelError(f"{name} must be finite with shape {shape}; got {b.shape}")
+    return b
+
+
 #: entries of the (batch x tokens x head_dim) key arrays of one block of a rotary evaluation
 _ROTARY_BLOCK_ENTRIES = 2**22
 
@@ -300,7 +346,7 @@ def _rotary_scores(X, W_Q, b_Q, W_K, b_K, frequencies, scale, groups=None) -> np
     return scale * np.einsum("bhne,bhe->bhn", k[:, groups], q)
 
 
-class RotaryAttentionLayer:
+class RotaryAttentionLayer(_GroupedLayer):
     """A self-attention layer with rotary positions and grouped-query attention, read out.
 
     H query heads and G key/value heads (G divides H; G = H is multi-head attention, G = 1
@@ -349,42 +395,13 @@ class RotaryAttentionLayer:
         if not all(np.all(np.isfinite(a)) for a in (W_Q, W_K, W_V, W_O, r)):
             raise ModelError("model parameters must be finite")
 
-        def bias(b, shape, name):
-            if b is None:
-                return np.zeros(shape)
-            b = np.asarray(b, dtype=np.float64)
-            if b.shape != shape or not np.all(np.isfinite(b)):
-                raise ModelError(f"{name} must be finite with shape {shape}; got {b.shape}")
-            return b
-
         self.frequencies = _rotary_frequencies_arg(frequencies, rope_base, rotary_dim, dh)
         self.W_Q, self.W_K, self.W_V, self.W_O, self.readout = W_Q, W_K, W_V, W_O, r
-        self.b_Q = bias(b_Q, (H, dh), "b_Q")
-        self.b_K = bias(b_K, (G, dh), "b_K")
-        self.b_V = bias(b_V, (G, dh), "b_V")
-        self.b_O = bias(b_O, (d,), "b_O")
-        self.scale = 1.0 / np.sqrt(dh) if scale is None else float(scale)
-        self.groups = np.arange(H) // (H // G)
+        self._init_grouped(b_Q, b_K, b_V, b_O, scale)
         # value vectors and offset read out along r
         Or = (W_O.T @ r).reshape(H, dh)  # (H, dh): W_O[:, h]^T r
         self.values = np.einsum("he,hed->hd", Or, W_V[self.groups])
         self.offset = float(np.einsum("he,he->", Or, self.b_V[self.groups]) + r @ self.b_O)
-
-    @property
-    def d(self) -> int:
-        return self.W_Q.shape[2]
-
-    @property
-    def n_heads(self) -> int:
-        return self.W_Q.shape[0]
-
-    @property
-    def n_kv_heads(self) -> int:
-        return self.W_K.shape[0]
-
-    @property
-    def head_dim(self) -> int:
-        return self.W_Q.shape[1]
 
     @property
     def rotary_dim(self) -> int:
