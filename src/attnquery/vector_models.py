@@ -27,6 +27,12 @@ import numpy as np
 
 from .errors import ModelError
 from .models import _rotary_frequencies_arg, check_input, rotate_half
+from .models.generators import (
+    _check_draw_scales,
+    _draw_grouped_biases,
+    _draw_grouped_weights,
+    _grouped_heads,
+)
 from .models.rotary import _GroupedLayer
 from .precision import Arithmetic, check_precision
 from .rng import as_rng
@@ -243,28 +249,13 @@ def random_vector_layer(d: int, n_heads: int, seed=None, *, n_kv_heads: int | No
         Passed to :class:`VectorAttentionLayer` (``softcap``, ``rope_base``, ``precision``, ...).
     """
     rng = as_rng(seed)
-    H = int(n_heads)
-    G = H if n_kv_heads is None else int(n_kv_heads)
-    if H < 1 or G < 1 or H % G:
-        raise ModelError(f"n_kv_heads must divide n_heads; got H={n_heads}, G={n_kv_heads}")
+    H, G = _grouped_heads(n_heads, n_kv_heads)
     dh = d // H if head_dim is None else int(head_dim)
     dout = d if d_out is None else int(d_out)
     if dh < 1 or dout < 1:
         raise ModelError(f"head_dim and d_out must be >= 1; got {dh} and {dout}")
-    if not (np.isfinite(logit_scale) and logit_scale > 0):
-        raise ModelError(f"logit_scale must be positive; got {logit_scale}")
-    if not (np.isfinite(bias) and bias >= 0):
-        raise ModelError(f"bias must be a non-negative standard deviation; got {bias}")
-    sd = np.sqrt(logit_scale)
-    W_Q = rng.standard_normal((H, dh, d)) * sd
-    W_K = rng.standard_normal((G, dh, d)) * sd
-    W_V = rng.standard_normal((G, dh, d)) / np.sqrt(d)
-    W_O = rng.standard_normal((dout, H * dh)) / np.sqrt(H * dh)
-    b = {}
-    if bias > 0:
-        b = dict(b_Q=rng.standard_normal((H, dh)) * bias,
-                 b_K=rng.standard_normal((G, dh)) * bias,
-                 b_V=rng.standard_normal((G, dh)) * bias,
-                 b_O=rng.standard_normal(dout) * bias)
+    _check_draw_scales(logit_scale, bias)
+    W_Q, W_K, W_V, W_O = _draw_grouped_weights(rng, H, G, dh, d, dout, logit_scale)
+    b = _draw_grouped_biases(rng, H, G, dh, dout, bias)
     return VectorAttentionLayer(W_Q, W_K, W_V, W_O, causal=causal, outputs=outputs, **b,
                                 **options)
