@@ -38,6 +38,7 @@ import numpy as np
 from . import theory
 from .errors import AttnQueryError, ConfigError
 from .learners._base import ForwardingOracle
+from .learners._registry import loads
 
 # METHODS and BIAS_METHODS are made from the learner registry when first asked for (__getattr__)
 __all__ = ["METHODS", "Method", "methods", "BIAS_METHODS", "REPORTABLE", "construct",  # noqa: F822
@@ -75,13 +76,7 @@ class Method:
                 f"{exc}"
             ) from None
 
-    @property
-    def available(self) -> bool:
-        try:
-            self.load()
-        except ConfigError:
-            return False
-        return True
+    available = property(loads, doc="Whether :meth:`load` succeeds.")
 
 
 class _PluginMethod:
@@ -114,13 +109,7 @@ class _PluginMethod:
         self._spec  # noqa: B018 (refused here too when the command line cannot report it)
         return self._entry.load()
 
-    @property
-    def available(self) -> bool:
-        try:
-            self.load()
-        except ConfigError:
-            return False
-        return True
+    available = property(loads, doc="Whether :meth:`load` succeeds.")
 
     def __repr__(self) -> str:
         return f"_PluginMethod({self._entry.name!r}, {self._entry.target!r})"

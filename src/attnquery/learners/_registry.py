@@ -135,6 +135,16 @@ class LearnerSpec:
         return self.label or self.name
 
 
+def loads(entry) -> bool:
+    """Whether ``entry.load()`` succeeds (a ConfigError says it cannot): the ``available`` of
+    the registry's entries and of the command line's methods."""
+    try:
+        entry.load()
+    except ConfigError:
+        return False
+    return True
+
+
 @dataclass(frozen=True)
 class LearnerEntry:
     """A registered learner: its name, where its class lives, and whether it is a plug-in.
@@ -170,14 +180,7 @@ class LearnerEntry:
         spec)."""
         return _load(self)
 
-    @property
-    def available(self) -> bool:
-        """Whether :meth:`load` succeeds."""
-        try:
-            self.load()
-        except ConfigError:
-            return False
-        return True
+    available = property(loads, doc="Whether :meth:`load` succeeds.")
 
     @property
     def spec(self) -> LearnerSpec:
