@@ -27,12 +27,7 @@ import numpy as np
 
 from .errors import ModelError
 from .models import _rotary_frequencies_arg, check_input, rotate_half
-from .models.generators import (
-    _check_draw_scales,
-    _draw_grouped_biases,
-    _draw_grouped_weights,
-    _grouped_heads,
-)
+from .models.generators import _check_scales, _draw_gqa_biases, _draw_gqa_weights, _gqa_heads
 from .models.rotary import _GroupedLayer
 from .precision import Arithmetic, check_precision
 from .rng import as_rng
@@ -249,13 +244,13 @@ def random_vector_layer(d: int, n_heads: int, seed=None, *, n_kv_heads: int | No
         Passed to :class:`VectorAttentionLayer` (``softcap``, ``rope_base``, ``precision``, ...).
     """
     rng = as_rng(seed)
-    H, G = _grouped_heads(n_heads, n_kv_heads)
+    H, G = _gqa_heads(n_heads, n_kv_heads)
     dh = d // H if head_dim is None else int(head_dim)
     dout = d if d_out is None else int(d_out)
     if dh < 1 or dout < 1:
         raise ModelError(f"head_dim and d_out must be >= 1; got {dh} and {dout}")
-    _check_draw_scales(logit_scale, bias)
-    W_Q, W_K, W_V, W_O = _draw_grouped_weights(rng, H, G, dh, d, dout, logit_scale)
-    b = _draw_grouped_biases(rng, H, G, dh, dout, bias)
+    _check_scales(logit_scale, bias)
+    W_Q, W_K, W_V, W_O = _draw_gqa_weights(rng, H, G, dh, d, dout, logit_scale)
+    b = _draw_gqa_biases(rng, H, G, dh, dout, bias)
     return VectorAttentionLayer(W_Q, W_K, W_V, W_O, causal=causal, outputs=outputs, **b,
                                 **options)

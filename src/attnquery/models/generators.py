@@ -530,7 +530,7 @@ def random_rotary_head(
     if dh < 2:
         raise ModelError(f"head_dim must be >= 2; got {head_dim}")
     R = dh if rotary_dim is None else int(rotary_dim)
-    _check_draw_scales(logit_scale, bias)
+    _check_scales(logit_scale, bias)
     sd = np.sqrt(logit_scale)
     W_Q = rng.standard_normal((dh, d)) * sd
     W_K = rng.standard_normal((dh, d)) * sd
@@ -572,20 +572,20 @@ def random_rotary_layer(
         default) draws none.
     """
     rng = as_rng(seed)
-    H, G = _grouped_heads(n_heads, n_kv_heads)
+    H, G = _gqa_heads(n_heads, n_kv_heads)
     dh = d // H if head_dim is None else int(head_dim)
     if dh < 2:
         raise ModelError(f"head_dim must be >= 2; got {dh}")
-    W_Q, W_K, W_V, W_O = _draw_grouped_weights(rng, H, G, dh, d, d, logit_scale)
+    W_Q, W_K, W_V, W_O = _draw_gqa_weights(rng, H, G, dh, d, d, logit_scale)
     r = rng.standard_normal(d)
     r /= np.linalg.norm(r)
-    b = _draw_grouped_biases(rng, H, G, dh, d, bias)
+    b = _draw_gqa_biases(rng, H, G, dh, d, bias)
     return RotaryAttentionLayer(W_Q, W_K, W_V, W_O, r, rope_base=rope_base,
                                 rotary_dim=dh if rotary_dim is None else rotary_dim, **b)
 
 
 # -- shared by the grouped-query layers' generators (and random_vector_layer's) ----------------
-def _grouped_heads(n_heads, n_kv_heads) -> tuple[int, int]:
+def _gqa_heads(n_heads, n_kv_heads) -> tuple[int, int]:
     """H query heads and G key/value heads (default H), G dividing H."""
     H = int(n_heads)
     G = H if n_kv_heads is None else int(n_kv_heads)
@@ -594,14 +594,14 @@ def _grouped_heads(n_heads, n_kv_heads) -> tuple[int, int]:
     return H, G
 
 
-def _check_draw_scales(logit_scale, bias) -> None:
+def _check_scales(logit_scale, bias) -> None:
     if not (np.isfinite(logit_scale) and logit_scale > 0):
         raise ModelError(f"logit_scale must be positive; got {logit_scale}")
     if not (np.isfinite(bias) and bias >= 0):
         raise ModelError(f"bias must be a non-negative standard deviation; got {bias}")
 
 
-def _draw_grouped_weights(rng, H: int, G: int, dh: int, d: int, d_out: int, logit_scale):
+def _draw_gqa_weights(rng, H: int, G: int, dh: int, d: int, d_out: int, logit_scale):
     """``W_Q`` (H, dh, d) and ``W_K`` (G, dh, d) with ``N(0, logit_scale)`` entries, ``W_V``
     (G, dh, d) with ``N(0, 1 / d)`` and ``W_O`` (d_out, H dh) with ``N(0, 1 / (H dh))``, drawn
     in that order."""
@@ -613,7 +613,7 @@ def _draw_grouped_weights(rng, H: int, G: int, dh: int, d: int, d_out: int, logi
     return W_Q, W_K, W_V, W_O
 
 
-def _draw_grouped_biases(rng, H: int, G: int, dh: int, d_out: int, bias) -> dict:
+def _draw_gqa_biases(rng, H: int, G: int, dh: int, d_out: int, bias) -> dict:
     """``b_Q, b_K, b_V, b_O`` with ``N(0, bias^2)`` entries (drawn in that order), or none
     (``{}``) when ``bias`` is 0."""
     if not bias > 0:
