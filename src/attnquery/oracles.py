@@ -51,11 +51,9 @@ class Oracle:
     __slots__ = ("_d", "_budget", "_n_queries", "_n_calls")
 
     def __init__(self, d: int, budget: int | None = None):
-        if isinstance(d, bool) or not isinstance(d, int | np.integer) or d < 1:
+        if not _is_int(d) or d < 1:
             raise QueryError(f"d must be a positive integer; got {d!r}")
-        if budget is not None and (
-            isinstance(budget, bool) or not isinstance(budget, int | np.integer) or budget < 0
-        ):
+        if budget is not None and (not _is_int(budget) or budget < 0):
             raise QueryError(f"budget must be a non-negative integer or None; got {budget!r}")
         self._d = int(d)
         self._budget = None if budget is None else int(budget)
@@ -157,6 +155,16 @@ class Oracle:
         raise NotImplementedError
 
 
+def _is_int(x) -> bool:
+    """Whether ``x`` is an integer (a Python or numpy int, not a bool)."""
+    return not isinstance(x, bool) and isinstance(x, int | np.integer)
+
+
+def _check_callable(fn) -> None:
+    if not callable(fn):
+        raise QueryError(f"fn must be callable; got {type(fn).__name__}")
+
+
 def _real_answers(y) -> np.ndarray:
     """The black box's answers as a float64 array, or :class:`AnswerError` when they are not
     real numbers (complex, boolean, strings, ragged lists)."""
@@ -218,7 +226,21 @@ def _message(exc: BaseException) -> str:
         return f"(message unprintable: {type(err).__name__})"
 
 
-class ValueOracle(Oracle):
+class _BoxOracle(Oracle):
+    """An oracle of a callable black box ``fn``, kept in a private slot (subclasses check
+    ``fn`` and their parameters first); :meth:`_ask` calls it."""
+
+    __slots__ = ("__fn",)
+
+    def __init__(self, fn, d: int, budget: int | None = None):
+        super().__init__(d, budget)
+        self.__fn = fn
+
+    def _ask(self, X: np.ndarray) -> np.ndarray:
+        return _call_black_box(self.__fn, X)
+
+
+class ValueOracle(_BoxOracle):
     """Exact value queries ``VQ(X) = f(X)``.
 
     Parameters
@@ -239,16 +261,14 @@ class ValueOracle(Oracle):
     ((3,), 3)
     """
 
-    __slots__ = ("__fn",)
+    __slots__ = ()
 
     def __init__(self, fn, d: int, budget: int | None = None):
-        if not callable(fn):
-            raise QueryError(f"fn must be callable; got {type(fn).__name__}")
-        super().__init__(d, budget)
-        self.__fn = fn
+        _check_callable(fn)
+        super().__init__(fn, d, budget)
 
     def _answer(self, X: np.ndarray) -> np.ndarray:
-        return _call_black_box(self.__fn, X)
+        return self._ask(X)
 
 
 class AntisymmetricOracle(Oracle):
@@ -311,7 +331,7 @@ class AntisymmetricOracle(Oracle):
         return y[:B] - y[B:]
 
 
-class VectorOracle(Oracle):
+class VectorOracle(_BoxOracle):
     """Value queries answered with vectors: the output of every token, or of the last one.
 
     A served attention module returns an output vector per token. This oracle wraps such a box:
@@ -346,20 +366,16 @@ class VectorOracle(Oracle):
     kind = "vector"
     OUTPUTS = ("all", "last")
 
-    __slots__ = ("__fn", "_outputs", "_d_out", "_n_tokens")
+    __slots__ = ("_outputs", "_d_out", "_n_tokens")
 
     def __init__(self, fn, d: int, outputs: str = "all", d_out: int | None = None,
                  budget: int | None = None):
-        if not callable(fn):
-            raise QueryError(f"fn must be callable; got {type(fn).__name__}")
+        _check_callable(fn)
         if outputs not in self.OUTPUTS:
             raise QueryError(f"outputs must be one of {self.OUTPUTS}; got {outputs!r}")
-        if d_out is not None and (
-            isinstance(d_out, bool) or not isinstance(d_out, int | np.integer) or d_out < 1
-        ):
+        if d_out is not None and (not _is_int(d_out) or d_out < 1):
             raise QueryError(f"d_out must be a positive integer or None; got {d_out!r}")
-        super().__init__(d, budget)
-        self.__fn = fn
+        super().__init__(fn, d, budget)
         self._outputs = outputs
         self._d_out = None if d_out is None else int(d_out)
         self._n_tokens = 0
@@ -390,7 +406,7 @@ class VectorOracle(Oracle):
         X = self._validate_query(X)
         B, N = X.shape[0], X.shape[1]
         self.check_budget(B, what=f"a batch of {B} queries")
-        y = self._validate_vectors(_call_black_box(self.__fn, X), B, N)
+        y = self._validate_vectors(self._ask(X), B, N)
         self._n_queries += B
         self._n_calls += 1
         self._n_tokens += B * N
@@ -459,7 +475,7 @@ class ToleranceError(QueryError, AssumptionViolation):
     """
 
 
-class ApproximateValueOracle(Oracle):
+class ApproximateValueOracle(_BoxOracle):
     """Approximate value queries ``AVQ(X; tau)``: every answer within ``+-tau`` of ``f(X)``.
 
     The answers are deterministic: the same query always gets the same answer (paper Sec. 6).
@@ -510,12 +526,11 @@ class ApproximateValueOracle(Oracle):
     kind = "approximate value"
     NOISE_MODELS = ("uniform", "adversarial")
 
-    __slots__ = ("__fn", "_tau", "_noise", "_seed")
+    __slots__ = ("_tau", "_noise", "_seed")
 
     def __init__(self, fn, d: int, tau: float, noise: str = "uniform", random_state=None,
                  budget: int | None = None):
-        if not callable(fn):
-            raise QueryError(f"fn must be callable; got {type(fn).__name__}")
+        _check_callable(fn)
         try:
             tau_f = float(tau)
         except (TypeError, ValueError):
@@ -524,8 +539,7 @@ class ApproximateValueOracle(Oracle):
             raise ToleranceError(f"tau must be a positive finite number (tau > 0); got {tau!r}")
         if noise not in self.NOISE_MODELS:
             raise QueryError(f"noise must be one of {self.NOISE_MODELS}; got {noise!r}")
-        super().__init__(d, budget)
-        self.__fn = fn
+        super().__init__(fn, d, budget)
         self._tau = tau_f
         self._noise = noise
         self._seed = seed_int(random_state)
@@ -546,7 +560,7 @@ class ApproximateValueOracle(Oracle):
                 f"{b}, n_queries={self._n_queries})")
 
     def _answer(self, X: np.ndarray) -> np.ndarray:
-        y = self._validate_answer(_call_black_box(self.__fn, X), X.shape[0])
+        y = self._validate_answer(self._ask(X), X.shape[0])
         if self._noise == "uniform":
             h = query_hash(X, self._seed)
             u = (h >> np.uint64(11)).astype(np.float64) * 2.0**-53
@@ -558,7 +572,7 @@ class ApproximateValueOracle(Oracle):
         if X.shape[1] == 2:
             B = X.shape[0]
             rows = np.concatenate([X[:, 0:1, :], X[:, 1:2, :]], axis=0)
-            r = self._validate_answer(_call_black_box(self.__fn, rows), 2 * B)
+            r = self._validate_answer(self._ask(rows), 2 * B)
             x1v, x2v = r[:B], r[B:]
             den = x1v - x2v
             ok = den != 0
@@ -588,7 +602,7 @@ def round_bfloat16(y: np.ndarray) -> np.ndarray:
     return u.astype(np.uint32).view(np.float32).astype(np.float64)
 
 
-class RoundingOracle(Oracle):
+class RoundingOracle(_BoxOracle):
     """Value queries answered as an API that rounds its outputs would answer them.
 
     Give exactly one of ``digits`` (round to that many significant decimal digits) or
@@ -621,23 +635,18 @@ class RoundingOracle(Oracle):
 
     kind = "rounded value"
 
-    __slots__ = ("__fn", "_digits", "_dtype")
+    __slots__ = ("_digits", "_dtype")
 
     def __init__(self, fn, d: int, digits: int | None = None, dtype: str | None = None,
                  budget: int | None = None):
-        if not callable(fn):
-            raise QueryError(f"fn must be callable; got {type(fn).__name__}")
+        _check_callable(fn)
         if (digits is None) == (dtype is None):
             raise QueryError(f"give exactly one of digits=k or dtype in {ROUNDING_DTYPES}")
-        if digits is not None and (
-            isinstance(digits, bool) or not isinstance(digits, int | np.integer) or digits < 1
-            or digits > 17
-        ):
+        if digits is not None and (not _is_int(digits) or digits < 1 or digits > 17):
             raise QueryError(f"digits must be an integer in [1, 17]; got {digits!r}")
         if dtype is not None and dtype not in ROUNDING_DTYPES:
             raise QueryError(f"dtype must be one of {ROUNDING_DTYPES}; got {dtype!r}")
-        super().__init__(d, budget)
-        self.__fn = fn
+        super().__init__(fn, d, budget)
         self._digits = None if digits is None else int(digits)
         self._dtype = dtype
 
@@ -668,7 +677,7 @@ class RoundingOracle(Oracle):
         return f"{type(self).__name__}(d={self._d}, {what}, n_queries={self._n_queries})"
 
     def _answer(self, X: np.ndarray) -> np.ndarray:
-        y = self._validate_answer(_call_black_box(self.__fn, X), X.shape[0])
+        y = self._validate_answer(self._ask(X), X.shape[0])
         if self._digits is not None:
             return round_significant(y, self._digits)
         if self._dtype == "bfloat16":
@@ -679,7 +688,7 @@ class RoundingOracle(Oracle):
             return y.astype(self._dtype).astype(np.float64)
 
 
-class MembershipOracle(Oracle):
+class MembershipOracle(_BoxOracle):
     """Membership queries ``MQ(X) = 1 if f(X) > 0 else 0`` (paper App. B).
 
     Parameters
@@ -694,14 +703,12 @@ class MembershipOracle(Oracle):
 
     kind = "membership"
 
-    __slots__ = ("__fn",)
+    __slots__ = ()
 
     def __init__(self, fn, d: int, budget: int | None = None):
-        if not callable(fn):
-            raise QueryError(f"fn must be callable; got {type(fn).__name__}")
-        super().__init__(d, budget)
-        self.__fn = fn
+        _check_callable(fn)
+        super().__init__(fn, d, budget)
 
     def _answer(self, X: np.ndarray) -> np.ndarray:
-        y = self._validate_answer(_call_black_box(self.__fn, X), X.shape[0])
+        y = self._validate_answer(self._ask(X), X.shape[0])
         return (y > 0).astype(np.float64)
