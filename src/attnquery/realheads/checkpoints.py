@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import ModelError
 from ..files import special_file_kind
+from .io import check_input_file
 
 __all__ = [
     "Checkpoint",
@@ -211,14 +212,9 @@ def load_checkpoint(path, n_heads: int | None = None) -> Checkpoint:
 
 
 def _check_checkpoint_path(p: Path) -> None:
-    """ModelError when the checkpoint ``p`` does not exist or is a folder."""
-    if not p.exists():
-        raise ModelError(f"checkpoint {p} does not exist")
-    if p.is_dir():
-        raise ModelError(f"checkpoint {p} is a folder, not a .safetensors file")
-    kind = special_file_kind(p)
-    if kind is not None:  # reading a FIFO would block
-        raise ModelError(f"checkpoint {p} is not a regular file (it is {kind})")
+    """ModelError when the checkpoint ``p`` does not exist, is a folder or is not a regular
+    file."""
+    check_input_file(p, "checkpoint", "is a folder, not a .safetensors file")
 
 
 @functools.lru_cache(maxsize=2)

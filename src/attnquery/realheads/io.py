@@ -50,16 +50,22 @@ def _file_kind(p: Path) -> str | None:
     return None
 
 
+def check_input_file(p: Path, name: str, folder: str) -> None:
+    """ModelError ``"{name} {p} ..."`` when the input file ``p`` does not exist, is a folder
+    (the message then says ``folder``) or is not a regular file (reading a FIFO would block)."""
+    if not p.exists():
+        raise ModelError(f"{name} {p} does not exist")
+    if p.is_dir():
+        raise ModelError(f"{name} {p} {folder}")
+    kind = special_file_kind(p)
+    if kind is not None:
+        raise ModelError(f"{name} {p} is not a regular file (it is {kind})")
+
+
 def _load_arrays(path, what: str) -> tuple[dict, dict]:
     """The numeric arrays and the metadata of an .npz written by :func:`_save_arrays`."""
     p = Path(path)
-    if not p.exists():
-        raise ModelError(f"{what} file {p} does not exist")
-    if p.is_dir():
-        raise ModelError(f"{what} file {p} is a folder")
-    special = special_file_kind(p)
-    if special is not None:  # reading a FIFO would block
-        raise ModelError(f"{what} file {p} is not a regular file (it is {special})")
+    check_input_file(p, f"{what} file", "is a folder")
     kind = _file_kind(p)
     if kind is None:
         raise ModelError(f"{p} is not a {what} file (.npz of plain arrays, as written by "
