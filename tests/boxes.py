@@ -11,6 +11,14 @@ import numpy as np
 from attnquery.models import AttentionHead, random_head, random_multihead, softmax_last
 from attnquery.oracles import query_hash
 from attnquery.precision import Arithmetic
+from attnquery.realheads import build_layer, cached_checkpoint, readout_vector
+
+
+def checkpoint_layer(path):
+    """The ground truth behind a module box of a checkpoint's layer 0: the layer with its
+    biases, read out along :func:`~attnquery.realheads.readout_vector`."""
+    c = cached_checkpoint(path)
+    return build_layer(c, 0, readout_vector(c.d), biases=True)
 
 
 def two_heads(d: int, seed=0):

@@ -24,3 +24,13 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO
+
+
+@pytest.fixture(scope="session")
+def layer_ckpt(tmp_path_factory) -> Path:
+    """A one-layer safetensors checkpoint of 4 heads, d = 32 (seed 7), written once for the
+    layer and served-learner tests."""
+    from attnquery.realheads import write_test_checkpoint
+
+    return write_test_checkpoint(tmp_path_factory.mktemp("layer_ckpt") / "model.safetensors",
+                                 n_layers=1, n_heads=4, d=32, seed=7)

@@ -19,21 +19,15 @@ from attnquery.learners.multihead_generic._route import fitted_attributes
 from attnquery.learners.rotary_layer import fit_rotary_layer
 from attnquery.models import MultiHeadAttention, random_head, random_rotary_layer
 from attnquery.oracles import ValueOracle
-from attnquery.realheads import ModuleBlackBox, write_test_checkpoint
+from attnquery.realheads import ModuleBlackBox
 
 D, H = 32, 4
 DOF = layer_dof(D, H, D // H)
 ROUTES = (ExactLayerLearner, ServedLayerLearner, RotaryLayerLearner)
 
 
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return write_test_checkpoint(tmp_path_factory.mktemp("layer_routes") / "model.safetensors",
-                                 n_layers=1, n_heads=H, d=D, seed=7)
-
-
-def _served(ckpt, budget=None):
-    return ValueOracle(ModuleBlackBox(ckpt, 0, precision="float32"), D, budget=budget)
+def _served(layer_ckpt, budget=None):
+    return ValueOracle(ModuleBlackBox(layer_ckpt, 0, precision="float32"), D, budget=budget)
 
 
 def _layer(d, n_heads, seed):
@@ -81,21 +75,21 @@ def test_exact_route_fits_as_the_entry_bit_for_bit():
     assert max(np.abs(direct.predict(X) - model(X))) <= 1e-9 * max(np.abs(model(X)))
 
 
-def test_served_route_spends_its_ledger_and_plans_from_what_it_leaves(ckpt):
+def test_served_route_spends_its_ledger_and_plans_from_what_it_leaves(layer_ckpt):
     fits = {}
     for k in (10, 20):
-        oracle = _served(ckpt)
+        oracle = _served(layer_ckpt)
         fits[k] = ServedLayerLearner(n_heads=H, n_queries=k * DOF, random_state=0).fit(oracle)
         assert fits[k].n_queries_ == oracle.n_queries <= k * DOF
         assert fits[k].n_queries_by_stage_["verify"] == fits[k].n_verify_queries_ == 8
     # twice the budget pays for more passes over the same probes
     assert fits[20].n_passes_ > fits[10].n_passes_ >= 1
     entry = AttentionLayerLearner(n_heads=H, n_queries=10 * DOF, random_state=0)
-    _same(fitted_attributes(fits[10]), fitted_attributes(entry.fit(_served(ckpt))))
+    _same(fitted_attributes(fits[10]), fitted_attributes(entry.fit(_served(layer_ckpt))))
 
 
-def test_served_budget_is_the_ledgers_cap(ckpt):
-    oracle = _served(ckpt)
+def test_served_budget_is_the_ledgers_cap(layer_ckpt):
+    oracle = _served(layer_ckpt)
     est = AttentionLayerLearner(n_heads=H, n_queries=2000, random_state=0)
     with pytest.raises(BudgetExceededError, match="of the layer's budget of 2000 remain"):
         est.fit(oracle)
@@ -105,8 +99,8 @@ def test_served_budget_is_the_ledgers_cap(ckpt):
     assert sum(est.n_queries_by_stage_.values()) == oracle.n_queries
 
 
-def test_served_route_refuses_an_oracle_budget_below_n_queries(ckpt):
-    oracle = _served(ckpt, budget=5000)
+def test_served_route_refuses_an_oracle_budget_below_n_queries(layer_ckpt):
+    oracle = _served(layer_ckpt, budget=5000)
     with pytest.raises(BudgetExceededError,
                        match=rf"AttentionLayerLearner\(n_queries={10 * DOF}\) needs"):
         ServedLayerLearner(n_heads=H, n_queries=10 * DOF, random_state=0).fit(oracle)

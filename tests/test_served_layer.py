@@ -20,29 +20,14 @@ from attnquery.oracles import ValueOracle
 from attnquery.precision import rounding_floor
 from attnquery.realheads import (
     ModuleBlackBox,
-    build_layer,
-    cached_checkpoint,
-    readout_vector,
-    write_test_checkpoint,
 )
 
-from .boxes import in_dtype, relative_noise, soft_capped
+from .boxes import checkpoint_layer, in_dtype, relative_noise, soft_capped
 from .onnx_boxes import module_box
 
 D, H = 32, 4
 DOF = layer_dof(D, H, D // H)
 NAMED = (SearchLimitError, AssumptionViolation, ModelMismatchError, BudgetExceededError)
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return write_test_checkpoint(tmp_path_factory.mktemp("served_layer") / "model.safetensors",
-                                 n_layers=1, n_heads=H, d=D, seed=7)
-
-
-def _truth(path):
-    c = cached_checkpoint(path)
-    return build_layer(c, 0, readout_vector(c.d), biases=True)
 
 
 def _errors(est, truth):
@@ -53,13 +38,13 @@ def _errors(est, truth):
 
 
 @pytest.mark.parametrize("engine", ["ours", "onnxruntime"])
-def test_float32_layer_within_the_budget(ckpt, engine):
-    box = (ModuleBlackBox(ckpt, 0, precision="float32") if engine == "ours"
-           else module_box(ckpt, 0, None, "float32"))
+def test_float32_layer_within_the_budget(layer_ckpt, engine):
+    box = (ModuleBlackBox(layer_ckpt, 0, precision="float32") if engine == "ours"
+           else module_box(layer_ckpt, 0, None, "float32"))
     oracle = ValueOracle(box, D)
     budget = 20 * DOF
     est = AttentionLayerLearner(n_heads=H, n_queries=budget, random_state=0).fit(oracle)
-    truth = _truth(ckpt)
+    truth = checkpoint_layer(layer_ckpt)
     eW, ev, ec = _errors(est, truth)
     # measured: W 6.3e-7 (onnxruntime 9.0e-7), v 1.6e-7, function 5.2e-8; before the left
     # sketch was read in full, each probe at its own scale and V read again
@@ -82,54 +67,54 @@ def test_float32_layer_within_the_budget(ckpt, engine):
     assert est.n_queries_by_stage_["values"] == H * value_queries(D)
 
 
-def test_float32_layer_from_seed_to_seed(ckpt):
+def test_float32_layer_from_seed_to_seed(layer_ckpt):
     # measured: learner seeds 1 to 8 give a worst W of 6.1e-7 to 8.5e-7 (1.7e-6 to 2.9e-6
     # before the left sketch was read in full, 5.2e-6 to 1.0e-5 before the sharper probes),
     # v 1e-7 to 2.3e-7 and a function error of 3.8e-8 to 6.0e-8 (1.1e-7 to 1.2e-7 before);
     # before the saturated v's and the row-space
     # sketches (random right sketches, whose r x r core reached a condition number of 1.3e3)
     # other seeds of this layer gave 1.6e-5 to 1.9e-4, 7.2e-3, and a refusal by the check
-    truth = _truth(ckpt)
+    truth = checkpoint_layer(layer_ckpt)
     for seed in (1, 2, 3):
-        oracle = ValueOracle(ModuleBlackBox(ckpt, 0, precision="float32"), D)
+        oracle = ValueOracle(ModuleBlackBox(layer_ckpt, 0, precision="float32"), D)
         est = AttentionLayerLearner(n_heads=H, n_queries=20 * DOF, random_state=seed).fit(oracle)
         eW, ev, _ = _errors(est, truth)
         assert eW <= 3e-6 and ev <= 1e-6
         assert functional_error(truth, est.predict, D, np.random.default_rng(seed)) <= 1e-6
 
 
-def test_small_budget_plans_every_stage_within_it(ckpt):
+def test_small_budget_plans_every_stage_within_it(layer_ckpt):
     # 10 layer_dof: one rough pass, 2 passes (3 before the left sketch was read in full), the
     # missing directions a multiple of them; every stage's queries as planned and the whole
     # within the budget
-    oracle = ValueOracle(ModuleBlackBox(ckpt, 0, precision="float32"), D)
+    oracle = ValueOracle(ModuleBlackBox(layer_ckpt, 0, precision="float32"), D)
     est = AttentionLayerLearner(n_heads=H, n_queries=10 * DOF, random_state=0).fit(oracle)
     r = D // H
     assert est.n_missing_passes_ % est.n_passes_ == 0 and est.n_passes_ >= 2
     assert est.n_queries_by_stage_["missing"] == (1 + est.n_missing_passes_) * 2 * H * (H - 1) * (
         r + 1)
     assert oracle.n_queries == est.n_queries_ <= 10 * DOF
-    eW, ev, _ = _errors(est, _truth(ckpt))
+    eW, ev, _ = _errors(est, checkpoint_layer(layer_ckpt))
     assert eW <= 1e-5 and ev <= 1e-6  # measured 1.0e-6 (2.7e-6, 7.9e-6 before) and 1.6e-7
 
 
-def test_exact_mode_still_refuses_served_answers(ckpt):
+def test_exact_mode_still_refuses_served_answers(layer_ckpt):
     # n_queries=None is the exact learner: float32 answers fail its circle scan, as before
-    oracle = ValueOracle(ModuleBlackBox(ckpt, 0, precision="float32"), D)
+    oracle = ValueOracle(ModuleBlackBox(layer_ckpt, 0, precision="float32"), D)
     with pytest.raises(SearchLimitError):
         AttentionLayerLearner(n_heads=H, random_state=0).fit(oracle)
 
 
-def test_served_mode_on_exact_answers(ckpt):
-    truth = _truth(ckpt)
+def test_served_mode_on_exact_answers(layer_ckpt):
+    truth = checkpoint_layer(layer_ckpt)
     est = AttentionLayerLearner(n_heads=H, n_queries=20 * DOF, random_state=0)
-    est.fit(ValueOracle(ModuleBlackBox(ckpt, 0), D))
+    est.fit(ValueOracle(ModuleBlackBox(layer_ckpt, 0), D))
     assert est.noise_level_ < 1e-14
     assert max(_errors(est, truth)) <= 1e-9
 
 
-def test_budget_too_small_is_refused_within_it(ckpt):
-    oracle = ValueOracle(ModuleBlackBox(ckpt, 0, precision="float32"), D)
+def test_budget_too_small_is_refused_within_it(layer_ckpt):
+    oracle = ValueOracle(ModuleBlackBox(layer_ckpt, 0, precision="float32"), D)
     est = AttentionLayerLearner(n_heads=H, n_queries=4 * DOF, random_state=0)
     with pytest.raises(BudgetExceededError):
         est.fit(oracle)
@@ -137,7 +122,7 @@ def test_budget_too_small_is_refused_within_it(ckpt):
 
 
 @pytest.mark.parametrize("engine", ["ours", "onnxruntime"])
-def test_float16_layer_is_extracted(ckpt, engine):
+def test_float16_layer_is_extracted(layer_ckpt, engine):
     # before the narrow-format scan (docs/notes/2026-11-27-served.md) float16 was refused with
     # SearchLimitError at every budget: the start scale, read at a circle whose answers are
     # rounding, was 2.6e4 times too small, so the 8 scales never separated the heads.
@@ -148,12 +133,12 @@ def test_float16_layer_is_extracted(ckpt, engine):
     # box summing in float32 (4, 6; before 2026-11-27), though the two boxes' float16 answers
     # differ on 0.4% of inputs (docs/notes/2026-11-27-cross-machine.md). Seed 1: ours W 4.5e-3,
     # onnxruntime W 3.1e-3
-    box = (ModuleBlackBox(ckpt, 0, precision="float16") if engine == "ours"
-           else module_box(ckpt, 0, None, "float16"))
+    box = (ModuleBlackBox(layer_ckpt, 0, precision="float16") if engine == "ours"
+           else module_box(layer_ckpt, 0, None, "float16"))
     oracle = ValueOracle(box, D)
     budget = 20 * DOF
     est = AttentionLayerLearner(n_heads=H, n_queries=budget, random_state=1).fit(oracle)
-    truth = _truth(ckpt)
+    truth = checkpoint_layer(layer_ckpt)
     eW, ev, ec = _errors(est, truth)
     assert eW <= 0.1 and ev <= 2e-3 and ec <= 0.1
     assert functional_error(truth, est.predict, D, np.random.default_rng(1)) <= 2e-3
@@ -165,12 +150,12 @@ def test_float16_layer_is_extracted(ckpt, engine):
     assert est.verify_error_ <= 64 * est.noise_level_ < 0.05
 
 
-def test_bfloat16_layer_is_refused_by_name_at_once(ckpt):
+def test_bfloat16_layer_is_refused_by_name_at_once(layer_ckpt):
     # measured: in bfloat16 (noise 3.1e-3 to 4.1e-3) every fit tried (20, 50, 100 layer_dof,
     # learner seeds 0 to 3) failed by name after spending 7 to 19 layer_dof (no separating
     # circle, or rough heads too rough for the saturated and missing-direction probes); the
     # learner now says so after reading V, beta and the noise (LAYER_MAX_NOISE)
-    oracle = ValueOracle(ModuleBlackBox(ckpt, 0, precision="bfloat16"), D)
+    oracle = ValueOracle(ModuleBlackBox(layer_ckpt, 0, precision="bfloat16"), D)
     with pytest.raises(AssumptionViolation, match="bfloat16"):
         AttentionLayerLearner(n_heads=H, n_queries=20 * DOF, random_state=0).fit(oracle)
     assert oracle.n_queries <= 2 * (D + 1 + 2 * NOISE_QUERIES)
@@ -179,17 +164,17 @@ def test_bfloat16_layer_is_refused_by_name_at_once(ckpt):
 def _noisy_soft_capped(path):
     """The layer with its scores soft-capped to ``30 tanh(s / 30)``, in float32, each answer
     carrying relative noise 5e-6 before it is rounded to float32."""
-    return in_dtype(relative_noise(soft_capped(_truth(path), cap=30.0), 5e-6), np.float32)
+    return in_dtype(relative_noise(soft_capped(checkpoint_layer(path), cap=30.0), 5e-6), np.float32)
 
 
-def test_noisy_soft_capped_float32_layer_is_refused_by_its_noise(ckpt):
+def test_noisy_soft_capped_float32_layer_is_refused_by_its_noise(layer_ckpt):
     """Before the noise was judged against the format, this box was returned for learner
     seed 1 (check 900 units of the noise, within the 1e3 units of its tolerance; the function
     off by 9.2e-5) and refused by the check for seeds 0 and 2. Its noise, 2.2e-6 to 3.3e-6
     measured, is 6.5 to 9.8 of float32's floor at d = 32: refused by name for every seed once
     the noise is measured."""
     for seed in (0, 1, 2):
-        oracle = ValueOracle(_noisy_soft_capped(ckpt), D)
+        oracle = ValueOracle(_noisy_soft_capped(layer_ckpt), D)
         est = AttentionLayerLearner(n_heads=H, n_queries=20 * DOF, random_state=seed)
         with pytest.raises(ModelMismatchError, match="float32 values"):
             est.fit(oracle)
@@ -198,18 +183,18 @@ def test_noisy_soft_capped_float32_layer_is_refused_by_its_noise(ckpt):
         assert oracle.n_queries <= D + 1 + 2 * NOISE_QUERIES
 
 
-def test_declared_noisy_layer_answers_warn_instead(ckpt):
+def test_declared_noisy_layer_answers_warn_instead(layer_ckpt):
     """``noise="measured"``: the same box, its noise declared, is fitted as before (learner
     seed 1 passes the check, which stays 1e3 units of the noise), with a warning by name."""
     est = AttentionLayerLearner(n_heads=H, n_queries=20 * DOF, random_state=1,
                                 noise="measured")
     with pytest.warns(NoiseAboveFormatWarning, match="float32 values"):
-        est.fit(ValueOracle(_noisy_soft_capped(ckpt), D))
+        est.fit(ValueOracle(_noisy_soft_capped(layer_ckpt), D))
     assert est.noise_above_format_ and est.verify_error_ > 100 * est.noise_level_
 
 
-def test_wrong_number_of_heads_is_refused(ckpt):
-    oracle = ValueOracle(ModuleBlackBox(ckpt, 0, precision="float32"), D)
+def test_wrong_number_of_heads_is_refused(layer_ckpt):
+    oracle = ValueOracle(ModuleBlackBox(layer_ckpt, 0, precision="float32"), D)
     with pytest.raises(NAMED):
         AttentionLayerLearner(n_heads=3, n_queries=20 * DOF, random_state=0).fit(oracle)
 
@@ -247,12 +232,12 @@ def test_spare_passes_go_to_the_noisiest_heads():
     assert np.isclose(m.spread, np.hypot(0.25e-6, 1.5e-6))
 
 
-def test_float32_fits_read_v_and_beta_again(ckpt):
+def test_float32_fits_read_v_and_beta_again(layer_ckpt):
     # V and beta, read once from d + 1 one-row queries, carry one answer's rounding into
     # every probe alike: served mode reads them again by least squares (docs/served.md)
     from attnquery.learners.multihead_generic.served import constant_queries
 
-    oracle = ValueOracle(ModuleBlackBox(ckpt, 0, precision="float32"), D)
+    oracle = ValueOracle(ModuleBlackBox(layer_ckpt, 0, precision="float32"), D)
     est = AttentionLayerLearner(n_heads=H, n_queries=10 * DOF, random_state=0).fit(oracle)
     assert est.n_queries_by_stage_["v_sum"] >= D + 1 + 2 * NOISE_QUERIES + constant_queries(D)
     assert len(est.head_passes_) == H and min(est.head_passes_) >= est.n_passes_

@@ -15,28 +15,13 @@ from attnquery.learners.multihead_generic import served as S
 from attnquery.learners.multihead_generic._state import _Layer
 from attnquery.metrics import functional_error, match_heads
 from attnquery.oracles import ValueOracle
-from attnquery.realheads import (
-    ModuleBlackBox,
-    build_layer,
-    cached_checkpoint,
-    readout_vector,
-    write_test_checkpoint,
-)
+from attnquery.realheads import ModuleBlackBox
+
+from .boxes import checkpoint_layer
 
 D, H = 32, 4
 DOF = layer_dof(D, H, D // H)
 MINILM = Path(__file__).resolve().parents[1] / "data" / "minilm" / "model.safetensors"
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return write_test_checkpoint(tmp_path_factory.mktemp("served_scan") / "model.safetensors",
-                                 n_layers=1, n_heads=H, d=D, seed=7)
-
-
-def _truth(path):
-    c = cached_checkpoint(path)
-    return build_layer(c, 0, readout_vector(c.d), biases=True)
 
 
 def _leaky(vs):
@@ -49,10 +34,10 @@ def _leaky(vs):
     return out
 
 
-def _test_on(ckpt, vs, seed=0):
+def _test_on(layer_ckpt, vs, seed=0):
     """isolation_test on the float32 box with the given v's, at a scale that saturates."""
-    truth = _truth(ckpt)
-    oracle = ValueOracle(ModuleBlackBox(ckpt, 0, precision="float32"), D)
+    truth = checkpoint_layer(layer_ckpt)
+    oracle = ValueOracle(ModuleBlackBox(layer_ckpt, 0, precision="float32"), D)
     run = _Layer(QueryLedger(oracle), sum(h.v for h in truth.heads), truth.total_offset,
                  noise=3e-7)
     rng = np.random.default_rng(seed)
@@ -63,11 +48,11 @@ def _test_on(ckpt, vs, seed=0):
     return worst, n_sat
 
 
-def test_isolation_test_accepts_the_true_values_and_refuses_leaky_ones(ckpt):
-    true_v = [h.v for h in _truth(ckpt).heads]
-    worst, n_sat = _test_on(ckpt, true_v)
+def test_isolation_test_accepts_the_true_values_and_refuses_leaky_ones(layer_ckpt):
+    true_v = [h.v for h in checkpoint_layer(layer_ckpt).heads]
+    worst, n_sat = _test_on(layer_ckpt, true_v)
     assert n_sat >= S.ISOLATION_SAMPLES * H - 2 and worst <= 1e-4  # measured 1e-6 or less
-    worst, n_sat = _test_on(ckpt, _leaky(true_v))
+    worst, n_sat = _test_on(layer_ckpt, _leaky(true_v))
     assert n_sat >= S.ISOLATION_SAMPLES * H - 2 and worst > 10 * S.ISOLATION_TOL
 
 
@@ -84,23 +69,23 @@ def _corrupting(monkeypatch, calls):
     return seen
 
 
-def test_scan_refuses_a_leaky_circle_and_tries_the_next(ckpt, monkeypatch):
+def test_scan_refuses_a_leaky_circle_and_tries_the_next(layer_ckpt, monkeypatch):
     seen = _corrupting(monkeypatch, 1)
-    oracle = ValueOracle(ModuleBlackBox(ckpt, 0, precision="float32"), D)
+    oracle = ValueOracle(ModuleBlackBox(layer_ckpt, 0, precision="float32"), D)
     est = AttentionLayerLearner(n_heads=H, n_queries=20 * DOF, random_state=0).fit(oracle)
     assert len(seen) == 2 and seen[0] > 10 * S.ISOLATION_TOL and seen[1] <= 1e-3
     assert est.scan_["rejected"] == 1 and est.scan_["planes"] >= 2
     assert est.scan_["isolation"] == seen[1]
-    truth = _truth(ckpt)
+    truth = checkpoint_layer(layer_ckpt)
     m = match_heads(est.W_, est.v_, [h.W for h in truth.heads], [h.v for h in truth.heads])
     assert m["max_rel_err_W"] <= 3e-5 and m["max_rel_err_v"] <= 1e-6
     assert functional_error(truth, est.predict, D, np.random.default_rng(1)) <= 1e-6
     assert est.n_queries_ == oracle.n_queries <= 20 * DOF
 
 
-def test_no_isolating_circle_is_a_search_limit(ckpt, monkeypatch):
+def test_no_isolating_circle_is_a_search_limit(layer_ckpt, monkeypatch):
     seen = _corrupting(monkeypatch, 10**6)
-    oracle = ValueOracle(ModuleBlackBox(ckpt, 0, precision="float32"), D)
+    oracle = ValueOracle(ModuleBlackBox(layer_ckpt, 0, precision="float32"), D)
     est = AttentionLayerLearner(n_heads=H, n_queries=20 * DOF, max_planes=2, random_state=0)
     with pytest.raises(SearchLimitError, match="did not isolate the heads"):
         est.fit(oracle)
@@ -108,12 +93,12 @@ def test_no_isolating_circle_is_a_search_limit(ckpt, monkeypatch):
     assert oracle.n_queries <= 20 * DOF
 
 
-def test_exact_mode_asks_no_isolation_queries(ckpt, monkeypatch):
+def test_exact_mode_asks_no_isolation_queries(layer_ckpt, monkeypatch):
     # the exact learner's scan is unchanged (its checks are exact; the fits are hashed in
     # docs/notes/2026-11-27-served.md): the isolation test is served mode's only
     monkeypatch.setattr(S, "isolation_test", None)
     est = AttentionLayerLearner(n_heads=H, random_state=0).fit(
-        ValueOracle(ModuleBlackBox(ckpt, 0), D))
+        ValueOracle(ModuleBlackBox(layer_ckpt, 0), D))
     assert est.scan_["rejected"] == 0 and est.scan_["isolation"] is None
 
 
@@ -164,7 +149,7 @@ def test_minilm_layer_2_leaky_circle_is_refused(monkeypatch):
 
 
 @pytest.mark.parametrize("precision", ["float16", "bfloat16"])
-def test_narrow_start_scale_stands_out_of_the_rounding(ckpt, precision):
+def test_narrow_start_scale_stands_out_of_the_rounding(layer_ckpt, precision):
     # the start scale read at T0 = 1e-3 was rounding in float16 and bfloat16 (0.0009 to 0.002
     # on this layer against 17 to 26 exactly): the scan's 8 scales then never reached a circle
     # that separates the heads. Narrow formats grow T0 until the even part is resolved.
@@ -173,8 +158,8 @@ def test_narrow_start_scale_stands_out_of_the_rounding(ckpt, precision):
     P, _ = np.linalg.qr(rng.standard_normal((D, 2)))
     scales = {}
     for prec in ("float64", precision):
-        oracle = ValueOracle(ModuleBlackBox(ckpt, 0, precision=prec), D)
-        truth = _truth(ckpt)
+        oracle = ValueOracle(ModuleBlackBox(layer_ckpt, 0, precision=prec), D)
+        truth = checkpoint_layer(layer_ckpt)
         led = QueryLedger(oracle)
         # bfloat16 is refused by measure_noise (above LAYER_MAX_NOISE): its measured 4.1e-3
         noise = 4.1e-3 if prec == "bfloat16" else S.measure_noise(
