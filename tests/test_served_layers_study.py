@@ -11,17 +11,10 @@ from attnquery.experiments import expand_cells, get_experiment
 from attnquery.figures.served import served_claims
 from attnquery.figures.served_layers import served_layer_claims, served_layers
 from attnquery.learners.multihead_generic import layer_dof
-from attnquery.realheads import write_test_checkpoint
 
 
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return str(write_test_checkpoint(tmp_path_factory.mktemp("served_layers") / "m.safetensors",
-                                     n_layers=1, n_heads=4, d=32, seed=7))
-
-
-def test_layer_cells_and_run(ckpt):
-    cfg = {"checkpoint": ckpt, "n_heads": 4, "layers": [0], "heads": [1],
+def test_layer_cells_and_run(layer_ckpt):
+    cfg = {"checkpoint": str(layer_ckpt), "n_heads": 4, "layers": [0], "heads": [1],
            "precisions": ["float32"], "queries_per_unknown": {"float32": [6]},
            "layer_budgets": {"float32": [20]}}
     cells = expand_cells("served", cfg)
