@@ -37,13 +37,20 @@ def _errors(est, truth):
     return m["max_rel_err_W"], m["max_rel_err_v"], c
 
 
-@pytest.mark.parametrize("engine", ["ours", "onnxruntime"])
-def test_float32_layer_within_the_budget(layer_ckpt, engine):
-    box = (ModuleBlackBox(layer_ckpt, 0, precision="float32") if engine == "ours"
-           else module_box(layer_ckpt, 0, None, "float32"))
+def _fit_engine(path, engine, precision, seed):
+    """The layer learner fitted within 20 layer_dof to ``engine``'s box ("ours" or
+    "onnxruntime") of the checkpoint's layer 0 in ``precision``: (est, oracle, budget)."""
+    box = (ModuleBlackBox(path, 0, precision=precision) if engine == "ours"
+           else module_box(path, 0, None, precision))
     oracle = ValueOracle(box, D)
     budget = 20 * DOF
-    est = AttentionLayerLearner(n_heads=H, n_queries=budget, random_state=0).fit(oracle)
+    est = AttentionLayerLearner(n_heads=H, n_queries=budget, random_state=seed).fit(oracle)
+    return est, oracle, budget
+
+
+@pytest.mark.parametrize("engine", ["ours", "onnxruntime"])
+def test_float32_layer_within_the_budget(layer_ckpt, engine):
+    est, oracle, budget = _fit_engine(layer_ckpt, engine, "float32", seed=0)
     truth = checkpoint_layer(layer_ckpt)
     eW, ev, ec = _errors(est, truth)
     # measured: W 6.3e-7 (onnxruntime 9.0e-7), v 1.6e-7, function 5.2e-8; before the left
@@ -133,11 +140,7 @@ def test_float16_layer_is_extracted(layer_ckpt, engine):
     # box summing in float32 (4, 6; before 2026-11-27), though the two boxes' float16 answers
     # differ on 0.4% of inputs (docs/notes/2026-11-27-cross-machine.md). Seed 1: ours W 4.5e-3,
     # onnxruntime W 3.1e-3
-    box = (ModuleBlackBox(layer_ckpt, 0, precision="float16") if engine == "ours"
-           else module_box(layer_ckpt, 0, None, "float16"))
-    oracle = ValueOracle(box, D)
-    budget = 20 * DOF
-    est = AttentionLayerLearner(n_heads=H, n_queries=budget, random_state=1).fit(oracle)
+    est, oracle, budget = _fit_engine(layer_ckpt, engine, "float16", seed=1)
     truth = checkpoint_layer(layer_ckpt)
     eW, ev, ec = _errors(est, truth)
     assert eW <= 0.1 and ev <= 2e-3 and ec <= 0.1
