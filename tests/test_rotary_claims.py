@@ -25,10 +25,20 @@ SECTION = {"seeds": 1, "d": [16, 32, 64], "head_fraction": [0.25], "rope_base": 
            "routes": ["dense", "lowrank"]}
 
 
+def _table(cells):
+    """The result table of the rotary cells ``cells``, run with the study's seed."""
+    rows, _ = run_cells(cells, 20260122)
+    return rows_to_table(rows).to_pandas()
+
+
+def _variant(section, variant):
+    """The rotary cells of ``section`` of the variant ``variant``."""
+    return [c for c in expand_cells("rotary", section) if c["variant"] == variant]
+
+
 @pytest.fixture(scope="module")
 def frame():
-    rows, _ = run_cells(expand_cells("rotary", SECTION), 20260122)
-    return rows_to_table(rows).to_pandas()
+    return _table(expand_cells("rotary", SECTION))
 
 
 def _claims(df):
@@ -77,9 +87,7 @@ LAYERS = {**SECTION, "d": [16], "routes": ["dense"], "rope_base": [1e4],
 
 @pytest.fixture(scope="module")
 def layers():
-    cells = [c for c in expand_cells("rotary", LAYERS) if c["variant"] == "layer"]
-    rows, _ = run_cells(cells, 20260122)
-    return rows_to_table(rows).to_pandas()
+    return _table(_variant(LAYERS, "layer"))
 
 
 def _layer_claims(df):
@@ -152,14 +160,13 @@ def test_the_goal_claim_reads_the_goal_shapes(layers):
 def test_layers_with_biases_are_refused_by_name_and_mapped(layers):
     section = {**LAYERS, "layers": {"d": [16], "n_heads": [4], "n_kv_heads": [1],
                                     "biases": [False, True]}}
-    cells = [c for c in expand_cells("rotary", section) if c["variant"] == "layer"]
+    cells = _variant(section, "layer")
     plain = [c for c in cells if "biases" not in c]
     # a cell without biases is the same cell as in a section that does not name biases
     assert {c["cell_id"] for c in plain} <= set(layers["cell_id"])
     biased = [c for c in cells if c.get("biases")]
     assert len(biased) == 1
-    rows, _ = run_cells(biased, 20260122)
-    row = rows_to_table(rows).to_pandas()
+    row = _table(biased)
     assert row["status"].iloc[0] == "error"
     assert row["message"].iloc[0].startswith("SearchLimitError")
     both = pd.concat([layers, row], ignore_index=True)
@@ -204,9 +211,7 @@ SERVED = {**SECTION, "d": [16], "routes": ["dense"], "rope_base": [1e4],
 
 @pytest.fixture(scope="module")
 def served():
-    cells = [c for c in expand_cells("rotary", SERVED) if c["variant"] == "served"]
-    rows, _ = run_cells(cells, 20260122)
-    return rows_to_table(rows).to_pandas()
+    return _table(_variant(SERVED, "served"))
 
 
 def _served_claims(df):
@@ -216,7 +221,7 @@ def _served_claims(df):
 def test_served_cells_cover_the_grid_and_leave_the_head_cells_alone():
     section = section_with_defaults("rotary", SERVED)["served"]
     assert section["seeds"] == 1 and section["queries_per_unknown"] == [8]
-    cells = [c for c in expand_cells("rotary", SERVED) if c["variant"] == "served"]
+    cells = _variant(SERVED, "served")
     assert len(cells) == 3 * 2 * 3
     assert sorted({c["rank"] for c in cells}) == [4, 8, 16]
     assert {c["rounding"] for c in cells} == {"float32", "float16", "bfloat16"}
@@ -299,9 +304,7 @@ def test_contrary_served_data_refute_the_claim(served, name, mutate):
 def test_a_budget_below_the_plan_is_refused_by_name_and_not_claimed(served):
     section = {**SERVED, "served": {"d": [16], "head_fraction": [0.5],
                                     "queries_per_unknown": [2]}}
-    cells = [c for c in expand_cells("rotary", section) if c["variant"] == "served"]
-    rows, _ = run_cells(cells, 20260122)
-    row = rows_to_table(rows).to_pandas()
+    row = _table(_variant(section, "served"))
     assert row["status"].iloc[0] == "error"
     assert row["message"].iloc[0].startswith("BudgetExceededError")
     both = pd.concat([served, row], ignore_index=True)
