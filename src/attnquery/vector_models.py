@@ -81,6 +81,11 @@ class VectorAttentionLayer(_GroupedLayer):
     precision : {"float64", "float32", "float16", "bfloat16"}
         Compute precision of ``__call__`` (:mod:`attnquery.precision`): weights and inputs
         stored in the format, every product, sum and softmax rounded to it.
+
+    Attributes
+    ----------
+    d, n_heads, n_kv_heads, head_dim : int
+        Token dimension, H, G and dh, read off the weights.
     """
 
     def __init__(self, W_Q, W_K, W_V, W_O, *, b_Q=None, b_K=None, b_V=None, b_O=None,

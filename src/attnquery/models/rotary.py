@@ -373,6 +373,11 @@ class RotaryAttentionLayer(_GroupedLayer):
     b_K, b_V : array_like (G, dh), optional
     b_O : array_like (d,), optional
         Biases (default 0).
+
+    Attributes
+    ----------
+    d, n_heads, n_kv_heads, head_dim : int
+        Token dimension, H, G and dh, read off the weights.
     """
 
     def __init__(self, W_Q, W_K, W_V, W_O, readout, *, frequencies=None, rope_base=None,
