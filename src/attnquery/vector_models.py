@@ -222,7 +222,8 @@ def bilinear_layer(W, key_bias, V, output_bias, *, causal: bool = False,
 
 def random_vector_layer(d: int, n_heads: int, seed=None, *, n_kv_heads: int | None = None,
                         head_dim: int | None = None, d_out: int | None = None,
-                        bias: float = 0.0, logit_scale: float = 1.0, causal: bool = False,
+                        key_dim: int | None = None, bias: float = 0.0,
+                        logit_scale: float = 1.0, causal: bool = False,
                         outputs: str = "all", **options) -> VectorAttentionLayer:
     """Draw a random :class:`VectorAttentionLayer`.
 
@@ -241,6 +242,10 @@ def random_vector_layer(d: int, n_heads: int, seed=None, *, n_kv_heads: int | No
         dh = dv; default ``d // n_heads``.
     d_out : int, optional
         Output dimension; default d.
+    key_dim : int, optional
+        Rows of each head's ``W_Q`` and ``W_K`` when they differ from dh (default dh):
+        ``key_dim = d`` draws heads of full-rank W with value maps of rank dh, the generic
+        family of :mod:`attnquery.experiments.multihead_generic` with vector values.
     bias : float
         Standard deviation of every bias entry (query, key, value and output); 0 (the default)
         draws none.
@@ -252,10 +257,11 @@ def random_vector_layer(d: int, n_heads: int, seed=None, *, n_kv_heads: int | No
     H, G = _gqa_heads(n_heads, n_kv_heads)
     dh = d // H if head_dim is None else int(head_dim)
     dout = d if d_out is None else int(d_out)
-    if dh < 1 or dout < 1:
-        raise ModelError(f"head_dim and d_out must be >= 1; got {dh} and {dout}")
+    dk = dh if key_dim is None else int(key_dim)
+    if dh < 1 or dout < 1 or dk < 1:
+        raise ModelError(f"head_dim, d_out and key_dim must be >= 1; got {dh}, {dout} and {dk}")
     _check_scales(logit_scale, bias)
-    W_Q, W_K, W_V, W_O = _draw_gqa_weights(rng, H, G, dh, d, dout, logit_scale)
-    b = _draw_gqa_biases(rng, H, G, dh, dout, bias)
+    W_Q, W_K, W_V, W_O = _draw_gqa_weights(rng, H, G, dh, d, dout, logit_scale, dk)
+    b = _draw_gqa_biases(rng, H, G, dh, dout, bias, dk)
     return VectorAttentionLayer(W_Q, W_K, W_V, W_O, causal=causal, outputs=outputs, **b,
                                 **options)

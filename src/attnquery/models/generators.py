@@ -601,24 +601,28 @@ def _check_scales(logit_scale, bias) -> None:
         raise ModelError(f"bias must be a non-negative standard deviation; got {bias}")
 
 
-def _draw_gqa_weights(rng, H: int, G: int, dh: int, d: int, d_out: int, logit_scale):
-    """``W_Q`` (H, dh, d) and ``W_K`` (G, dh, d) with ``N(0, logit_scale)`` entries, ``W_V``
+def _draw_gqa_weights(rng, H: int, G: int, dh: int, d: int, d_out: int, logit_scale,
+                      dk: int | None = None):
+    """``W_Q`` (H, dk, d) and ``W_K`` (G, dk, d) with ``N(0, logit_scale)`` entries, ``W_V``
     (G, dh, d) with ``N(0, 1 / d)`` and ``W_O`` (d_out, H dh) with ``N(0, 1 / (H dh))``, drawn
-    in that order."""
+    in that order (``dk`` defaults to dh)."""
     sd = np.sqrt(logit_scale)
-    W_Q = rng.standard_normal((H, dh, d)) * sd
-    W_K = rng.standard_normal((G, dh, d)) * sd
+    dk = dh if dk is None else dk
+    W_Q = rng.standard_normal((H, dk, d)) * sd
+    W_K = rng.standard_normal((G, dk, d)) * sd
     W_V = rng.standard_normal((G, dh, d)) / np.sqrt(d)
     W_O = rng.standard_normal((d_out, H * dh)) / np.sqrt(H * dh)
     return W_Q, W_K, W_V, W_O
 
 
-def _draw_gqa_biases(rng, H: int, G: int, dh: int, d_out: int, bias) -> dict:
-    """``b_Q, b_K, b_V, b_O`` with ``N(0, bias^2)`` entries (drawn in that order), or none
-    (``{}``) when ``bias`` is 0."""
+def _draw_gqa_biases(rng, H: int, G: int, dh: int, d_out: int, bias,
+                     dk: int | None = None) -> dict:
+    """``b_Q, b_K`` (of dk, default dh), ``b_V, b_O`` with ``N(0, bias^2)`` entries (drawn in
+    that order), or none (``{}``) when ``bias`` is 0."""
     if not bias > 0:
         return {}
-    return dict(b_Q=rng.standard_normal((H, dh)) * bias,
-                b_K=rng.standard_normal((G, dh)) * bias,
+    dk = dh if dk is None else dk
+    return dict(b_Q=rng.standard_normal((H, dk)) * bias,
+                b_K=rng.standard_normal((G, dk)) * bias,
                 b_V=rng.standard_normal((G, dh)) * bias,
                 b_O=rng.standard_normal(d_out) * bias)
