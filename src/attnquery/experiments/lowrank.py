@@ -243,16 +243,12 @@ _SCALE_SECONDS = {"sketch": lambda d, r: 0.02 + 3e-8 * r * d**2,
 #: the result columns of this module's cell parameters (beyond the shared ones of
 #: :mod:`attnquery.results`)
 PARAMS: dict[str, pa.DataType] = {
-    "rank": pa.int64(),
-    "oversample": pa.int64(),
     "c": pa.float64(),
     "n_measurements": pa.int64(),
     "solver": pa.string(),
-    "head": pa.int64(),
 }
 #: the result columns of this module's metrics (beyond the shared ones)
 METRICS: dict[str, pa.DataType] = {
-    "rank_found": pa.int64(),
     "solver_status": pa.string(),
     "solver_iterations": pa.int64(),
 }

@@ -125,11 +125,7 @@ def seconds(cell) -> float:
 #: the result columns of this module's cell parameters (beyond the shared ones of
 #: :mod:`attnquery.results`)
 PARAMS: dict[str, pa.DataType] = {
-    "W_bound": pa.float64(),
-    "mu": pa.float64(),
-    "eps": pa.float64(),
     "v_method": pa.string(),
-    "variant": pa.string(),
 }
 #: the result columns of this module's metrics (beyond the shared ones)
 METRICS: dict[str, pa.DataType] = {

@@ -276,14 +276,10 @@ def seconds(cell) -> float:
 #: the result columns of this module's cell parameters (beyond the shared ones of
 #: :mod:`attnquery.results`)
 PARAMS: dict[str, pa.DataType] = {
-    "n_heads": pa.int64(),
     "fd_step": pa.float64(),
-    "variant": pa.string(),
 }
 #: the result columns of this module's metrics (beyond the shared ones)
 METRICS: dict[str, pa.DataType] = {
-    "n_heads_found": pa.int64(),
-    "param_distance": pa.float64(),
     "output_difference": pa.float64(),
     "basis_err": pa.float64(),
 }

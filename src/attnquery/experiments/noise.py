@@ -140,25 +140,9 @@ def seconds(cell) -> float:
 
 #: the result columns of this module's cell parameters (beyond the shared ones of
 #: :mod:`attnquery.results`)
-PARAMS: dict[str, pa.DataType] = {
-    "probes": pa.string(),
-    "W_fro": pa.float64(),
-    "W_bound": pa.float64(),
-    "mu": pa.float64(),
-    "zero_frac": pa.float64(),
-    "tau": pa.float64(),
-    "noise": pa.string(),
-    "oversample": pa.int64(),
-    "eps": pa.float64(),
-    "variant": pa.string(),
-}
+PARAMS: dict[str, pa.DataType] = {}
 #: the result columns of this module's metrics (beyond the shared ones)
-METRICS: dict[str, pa.DataType] = {
-    "required_tau": pa.float64(),
-    "bound_W": pa.float64(),
-    "bound_v": pa.float64(),
-    "within_bound": pa.bool_(),
-}
+METRICS: dict[str, pa.DataType] = {}
 
 
 EXPERIMENT = register(Experiment(

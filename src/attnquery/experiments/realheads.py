@@ -239,32 +239,9 @@ def seconds(cell) -> float:
 
 #: the result columns of this module's cell parameters (beyond the shared ones of
 #: :mod:`attnquery.results`)
-PARAMS: dict[str, pa.DataType] = {
-    "rank": pa.int64(),
-    "n_heads": pa.int64(),
-    "probes": pa.string(),
-    "W_spectral": pa.float64(),
-    "W_fro": pa.float64(),
-    "W_bound": pa.float64(),
-    "mu": pa.float64(),
-    "tau": pa.float64(),
-    "noise": pa.string(),
-    "layer": pa.int64(),
-    "head": pa.int64(),
-    "checkpoint": pa.string(),
-    "readout": pa.string(),
-    "biases": pa.bool_(),
-}
+PARAMS: dict[str, pa.DataType] = {}
 #: the result columns of this module's metrics (beyond the shared ones)
-METRICS: dict[str, pa.DataType] = {
-    "rel_err_c": pa.float64(),
-    "rel_err_offset": pa.float64(),
-    "rank_found": pa.int64(),
-    "required_tau": pa.float64(),
-    "bound_W": pa.float64(),
-    "bound_v": pa.float64(),
-    "within_bound": pa.bool_(),
-}
+METRICS: dict[str, pa.DataType] = {}
 
 
 EXPERIMENT = register(

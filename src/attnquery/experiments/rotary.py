@@ -272,21 +272,11 @@ def seconds(cell) -> float:
 #: the result columns of this module's cell parameters (beyond the shared ones of
 #: :mod:`attnquery.results`)
 PARAMS: dict[str, pa.DataType] = {
-    "rank": pa.int64(),
-    "n_heads": pa.int64(),
-    "rounding": pa.string(),
-    "queries_per_unknown": pa.float64(),
-    "variant": pa.string(),
-    "layer": pa.int64(),
-    "biases": pa.bool_(),
     "rope_base": pa.float64(),
     "n_kv_heads": pa.int64(),
 }
 #: the result columns of this module's metrics (beyond the shared ones)
-METRICS: dict[str, pa.DataType] = {
-    "rank_found": pa.int64(),
-    "n_heads_found": pa.int64(),
-}
+METRICS: dict[str, pa.DataType] = {}
 
 
 EXPERIMENT = register(
