@@ -3,9 +3,10 @@ queries, measure its estimate against the truth and, on held-out inputs, its fun
 
 An experiment builds the truth and the oracle, and says how its estimate is measured: a
 *measure* ``(est, truth) -> dict`` of metrics. The measures several experiments use are here:
-:func:`head_measure` (one head's W and v), :func:`bias_measure` (and its key bias and offset)
-and :func:`layer_measure` (a layer's heads, matched up to a permutation); an experiment with
-errors of its own passes its own function, or adds to these after the fit.
+:func:`head_measure` (one head's W and v), :func:`bias_measure` (and its key bias and
+offset), :func:`relative_bias_measure` (their relative errors alone) and
+:func:`layer_measure` (a layer's heads, matched up to a permutation); an experiment with errors
+of its own passes its own function, or adds to these after the fit.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import numpy as np
 from ..errors import UndefinedEstimate
 from ..metrics import fit_counted, functional_error, head_errors, layer_errors, relative_error
 
-__all__ = ["fit_and_measure", "head_measure", "bias_measure", "layer_measure"]
+__all__ = ["fit_and_measure", "head_measure", "bias_measure", "relative_bias_measure",
+           "layer_measure"]
 
 
 def head_measure(est, head) -> dict:
@@ -25,12 +27,22 @@ def head_measure(est, head) -> dict:
     return head_errors(est.W_, est.v_, head.W, head.v)
 
 
+def _bias_errors(est, head) -> dict:
+    return {"rel_err_c": relative_error(est.key_bias_, head.key_bias),
+            "rel_err_offset": relative_error(est.offset_, head.offset)}
+
+
 def bias_measure(est, head) -> dict:
     """:func:`head_measure` and the relative errors of the key bias (``rel_err_c``) and the
     offset (``rel_err_offset``) of a head with its biases."""
-    return {**head_measure(est, head),
-            "rel_err_c": relative_error(est.key_bias_, head.key_bias),
-            "rel_err_offset": relative_error(est.offset_, head.offset)}
+    return {**head_measure(est, head), **_bias_errors(est, head)}
+
+
+def relative_bias_measure(est, head) -> dict:
+    """The relative errors alone of a head with its biases: ``rel_err_W``, ``rel_err_v``,
+    ``rel_err_c`` and ``rel_err_offset``."""
+    return {"rel_err_W": relative_error(est.W_, head.W),
+            "rel_err_v": relative_error(est.v_, head.v), **_bias_errors(est, head)}
 
 
 def layer_measure(est, layer) -> dict:

@@ -23,7 +23,7 @@ from ..oracles import ValueOracle
 from ..precision import PRECISIONS, Arithmetic
 from ..realheads import ModuleBlackBox, cached_checkpoint, head_from_checkpoint
 from . import Experiment, checkpoint_source, grid, readout_args, register
-from ._recipe import bias_measure, fit_and_measure, layer_measure
+from ._recipe import fit_and_measure, layer_measure, relative_bias_measure
 
 __all__ = ["cells", "run", "floor_W", "floor_cv", "GOALS", "FLOAT32_GOAL", "layer_cells",
            "run_layer", "LAYER_GOAL", "LAYER_BUDGET"]
@@ -113,7 +113,7 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     oracle = ValueOracle(box, d)
     n = int(round(cell["queries_per_unknown"] * unit))
     est = LowPrecisionValueQueryLearner(n_queries=n, fit_bias=True, random_state=learner_rng)
-    m = fit_and_measure(est, oracle, head, d, eval_rng, n_eval=32, measure=_head_measure)
+    m = fit_and_measure(est, oracle, head, d, eval_rng, n_eval=32, measure=relative_bias_measure)
     eW = m["rel_err_W"]
     floor = floor_W(cell["checkpoint"], cell["layer"], cell["head"], cell["n_heads"], prec)
     floor_c, floor_v = floor_cv(cell["checkpoint"], cell["layer"], cell["head"],
@@ -133,13 +133,6 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
         },
     })
     return m
-
-
-def _head_measure(est, head) -> dict:
-    """The relative errors of a served head's W, v, key bias and offset (those of
-    :func:`~attnquery.experiments._recipe.bias_measure`)."""
-    errors = bias_measure(est, head)
-    return {k: errors[k] for k in ("rel_err_W", "rel_err_v", "rel_err_c", "rel_err_offset")}
 
 
 # -- whole layers (AttentionLayerLearner(n_queries=...)) -----------------------------------------
