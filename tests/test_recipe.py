@@ -144,3 +144,16 @@ def test_a_measure_may_refuse_the_estimate_by_name():
 
     with pytest.raises(UndefinedEstimate, match="undefined at 2 of 9 probes"):
         fit_and_measure(est, oracle, head, d, measure=refuse)
+
+
+def test_no_experiment_fits_a_learner_outside_the_recipe():
+    from pathlib import Path
+
+    import attnquery.experiments as experiments
+
+    folder = Path(experiments.__file__).parent
+    outside = [f"{path.name}:{i}" for path in sorted(folder.glob("*.py"))
+               if path.name != "_recipe.py"
+               for i, line in enumerate(path.read_text().splitlines(), 1)
+               if "fit_counted(" in line or ".fit(oracle" in line]
+    assert not outside, f"fit through experiments._recipe.fit_and_measure: {outside}"
