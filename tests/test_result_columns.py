@@ -74,6 +74,22 @@ def test_every_experiment_column_is_declared_by_an_experiment_or_shared():
     assert params == SHARED_PARAM_COLUMNS and metrics == SHARED_METRIC_COLUMNS
 
 
+def test_a_column_two_experiment_modules_use_is_shared_and_declared_once():
+    # lowrank_phase and lowrank_scale come from one module and declare one set of columns
+    declared_by = {}
+    for exp in all_experiments():
+        module = exp.run.__module__
+        for name in [*exp.params, *exp.metrics]:
+            declared_by.setdefault(name, set()).add(module)
+    twice = {name: sorted(mods) for name, mods in declared_by.items() if len(mods) > 1}
+    assert not twice, f"declared by several experiments' modules (share them): {twice}"
+    # the columns of a checkpoint's head that realheads and served both write are shared ones
+    for name in ("layer", "head", "checkpoint", "readout", "biases", "n_heads"):
+        assert name in SHARED_PARAM_COLUMNS
+    for name in ("rel_err_c", "rel_err_offset", "rank_found", "n_heads_found"):
+        assert name in SHARED_METRIC_COLUMNS
+
+
 def test_a_new_column_follows_the_stored_ones_in_declaration_order():
     params, metrics = assemble_columns(
         [*all_experiments(), _exp("new", {"zeta": pa.int64(), "alpha": pa.string()},

@@ -87,16 +87,43 @@ SCHEMA_VERSION = 4
 #: every status a row can have
 STATUSES = ("ok", "not_identifiable", "error", "timeout", "skipped")
 
-#: cell parameters every experiment may use: name -> arrow type. An experiment declares the
-#: parameters it adds in :attr:`attnquery.experiments.Experiment.params`; ``logit_scale`` is
-#: written by no experiment today and kept so the stored schema (version 4) stays as it is
+#: cell parameters every experiment may use: name -> arrow type. A column two experiments'
+#: modules use is declared here, once; an experiment declares the parameters only it adds in
+#: :attr:`attnquery.experiments.Experiment.params`. ``logit_scale`` is written by no experiment
+#: today and kept so the stored schema (version 4) stays as it is
 SHARED_PARAM_COLUMNS: dict[str, pa.DataType] = {
     "d": pa.int64(),
     "logit_scale": pa.float64(),
+    # the head or layer: its rank, heads, a named variant of the experiment's cells
+    "rank": pa.int64(),
+    "n_heads": pa.int64(),
+    "variant": pa.string(),
+    "family": pa.string(),
+    "probes": pa.string(),
+    "oversample": pa.int64(),
+    # a random head's scale (Theorem 6.1's constants W_bound and mu, the target eps)
+    "W_spectral": pa.float64(),
+    "W_fro": pa.float64(),
+    "W_bound": pa.float64(),
+    "mu": pa.float64(),
+    "zero_frac": pa.float64(),
+    "eps": pa.float64(),
+    # the answers: noise of size tau, rounding to a precision, the budget
+    "tau": pa.float64(),
+    "noise": pa.string(),
+    "rounding": pa.string(),
+    "queries_per_unknown": pa.float64(),
+    # a head or layer of a checkpoint (attnquery.realheads), with or without its biases
+    "layer": pa.int64(),
+    "head": pa.int64(),
+    "checkpoint": pa.string(),
+    "readout": pa.string(),
+    "biases": pa.bool_(),
 }
 
 #: metrics every experiment may write (those of :func:`attnquery.metrics.fit_counted` and
-#: :func:`attnquery.metrics.head_errors`, the functional error, the success flag and ``extra``):
+#: :func:`attnquery.metrics.head_errors`, the functional error, the success flag, ``extra``,
+#: and every metric more than one experiment's module writes, declared here once):
 #: name -> arrow type, deterministic values only (timings go to TIMING_COLUMNS). An experiment
 #: declares the metrics it adds in :attr:`attnquery.experiments.Experiment.metrics`
 SHARED_METRIC_COLUMNS: dict[str, pa.DataType] = {
@@ -112,6 +139,18 @@ SHARED_METRIC_COLUMNS: dict[str, pa.DataType] = {
     "func_err": pa.float64(),
     "success": pa.bool_(),
     "extra": pa.string(),
+    # the key bias and offset of a head with biases; ranks and heads a learner found
+    "rel_err_c": pa.float64(),
+    "rel_err_offset": pa.float64(),
+    "rank_found": pa.int64(),
+    "n_heads_found": pa.int64(),
+    # Theorem 6.1: the tolerance it requires, its error bounds and whether they held
+    "required_tau": pa.float64(),
+    "bound_W": pa.float64(),
+    "bound_v": pa.float64(),
+    "within_bound": pa.bool_(),
+    # two sets of heads' parameters apart (multi-head identifiability)
+    "param_distance": pa.float64(),
 }
 
 #: where the parameter and metric columns stand in the stored tables (schema version 4); a

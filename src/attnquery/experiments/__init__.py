@@ -12,9 +12,10 @@ An experiment is registered with :func:`register` and provides two pure function
 The result schema is assembled from the columns the experiments declare
 (:func:`attnquery.results.assemble_columns`).
 
-Most ``run`` functions share one recipe: spawn the cell's generator, build the truth, wrap it in
-an oracle, then fit the learner, count its queries and measure its estimate against the truth
-(:func:`attnquery.experiments._recipe.fit_and_measure`).
+Every ``run`` function follows one recipe: spawn the cell's generator, build the truth, wrap it
+in an oracle, then fit the learner, count its queries and measure its estimate against the truth
+with a measure function (:func:`attnquery.experiments._recipe.fit_and_measure`; docs/design.md,
+"How an experiment is written").
 
 :func:`run_cells` runs cells one after another and turns each into a result row, whatever
 happens: a cell that raises becomes a row with status ``error`` (or ``not_identifiable``), one

@@ -50,11 +50,7 @@ def seconds(cell) -> float:
 
 #: the result columns of this module's cell parameters (beyond the shared ones of
 #: :mod:`attnquery.results`)
-PARAMS: dict[str, pa.DataType] = {
-    "probes": pa.string(),
-    "W_spectral": pa.float64(),
-    "zero_frac": pa.float64(),
-}
+PARAMS: dict[str, pa.DataType] = {}
 #: the result columns of this module's metrics (beyond the shared ones)
 METRICS: dict[str, pa.DataType] = {}
 

@@ -132,20 +132,9 @@ def seconds(cell) -> float:
 
 #: the result columns of this module's cell parameters (beyond the shared ones of
 #: :mod:`attnquery.results`)
-PARAMS: dict[str, pa.DataType] = {
-    "n_heads": pa.int64(),
-    "rounding": pa.string(),
-    "queries_per_unknown": pa.float64(),
-    "family": pa.string(),
-    "layer": pa.int64(),
-    "head": pa.int64(),
-    "checkpoint": pa.string(),
-    "readout": pa.string(),
-}
+PARAMS: dict[str, pa.DataType] = {}
 #: the result columns of this module's metrics (beyond the shared ones)
-METRICS: dict[str, pa.DataType] = {
-    "rank_found": pa.int64(),
-}
+METRICS: dict[str, pa.DataType] = {}
 
 
 EXPERIMENT = register(Experiment(

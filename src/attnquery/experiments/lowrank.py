@@ -17,6 +17,8 @@ grid point meet the same head; the probes come from the cell's own generator.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -24,12 +26,12 @@ import pyarrow as pa
 from ..errors import ConfigError
 from ..learners import ExactValueQueryLearner, NuclearNormROPLearner, SketchLowRankLearner
 from ..learners._registry import REQUIRED, get_entry, registry
-from ..metrics import fit_counted, functional_error, relative_error
+from ..metrics import absolute_error, relative_error
 from ..models import random_head
 from ..theory import PHASE_TOL, SKETCH_TOL, lowrank_floor
 from . import Experiment, grid, register
 from ._costs import exact_learner_seconds
-from ._recipe import fit_and_measure
+from ._recipe import fit_and_measure, head_measure
 
 #: tag mixed into the seed of the heads (so they differ from other experiments' heads)
 _HEAD_TAG = 5_0001
@@ -102,41 +104,46 @@ def phase_run(cell: dict, rng: np.random.Generator) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------
-def _sketch(head, oracle, rng):
-    """The sketch learner (rank found from the answers); its error from the factors."""
-    est = SketchLowRankLearner(random_state=rng)
-    counts = fit_counted(est, oracle)
+def _sketch_measure(est, head) -> dict:
+    """The sketch's errors: of W from its factors (never forming d x d), and of v."""
     L, R = est.W_factors_
     abs_err, rel = factored_error(L, R, head.K, head.Q)
-    extra = {"n_requeried": est.n_requeried_, "oversample": est.oversample_}
-    return est, counts, abs_err, rel, est.rank_, extra
+    return {"rel_err_W": rel, "abs_err_W": abs_err, "rel_err_v": relative_error(est.v_, head.v),
+            "err_v": absolute_error(est.v_, head.v)}
 
 
-def _exact(head, oracle, rng):
-    """Theorem 4.1's exact learner (d^2 + d queries); its error from the dense W."""
-    est = ExactValueQueryLearner(random_state=rng)
-    counts = fit_counted(est, oracle)
-    W = head.W
-    abs_err = float(np.linalg.norm(est.W_ - W))
-    return est, counts, abs_err, relative_error(est.W_, W), None, {"n_requeried": est.n_requeried_}
+def _no_report(est) -> tuple:
+    return None, {}
 
 
-def _registered(name: str):
+@dataclass(frozen=True)
+class _ScaleLearner:
+    #: random_state -> an unfitted estimator
+    make: Callable
+    #: (est, head) -> its errors (head_measure: from the dense W)
+    measure: Callable = head_measure
+    #: est -> (rank found or None, extra)
+    report: Callable = _no_report
+
+
+#: the learners of "lowrank_scale" with a build of their own, by name; any other registered
+#: learner of one head from value queries runs through :func:`_registered`
+SCALE_LEARNERS = {
+    # the sketch learner (rank found from the answers); its error from the factors
+    "sketch": _ScaleLearner(
+        lambda rng: SketchLowRankLearner(random_state=rng), _sketch_measure,
+        lambda est: (est.rank_, {"n_requeried": est.n_requeried_,
+                                 "oversample": est.oversample_})),
+    # Theorem 4.1's exact learner (d^2 + d queries); its error from the dense W
+    "exact": _ScaleLearner(lambda rng: ExactValueQueryLearner(random_state=rng),
+                           report=lambda est: (None, {"n_requeried": est.n_requeried_})),
+}
+
+
+def _registered(name: str) -> _ScaleLearner:
     """A registered learner built with its defaults (its spec checked by
     :func:`_check_learner`); its error from the dense W."""
-    def fit(head, oracle, rng):
-        est = get_entry(name).load()(random_state=rng)
-        counts = fit_counted(est, oracle)
-        W = head.W
-        abs_err = float(np.linalg.norm(est.W_ - W))
-        return est, counts, abs_err, relative_error(est.W_, W), None, {}
-    return fit
-
-
-#: the learners of "lowrank_scale" with a fit of their own, by name: (head, oracle, rng) ->
-#: (estimator, query counts, absolute and relative error of W, rank found, extra); any other
-#: registered learner of one head from value queries runs through :func:`_registered`
-SCALE_LEARNERS = {"sketch": _sketch, "exact": _exact}
+    return _ScaleLearner(lambda rng: get_entry(name).load()(random_state=rng))
 
 
 def scale_learners() -> list[str]:
@@ -200,22 +207,17 @@ def scale_run(cell: dict, rng: np.random.Generator) -> dict:
 
     oracle = ValueOracle(head, d)
     _check_learner(cell["learner"])
-    fit = SCALE_LEARNERS.get(cell["learner"]) or _registered(cell["learner"])
-    est, counts, abs_err, rel, rank_found, extra = fit(head, oracle, learner_rng)
-    extra = {"floor": lowrank_floor(d, r), **extra}
-    rel_v = relative_error(est.v_, head.v)
-    out = {
-        **counts,
-        "rel_err_W": rel,
-        "abs_err_W": abs_err,
-        "rel_err_v": rel_v,
-        "err_v": float(np.linalg.norm(est.v_ - head.v)),
-        "success": bool(rel <= SKETCH_TOL and rel_v <= SKETCH_TOL),
+    learner = SCALE_LEARNERS.get(cell["learner"]) or _registered(cell["learner"])
+    est = learner.make(learner_rng)
+    # the functional error up to d = 1024 (beyond, the held-out answers cost more than the fit)
+    out = fit_and_measure(est, oracle, head, d, eval_rng if d <= 1024 else None, n_eval=16,
+                          measure=learner.measure)
+    rank_found, extra = learner.report(est)
+    out.update({
+        "success": bool(out["rel_err_W"] <= SKETCH_TOL and out["rel_err_v"] <= SKETCH_TOL),
         "rank_found": rank_found,
-        "extra": extra,
-    }
-    if d <= 1024:
-        out["func_err"] = functional_error(head, est.predict, d, eval_rng, n=16)
+        "extra": {"floor": lowrank_floor(d, r), **extra},
+    })
     return out
 
 
@@ -243,16 +245,12 @@ _SCALE_SECONDS = {"sketch": lambda d, r: 0.02 + 3e-8 * r * d**2,
 #: the result columns of this module's cell parameters (beyond the shared ones of
 #: :mod:`attnquery.results`)
 PARAMS: dict[str, pa.DataType] = {
-    "rank": pa.int64(),
-    "oversample": pa.int64(),
     "c": pa.float64(),
     "n_measurements": pa.int64(),
     "solver": pa.string(),
-    "head": pa.int64(),
 }
 #: the result columns of this module's metrics (beyond the shared ones)
 METRICS: dict[str, pa.DataType] = {
-    "rank_found": pa.int64(),
     "solver_status": pa.string(),
     "solver_iterations": pa.int64(),
 }

@@ -20,11 +20,11 @@ import numpy as np
 import pyarrow as pa
 
 from ..learners import MembershipLearner
-from ..metrics import fit_counted
 from ..models import membership_head
 from ..oracles import MembershipOracle
 from ..theory import membership_target
 from . import Experiment, grid, register
+from ._recipe import fit_and_measure
 
 __all__ = ["LEARNERS", "SAMPLE_BUDGET", "cells", "run", "seconds"]
 
@@ -70,7 +70,6 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     model_rng, learner_rng = rng.spawn(2)
     d, eps, Wb, mu = cell["d"], cell["eps"], cell["W_bound"], cell["mu"]
     head = membership_head(d, model_rng, Wb, mu)
-    v_unit = head.v / np.linalg.norm(head.v)
     compare = cell["variant"] == "v_compare"
     learner = LEARNERS[cell["learner"]](cell, d, learner_rng)
     plan = learner.planned_queries(d)
@@ -82,26 +81,19 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
             "queries_computed": True, "extra": extra,
         }
     oracle = MembershipOracle(head, d)
-    counts = fit_counted(learner, oracle)
-    err_v_inf = float(np.max(np.abs(learner.v_ - v_unit)))
+    m = fit_and_measure(learner, oracle, head, measure=_measure)
+    errs = {k: m.pop(k) for k in ("abs_err_W", "rel_err_W", "err_v", "rel_err_v")}
+    err_v_inf = m.pop("err_v_inf")
     extra["err_v_inf"] = err_v_inf
     extra["n_beyond_bound"] = learner.n_beyond_bound_
     extra["n_extra_queries"] = learner.n_extra_queries_
-    abs_W = float(np.linalg.norm(learner.W_ - head.W))
-    m = {
-        **counts,
+    m.update({
         "n_queries_v": learner.n_queries_v_,
         "n_queries_W": learner.n_queries_W_,
         "queries_computed": False,
         "extra": extra,
-    }
-    errs = {
-        "abs_err_W": abs_W,
-        "rel_err_W": abs_W / float(np.linalg.norm(head.W)),
-        "err_v": float(np.linalg.norm(learner.v_ - v_unit)),
-        "rel_err_v": float(np.linalg.norm(learner.v_ - v_unit)),
-        "success": bool(abs_W <= eps and (not compare or err_v_inf <= eps)),
-    }
+    })
+    errs["success"] = bool(errs["abs_err_W"] <= eps and (not compare or err_v_inf <= eps))
     if cell["v_method"] == "sampling":
         # sampling rows whose count is computed have no errors: keep the run ones' in extra so
         # the error columns mean the same thing (present in every row) for each learner
@@ -109,6 +101,18 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     else:
         m.update(errs)
     return m
+
+
+def _measure(est, head) -> dict:
+    """The errors of W, and of v against the unit vector the membership learners recover (v is
+    learnt up to its scale): Euclidean (``err_v``, equal to ``rel_err_v``) and largest entry
+    (``err_v_inf``)."""
+    v_unit = head.v / np.linalg.norm(head.v)
+    abs_W = float(np.linalg.norm(est.W_ - head.W))
+    err_v = float(np.linalg.norm(est.v_ - v_unit))
+    return {"abs_err_W": abs_W, "rel_err_W": abs_W / float(np.linalg.norm(head.W)),
+            "err_v": err_v, "rel_err_v": err_v,
+            "err_v_inf": float(np.max(np.abs(est.v_ - v_unit)))}
 
 
 # Estimated seconds per cell on one core (attnquery.study: the cluster's runtime requests), from
@@ -125,11 +129,7 @@ def seconds(cell) -> float:
 #: the result columns of this module's cell parameters (beyond the shared ones of
 #: :mod:`attnquery.results`)
 PARAMS: dict[str, pa.DataType] = {
-    "W_bound": pa.float64(),
-    "mu": pa.float64(),
-    "eps": pa.float64(),
     "v_method": pa.string(),
-    "variant": pa.string(),
 }
 #: the result columns of this module's metrics (beyond the shared ones)
 METRICS: dict[str, pa.DataType] = {

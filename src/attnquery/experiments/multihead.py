@@ -18,13 +18,14 @@ Three variants of cells (``variant`` column):
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
 
 from ..errors import AssumptionViolation, ConfigError, NotIdentifiableError
 from ..learners import ExactValueQueryLearner, OrthogonalSubspaceLearner
-from ..metrics import fit_counted, functional_error, match_heads
+from ..metrics import match_heads
 from ..models import (
     NON_IDENTIFIABLE_CONSTRUCTIONS,
     MultiHeadAttention,
@@ -36,6 +37,7 @@ from ..models import (
 from ..oracles import ValueOracle
 from ..theory import DISCOVER_TOL, KNOWN_TOL
 from . import Experiment, grid, register
+from ._recipe import fit_and_measure
 
 __all__ = ["non_identifiability_demo", "CONSTRUCTIONS"]
 
@@ -154,16 +156,23 @@ def non_identifiability_demo(
         rec = {"model": model, "status": "ok", "message": "", "functional_error": np.nan,
                "param_distance": np.nan}
         try:
-            est = ExactValueQueryLearner(random_state=r_single).fit(oracle)
-            rec["functional_error"] = functional_error(model, est.predict, int(d), r_eval)
-            W, v = _heads_params(model)
-            rec["param_distance"] = match_heads([est.W_], [est.v_], W, v)["param_distance"]
+            m = fit_and_measure(ExactValueQueryLearner(random_state=r_single), oracle, model,
+                                int(d), r_eval, n_eval=256, measure=_single_head_measure)
+            rec["functional_error"] = m["func_err"]
+            rec["param_distance"] = m["param_distance"]
         except (AssumptionViolation, NotIdentifiableError) as exc:
             rec["status"] = type(exc).__name__
             rec["message"] = str(exc)
         rec["n_queries"] = int(oracle.n_queries)
         out["single_head"] = rec
     return out
+
+
+def _single_head_measure(est, model) -> dict:
+    """The distance of one recovered head to a multi-head model's heads (unmatched heads
+    compared with 0)."""
+    W, v = _heads_params(model)
+    return {"param_distance": match_heads([est.W_], [est.v_], W, v)["param_distance"]}
 
 
 def cells(cfg) -> list[dict]:
@@ -225,39 +234,41 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
         return out
     model_rng, learner_rng, eval_rng = rng.spawn(3)
     model, bases = orthogonal_subspace_multihead(d, H, model_rng, return_bases=True)
-    W = [h.W for h in model.heads]
-    v = [h.v for h in model.heads]
     oracle = ValueOracle(model, d)
     if variant == "known":
         est = OrthogonalSubspaceLearner(n_heads=H, bases=bases, random_state=learner_rng)
-        counts = fit_counted(est, oracle)
     elif variant == "discover":
         # a finite-difference step far from the default can give heads the learner's own check
         # refuses (verified = False); the row keeps their errors
         est = OrthogonalSubspaceLearner(n_heads=H, fd_step=cell["fd_step"],
                                         random_state=learner_rng)
-        counts = fit_counted(est, oracle, record_refusal=True)
     else:
         raise ValueError(f"unknown variant {variant!r}")
-    m = match_heads(est.W_, est.v_, W, v)
-    out = {
-        "rel_err_W": m["max_rel_err_W"],
-        "rel_err_v": m["max_rel_err_v"],
-        "param_distance": m["param_distance"],
-        **counts,
-        "n_heads_found": len(est.W_),
-        "func_err": functional_error(model, est.predict, d, eval_rng, n=64),
-    }
+    discover = variant == "discover"
+    out = fit_and_measure(est, oracle, model, d, eval_rng, n_eval=64, record_refusal=discover,
+                          measure=partial(_measure, bases=bases if discover else None))
     if variant == "known":
-        out["success"] = bool(max(m["max_rel_err_W"], m["max_rel_err_v"]) <= KNOWN_TOL)
+        out["success"] = bool(max(out["rel_err_W"], out["rel_err_v"]) <= KNOWN_TOL)
     else:
-        out["success"] = bool(max(m["max_rel_err_W"], m["max_rel_err_v"]) <= DISCOVER_TOL)
-        out["basis_err"] = _projector_distance(est.bases_, bases, m["perm"])
+        out["success"] = bool(max(out["rel_err_W"], out["rel_err_v"]) <= DISCOVER_TOL)
         out["extra"] = json.dumps({
             "n_queries_bases": est.n_queries_bases_,
             "commutant_gap": est.commutant_gap_,
             "cluster_gap": est.cluster_gap_,
         })
+    return out
+
+
+def _measure(est, model, bases=None) -> dict:
+    """The recovered heads matched to the true ones (:func:`~attnquery.metrics.match_heads`):
+    the largest relative errors of W and v over the heads, the distance of the stacked
+    parameters, the heads found and, given the true ``bases``, the distance of the learner's
+    subspaces to them (``basis_err``)."""
+    m = match_heads(est.W_, est.v_, [h.W for h in model.heads], [h.v for h in model.heads])
+    out = {"rel_err_W": m["max_rel_err_W"], "rel_err_v": m["max_rel_err_v"],
+           "param_distance": m["param_distance"], "n_heads_found": len(est.W_)}
+    if bases is not None:
+        out["basis_err"] = _projector_distance(est.bases_, bases, m["perm"])
     return out
 
 
@@ -276,14 +287,10 @@ def seconds(cell) -> float:
 #: the result columns of this module's cell parameters (beyond the shared ones of
 #: :mod:`attnquery.results`)
 PARAMS: dict[str, pa.DataType] = {
-    "n_heads": pa.int64(),
     "fd_step": pa.float64(),
-    "variant": pa.string(),
 }
 #: the result columns of this module's metrics (beyond the shared ones)
 METRICS: dict[str, pa.DataType] = {
-    "n_heads_found": pa.int64(),
-    "param_distance": pa.float64(),
     "output_difference": pa.float64(),
     "basis_err": pa.float64(),
 }

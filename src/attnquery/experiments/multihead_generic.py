@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..learners import MultiHeadLearner, OrthogonalSubspaceLearner
-from ..metrics import fit_counted, functional_error, match_heads
+from ..metrics import match_heads
 from ..models import (
     AttentionHead,
     MultiHeadAttention,
@@ -36,6 +36,7 @@ from ..models import (
 from ..oracles import ValueOracle
 from ..theory import MULTIHEAD_GENERIC_TOL as SUCCESS_TOL
 from . import Experiment, grid, register
+from ._recipe import fit_and_measure
 
 #: the learners of this experiment, by name: a factory (cell, d, rng) -> estimator
 LEARNERS = {
@@ -101,17 +102,12 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     oracle = ValueOracle(model, d)
     extra = {}
     est = LEARNERS[cell["learner"]](cell, d, learner_rng)
-    counts = fit_counted(est, oracle)
+    out = fit_and_measure(est, oracle, model, d, eval_rng, n_eval=64, measure=_measure,
+                          model=_estimate_function)
     if isinstance(est, OrthogonalSubspaceLearner):
-        W_hat, v_hat = est.W_, est.v_
-        predict = MultiHeadAttention([AttentionHead(v, W=W) for W, v in zip(W_hat, v_hat,
-                                                                          strict=True)])
-        n_found = len(W_hat)
-        sep = None
+        n_found, sep = len(est.W_), None
     else:
-        W_hat, v_hat, predict = est.W_, est.v_, est.predict
-        n_found = est.n_heads_
-        sep = est.head_separation_
+        n_found, sep = est.n_heads_, est.head_separation_
         extra = {
             "lines_used": est.lines_used_,
             "lines_rejected": est.lines_rejected_,
@@ -119,23 +115,31 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
             "queries_by_stage": est.n_queries_by_stage_,
             "refit_rel_residual": est.refit_rel_residual_,
         }
-    m = match_heads(W_hat, v_hat, [h.W for h in model.heads], [h.v for h in model.heads])
-    out = {
-        **counts,
-        "rel_err_W": m["max_rel_err_W"],
-        "rel_err_v": m["max_rel_err_v"],
-        "abs_err_W": float(np.max(m["abs_err_W"])),
-        "err_v": float(np.max(m["err_v"])),
-        "param_distance": m["param_distance"],
-        "n_heads_found": int(n_found),
-        "func_err": functional_error(model, predict, d, eval_rng, n=64),
-        "extra": extra,
-    }
+    out.update(n_heads_found=int(n_found), extra=extra)
     if sep is not None and np.isfinite(sep):
         out["head_separation"] = float(sep)
-    out["success"] = bool(n_found == H and m["max_rel_err_W"] <= SUCCESS_TOL
-                          and m["max_rel_err_v"] <= SUCCESS_TOL)
+    out["success"] = bool(n_found == H and out["rel_err_W"] <= SUCCESS_TOL
+                          and out["rel_err_v"] <= SUCCESS_TOL)
     return out
+
+
+def _measure(est, model) -> dict:
+    """The recovered heads matched to the true ones (:func:`~attnquery.metrics.match_heads`):
+    the largest relative and absolute errors of W and v over the heads, and the distance of
+    the stacked parameters."""
+    m = match_heads(est.W_, est.v_, [h.W for h in model.heads], [h.v for h in model.heads])
+    return {"rel_err_W": m["max_rel_err_W"], "rel_err_v": m["max_rel_err_v"],
+            "abs_err_W": float(np.max(m["abs_err_W"])), "err_v": float(np.max(m["err_v"])),
+            "param_distance": m["param_distance"]}
+
+
+def _estimate_function(est):
+    """The function of the estimate: the orthogonal-subspace learner's heads as a layer (its
+    own ``predict`` otherwise)."""
+    if isinstance(est, OrthogonalSubspaceLearner):
+        return MultiHeadAttention([AttentionHead(v, W=W) for W, v in zip(est.W_, est.v_,
+                                                                          strict=True)])
+    return est.predict
 
 
 # Estimated seconds per cell on one core (attnquery.study: the cluster's runtime requests), from
@@ -149,14 +153,10 @@ def seconds(cell) -> float:
 #: the result columns of this module's cell parameters (beyond the shared ones of
 #: :mod:`attnquery.results`)
 PARAMS: dict[str, pa.DataType] = {
-    "n_heads": pa.int64(),
     "separation": pa.float64(),
-    "variant": pa.string(),
 }
 #: the result columns of this module's metrics (beyond the shared ones)
 METRICS: dict[str, pa.DataType] = {
-    "n_heads_found": pa.int64(),
-    "param_distance": pa.float64(),
     "head_separation": pa.float64(),
 }
 

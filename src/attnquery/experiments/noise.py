@@ -19,11 +19,11 @@ import pyarrow as pa
 
 from ..errors import UndefinedEstimate
 from ..learners import ExactValueQueryLearner, NoisyValueQueryLearner
-from ..metrics import fit_counted, head_errors
 from ..models import assumptions_met, theorem_head
 from ..oracles import ApproximateValueOracle
 from ..theory import theorem61_guarantee, theorem61_required_tau
 from . import Experiment, grid, register
+from ._recipe import fit_and_measure, head_measure
 
 __all__ = ["LEARNERS", "within", "cells", "run", "seconds"]
 
@@ -109,25 +109,30 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     # the exact learner (float64 answers assumed) refuses noisy answers, and so may the noisy
     # learner outside the theorem's assumptions: the row records verified = False and the
     # estimate's errors
-    m.update(fit_counted(est, oracle, record_refusal=True))
+    e = fit_and_measure(est, oracle, head, d, record_refusal=True, finite_as=learner,
+                        measure=_measure)
+    m.update(e)
     if isinstance(est, NoisyValueQueryLearner):
         extra["n_clipped"] = est.n_clipped_
         extra["n_out_of_range"] = est.n_out_of_range_
-        if est.n_undefined_:
-            raise UndefinedEstimate(
-                f"sigma^(-1) of an attention-weight estimate outside (0, 1) at "
-                f"{est.n_undefined_} of {d * d} probes: the unclipped estimate of W is undefined"
-            )
-    e = head_errors(est.W_, est.v_, head.W, head.v)
-    if not all(np.isfinite(list(e.values()))):
-        raise UndefinedEstimate(f"{learner}: the estimate has non-finite entries")
-    m.update(e)
     if met:
         m["within_bound"] = bool(within(e["abs_err_W"], bound_W) and within(e["err_v"], bound_v))
     # success: the target (eps_W, eps_v) = (eps, eps) reached
     m["success"] = bool(e["abs_err_W"] <= eps and e["err_v"] <= eps)
     m["extra"] = extra
     return m
+
+
+def _measure(est, head) -> dict:
+    """:func:`~attnquery.experiments._recipe.head_measure`; an estimate of W the unclipped
+    learner left undefined raises :class:`~attnquery.errors.UndefinedEstimate`."""
+    if isinstance(est, NoisyValueQueryLearner) and est.n_undefined_:
+        raise UndefinedEstimate(
+            f"sigma^(-1) of an attention-weight estimate outside (0, 1) at "
+            f"{est.n_undefined_} of {head.d * head.d} probes: the unclipped estimate of W is "
+            "undefined"
+        )
+    return head_measure(est, head)
 
 
 # Estimated seconds per cell on one core (attnquery.study: the cluster's runtime requests), from
@@ -140,25 +145,9 @@ def seconds(cell) -> float:
 
 #: the result columns of this module's cell parameters (beyond the shared ones of
 #: :mod:`attnquery.results`)
-PARAMS: dict[str, pa.DataType] = {
-    "probes": pa.string(),
-    "W_fro": pa.float64(),
-    "W_bound": pa.float64(),
-    "mu": pa.float64(),
-    "zero_frac": pa.float64(),
-    "tau": pa.float64(),
-    "noise": pa.string(),
-    "oversample": pa.int64(),
-    "eps": pa.float64(),
-    "variant": pa.string(),
-}
+PARAMS: dict[str, pa.DataType] = {}
 #: the result columns of this module's metrics (beyond the shared ones)
-METRICS: dict[str, pa.DataType] = {
-    "required_tau": pa.float64(),
-    "bound_W": pa.float64(),
-    "bound_v": pa.float64(),
-    "within_bound": pa.bool_(),
-}
+METRICS: dict[str, pa.DataType] = {}
 
 
 EXPERIMENT = register(Experiment(

@@ -36,13 +36,13 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import ConfigError
-from ..metrics import fit_counted, functional_error, head_errors, relative_error
 from ..oracles import ValueOracle
 from ..realheads import head_from_checkpoint, head_summary
 from ..theory import BIAS_EXACT_TOL, BIAS_PARAM_TOL, BIAS_SKETCH_TOL
 from ..theory import REALHEADS_EXACT_TOL as EXACT_TOL
 from ..theory import REALHEADS_SKETCH_TOL as SKETCH_TOL
 from . import Experiment, checkpoint_source, grid, readout_args, register
+from ._recipe import bias_measure, fit_and_measure, head_measure
 
 
 def _ints(cfg, key):
@@ -99,8 +99,8 @@ def _noisy_axes(cfg, heads):
             "head": sub.get("heads", heads), "tau": sub["tau"]}, {}
 
 
-def _fit_on_values(make_learner, tols, head, cell, learner_rng):
-    """Fit a learner of exact value queries on ``head`` (with the key bias and offset when the
+def _on_values(make_learner, tols, head, cell, learner_rng):
+    """A learner of exact value queries on ``head`` (with the key bias and offset when the
     cell has ``biases``): what the exact and sketch cells share.
 
     Parameters
@@ -119,74 +119,97 @@ def _fit_on_values(make_learner, tols, head, cell, learner_rng):
     Returns
     -------
     tuple
-        ``(oracle, estimator, metrics, extra, tolerance)`` as a learner's ``fit`` returns them.
+        ``(oracle, unfitted estimator, success tolerance)``.
     """
     biases = bool(cell.get("biases", False))
-    oracle = ValueOracle(head, head.d)
     est = make_learner(random_state=learner_rng, fit_bias=biases)
-    m = fit_counted(est, oracle)
-    extra = {"n_requeried": int(est.n_requeried_)}
-    return oracle, est, m, extra, tols[biases]
+    return ValueOracle(head, head.d), est, tols[biases]
 
 
 def _exact(head, cell, learner_rng, oracle_rng, summary):
     """Theorem 4.1's exact learner (with the key bias and offset when ``biases``)."""
     from ..learners.exact import ExactValueQueryLearner
 
-    return _fit_on_values(partial(ExactValueQueryLearner, probes=cell["probes"]),
-                          (EXACT_TOL, BIAS_EXACT_TOL), head, cell, learner_rng)
+    return _on_values(partial(ExactValueQueryLearner, probes=cell["probes"]),
+                      (EXACT_TOL, BIAS_EXACT_TOL), head, cell, learner_rng)
 
 
 def _sketch(head, cell, learner_rng, oracle_rng, summary):
     """The sketch learner at the head's rank (with the biases when ``biases``)."""
     from ..learners.lowrank import SketchLowRankLearner
 
-    out = _fit_on_values(partial(SketchLowRankLearner, rank=summary["rank"]),
-                         (SKETCH_TOL, BIAS_SKETCH_TOL), head, cell, learner_rng)
-    out[2]["rank_found"] = int(out[1].rank_)
-    return out
+    return _on_values(partial(SketchLowRankLearner, rank=summary["rank"]),
+                      (SKETCH_TOL, BIAS_SKETCH_TOL), head, cell, learner_rng)
+
+
+def _requeried(est, cell):
+    """What the exact learner reports beyond the errors: the answers it asked again."""
+    return {}, {"n_requeried": int(est.n_requeried_)}
+
+
+def _sketch_report(est, cell):
+    """The exact learner's report and the rank the sketch found."""
+    return {"rank_found": int(est.rank_)}, _requeried(est, cell)[1]
 
 
 def _noisy(head, cell, learner_rng, oracle_rng, summary):
     """Theorem 6.1's learner against uniform noise of tolerance ``tau`` (no success tolerance:
     judged against the theorem's guarantee)."""
-    from ..learners.noisy import NoisyValueQueryLearner, theorem61_guarantee
+    from ..learners.noisy import NoisyValueQueryLearner
     from ..oracles import ApproximateValueOracle
 
-    d, tau = head.d, float(cell["tau"])
-    W_bound = max(2.0, summary["W_fro"])
-    mu = min(1.0, summary["min_abs_v"])
-    oracle = ApproximateValueOracle(head, d, tau, noise="uniform",
+    oracle = ApproximateValueOracle(head, head.d, float(cell["tau"]), noise="uniform",
                                     random_state=oracle_rng)
-    est = NoisyValueQueryLearner(W_bound=W_bound, mu=mu, random_state=learner_rng,
+    est = NoisyValueQueryLearner(W_bound=max(2.0, summary["W_fro"]),
+                                 mu=min(1.0, summary["min_abs_v"]), random_state=learner_rng,
                                  strict=False)
-    # outside the theorem's premise the learner may refuse its estimate (verified = False)
-    m = fit_counted(est, oracle, record_refusal=True)
-    bound_W, bound_v = theorem61_guarantee(tau, d, W_bound, mu)
-    m["required_tau"] = est.required_tau_
+    return oracle, est, None
+
+
+def _noisy_report(est, cell):
+    """Theorem 6.1's required tolerance and error bounds (where finite), and the learner's
+    counts of clipped and out-of-range answers."""
+    from ..learners.noisy import theorem61_guarantee
+
+    tau, W_bound, mu = float(cell["tau"]), est.W_bound, est.mu
+    m = {"required_tau": est.required_tau_}
+    bound_W, bound_v = theorem61_guarantee(tau, est.W_.shape[0], W_bound, mu)
     if np.isfinite(bound_W):
         m.update(bound_W=bound_W, bound_v=bound_v)
     extra = {"W_bound": W_bound, "mu": mu, "n_clipped": int(est.n_clipped_),
              "n_out_of_range": int(est.n_out_of_range_), "n_zero_v": int(est.zero_mask_.sum()),
              "margin_premise": bool(tau <= mu / 2)}
-    return oracle, est, m, extra, None
+    return m, extra
 
 
 @dataclass(frozen=True)
 class _Learner:
     #: (section, heads) -> (grid axes, fixed cell entries)
     axes: Callable
-    #: (head, cell, learner_rng, oracle_rng, summary) -> (oracle, estimator, metrics, extra,
-    #: success tolerance or None)
-    fit: Callable
+    #: (head, cell, learner_rng, oracle_rng, summary) -> (oracle, unfitted estimator, success
+    #: tolerance or None)
+    build: Callable
+    #: (fitted estimator, cell) -> (metrics, extra) it adds to the errors
+    report: Callable = _requeried
+    #: outside its premise the learner may refuse its estimate (recorded, verified = False)
+    record_refusal: bool = False
 
 
-#: the learners of this experiment, by name: their grid and how a cell fits them
+#: the learners of this experiment, by name: their grid, how a cell builds them and what they
+#: report
 LEARNERS = {
     "exact": _Learner(_exact_axes, _exact),
-    "sketch": _Learner(_head_axes, _sketch),
-    "noisy": _Learner(_noisy_axes, _noisy),
+    "sketch": _Learner(_head_axes, _sketch, _sketch_report),
+    "noisy": _Learner(_noisy_axes, _noisy, _noisy_report, record_refusal=True),
 }
+
+
+def _as_head(est, biases: bool):
+    """The estimate as a head (with its key bias and offset when ``biases``)."""
+    from ..models import AttentionHead
+
+    c_hat, beta_hat = (est.key_bias_, est.offset_) if biases else (None, 0.0)
+    return AttentionHead(est.v_, W=est.W_, key_bias=c_hat, offset=beta_hat)
 
 
 def run(cell: dict, rng: np.random.Generator) -> dict:
@@ -194,23 +217,17 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     biases = bool(cell.get("biases", False))
     head = head_from_checkpoint(cell["checkpoint"], cell["layer"], cell["head"],
                                 n_heads=cell["n_heads"], **readout_args(cell), biases=biases)
-    d = head.d
     summary = head_summary(head)
     if cell["learner"] not in LEARNERS:
         raise ConfigError(f"unknown learner {cell['learner']!r}")
-    oracle, est, m, extra, tol = LEARNERS[cell["learner"]].fit(head, cell, learner_rng,
-                                                               oracle_rng, summary)
-    W_hat = est.W_
-    m.update(head_errors(W_hat, est.v_, head.W, head.v))
-    from ..models import AttentionHead
-
-    c_hat, beta_hat = (est.key_bias_, est.offset_) if biases else (None, 0.0)
-    m["func_err"] = functional_error(
-        head, AttentionHead(est.v_, W=W_hat, key_bias=c_hat, offset=beta_hat), d, eval_rng,
-        n=32)
-    if biases:
-        m["rel_err_c"] = relative_error(c_hat, head.key_bias)
-        m["rel_err_offset"] = relative_error(beta_hat, head.offset)
+    learner = LEARNERS[cell["learner"]]
+    oracle, est, tol = learner.build(head, cell, learner_rng, oracle_rng, summary)
+    m = fit_and_measure(est, oracle, head, head.d, eval_rng, n_eval=32,
+                        record_refusal=learner.record_refusal,
+                        measure=bias_measure if biases else head_measure,
+                        model=partial(_as_head, biases=biases))
+    added, extra = learner.report(est, cell)
+    m.update(added)
     if tol is not None:
         m["success"] = bool(m["rel_err_W"] <= tol and (
             max(m["rel_err_v"], m["rel_err_c"], m["rel_err_offset"]) <= BIAS_PARAM_TOL
@@ -239,32 +256,9 @@ def seconds(cell) -> float:
 
 #: the result columns of this module's cell parameters (beyond the shared ones of
 #: :mod:`attnquery.results`)
-PARAMS: dict[str, pa.DataType] = {
-    "rank": pa.int64(),
-    "n_heads": pa.int64(),
-    "probes": pa.string(),
-    "W_spectral": pa.float64(),
-    "W_fro": pa.float64(),
-    "W_bound": pa.float64(),
-    "mu": pa.float64(),
-    "tau": pa.float64(),
-    "noise": pa.string(),
-    "layer": pa.int64(),
-    "head": pa.int64(),
-    "checkpoint": pa.string(),
-    "readout": pa.string(),
-    "biases": pa.bool_(),
-}
+PARAMS: dict[str, pa.DataType] = {}
 #: the result columns of this module's metrics (beyond the shared ones)
-METRICS: dict[str, pa.DataType] = {
-    "rel_err_c": pa.float64(),
-    "rel_err_offset": pa.float64(),
-    "rank_found": pa.int64(),
-    "required_tau": pa.float64(),
-    "bound_W": pa.float64(),
-    "bound_v": pa.float64(),
-    "within_bound": pa.bool_(),
-}
+METRICS: dict[str, pa.DataType] = {}
 
 
 EXPERIMENT = register(

@@ -7,8 +7,8 @@ d = 384). :class:`~attnquery.learners.AttentionLayerLearner` recovers it through
 with the rank set to the head dimension. Each cell records, per layer:
 
 * the heads recovered, matched to the true heads by the Hungarian method
-  (:func:`~attnquery.metrics.layer_errors`): ``n_heads_found`` counts the heads whose relative
-  errors of ``W_h``, ``v_h`` and ``c_h`` are all at most ``HEAD_TOL``;
+  (:func:`~attnquery.experiments._recipe.layer_measure`): ``n_heads_found`` counts the heads
+  whose relative errors of ``W_h``, ``v_h`` and ``c_h`` are all at most ``HEAD_TOL``;
 * the per-head relative errors of ``W_h``, ``v_h`` and ``c_h`` (their maxima in ``rel_err_W``,
   ``rel_err_v``, ``rel_err_c``, every head's in ``extra``) and of the offset beta;
 * the functional relative error on held-out random inputs of lengths 1, 2, 4 and 8
@@ -29,12 +29,13 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import ConfigError
-from ..metrics import fit_counted, functional_error, layer_errors, relative_error
+from ..metrics import relative_error
 from ..oracles import ValueOracle
 from ..realheads import layer_from_checkpoint
 from ..theory import LAYER_FUNC_TOL as FUNC_TOL
 from ..theory import LAYER_HEAD_TOL as HEAD_TOL
 from . import Experiment, checkpoint_source, grid, readout_args, register
+from ._recipe import fit_and_measure, layer_measure
 
 #: the learner of this experiment
 LEARNERS = ("attention_layer",)
@@ -64,35 +65,29 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     r = int(layer.heads[0].K.shape[0])
     oracle = ValueOracle(layer, d)
     est = AttentionLayerLearner(n_heads=H, rank=r, fit_bias=biases, random_state=learner_rng)
-    counts = fit_counted(est, oracle)
-    m = layer_errors(est.W_, est.v_, est.key_bias_, [h.W for h in layer.heads],
-                     [h.v for h in layer.heads], [h.key_bias for h in layer.heads])
-    err_W, err_v, err_c = m["rel_err_W"], m["rel_err_v"], m["rel_err_c"]
-    found = (err_W <= HEAD_TOL) & (err_v <= HEAD_TOL) & (err_c <= HEAD_TOL)
-    func = functional_error(layer, est.predict, d, eval_rng, n=64)
+    m = fit_and_measure(est, oracle, layer, d, eval_rng, n_eval=64, measure=layer_measure)
+    per = {k: np.asarray(m.pop(f"err_{k}_heads")) for k in ("W", "v", "c")}
+    found = (per["W"] <= HEAD_TOL) & (per["v"] <= HEAD_TOL) & (per["c"] <= HEAD_TOL)
     from ..learners.multihead_generic import layer_dof, layer_probe_count
 
-    out = {
-        **counts,
+    m.update({
         "n_heads_found": int(found.sum()),
-        "rel_err_W": float(err_W.max()),
-        "rel_err_v": float(err_v.max()),
-        "func_err": func,
-        "success": bool(found.all() and func <= FUNC_TOL),
+        "success": bool(found.all() and m["func_err"] <= FUNC_TOL),
         "extra": {
             "d": d, "rank": r, "dof": layer_dof(d, H, r, bias=biases),
             "probe_count": layer_probe_count(d, H, r, est.oversample, bias=biases),
             "n_requeried": est.n_requeried_,
-            "rel_err_W_heads": err_W.tolist(), "rel_err_v_heads": err_v.tolist(),
-            "rel_err_c_heads": err_c.tolist(), "queries_by_stage": est.n_queries_by_stage_,
+            "rel_err_W_heads": per["W"].tolist(), "rel_err_v_heads": per["v"].tolist(),
+            "rel_err_c_heads": per["c"].tolist(), "queries_by_stage": est.n_queries_by_stage_,
             "scan_T": est.scan_["T"], "scan_planes": est.scan_["planes"],
             "verify_error": est.verify_error_,
         },
-    }
+    })
     if biases:
-        out["rel_err_c"] = float(err_c.max())
-        out["rel_err_offset"] = relative_error(est.offset_, layer.total_offset)
-    return out
+        m["rel_err_offset"] = relative_error(est.offset_, layer.total_offset)
+    else:
+        del m["rel_err_c"]  # a layer without biases has no key bias to measure
+    return m
 
 
 # Estimated seconds per cell on one core (attnquery.study: the cluster's runtime requests): a
@@ -104,20 +99,9 @@ def seconds(cell) -> float:
 
 #: the result columns of this module's cell parameters (beyond the shared ones of
 #: :mod:`attnquery.results`)
-PARAMS: dict[str, pa.DataType] = {
-    "rank": pa.int64(),
-    "n_heads": pa.int64(),
-    "layer": pa.int64(),
-    "checkpoint": pa.string(),
-    "readout": pa.string(),
-    "biases": pa.bool_(),
-}
+PARAMS: dict[str, pa.DataType] = {}
 #: the result columns of this module's metrics (beyond the shared ones)
-METRICS: dict[str, pa.DataType] = {
-    "rel_err_c": pa.float64(),
-    "rel_err_offset": pa.float64(),
-    "n_heads_found": pa.int64(),
-}
+METRICS: dict[str, pa.DataType] = {}
 
 
 EXPERIMENT = register(

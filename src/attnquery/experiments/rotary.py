@@ -45,10 +45,11 @@ import numpy as np
 import pyarrow as pa
 
 from ..learners import AttentionLayerLearner, RotaryValueQueryLearner
-from ..metrics import fit_counted, max_error_by_length, relative_error
+from ..metrics import max_error_by_length, relative_error
 from ..models import RotaryAttentionHead, random_rotary_head, random_rotary_layer
 from ..oracles import ValueOracle
 from . import Experiment, grid, register
+from ._recipe import fit_and_measure
 
 #: sequence lengths of the functional error, and how many held-out sequences of each
 LENGTHS = (1, 16, 256, 4096)
@@ -147,6 +148,17 @@ def _freq_err(est, model) -> float:
     return float(np.max(np.abs(est.frequencies_ - model.frequencies)))
 
 
+def _head_measure(est, head) -> dict:
+    """A rotary head's relative error of ``M(-1)`` (its bilinear form one position back), and
+    the rank the learner found."""
+    return {"rel_err_W": relative_error(est.M(-1), head.M(-1)), "rank_found": int(est.rank_)}
+
+
+def _layer_measure(est, layer) -> dict:
+    """What the layer learner found of a rotary layer: the heads' rank and their number."""
+    return {"rank_found": int(est.rank_), "n_heads_found": int(est.n_heads_)}
+
+
 def run(cell: dict, rng: np.random.Generator) -> dict:
     if cell["variant"] == "layer":
         return run_layer(cell, rng)
@@ -158,12 +170,10 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     oracle = ValueOracle(head, d)
     est = RotaryValueQueryLearner(rank=dh if cell["variant"] == "lowrank" else None,
                                   random_state=learner_rng)
-    m = fit_counted(est, oracle)
+    m = fit_and_measure(est, oracle, head, measure=_head_measure)
     freq_err = _freq_err(est, head)
     by_length = _func_err_by_length(head, est, d, eval_rng)
-    m["rel_err_W"] = relative_error(est.M(-1), head.M(-1))
     m["func_err"] = max(by_length.values())
-    m["rank_found"] = int(est.rank_)
     m["success"] = bool(freq_err <= 1e-12 and m["func_err"] <= 1e-9)
     m["extra"] = json.dumps({
         "freq_err": freq_err, "func_err_by_length": by_length,
@@ -194,13 +204,11 @@ def run_layer(cell: dict, rng: np.random.Generator) -> dict:
     oracle = ValueOracle(layer, d)
     est = AttentionLayerLearner(n_heads=H, n_kv_heads=G, positions="rotary", fit_bias=False,
                                 random_state=learner_rng)
-    m = fit_counted(est, oracle)
+    m = fit_and_measure(est, oracle, layer, measure=_layer_measure)
     freq_err = _freq_err(est, layer)
     by_length = _func_err_by_length(layer, est, d, eval_rng)
     groups = _groups_found(est, layer)
     m["func_err"] = max(by_length.values())
-    m["rank_found"] = int(est.rank_)
-    m["n_heads_found"] = int(est.n_heads_)
     m["success"] = bool(freq_err <= 1e-12 and m["func_err"] <= 1e-8 and groups)
     m["extra"] = json.dumps({
         "freq_err": freq_err, "func_err_by_length": by_length, "groups_found": groups,
@@ -220,16 +228,15 @@ def run_served(cell: dict, rng: np.random.Generator) -> dict:
                               precision=cell["rounding"])
     budget = served_budget(cell)
     est = RotaryValueQueryLearner(n_queries=budget, random_state=learner_rng)
-    m = fit_counted(est, ValueOracle(box, d))
+    # errors against the exact float64 head
+    m = fit_and_measure(est, ValueOracle(box, d), head, measure=_head_measure)
     freq_err = _freq_err(est, head)
     counts = {N: N_SEQUENCES[N] for N in LENGTHS}
     seed = int(eval_rng.integers(2**63))  # the same sequences for the error and the floor
     by_length = max_error_by_length(box, est.predict, d, np.random.default_rng(seed), counts)
     floor = max_error_by_length(head, box, d, np.random.default_rng(seed), counts)
     total = m["n_queries"] + m["verify_queries"]
-    m["rel_err_W"] = relative_error(est.M(-1), head.M(-1))  # against the exact float64 head
     m["func_err"] = max(by_length.values())
-    m["rank_found"] = int(est.rank_)
     m["success"] = bool(m["func_err"] <= SERVED_GOAL
                         and total <= SERVED_GOAL_QUERIES * (d * d + d))
     m["extra"] = json.dumps({
@@ -272,21 +279,11 @@ def seconds(cell) -> float:
 #: the result columns of this module's cell parameters (beyond the shared ones of
 #: :mod:`attnquery.results`)
 PARAMS: dict[str, pa.DataType] = {
-    "rank": pa.int64(),
-    "n_heads": pa.int64(),
-    "rounding": pa.string(),
-    "queries_per_unknown": pa.float64(),
-    "variant": pa.string(),
-    "layer": pa.int64(),
-    "biases": pa.bool_(),
     "rope_base": pa.float64(),
     "n_kv_heads": pa.int64(),
 }
 #: the result columns of this module's metrics (beyond the shared ones)
-METRICS: dict[str, pa.DataType] = {
-    "rank_found": pa.int64(),
-    "n_heads_found": pa.int64(),
-}
+METRICS: dict[str, pa.DataType] = {}
 
 
 EXPERIMENT = register(

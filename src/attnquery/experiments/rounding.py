@@ -101,15 +101,7 @@ def seconds(cell) -> float:
 
 #: the result columns of this module's cell parameters (beyond the shared ones of
 #: :mod:`attnquery.results`)
-PARAMS: dict[str, pa.DataType] = {
-    "rank": pa.int64(),
-    "probes": pa.string(),
-    "W_bound": pa.float64(),
-    "mu": pa.float64(),
-    "zero_frac": pa.float64(),
-    "rounding": pa.string(),
-    "queries_per_unknown": pa.float64(),
-}
+PARAMS: dict[str, pa.DataType] = {}
 #: the result columns of this module's metrics (beyond the shared ones)
 METRICS: dict[str, pa.DataType] = {}
 

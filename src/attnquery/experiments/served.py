@@ -18,11 +18,12 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import ConfigError
-from ..metrics import fit_counted, functional_error, relative_error
+from ..metrics import relative_error
 from ..oracles import ValueOracle
 from ..precision import PRECISIONS, Arithmetic
 from ..realheads import ModuleBlackBox, cached_checkpoint, head_from_checkpoint
 from . import Experiment, checkpoint_source, grid, readout_args, register
+from ._recipe import fit_and_measure, layer_measure, relative_bias_measure
 
 __all__ = ["cells", "run", "floor_W", "floor_cv", "GOALS", "FLOAT32_GOAL", "layer_cells",
            "run_layer", "LAYER_GOAL", "LAYER_BUDGET"]
@@ -112,20 +113,14 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     oracle = ValueOracle(box, d)
     n = int(round(cell["queries_per_unknown"] * unit))
     est = LowPrecisionValueQueryLearner(n_queries=n, fit_bias=True, random_state=learner_rng)
-    counts = fit_counted(est, oracle)
-    eW = relative_error(est.W_, head.W)
+    m = fit_and_measure(est, oracle, head, d, eval_rng, n_eval=32, measure=relative_bias_measure)
+    eW = m["rel_err_W"]
     floor = floor_W(cell["checkpoint"], cell["layer"], cell["head"], cell["n_heads"], prec)
     floor_c, floor_v = floor_cv(cell["checkpoint"], cell["layer"], cell["head"],
                                 cell["n_heads"], prec, box.r)
     goal = GOALS[prec] if prec == "float32" else GOALS[prec] * floor
-    return {
-        **counts,
-        "rel_err_W": eW,
-        "rel_err_v": relative_error(est.v_, head.v),
-        "rel_err_c": relative_error(est.key_bias_, head.key_bias),
-        "rel_err_offset": relative_error(est.offset_, head.offset),
+    m.update({
         "rank_found": int(est.rank_),
-        "func_err": functional_error(head, est.predict, d, eval_rng, n=32),
         "success": bool(eW <= goal and est.n_overflow_ == 0),
         "extra": {
             "d": d, "floor_W": floor, "floor_ratio": eW / floor if floor > 0 else None,
@@ -136,7 +131,8 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
             "verify_error": est.verify_error_, "sketch": bool(est.sketch_),
             "query_bias_cancelled": bool(est.query_bias_cancelled_),
         },
-    }
+    })
+    return m
 
 
 # -- whole layers (AttentionLayerLearner(n_queries=...)) -----------------------------------------
@@ -168,7 +164,6 @@ def run_layer(cell: dict, rng: np.random.Generator) -> dict:
     ``extra``; ``rel_err_W``, ``rel_err_v``, ``rel_err_c`` are the largest over the heads."""
     from ..learners import AttentionLayerLearner
     from ..learners.multihead_generic import layer_dof
-    from ..metrics import match_heads
     from ..realheads import layer_from_checkpoint
 
     learner_rng, eval_rng = rng.spawn(2)
@@ -181,24 +176,19 @@ def run_layer(cell: dict, rng: np.random.Generator) -> dict:
     oracle = ValueOracle(box, d)
     est = AttentionLayerLearner(n_heads=H, n_queries=int(round(cell["queries_per_unknown"] * dof)),
                                 random_state=learner_rng)
-    counts = fit_counted(est, oracle)
-    m = match_heads(est.W_, est.v_, [h.W for h in truth.heads], [h.v for h in truth.heads])
-    perm = m["perm"]
-    per = {k: [relative_error(getattr(est, a)[perm[j]], getattr(h, b))
-               for j, h in enumerate(truth.heads)]
-           for k, a, b in (("W", "W_", "W"), ("v", "v_", "v"), ("c", "key_bias_", "key_bias"))}
-    fe = functional_error(truth, est.predict, d, eval_rng, n=32)
-    return {
-        **counts, "rel_err_W": max(per["W"]), "rel_err_v": max(per["v"]),
-        "rel_err_c": max(per["c"]), "func_err": fe, "n_heads_found": int(est.n_heads_),
+    m = fit_and_measure(est, oracle, truth, d, eval_rng, n_eval=32, measure=layer_measure)
+    per = {k: m.pop(f"err_{k}_heads") for k in ("W", "v", "c")}
+    m.update({
+        "n_heads_found": int(est.n_heads_),
         "rel_err_offset": relative_error(est.offset_, truth.total_offset),
-        "success": bool(max(per["W"]) <= LAYER_GOAL and fe <= LAYER_GOAL
+        "success": bool(m["rel_err_W"] <= LAYER_GOAL and m["func_err"] <= LAYER_GOAL
                         and oracle.n_queries <= LAYER_BUDGET * dof),
         "extra": {"d": d, "dof": dof, "spent_per_dof": oracle.n_queries / dof,
                   "err_W_heads": per["W"], "err_v_heads": per["v"], "err_c_heads": per["c"],
                   "noise_level": est.noise_level_, "n_passes": est.n_passes_,
                   "verify_error": est.verify_error_},
-    }
+    })
+    return m
 
 
 # Estimated seconds per cell on one core: a MiniLM head (d = 384) took 4 to 6 s at
@@ -229,26 +219,9 @@ LAYER_SECONDS = 150.0
 
 #: the result columns of this module's cell parameters (beyond the shared ones of
 #: :mod:`attnquery.results`)
-PARAMS: dict[str, pa.DataType] = {
-    "n_heads": pa.int64(),
-    "rounding": pa.string(),
-    "queries_per_unknown": pa.float64(),
-    "c": pa.float64(),
-    "family": pa.string(),
-    "variant": pa.string(),
-    "layer": pa.int64(),
-    "head": pa.int64(),
-    "checkpoint": pa.string(),
-    "readout": pa.string(),
-    "biases": pa.bool_(),
-}
+PARAMS: dict[str, pa.DataType] = {}
 #: the result columns of this module's metrics (beyond the shared ones)
-METRICS: dict[str, pa.DataType] = {
-    "rel_err_c": pa.float64(),
-    "rel_err_offset": pa.float64(),
-    "rank_found": pa.int64(),
-    "n_heads_found": pa.int64(),
-}
+METRICS: dict[str, pa.DataType] = {}
 
 
 EXPERIMENT = register(Experiment(

@@ -21,12 +21,13 @@ import numpy as np
 import pyarrow as pa
 
 from ..learners import TransformerLearner
-from ..metrics import fit_counted, match_neurons, random_inputs, relative_error
+from ..metrics import match_neurons, random_inputs, relative_error
 from ..models import random_transformer
 from ..oracles import ValueOracle
 from ..theory import FFN_TOL
 from ..theory import TRANSFORMER_W_TOL as W_TOL
 from . import Experiment, grid, register
+from ._recipe import fit_and_measure
 
 
 def cells(cfg) -> list[dict]:
@@ -67,25 +68,31 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     tf = random_transformer(d, m, model_rng)
     oracle = ValueOracle(tf, d)
     est = TransformerLearner(random_state=learner_rng)
-    counts = fit_counted(est, oracle)
+    out = fit_and_measure(est, oracle, tf, measure=_measure)
     r_ffn, r_tf = eval_rng.spawn(2)
-    out = {
-        "rel_err_W": relative_error(est.W_, tf.W),
-        "rel_err_v": relative_error(est.v_, tf.v),
-        **counts,
+    out.update({
         "n_queries_attention": est.n_queries_attention_,
         "n_queries_ffn": est.n_queries_ffn_,
         "func_err_ffn": ffn_error(tf, est.ffn_.predict, d, r_ffn),
-        "width_found": int(est.A_.shape[1]),
-    }
-    match = match_neurons(est.A_, est.w_o_, tf.A, tf.w_o)
-    out["neuron_err"] = match["rel_err"] if match["same_width"] else None  # does not apply
+    })
     out["func_err_max"], out["func_err_median"] = transformer_functional_errors(
         tf, est.predict, d, r_tf
     )
     out["func_err"] = out["func_err_max"]
     out["success"] = bool(out["rel_err_W"] <= W_TOL and out["func_err_ffn"] <= FFN_TOL)
     return out
+
+
+def _measure(est, tf) -> dict:
+    """The attention's relative errors of W and v, the width found and, at the true width, the
+    neurons' error after matching (:func:`~attnquery.metrics.match_neurons`; None otherwise)."""
+    match = match_neurons(est.A_, est.w_o_, tf.A, tf.w_o)
+    return {
+        "rel_err_W": relative_error(est.W_, tf.W),
+        "rel_err_v": relative_error(est.v_, tf.v),
+        "width_found": int(est.A_.shape[1]),
+        "neuron_err": match["rel_err"] if match["same_width"] else None,  # does not apply
+    }
 
 
 # Estimated seconds per cell on one core (attnquery.study: the cluster's runtime requests), from

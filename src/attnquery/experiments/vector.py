@@ -27,8 +27,9 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import ConfigError
-from ..metrics import fit_counted, relative_error
+from ..metrics import relative_error
 from . import Experiment, grid, register
+from ._recipe import fit_and_measure, relative_bias_measure
 
 __all__ = ["cells", "run", "VARIANTS", "degrees_of_freedom", "floor_queries", "CHECK_LENGTHS",
            "BIAS", "GOAL"]
@@ -117,16 +118,10 @@ def _run_scalar(layer, learner_rng, eval_rng) -> dict:
                          key_bias=layer.key_bias()[0], offset=float(layer.output_bias @ r))
     oracle = ValueOracle(head, d)
     est = ExactValueQueryLearner(fit_bias=True, random_state=learner_rng)
-    m = fit_counted(est, oracle)
-    errors = {
-        "rel_err_W": relative_error(est.W_, head.W),
-        "rel_err_v": relative_error(est.v_, head.v),
-        "rel_err_c": relative_error(est.key_bias_, head.key_bias),
-        "rel_err_offset": relative_error(est.offset_, head.offset),
-        "func_err": _function_error(head, est.predict, d, eval_rng),
-    }
+    m = fit_and_measure(est, oracle, head, measure=relative_bias_measure)
+    m["func_err"] = _function_error(head, est.predict, d, eval_rng)
     dof = degrees_of_freedom(d, 1, layer.d_out, "scalar")
-    return _metrics(m, errors, dof, 1, n_tokens=None, tokens_per_query=None)
+    return _metrics(m, dof, 1, n_tokens=None, tokens_per_query=None)
 
 
 def _run_vector(layer, variant, learner_rng, eval_rng) -> dict:
@@ -137,22 +132,27 @@ def _run_vector(layer, variant, learner_rng, eval_rng) -> dict:
     d, H = layer.d, layer.n_heads
     oracle = VectorOracle(layer, d, outputs=variant)
     est = VectorLayerLearner(n_heads=H, random_state=learner_rng)
-    m = fit_counted(est, oracle)
+    m = fit_and_measure(est, oracle, layer, measure=_layer_measure)
+    m["func_err"] = _function_error(layer, est.predict, d, eval_rng)
+    N = int(est.tokens_per_query_)
+    per_answer = layer.d_out * (N if variant == "all" else 1)
+    dof = degrees_of_freedom(d, H, layer.d_out, variant)
+    return _metrics(m, dof, per_answer, n_tokens=int(oracle.n_tokens), tokens_per_query=N)
+
+
+def _layer_measure(est, layer) -> dict:
+    """A vector layer's heads, matched by their value maps: the largest relative errors of W,
+    the value map and the key bias over the heads, of the output bias, and the rank found."""
+    H = layer.n_heads
     perm = _match_heads(est.V_, layer.value_maps())
     W, V, c = layer.head_W()[perm], layer.value_maps()[perm], layer.key_bias()[perm]
-    errors = {
+    return {
         "rel_err_W": max(relative_error(est.W_[h], W[h]) for h in range(H)),
         "rel_err_v": max(relative_error(est.V_[h], V[h]) for h in range(H)),
         "rel_err_c": max(relative_error(est.key_bias_[h], c[h]) for h in range(H)),
         "rel_err_offset": relative_error(est.output_bias_, layer.output_bias),
-        "func_err": _function_error(layer, est.predict, d, eval_rng),
+        "rank_found": int(est.rank_),
     }
-    N = int(est.tokens_per_query_)
-    per_answer = layer.d_out * (N if variant == "all" else 1)
-    dof = degrees_of_freedom(d, H, layer.d_out, variant)
-    m["rank_found"] = int(est.rank_)
-    return _metrics(m, errors, dof, per_answer, n_tokens=int(oracle.n_tokens),
-                    tokens_per_query=N)
 
 
 def _match_heads(V_est, V_true) -> np.ndarray:
@@ -177,12 +177,16 @@ def _function_error(truth, predict, d: int, rng) -> float:
     return worst / scale if scale > 0 else worst
 
 
-def _metrics(m, errors, dof, per_answer, n_tokens, tokens_per_query) -> dict:
+#: the errors a cell's success asks to be at most GOAL
+_ERRORS = ("rel_err_W", "rel_err_v", "rel_err_c", "rel_err_offset", "func_err")
+
+
+def _metrics(m, dof, per_answer, n_tokens, tokens_per_query) -> dict:
     total = m["n_queries"] + m["verify_queries"]
     floor = floor_queries(dof, per_answer)
     return {
-        **m, **errors,
-        "success": bool(max(errors.values()) <= GOAL),
+        **m,
+        "success": bool(max(m[k] for k in _ERRORS) <= GOAL),
         "extra": {"queries_total": total, "n_tokens": n_tokens, "dof": dof,
                   "numbers_per_answer": per_answer, "floor": floor,
                   "floor_ratio": total / floor, "tokens_per_query": tokens_per_query},
@@ -202,17 +206,9 @@ def seconds(cell) -> float:
 
 #: the result columns of this module's cell parameters (beyond the shared ones of
 #: :mod:`attnquery.results`)
-PARAMS: dict[str, pa.DataType] = {
-    "n_heads": pa.int64(),
-    "variant": pa.string(),
-    "biases": pa.bool_(),
-}
+PARAMS: dict[str, pa.DataType] = {}
 #: the result columns of this module's metrics (beyond the shared ones)
-METRICS: dict[str, pa.DataType] = {
-    "rel_err_c": pa.float64(),
-    "rel_err_offset": pa.float64(),
-    "rank_found": pa.int64(),
-}
+METRICS: dict[str, pa.DataType] = {}
 
 
 EXPERIMENT = register(Experiment(
