@@ -1,0 +1,106 @@
+"""Claims are small named functions, registered with their figure module's ClaimSet: a claim is
+found by its name and checked alone, on data of a test's own."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+import pandas as pd
+import pytest
+
+import attnquery.figures as figures
+from attnquery.claims import Claim, ClaimSet
+from attnquery.results import RESULT_SCHEMA, TIMING_COLUMNS, rows_to_table
+
+#: the figure modules whose claims are registered in a ClaimSet (module.CLAIMS)
+MODULES = [m.name for m in pkgutil.iter_modules(figures.__path__)
+           if isinstance(getattr(importlib.import_module(f"attnquery.figures.{m.name}"),
+                                 "CLAIMS", None), ClaimSet)]
+
+
+def _empty():
+    df = rows_to_table([], RESULT_SCHEMA).to_pandas()
+    for col in TIMING_COLUMNS:
+        df[col] = pd.Series(dtype=float)
+    return df
+
+
+def _claim(name, passed=True):
+    return Claim(name, f"{name} holds", passed, "checked", n_runs=1)
+
+
+def test_a_claim_set_checks_its_claims_in_order_and_skips_those_not_made():
+    claims = ClaimSet(lambda df: len(df))
+
+    @claims
+    def first(n):
+        return _claim("first", n > 2)
+
+    @claims
+    def per_group(n):
+        return [_claim(f"per_group_{i}") for i in range(n)]
+
+    @claims
+    def never(n):
+        return None
+
+    assert claims.names == ("first", "per_group", "never")
+    assert claims["first"] is first
+    out = claims.of_rows([0, 0])
+    assert [c.name for c in out] == ["first", "per_group_0", "per_group_1"]
+    assert [c.passed for c in out] == [False, True, True]
+
+
+def test_a_claim_set_refuses_a_name_twice_and_names_the_known_ones():
+    claims = ClaimSet()
+
+    @claims
+    def one(df):
+        return _claim("one")
+
+    with pytest.raises(ValueError, match="'one' is registered twice"):
+        claims(one)
+    with pytest.raises(KeyError, match=r"unknown claim 'two'; known: \['one'\]"):
+        claims["two"]
+
+
+def test_the_converted_figure_modules_are_found():
+    assert "exact" in MODULES
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_each_claim_is_named_as_its_function(module):
+    claims = importlib.import_module(f"attnquery.figures.{module}").CLAIMS
+    for name in claims.names:
+        assert claims[name].__name__ == name
+        assert claims[name].__doc__, f"claim {name} has no docstring"
+    made = claims.of_rows(_empty())
+    assert made, f"{module} makes no claim on empty rows"
+    for c in made:
+        assert any(c.name.startswith(n) for n in claims.names), c.name
+
+
+def _exact_rows(n_queries_off=0):
+    d = [16, 32, 64]
+    return pd.DataFrame({
+        "experiment": "exact", "status": "ok", "d": d,
+        "n_queries": [x * x + x + n_queries_off for x in d], "probes": "gaussian",
+        "verified": True, "verify_queries": 4, "verify_error": 1e-14, "success": True,
+        "rel_err_W": 1e-13})
+
+
+def test_exact_count_fails_on_a_run_that_asked_one_query_too_many():
+    from attnquery.figures.exact import CLAIMS, exact_count
+
+    assert exact_count(CLAIMS.prepare(_exact_rows())).passed
+    off = exact_count(CLAIMS.prepare(_exact_rows(n_queries_off=1)))
+    assert off.verdict == "NOT supported" and off.detail == "0/3 runs"
+
+
+def test_exact_exponent_fails_on_queries_that_grow_as_d_cubed():
+    from attnquery.figures.exact import CLAIMS
+
+    rows = _exact_rows().assign(n_queries=lambda r: r["d"] ** 3)
+    claim = CLAIMS["exact_exponent"](CLAIMS.prepare(rows))
+    assert not claim.passed and claim.numbers[0].value == pytest.approx(3.0)
