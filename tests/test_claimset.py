@@ -75,9 +75,7 @@ def test_each_claim_is_named_as_its_function(module):
     for name in claims.names:
         assert claims[name].__name__ == name
         assert claims[name].__doc__, f"claim {name} has no docstring"
-    made = claims.of_rows(_empty())
-    assert made, f"{module} makes no claim on empty rows"
-    for c in made:
+    for c in claims.of_rows(_empty()):
         assert any(c.name.startswith(n) for n in claims.names), c.name
 
 
