@@ -275,7 +275,8 @@ class ClaimSet:
     Parameters
     ----------
     prepare : callable(DataFrame) -> object, optional
-        What the claims read, made once from the result rows (default: the rows themselves).
+        What the claims read, made once from the result rows (default: the rows themselves);
+        ``None`` when the figure states no claim on these rows.
 
     Examples
     --------
@@ -318,5 +319,7 @@ class ClaimSet:
         return claims
 
     def of_rows(self, df) -> list[Claim]:
-        """Every claim checked on the result rows ``df`` (``check(prepare(df))``)."""
-        return self.check(self.prepare(df))
+        """Every claim checked on the result rows ``df`` (``check(prepare(df))``; none when
+        ``prepare`` gives ``None``)."""
+        data = self.prepare(df)
+        return [] if data is None else self.check(data)
