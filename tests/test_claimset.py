@@ -13,10 +13,11 @@ import attnquery.figures as figures
 from attnquery.claims import Claim, ClaimSet
 from attnquery.results import RESULT_SCHEMA, TIMING_COLUMNS, rows_to_table
 
-#: the figure modules whose claims are registered in a ClaimSet (module.CLAIMS)
-MODULES = [m.name for m in pkgutil.iter_modules(figures.__path__)
-           if isinstance(getattr(importlib.import_module(f"attnquery.figures.{m.name}"),
-                                 "CLAIMS", None), ClaimSet)]
+#: every ClaimSet of the figure modules: (module, attribute)
+SETS = [(m.name, attr)
+        for m in pkgutil.iter_modules(figures.__path__)
+        for attr, value in vars(importlib.import_module(f"attnquery.figures.{m.name}")).items()
+        if isinstance(value, ClaimSet)]
 
 
 def _empty():
@@ -65,18 +66,36 @@ def test_a_claim_set_refuses_a_name_twice_and_names_the_known_ones():
         claims["two"]
 
 
-def test_the_converted_figure_modules_are_found():
-    assert "exact" in MODULES
+def test_a_claim_may_be_named_apart_from_its_function():
+    claims = ClaimSet()
+
+    @claims.named("figure_name")
+    def figure_name_claim(df):
+        return _claim("figure_name")
+
+    assert claims.names == ("figure_name",)
+    assert claims["figure_name"] is figure_name_claim
 
 
-@pytest.mark.parametrize("module", MODULES)
-def test_each_claim_is_named_as_its_function(module):
-    claims = importlib.import_module(f"attnquery.figures.{module}").CLAIMS
+def test_every_figure_module_registers_its_claims_in_a_claim_set():
+    modules = {m.name for m in pkgutil.iter_modules(figures.__path__)
+               if not m.name.startswith("_")}
+    assert modules == {module for module, _ in SETS}
+    assert ("rotary", "SERVED_CLAIMS") in SETS and ("reallayer", "TIME_CLAIMS") in SETS
+
+
+@pytest.mark.parametrize(("module", "attr"), SETS)
+def test_each_claim_states_only_claims_of_its_name(module, attr):
+    claims = getattr(importlib.import_module(f"attnquery.figures.{module}"), attr)
+    data = claims.prepare(_empty())
     for name in claims.names:
-        assert claims[name].__name__ == name
         assert claims[name].__doc__, f"claim {name} has no docstring"
-    for c in claims.of_rows(_empty()):
-        assert any(c.name.startswith(n) for n in claims.names), c.name
+        if data is None:  # no claim on empty rows
+            continue
+        out = claims[name](data)
+        made = [out] if isinstance(out, Claim) else list(out or [])
+        assert all(c.name == name or c.name.startswith(name + "_") for c in made), \
+            (name, [c.name for c in made])
 
 
 def _exact_rows(n_queries_off=0):

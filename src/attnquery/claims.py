@@ -267,7 +267,8 @@ def threshold_claim(name: str, statement: str, passes, *, of: int | None = None,
 class ClaimSet:
     """The claims of one figure module: small functions, each named as the claim it checks.
 
-    Register a claim with the set as a decorator; the function takes the data the module's
+    Register a claim with the set as a decorator (:meth:`named` to give it a name other than its
+    function's); the function takes the data the module's
     ``prepare`` makes of the result rows and returns its :class:`Claim` (``None`` when the claim
     is not made on these data, or a list for a claim stated once per group, whose names start
     with the function's name). :meth:`check` runs every claim in the order they were registered.
@@ -291,11 +292,19 @@ class ClaimSet:
         self._checks: dict[str, Callable] = {}
 
     def __call__(self, check: Callable) -> Callable:
-        name = check.__name__
-        if name in self._checks:
-            raise ValueError(f"claim {name!r} is registered twice")
-        self._checks[name] = check
-        return check
+        return self.named(check.__name__)(check)
+
+    def named(self, name: str) -> Callable:
+        """Decorator registering a claim under ``name`` rather than its function's name (where
+        the module already uses that name, for example for a figure)."""
+
+        def register(check: Callable) -> Callable:
+            if name in self._checks:
+                raise ValueError(f"claim {name!r} is registered twice")
+            self._checks[name] = check
+            return check
+
+        return register
 
     @property
     def names(self) -> tuple[str, ...]:
