@@ -91,6 +91,13 @@ def _worst(ok, col):
     return float(ok[col].max()) if len(ok) else float("nan")
 
 
+def _worst_biased(ok) -> str:
+    """The worst errors of W, c, v and beta of runs with the module's biases, as the claims
+    print them."""
+    return (f"worst W {_worst(ok, 'rel_err_W'):.2e}, c {_worst(ok, 'rel_err_c'):.2e}, v "
+            f"{_worst(ok, 'rel_err_v'):.2e}, beta {_worst(ok, 'rel_err_offset'):.2e}")
+
+
 #: the claims of the realheads experiment (one function each, named as the claim; a learner's
 #: claims are not made without its rows), checked on the result rows
 CLAIMS = ClaimSet()
@@ -162,9 +169,7 @@ def realheads_exact_biases(df) -> Claim | None:
         f"<= {BIAS_EXACT_TOL:g} for W and <= {BIAS_PARAM_TOL:g} for c, v and beta, with "
         "exactly d^2 + 2d + 1 queries",
         bool(len(ok) == len(rows) and succ.all() and count_ok.all()),
-        f"{int(succ.sum())}/{len(rows)} heads within tolerance (worst W "
-        f"{_worst(ok, 'rel_err_W'):.2e}, c {_worst(ok, 'rel_err_c'):.2e}, v "
-        f"{_worst(ok, 'rel_err_v'):.2e}, beta {_worst(ok, 'rel_err_offset'):.2e}); "
+        f"{int(succ.sum())}/{len(rows)} heads within tolerance ({_worst_biased(ok)}); "
         f"{int(count_ok.sum())}/{len(rows)} with d^2 + 2d + 1 queries",
         numbers=_numbers("realheadsBiasExact", rows, ok, "realheads, learner exact, biases"),
     )
@@ -189,9 +194,7 @@ def realheads_sketch_biases(df) -> Claim | None:
         f"error <= {BIAS_SKETCH_TOL:g} for W and <= {BIAS_PARAM_TOL:g} for c, v and beta, "
         f"with at most {SKETCH_QUERY_FACTOR} (r(2d - r) + d) + d + 1 queries",
         bool(len(ok) == len(rows) and succ.all() and within.all() and rank_ok.all()),
-        f"{int(succ.sum())}/{len(rows)} heads within tolerance (worst W "
-        f"{_worst(ok, 'rel_err_W'):.2e}, c {_worst(ok, 'rel_err_c'):.2e}, v "
-        f"{_worst(ok, 'rel_err_v'):.2e}, beta {_worst(ok, 'rel_err_offset'):.2e}); "
+        f"{int(succ.sum())}/{len(rows)} heads within tolerance ({_worst_biased(ok)}); "
         f"queries minus d + 1 at most {ratio:.3f} x r(2d - r) + d",
         numbers=_numbers("realheadsBiasSketch", rows, ok, "realheads, learner sketch, biases"),
     )
