@@ -96,6 +96,20 @@ REFUSALS = {
     "ffn": (SearchLimitError, AssumptionViolation),
 }
 
+#: the registry's names of the keys of REFUSALS that differ (the ReLU network learner is "ffn"
+#: here)
+REFUSAL_LEARNERS = {"ffn": "relu"}
+
+
+def test_the_refusals_are_of_registered_learners_and_named_errors():
+    from attnquery.learners import registry
+
+    names = {REFUSAL_LEARNERS.get(name, name) for name in REFUSALS}
+    assert names <= set(registry()), sorted(names - set(registry()))
+    for name, errors in REFUSALS.items():
+        assert all(issubclass(e, AttnQueryError) and not issubclass(e, ConfigError)
+                   for e in errors), name
+
 
 def _run(make, oracle, learner):
     """Fit; None when the learner refuses with one of its documented :data:`REFUSALS` (the
