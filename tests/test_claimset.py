@@ -121,3 +121,30 @@ def test_exact_exponent_fails_on_queries_that_grow_as_d_cubed():
     rows = _exact_rows().assign(n_queries=lambda r: r["d"] ** 3)
     claim = CLAIMS["exact_exponent"](CLAIMS.prepare(rows))
     assert not claim.passed and claim.numbers[0].value == pytest.approx(3.0)
+
+
+def test_lowprecision_float64_fails_on_a_float64_run_beyond_rounding():
+    from attnquery.figures.lowprecision import (
+        FLOAT64_MAX_ERR,
+        LowprecisionData,
+        lowprecision_float64,
+    )
+
+    rows = pd.DataFrame({"rounding": ["float64", "float64", "float16"],
+                         "rel_err_W": [1e-15, 1e-15, 1e-3]})
+    assert lowprecision_float64(LowprecisionData(rows, rows, {})).passed
+    worse = rows.assign(rel_err_W=[1e-15, 100 * FLOAT64_MAX_ERR, 1e-3])
+    claim = lowprecision_float64(LowprecisionData(worse, worse, {}))
+    assert claim.verdict == "NOT supported" and claim.numbers[0].value == 100 * FLOAT64_MAX_ERR
+    # no float64 run: the claim is not made
+    assert lowprecision_float64(LowprecisionData(rows[2:], rows[2:], {})) is None
+
+
+def test_vector_runs_fails_on_a_refused_cell_and_no_rows_make_no_claims():
+    from attnquery.figures.vector import CLAIMS
+
+    rows = pd.DataFrame({"experiment": "vector", "status": ["ok", "error"]})
+    claim = CLAIMS["vector_runs"](CLAIMS.prepare(rows))
+    assert claim.verdict == "NOT supported" and claim.detail == "1/2 cells ok"
+    assert CLAIMS.prepare(rows[rows["experiment"] == "none"]) is None
+    assert CLAIMS.of_rows(rows[rows["experiment"] == "none"]) == []
