@@ -31,7 +31,7 @@ from ..theory import LOWPRECISION_TARGET as TARGET_REL_ERR
 from . import register_figure, tight_layout
 from ._common import SLOPE_FROM_PASSES, queries_needed, slope_fits
 
-__all__ = ["lowprecision_claims", "lowprecision_frame", "slope_fits", "queries_needed",
+__all__ = ["CLAIMS", "lowprecision_claims", "lowprecision_frame", "slope_fits", "queries_needed",
            "lowprecision", "SLOPE_RANGE", "PRECISION_SLOPE_RANGE", "ESTIMATE_RANGE",
            "ESTIMATE_SHARE", "FLOAT64_MAX_ERR"]
 

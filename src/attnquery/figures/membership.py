@@ -252,4 +252,4 @@ def _v_compare_panel(ax4, df, claims, colors) -> None:
     ax4.legend(fontsize=6, loc="upper right")
 
 
-__all__ = ["membership_claims", "membership_cost"]
+__all__ = ["CLAIMS", "membership_claims", "membership_cost"]

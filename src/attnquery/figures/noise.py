@@ -348,4 +348,4 @@ def _oversample_panel(ax4, df, claims, colors) -> None:
     ax4.legend(fontsize=6)
 
 
-__all__ = ["noise_claims", "noise_scaling"]
+__all__ = ["CLAIMS", "noise_claims", "noise_scaling"]

@@ -13,7 +13,7 @@ from ..theory import USEFUL_REL_ERR, precision_digits
 from . import register_figure, tight_layout
 from ._common import inf_to, queries_needed, slope_fits
 
-__all__ = ["rounding_claims", "useful_digits", "rounding_costs", "defence_rounding"]
+__all__ = ["CLAIMS", "rounding_claims", "useful_digits", "rounding_costs", "defence_rounding"]
 
 DEFENCE_ROUNDING_CAPTION = """\
 **Output rounding as a defence.** The API returns f(X) rounded to k significant decimal digits, or
