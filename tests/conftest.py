@@ -34,3 +34,36 @@ def layer_ckpt(tmp_path_factory) -> Path:
 
     return write_test_checkpoint(tmp_path_factory.mktemp("layer_ckpt") / "model.safetensors",
                                  n_layers=1, n_heads=4, d=32, seed=7)
+
+
+@pytest.fixture
+def fresh_registry(monkeypatch):
+    """The learner registry (and the command line's methods) read again after a test changes the
+    entry points, and again after it."""
+    import attnquery.extraction as extraction
+    from attnquery.learners import _registry
+
+    _registry._registry.cache_clear()
+    monkeypatch.setattr(extraction, "_METHODS", None)
+    yield
+    _registry._registry.cache_clear()
+
+
+@pytest.fixture
+def entry_points(monkeypatch, fresh_registry):
+    """A function that makes ``importlib.metadata.entry_points`` return the given entry points
+    of the group ``attnquery.learners`` (name -> ``"module:Class"``), the registry read again."""
+    import importlib.metadata
+
+    from attnquery.learners import _registry
+
+    def declare(**targets):
+        eps = [importlib.metadata.EntryPoint(name, value, _registry.ENTRY_POINT_GROUP)
+               for name, value in targets.items()]
+
+        def fake(*, group=None, **kw):
+            return [e for e in eps if group == _registry.ENTRY_POINT_GROUP]
+
+        monkeypatch.setattr(importlib.metadata, "entry_points", fake)
+
+    return declare

@@ -8,6 +8,10 @@ the relative functional error of what it returned, measured on 1 to 64-token inp
 learner never saw (:func:`agreement`), or "VacuousCheckWarning" (with that error) when the learner
 returned with a warning that its check could not fail (``verify_vacuous_``). "WRONG" is a silent
 wrong answer: the table must have none.
+
+The learners are those of the registry (:func:`attnquery.learners.registry`, plug-ins included):
+a row of :data:`LEARNERS` (its first word the learner's name), a row its spec gives
+(:func:`spec_row`), or a reason in :data:`EXEMPT`; :func:`uncovered` names any other.
 """
 
 from __future__ import annotations
@@ -19,20 +23,9 @@ import warnings
 import numpy as np
 
 from attnquery.errors import AttnQueryError, ConfigError, VacuousCheckWarning
-from attnquery.learners import (
-    AttentionLayerLearner,
-    ExactValueQueryLearner,
-    LowPrecisionValueQueryLearner,
-    MembershipLearner,
-    MultiHeadLearner,
-    NoisyValueQueryLearner,
-    NuclearNormROPLearner,
-    OrthogonalSubspaceLearner,
-    RotaryValueQueryLearner,
-    SketchLowRankLearner,
-    TransformerLearner,
-)
+from attnquery.learners import registry
 from attnquery.learners._base import output_error_bound
+from attnquery.learners._registry import get_entry
 from attnquery.models import (
     AttentionHead,
     orthogonal_subspace_multihead,
@@ -67,37 +60,81 @@ def _membership_head(d, seed):
     return AttentionHead(v / np.linalg.norm(v), W=random_head(d, seed=seed, W_fro=2.0).W)
 
 
-#: learner -> (make learner, the box it assumes (d, seed), membership answers, agreement tol)
+def _learner(name: str, **params):
+    """A maker of the registered learner ``name`` (:func:`attnquery.learners.get_entry`) with
+    ``params``, seeded."""
+    return lambda: get_entry(name).make(random_state=0, **params)
+
+
+#: row -> (make learner, the box it assumes (d, seed), membership answers); a row's first word
+#: is the registered learner's name
 LEARNERS = {
-    "exact": (lambda: ExactValueQueryLearner(random_state=0), random_head, False),
-    "exact fit_bias": (lambda: ExactValueQueryLearner(fit_bias=True, random_state=0),
-                       random_head, False),
-    "sketch": (lambda: SketchLowRankLearner(random_state=0),
-               lambda d, s: random_head(d, seed=s, rank=2), False),
-    "sketch fit_bias": (lambda: SketchLowRankLearner(fit_bias=True, random_state=0),
+    "exact": (_learner("exact"), random_head, False),
+    "exact fit_bias": (_learner("exact", fit_bias=True), random_head, False),
+    "sketch": (_learner("sketch"), lambda d, s: random_head(d, seed=s, rank=2), False),
+    "sketch fit_bias": (_learner("sketch", fit_bias=True),
                         lambda d, s: random_head(d, seed=s, rank=2), False),
-    "nuclear": (lambda: NuclearNormROPLearner(random_state=0),
-                lambda d, s: random_head(d, seed=s, rank=1), False),
-    "noisy tau=1e-6": (lambda: NoisyValueQueryLearner(W_bound=8.0, mu=0.01, tau=1e-6,
-                                                      random_state=0), _noisy_head, False),
-    "noisy tau=5e-3": (lambda: NoisyValueQueryLearner(W_bound=8.0, mu=0.01, tau=5e-3,
-                                                      random_state=0), _noisy_head, False),
-    "lowprecision": (lambda: LowPrecisionValueQueryLearner(n_queries=16 * (D * D + D),
-                                                           random_state=0), random_head, False),
-    "membership": (lambda: MembershipLearner(eps=1e-3, W_bound=8.0, mu=0.01, random_state=0),
-                   _membership_head, True),
-    "transformer": (lambda: TransformerLearner(random_state=0),
-                    lambda d, s: random_transformer(d, 3, s), False),
-    "orthogonal": (lambda: OrthogonalSubspaceLearner(n_heads=2, random_state=0),
+    "nuclear": (_learner("nuclear"), lambda d, s: random_head(d, seed=s, rank=1), False),
+    "noisy tau=1e-6": (_learner("noisy", W_bound=8.0, mu=0.01, tau=1e-6), _noisy_head, False),
+    "noisy tau=5e-3": (_learner("noisy", W_bound=8.0, mu=0.01, tau=5e-3), _noisy_head, False),
+    "lowprecision": (_learner("lowprecision", n_queries=16 * (D * D + D)), random_head, False),
+    "membership": (_learner("membership", eps=1e-3, W_bound=8.0, mu=0.01), _membership_head,
+                   True),
+    "transformer": (_learner("transformer"), lambda d, s: random_transformer(d, 3, s), False),
+    "orthogonal": (_learner("orthogonal", n_heads=2),
                    lambda d, s: orthogonal_subspace_multihead(d, 2, s), False),
-    "multihead": (lambda: MultiHeadLearner(n_heads=2, random_state=0),
-                  lambda d, s: random_multihead(d, 2, s), False),
-    "layer": (lambda: AttentionLayerLearner(n_heads=2, random_state=0),
+    "multihead": (_learner("multihead", n_heads=2), lambda d, s: random_multihead(d, 2, s),
+                  False),
+    "layer": (_learner("layer", n_heads=2),
               lambda d, s: random_multihead(d, 2, s, rank=d // 2), False),
     # a rotary head depends on positions: its check asks no permuted copies
-    "rotary": (lambda: RotaryValueQueryLearner(random_state=0),
-               lambda d, s: random_rotary_head(d, s), False),
+    "rotary": (_learner("rotary"), lambda d, s: random_rotary_head(d, s), False),
 }
+
+#: registered learners measured in no row, and why
+EXEMPT = {
+    "relu": "a ReLU network's box takes one vector: the transformer row covers it",
+    "vector": "vector answers: tests/test_vector_learner.py refuses the same boxes by name",
+}
+
+
+def spec_row(entry):
+    """The row of a registered learner that :data:`LEARNERS` does not list, from its spec: a
+    learner of one head from value answers is fitted with its defaults (seeded where it takes
+    ``random_state``) on a random head. None for any other learner, and for one that cannot be
+    loaded: it needs a row of its own or an entry in :data:`EXEMPT`."""
+    try:
+        spec = entry.spec
+        params = entry.parameters()
+    except ConfigError:
+        return None
+    if spec.oracle != "value" or spec.returns != "head":
+        return None
+    seeded = {"random_state": 0} if "random_state" in params else {}
+    return (lambda: entry.make(**seeded), random_head, False)
+
+
+def learner_rows(reg=None) -> dict:
+    """:data:`LEARNERS`, and a row (:func:`spec_row`) for each learner of the registry ``reg``
+    (default: :func:`attnquery.learners.registry`, plug-ins included) that no row names and
+    :data:`EXEMPT` does not list."""
+    reg = registry() if reg is None else reg
+    rows = dict(LEARNERS)
+    named = {row.split()[0] for row in LEARNERS}
+    for name, entry in reg.items():
+        if name not in named and name not in EXEMPT and (row := spec_row(entry)) is not None:
+            rows[name] = row
+    return rows
+
+
+def uncovered(reg=None) -> list[str]:
+    """The learners of the registry ``reg`` (default: the registry, plug-ins included) that no
+    row of :func:`learner_rows` measures and :data:`EXEMPT` does not list: a learner added
+    without a reliability row."""
+    reg = registry() if reg is None else reg
+    measured = {row.split()[0] for row in learner_rows(reg)}
+    return sorted(name for name in reg if name not in measured and name not in EXEMPT)
+
 
 #: box -> builder (d, seed)
 BOXES = {
@@ -144,7 +181,7 @@ def agreement(est, box, d: int, signs: bool = False, seed: int = 99,
 
 def run_cell(learner: str, box_name: str | None, d: int = D, seed: int = 0) -> dict:
     """Fit one learner on one box (``None``: the box it assumes); returns the outcome."""
-    make, own, signs = LEARNERS[learner]
+    make, own, signs = learner_rows()[learner]
     box = own(d, seed) if box_name is None else BOXES[box_name](d, seed)
     oracle = (MembershipOracle if signs else ValueOracle)(box, d)
     est = make()
@@ -178,7 +215,7 @@ def table(d: int = D, seeds=(0,), learners=None, boxes=None) -> tuple[list[str],
     learner; each cell over ``seeds`` (the outcomes, with how many seeds gave each when there
     are several). Returns the header and {"rows": {row: [cell, ...]}, "raw": {(row, learner):
     [outcome dict per seed]}}."""
-    learners = list(LEARNERS) if learners is None else list(learners)
+    learners = list(learner_rows()) if learners is None else list(learners)
     boxes = list(BOXES) if boxes is None else list(boxes)
     rows, raw = {}, {}
     for b in [None, *boxes]:

@@ -20,6 +20,7 @@ from attnquery.errors import (
     SearchLimitError,
 )
 from attnquery.learners import (
+    AttentionLayerLearner,
     ExactValueQueryLearner,
     MembershipLearner,
     NoisyValueQueryLearner,
@@ -44,8 +45,9 @@ from attnquery.oracles import (
 )
 from tests.boxes import ARCHITECTURE_BOXES, biased_head, in_dtype, relative_noise, two_heads
 from tests.reliability import BOXES as TABLE_BOXES
+from tests.reliability import EXEMPT as NOT_IN_TABLE
 from tests.reliability import LEARNERS as TABLE_LEARNERS
-from tests.reliability import run_cell
+from tests.reliability import learner_rows, run_cell, uncovered
 
 SETTINGS = settings(max_examples=25, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
@@ -93,6 +95,20 @@ REFUSALS = {
     "transformer": (NotIdentifiableError, SearchLimitError, AssumptionViolation),
     "ffn": (SearchLimitError, AssumptionViolation),
 }
+
+#: the registry's names of the keys of REFUSALS that differ (the ReLU network learner is "ffn"
+#: here)
+REFUSAL_LEARNERS = {"ffn": "relu"}
+
+
+def test_the_refusals_are_of_registered_learners_and_named_errors():
+    from attnquery.learners import registry
+
+    names = {REFUSAL_LEARNERS.get(name, name) for name in REFUSALS}
+    assert names <= set(registry()), sorted(names - set(registry()))
+    for name, errors in REFUSALS.items():
+        assert all(issubclass(e, AttnQueryError) and not issubclass(e, ConfigError)
+                   for e in errors), name
 
 
 def _run(make, oracle, learner):
@@ -423,7 +439,7 @@ def test_transformer_learner_never_refuses_a_transformer(d, m, seed):
 # -- every learner on every box: the table of docs/reliability.md -------------------------------
 
 
-@pytest.mark.parametrize("learner", sorted(TABLE_LEARNERS))
+@pytest.mark.parametrize("learner", sorted(learner_rows()))
 def test_every_learner_agrees_with_every_box_or_raises_a_named_error(learner):
     """The measurement behind docs/reliability.md (``python -m tests.reliability``) for one
     learner: on the box it assumes it returns an estimate that agrees on 1 to 64-token inputs;
@@ -440,20 +456,47 @@ def test_every_learner_agrees_with_every_box_or_raises_a_named_error(learner):
             assert r["agrees"] is None, (learner, box, r)
 
 
-#: registered learners without a row in the reliability table, and why
-NOT_IN_TABLE = {
-    "relu": "a ReLU network's box takes one vector: the transformer row covers it",
-    "vector": "vector answers: tests/test_vector_learner.py refuses the same boxes by name",
-}
-
-
 def test_every_registered_learner_has_a_row_in_the_reliability_table():
-    """A learner added to the registry (a built-in; plug-ins bring their own tests) is measured
-    on every box of docs/reliability.md, or says here why not."""
+    """A learner added to the registry, built in or a plug-in, is measured on every box of
+    docs/reliability.md (a row of tests/reliability.py, or one its spec gives), or
+    tests/reliability.py's EXEMPT says why not."""
     from attnquery.learners import registry
 
+    assert uncovered() == [], "registered learners without a reliability row or an exemption"
     rows = {name.split()[0] for name in TABLE_LEARNERS}
-    builtin = {name for name, entry in registry().items() if not entry.plugin}
-    assert builtin - rows == set(NOT_IN_TABLE), sorted(builtin - rows - set(NOT_IN_TABLE))
     for name in rows:
-        assert name in builtin, f"reliability row {name!r} names no registered learner"
+        assert name in registry(), f"reliability row {name!r} names no registered learner"
+    assert set(NOT_IN_TABLE) <= set(registry()) - rows, "an exemption of a learner with a row"
+
+
+class _HeadPlugin(ExactValueQueryLearner):
+    """A plug-in learner of one head from value answers (the exact learner's spec)."""
+
+
+class _LayerPlugin(AttentionLayerLearner):
+    """A plug-in learner of a layer (the layer learner's spec): no row follows from its spec."""
+
+
+def test_a_plugin_learner_is_measured_from_its_spec_or_must_be_exempted(monkeypatch,
+                                                                        entry_points):
+    import sys
+    import types
+
+    from attnquery.learners import registry
+
+    mod = types.ModuleType("attnquery_reliability_plugins")
+    mod.Head, mod.Layer = _HeadPlugin, _LayerPlugin
+    monkeypatch.setitem(sys.modules, "attnquery_reliability_plugins", mod)
+    entry_points(headplug="attnquery_reliability_plugins:Head",
+                 layerplug="attnquery_reliability_plugins:Layer",
+                 broken="attnquery_missing_package:Broken")
+    assert {"headplug", "layerplug", "broken"} <= set(registry())
+    # a head learner gets a row from its spec and is measured like the built-in ones
+    assert "headplug" in learner_rows() and "layerplug" not in learner_rows()
+    assert run_cell("headplug", None)["agrees"] is True
+    assert run_cell("headplug", "two heads")["outcome"] == "ModelMismatchError"
+    # a layer learner, or one that cannot be loaded, needs a row or an exemption
+    assert uncovered() == ["broken", "layerplug"]
+    monkeypatch.setitem(NOT_IN_TABLE, "layerplug", "measured by its own package's tests")
+    monkeypatch.setitem(NOT_IN_TABLE, "broken", "not installed")
+    assert uncovered() == []

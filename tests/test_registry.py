@@ -3,7 +3,6 @@ entry-point group ``attnquery.learners``, loaded only when used, and a broken on
 
 from __future__ import annotations
 
-import importlib.metadata
 import inspect
 import sys
 import types
@@ -13,7 +12,6 @@ import pytest
 
 import attnquery.learners as learners
 from attnquery.errors import ConfigError
-from attnquery.learners import _registry
 from attnquery.learners._base import BaseLearner
 from attnquery.learners._registry import (
     REQUIRED,
@@ -26,18 +24,6 @@ from attnquery.learners._registry import (
 )
 from attnquery.models import random_head
 from attnquery.oracles import ValueOracle
-
-
-@pytest.fixture
-def fresh_registry(monkeypatch):
-    """The registry (and the command line's methods) read again after a test changes the entry
-    points, and again after it."""
-    import attnquery.extraction as extraction
-
-    _registry._registry.cache_clear()
-    monkeypatch.setattr(extraction, "_METHODS", None)
-    yield
-    _registry._registry.cache_clear()
 
 
 def _learner_classes():
@@ -145,23 +131,12 @@ class _NoSpec:
     """Not a learner."""
 
 
-def _entry_points(monkeypatch, **targets):
-    """Make ``importlib.metadata.entry_points`` return these entry points of the group."""
-    eps = [importlib.metadata.EntryPoint(name, value, _registry.ENTRY_POINT_GROUP)
-           for name, value in targets.items()]
-
-    def fake(*, group=None, **kw):
-        return [e for e in eps if group == _registry.ENTRY_POINT_GROUP]
-
-    monkeypatch.setattr(importlib.metadata, "entry_points", fake)
-
-
 def test_plugins_are_found_loaded_lazily_and_a_broken_one_is_named(monkeypatch,
-                                                                  fresh_registry):
+                                                                  entry_points):
     mod = types.ModuleType("attnquery_test_plugins")
     mod.Child, mod.NoSpec = _Child, _NoSpec
     monkeypatch.setitem(sys.modules, "attnquery_test_plugins", mod)
-    _entry_points(monkeypatch, child="attnquery_test_plugins:Child",
+    entry_points(child="attnquery_test_plugins:Child",
                   broken="attnquery_missing_package.learner:Broken",
                   nospec="attnquery_test_plugins:NoSpec")
     reg = registry()
@@ -184,14 +159,14 @@ def test_plugins_are_found_loaded_lazily_and_a_broken_one_is_named(monkeypatch,
     assert "| `broken` | `attnquery_missing_package.learner:Broken` | | | not available: " in table
 
 
-def test_a_plugin_is_not_imported_until_it_is_used(monkeypatch, fresh_registry):
-    _entry_points(monkeypatch, later="attnquery_not_yet_imported:Later")
+def test_a_plugin_is_not_imported_until_it_is_used(monkeypatch, entry_points):
+    entry_points(later="attnquery_not_yet_imported:Later")
     assert "later" in registry() and "attnquery_not_yet_imported" not in sys.modules
     assert not get_entry("later").available
 
 
-def test_a_plugin_may_not_take_a_built_in_name(monkeypatch, fresh_registry):
-    _entry_points(monkeypatch, exact="attnquery_test_plugins:Child")
+def test_a_plugin_may_not_take_a_built_in_name(monkeypatch, entry_points):
+    entry_points(exact="attnquery_test_plugins:Child")
     with pytest.warns(UserWarning, match=r"plug-in learner 'exact' .* is left out: the name is "
                       r"taken by attnquery.learners.exact:ExactValueQueryLearner"):
         reg = registry()
@@ -218,11 +193,11 @@ class _Network(learners.ExactValueQueryLearner):
 
 
 def test_a_plugin_method_extracts_and_one_the_command_line_cannot_report_is_refused(
-        monkeypatch, fresh_registry):
+        monkeypatch, entry_points):
     mod = types.ModuleType("attnquery_test_plugins")
     mod.Child, mod.Network = _Child, _Network
     monkeypatch.setitem(sys.modules, "attnquery_test_plugins", mod)
-    _entry_points(monkeypatch, child="attnquery_test_plugins:Child",
+    entry_points(child="attnquery_test_plugins:Child",
                   net="attnquery_test_plugins:Network", gone="attnquery_gone:Gone")
     from attnquery.extraction import METHODS, ExtractionSpec, run_extraction
     from tests.fixtures import SOME_HEAD, some_head

@@ -9,6 +9,10 @@ A claim also carries the numbers its check computed (:class:`Number`: an exponen
 interval, a worst error, a count of runs). They are what the findings state: the workflow collects
 them into ``results/numbers.json`` and ``results/numbers.tex`` (:mod:`attnquery.findings`), so
 every number a reader sees comes from the code that checked the claim.
+
+Each claim is one small function named as the claim, registered with its figure module's
+:class:`ClaimSet` (``@CLAIMS``): a reader finds a claim by its name, and a test runs one claim on
+data of its own (``CLAIMS["exact_count"](data)``).
 """
 
 from __future__ import annotations
@@ -16,9 +20,10 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-__all__ = ["Claim", "Number", "ROUNDING_FACTOR", "NOISE_FACTOR", "format_number",
+__all__ = ["Claim", "ClaimSet", "Number", "ROUNDING_FACTOR", "NOISE_FACTOR", "format_number",
            "format_interval", "fit_number", "number_name", "ok_rows", "no_data", "extra_values",
            "threshold_claim"]
 
@@ -257,3 +262,73 @@ def threshold_claim(name: str, statement: str, passes, *, of: int | None = None,
         detail += f"; {worst_label} {worst:{fmt}}"
     return Claim(name, statement, bool(k == n == total), detail, n_runs=n,
                  numbers=tuple(numbers))
+
+
+class ClaimSet:
+    """The claims of one figure module: small functions, each named as the claim it checks.
+
+    Register a claim with the set as a decorator (:meth:`named` to give it a name other than its
+    function's); the function takes the data the module's
+    ``prepare`` makes of the result rows and returns its :class:`Claim` (``None`` when the claim
+    is not made on these data, or a list for a claim stated once per group, whose names start
+    with the function's name). :meth:`check` runs every claim in the order they were registered.
+
+    Parameters
+    ----------
+    prepare : callable(DataFrame) -> object, optional
+        What the claims read, made once from the result rows (default: the rows themselves);
+        ``None`` when the figure states no claim on these rows.
+
+    Examples
+    --------
+    >>> CLAIMS = ClaimSet(lambda df: ok_rows(df, "exact"))
+    >>> @CLAIMS
+    ... def exact_ran(ok):
+    ...     return Claim("exact_ran", "the experiment ran", len(ok) > 0, f"{len(ok)} runs")
+    """
+
+    def __init__(self, prepare: Callable | None = None):
+        self.prepare = prepare if prepare is not None else (lambda df: df)
+        self._checks: dict[str, Callable] = {}
+
+    def __call__(self, check: Callable) -> Callable:
+        return self.named(check.__name__)(check)
+
+    def named(self, name: str) -> Callable:
+        """Decorator registering a claim under ``name`` rather than its function's name (where
+        the module already uses that name, for example for a figure)."""
+
+        def register(check: Callable) -> Callable:
+            if name in self._checks:
+                raise ValueError(f"claim {name!r} is registered twice")
+            self._checks[name] = check
+            return check
+
+        return register
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The claims' names (their functions' names), in order."""
+        return tuple(self._checks)
+
+    def __getitem__(self, name: str) -> Callable:
+        if name not in self._checks:
+            raise KeyError(f"unknown claim {name!r}; known: {list(self._checks)}")
+        return self._checks[name]
+
+    def check(self, data) -> list[Claim]:
+        """Every claim checked on ``data`` (what ``prepare`` made of the rows), in order."""
+        claims = []
+        for check in self._checks.values():
+            out = check(data)
+            if isinstance(out, Claim):
+                claims.append(out)
+            elif out is not None:
+                claims.extend(out)
+        return claims
+
+    def of_rows(self, df) -> list[Claim]:
+        """Every claim checked on the result rows ``df`` (``check(prepare(df))``; none when
+        ``prepare`` gives ``None``)."""
+        data = self.prepare(df)
+        return [] if data is None else self.check(data)

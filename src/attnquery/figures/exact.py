@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..claims import ROUNDING_FACTOR, Claim, Number, fit_number, ok_rows, threshold_claim
+from ..claims import (
+    ROUNDING_FACTOR,
+    Claim,
+    ClaimSet,
+    Number,
+    fit_number,
+    ok_rows,
+    threshold_claim,
+)
 from ..metrics import fit_power_law
 from ..theory import EXACT_TOL
 from . import log2_ticks, register_figure
@@ -16,35 +26,61 @@ EXPONENT_RANGE = (1.95, 2.05)
 FIT_MIN_D = 16
 
 
-def exact_claims(df) -> list[Claim]:
-    """The claims of the exact experiment, checked on its rows."""
-    ok = ok_rows(df, "exact")
-    all_rows = df[df["experiment"] == "exact"]
-    claims = []
-    fit_rows = ok[ok["d"] >= FIT_MIN_D]
-    if len(fit_rows["d"].unique()) >= 2 and len(fit_rows) >= 3:
-        fit = fit_power_law(fit_rows["d"], fit_rows["n_queries"])
-        claims.append(Claim(
-            "exact_exponent",
-            f"queries grow as d^2 (fitted exponent in [{EXPONENT_RANGE[0]}, {EXPONENT_RANGE[1]}])",
-            bool(EXPONENT_RANGE[0] <= fit.slope <= EXPONENT_RANGE[1]),
-            f"exponent {fit} on d >= {FIT_MIN_D}",
-            numbers=(fit_number("exactQueryExponent", fit, f"exact, status ok, d >= {FIT_MIN_D}"),),
-        ))
-    else:
-        claims.append(Claim("exact_exponent", "queries grow as d^2", False,
-                            f"too few grid points with d >= {FIT_MIN_D} to fit"))
+@dataclass(frozen=True)
+class ExactData:
+    """What the claims of the exact experiment read: its rows and those that ran to an answer."""
+
+    rows: object
+    ok: object
+
+
+def exact_data(df) -> ExactData:
+    """The :class:`ExactData` of the result rows ``df``."""
+    return ExactData(df[df["experiment"] == "exact"], ok_rows(df, "exact"))
+
+
+#: the claims of the exact experiment (one function each, named as the claim)
+CLAIMS = ClaimSet(exact_data)
+
+
+@CLAIMS
+def exact_exponent(data: ExactData) -> Claim:
+    """Queries grow as d^2: the exponent fitted on d >= FIT_MIN_D within EXPONENT_RANGE."""
+    fit_rows = data.ok[data.ok["d"] >= FIT_MIN_D]
+    if len(fit_rows["d"].unique()) < 2 or len(fit_rows) < 3:
+        return Claim("exact_exponent", "queries grow as d^2", False,
+                     f"too few grid points with d >= {FIT_MIN_D} to fit")
+    fit = fit_power_law(fit_rows["d"], fit_rows["n_queries"])
+    return Claim(
+        "exact_exponent",
+        f"queries grow as d^2 (fitted exponent in [{EXPONENT_RANGE[0]}, {EXPONENT_RANGE[1]}])",
+        bool(EXPONENT_RANGE[0] <= fit.slope <= EXPONENT_RANGE[1]),
+        f"exponent {fit} on d >= {FIT_MIN_D}",
+        numbers=(fit_number("exactQueryExponent", fit, f"exact, status ok, d >= {FIT_MIN_D}"),),
+    )
+
+
+@CLAIMS
+def exact_count(data: ExactData) -> Claim:
+    """Every run uses exactly d^2 + d queries."""
+    ok = data.ok
     exact_count = (ok["n_queries"] == ok["d"] ** 2 + ok["d"])
-    claims.append(threshold_claim(
+    return threshold_claim(
         "exact_count", "every run uses exactly d^2 + d queries (as counted by the oracle)",
         exact_count,
         numbers=(Number("exactRuns", len(ok), "runs", "d", rows="exact, status ok"),
                  Number("exactRunsExactCount", int(exact_count.sum()), "runs", "d",
                         rows="exact, status ok, n_queries = d^2 + d"),
                  Number("exactMaxD", int(ok["d"].max()) if len(ok) else 0, "d", "d",
-                        rows="exact, status ok"))))
+                        rows="exact, status ok")))
+
+
+@CLAIMS
+def exact_checked(data: ExactData) -> Claim:
+    """Every run passed the learner's own check, its check queries counted apart."""
+    ok = data.ok
     checked = ok["verified"].fillna(False).astype(bool) & (ok["verify_queries"].fillna(0) > 0)
-    claims.append(Claim(
+    return Claim(
         "exact_checked", "every run passed the learner's own check, its check queries counted "
         "apart from the d^2 + d",
         bool(checked.all()),
@@ -57,11 +93,17 @@ def exact_claims(df) -> list[Claim]:
                  Number("exactCheckQueries",
                         int(ok["verify_queries"].max()) if len(ok) else 0, "queries", "d",
                         rows="exact, status ok, largest verify_queries")),
-    ))
+    )
+
+
+@CLAIMS
+def exact_error(data: ExactData) -> Claim:
+    """Every head is recovered to relative error <= EXACT_TOL (failed runs count against)."""
+    ok = data.ok
     succ = ok["success"].fillna(False).astype(bool)
-    claims.append(threshold_claim(
+    return threshold_claim(
         "exact_error", f"every head is recovered to relative error <= {EXACT_TOL:g}",
-        succ, of=len(all_rows), worst=ok["rel_err_W"].max(),
+        succ, of=len(data.rows), worst=ok["rel_err_W"].max(),
         numbers=(Number("exactWorstError", float(ok["rel_err_W"].max()), "relative error of W",
                         ".2g", rows="exact, status ok, largest rel_err_W",
                         factor=ROUNDING_FACTOR),
@@ -72,8 +114,12 @@ def exact_claims(df) -> list[Claim]:
                  *(Number(f"exactWorstError{p.capitalize()}", float(g["rel_err_W"].max()),
                           "relative error of W", ".2g", rows=f"exact, status ok, probes = {p}",
                           factor=ROUNDING_FACTOR)
-                   for p, g in ok.groupby("probes", sort=True))) if len(ok) else ()))
-    return claims
+                   for p, g in ok.groupby("probes", sort=True))) if len(ok) else ())
+
+
+def exact_claims(df) -> list[Claim]:
+    """The claims of the exact experiment (:data:`CLAIMS`), checked on its rows."""
+    return CLAIMS.of_rows(df)
 
 
 EXACT_QUERIES_CAPTION = """\

@@ -9,18 +9,29 @@ residuals, that a precision is too low for a budget).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ..claims import ROUNDING_FACTOR, Claim, Number, extra_values, fit_number, number_name, ok_rows
+from ..claims import (
+    ROUNDING_FACTOR,
+    Claim,
+    ClaimSet,
+    Number,
+    extra_values,
+    fit_number,
+    number_name,
+    ok_rows,
+)
 from ..theory import LOWPRECISION_GOAL_QUERIES_PER_UNKNOWN as GOAL_QUERIES_PER_UNKNOWN
 from ..theory import LOWPRECISION_GOALS as GOALS
 from ..theory import LOWPRECISION_TARGET as TARGET_REL_ERR
 from . import register_figure, tight_layout
 from ._common import SLOPE_FROM_PASSES, queries_needed, slope_fits
 
-__all__ = ["lowprecision_claims", "lowprecision_frame", "slope_fits", "queries_needed",
+__all__ = ["CLAIMS", "lowprecision_claims", "lowprecision_frame", "slope_fits", "queries_needed",
            "lowprecision", "SLOPE_RANGE", "PRECISION_SLOPE_RANGE", "ESTIMATE_RANGE",
            "ESTIMATE_SHARE", "FLOAT64_MAX_ERR"]
 
@@ -67,29 +78,52 @@ def _frames(df):
     return every, ok_rows(every)
 
 
-def lowprecision_claims(df) -> list[Claim]:
-    """Claims of the low-precision experiment, checked on its rows."""
+@dataclass(frozen=True)
+class LowprecisionData:
+    """What the claims of the low-precision experiment read: every run's frame
+    (:func:`lowprecision_frame`), its ok runs and their exponent fits (:func:`slope_fits`)."""
+
+    every: pd.DataFrame
+    rows: pd.DataFrame
+    fits: dict
+
+
+def lowprecision_data(df) -> LowprecisionData | None:
+    """The :class:`LowprecisionData` of the result rows ``df`` (None without a low-precision
+    row: the figure then states no claim)."""
     every, rows = _frames(df)
     if every.empty:
-        return []
-    return _claims(every, rows, slope_fits(rows))
+        return None
+    return LowprecisionData(every, rows, slope_fits(rows) if len(rows) else {})
 
 
-def _claims(every, rows, fits) -> list[Claim]:
-    """:func:`lowprecision_claims` on the frames of :func:`_frames` and the fits of ``rows``."""
-    claims = []
+#: the claims of the low-precision experiment (one function each, named as the claim; the goals
+#: are named ``lowprecision_goal_<rounding>``)
+CLAIMS = ClaimSet(lowprecision_data)
+
+
+@CLAIMS
+def lowprecision_runs(data: LowprecisionData) -> Claim:
+    """Every run returns an estimate that passed its own check."""
+    every = data.every
     bad = every[every["status"] != "ok"]
-    claims.append(Claim(
+    return Claim(
         "lowprecision_runs", "every run returns an estimate that passed its own check",
         bool(bad.empty),
         f"{len(every) - len(bad)}/{len(every)} runs ok"
         + (f"; failed: {sorted(set(bad['rounding']))}" if len(bad) else ""),
         numbers=(Number("lowprecisionRuns", len(every), "runs", "d", rows="lowprecision"),
                  Number("lowprecisionRunsOk", len(every) - len(bad), "runs", "d",
-                        rows="lowprecision, status ok"))))
-    pooled = fits.get((None, None))
-    whole = slope_fits(rows, min_passes=0).get((None, None))
-    claims.append(Claim(
+                        rows="lowprecision, status ok")))
+
+
+@CLAIMS
+def lowprecision_slope(data: LowprecisionData) -> Claim:
+    """The error of W falls like queries^(-1/2): the exponent pooled over precisions in
+    SLOPE_RANGE."""
+    pooled = data.fits.get((None, None))
+    whole = slope_fits(data.rows, min_passes=0).get((None, None))
+    return Claim(
         "lowprecision_slope",
         f"the error of W falls like queries^(-1/2): exponent pooled over precisions (float64 "
         f"aside), runs with >= {SLOPE_FROM_PASSES} passes over W, in "
@@ -101,11 +135,16 @@ def _claims(every, rows, fits) -> list[Claim]:
             [fit_number("lowprecisionSlope", pooled, f"lowprecision, status ok, float64 aside, "
                         f">= {SLOPE_FROM_PASSES} passes over W")] if pooled is not None else [])
         + tuple([fit_number("lowprecisionSlopeAll", whole, "lowprecision, status ok, float64 "
-                            "aside, every budget")] if whole is not None else [])))
-    each = {k[1]: f for k, f in fits.items() if k[0] is None and k[1] is not None}
+                            "aside, every budget")] if whole is not None else []))
+
+
+@CLAIMS
+def lowprecision_slope_each(data: LowprecisionData) -> Claim:
+    """Every precision's exponent lies in PRECISION_SLOPE_RANGE."""
+    each = {k[1]: f for k, f in data.fits.items() if k[0] is None and k[1] is not None}
     out = sorted(s for s, f in each.items()
                  if not PRECISION_SLOPE_RANGE[0] <= f.slope <= PRECISION_SLOPE_RANGE[1])
-    claims.append(Claim(
+    return Claim(
         "lowprecision_slope_each",
         f"every precision's exponent lies in [{PRECISION_SLOPE_RANGE[0]}, "
         f"{PRECISION_SLOPE_RANGE[1]}]",
@@ -114,21 +153,34 @@ def _claims(every, rows, fits) -> list[Claim]:
         + (f"; outside: {out}" if out else ""),
         numbers=tuple(fit_number(number_name("lowprecisionSlope", s), f,
                                  f"lowprecision, status ok, rounding = {s}")
-                      for s, f in each.items())))
-    f64 = rows[rows["rounding"] == "float64"]
-    if len(f64):
-        worst = float(f64["rel_err_W"].max())
-        claims.append(Claim(
-            "lowprecision_float64", f"float64 answers: relative error of W <= "
-            f"{FLOAT64_MAX_ERR:g} at every budget", bool(worst <= FLOAT64_MAX_ERR),
-            f"worst {worst:.2e}",
-            numbers=(Number("lowprecisionFloat64Worst", worst, "relative error of W", ".2g",
-                            rows="lowprecision, status ok, rounding = float64",
-                            factor=ROUNDING_FACTOR),)))
-    est = rows[rows["rounding"] != "float64"]
+                      for s, f in each.items()))
+
+
+@CLAIMS
+def lowprecision_float64(data: LowprecisionData) -> Claim | None:
+    """float64 answers: the error of W stays at rounding level (FLOAT64_MAX_ERR) at every
+    budget (no claim without float64 runs)."""
+    f64 = data.rows[data.rows["rounding"] == "float64"]
+    if not len(f64):
+        return None
+    worst = float(f64["rel_err_W"].max())
+    return Claim(
+        "lowprecision_float64", f"float64 answers: relative error of W <= "
+        f"{FLOAT64_MAX_ERR:g} at every budget", bool(worst <= FLOAT64_MAX_ERR),
+        f"worst {worst:.2e}",
+        numbers=(Number("lowprecisionFloat64Worst", worst, "relative error of W", ".2g",
+                        rows="lowprecision, status ok, rounding = float64",
+                        factor=ROUNDING_FACTOR),))
+
+
+@CLAIMS
+def lowprecision_estimate(data: LowprecisionData) -> Claim:
+    """The learner knows its error: measured / estimated error in ESTIMATE_RANGE in at least
+    ESTIMATE_SHARE of the runs (float64 aside)."""
+    est = data.rows[data.rows["rounding"] != "float64"]
     ratio = est["rel_err_W"] / est["estimate"]
     inside = (ratio >= ESTIMATE_RANGE[0]) & (ratio <= ESTIMATE_RANGE[1])
-    claims.append(Claim(
+    return Claim(
         "lowprecision_estimate",
         f"the learner knows its error: measured / estimated error of W in "
         f"[{ESTIMATE_RANGE[0]}, {ESTIMATE_RANGE[1]}] in at least {ESTIMATE_SHARE:.0%} of the "
@@ -142,18 +194,30 @@ def _claims(every, rows, fits) -> list[Claim]:
                         rows="lowprecision, measured / estimated error of W"),
                  Number("lowprecisionEstimateRatioMax", float(ratio.max()), "ratio", ".2f",
                         rows="lowprecision, measured / estimated error of W")) if len(est)
-        else ()))
-    need = queries_needed(rows, stat="max", fits=fits)
+        else ())
+
+
+@CLAIMS
+def lowprecision_target(data: LowprecisionData) -> Claim:
+    """Every precision reaches TARGET_REL_ERR on every head within the budgets of the grid."""
+    need = queries_needed(data.rows, stat="max", fits=data.fits)
     missing = sorted(f"{f}/{s}" for (f, s), v in need.items() if v[1] == "extrapolated")
-    claims.append(Claim(
+    return Claim(
         "lowprecision_target",
         f"every precision reaches a relative error of W <= {TARGET_REL_ERR:g} on every head "
         "within the budgets of the grid",
         bool(need and not missing),
         "; ".join(f"{f}/{s}: {'<= ' if v[1] == 'at most' else ''}{v[0]:.3g}"
                   for (f, s), v in need.items()) + " queries per unknown"
-        + (f"; not reached (extrapolated): {missing}" if missing else "")))
-    real = every[every["family"] == "real"]
+        + (f"; not reached (extrapolated): {missing}" if missing else ""))
+
+
+@CLAIMS
+def lowprecision_goal(data: LowprecisionData) -> list[Claim]:
+    """Per rounding of GOALS with real-head runs within GOAL_QUERIES_PER_UNKNOWN: the error of
+    W within its goal on every run (a failed run counts against)."""
+    real = data.every[data.every["family"] == "real"]
+    claims = []
     for spec, goal in GOALS.items():
         g = real[(real["rounding"] == spec)
                  & (real["queries_per_unknown"] <= GOAL_QUERIES_PER_UNKNOWN)]
@@ -173,6 +237,11 @@ def _claims(every, rows, fits) -> list[Claim]:
                             rows=f"lowprecision, real heads, rounding = {spec}, at most "
                             f"{GOAL_QUERIES_PER_UNKNOWN:g} queries per unknown"),)))
     return claims
+
+
+def lowprecision_claims(df) -> list[Claim]:
+    """Claims of the low-precision experiment (:data:`CLAIMS`), checked on its rows."""
+    return CLAIMS.of_rows(df)
 
 
 LOWPRECISION_CAPTION = """\
@@ -197,9 +266,9 @@ is too low for a budget.
 )
 def lowprecision(df):
     """Error against queries per unknown per precision; queries for 1e-2; estimate vs error."""
-    every, rows = _frames(df)
-    fits = slope_fits(rows) if len(rows) else {}
-    claims = _claims(every, rows, fits) if len(every) else []  # slope_fits of no rows is {}
+    data = lowprecision_data(df)
+    every, rows, fits = (data.every, data.rows, data.fits) if data else (*_frames(df), {})
+    claims = CLAIMS.check(data) if data else []
     fig, axes = plt.subplots(2, 2, figsize=(6.75, 5.8))
     order = _order(rows) if len(rows) else []
     cmap = plt.get_cmap("viridis")

@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cache
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ..claims import ROUNDING_FACTOR, Claim, Number, fit_number, ok_rows, threshold_claim
+from .. import theory
+from ..claims import (
+    ROUNDING_FACTOR,
+    Claim,
+    ClaimSet,
+    Number,
+    fit_number,
+    ok_rows,
+    threshold_claim,
+)
 from ..metrics import fit_power_law
-from ..theory import PHASE_TOL, SKETCH_TOL, lowrank_floor, nuclear_statdim
+from ..theory import PHASE_TOL, SKETCH_TOL, lowrank_floor
 from . import register_figure
 
 #: interval the fitted exponent of the smallest successful m against r d must fall in
@@ -92,7 +102,7 @@ def transition_points(df) -> pd.DataFrame:
 
 @cache
 def _statdim(d: int, r: int) -> float:
-    return nuclear_statdim(d, r)
+    return theory.nuclear_statdim(d, r)
 
 
 def statdim_table(pairs) -> pd.DataFrame:
@@ -109,10 +119,59 @@ def statdim_table(pairs) -> pd.DataFrame:
     return out
 
 
-def _statdim_claims(tp) -> list[Claim]:
-    """The claims on m_50 against delta(d, r) and on the constant c_50 of O(r d)."""
-    claims = []
-    fit_rows = tp[np.isfinite(tp["m50"]) & ~tp["censored"]]
+@dataclass(frozen=True)
+class LowrankData:
+    """What the claims of the low-rank experiments read: the result rows and the 50% points of
+    the phase diagram (:func:`transition_points`)."""
+
+    df: pd.DataFrame
+    points: pd.DataFrame
+
+
+def lowrank_data(df) -> LowrankData:
+    """The :class:`LowrankData` of the result rows ``df``."""
+    return LowrankData(df, transition_points(df))
+
+
+#: every claim of the low-rank figures (one function each, named as the claim)
+CLAIMS = ClaimSet(lowrank_data)
+
+
+def _fit_points(tp):
+    """The 50% points inside the c grid (crossed, not censored)."""
+    return tp[np.isfinite(tp["m50"]) & ~tp["censored"]]
+
+
+@CLAIMS
+def nuclear_linear(data: LowrankData) -> Claim:
+    """The smallest successful m of the nuclear-norm learner grows linearly in r d (exponent in
+    LINEAR_RANGE)."""
+    fit_rows = _fit_points(data.points)
+    rd = fit_rows["d"] * fit_rows["rank"]
+    if len(fit_rows) < 3 or rd.nunique() < 2:
+        return Claim(
+            "nuclear_linear", "the smallest successful m grows linearly in r d", False,
+            f"only {len(fit_rows)} (d, r) points with a 50% crossing inside the c grid",
+        )
+    fit = fit_power_law(rd, fit_rows["m50"])
+    return Claim(
+        "nuclear_linear",
+        "the smallest successful m of the nuclear-norm learner grows linearly in r d "
+        f"(fitted exponent in [{LINEAR_RANGE[0]}, {LINEAR_RANGE[1]}])",
+        bool(LINEAR_RANGE[0] <= fit.slope <= LINEAR_RANGE[1]),
+        f"exponent {fit} over {len(fit_rows)} (d, r) points; "
+        f"C = m_50 / (r (2d)) from {fit_rows['c50'].min():.2f} to "
+        f"{fit_rows['c50'].max():.2f}",
+        numbers=(fit_number("nuclearLinearExponent", fit,
+                            "lowrank_phase, 50% points against r d"),),
+    )
+
+
+@CLAIMS
+def nuclear_statdim(data: LowrankData) -> Claim:
+    """m_50 follows the statistical dimension delta(d, r) (exponent in STATDIM_RANGE, its
+    interval inside STATDIM_CI_RANGE)."""
+    fit_rows = _fit_points(data.points)
     delta = statdim_table(zip(fit_rows["d"], fit_rows["rank"], strict=True))
     fit_rows = fit_rows.merge(delta, on=["d", "rank"], how="left")
     statement = (
@@ -120,131 +179,139 @@ def _statdim_claims(tp) -> list[Claim]:
         f"(exponent of m_50 against delta in [{STATDIM_RANGE[0]}, {STATDIM_RANGE[1]}], its "
         f"95% interval inside [{STATDIM_CI_RANGE[0]}, {STATDIM_CI_RANGE[1]}])"
     )
-    if len(fit_rows) >= 3 and fit_rows["delta"].nunique() >= 2:
-        fit = fit_power_law(fit_rows["delta"], fit_rows["m50"])
-        ratio = fit_rows["m50"] / fit_rows["delta"]
-        claims.append(Claim(
-            "nuclear_statdim", statement,
-            bool(STATDIM_RANGE[0] <= fit.slope <= STATDIM_RANGE[1]
-                 and STATDIM_CI_RANGE[0] <= fit.lo and fit.hi <= STATDIM_CI_RANGE[1]),
-            f"exponent {fit} over {len(fit_rows)} (d, r) points; m_50 / delta from "
-            f"{ratio.min():.2f} to {ratio.max():.2f}",
-            numbers=(fit_number("nuclearStatdimExponent", fit,
-                                "lowrank_phase, 50% points against delta(d, r)"),
-                     Number("nuclearMfiftyOverDeltaMin", float(ratio.min()), "ratio", ".2f",
-                            rows="lowrank_phase, 50% points"),
-                     Number("nuclearMfiftyOverDeltaMax", float(ratio.max()), "ratio", ".2f",
-                            rows="lowrank_phase, 50% points")),
-        ))
-    else:
-        claims.append(Claim(
+    if len(fit_rows) < 3 or fit_rows["delta"].nunique() < 2:
+        return Claim(
             "nuclear_statdim", statement, False,
             f"only {len(fit_rows)} (d, r) points with a 50% crossing inside the c grid",
-        ))
+        )
+    fit = fit_power_law(fit_rows["delta"], fit_rows["m50"])
+    ratio = fit_rows["m50"] / fit_rows["delta"]
+    return Claim(
+        "nuclear_statdim", statement,
+        bool(STATDIM_RANGE[0] <= fit.slope <= STATDIM_RANGE[1]
+             and STATDIM_CI_RANGE[0] <= fit.lo and fit.hi <= STATDIM_CI_RANGE[1]),
+        f"exponent {fit} over {len(fit_rows)} (d, r) points; m_50 / delta from "
+        f"{ratio.min():.2f} to {ratio.max():.2f}",
+        numbers=(fit_number("nuclearStatdimExponent", fit,
+                            "lowrank_phase, 50% points against delta(d, r)"),
+                 Number("nuclearMfiftyOverDeltaMin", float(ratio.min()), "ratio", ".2f",
+                        rows="lowrank_phase, 50% points"),
+                 Number("nuclearMfiftyOverDeltaMax", float(ratio.max()), "ratio", ".2f",
+                        rows="lowrank_phase, 50% points")),
+    )
+
+
+@CLAIMS
+def nuclear_order_rd(data: LowrankData) -> Claim:
+    """c_50 = m_50 / (r 2d) <= C50_MAX at every (d, r): Theorem 5.1's O(r d), its constant
+    measured (a (d, r) without a 50% point counts against)."""
+    tp = data.points
     statement = (
         f"c_50 = m_50 / (r 2d) <= {C50_MAX:g} at every (d, r), i.e. m_50 <= {2 * C50_MAX:g} r d "
         "(Theorem 5.1's O(r d) with its constant measured)"
     )
     crossed = tp[np.isfinite(tp["c50"])]
     missing = tp[~np.isfinite(tp["c50"])]
-    if len(crossed) and missing.empty:
-        worst = crossed.loc[crossed["c50"].idxmax()]
-        claims.append(Claim(
-            "nuclear_order_rd", statement, bool((crossed["c50"] <= C50_MAX).all()),
-            f"c_50 from {crossed['c50'].min():.2f} to {worst['c50']:.2f} (d = "
-            f"{int(worst['d'])}, r = {int(worst['rank'])}) over {len(crossed)} (d, r) points",
-            numbers=(Number("nuclearCfiftyMin", float(crossed["c50"].min()), "c = m / (r 2d)",
-                            ".2f", rows="lowrank_phase, 50% points"),
-                     Number("nuclearCfiftyMax", float(worst["c50"]), "c = m / (r 2d)", ".2f",
-                            rows="lowrank_phase, 50% points"),
-                     Number("nuclearPoints", len(crossed), "(d, r) points", "d",
-                            rows="lowrank_phase, (d, r) with a 50% point")),
-        ))
-    else:
+    if not len(crossed) or not missing.empty:
         where = ", ".join(f"(d={int(d)}, r={int(r)})"
                           for d, r in zip(missing["d"], missing["rank"], strict=True))
-        claims.append(Claim(
+        return Claim(
             "nuclear_order_rd", statement, False,
             f"no 50% crossing inside the c grid at {where}" if len(missing)
             else "no lowrank_phase rows",
-        ))
-    return claims
+        )
+    worst = crossed.loc[crossed["c50"].idxmax()]
+    return Claim(
+        "nuclear_order_rd", statement, bool((crossed["c50"] <= C50_MAX).all()),
+        f"c_50 from {crossed['c50'].min():.2f} to {worst['c50']:.2f} (d = "
+        f"{int(worst['d'])}, r = {int(worst['rank'])}) over {len(crossed)} (d, r) points",
+        numbers=(Number("nuclearCfiftyMin", float(crossed["c50"].min()), "c = m / (r 2d)",
+                        ".2f", rows="lowrank_phase, 50% points"),
+                 Number("nuclearCfiftyMax", float(worst["c50"]), "c = m / (r 2d)", ".2f",
+                        rows="lowrank_phase, 50% points"),
+                 Number("nuclearPoints", len(crossed), "(d, r) points", "d",
+                        rows="lowrank_phase, (d, r) with a 50% point")),
+    )
+
+
+@CLAIMS
+def nuclear_transition(data: LowrankData) -> Claim | None:
+    """For every (d, r) the success rate rises from <= 10% at the smallest c to >= 90% at the
+    largest (no claim without phase rows)."""
+    st = success_table(data.df)
+    if st.empty:
+        return None
+    lo = st.loc[st.groupby(["d", "rank"])["c"].idxmin()]
+    hi = st.loc[st.groupby(["d", "rank"])["c"].idxmax()]
+    ok = bool((lo["rate"] <= 0.1).all() and (hi["rate"] >= 0.9).all())
+    return Claim(
+        "nuclear_transition",
+        "for every (d, r) the success rate rises from <= 10% at the smallest c to >= 90% "
+        "at the largest",
+        ok,
+        f"smallest c: max rate {lo['rate'].max():.2f}; largest c: min rate "
+        f"{hi['rate'].min():.2f}",
+        numbers=(Number("nuclearRuns", int(len(_phase_rows(data.df))), "runs", "d",
+                        rows="lowrank_phase, status ok"),
+                 Number("nuclearRateSmallestC", float(lo["rate"].max()), "success rate",
+                        ".2f", rows="lowrank_phase, largest rate at the smallest c"),
+                 Number("nuclearRateLargestC", float(hi["rate"].min()), "success rate",
+                        ".2f", rows="lowrank_phase, smallest rate at the largest c")),
+    )
+
+
+def _sketch_rows(df):
+    """Every lowrank_scale row of the sketch learner, and those with status ok."""
+    sk_all = df[(df["experiment"] == "lowrank_scale") & (df["learner"] == "sketch")]
+    return sk_all, sk_all[sk_all["status"] == "ok"]
+
+
+@CLAIMS
+def sketch_success(data: LowrankData) -> Claim | None:
+    """The sketch learner recovers every head within SKETCH_TOL (no claim without its rows)."""
+    sk_all, sk = _sketch_rows(data.df)
+    if not len(sk_all):
+        return None
+    succ = sk["success"].fillna(False).astype(bool)
+    return Claim(
+        "sketch_success",
+        f"the sketch learner recovers every head to relative error <= {SKETCH_TOL:g}",
+        bool(len(sk) == len(sk_all) and succ.all()),
+        f"{int(succ.sum())}/{len(sk_all)} runs; worst {sk['rel_err_W'].max():.2e}",
+        numbers=(Number("sketchRuns", len(sk_all), "runs", "d",
+                        rows="lowrank_scale, learner sketch"),
+                 Number("sketchWorstError", float(sk["rel_err_W"].max()),
+                        "relative error of W", ".2g",
+                        rows="lowrank_scale, learner sketch, status ok",
+                        factor=ROUNDING_FACTOR)) if len(sk) else (),
+    )
+
+
+@CLAIMS
+def sketch_floor(data: LowrankData) -> Claim | None:
+    """The sketch learner uses at most SKETCH_FACTOR (r (2d - r) + d) queries at d >=
+    SKETCH_MIN_D (no claim without its rows)."""
+    sk_all, sk = _sketch_rows(data.df)
+    if not len(sk_all):
+        return None
+    big = sk[sk["d"] >= SKETCH_MIN_D]
+    floor = [lowrank_floor(int(d), int(r)) for d, r in zip(big["d"], big["rank"],
+                                                           strict=True)]
+    ratio = big["n_queries"] / np.asarray(floor, dtype=float)
+    return threshold_claim(
+        "sketch_floor",
+        f"the sketch learner uses <= {SKETCH_FACTOR} (r (2d - r) + d) queries whenever "
+        f"d >= {SKETCH_MIN_D}",
+        ratio <= SKETCH_FACTOR, worst=ratio.max() if len(big) else float("nan"),
+        worst_label="largest ratio", fmt=".4f",
+        numbers=(Number("sketchFloorRatioMax", float(ratio.max()), "queries / floor",
+                        ".3f", rows=f"lowrank_scale, learner sketch, d >= {SKETCH_MIN_D}"),
+                 ) if len(big) else ())
 
 
 def lowrank_claims(df) -> list[Claim]:
-    """Every claim of the low-rank figures, checked on the rows."""
-    claims = []
-    tp = transition_points(df)
-    fit_rows = tp[np.isfinite(tp["m50"]) & ~tp["censored"]]
-    rd = fit_rows["d"] * fit_rows["rank"]
-    if len(fit_rows) >= 3 and rd.nunique() >= 2:
-        fit = fit_power_law(rd, fit_rows["m50"])
-        claims.append(Claim(
-            "nuclear_linear",
-            "the smallest successful m of the nuclear-norm learner grows linearly in r d "
-            f"(fitted exponent in [{LINEAR_RANGE[0]}, {LINEAR_RANGE[1]}])",
-            bool(LINEAR_RANGE[0] <= fit.slope <= LINEAR_RANGE[1]),
-            f"exponent {fit} over {len(fit_rows)} (d, r) points; "
-            f"C = m_50 / (r (2d)) from {fit_rows['c50'].min():.2f} to "
-            f"{fit_rows['c50'].max():.2f}",
-            numbers=(fit_number("nuclearLinearExponent", fit,
-                                "lowrank_phase, 50% points against r d"),),
-        ))
-    else:
-        claims.append(Claim(
-            "nuclear_linear", "the smallest successful m grows linearly in r d", False,
-            f"only {len(fit_rows)} (d, r) points with a 50% crossing inside the c grid",
-        ))
-    claims.extend(_statdim_claims(tp))
-    st = success_table(df)
-    if not st.empty:
-        lo = st.loc[st.groupby(["d", "rank"])["c"].idxmin()]
-        hi = st.loc[st.groupby(["d", "rank"])["c"].idxmax()]
-        ok = bool((lo["rate"] <= 0.1).all() and (hi["rate"] >= 0.9).all())
-        claims.append(Claim(
-            "nuclear_transition",
-            "for every (d, r) the success rate rises from <= 10% at the smallest c to >= 90% "
-            "at the largest",
-            ok,
-            f"smallest c: max rate {lo['rate'].max():.2f}; largest c: min rate "
-            f"{hi['rate'].min():.2f}",
-            numbers=(Number("nuclearRuns", int(len(_phase_rows(df))), "runs", "d",
-                            rows="lowrank_phase, status ok"),
-                     Number("nuclearRateSmallestC", float(lo["rate"].max()), "success rate",
-                            ".2f", rows="lowrank_phase, largest rate at the smallest c"),
-                     Number("nuclearRateLargestC", float(hi["rate"].min()), "success rate",
-                            ".2f", rows="lowrank_phase, smallest rate at the largest c")),
-        ))
-    sk_all = df[(df["experiment"] == "lowrank_scale") & (df["learner"] == "sketch")]
-    sk = sk_all[sk_all["status"] == "ok"]
-    if len(sk_all):
-        succ = sk["success"].fillna(False).astype(bool)
-        claims.append(Claim(
-            "sketch_success",
-            f"the sketch learner recovers every head to relative error <= {SKETCH_TOL:g}",
-            bool(len(sk) == len(sk_all) and succ.all()),
-            f"{int(succ.sum())}/{len(sk_all)} runs; worst {sk['rel_err_W'].max():.2e}",
-            numbers=(Number("sketchRuns", len(sk_all), "runs", "d",
-                            rows="lowrank_scale, learner sketch"),
-                     Number("sketchWorstError", float(sk["rel_err_W"].max()),
-                            "relative error of W", ".2g",
-                            rows="lowrank_scale, learner sketch, status ok",
-                            factor=ROUNDING_FACTOR)) if len(sk) else (),
-        ))
-        big = sk[sk["d"] >= SKETCH_MIN_D]
-        floor = [lowrank_floor(int(d), int(r)) for d, r in zip(big["d"], big["rank"],
-                                                               strict=True)]
-        ratio = big["n_queries"] / np.asarray(floor, dtype=float)
-        claims.append(threshold_claim(
-            "sketch_floor",
-            f"the sketch learner uses <= {SKETCH_FACTOR} (r (2d - r) + d) queries whenever "
-            f"d >= {SKETCH_MIN_D}",
-            ratio <= SKETCH_FACTOR, worst=ratio.max() if len(big) else float("nan"),
-            worst_label="largest ratio", fmt=".4f",
-            numbers=(Number("sketchFloorRatioMax", float(ratio.max()), "queries / floor",
-                            ".3f", rows=f"lowrank_scale, learner sketch, d >= {SKETCH_MIN_D}"),
-                     ) if len(big) else ()))
-    return claims
+    """Every claim of the low-rank figures (:data:`CLAIMS`), checked on the rows."""
+    return CLAIMS.of_rows(df)
 
 
 LOWRANK_PHASE_CAPTION = """\

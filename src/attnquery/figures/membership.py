@@ -5,7 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..claims import Claim, Number, ok_rows
+from ..claims import Claim, ClaimSet, Number, ok_rows
 from ..metrics import fit_linear
 from ..theory import membership_target as target_queries
 from . import register_figure, tight_layout
@@ -27,12 +27,16 @@ def _count_rows(df):
     return rows[rows["variant"] == "count"]
 
 
-def membership_claims(df) -> list[Claim]:
-    """Claims of the membership experiment, checked on its rows."""
-    claims = []
-    cnt = _count_rows(df)
+#: the claims of the membership experiment (one function each, named as the claim), checked on
+#: the result rows
+CLAIMS = ClaimSet()
+
+
+@CLAIMS
+def membership_linear_log_eps(df) -> Claim:
+    """Queries grow linearly in log2(1/eps): a linear fit's R^2 >= LINEAR_R2 at every d."""
     r2s, fits = [], []
-    for d, g in cnt.groupby("d", sort=True):
+    for d, g in _count_rows(df).groupby("d", sort=True):
         x = np.log2(1.0 / g["eps"].astype(float))
         if x.nunique() < 2 or len(g) < 3:
             continue
@@ -40,18 +44,24 @@ def membership_claims(df) -> list[Claim]:
         r2 = float(np.corrcoef(x, g["n_queries"].astype(float))[0, 1] ** 2)
         r2s.append(r2)
         fits.append(f"d={d}: {fit.slope:.1f}/bit (d^2 = {d * d}), R^2 {r2:.4f}")
-    claims.append(Claim(
+    return Claim(
         "membership_linear_log_eps",
         f"queries grow linearly in log2(1/eps) (linear fit R^2 >= {LINEAR_R2} at every d)",
         bool(r2s and min(r2s) >= LINEAR_R2), "; ".join(fits) or "too few points",
         numbers=(Number("membershipMinRsquared", min(r2s), "R^2", ".3f",
-                        rows="membership, variant count, linear fit per d"),) if r2s else ()))
+                        rows="membership, variant count, linear fit per d"),) if r2s else ())
+
+
+@CLAIMS
+def membership_target(df) -> Claim:
+    """Queries within TARGET_FACTOR of the target count for eps <= TARGET_MAX_EPS."""
+    cnt = _count_rows(df)
     small = cnt[cnt["eps"] <= TARGET_MAX_EPS]
     ratio = small["n_queries"] / [target_queries(int(d), float(e), float(w)) for d, e, w in
                                   zip(small["d"], small["eps"], small["W_bound"], strict=True)]
     all_ratio = cnt["n_queries"] / [target_queries(int(d), float(e), float(w)) for d, e, w in
                                     zip(cnt["d"], cnt["eps"], cnt["W_bound"], strict=True)]
-    claims.append(Claim(
+    return Claim(
         "membership_target",
         f"queries within {TARGET_FACTOR}x of d^2 log2(2Wd/eps) + d log2(1/eps) for eps <= "
         f"{TARGET_MAX_EPS:g}",
@@ -62,10 +72,16 @@ def membership_claims(df) -> list[Claim]:
         numbers=(Number("membershipTargetRatioMax", float(ratio.max()), "ratio", ".2f",
                         rows=f"membership, variant count, eps <= {TARGET_MAX_EPS:g}"),
                  Number("membershipTargetRatioMaxAll", float(all_ratio.max()), "ratio", ".2f",
-                        rows="membership, variant count")) if len(small) else ()))
+                        rows="membership, variant count")) if len(small) else ())
+
+
+@CLAIMS
+def membership_error(df) -> Claim:
+    """Every run (of variant count) reaches ||W_hat - W||_F <= eps; failed runs count against."""
+    cnt = _count_rows(df)
     succ = cnt["abs_err_W"] <= cnt["eps"]
     every = df[(df["experiment"] == "membership") & (df["variant"] == "count")]
-    claims.append(Claim(
+    return Claim(
         "membership_error", "every run reaches ||W_hat - W||_F <= eps",
         bool(succ.all() and len(cnt) == len(every)),
         f"{int(succ.sum())}/{len(every)} runs; largest "
@@ -74,31 +90,40 @@ def membership_claims(df) -> list[Claim]:
         numbers=(Number("membershipRuns", len(every), "runs", "d",
                         rows="membership, variant count"),
                  Number("membershipRunsWithinEps", int(succ.sum()), "runs", "d",
-                        rows="membership, variant count, abs_err_W <= eps"))))
+                        rows="membership, variant count, abs_err_W <= eps")))
+
+
+@CLAIMS
+def membership_v_ratio(df) -> Claim:
+    """At eps = V_RATIO_EPS, bisection for v uses at least V_RATIO times fewer queries than
+    sphere sampling."""
     cmp_rows = ok_rows(df, "membership")
     cmp_rows = cmp_rows[(cmp_rows["variant"] == "v_compare")
                         & np.isclose(cmp_rows["eps"], V_RATIO_EPS)]
     samp = cmp_rows[cmp_rows["v_method"] == "sampling"].groupby("d")["n_queries_v"].min()
     bis = cmp_rows[cmp_rows["v_method"] == "bisection"].groupby("d")["n_queries_v"].max()
     common = samp.index.intersection(bis.index)
-    if len(common):
-        r = (samp[common] / bis[common]).astype(float)
-        comp = _computed(cmp_rows[cmp_rows["v_method"] == "sampling"])
-        claims.append(Claim(
-            "membership_v_ratio",
-            f"at eps = {V_RATIO_EPS:g}, bisection for v uses at least {V_RATIO:g}x fewer "
-            "queries than sphere sampling",
-            bool((r >= V_RATIO).all()),
-            "; ".join(f"d={d}: {samp[d]:.3g} vs {bis[d]} ({r[d]:.3g}x)" for d in common)
-            + f" (sampling counts {'computed from the sample size' if comp else 'run'})",
-            numbers=(Number("membershipVRatioMin", float(r.min()), "ratio", ".2g",
-                            rows=f"membership, variant v_compare, eps = {V_RATIO_EPS:g}"),
-                     Number("membershipVRatioMax", float(r.max()), "ratio", ".2g",
-                            rows=f"membership, variant v_compare, eps = {V_RATIO_EPS:g}"))))
-    else:
-        claims.append(Claim("membership_v_ratio", "bisection vs sampling for v", False,
-                            f"no comparison rows at eps = {V_RATIO_EPS:g}"))
-    return claims
+    if not len(common):
+        return Claim("membership_v_ratio", "bisection vs sampling for v", False,
+                     f"no comparison rows at eps = {V_RATIO_EPS:g}")
+    r = (samp[common] / bis[common]).astype(float)
+    comp = _computed(cmp_rows[cmp_rows["v_method"] == "sampling"])
+    return Claim(
+        "membership_v_ratio",
+        f"at eps = {V_RATIO_EPS:g}, bisection for v uses at least {V_RATIO:g}x fewer "
+        "queries than sphere sampling",
+        bool((r >= V_RATIO).all()),
+        "; ".join(f"d={d}: {samp[d]:.3g} vs {bis[d]} ({r[d]:.3g}x)" for d in common)
+        + f" (sampling counts {'computed from the sample size' if comp else 'run'})",
+        numbers=(Number("membershipVRatioMin", float(r.min()), "ratio", ".2g",
+                        rows=f"membership, variant v_compare, eps = {V_RATIO_EPS:g}"),
+                 Number("membershipVRatioMax", float(r.max()), "ratio", ".2g",
+                        rows=f"membership, variant v_compare, eps = {V_RATIO_EPS:g}")))
+
+
+def membership_claims(df) -> list[Claim]:
+    """Claims of the membership experiment (:data:`CLAIMS`), checked on its rows."""
+    return CLAIMS.of_rows(df)
 
 
 def _computed(g) -> bool:
@@ -227,4 +252,4 @@ def _v_compare_panel(ax4, df, claims, colors) -> None:
     ax4.legend(fontsize=6, loc="upper right")
 
 
-__all__ = ["membership_claims", "membership_cost"]
+__all__ = ["CLAIMS", "membership_claims", "membership_cost"]

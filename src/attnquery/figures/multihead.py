@@ -5,7 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..claims import ROUNDING_FACTOR, Claim, Number, ok_rows, threshold_claim
+from ..claims import ROUNDING_FACTOR, Claim, ClaimSet, Number, ok_rows, threshold_claim
 from ..theory import AGREE_TOL, DISCOVER_TOL, DISTANCE_MIN, KNOWN_TOL
 from ..theory import NON_IDENTIFIABLE_CONSTRUCTIONS as CONSTRUCTIONS
 from . import log2_ticks, register_figure
@@ -23,15 +23,24 @@ LABELS = {
 }
 
 
-def multihead_claims(df) -> list[Claim]:
-    """The claims of the multihead experiment, checked on its rows."""
-    all_rows = df[df["experiment"] == "multihead"]
-    ok = ok_rows(df, "multihead")
-    claims = []
-    ni = ok[ok["variant"].isin(CONSTRUCTIONS)]
-    n_ni = int(all_rows["variant"].isin(CONSTRUCTIONS).sum())
+def _multihead_rows(df):
+    return df[df["experiment"] == "multihead"]
+
+
+#: the claims of the multihead experiment (one function each, named as the claim), checked on
+#: its rows (every status)
+CLAIMS = ClaimSet(_multihead_rows)
+
+
+@CLAIMS
+def multihead_nonidentifiable(rows) -> Claim:
+    """Every non-identifiable pair agrees to AGREE_TOL while its parameters differ by more than
+    DISTANCE_MIN; a pair that did not run counts against."""
+    ni = ok_rows(rows)
+    ni = ni[ni["variant"].isin(CONSTRUCTIONS)]
+    n_ni = int(rows["variant"].isin(CONSTRUCTIONS).sum())
     agree = (ni["output_difference"] <= AGREE_TOL) & (ni["param_distance"] > DISTANCE_MIN)
-    claims.append(Claim(
+    return Claim(
         "multihead_nonidentifiable",
         f"every non-identifiable pair agrees to {AGREE_TOL:g} relative on 1000 random inputs "
         f"while its parameters differ by more than {DISTANCE_MIN:g} (relative)",
@@ -46,15 +55,20 @@ def multihead_claims(df) -> list[Claim]:
                  Number("multiheadPairsMinDistance", float(ni["param_distance"].min()),
                         "relative parameter distance", ".2f", rows="multihead, constructions"))
         if len(ni) else (),
-    ))
-    sh = all_rows[all_rows["variant"] == "single_head"]
+    )
+
+
+@CLAIMS
+def multihead_single_head_fails(rows) -> Claim:
+    """The single-head learner on a multi-head oracle is far from the function, or refuses."""
+    sh = rows[rows["variant"] == "single_head"]
     sh_ok = sh[sh["status"] == "ok"]
     # the learner refuses: during its probes (attention weights outside (0, 1)) or when its
     # check queries disagree with the head it found (ModelMismatchError)
     refused = sh["message"].fillna("").str.contains(
         "not those of a single attention head|differ from a single attention head")
     far = (sh["status"] == "ok") & (sh["func_err"] > 1e-3)
-    claims.append(Claim(
+    return Claim(
         "multihead_single_head_fails",
         "the single-head exact learner on a multi-head oracle is far from the function "
         "(relative functional error > 1e-3), or reports answers no single head gives",
@@ -70,22 +84,33 @@ def multihead_claims(df) -> list[Claim]:
                            "relative functional error", ".2g",
                            rows="multihead, variant single_head, status ok"),) if len(sh_ok)
                    else ())),
-    ))
-    kn = all_rows[all_rows["variant"] == "known"]
+    )
+
+
+@CLAIMS
+def multihead_known_bases(rows) -> Claim:
+    """With the bases known (Prop. C.2) every head is recovered to KNOWN_TOL."""
+    kn = rows[rows["variant"] == "known"]
     kn_ok = (kn["status"] == "ok") & (kn["rel_err_W"] <= KNOWN_TOL) & \
         (kn["rel_err_v"] <= KNOWN_TOL)
-    claims.append(threshold_claim(
+    return threshold_claim(
         "multihead_known_bases",
         f"with the bases known (Prop. C.2) every head is recovered to relative error <= "
         f"{KNOWN_TOL:g}", kn_ok, worst=kn["rel_err_W"].max(),
         numbers=(Number("multiheadKnownWorstError", float(kn["rel_err_W"].max()),
                         "relative error of W", ".2g", rows="multihead, variant known",
                         factor=ROUNDING_FACTOR),)
-        if len(kn) else ()))
-    disc = all_rows[all_rows["variant"] == "discover"]
+        if len(kn) else ())
+
+
+@CLAIMS
+def multihead_discovery_rate(rows) -> Claim:
+    """Basis discovery at the default step recovers every head in at least DISCOVERY_RATE of the
+    runs."""
+    disc = rows[rows["variant"] == "discover"]
     at_default = disc[np.isclose(disc["fd_step"], DEFAULT_STEP)]
     succ = (at_default["status"] == "ok") & at_default["success"].fillna(False).astype(bool)
-    claims.append(Claim(
+    return Claim(
         "multihead_discovery_rate",
         f"basis discovery at the default step h = {DEFAULT_STEP:g} recovers every head to "
         f"{DISCOVER_TOL:g} in at least {DISCOVERY_RATE:.0%} of the runs (the rate at every step "
@@ -98,8 +123,12 @@ def multihead_claims(df) -> list[Claim]:
                         rows=f"multihead, variant discover, h = {DEFAULT_STEP:g}"),
                  Number("multiheadDiscoverySuccesses", int(succ.sum()), "runs", "d",
                         rows=f"multihead, variant discover, h = {DEFAULT_STEP:g}, success")),
-    ))
-    return claims
+    )
+
+
+def multihead_claims(df) -> list[Claim]:
+    """The claims of the multihead experiment (:data:`CLAIMS`), checked on its rows."""
+    return CLAIMS.of_rows(df)
 
 
 MULTIHEAD_CAPTION = """\

@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
-from ..claims import ROUNDING_FACTOR, Claim, Number, threshold_claim
+from ..claims import ROUNDING_FACTOR, Claim, ClaimSet, Number, threshold_claim
 from ..theory import MULTIHEAD_GENERIC_TOL as SUCCESS_TOL
 from . import log2_ticks, register_figure
 
@@ -43,13 +43,18 @@ def _succ(rows):
     return (rows["status"] == "ok") & rows["success"].fillna(False).astype(bool)
 
 
-def multihead_generic_claims(df) -> list[Claim]:
-    """The claims of the multihead_generic experiment, checked on its rows."""
-    claims = []
+#: the claims of the multihead_generic experiment (one function each, named as the claim),
+#: checked on the result rows
+CLAIMS = ClaimSet()
+
+
+@CLAIMS
+def multihead_generic_small(df) -> Claim:
+    """Random heads with d <= SMALL_D, H <= SMALL_H are all recovered to SUCCESS_TOL."""
     g = _rows(df, "grid")
     small = g[(g["d"] <= SMALL_D) & (g["n_heads"] <= SMALL_H)]
     s = _succ(small)
-    claims.append(threshold_claim(
+    return threshold_claim(
         "multihead_generic_small",
         f"random heads with d <= {SMALL_D}, H <= {SMALL_H} are all recovered to "
         f"{SUCCESS_TOL:g} (relative, after matching)", s,
@@ -62,32 +67,50 @@ def multihead_generic_claims(df) -> list[Claim]:
                            "relative error of W", ".2g",
                            rows="multihead_generic, grid, recovered runs",
                            factor=ROUNDING_FACTOR),) if s.any()
-                   else ()))))
+                   else ())))
+
+
+@CLAIMS
+def multihead_generic_shared_w(df) -> Claim:
+    """Shared W (separation 0, Prop. 7.1) is reported as not identifiable."""
     sep = _rows(df, "separation")
-    zero = sep[sep["separation"] == 0]
-    claims.append(threshold_claim(
+    return threshold_claim(
         "multihead_generic_shared_w",
         "shared W (eps = 0, Prop. 7.1) is reported as not identifiable",
-        zero["status"] == "not_identifiable"))
-    far = sep[sep["separation"] >= SEPARATION_CLAIM]
-    sf = _succ(far)
-    claims.append(threshold_claim(
+        sep.loc[sep["separation"] == 0, "status"] == "not_identifiable")
+
+
+@CLAIMS
+def multihead_generic_separation(df) -> Claim:
+    """Two heads with separation >= SEPARATION_CLAIM are recovered."""
+    sep = _rows(df, "separation")
+    return threshold_claim(
         "multihead_generic_separation",
-        f"two heads with separation eps >= {SEPARATION_CLAIM:g} are recovered", sf))
+        f"two heads with separation eps >= {SEPARATION_CLAIM:g} are recovered",
+        _succ(sep[sep["separation"] >= SEPARATION_CLAIM]))
+
+
+@CLAIMS
+def multihead_generic_negated(df) -> Claim:
+    """W_2 = -W_1 is recovered with three-row queries and not with two-row queries only."""
     neg = _rows(df, "negated")
     three = neg[neg["learner"] == "multihead_generic"]
     two = neg[neg["learner"] == "multihead_generic_2row"]
     ok3 = _succ(three)
     fail2 = ~_succ(two)
-    claims.append(Claim(
+    return Claim(
         "multihead_generic_negated",
         "W_2 = -W_1 is recovered with three-row queries and not with two-row queries only",
         bool(ok3.all() and fail2.all()),
         f"three-row {int(ok3.sum())}/{len(three)} recovered; two-row only "
         f"{int(fail2.sum())}/{len(two)} not recovered",
         n_runs=min(len(three), len(two)),
-    ))
-    return claims
+    )
+
+
+def multihead_generic_claims(df) -> list[Claim]:
+    """The claims of the multihead_generic experiment (:data:`CLAIMS`), checked on its rows."""
+    return CLAIMS.of_rows(df)
 
 
 MULTIHEAD_GENERIC_CAPTION = """\

@@ -5,7 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..claims import Claim, Number, extra_values, fit_number, number_name, ok_rows
+from ..claims import Claim, ClaimSet, Number, extra_values, fit_number, number_name, ok_rows
 from ..theory import oversample_exponent_range, theorem61_guarantee
 from ..theory import theorem61_premise as cell_meets_assumptions
 from . import register_figure, tight_layout
@@ -28,13 +28,24 @@ def _met(rows):
     return rows[np.array(met, dtype=bool)]
 
 
-def noise_claims(df) -> list[Claim]:
-    """Claims of the noise experiment, checked on its rows."""
-    claims = []
+def _noisy_met(df):
+    """Ok rows of the noisy learner without oversampling whose run met the assumptions."""
     rows = _tau_rows(df)
-    every = _tau_rows(df, ok_only=False)
     noisy = rows[(rows["learner"] == "noisy") & (rows["oversample"] == 1)]
-    met = noisy[extra_values(noisy, "assumptions_met", False).astype(bool)]
+    return noisy[extra_values(noisy, "assumptions_met", False).astype(bool)]
+
+
+#: the claims of the noise experiment (one function each, named as the claim; the per-model
+#: claims are named ``<function>_<model>``), checked on the result rows
+CLAIMS = ClaimSet()
+
+
+@CLAIMS
+def noise_bound(df) -> list[Claim]:
+    """Per noise model: every run meeting Theorem 6.1's assumptions is within its guarantee (a
+    cell meeting them that did not run to an answer counts against)."""
+    met, every = _noisy_met(df), _tau_rows(df, ok_only=False)
+    claims = []
     for model in NOISE_MODELS:
         g = met[met["noise"] == model]
         # every cell meeting the assumptions (any status) must be an ok row within the bound
@@ -57,6 +68,15 @@ def noise_claims(df) -> list[Claim]:
                             rows=f"noise, learner noisy, {model} noise, largest")) if len(g)
             else (),
         ))
+    return claims
+
+
+@CLAIMS
+def noise_slope(df) -> list[Claim]:
+    """Per noise model: the error grows linearly in tau (log-log slope in SLOPE_RANGE, fitted
+    with an intercept per cell on the runs where no weight was clipped)."""
+    met = _noisy_met(df)
+    claims = []
     for model in NOISE_MODELS:
         g = met[met["noise"] == model]
         g = g[extra_values(g, "n_clipped", 0).astype(int) == 0]
@@ -74,9 +94,16 @@ def noise_claims(df) -> list[Claim]:
             f"noise_slope_{model}",
             f"{model} noise: ||W_hat - W||_F grows linearly in tau (log-log slope in "
             f"[{SLOPE_RANGE[0]}, {SLOPE_RANGE[1]}])", bool(ok), detail, numbers=numbers))
+    return claims
+
+
+@CLAIMS
+def noise_unclipped_fails(df) -> Claim:
+    """Without clipping the estimate is undefined in some runs that meet the assumptions."""
+    every = _tau_rows(df, ok_only=False)
     unc = _met(every[every["learner"] == "unclipped"])
     und = unc["status"] != "ok"
-    claims.append(Claim(
+    return Claim(
         "noise_unclipped_fails",
         "without clipping the estimate is undefined (sigma^-1 outside (0, 1)) in some runs that "
         "meet the theorem's assumptions",
@@ -87,13 +114,11 @@ def noise_claims(df) -> list[Claim]:
         numbers=(Number("noiseUnclippedUndefinedTau", float(unc[und]["tau"].min()), "tau", "g",
                         rows="noise, learner unclipped, smallest tau of an undefined run"),)
         if und.any() else (),
-    ))
-    claims.append(checks_claim(df))
-    claims.extend(oversample_claims(df))
-    return claims
+    )
 
 
-def checks_claim(df) -> Claim:
+@CLAIMS
+def noise_checks(df) -> Claim:
     """The learners' own checks against noisy answers: Theorem 6.1's learner passes its check in
     every run (its tolerance is the declared tau), Theorem 4.1's learner, which allows float64
     rounding only, verifies no noisy oracle (it refuses the estimate, ``verified`` False, or fails
@@ -124,19 +149,20 @@ def checks_claim(df) -> Claim:
                         rows="noise, learner exact, status not ok")))
 
 
-def oversample_claims(df) -> list[Claim]:
+@CLAIMS
+def noise_oversample(df) -> Claim | None:
     """The claim on oversampling under uniform noise: the fitted exponent's 95% interval lies
     below 0 (the error falls) and meets the range least squares allows on the grid
     (:func:`attnquery.theory.oversample_exponent_range`: from -1/2, plain averaging, to the rate of
-    half-scale extra probes). No claim without two oversampling factors."""
+    half-scale extra probes). No claim (None) without two oversampling factors."""
     ov = ok_rows(df, "noise")
     ov = ov[(ov["variant"] == "oversample") & (ov["noise"] == "uniform")]
     if ov["oversample"].nunique() < 2:
-        return []
+        return None
     fit = fit_within(ov, "oversample", "abs_err_W", by=("seed",))
     steep, shallow = oversample_exponent_range(ov["oversample"].unique())
     ok = fit.hi < 0 and fit.lo <= shallow and fit.hi >= steep
-    return [Claim(
+    return Claim(
         "noise_oversample",
         "uniform noise: error falls with oversampling k as least squares predicts, between "
         f"k^({steep:g}) and k^({shallow:.2f}) on this grid (the fitted exponent's 95% interval "
@@ -146,7 +172,25 @@ def oversample_claims(df) -> list[Claim]:
                             "noise, variant oversample, uniform noise"),
                  Number("noiseOversampleShallowest", shallow, "exponent", ".2f",
                         rows="noise, variant oversample: least squares with every extra probe "
-                        "at half scale, fitted over the grid's k (attnquery.theory)")))]
+                        "at half scale, fitted over the grid's k (attnquery.theory)")))
+
+
+
+
+def noise_claims(df) -> list[Claim]:
+    """Claims of the noise experiment (:data:`CLAIMS`), checked on its rows."""
+    return CLAIMS.of_rows(df)
+
+
+def oversample_claims(df) -> list[Claim]:
+    """The claim on oversampling (:func:`noise_oversample`) as a list: empty without two
+    oversampling factors."""
+    claim = noise_oversample(df)
+    return [] if claim is None else [claim]
+
+
+#: the claim on the learners' checks under its former name
+checks_claim = noise_checks
 
 
 NOISE_SCALING_CAPTION = """\
@@ -304,4 +348,4 @@ def _oversample_panel(ax4, df, claims, colors) -> None:
     ax4.legend(fontsize=6)
 
 
-__all__ = ["noise_claims", "noise_scaling"]
+__all__ = ["CLAIMS", "noise_claims", "noise_scaling"]

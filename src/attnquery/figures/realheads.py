@@ -13,7 +13,7 @@ import pandas as pd
 from matplotlib.colors import LogNorm
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
-from ..claims import ROUNDING_FACTOR, Claim, Number, extra_values, ok_rows
+from ..claims import ROUNDING_FACTOR, Claim, ClaimSet, Number, extra_values, ok_rows
 from ..theory import BIAS_EXACT_TOL, BIAS_PARAM_TOL, BIAS_SKETCH_TOL, exact_queries, lowrank_floor
 from ..theory import REALHEADS_EXACT_TOL as EXACT_TOL
 from ..theory import REALHEADS_SKETCH_TOL as SKETCH_TOL
@@ -67,75 +67,6 @@ def _numbers(prefix, rows, ok, what) -> tuple:
     return tuple(out)
 
 
-def realheads_claims(df) -> list[Claim]:
-    """The claims of the realheads experiment, checked on its rows."""
-    claims = []
-    rows, ok = _learner_rows(df, "exact")
-    if len(rows):
-        d = extra_values(ok, "d").astype(float)
-        count_ok = ok["n_queries"].astype(float) == d**2 + d
-        succ = ok["success"].fillna(False).astype(bool)
-        worst = ok["rel_err_W"].max() if len(ok) else float("nan")
-        claims.append(Claim(
-            "realheads_exact",
-            f"the exact learner recovers every head to relative error <= {EXACT_TOL:g} with "
-            "exactly d^2 + d queries",
-            bool(len(ok) == len(rows) and succ.all() and count_ok.all()),
-            f"{int(succ.sum())}/{len(rows)} heads within tolerance (worst {worst:.2e}); "
-            f"{int(count_ok.sum())}/{len(rows)} with d^2 + d queries",
-            numbers=_numbers("realheadsExact", rows, ok, "realheads, learner exact, no biases"),
-        ))
-    rows, ok = _learner_rows(df, "sketch")
-    if len(rows):
-        _, r, floor = _sketch_floor(ok)
-        within = ok["n_queries"].astype(float) <= SKETCH_QUERY_FACTOR * floor
-        rank_ok = ok["rank_found"].astype(float) == r
-        succ = ok["success"].fillna(False).astype(bool)
-        worst = ok["rel_err_W"].max() if len(ok) else float("nan")
-        ratio = (ok["n_queries"] / floor).max() if len(ok) else float("nan")
-        claims.append(Claim(
-            "realheads_sketch",
-            f"the sketch learner recovers every head (rank = head dimension) to relative error "
-            f"<= {SKETCH_TOL:g} with at most {SKETCH_QUERY_FACTOR} (r(2d - r) + d) queries",
-            bool(len(ok) == len(rows) and succ.all() and within.all() and rank_ok.all()),
-            f"{int(succ.sum())}/{len(rows)} heads within tolerance (worst {worst:.2e}); "
-            f"queries at most {ratio:.3f} x r(2d - r) + d; rank right in "
-            f"{int(rank_ok.sum())}/{len(rows)}",
-            numbers=_numbers("realheadsSketch", rows, ok, "realheads, learner sketch, no biases")
-            + ((Number("realheadsSketchFloorRatio", float(ratio), "queries / floor", ".3f",
-                       rows="realheads, learner sketch, no biases, largest"),) if len(ok)
-               else ()),
-        ))
-    claims += _bias_claims(df)
-    rows, ok = _learner_rows(df, "noisy")
-    if len(rows):
-        premise = extra_values(ok, "margin_premise").fillna(False).astype(bool)
-        has_bound = ok["bound_W"].notna()
-        inside = ok.loc[has_bound, "within_bound"].fillna(False).astype(bool)
-        vacuous = ok.loc[has_bound, "bound_W"] >= extra_values(ok[has_bound], "W_fro").astype(float)
-        claims.append(Claim(
-            "realheads_noisy_bound",
-            "where Theorem 6.1's premise tau <= min|v_i| / 2 holds, the noisy learner's errors "
-            "are within the theorem's bound",
-            bool(len(ok) == len(rows) and inside.all()),
-            f"premise holds in {int(premise.sum())}/{len(rows)} runs; within the bound in "
-            f"{int(inside.sum())}/{int(has_bound.sum())} of them",
-        ))
-        claims.append(Claim(
-            "realheads_noisy_vacuous",
-            "on these heads Theorem 6.1's bound on ||W_hat - W||_F is at least ||W||_F wherever "
-            "it applies (the margin is too small for a useful guarantee)",
-            bool(vacuous.all()),
-            f"{int(vacuous.sum())}/{int(has_bound.sum())} runs with a defined bound; median "
-            f"relative error of W {ok['rel_err_W'].median():.2e}",
-            numbers=((Number("realheadsNoisyMedianErrorW", float(ok["rel_err_W"].median()),
-                             "relative error of W", ".2g",
-                             rows="realheads, learner noisy, status ok, median"),) if len(ok)
-                     else ()) + _margin_numbers(df),
-        ))
-    return claims
-
-
 def _margin_numbers(df) -> tuple:
     """The heads' margins: the range over heads of ``min |v_i|`` and the median of
     ``max |v_i|`` (from every realheads row, one value per layer and head)."""
@@ -160,48 +91,159 @@ def _worst(ok, col):
     return float(ok[col].max()) if len(ok) else float("nan")
 
 
-def _bias_claims(df) -> list[Claim]:
-    """With the module's biases: every head within the tolerances, with the stated counts."""
-    claims = []
+def _worst_biased(ok) -> str:
+    """The worst errors of W, c, v and beta of runs with the module's biases, as the claims
+    print them."""
+    return (f"worst W {_worst(ok, 'rel_err_W'):.2e}, c {_worst(ok, 'rel_err_c'):.2e}, v "
+            f"{_worst(ok, 'rel_err_v'):.2e}, beta {_worst(ok, 'rel_err_offset'):.2e}")
+
+
+#: the claims of the realheads experiment (one function each, named as the claim; a learner's
+#: claims are not made without its rows), checked on the result rows
+CLAIMS = ClaimSet()
+
+
+@CLAIMS
+def realheads_exact(df) -> Claim | None:
+    """The exact learner recovers every head within EXACT_TOL with exactly d^2 + d queries."""
+    rows, ok = _learner_rows(df, "exact")
+    if not len(rows):
+        return None
+    d = extra_values(ok, "d").astype(float)
+    count_ok = ok["n_queries"].astype(float) == d**2 + d
+    succ = ok["success"].fillna(False).astype(bool)
+    worst = ok["rel_err_W"].max() if len(ok) else float("nan")
+    return Claim(
+        "realheads_exact",
+        f"the exact learner recovers every head to relative error <= {EXACT_TOL:g} with "
+        "exactly d^2 + d queries",
+        bool(len(ok) == len(rows) and succ.all() and count_ok.all()),
+        f"{int(succ.sum())}/{len(rows)} heads within tolerance (worst {worst:.2e}); "
+        f"{int(count_ok.sum())}/{len(rows)} with d^2 + d queries",
+        numbers=_numbers("realheadsExact", rows, ok, "realheads, learner exact, no biases"),
+    )
+
+
+@CLAIMS
+def realheads_sketch(df) -> Claim | None:
+    """The sketch learner recovers every head within SKETCH_TOL, its rank right, with at most
+    SKETCH_QUERY_FACTOR times the low-rank floor of queries."""
+    rows, ok = _learner_rows(df, "sketch")
+    if not len(rows):
+        return None
+    _, r, floor = _sketch_floor(ok)
+    within = ok["n_queries"].astype(float) <= SKETCH_QUERY_FACTOR * floor
+    rank_ok = ok["rank_found"].astype(float) == r
+    succ = ok["success"].fillna(False).astype(bool)
+    worst = ok["rel_err_W"].max() if len(ok) else float("nan")
+    ratio = (ok["n_queries"] / floor).max() if len(ok) else float("nan")
+    return Claim(
+        "realheads_sketch",
+        f"the sketch learner recovers every head (rank = head dimension) to relative error "
+        f"<= {SKETCH_TOL:g} with at most {SKETCH_QUERY_FACTOR} (r(2d - r) + d) queries",
+        bool(len(ok) == len(rows) and succ.all() and within.all() and rank_ok.all()),
+        f"{int(succ.sum())}/{len(rows)} heads within tolerance (worst {worst:.2e}); "
+        f"queries at most {ratio:.3f} x r(2d - r) + d; rank right in "
+        f"{int(rank_ok.sum())}/{len(rows)}",
+        numbers=_numbers("realheadsSketch", rows, ok, "realheads, learner sketch, no biases")
+        + ((Number("realheadsSketchFloorRatio", float(ratio), "queries / floor", ".3f",
+                   rows="realheads, learner sketch, no biases, largest"),) if len(ok)
+           else ()),
+    )
+
+
+@CLAIMS
+def realheads_exact_biases(df) -> Claim | None:
+    """With the module's biases the exact learner recovers every head within the tolerances,
+    with exactly d^2 + 2d + 1 queries."""
     rows, ok = _learner_rows(df, "exact", biases=True)
-    if len(rows):
-        d = extra_values(ok, "d").astype(float)
-        n = ok["n_queries"].astype(float)
-        count_ok = n == d**2 + 2 * d + 1
-        succ = ok["success"].fillna(False).astype(bool)
-        claims.append(Claim(
-            "realheads_exact_biases",
-            f"with the module's biases, the exact learner recovers every head to relative error "
-            f"<= {BIAS_EXACT_TOL:g} for W and <= {BIAS_PARAM_TOL:g} for c, v and beta, with "
-            "exactly d^2 + 2d + 1 queries",
-            bool(len(ok) == len(rows) and succ.all() and count_ok.all()),
-            f"{int(succ.sum())}/{len(rows)} heads within tolerance (worst W "
-            f"{_worst(ok, 'rel_err_W'):.2e}, c {_worst(ok, 'rel_err_c'):.2e}, v "
-            f"{_worst(ok, 'rel_err_v'):.2e}, beta {_worst(ok, 'rel_err_offset'):.2e}); "
-            f"{int(count_ok.sum())}/{len(rows)} with d^2 + 2d + 1 queries",
-            numbers=_numbers("realheadsBiasExact", rows, ok, "realheads, learner exact, biases"),
-        ))
+    if not len(rows):
+        return None
+    d = extra_values(ok, "d").astype(float)
+    n = ok["n_queries"].astype(float)
+    count_ok = n == d**2 + 2 * d + 1
+    succ = ok["success"].fillna(False).astype(bool)
+    return Claim(
+        "realheads_exact_biases",
+        f"with the module's biases, the exact learner recovers every head to relative error "
+        f"<= {BIAS_EXACT_TOL:g} for W and <= {BIAS_PARAM_TOL:g} for c, v and beta, with "
+        "exactly d^2 + 2d + 1 queries",
+        bool(len(ok) == len(rows) and succ.all() and count_ok.all()),
+        f"{int(succ.sum())}/{len(rows)} heads within tolerance ({_worst_biased(ok)}); "
+        f"{int(count_ok.sum())}/{len(rows)} with d^2 + 2d + 1 queries",
+        numbers=_numbers("realheadsBiasExact", rows, ok, "realheads, learner exact, biases"),
+    )
+
+
+@CLAIMS
+def realheads_sketch_biases(df) -> Claim | None:
+    """With the module's biases the sketch learner recovers every head within the tolerances,
+    with at most the sketch's budget plus d + 1 queries."""
     rows, ok = _learner_rows(df, "sketch", biases=True)
-    if len(rows):
-        d, r, floor = _sketch_floor(ok)
-        n = ok["n_queries"].astype(float)
-        within = n <= SKETCH_QUERY_FACTOR * floor + d + 1
-        rank_ok = ok["rank_found"].astype(float) == r
-        succ = ok["success"].fillna(False).astype(bool)
-        ratio = ((n - d - 1) / floor).max() if len(ok) else float("nan")
-        claims.append(Claim(
-            "realheads_sketch_biases",
-            f"with the module's biases, the sketch learner recovers every head to relative "
-            f"error <= {BIAS_SKETCH_TOL:g} for W and <= {BIAS_PARAM_TOL:g} for c, v and beta, "
-            f"with at most {SKETCH_QUERY_FACTOR} (r(2d - r) + d) + d + 1 queries",
-            bool(len(ok) == len(rows) and succ.all() and within.all() and rank_ok.all()),
-            f"{int(succ.sum())}/{len(rows)} heads within tolerance (worst W "
-            f"{_worst(ok, 'rel_err_W'):.2e}, c {_worst(ok, 'rel_err_c'):.2e}, v "
-            f"{_worst(ok, 'rel_err_v'):.2e}, beta {_worst(ok, 'rel_err_offset'):.2e}); "
-            f"queries minus d + 1 at most {ratio:.3f} x r(2d - r) + d",
-            numbers=_numbers("realheadsBiasSketch", rows, ok, "realheads, learner sketch, biases"),
-        ))
-    return claims
+    if not len(rows):
+        return None
+    d, r, floor = _sketch_floor(ok)
+    n = ok["n_queries"].astype(float)
+    within = n <= SKETCH_QUERY_FACTOR * floor + d + 1
+    rank_ok = ok["rank_found"].astype(float) == r
+    succ = ok["success"].fillna(False).astype(bool)
+    ratio = ((n - d - 1) / floor).max() if len(ok) else float("nan")
+    return Claim(
+        "realheads_sketch_biases",
+        f"with the module's biases, the sketch learner recovers every head to relative "
+        f"error <= {BIAS_SKETCH_TOL:g} for W and <= {BIAS_PARAM_TOL:g} for c, v and beta, "
+        f"with at most {SKETCH_QUERY_FACTOR} (r(2d - r) + d) + d + 1 queries",
+        bool(len(ok) == len(rows) and succ.all() and within.all() and rank_ok.all()),
+        f"{int(succ.sum())}/{len(rows)} heads within tolerance ({_worst_biased(ok)}); "
+        f"queries minus d + 1 at most {ratio:.3f} x r(2d - r) + d",
+        numbers=_numbers("realheadsBiasSketch", rows, ok, "realheads, learner sketch, biases"),
+    )
+
+
+@CLAIMS
+def realheads_noisy_bound(df) -> Claim | None:
+    """Where Theorem 6.1's premise holds, the noisy learner's errors are within its bound."""
+    rows, ok = _learner_rows(df, "noisy")
+    if not len(rows):
+        return None
+    premise = extra_values(ok, "margin_premise").fillna(False).astype(bool)
+    has_bound = ok["bound_W"].notna()
+    inside = ok.loc[has_bound, "within_bound"].fillna(False).astype(bool)
+    return Claim(
+        "realheads_noisy_bound",
+        "where Theorem 6.1's premise tau <= min|v_i| / 2 holds, the noisy learner's errors "
+        "are within the theorem's bound",
+        bool(len(ok) == len(rows) and inside.all()),
+        f"premise holds in {int(premise.sum())}/{len(rows)} runs; within the bound in "
+        f"{int(inside.sum())}/{int(has_bound.sum())} of them",
+    )
+
+
+@CLAIMS
+def realheads_noisy_vacuous(df) -> Claim | None:
+    """On these heads Theorem 6.1's bound is at least ||W||_F wherever it applies."""
+    rows, ok = _learner_rows(df, "noisy")
+    if not len(rows):
+        return None
+    has_bound = ok["bound_W"].notna()
+    vacuous = ok.loc[has_bound, "bound_W"] >= extra_values(ok[has_bound], "W_fro").astype(float)
+    return Claim(
+        "realheads_noisy_vacuous",
+        "on these heads Theorem 6.1's bound on ||W_hat - W||_F is at least ||W||_F wherever "
+        "it applies (the margin is too small for a useful guarantee)",
+        bool(vacuous.all()),
+        f"{int(vacuous.sum())}/{int(has_bound.sum())} runs with a defined bound; median "
+        f"relative error of W {ok['rel_err_W'].median():.2e}",
+        numbers=((Number("realheadsNoisyMedianErrorW", float(ok["rel_err_W"].median()),
+                         "relative error of W", ".2g",
+                         rows="realheads, learner noisy, status ok, median"),) if len(ok)
+                 else ()) + _margin_numbers(df),
+    )
+
+
+def realheads_claims(df) -> list[Claim]:
+    """The claims of the realheads experiment (:data:`CLAIMS`), checked on its rows."""
+    return CLAIMS.of_rows(df)
 
 
 def _heatmap(ax, ok, title, norm, n_layers, n_heads):

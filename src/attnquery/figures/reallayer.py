@@ -10,7 +10,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..claims import ROUNDING_FACTOR, Claim, Number, extra_values
+from ..claims import ROUNDING_FACTOR, Claim, ClaimSet, Number, extra_values
 from ..theory import LAYER_FUNC_TOL as FUNC_TOL
 from ..theory import LAYER_HEAD_TOL as HEAD_TOL
 from . import register_figure
@@ -30,79 +30,116 @@ def _rows(df):
     return rows, rows[rows["status"] == "ok"]
 
 
-def reallayer_claims(df) -> list[Claim]:
-    """The claims of the reallayer experiment, checked on its rows."""
+def _layer_data(df):
+    """The reallayer rows and those that ran to an answer (None without a row: the figure then
+    states no claim)."""
     rows, ok = _rows(df)
-    if not len(rows):
-        return []
+    return (rows, ok) if len(rows) else None
+
+
+def _worst(ok, col) -> float:
+    return float(ok[col].max()) if len(ok) else float("nan")
+
+
+#: the claims of the reallayer experiment (one function each, named as the claim), checked on
+#: ``(rows, ok)``: its rows and those with status ok
+CLAIMS = ClaimSet(_layer_data)
+
+
+@CLAIMS
+def reallayer_heads(data) -> Claim:
+    """On every layer run all heads are recovered, each within HEAD_TOL (a refusal counts
+    against)."""
+    rows, ok = data
     H = rows["n_heads"].astype(int)
     found = ok["n_heads_found"].astype(int) == ok["n_heads"].astype(int)
+    layers = ", ".join(str(int(x)) for x in sorted(rows["layer"]))
+    return Claim(
+        "reallayer_heads",
+        f"on every layer run ({layers}) all heads are recovered, each with relative errors "
+        f"of W_h, v_h and c_h at most {HEAD_TOL:g}",
+        bool(len(ok) == len(rows) and found.all()),
+        f"{int(found.sum())}/{len(rows)} layers with all {int(H.max())} heads (worst W "
+        f"{_worst(ok, 'rel_err_W'):.2e}, v {_worst(ok, 'rel_err_v'):.2e}, c "
+        f"{_worst(ok, 'rel_err_c') if 'rel_err_c' in ok else float('nan'):.2e}); "
+        f"{len(rows) - len(ok)} layers refused",
+        numbers=(Number("reallayerLayers", len(rows), "layers", "d", rows="reallayer"),
+                 Number("reallayerLayersRecovered", int(found.sum()), "layers", "d",
+                        rows="reallayer, status ok, every head found"),
+                 *(Number(f"reallayerWorstError{n}", _worst(ok, col), f"relative error of {n}",
+                          ".2g", rows=f"reallayer, status ok, largest {col} over heads",
+                          factor=ROUNDING_FACTOR)
+                   for col, n in (("rel_err_W", "W"), ("rel_err_v", "V"), ("rel_err_c", "C"))
+                   if col in ok and len(ok))),
+    )
+
+
+@CLAIMS
+def reallayer_functional(data) -> Claim:
+    """Every recovered layer reproduces the oracle within FUNC_TOL on held-out inputs."""
+    rows, ok = data
     func_ok = ok["func_err"].astype(float) <= FUNC_TOL
+    return Claim(
+        "reallayer_functional",
+        f"every recovered layer reproduces the oracle to relative error at most {FUNC_TOL:g} "
+        "on held-out random inputs",
+        bool(len(ok) == len(rows) and func_ok.all()),
+        f"{int(func_ok.sum())}/{len(rows)} layers (worst {_worst(ok, 'func_err'):.2e})",
+        numbers=(Number("reallayerWorstFunctionalError", _worst(ok, "func_err"),
+                        "relative functional error", ".2g",
+                        rows="reallayer, status ok, largest func_err",
+                        factor=ROUNDING_FACTOR),) if len(ok) else (),
+    )
+
+
+@CLAIMS
+def reallayer_count(data) -> Claim:
+    """Outside the circle scan and the verification the learner asks exactly the stated count."""
+    rows, ok = data
     stages = extra_values(ok, "queries_by_stage")
     counted = np.array([q["v_sum"] + q["isolated"] + q["missing"] for q in stages], dtype=float)
     stated = (extra_values(ok, "probe_count")
               + extra_values(ok, "n_requeried")).to_numpy(dtype=float)
-    layers = ", ".join(str(int(x)) for x in sorted(rows["layer"]))
-    worst = lambda col: float(ok[col].max()) if len(ok) else float("nan")  # noqa: E731
-    claims = [
-        Claim(
-            "reallayer_heads",
-            f"on every layer run ({layers}) all heads are recovered, each with relative errors "
-            f"of W_h, v_h and c_h at most {HEAD_TOL:g}",
-            bool(len(ok) == len(rows) and found.all()),
-            f"{int(found.sum())}/{len(rows)} layers with all {int(H.max())} heads (worst W "
-            f"{worst('rel_err_W'):.2e}, v {worst('rel_err_v'):.2e}, c "
-            f"{worst('rel_err_c') if 'rel_err_c' in ok else float('nan'):.2e}); "
-            f"{len(rows) - len(ok)} layers refused",
-            numbers=(Number("reallayerLayers", len(rows), "layers", "d", rows="reallayer"),
-                     Number("reallayerLayersRecovered", int(found.sum()), "layers", "d",
-                            rows="reallayer, status ok, every head found"),
-                     *(Number(f"reallayerWorstError{n}", worst(col), f"relative error of {n}",
-                              ".2g", rows=f"reallayer, status ok, largest {col} over heads",
-                              factor=ROUNDING_FACTOR)
-                       for col, n in (("rel_err_W", "W"), ("rel_err_v", "V"), ("rel_err_c", "C"))
-                       if col in ok and len(ok))),
-        ),
-        Claim(
-            "reallayer_functional",
-            f"every recovered layer reproduces the oracle to relative error at most {FUNC_TOL:g} "
-            "on held-out random inputs",
-            bool(len(ok) == len(rows) and func_ok.all()),
-            f"{int(func_ok.sum())}/{len(rows)} layers (worst {worst('func_err'):.2e})",
-            numbers=(Number("reallayerWorstFunctionalError", worst("func_err"),
-                            "relative functional error", ".2g",
-                            rows="reallayer, status ok, largest func_err",
-                            factor=ROUNDING_FACTOR),) if len(ok) else (),
-        ),
-        Claim(
-            "reallayer_count",
-            "outside the circle scan and the verification, the learner asks exactly the stated "
-            "d + 1 + H [(d - H + 1)(r + 1) + (r + 2)(d - r)] + 2 H (H - 1)(r + 1) queries "
-            "(plus probes asked again)",
-            bool(len(ok) == len(rows) and (counted == stated).all()),
-            f"{int((counted == stated).sum())}/{len(rows)} layers; probes asked again "
-            f"{int(extra_values(ok, 'n_requeried').sum()) if len(ok) else 0}",
-        ),
-    ]
+    return Claim(
+        "reallayer_count",
+        "outside the circle scan and the verification, the learner asks exactly the stated "
+        "d + 1 + H [(d - H + 1)(r + 1) + (r + 2)(d - r)] + 2 H (H - 1)(r + 1) queries "
+        "(plus probes asked again)",
+        bool(len(ok) == len(rows) and (counted == stated).all()),
+        f"{int((counted == stated).sum())}/{len(rows)} layers; probes asked again "
+        f"{int(extra_values(ok, 'n_requeried').sum()) if len(ok) else 0}",
+    )
+
+
+@CLAIMS
+def reallayer_dof(data) -> Claim | None:
+    """At d >= DOF_MIN_D the learner asks at most QUERY_FACTOR times the layer's degrees of
+    freedom (no claim without such a layer)."""
+    _, ok = data
     big = ok[extra_values(ok, "d").astype(float) >= DOF_MIN_D]
-    if len(big):
-        ratio = big["n_queries"].astype(float) / extra_values(big, "dof").astype(float)
-        claims.append(Claim(
-            "reallayer_dof",
-            f"at d >= {DOF_MIN_D} the learner asks at most {QUERY_FACTOR} times the layer's "
-            "degrees of freedom H (r (2d - r) + 2d) + 1",
-            bool((ratio <= QUERY_FACTOR).all()),
-            f"queries / degrees of freedom from {ratio.min():.3f} to {ratio.max():.3f}",
-            numbers=(Number("reallayerQueriesMin", int(big["n_queries"].min()), "queries", "d",
-                            rows=f"reallayer, status ok, d >= {DOF_MIN_D}"),
-                     Number("reallayerQueriesMax", int(big["n_queries"].max()), "queries", "d",
-                            rows=f"reallayer, status ok, d >= {DOF_MIN_D}"),
-                     Number("reallayerDofRatioMin", float(ratio.min()), "queries / dof", ".2f",
-                            rows=f"reallayer, status ok, d >= {DOF_MIN_D}"),
-                     Number("reallayerDofRatioMax", float(ratio.max()), "queries / dof", ".2f",
-                            rows=f"reallayer, status ok, d >= {DOF_MIN_D}")),
-        ))
-    return claims
+    if not len(big):
+        return None
+    ratio = big["n_queries"].astype(float) / extra_values(big, "dof").astype(float)
+    return Claim(
+        "reallayer_dof",
+        f"at d >= {DOF_MIN_D} the learner asks at most {QUERY_FACTOR} times the layer's "
+        "degrees of freedom H (r (2d - r) + 2d) + 1",
+        bool((ratio <= QUERY_FACTOR).all()),
+        f"queries / degrees of freedom from {ratio.min():.3f} to {ratio.max():.3f}",
+        numbers=(Number("reallayerQueriesMin", int(big["n_queries"].min()), "queries", "d",
+                        rows=f"reallayer, status ok, d >= {DOF_MIN_D}"),
+                 Number("reallayerQueriesMax", int(big["n_queries"].max()), "queries", "d",
+                        rows=f"reallayer, status ok, d >= {DOF_MIN_D}"),
+                 Number("reallayerDofRatioMin", float(ratio.min()), "queries / dof", ".2f",
+                        rows=f"reallayer, status ok, d >= {DOF_MIN_D}"),
+                 Number("reallayerDofRatioMax", float(ratio.max()), "queries / dof", ".2f",
+                        rows=f"reallayer, status ok, d >= {DOF_MIN_D}")),
+    )
+
+
+def reallayer_claims(df) -> list[Claim]:
+    """The claims of the reallayer experiment (:data:`CLAIMS`), checked on its rows."""
+    return CLAIMS.of_rows(df)
 REALLAYER_CAPTION = """\
 **A whole attention layer (beyond the paper).** ``AttentionLayerLearner`` against each layer of
 the checkpoint as one black box: f(X) = r^T (W_O concat_h head_h(X) + b_O) for the last token,
@@ -212,13 +249,21 @@ def reallayer_time(df):
 LAYER_WALL_S = 600.0
 
 
-def reallayer_time_claims(ok) -> list[Claim]:
-    """The wall-clock claim of the reallayer experiment (its numbers are timings: not
-    reproducible bit for bit, never compared exactly)."""
-    if "wall_time_s" not in ok.columns or not len(ok):
-        return []
+def _timed(ok):
+    """The ok rows with their wall times (None without: no claim)."""
+    return ok if "wall_time_s" in ok.columns and len(ok) else None
+
+
+#: the wall-clock claim of the reallayer experiment, checked on its ok rows (its numbers are
+#: timings: not reproducible bit for bit, never compared exactly)
+TIME_CLAIMS = ClaimSet(_timed)
+
+
+@TIME_CLAIMS
+def reallayer_wall_time(ok) -> Claim:
+    """Every layer is extracted within LAYER_WALL_S of wall time, oracle included."""
     t = ok["wall_time_s"].astype(float)
-    return [Claim(
+    return Claim(
         "reallayer_wall_time",
         f"every layer is extracted in at most {LAYER_WALL_S:g} s of wall time, oracle included "
         "(a shared CPU: an upper bound)",
@@ -228,4 +273,9 @@ def reallayer_time_claims(ok) -> list[Claim]:
                         rows="reallayer, status ok, wall_time_s", timing=True),
                  Number("reallayerWallTimeMax", float(t.max()), "s", ".0f",
                         rows="reallayer, status ok, wall_time_s", timing=True)),
-    )]
+    )
+
+
+def reallayer_time_claims(ok) -> list[Claim]:
+    """The wall-clock claim of the reallayer experiment (:data:`TIME_CLAIMS`) on its ok rows."""
+    return TIME_CLAIMS.of_rows(ok)

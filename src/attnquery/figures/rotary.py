@@ -17,6 +17,7 @@ from ..claims import (
     NOISE_FACTOR,
     ROUNDING_FACTOR,
     Claim,
+    ClaimSet,
     Number,
     extra_values,
     fit_number,
@@ -68,52 +69,73 @@ def expected_queries(route: str, d: int, rank: int, oversample: int = 8) -> int:
     return d * (k + 2 * rank + 3) + rank * rank + 2 * rank
 
 
-def rotary_claims(df) -> list[Claim]:
-    """The claims of the rotary experiment, checked on its rows."""
-    all_rows = _heads(df)
-    ok = ok_rows(all_rows)
-    n_all = len(all_rows)
-    claims = []
+#: the claims of the rotary experiment's single heads (one function each, named as the claim),
+#: checked on its head rows (every status)
+CLAIMS = ClaimSet(_heads)
+
+
+@CLAIMS
+def rotary_count(rows) -> Claim:
+    """Every run uses exactly the learner's stated count (:func:`expected_queries`)."""
+    ok = ok_rows(rows)
+    n_all = len(rows)
     want = np.array([expected_queries(r, int(d), int(k))
                      for r, d, k in zip(ok["variant"], ok["d"], ok["rank"], strict=True)],
                     dtype=float)
     exact = ok["n_queries"].to_numpy(dtype=float) == want
-    claims.append(threshold_claim(
+    return threshold_claim(
         "rotary_count", "every run uses exactly 2 (d^2 + d) queries (dense route; the sketch "
         "route its own count), as counted by the oracle", exact, of=n_all,
         numbers=(Number("rotaryRuns", n_all, "runs", "d", rows="rotary heads, every status"),
                  Number("rotaryRunsExactCount", int(exact.sum()), "runs", "d",
                         rows="rotary heads, status ok, count as the learner states"),
-                 Number("rotaryMaxD", int(all_rows["d"].max()) if n_all else 0, "d", "d",
-                        rows="rotary heads"))))
+                 Number("rotaryMaxD", int(rows["d"].max()) if n_all else 0, "d", "d",
+                        rows="rotary heads")))
+
+
+@CLAIMS
+def rotary_exponent(rows) -> Claim:
+    """Dense queries grow as d^2 (exponent in EXPONENT_RANGE), twice the paper's d^2 + d."""
+    ok = ok_rows(rows)
     dense = ok[(ok["variant"] == "dense") & (ok["d"] >= FIT_MIN_D)]
-    if len(dense["d"].unique()) >= 2 and len(dense) >= 3:
-        fit = fit_power_law(dense["d"], dense["n_queries"])
-        ratio = dense["n_queries"] / (dense["d"] ** 2 + dense["d"])
-        const = float(np.median(ratio))
-        rows = f"rotary heads, dense route, status ok, d >= {FIT_MIN_D}"
-        claims.append(Claim(
-            "rotary_exponent", f"dense queries grow as d^2 (fitted exponent in "
-            f"[{EXPONENT_RANGE[0]}, {EXPONENT_RANGE[1]}]), twice the paper's d^2 + d",
-            bool(EXPONENT_RANGE[0] <= fit.slope <= EXPONENT_RANGE[1]
-                 and float(np.max(np.abs(ratio - 2))) < 1e-9),
-            f"exponent {fit} on d >= {FIT_MIN_D}; queries / (d^2 + d) = {const:.3f}",
-            n_runs=len(dense),
-            numbers=(fit_number("rotaryExponent", fit, rows),
-                     Number("rotaryConstant", const, "queries / (d^2 + d)", ".3f",
-                            rows=rows + "; median"))))
-    else:
-        claims.append(Claim("rotary_exponent", "dense queries grow as d^2", False,
-                            f"too few dense grid points with d >= {FIT_MIN_D} to fit", n_runs=0))
+    if len(dense["d"].unique()) < 2 or len(dense) < 3:
+        return Claim("rotary_exponent", "dense queries grow as d^2", False,
+                     f"too few dense grid points with d >= {FIT_MIN_D} to fit", n_runs=0)
+    fit = fit_power_law(dense["d"], dense["n_queries"])
+    ratio = dense["n_queries"] / (dense["d"] ** 2 + dense["d"])
+    const = float(np.median(ratio))
+    what = f"rotary heads, dense route, status ok, d >= {FIT_MIN_D}"
+    return Claim(
+        "rotary_exponent", f"dense queries grow as d^2 (fitted exponent in "
+        f"[{EXPONENT_RANGE[0]}, {EXPONENT_RANGE[1]}]), twice the paper's d^2 + d",
+        bool(EXPONENT_RANGE[0] <= fit.slope <= EXPONENT_RANGE[1]
+             and float(np.max(np.abs(ratio - 2))) < 1e-9),
+        f"exponent {fit} on d >= {FIT_MIN_D}; queries / (d^2 + d) = {const:.3f}",
+        n_runs=len(dense),
+        numbers=(fit_number("rotaryExponent", fit, what),
+                 Number("rotaryConstant", const, "queries / (d^2 + d)", ".3f",
+                        rows=what + "; median")))
+
+
+@CLAIMS
+def rotary_frequencies(rows) -> Claim:
+    """The frequencies are found from the answers to FREQ_TOL (a failed run counts against)."""
+    ok = ok_rows(rows)
     freq = extra_values(ok, "freq_err", float("inf")).astype(float)
-    good = freq <= FREQ_TOL
     worst_freq = float(freq.max()) if len(ok) else float("nan")
-    claims.append(threshold_claim(
+    return threshold_claim(
         "rotary_frequencies", f"the frequencies are found from the answers to {FREQ_TOL:g}",
-        good, of=n_all, worst=worst_freq, fmt=".1e",
+        freq <= FREQ_TOL, of=len(rows), worst=worst_freq, fmt=".1e",
         numbers=(Number("rotaryWorstFrequencyError", worst_freq, "radians per position",
                         ".1e", rows="rotary heads, status ok, no rope base given",
-                        factor=ROUNDING_FACTOR),)))
+                        factor=ROUNDING_FACTOR),))
+
+
+@CLAIMS
+def rotary_length(rows) -> Claim:
+    """The recovered head agrees with the box on 1 to 4,096 tokens within its route's FUNC_TOL."""
+    ok = ok_rows(rows)
+    n_all = len(rows)
     tol = ok["variant"].map(FUNC_TOL).astype(float)
     within = ok["func_err"].astype(float) <= tol
     parts, numbers = [], []
@@ -124,17 +146,27 @@ def rotary_claims(df) -> list[Claim]:
                               "relative error", ".1e",
                               rows=f"rotary heads, {route} route, status ok, 1 to 4,096 tokens",
                               factor=ROUNDING_FACTOR))
-    claims.append(Claim(
+    return Claim(
         "rotary_length", "the recovered head agrees with the box on sequences of 1 to 4,096 "
         "tokens: functional relative error <= 1e-9 (dense; 1e-8 on the sketch route)",
         bool(within.all() and len(ok) == n_all),
         f"{int(within.sum())}/{n_all} runs; " + "; ".join(parts), n_runs=len(ok),
-        numbers=numbers))
-    checked = ok["verified"].fillna(False).astype(bool)
-    claims.append(threshold_claim(
+        numbers=numbers)
+
+
+@CLAIMS
+def rotary_checked(rows) -> Claim:
+    """Every run passed the learner's own check, its check queries counted apart."""
+    ok = ok_rows(rows)
+    return threshold_claim(
         "rotary_checked", "every run passed the learner's own check on sequences of up to "
-        "4,096 tokens, its check queries counted apart", checked, of=n_all))
-    return claims
+        "4,096 tokens, its check queries counted apart",
+        ok["verified"].fillna(False).astype(bool), of=len(rows))
+
+
+def rotary_claims(df) -> list[Claim]:
+    """The claims of the rotary experiment (:data:`CLAIMS`), checked on its rows."""
+    return CLAIMS.of_rows(df)
 
 
 def _legend(ax, **kw):
@@ -222,65 +254,98 @@ def _shape(row) -> str:
     return f"({int(row['d'])}, {int(row['n_heads'])}, {int(row['n_kv_heads'])})"
 
 
-def rotary_layer_claims(df) -> list[Claim]:
-    """The claims of the rotary experiment's layer rows (variant ``layer``)."""
-    rows = _layers(df)
-    n = len(rows)
+def _named_refusals(failed):
+    """The error names that start the messages of the rows ``failed``, and whether each row
+    failed with a named error of :mod:`attnquery.errors`."""
+    names = [_error_name(m) for m in failed["message"]]
+    named = [failed["status"].iloc[i] == "error" and isinstance(getattr(errors, nm, None), type)
+             and issubclass(getattr(errors, nm), errors.AttnQueryError)
+             for i, nm in enumerate(names)]
+    return names, named
+
+
+#: the claims of the rotary experiment's layer rows (variant ``layer``; one function each,
+#: named as the claim), checked on those rows (every status)
+LAYER_CLAIMS = ClaimSet(_layers)
+
+
+@LAYER_CLAIMS.named("rotary_layers")  # the figure of the layers is rotary_layers
+def rotary_layers_claim(rows) -> Claim:
+    """Every GQA layer the learner returns agrees with the box to LAYER_TOL, its frequencies
+    within FREQ_TOL and the heads that share keys found."""
     ok = rows[rows["status"] == "ok"]
     good = _recovered(ok)
     worst = float(ok["func_err"].astype(float).max()) if len(ok) else float("nan")
     freq = extra_values(ok, "freq_err", np.inf).astype(float)
     worst_freq = float(freq.max()) if len(ok) else float("nan")
     ok_rows_ = "rotary layers, status ok, 1 to 4,096 tokens"
-    claims = [threshold_claim(
+    return threshold_claim(
         "rotary_layers", f"every GQA layer the learner returns agrees with the box to "
         f"{LAYER_TOL:g} on 1 to 4,096 tokens, its frequencies within {FREQ_TOL:g} and the heads "
         "that share keys found", good, of=len(ok), worst=worst, runs="layers returned",
-        numbers=(Number("rotaryLayers", n, "layers", "d", rows="rotary layers, every status"),
+        numbers=(Number("rotaryLayers", len(rows), "layers", "d",
+                        rows="rotary layers, every status"),
                  Number("rotaryLayersRecovered", int(good.sum()), "layers", "d",
                         rows=ok_rows_ + ", within the goal"),
                  Number("rotaryLayersWorstError", worst, "relative error", ".1e", rows=ok_rows_,
                         factor=ROUNDING_FACTOR),
                  Number("rotaryLayersWorstFrequencyError", worst_freq, "radians per position",
-                        ".1e", rows="rotary layers, status ok", factor=ROUNDING_FACTOR)))]
+                        ".1e", rows="rotary layers, status ok", factor=ROUNDING_FACTOR)))
+
+
+@LAYER_CLAIMS
+def rotary_layers_refused(rows) -> Claim:
+    """Every layer not returned was refused with a named error of attnquery.errors."""
     failed = rows[rows["status"] != "ok"]
-    names = [_error_name(m) for m in failed["message"]]
-    named = [failed["status"].iloc[i] == "error" and isinstance(getattr(errors, nm, None), type)
-             and issubclass(getattr(errors, nm), errors.AttnQueryError)
-             for i, nm in enumerate(names)]
+    names, named = _named_refusals(failed)
     kinds = ", ".join(f"{k} {names.count(k)}" for k in sorted(set(names))) or "none"
-    claims.append(Claim(
+    return Claim(
         "rotary_layers_refused", "every layer not returned was refused with a named error of "
         "attnquery.errors (no timeout, no crash, no silent wrong answer)",
         bool(all(named)), f"{int(sum(named))}/{len(failed)} refusals named ({kinds})",
-        n_runs=n, numbers=(Number("rotaryLayersRefused", len(failed), "layers", "d",
-                                  rows="rotary layers, status not ok"),)))
-    # the failure map: recovered exactly where the heads per group H / G are at most d_h, and
-    # the layer has no biases
+        n_runs=len(rows), numbers=(Number("rotaryLayersRefused", len(failed), "layers", "d",
+                                          rows="rotary layers, status not ok"),))
+
+
+@LAYER_CLAIMS
+def rotary_layers_map(rows) -> Claim:
+    """The failure map: a layer is recovered exactly where H / G <= d_h and it has no biases."""
+    n = len(rows)
     pred = (_per_group(rows) <= rows["rank"].astype(int).to_numpy()) & ~_biased(rows)
     rec = _recovered(rows)
     wrong = [_shape(r) for (_, r), p, g in zip(rows.iterrows(), pred, rec, strict=True) if p != g]
-    claims.append(Claim(
+    return Claim(
         "rotary_layers_map", "the failure map: a layer is recovered exactly where its query "
         "heads per key/value group H / G are at most the head dimension d_h = d / H and it has "
         "no biases",
         not wrong, f"{n - len(wrong)}/{n} layers as predicted"
         + (f"; not as predicted: {', '.join(wrong[:6])}" if wrong else ""), n_runs=n,
         numbers=(Number("rotaryLayersAsMapped", n - len(wrong), "layers", "d",
-                        rows="rotary layers, every status"),)))
+                        rows="rotary layers, every status"),))
+
+
+@LAYER_CLAIMS
+def rotary_layers_goal(rows) -> Claim | None:
+    """Issue 23's goal layers (LAYER_GOALS) are recovered to LAYER_TOL (no claim without
+    them)."""
     goal = rows[[(int(d), int(h), int(g)) in LAYER_GOALS for d, h, g in
                  zip(rows["d"], rows["n_heads"], rows["n_kv_heads"], strict=True)]]
-    if len(goal):
-        gok = _recovered(goal)
-        gworst = float(goal["func_err"].astype(float).fillna(np.inf).max())
-        shapes = sorted({_shape(r) for _, r in goal.iterrows()})
-        claims.append(threshold_claim(
-            "rotary_layers_goal", f"issue 23's goal layers {', '.join(shapes)} (d, H, G) are "
-            f"recovered to {LAYER_TOL:g}", gok, worst=gworst, runs="goal layers",
-            numbers=(Number("rotaryLayersGoalError", gworst, "relative error", ".1e",
-                            rows="rotary layers of the goal shapes, 1 to 4,096 tokens",
-                            factor=ROUNDING_FACTOR),)))
-    return claims
+    if not len(goal):
+        return None
+    gok = _recovered(goal)
+    gworst = float(goal["func_err"].astype(float).fillna(np.inf).max())
+    shapes = sorted({_shape(r) for _, r in goal.iterrows()})
+    return threshold_claim(
+        "rotary_layers_goal", f"issue 23's goal layers {', '.join(shapes)} (d, H, G) are "
+        f"recovered to {LAYER_TOL:g}", gok, worst=gworst, runs="goal layers",
+        numbers=(Number("rotaryLayersGoalError", gworst, "relative error", ".1e",
+                        rows="rotary layers of the goal shapes, 1 to 4,096 tokens",
+                        factor=ROUNDING_FACTOR),))
+
+
+def rotary_layer_claims(df) -> list[Claim]:
+    """The claims of the rotary experiment's layer rows (:data:`LAYER_CLAIMS`)."""
+    return LAYER_CLAIMS.of_rows(df)
 
 
 ROTARY_LAYERS_CAPTION = """\
@@ -408,16 +473,19 @@ def _served_shape(row) -> str:
             f"base {row['rope_base']:g})")
 
 
-def rotary_served_claims(df) -> list[Claim]:
-    """The claims of the rotary experiment's served rows (variant ``served``)."""
-    rows = _served(df)
-    n = len(rows)
-    met = _served_met(rows)
-    f32 = (rows["rounding"] == "float32").to_numpy()
-    half = _half_or_less(rows)
-    at = _at_goal_budget(rows)
-    goal_rows = rows[f32 & half & at]
-    gmet = met[f32 & half & at]
+#: the claims of the rotary experiment's served rows (variant ``served``; one function each,
+#: named as the claim), checked on those rows (every status)
+SERVED_CLAIMS = ClaimSet(_served)
+
+
+@SERVED_CLAIMS
+def rotary_served_goal(rows) -> Claim:
+    """Rotary heads served in float32 with d_h <= d/2, given the goal's budget, are recovered to
+    SERVED_GOAL at <= SERVED_GOAL_QUERIES (d^2 + d) queries, the check included."""
+    sel = ((rows["rounding"] == "float32").to_numpy() & _half_or_less(rows)
+           & _at_goal_budget(rows))
+    goal_rows = rows[sel]
+    gmet = _served_met(rows)[sel]
     gok = goal_rows[goal_rows["status"] == "ok"]
     worst = float(gok["func_err"].astype(float).max()) if len(gok) else float("nan")
     freq = extra_values(gok, "freq_err", np.inf).astype(float)
@@ -425,7 +493,7 @@ def rotary_served_claims(df) -> list[Claim]:
     most = float(np.max(_served_total(gok))) if len(gok) else float("nan")
     grows = (f"rotary heads served in float32, d_h <= d/2, budget {SERVED_GOAL_QUERIES} "
              "(d^2 + d)")
-    claims = [threshold_claim(
+    return threshold_claim(
         "rotary_served_goal", f"rotary heads served in float32 with d_h <= d/2 are recovered to "
         f"{SERVED_GOAL:g} (functional relative error against the served box on 1 to 4,096 "
         f"tokens) at <= {SERVED_GOAL_QUERIES} (d^2 + d) queries counted by the oracle, the "
@@ -447,47 +515,58 @@ def rotary_served_claims(df) -> list[Claim]:
                         "relative noise (noise_level_)", ".1e", rows=grows + ", status ok",
                         factor=NOISE_FACTOR),
                  Number("rotaryServedMaxD", int(goal_rows["d"].max()) if len(goal_rows) else 0,
-                        "d", "d", rows=grows)))]
+                        "d", "d", rows=grows)))
+
+
+@SERVED_CLAIMS
+def rotary_served_refused(rows) -> Claim:
+    """Every served head not returned was refused with a named error, and every float16 and
+    bfloat16 head with AssumptionViolation."""
     failed = rows[rows["status"] != "ok"]
-    names = [_error_name(m) for m in failed["message"]]
-    named = [failed["status"].iloc[i] == "error" and isinstance(getattr(errors, nm, None), type)
-             and issubclass(getattr(errors, nm), errors.AttnQueryError)
-             for i, nm in enumerate(names)]
-    low = ~f32
+    names, named = _named_refusals(failed)
+    low = (rows["rounding"] != "float32").to_numpy()
     low_refused = [r != "ok" and _error_name(m) == "AssumptionViolation"
                    for r, m in zip(rows["status"][low], rows["message"][low], strict=True)]
     kinds = ", ".join(f"{k} {names.count(k)}" for k in sorted(set(names))) or "none"
-    claims.append(Claim(
+    return Claim(
         "rotary_served_refused", "every served head not returned was refused with a named "
         "error of attnquery.errors (no timeout, no crash), and every float16 and bfloat16 head "
         "with AssumptionViolation (the learner takes float32 answers only)",
         bool(all(named) and all(low_refused)),
         f"{int(sum(named))}/{len(failed)} refusals named ({kinds}); "
         f"{int(sum(low_refused))}/{len(low_refused)} 16-bit heads refused by "
-        "AssumptionViolation", n_runs=n,
+        "AssumptionViolation", n_runs=len(rows),
         numbers=(Number("rotaryServedRefused", len(failed), "heads", "d",
                         rows="served rotary heads, status not ok"),
                  Number("rotaryServedSixteenBit", len(low_refused), "heads", "d",
-                        rows="rotary heads served in float16 or bfloat16, every status"))))
-    # the failure map (at the goal's budget): the goal is met exactly where the head is served
-    # in float32 and d_h <= d/2 (square float32 heads miss it or are refused; 16-bit heads are
-    # refused)
+                        rows="rotary heads served in float16 or bfloat16, every status")))
+
+
+@SERVED_CLAIMS
+def rotary_served_map(rows) -> Claim:
+    """The served failure map (at the goal's budget): the goal is met exactly where the head is
+    served in float32 and d_h <= d/2 (square float32 heads miss it or are refused; 16-bit heads
+    are refused)."""
+    f32 = (rows["rounding"] == "float32").to_numpy()
+    half = _half_or_less(rows)
+    at = _at_goal_budget(rows)
     mapped = rows[at]
     pred = (f32 & half)[at]
-    wrong = [_served_shape(r) for (_, r), p, g in zip(mapped.iterrows(), pred, met[at],
-                                                       strict=True) if p != g]
+    wrong = [_served_shape(r) for (_, r), p, g in zip(mapped.iterrows(), pred,
+                                                       _served_met(rows)[at], strict=True)
+             if p != g]
     m = len(mapped)
     sq = rows[f32 & ~half & at]
     sq_ok = sq[sq["status"] == "ok"]
     sq_rows = "rotary heads served in float32, d_h > d/2, at the goal's budget"
-    claims.append(Claim(
+    return Claim(
         "rotary_served_map", f"the served failure map: the goal ({SERVED_GOAL:g} at <= "
         f"{SERVED_GOAL_QUERIES} (d^2 + d) queries, heads given that budget) is met exactly "
         "where the head is served in float32 with d_h <= d/2; heads with d_h > d/2 in float32 "
         "miss it or are refused, 16-bit heads are refused",
         not wrong, f"{m - len(wrong)}/{m} served heads as predicted"
         + (f"; not as predicted: {', '.join(wrong[:6])}" if wrong else ""), n_runs=m,
-        numbers=(Number("rotaryServedCells", n, "heads", "d",
+        numbers=(Number("rotaryServedCells", len(rows), "heads", "d",
                         rows="served rotary heads, every status and budget"),
                  Number("rotaryServedMapped", m, "heads", "d",
                         rows="served rotary heads at the goal's budget, every status"),
@@ -496,8 +575,12 @@ def rotary_served_claims(df) -> list[Claim]:
                  Number("rotaryServedSquare", len(sq), "heads", "d",
                         rows=sq_rows + ", every status"),
                  Number("rotaryServedSquareReturned", len(sq_ok), "heads", "d",
-                        rows=sq_rows + ", status ok"))))
-    return claims
+                        rows=sq_rows + ", status ok")))
+
+
+def rotary_served_claims(df) -> list[Claim]:
+    """The claims of the rotary experiment's served rows (:data:`SERVED_CLAIMS`)."""
+    return SERVED_CLAIMS.of_rows(df)
 
 
 ROTARY_SERVED_CAPTION = """\

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..claims import Claim, Number, extra_values
+from ..claims import Claim, ClaimSet, Number, extra_values
 from ..metrics import fit_linear
 from ..theory import USEFUL_REL_ERR, precision_digits
 from . import register_figure, tight_layout
 from ._common import inf_to, queries_needed, slope_fits
 
-__all__ = ["rounding_claims", "useful_digits", "rounding_costs", "defence_rounding"]
+__all__ = ["CLAIMS", "rounding_claims", "useful_digits", "rounding_costs", "defence_rounding"]
 
 DEFENCE_ROUNDING_CAPTION = """\
 **Output rounding as a defence.** The API returns f(X) rounded to k significant decimal digits, or
@@ -94,15 +96,32 @@ def _rounding_costs(rows, targets) -> dict:
             for t in targets}
 
 
-def rounding_claims(df) -> list[Claim]:
+@dataclass(frozen=True)
+class RoundingData:
+    """What the claims of the rounding experiment read: its rows (:func:`_rounding_rows`) and
+    each curve's useful digits (:func:`useful_digits`)."""
+
+    rows: object
+    useful: dict
+
+
+def rounding_data(df) -> RoundingData:
+    """The :class:`RoundingData` of the result rows ``df``."""
     rows = _rounding_rows(df)
-    return _rounding_claims(rows, _useful_digits(rows))
+    return RoundingData(rows, _useful_digits(rows))
 
 
-def _rounding_claims(rows, useful) -> list[Claim]:
-    """:func:`rounding_claims` on the rows of :func:`_rounding_rows` and their useful digits."""
-    rows = rows[rows["status"] == "ok"]
-    dig = rows[rows["rounding"].str.startswith("digits=")]
+#: the claims of the rounding experiment (one function each, named as the claim; the per-curve
+#: claim is named ``rounding_<curve>``)
+CLAIMS = ClaimSet(rounding_data)
+
+
+@CLAIMS
+def rounding(data: RoundingData) -> list[Claim]:
+    """Per curve (learner, and budget of the low-precision learner): the error of W falls as
+    more digits are kept (slope of log10 error against digits < 0)."""
+    dig = data.rows[(data.rows["status"] == "ok")
+                    & data.rows["rounding"].str.startswith("digits=")]
     claims = []
     for lname, g in dig.groupby("curve", sort=True):
         k = g["rounding"].str.split("=").str[1].astype(float)
@@ -111,29 +130,42 @@ def _rounding_claims(rows, useful) -> list[Claim]:
             fit = fit_linear(k, y)
             ok = fit.hi < 0
             detail = (f"log10 error per digit {fit}; useful (median rel. error <= "
-                      f"{USEFUL_REL_ERR:g}) from {useful.get(lname)} digits")
+                      f"{USEFUL_REL_ERR:g}) from {data.useful.get(lname)} digits")
         except Exception as exc:
             ok, detail = False, f"no fit: {exc}"
         claims.append(Claim(
             f"rounding_{lname.replace('@', '_')}",
             f"{lname}: the error of W falls as more digits are kept (slope of log10 error "
             "against digits < 0)", bool(ok), detail))
-    lp = {c: k for c, k in useful.items() if c.startswith("lowprecision@")}
-    if lp and "exact" in useful:
-        q, k = min(lp.items(), key=lambda kv: float(kv[0].split("@")[1]))
-        ex = useful["exact"]
-        claims.append(Claim(
-            "rounding_lowprecision_useful",
-            f"at its smallest budget ({q.split('@')[1]} queries per unknown) the low-precision "
-            "learner extracts useful heads from fewer digits than Theorem 4.1's learner",
-            bool(k is not None and (ex is None or k < ex)),
-            f"useful from {k} digits against {ex} (exact learner, 1 query per unknown)",
-            numbers=tuple(Number(n, v, "significant digits", "d",
-                                 rows=f"rounding, smallest digits with median relative error "
-                                 f"<= {USEFUL_REL_ERR:g}")
-                          for n, v in (("roundingUsefulDigitsLowprecision", k),
-                                       ("roundingUsefulDigitsExact", ex)) if v is not None)))
     return claims
+
+
+@CLAIMS
+def rounding_lowprecision_useful(data: RoundingData) -> Claim | None:
+    """At its smallest budget the low-precision learner extracts useful heads from fewer digits
+    than Theorem 4.1's learner (no claim without both curves)."""
+    useful = data.useful
+    lp = {c: k for c, k in useful.items() if c.startswith("lowprecision@")}
+    if not lp or "exact" not in useful:
+        return None
+    q, k = min(lp.items(), key=lambda kv: float(kv[0].split("@")[1]))
+    ex = useful["exact"]
+    return Claim(
+        "rounding_lowprecision_useful",
+        f"at its smallest budget ({q.split('@')[1]} queries per unknown) the low-precision "
+        "learner extracts useful heads from fewer digits than Theorem 4.1's learner",
+        bool(k is not None and (ex is None or k < ex)),
+        f"useful from {k} digits against {ex} (exact learner, 1 query per unknown)",
+        numbers=tuple(Number(n, v, "significant digits", "d",
+                             rows=f"rounding, smallest digits with median relative error "
+                             f"<= {USEFUL_REL_ERR:g}")
+                      for n, v in (("roundingUsefulDigitsLowprecision", k),
+                                   ("roundingUsefulDigitsExact", ex)) if v is not None))
+
+
+def rounding_claims(df) -> list[Claim]:
+    """The claims of the rounding experiment (:data:`CLAIMS`), checked on its rows."""
+    return CLAIMS.of_rows(df)
 
 
 @register_figure(
@@ -145,9 +177,9 @@ def _rounding_claims(rows, useful) -> list[Claim]:
 def defence_rounding(df):
     """Relative error of W against digits kept, per learner (and budget of the low-precision
     learner), with the usefulness threshold; and the queries each rounding costs an attacker."""
-    rows = _rounding_rows(df)
-    useful = _useful_digits(rows)
-    claims = _rounding_claims(rows, useful)
+    data = rounding_data(df)
+    rows, useful = data.rows, data.useful
+    claims = CLAIMS.check(data)
     costs = _rounding_costs(rows, COST_TARGETS)
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(6.75, 3.4), width_ratios=(1.6, 1))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]

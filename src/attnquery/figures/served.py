@@ -7,12 +7,14 @@ queries spent per unknown ``(d^2 + 2d + 1)``, per precision, beside the floor se
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import matplotlib.pyplot as plt
 import matplotlib.ticker
 import numpy as np
 import pandas as pd
 
-from ..claims import NOISE_FACTOR, Claim, Number, extra_values, number_name
+from ..claims import NOISE_FACTOR, Claim, ClaimSet, Number, extra_values, number_name
 from . import register_figure
 
 #: the issue's goals: precision -> (largest budget in (d^2 + 2d + 1), goal on W). float32: the
@@ -32,28 +34,66 @@ def _rows(df):
     return rows, rows[rows["status"] == "ok"]
 
 
-def served_claims(df) -> list[Claim]:
-    """The claims of the served experiment, checked on its rows."""
+@dataclass(frozen=True)
+class ServedData:
+    """What the claims of the served experiment read: its head rows and those that ran to an
+    answer."""
+
+    rows: pd.DataFrame
+    ok: pd.DataFrame
+
+
+def served_data(df) -> ServedData | None:
+    """The :class:`ServedData` of the result rows ``df`` (None without a served head row: the
+    figure then states no claim)."""
     rows, ok = _rows(df)
-    if not len(rows):
-        return []
+    return ServedData(rows, ok) if len(rows) else None
+
+
+#: the claims of the served experiment (one function each, named as the claim; the goals are
+#: named ``served_goal_<format>``)
+CLAIMS = ClaimSet(served_data)
+
+
+@CLAIMS
+def served_runs(data: ServedData) -> Claim:
+    """Every served head is extracted with its biases (no refusal)."""
+    ok, rows = data.ok, data.rows
+    return Claim("served_runs", "every served head is extracted with its biases (no refusal)",
+                 bool(len(ok) == len(rows)), f"{len(ok)}/{len(rows)} cells ok", n_runs=len(ok))
+
+
+@CLAIMS
+def served_no_overflow(data: ServedData) -> Claim:
+    """No query of the learner makes the served box overflow."""
+    ok = data.ok
+    overflow = extra_values(ok, "n_overflow", 0).astype(float)
+    return Claim("served_no_overflow", "no query of the learner makes the served box overflow "
+                 "(every answer finite)", bool((overflow == 0).all()),
+                 f"{int(overflow.sum())} answers not finite over {len(ok)} cells", n_runs=len(ok))
+
+
+@CLAIMS
+def served_floor(data: ServedData) -> Claim:
+    """In float16 and bfloat16 no error of W is below FLOOR_SLACK times its format's floor."""
+    ok = data.ok
     floor = extra_values(ok, "floor_W").astype(float)
     eW = ok["rel_err_W"].astype(float)
-    overflow = extra_values(ok, "n_overflow", 0).astype(float)
     narrow = ok["rounding"] != "float32"
     above = (eW[narrow] >= FLOOR_SLACK * floor[narrow])
-    claims = [
-        Claim("served_runs", "every served head is extracted with its biases (no refusal)",
-              bool(len(ok) == len(rows)), f"{len(ok)}/{len(rows)} cells ok", n_runs=len(ok)),
-        Claim("served_no_overflow", "no query of the learner makes the served box overflow "
-              "(every answer finite)", bool((overflow == 0).all()),
-              f"{int(overflow.sum())} answers not finite over {len(ok)} cells", n_runs=len(ok)),
-        Claim("served_floor", f"in float16 and bfloat16 no error of W is below {FLOOR_SLACK} "
-              "times the floor of its format (the error of the rounded weights): the format, "
-              "not the learner, bounds what served answers reveal",
-              bool(above.all()), f"{int(above.sum())}/{int(narrow.sum())} cells",
-              n_runs=int(narrow.sum())),
-    ]
+    return Claim("served_floor", f"in float16 and bfloat16 no error of W is below {FLOOR_SLACK} "
+                 "times the floor of its format (the error of the rounded weights): the format, "
+                 "not the learner, bounds what served answers reveal",
+                 bool(above.all()), f"{int(above.sum())}/{int(narrow.sum())} cells",
+                 n_runs=int(narrow.sum()))
+
+
+@CLAIMS
+def served_goal(data: ServedData) -> list[Claim]:
+    """Per format with cells within its goal's budget (GOALS): every head meets the goal in some
+    cell within the budget, no answer overflowing."""
+    rows, ok = data.rows, data.ok
+    claims = []
     for prec, (budget, goal) in GOALS.items():
         # per head: met when some cell within the goal's budget meets it (a smaller budget
         # that does not, beside a larger one that does, contradicts nothing)
@@ -83,6 +123,11 @@ def served_claims(df) -> list[Claim]:
             f"{n_met}/{len(heads)} heads (worst best-cell value {worst:.3g})",
             n_runs=len(sel), numbers=_goal_numbers(prec, budget, sel, val, len(heads), n_met)))
     return claims
+
+
+def served_claims(df) -> list[Claim]:
+    """The claims of the served experiment (:data:`CLAIMS`), checked on its rows."""
+    return CLAIMS.of_rows(df)
 
 
 def _goal_numbers(prec, budget, sel, val, n_heads, n_met) -> tuple:

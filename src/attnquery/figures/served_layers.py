@@ -10,7 +10,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..claims import NOISE_FACTOR, Claim, Number, extra_values
+from ..claims import NOISE_FACTOR, Claim, ClaimSet, Number, extra_values
 from . import register_figure
 
 #: the issue's goal for float32-served layers: every head's W and the function within GOAL at
@@ -30,37 +30,68 @@ def _rows(df):
     return rows, rows[rows["status"] == "ok"]
 
 
-def served_layer_claims(df) -> list[Claim]:
-    """The claims of the whole-layer cells of the served experiment."""
+def _layer_data(df):
+    """The whole-layer rows and those that ran to an answer (None without a layer row: the
+    figure then states no claim)."""
     rows, ok = _rows(df)
-    if not len(rows):
-        return []
-    claims = []
-    f32 = rows[rows["rounding"] == "float32"]
-    if len(f32):
-        ok32 = ok[ok["rounding"] == "float32"]
-        claims.append(Claim(
-            "served_layer_runs", "every float32-served layer is extracted (no refusal)",
-            bool(len(ok32) == len(f32)), f"{len(ok32)}/{len(f32)} layer cells ok",
-            n_runs=len(ok32),
-            numbers=(Number("servedLayerRuns", len(ok32), "runs", "d",
-                            rows="served, variant layer, float32, status ok"),)))
-        claims.append(_goal_claim(f32, ok32))
+    return (rows, ok) if len(rows) else None
+
+
+#: the claims of the whole-layer cells of the served experiment (one function each, named as
+#: the claim), checked on ``(rows, ok)``: the layer rows and those with status ok
+CLAIMS = ClaimSet(_layer_data)
+
+
+def _float32(data):
+    rows, ok = data
+    return rows[rows["rounding"] == "float32"], ok[ok["rounding"] == "float32"]
+
+
+@CLAIMS
+def served_layer_runs(data) -> Claim | None:
+    """Every float32-served layer is extracted (no claim without a float32 layer cell)."""
+    f32, ok32 = _float32(data)
+    if not len(f32):
+        return None
+    return Claim(
+        "served_layer_runs", "every float32-served layer is extracted (no refusal)",
+        bool(len(ok32) == len(f32)), f"{len(ok32)}/{len(f32)} layer cells ok",
+        n_runs=len(ok32),
+        numbers=(Number("servedLayerRuns", len(ok32), "runs", "d",
+                        rows="served, variant layer, float32, status ok"),))
+
+
+@CLAIMS
+def served_layer_goal_float32(data) -> Claim | None:
+    """float32: every layer within BUDGET dof has every head's W and its function within
+    GOAL (a layer meets it when some cell within the budget does; no claim without a float32
+    layer cell)."""
+    f32, ok32 = _float32(data)
+    return _goal_claim(f32, ok32) if len(f32) else None
+
+
+@CLAIMS
+def served_layer_refusals_named(data) -> Claim:
+    """Every served layer the learner does not extract ends in a named error."""
+    rows, ok = data
     failed = rows[rows["status"] != "ok"]
     named = failed["message"].fillna("").map(lambda m: m.split(":")[0] in NAMED).astype(bool)
-    claims.append(Claim(
+    return Claim(
         "served_layer_refusals_named", "every served layer the learner does not extract ends "
         "in a named error of attnquery.errors (never a silent wrong answer)",
         bool(named.all()), f"{int(named.sum())}/{len(failed)} refusals named, "
         f"{len(ok)} layers extracted and checked", n_runs=len(rows),
         numbers=(Number("servedLayerRefusals", len(failed), "runs", "d",
-                        rows="served, variant layer, status not ok"),)))
-    return claims
+                        rows="served, variant layer, status not ok"),))
+
+
+def served_layer_claims(df) -> list[Claim]:
+    """The claims of the whole-layer cells of the served experiment (:data:`CLAIMS`)."""
+    return CLAIMS.of_rows(df)
 
 
 def _goal_claim(f32, ok32) -> Claim:
-    """float32: every layer within BUDGET dof has every head's W and its function within
-    GOAL (a layer meets it when some cell within the budget does)."""
+    """:func:`served_layer_goal_float32` on the float32 layer rows and those with status ok."""
     sel = ok32[ok32["queries_per_unknown"] <= BUDGET]
     mine = f32[f32["queries_per_unknown"] <= BUDGET]
     spent = extra_values(sel, "spent_per_dof").astype(float)

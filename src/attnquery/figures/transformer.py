@@ -5,7 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..claims import ROUNDING_FACTOR, Claim, Number, ok_rows, threshold_claim
+from ..claims import ROUNDING_FACTOR, Claim, ClaimSet, Number, ok_rows, threshold_claim
 from ..theory import FFN_TOL
 from ..theory import TRANSFORMER_W_TOL as W_TOL
 from . import log2_ticks, register_figure
@@ -13,41 +13,68 @@ from . import log2_ticks, register_figure
 FLOOR = 1e-17  # errors of exactly 0 are drawn here on log axes
 
 
-def transformer_claims(df) -> list[Claim]:
-    """The claims of the transformer experiment, checked on its rows."""
-    all_rows = df[df["experiment"] == "transformer"]
-    ok = ok_rows(df, "transformer")
-    n = len(all_rows)
-    claims = [Claim(
+def _transformer_rows(df):
+    return df[df["experiment"] == "transformer"]
+
+
+#: the claims of the transformer experiment (one function each, named as the claim), checked on
+#: its rows (every status)
+CLAIMS = ClaimSet(_transformer_rows)
+
+
+@CLAIMS
+def transformer_runs(rows) -> Claim:
+    """Every cell ran to completion."""
+    n, n_ok = len(rows), len(ok_rows(rows))
+    return Claim(
         "transformer_runs", "every cell ran to completion (status ok)",
-        bool(len(ok) == n), f"{len(ok)}/{n} ok", n_runs=n,
+        bool(n_ok == n), f"{n_ok}/{n} ok", n_runs=n,
         numbers=(Number("transformerRuns", n, "runs", "d", rows="transformer"),),
-    )]
-    w_ok = ok["rel_err_W"] <= W_TOL
-    claims.append(threshold_claim(
+    )
+
+
+@CLAIMS
+def transformer_W(rows) -> Claim:
+    """W is recovered from antisymmetric queries to relative error <= W_TOL."""
+    ok = ok_rows(rows)
+    return threshold_claim(
         "transformer_W",
         f"W is recovered from antisymmetric queries to relative error <= {W_TOL:g}",
-        w_ok, worst=ok["rel_err_W"].max(),
+        ok["rel_err_W"] <= W_TOL, worst=ok["rel_err_W"].max(),
         numbers=(Number("transformerWorstErrorW", float(ok["rel_err_W"].max()),
                         "relative error of W", ".2g", rows="transformer, status ok",
                         factor=ROUNDING_FACTOR),)
-        if len(ok) else ()))
+        if len(ok) else ())
+
+
+@CLAIMS
+def transformer_ffn(rows) -> Claim:
+    """The FFN is recovered to relative functional error <= FFN_TOL for widths m <= d."""
+    ok = ok_rows(rows)
     le = ok[ok["width"] <= ok["d"]]
-    f_ok = le["func_err_ffn"] <= FFN_TOL
-    claims.append(threshold_claim(
+    return threshold_claim(
         "transformer_ffn",
         f"the FFN is recovered to relative functional error <= {FFN_TOL:g} for m <= d",
-        f_ok, worst=le["func_err_ffn"].max(), runs="runs with m <= d",
+        le["func_err_ffn"] <= FFN_TOL, worst=le["func_err_ffn"].max(), runs="runs with m <= d",
         numbers=(Number("transformerWorstErrorFfn", float(le["func_err_ffn"].max()),
                         "relative functional error", ".2g",
                         rows="transformer, status ok, width m <= d",
-                        factor=ROUNDING_FACTOR),) if len(le) else ()))
-    q_ok = ok["n_queries_attention"] == 2 * (ok["d"] ** 2 + ok["d"])
-    claims.append(threshold_claim(
+                        factor=ROUNDING_FACTOR),) if len(le) else ())
+
+
+@CLAIMS
+def transformer_attention_queries(rows) -> Claim:
+    """The attention part uses exactly 2 (d^2 + d) value queries."""
+    ok = ok_rows(rows)
+    return threshold_claim(
         "transformer_attention_queries",
         "the attention part uses exactly 2 (d^2 + d) value queries (two per antisymmetric query)",
-        q_ok))
-    return claims
+        ok["n_queries_attention"] == 2 * (ok["d"] ** 2 + ok["d"]))
+
+
+def transformer_claims(df) -> list[Claim]:
+    """The claims of the transformer experiment (:data:`CLAIMS`), checked on its rows."""
+    return CLAIMS.of_rows(df)
 
 
 TRANSFORMER_RECOVERY_CAPTION = """\

@@ -11,7 +11,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..claims import Claim, Number, extra_values, number_name
+from ..claims import Claim, ClaimSet, Number, extra_values, number_name
 from . import log2_ticks, register_figure
 
 #: the issue's goal for float64 fits (W, V, c, beta and the function, relative)
@@ -45,31 +45,63 @@ def _total(rows) -> np.ndarray:
     return (rows["n_queries"].astype(int) + rows["verify_queries"].astype(int)).to_numpy()
 
 
-def vector_claims(df) -> list[Claim]:
-    """The claims of the vector experiment, checked on its rows."""
+def _vector_data(df):
+    """The vector rows and those that ran to an answer (None without a row: the figure then
+    states no claim)."""
     rows, ok = _rows(df)
-    if not len(rows):
-        return []
-    single = ok[ok["n_heads"] == 1]
+    return (rows, ok) if len(rows) else None
+
+
+def _single(ok):
+    """The ok rows of single heads."""
+    return ok[ok["n_heads"] == 1]
+
+
+#: the claims of the vector experiment (one function each, named as the claim; the query
+#: claims are named ``vector_queries_<variant>``), checked on ``(rows, ok)``: its rows and those
+#: with status ok
+CLAIMS = ClaimSet(_vector_data)
+
+
+@CLAIMS
+def vector_runs(data) -> Claim:
+    """Every cell ran (no refusal, no error)."""
+    rows, ok = data
+    return Claim("vector_runs", "every cell ran (no refusal, no error)",
+                 bool(len(ok) == len(rows)), f"{len(ok)}/{len(rows)} cells ok", n_runs=len(ok))
+
+
+@CLAIMS
+def vector_goal(data) -> Claim:
+    """Every single head with biases is recovered from vector answers within GOAL."""
+    rows, ok = data
+    single = _single(ok)
     vec = single[single["variant"] != "scalar"]
     vec_rows = rows[(rows["n_heads"] == 1) & (rows["variant"] != "scalar")]
     err = _worst_error(vec)
     worst = float(err.max()) if len(vec) else float("nan")
     what = "single heads with biases, float64, vector answers"
-    claims = [
-        Claim("vector_runs", "every cell ran (no refusal, no error)", bool(len(ok) == len(rows)),
-              f"{len(ok)}/{len(rows)} cells ok", n_runs=len(ok)),
-        Claim("vector_goal", f"every single head with biases is recovered from vector answers "
-              f"(the last token's or every token's) in float64: W, V, c, beta and the function "
-              f"on 1 to 256 tokens within {GOAL:g}",
-              bool(len(vec) == len(vec_rows) and (err <= GOAL).all()),
-              f"{int((err <= GOAL).sum())}/{len(vec_rows)} heads, worst {worst:.3g}",
-              n_runs=len(vec),
-              numbers=(Number(number_name("vector", "heads"), len(vec_rows), "heads", "d",
-                              rows=what),
-                       Number(number_name("vector", "worst", "error"), worst, "relative error",
-                              ".2g", rows=what))),
-    ]
+    return Claim(
+        "vector_goal", f"every single head with biases is recovered from vector answers "
+        f"(the last token's or every token's) in float64: W, V, c, beta and the function "
+        f"on 1 to 256 tokens within {GOAL:g}",
+        bool(len(vec) == len(vec_rows) and (err <= GOAL).all()),
+        f"{int((err <= GOAL).sum())}/{len(vec_rows)} heads, worst {worst:.3g}",
+        n_runs=len(vec),
+        numbers=(Number(number_name("vector", "heads"), len(vec_rows), "heads", "d",
+                        rows=what),
+                 Number(number_name("vector", "worst", "error"), worst, "relative error",
+                        ".2g", rows=what)))
+
+
+@CLAIMS
+def vector_queries(data) -> list[Claim]:
+    """Per kind of vector answers (QUERIES_PER_D) with heads at d >= QUERY_MIN_D: one head asks
+    at most the kind's queries per d, the check included."""
+    _, ok = data
+    single = _single(ok)
+    vec = single[single["variant"] != "scalar"]
+    claims = []
     for variant, per_d in QUERIES_PER_D.items():
         sel = vec[(vec["variant"] == variant) & (vec["d"] >= QUERY_MIN_D)]
         if not len(sel):
@@ -81,18 +113,80 @@ def vector_claims(df) -> list[Claim]:
             f"at d >= {QUERY_MIN_D}", bool((ratio <= per_d).all()),
             f"{int((ratio <= per_d).sum())}/{len(sel)} heads, at most {ratio.max():.3g}d",
             n_runs=len(sel), numbers=_query_numbers(vec, variant)))
-    claims += _gain_claims(single)
-    scal = single[single["variant"] == "scalar"]
-    if len(scal):
-        dof = extra_values(scal, "dof").astype(int).to_numpy()
-        exact = scal["n_queries"].astype(int).to_numpy() == dof
-        claims.append(Claim(
-            "vector_scalar_count", "scalar answers: the exact learner with biases asks exactly "
-            "d^2 + 2d + 1 queries, the check apart (its floor: one number an answer)",
-            bool(exact.all()), f"{int(exact.sum())}/{len(scal)} heads", n_runs=len(scal),
-            numbers=_query_numbers(single, "scalar")))
-    claims += _layer_claims(rows, ok)
     return claims
+
+
+@CLAIMS
+def vector_gain(data) -> Claim | None:
+    """All-token answers against scalar answers at every d >= GAIN_MIN_D both ran at: at least
+    GAIN times fewer queries (no claim without such a d)."""
+    single = _single(data[1])
+    scal, alls = single[single["variant"] == "scalar"], single[single["variant"] == "all"]
+    ds = sorted(set(scal["d"]) & set(alls["d"]))
+    ds = [d for d in ds if d >= GAIN_MIN_D]
+    if not ds:
+        return None
+    gains = {d: float(_total(scal[scal["d"] == d]).min() / _total(alls[alls["d"] == d]).max())
+             for d in ds}
+    worst = min(gains.values())
+    top = max(ds)
+    what = f"single heads, d = {top}: fewest scalar-answer queries over most all-token ones"
+    return Claim(
+        "vector_gain", f"at d >= {GAIN_MIN_D}, a head from every token's outputs asks at least "
+        f"{GAIN:g} times fewer queries than from scalar answers (the check included)",
+        bool(worst >= GAIN), ", ".join(f"d = {d}: {g:.3g} times" for d, g in gains.items()),
+        n_runs=int(len(scal[scal["d"].isin(ds)]) + len(alls[alls["d"].isin(ds)])),
+        numbers=(Number(number_name("vector", "gain"), gains[top], "times", ".3g",
+                        rows=what),))
+
+
+@CLAIMS
+def vector_scalar_count(data) -> Claim | None:
+    """Scalar answers: the exact learner with biases asks exactly d^2 + 2d + 1 queries, the
+    check apart (no claim without a scalar head)."""
+    single = _single(data[1])
+    scal = single[single["variant"] == "scalar"]
+    if not len(scal):
+        return None
+    dof = extra_values(scal, "dof").astype(int).to_numpy()
+    exact = scal["n_queries"].astype(int).to_numpy() == dof
+    return Claim(
+        "vector_scalar_count", "scalar answers: the exact learner with biases asks exactly "
+        "d^2 + 2d + 1 queries, the check apart (its floor: one number an answer)",
+        bool(exact.all()), f"{int(exact.sum())}/{len(scal)} heads", n_runs=len(scal),
+        numbers=_query_numbers(single, "scalar"))
+
+
+@CLAIMS
+def vector_layers(data) -> Claim | None:
+    """Layers of several heads that fill d, from vector answers: every head and the function
+    within GOAL (no claim without a layer cell)."""
+    rows, ok = data
+    lay_rows, lay = rows[rows["n_heads"] > 1], ok[ok["n_heads"] > 1]
+    if not len(lay_rows):
+        return None
+    err = _worst_error(lay)
+    met = int((err <= GOAL).sum())
+    worst = float(err.max()) if len(lay) else float("nan")
+    what = "layers of heads that fill d, float64, vector answers"
+    return Claim(
+        "vector_layers", f"layers of H > 1 heads that fill d, from vector answers: every head's "
+        f"W, V and c, beta and the function within {GOAL:g} (heads matched by their value maps)",
+        bool(met == len(lay_rows)), f"{met}/{len(lay_rows)} layers, worst {worst:.3g}",
+        n_runs=len(lay),
+        numbers=(Number(number_name("vector", "layers"), len(lay_rows), "layers", "d", rows=what),
+                 Number(number_name("vector", "layers", "recovered"), met, "layers", "d",
+                        rows=what),
+                 Number(number_name("vector", "layers", "worst", "error"), worst,
+                        "relative error", ".2g", rows=what),
+                 Number(number_name("vector", "layers", "most", "queries"),
+                        int(_total(lay).max()) if len(lay) else 0, "queries", "d",
+                        rows=what)))
+
+
+def vector_claims(df) -> list[Claim]:
+    """The claims of the vector experiment (:data:`CLAIMS`), checked on its rows."""
+    return CLAIMS.of_rows(df)
 
 
 def _query_numbers(rows, variant) -> tuple:
@@ -115,50 +209,6 @@ def _query_numbers(rows, variant) -> tuple:
                           rows=what))
     return tuple(out)
 
-
-def _gain_claims(single) -> list[Claim]:
-    """All-token answers against scalar answers at every d >= GAIN_MIN_D both ran at."""
-    scal, alls = single[single["variant"] == "scalar"], single[single["variant"] == "all"]
-    ds = sorted(set(scal["d"]) & set(alls["d"]))
-    ds = [d for d in ds if d >= GAIN_MIN_D]
-    if not ds:
-        return []
-    gains = {d: float(_total(scal[scal["d"] == d]).min() / _total(alls[alls["d"] == d]).max())
-             for d in ds}
-    worst = min(gains.values())
-    top = max(ds)
-    what = f"single heads, d = {top}: fewest scalar-answer queries over most all-token ones"
-    return [Claim(
-        "vector_gain", f"at d >= {GAIN_MIN_D}, a head from every token's outputs asks at least "
-        f"{GAIN:g} times fewer queries than from scalar answers (the check included)",
-        bool(worst >= GAIN), ", ".join(f"d = {d}: {g:.3g} times" for d, g in gains.items()),
-        n_runs=int(len(scal[scal["d"].isin(ds)]) + len(alls[alls["d"].isin(ds)])),
-        numbers=(Number(number_name("vector", "gain"), gains[top], "times", ".3g",
-                        rows=what),))]
-
-
-def _layer_claims(rows, ok) -> list[Claim]:
-    """Layers of several heads that fill d, from vector answers."""
-    lay_rows, lay = rows[rows["n_heads"] > 1], ok[ok["n_heads"] > 1]
-    if not len(lay_rows):
-        return []
-    err = _worst_error(lay)
-    met = int((err <= GOAL).sum())
-    worst = float(err.max()) if len(lay) else float("nan")
-    what = "layers of heads that fill d, float64, vector answers"
-    return [Claim(
-        "vector_layers", f"layers of H > 1 heads that fill d, from vector answers: every head's "
-        f"W, V and c, beta and the function within {GOAL:g} (heads matched by their value maps)",
-        bool(met == len(lay_rows)), f"{met}/{len(lay_rows)} layers, worst {worst:.3g}",
-        n_runs=len(lay),
-        numbers=(Number(number_name("vector", "layers"), len(lay_rows), "layers", "d", rows=what),
-                 Number(number_name("vector", "layers", "recovered"), met, "layers", "d",
-                        rows=what),
-                 Number(number_name("vector", "layers", "worst", "error"), worst,
-                        "relative error", ".2g", rows=what),
-                 Number(number_name("vector", "layers", "most", "queries"),
-                        int(_total(lay).max()) if len(lay) else 0, "queries", "d",
-                        rows=what)))]
 
 
 VECTOR_CAPTION = """\
