@@ -119,6 +119,9 @@ SHARED_PARAM_COLUMNS: dict[str, pa.DataType] = {
     "checkpoint": pa.string(),
     "readout": pa.string(),
     "biases": pa.bool_(),
+    # a layer of grouped-query heads with rotary positions
+    "rope_base": pa.float64(),
+    "n_kv_heads": pa.int64(),
 }
 
 #: metrics every experiment may write (those of :func:`attnquery.metrics.fit_counted` and

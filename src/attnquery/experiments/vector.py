@@ -58,6 +58,9 @@ def cells(cfg) -> list[dict]:
             if g["d"] is None:
                 break
             out.append(_cell(variant, g["d"], 1, g["seed"]))
+    for case in cfg.get("cases") or []:
+        for seed in seeds:
+            out.append(_case_cell(case, seed))
     layers = cfg.get("layers")
     if layers:
         if "scalar" in layers["answers"]:
@@ -75,6 +78,51 @@ def cells(cfg) -> list[dict]:
 def _cell(variant: str, d: int, n_heads: int, seed: int) -> dict:
     return {"learner": "exact" if variant == "scalar" else "vector", "variant": variant,
             "d": int(d), "n_heads": int(n_heads), "biases": True, "seed": seed}
+
+
+#: the cell parameters of a case (``experiments.vector.cases``) beyond d and n_heads, with the
+#: value a case leaves out
+CASE_DEFAULTS = {"answers": "all", "n_kv_heads": None, "head_dim": None, "key_dim": None,
+                 "causal": False, "rope_base": None, "rounding": "float64"}
+#: the answers' formats a case may round to (the layer computes in it, summing in float64 and
+#: rounding once: the same answers on every machine)
+CASE_ROUNDINGS = ("float64", "float32", "float16", "bfloat16")
+
+
+def _case_cell(case: dict, seed: int) -> dict:
+    """One named layer of ``experiments.vector.cases`` (a family the grid does not draw)."""
+    c = {**CASE_DEFAULTS, **case}
+    d, H = int(c["d"]), int(c["n_heads"])
+    G = H if c["n_kv_heads"] is None else int(c["n_kv_heads"])
+    where = f"experiments.vector.cases[{c['name']!r}]"
+    if H % G:
+        raise ConfigError(f"{where}: n_kv_heads = {G} does not divide n_heads = {H}")
+    if c["rounding"] not in CASE_ROUNDINGS:
+        raise ConfigError(f"{where}: rounding {c['rounding']!r}; choose from {CASE_ROUNDINGS}")
+    if c["answers"] not in ("last", "all"):
+        raise ConfigError(f"{where}: answers {c['answers']!r}; choose 'last' or 'all'")
+    return {"learner": "vector", "variant": c["answers"], "family": str(c["name"]), "d": d,
+            "n_heads": H, "n_kv_heads": G,
+            "head_dim": int(c["head_dim"] or d // H), "key_dim": int(c["key_dim"] or 0),
+            "causal": bool(c["causal"]), "rope_base": c["rope_base"] and float(c["rope_base"]),
+            "rounding": c["rounding"], "goal": _case_goal(c, where), "biases": True,
+            "seed": seed}
+
+
+def _case_goal(c: dict, where: str) -> float:
+    """A case's goal: ``goal`` (relative error), or ``goal_floors`` times its format's
+    rounding floor (:func:`~attnquery.precision.rounding_floor`, served formats only)."""
+    from ..precision import rounding_floor
+
+    if ("goal" in c) == ("goal_floors" in c):
+        raise ConfigError(f"{where}: give one of goal (a relative error) or goal_floors "
+                          "(multiples of the format's rounding floor)")
+    if "goal" in c:
+        return float(c["goal"])
+    if c["rounding"] == "float64":
+        raise ConfigError(f"{where}: goal_floors needs a served format (rounding float32, "
+                          "float16 or bfloat16); give goal for float64")
+    return float(c["goal_floors"]) * rounding_floor(c["rounding"], int(c["d"]))
 
 
 def degrees_of_freedom(d: int, n_heads: int, d_out: int, variant: str) -> int:
@@ -95,6 +143,8 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     from ..vector_models import random_vector_layer
 
     model_rng, learner_rng, eval_rng = rng.spawn(3)
+    if cell.get("family"):
+        return _run_case(cell, model_rng, learner_rng, eval_rng)
     d, H, variant = cell["d"], cell["n_heads"], cell["variant"]
     outputs = "last" if variant == "scalar" else variant
     layer = random_vector_layer(d, H, model_rng, bias=BIAS, outputs=outputs)
@@ -140,6 +190,68 @@ def _run_vector(layer, variant, learner_rng, eval_rng) -> dict:
     return _metrics(m, dof, per_answer, n_tokens=int(oracle.n_tokens), tokens_per_query=N)
 
 
+def _run_case(cell, model_rng, learner_rng, eval_rng) -> dict:
+    """A named layer (``family``): drawn as the cell says (grouped-query heads, full-rank W,
+    a causal mask, rotary positions of ``rope_base``), answering in ``rounding``; errors against
+    the float64 layer of the same weights, success when every error is within the case's
+    ``goal``."""
+    import copy
+
+    from ..learners import VectorLayerLearner
+    from ..oracles import VectorOracle
+    from ..vector_models import random_vector_layer
+
+    d, H, variant = cell["d"], cell["n_heads"], cell["variant"]
+    draw = dict(n_kv_heads=cell["n_kv_heads"], head_dim=cell["head_dim"],
+                key_dim=cell["key_dim"] or None, bias=BIAS, causal=cell["causal"],
+                outputs=variant)
+    if cell["rope_base"]:
+        draw["rope_base"] = cell["rope_base"]
+    truth = random_vector_layer(d, H, copy.deepcopy(model_rng), **draw)
+    box = random_vector_layer(d, H, model_rng, precision=cell["rounding"], **draw)
+    oracle = VectorOracle(box, d, outputs=variant)
+    rotary = bool(cell["rope_base"])
+    est = VectorLayerLearner(n_heads=H, n_kv_heads=cell["n_kv_heads"], causal=cell["causal"],
+                             positions="rotary" if rotary else "none",
+                             random_state=learner_rng)
+    m = fit_and_measure(est, oracle, truth,
+                        measure=_value_measure if rotary else _layer_measure)
+    lengths = CHECK_LENGTHS + CASE_LENGTHS if rotary else CHECK_LENGTHS
+    m["func_err"] = _function_error(truth, est.predict, d, eval_rng, lengths)
+    N = getattr(est, "tokens_per_query_", None)
+    per_answer = truth.d_out * (int(N) if N and variant == "all" else 1)
+    dof = layer_parameters(truth)
+    out = _metrics(m, dof, per_answer, n_tokens=int(oracle.n_tokens),
+                   tokens_per_query=None if N is None else int(N), goal=cell["goal"])
+    out["extra"]["check_lengths"] = list(lengths)
+    return out
+
+
+#: estimated seconds of a named case on one loaded core (the largest measured, the Qwen2-style
+#: layer at d = 256, about 60 s)
+CASE_SECONDS = 60.0
+#: rotary cases' functional error also runs over sequences this long (the issue's 1 to 512)
+CASE_LENGTHS = (512,)
+
+
+def layer_parameters(layer) -> int:
+    """The weights and biases of a layer (of its queries, keys, values and output): an upper
+    bound of its degrees of freedom, the floor's numerator for a named case."""
+    return int(sum(np.size(getattr(layer, k)) for k in
+                   ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")))
+
+
+def _value_measure(est, layer) -> dict:
+    """A rotary layer's heads, matched by their value maps: the largest relative error of the
+    value maps and of the output bias (its logits are rotary forms, measured by the function
+    alone), and the rank found."""
+    perm = _match_heads(est.V_, layer.value_maps())
+    V = layer.value_maps()[perm]
+    return {"rel_err_v": max(relative_error(est.V_[h], V[h]) for h in range(len(V))),
+            "rel_err_offset": relative_error(est.output_bias_, layer.output_bias),
+            "rank_found": int(getattr(est, "rank_", 0)) or None}
+
+
 def _layer_measure(est, layer) -> dict:
     """A vector layer's heads, matched by their value maps: the largest relative errors of W,
     the value map and the key bias over the heads, of the output bias, and the rank found."""
@@ -165,11 +277,11 @@ def _match_heads(V_est, V_true) -> np.ndarray:
     return cols[np.argsort(rows)]
 
 
-def _function_error(truth, predict, d: int, rng) -> float:
-    """``max |f_hat - f| / max |f|`` over 16 fresh sequences of each of :data:`CHECK_LENGTHS`
-    tokens, tokens ~ N(0, I_d / d)."""
+def _function_error(truth, predict, d: int, rng, lengths=CHECK_LENGTHS) -> float:
+    """``max |f_hat - f| / max |f|`` over 16 fresh sequences of each of ``lengths`` tokens
+    (default :data:`CHECK_LENGTHS`), tokens ~ N(0, I_d / d)."""
     worst, scale = 0.0, 0.0
-    for N in CHECK_LENGTHS:
+    for N in lengths:
         X = rng.standard_normal((16, N, d)) / np.sqrt(d)
         y = np.asarray(truth(X), dtype=float)
         worst = max(worst, float(np.max(np.abs(np.asarray(predict(X)) - y))))
@@ -181,12 +293,12 @@ def _function_error(truth, predict, d: int, rng) -> float:
 _ERRORS = ("rel_err_W", "rel_err_v", "rel_err_c", "rel_err_offset", "func_err")
 
 
-def _metrics(m, dof, per_answer, n_tokens, tokens_per_query) -> dict:
+def _metrics(m, dof, per_answer, n_tokens, tokens_per_query, goal=GOAL) -> dict:
     total = m["n_queries"] + m["verify_queries"]
     floor = floor_queries(dof, per_answer)
     return {
         **m,
-        "success": bool(max(m[k] for k in _ERRORS) <= GOAL),
+        "success": bool(max(m[k] for k in _ERRORS if m.get(k) is not None) <= goal),
         "extra": {"queries_total": total, "n_tokens": n_tokens, "dof": dof,
                   "numbers_per_answer": per_answer, "floor": floor,
                   "floor_ratio": total / floor, "tokens_per_query": tokens_per_query},
@@ -199,6 +311,8 @@ def _metrics(m, dof, per_answer, n_tokens, tokens_per_query) -> dict:
 # exact learner well under a second.
 def seconds(cell) -> float:
     """About 1 s plus (d / 24)^3 s for vector answers, 0.1 s for scalar ones, more per head."""
+    if cell.get("family"):
+        return CASE_SECONDS
     if cell["variant"] == "scalar":
         return 0.1 + (cell["d"] / 512) ** 2.2
     return 1.0 + (cell["d"] / 24) ** 3 + 3.0 * (cell["n_heads"] - 1)
@@ -206,7 +320,12 @@ def seconds(cell) -> float:
 
 #: the result columns of this module's cell parameters (beyond the shared ones of
 #: :mod:`attnquery.results`)
-PARAMS: dict[str, pa.DataType] = {}
+PARAMS: dict[str, pa.DataType] = {
+    "head_dim": pa.int64(),
+    "key_dim": pa.int64(),
+    "causal": pa.bool_(),
+    "goal": pa.float64(),
+}
 #: the result columns of this module's metrics (beyond the shared ones)
 METRICS: dict[str, pa.DataType] = {}
 
