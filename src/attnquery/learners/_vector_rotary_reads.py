@@ -20,10 +20,11 @@ FORMS_RCOND = 1e-12
 SPACE_RTOL = 1e-8
 
 
-def head_weights(vals: np.ndarray, y: np.ndarray, what: str) -> np.ndarray:
+def head_weights(vals: np.ndarray, y: np.ndarray, what: str) -> tuple[np.ndarray, float]:
     """The weights a (n, M, s) with ``y[q, m] = sum_j a[q, m, j] vals[q, j]`` and every row's
     weights summing to one, from one head's coordinates ``y`` (n, M, r) of M rows of n queries
-    that see the same s distinct values ``vals`` (n, s, r) (lumped tokens: one value).
+    that see the same s distinct values ``vals`` (n, s, r) (lumped tokens: one value), and the
+    largest residual of that solve relative to the answers.
 
     Raises ModelMismatchError where a row is no such weighted sum (relative residual above
     :data:`~attnquery.learners._vector_attention.ATTENTION_TOL`) or a weight is negative."""
@@ -39,7 +40,7 @@ def head_weights(vals: np.ndarray, y: np.ndarray, what: str) -> np.ndarray:
             f"the tokens' values (or a weight is negative, {np.min(a):.3g}), where float64 "
             f"rounding explains {ATTENTION_TOL:g}: the box is not {what}",
             error=max(res, float(-np.min(a))), allowed=ATTENTION_TOL)
-    return a
+    return a, res
 
 
 def row_space(vectors: np.ndarray, what: str) -> np.ndarray:

@@ -271,7 +271,7 @@ class RotaryLayerVectorLearner(BaseLearner):
         for m, row in enumerate(rows):
             seen = np.arange(row + 1 if self.causal else N)
             for h in range(vals.shape[0]):
-                a = head_weights(vals[h][:, seen], ys[h][:, row:row + 1], what)[:, 0]
+                a = head_weights(vals[h][:, seen], ys[h][:, row:row + 1], what)[0][:, 0]
                 out[h, :, m, seen] = np.log(np.where(a > MIN_WEIGHT, a, np.nan)).T
                 later = max(later, float(np.max(a[:, row + 1:], initial=0.0)))
         if not self.causal and later <= ATTENTION_TOL:
@@ -366,7 +366,7 @@ class RotaryLayerVectorLearner(BaseLearner):
                 np.broadcast_to(keys @ self._values[h], (n_probes, n_sets, k, r)),
                 (probes @ self._values[h])[:, None, None, :].repeat(n_sets, 1)], axis=2)
             a = head_weights(vals.reshape(n_probes * n_sets, k + 1, r), O @ self._reads[h],
-                             "a layer of rotary heads as declared")[..., :k]
+                             "a layer of rotary heads as declared")[0][..., :k]
             ell = np.log(np.where(a > MIN_WEIGHT, a, np.nan)).reshape(n_probes, -1, k)
             kappa = np.concatenate([keys @ self.key_bases_[h].T, np.ones((n_sets, k, 1))], 2)
             kappa = np.repeat(kappa, rows.size, axis=0)
