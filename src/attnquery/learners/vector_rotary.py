@@ -31,13 +31,13 @@ import numbers
 
 import numpy as np
 
-from ..errors import ConfigError, ModelMismatchError, NotIdentifiableError
+from ..errors import ConfigError, NotIdentifiableError
 from ..models import rope_frequencies
-from ._base import BaseLearner, check_oracle, check_queries
+from ._base import BaseLearner, check_oracle
 from ._params import Interval
 from ._registry import LearnerSpec
 from ._vector_attention import ATTENTION_TOL  # noqa: F401 (importable from here as before)
-from ._vector_check import CHECK_LENGTHS, VERIFY_RTOL
+from ._vector_check import CHECK_LENGTHS, VERIFY_RTOL, verify_fit  # noqa: F401 (VERIFY_RTOL: importable from here)
 from ._vector_rotary_reads import head_weights, rotary_basis
 
 __all__ = ["RotaryVectorLearner", "STAGES"]
@@ -257,24 +257,8 @@ class RotaryVectorLearner(BaseLearner):
         return a[:, 0, :k + 1]
 
     def _verify(self, oracle, rng) -> None:
-        d = int(oracle.d)
-        batches = check_queries(rng, d, len(CHECK_LENGTHS), lengths=CHECK_LENGTHS,
-                                permuted=False)
-        worst, scale, n = 0.0, 0.0, 0
-        for X in batches:
-            O = np.asarray(oracle(X), dtype=np.float64)
-            n += X.shape[0]
-            worst = max(worst, float(np.max(np.abs(O - self.predict(X)))))
-            scale = max(scale, float(np.max(np.abs(O))))
-        self.n_verify_queries_ = n
-        self.verify_error_ = worst / scale if scale > 0 else worst
-        if not self.verify_error_ <= VERIFY_RTOL:
-            raise ModelMismatchError(
-                f"the estimate's outputs differ from the box's by {self.verify_error_:.3g} "
-                f"(relative) on {n} check queries of {min(CHECK_LENGTHS)} to "
-                f"{max(CHECK_LENGTHS)} tokens, where at most {VERIFY_RTOL:g} is expected: the "
-                "box is not one rotary head of the declared base and mask",
-                error=self.verify_error_, allowed=VERIFY_RTOL, n_checks=n)
+        verify_fit(self, oracle, rng, len(CHECK_LENGTHS), CHECK_LENGTHS,
+                   "one rotary head of the declared base and mask")
 
     # -- the estimate ------------------------------------------------------------------------------
     def M(self, delta: int) -> np.ndarray:

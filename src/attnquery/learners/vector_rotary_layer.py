@@ -41,18 +41,11 @@ import numpy as np
 
 from ..errors import ConfigError, ModelMismatchError
 from ..models import rope_frequencies
-from ._base import (
-    DEFAULT_VERIFY,
-    VERIFY_PARAM,
-    BaseLearner,
-    check_lengths,
-    check_oracle,
-    check_queries,
-)
+from ._base import DEFAULT_VERIFY, VERIFY_PARAM, BaseLearner, check_lengths, check_oracle
 from ._params import Interval
 from ._registry import LearnerSpec
 from ._vector_attention import ATTENTION_TOL, MIN_WEIGHT
-from ._vector_check import CHECK_LENGTHS, VERIFY_RTOL
+from ._vector_check import CHECK_LENGTHS, VERIFY_RTOL, verify_fit  # noqa: F401
 from ._vector_rotary_reads import head_weights, rotary_basis, row_space, solve_forms
 from ._vector_split import split_outputs, split_queries
 
@@ -217,7 +210,7 @@ class RotaryLayerVectorLearner(BaseLearner):
                 with ledger.stage("forms"):
                     self._read_forms(ledger, rng, d)
                 with ledger.stage("verify"):
-                    self._verify(ledger, rng, d)
+                    self._verify(ledger, rng)
             finally:
                 self.n_queries_ = ledger.total
                 self.n_tokens_ = int(oracle.n_tokens) - tokens0
@@ -377,28 +370,12 @@ class RotaryLayerVectorLearner(BaseLearner):
         j = self.frequencies_.size
         self.cos_forms_, self.sin_forms_, self.const_form_ = F[:, :j], F[:, j:2 * j], F[:, -1]
 
-    def _verify(self, oracle, rng, d: int) -> None:
-        """``verify`` fresh queries up to ``check_length`` tokens; ModelMismatchError where the
-        estimate's answers differ from the box's by more than :data:`VERIFY_RTOL`."""
-        self.verify_error_, self.n_verify_queries_ = float("nan"), 0
-        if self.verify == 0:
-            return
+    def _verify(self, oracle, rng) -> None:
+        """``verify`` fresh queries up to ``check_length`` tokens (default ``max_offset + 1``)
+        (:func:`~attnquery.learners._vector_check.verify_fit`)."""
         top = self.check_length or int(self.max_offset) + 1
-        lengths = check_lengths(top, CHECK_LENGTHS)
-        worst, scale = 0.0, 0.0
-        for X in check_queries(rng, d, int(self.verify), lengths=lengths, permuted=False):
-            O = np.asarray(oracle(X), dtype=np.float64)
-            self.n_verify_queries_ += X.shape[0]
-            worst = max(worst, float(np.max(np.abs(O - self.predict(X)))))
-            scale = max(scale, float(np.max(np.abs(O))))
-        self.verify_error_ = worst / scale if scale > 0 else worst
-        if not self.verify_error_ <= VERIFY_RTOL:
-            raise ModelMismatchError(
-                f"the estimate's outputs differ from the box's by {self.verify_error_:.3g} "
-                f"(relative) on {self.n_verify_queries_} check queries of {min(lengths)} to "
-                f"{max(lengths)} tokens, where at most {VERIFY_RTOL:g} is expected: the box is "
-                "not a layer of rotary heads of the declared base, mask and heads",
-                error=self.verify_error_, allowed=VERIFY_RTOL, n_checks=self.n_verify_queries_)
+        verify_fit(self, oracle, rng, int(self.verify), check_lengths(top, CHECK_LENGTHS),
+                   "a layer of rotary heads of the declared base, mask and heads")
 
     # -- the estimate ------------------------------------------------------------------------------
     def _fitted(self, what: str) -> None:
