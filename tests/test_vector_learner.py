@@ -183,10 +183,10 @@ def test_budget_is_checked_before_each_stage_spends():
 
 @pytest.mark.parametrize("params, match", [
     (dict(n_heads=0), "n_heads must be an integer >= 1"),
-    (dict(n_kv_heads=2), "grouped-query layers are not fitted"),
-    (dict(n_heads=4, n_kv_heads=2), "grouped-query layers are not fitted"),
+    (dict(n_kv_heads=2), "grouped-query layers are fitted with positions='rotary' only"),
+    (dict(n_heads=4, n_kv_heads=2), "grouped-query layers are fitted with positions='rotary'"),
     (dict(positions="alibi"), "positions must be one of"),
-    (dict(positions="rotary", n_heads=2), "only single rotary heads"),
+    (dict(positions="rotary", n_heads=4, n_kv_heads=3), "n_kv_heads=3 must divide n_heads=4"),
     (dict(causal=1), "causal must be True or False"),
     (dict(fit_bias="yes"), "fit_bias must be True or False"),
     (dict(n_queries=0), "n_queries must be an integer >= 1"),

@@ -110,7 +110,8 @@ def test_other_oracles_and_unfitted_use_are_refused():
 
 def test_the_vector_layer_learner_routes_a_rotary_head_to_its_route():
     """VectorLayerLearner(positions="rotary") fits one rotary head through RotaryVectorLearner
-    and answers as it does; several rotary heads are refused by name before any query."""
+    and answers as it does; several rotary heads go to RotaryLayerVectorLearner, which refuses
+    last-token answers by name before any query."""
     from attnquery.learners import VectorLayerLearner
 
     d = 8
@@ -122,6 +123,6 @@ def test_the_vector_layer_learner_routes_a_rotary_head_to_its_route():
     X = np.random.default_rng(5).standard_normal((4, 300, d)) / np.sqrt(d)
     assert np.max(np.abs(est.predict(X) - layer(X))) <= 1e-9 * np.max(np.abs(layer(X)))
     fresh = VectorOracle(layer, d, outputs="last")
-    with pytest.raises(ConfigError, match="single rotary heads"):
+    with pytest.raises(ConfigError, match="reads every token's outputs"):
         VectorLayerLearner(positions="rotary", n_heads=2).fit(fresh)
     assert fresh.n_queries == 0

@@ -1,10 +1,17 @@
 """The check of the vector learners' estimates (:class:`~attnquery.learners.VectorLayerLearner`
-and its rotary route, :class:`~attnquery.learners.vector_rotary.RotaryVectorLearner`): the
-lengths of their fresh check queries and the disagreement they allow, in one place."""
+and its rotary routes, :class:`~attnquery.learners.vector_rotary.RotaryVectorLearner` and
+:class:`~attnquery.learners.vector_rotary_layer.RotaryLayerVectorLearner`): the lengths of their
+fresh check queries and the disagreement they allow, in one place, and the rotary routes'
+check (:func:`verify_fit`)."""
 
 from __future__ import annotations
 
-__all__ = ["CHECK_LENGTHS", "VERIFY_RTOL"]
+import numpy as np
+
+from ..errors import ModelMismatchError
+from ._check import check_queries
+
+__all__ = ["CHECK_LENGTHS", "VERIFY_RTOL", "verify_fit"]
 
 #: lengths of the fresh check queries after a fit, one query each with the default ``verify``
 #: (8) and ``check_length`` (4096; a shorter one replaces the longest, see
@@ -16,3 +23,28 @@ CHECK_LENGTHS = (1, 2, 3, 8, 64, 256, 1024, 4096)
 #: d = 16: 1.0e-11); a soft-capped, rotary or undeclared extra head, or answers rounded to
 #: float32, exceed it by orders of magnitude
 VERIFY_RTOL = 1e-8
+
+
+def verify_fit(est, oracle, rng, n: int, lengths, what: str) -> None:
+    """``n`` fresh queries spread over ``lengths`` (0: no check): sets ``est.verify_error_``
+    (``max |O - O_hat| / max |O|``) and ``est.n_verify_queries_``, and raises
+    ModelMismatchError ("the box is not ``what``") beyond :data:`VERIFY_RTOL`."""
+    est.verify_error_, est.n_verify_queries_ = float("nan"), 0
+    if n == 0:
+        return
+    worst, scale, at = 0.0, 0.0, 0
+    for X in check_queries(rng, int(oracle.d), int(n), lengths=lengths, permuted=False):
+        O = np.asarray(oracle(X), dtype=np.float64)
+        est.n_verify_queries_ += X.shape[0]
+        diff = float(np.max(np.abs(O - est.predict(X))))
+        scale = max(scale, float(np.max(np.abs(O))))
+        if diff > worst:
+            worst, at = diff, X.shape[1]
+    est.verify_error_ = worst / scale if scale > 0 else worst
+    if not est.verify_error_ <= VERIFY_RTOL:
+        raise ModelMismatchError(
+            f"the estimate's outputs differ from the box's by {est.verify_error_:.3g} "
+            f"(relative) on {est.n_verify_queries_} check queries of {min(lengths)} to "
+            f"{max(lengths)} tokens (the farthest of {at} tokens), where at most "
+            f"{VERIFY_RTOL:g} is expected: the box is not {what}",
+            error=est.verify_error_, allowed=VERIFY_RTOL, n_checks=est.n_verify_queries_)

@@ -25,8 +25,8 @@ import numpy as np
 
 from ..errors import ModelMismatchError, NotIdentifiableError
 
-__all__ = ["split_values", "split_queries", "scan_queries_per_line", "KEY_SCALE", "LINE_HALF",
-           "LEVELS", "PERTURB"]
+__all__ = ["split_values", "split_outputs", "split_queries", "scan_queries_per_line",
+           "KEY_SCALE", "LINE_HALF", "LEVELS", "PERTURB"]
 
 #: the key difference's scale T: logits of order 1e10 saturate every weight to 0 or 1 except
 #: within about 1e-10 (in s) of its crossing, far inside the last bisection interval
@@ -82,21 +82,23 @@ def split_queries(d: int, n_heads: int) -> int:
     return (1 + RETRIES) * (scan_queries_per_line(n_heads) + (dh + 1) * (n_heads + 1)) + refine
 
 
-def _parts(oracle, Vp, beta, b, Delta) -> np.ndarray:
-    """``sum_h sigma_h Delta^T E_h`` for the queries ``[b + T Delta; b]``, one per row."""
+def _parts(oracle, read, b, Delta) -> np.ndarray:
+    """``sum_h sigma_h Delta^T E_h`` for the queries ``[b + T Delta; b]``, one per row, in the
+    coordinates ``read(o, b)`` gives the last token's answers o (the answer less ``b``'s own
+    value and the offset)."""
     X = np.stack([b + KEY_SCALE * Delta, b], axis=1)
     o = np.asarray(oracle(X), dtype=np.float64)
     o = o[:, -1] if o.ndim == 3 else o
-    return ((o - beta) @ Vp - b) / KEY_SCALE
+    return read(o, b) / KEY_SCALE
 
 
-def _scan(oracle, Vp, beta, Delta, b0, v, n_heads) -> tuple[np.ndarray, np.ndarray]:
+def _scan(oracle, read, Delta, b0, v, n_heads) -> tuple[np.ndarray, np.ndarray]:
     """The jumps along the line ``b0 + s v`` for the key difference ``Delta``: bisection, one
     batch per level, until ``n_heads`` intervals hold a change each and :data:`EXTRA_LEVELS`
     more (or :data:`LEVELS` in all).
     Returns the jumps (k, d) and their intervals (k, 2), in the order of s."""
     lo, hi = np.array([-LINE_HALF]), np.array([LINE_HALF])
-    g = _parts(oracle, Vp, beta, b0 + np.array([[-LINE_HALF], [LINE_HALF]]) * v,
+    g = _parts(oracle, read, b0 + np.array([[-LINE_HALF], [LINE_HALF]]) * v,
                np.stack([Delta, Delta]))
     glo, ghi = g[:1], g[1:]
     extra = EXTRA_LEVELS
@@ -111,7 +113,7 @@ def _scan(oracle, Vp, beta, Delta, b0, v, n_heads) -> tuple[np.ndarray, np.ndarr
         if lo.size == 0 or extra < 0 or lo.size > 2 * n_heads:
             break
         mid = (lo + hi) / 2
-        gm = _parts(oracle, Vp, beta, b0 + mid[:, None] * v, np.repeat(Delta[None], mid.size, 0))
+        gm = _parts(oracle, read, b0 + mid[:, None] * v, np.repeat(Delta[None], mid.size, 0))
         lo, hi = np.concatenate([lo, mid]), np.concatenate([mid, hi])
         glo, ghi = np.concatenate([glo, gm]), np.concatenate([gm, ghi])
     order = np.argsort(lo)
@@ -144,7 +146,7 @@ def split_values(oracle, V_sum: np.ndarray, beta: np.ndarray, n_heads: int,
         Every line shows another number of heads than ``n_heads``, or a head's parts span
         more than d / H dimensions.
     """
-    d, d_out = V_sum.shape
+    d = V_sum.shape[0]
     H = int(n_heads)
     s = np.linalg.svd(V_sum, compute_uv=False)
     rank = int(np.count_nonzero(s > RANK_RTOL * s[0]))
@@ -152,23 +154,62 @@ def split_values(oracle, V_sum: np.ndarray, beta: np.ndarray, n_heads: int,
         raise NotIdentifiableError(
             f"splitting the value maps needs heads that fill d: H = {H} dividing d = {d} and "
             f"the summed value map of rank d (rank {rank})")
-    dh = d // H
     Vp = np.linalg.pinv(V_sum)
+    E = _split(oracle, lambda o, b: (o - beta) @ Vp - b, np.eye(d), H, rng)
+    return np.einsum("hde,eo->hdo", E, V_sum)
+
+
+def split_outputs(oracle, V_sum: np.ndarray, beta: np.ndarray, n_heads: int,
+                  rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """The heads' value-output maps (H, d, d_out) behind ``V_sum`` where the heads' *output*
+    subspaces fill d_out (``H dv = d_out``), whatever the rank of ``V_sum``: grouped-query
+    layers, whose heads share value maps (``V_sum`` of rank at most G dv).
+
+    The same lines as :func:`split_values`, read in the output coordinates
+    ``o - beta - b^T V_sum``: each jump is one head's ``Delta^T V_h``, in head h's output
+    subspace. Returns the maps ``V_h = V_sum E_h`` and the output projectors E (H, d_out,
+    d_out) (``o E_h`` is head h's part of an output o less the offset). Asks at most
+    :func:`split_queries` ``(d_out, n_heads)`` queries.
+
+    Raises
+    ------
+    NotIdentifiableError
+        H does not divide d_out.
+    ModelMismatchError
+        As :func:`split_values`: another number of heads, or heads whose output subspaces do
+        not fill d_out.
+    """
+    d, d_out = V_sum.shape
+    H = int(n_heads)
+    if d_out % H:
+        raise NotIdentifiableError(
+            f"splitting the value maps by their outputs needs heads whose output subspaces "
+            f"fill d_out: H = {H} dividing d_out = {d_out}")
+    E = _split(oracle, lambda o, b: o - beta - b @ V_sum, V_sum, H, rng)
+    return np.einsum("do,hoe->hde", V_sum, E), E
+
+
+def _split(oracle, read, embed, H: int, rng) -> np.ndarray:
+    """The heads' projectors (H, dim, dim) in the coordinates ``read`` gives (of dimension
+    dim, H dh; ``embed`` (d, dim) maps a key difference to them): one line's bisection, the
+    jumps of nearby differences at its separators, and their refinement (:func:`_refine`)."""
+    d, dim = embed.shape
+    dh = dim // H
     D0 = rng.standard_normal(d) / np.sqrt(d)
     Dj = rng.standard_normal((dh, d)) / np.sqrt(d)
     Deltas = np.concatenate([D0[None], D0 + PERTURB * Dj])
     counts, moved = [], []
     for _ in range(1 + RETRIES):
         b0, v = _line(rng, d)
-        J, iv = _scan(oracle, Vp, beta, D0, b0, v, H)
+        J, iv = _scan(oracle, read, D0, b0, v, H)
         counts.append(J.shape[0])
         if J.shape[0] != H:
             continue
         seps = np.concatenate([[-LINE_HALF], (iv[1:, 0] + iv[:-1, 1]) / 2, [LINE_HALF]])
         S = seps.size
-        g = _parts(oracle, Vp, beta, np.tile(b0 + seps[:, None] * v, (dh + 1, 1)),
-                   np.repeat(Deltas, S, axis=0)).reshape(dh + 1, S, d)
-        P = np.diff(g, axis=1)  # (dh + 1, H, d): jump k of each difference
+        g = _parts(oracle, read, np.tile(b0 + seps[:, None] * v, (dh + 1, 1)),
+                   np.repeat(Deltas, S, axis=0)).reshape(dh + 1, S, dim)
+        P = np.diff(g, axis=1)  # (dh + 1, H, dim): jump k of each difference
         unit = float(np.max(np.abs(P[0])))
         shift = float(np.max(np.abs(P[1:] - P[0]))) / unit
         moved.append(shift)
@@ -186,33 +227,33 @@ def split_values(oracle, V_sum: np.ndarray, beta: np.ndarray, n_heads: int,
             f"({1 + RETRIES} lines; at most {MOVED_TOL:g} expected): the box is not a layer "
             f"of n_heads={H} heads that fill d (another number of heads, or heads that do not "
             "fill d)", error=min(moved), allowed=MOVED_TOL)
-    parts = np.concatenate([P[:1], (P[1:] - P[0]) / PERTURB])  # (dh + 1, H, d)
-    exact = _refine(oracle, Vp, beta, np.concatenate([D0[None], Dj]), _projectors(parts, dh),
-                    rng)
-    bases = [_basis(exact[:, k], dh) for k in range(H)]
-    return np.einsum("hde,eo->hdo", _from_bases(bases, dh), V_sum)
+    parts = np.concatenate([P[:1], (P[1:] - P[0]) / PERTURB])  # (dh + 1, H, dim)
+    exact = _refine(oracle, read, embed, np.concatenate([D0[None], Dj]),
+                    _projectors(parts, dh), rng)
+    return _from_bases([_basis(exact[:, k], dh) for k in range(H)], dh)
 
 
-def _refine(oracle, Vp, beta, D: np.ndarray, E: np.ndarray, rng) -> np.ndarray:
-    """The exact parts (k, H, d) of the differences D (k, d), from approximate projectors E.
+def _refine(oracle, read, embed, D: np.ndarray, E: np.ndarray, rng) -> np.ndarray:
+    """The exact parts (k, H, dim) of the differences D (k, d), from approximate projectors E
+    (H, dim, dim) (``embed`` (d, dim) maps a difference to the coordinates).
 
     The perturbed parts carry the error of the division by PERTURB (times the projectors'
     norms); at random points b the saturated answers of ``[b + T D; b]`` are 0/1 combinations
     of D's exact parts, whose pattern E reads; a least squares over the patterns gives them.
     A difference whose patterns do not yet determine its H parts (a head whose weight did not
     flip between the points) is asked at fresh points, up to :data:`RETRIES` times."""
-    H, d = E.shape[0], E.shape[1]
+    H, dim, d = E.shape[0], E.shape[1], D.shape[1]
     n = REFINE_SHARE * H + REFINE_EXTRA
-    approx = np.einsum("jd,hde->jhe", D, E)  # (k, H, d)
-    g_all = [np.zeros((0, d)) for _ in range(D.shape[0])]
+    approx = np.einsum("jd,hde->jhe", D @ embed, E)  # (k, H, dim)
+    g_all = [np.zeros((0, dim)) for _ in range(D.shape[0])]
     S_all = [np.zeros((0, H)) for _ in range(D.shape[0])]
     todo = np.arange(D.shape[0])
     for _ in range(1 + RETRIES):
         b = rng.standard_normal((todo.size * n, d)) * (REFINE_NORM / np.sqrt(d))
-        g = _parts(oracle, Vp, beta, b, np.repeat(D[todo], n, axis=0)).reshape(todo.size, n, d)
-        read = np.einsum("jnd,hde->jnhe", g, E)
+        g = _parts(oracle, read, b, np.repeat(D[todo], n, axis=0)).reshape(todo.size, n, dim)
+        seen = np.einsum("jnd,hde->jnhe", g, E)
         a = approx[todo]
-        sig = np.einsum("jnhe,jhe->jnh", read, a) / np.einsum("jhe,jhe->jh", a, a)[:, None]
+        sig = np.einsum("jnhe,jhe->jnh", seen, a) / np.einsum("jhe,jhe->jh", a, a)[:, None]
         S = np.round(sig)
         off = float(np.max(np.abs(sig - S)))
         if off > MOVED_TOL or np.any((S != 0) & (S != 1)):

@@ -93,7 +93,8 @@ class VectorLayerLearner(BaseLearner):
         Number H of heads of the box (default None: one). With H > 1 the heads must fill d
         (H dividing d, the summed value map of rank d).
     n_kv_heads : int, optional
-        Number of key/value heads; None or equal to ``n_heads``.
+        Number of key/value heads (dividing ``n_heads``); None or equal to ``n_heads`` but
+        with ``positions="rotary"``.
     causal : bool
         Token n attends to tokens i <= n only (a decoder's mask).
     positions : {"none", "rotary"}
@@ -101,7 +102,11 @@ class VectorLayerLearner(BaseLearner):
         head, biases as Qwen2 has) by :class:`~attnquery.learners.vector_rotary.
         RotaryVectorLearner`, whose fitted attributes (``frequencies_``, ``cos_forms_``,
         ``sin_forms_``, ``const_form_``, ``V_``, ``output_bias_``) this learner takes, and
-        ``rotary_`` the fitted route; layers of several rotary heads are not fitted so far.
+        ``rotary_`` the fitted route. Layers of several rotary heads (``n_heads`` > 1, or
+        ``n_kv_heads`` given: grouped-query attention) go to :class:`~attnquery.learners.
+        vector_rotary_layer.RotaryLayerVectorLearner` (every token's outputs, heads whose
+        output subspaces fill d_out), whose fitted attributes (``V_``, ``head_groups_``,
+        ``query_bases_``, ``key_bases_``, the forms per head) this learner takes likewise.
     fit_bias : bool
         Fit the key bias c and the output offset beta (default True); False assumes both 0 and
         saves one query and d unknowns.
@@ -204,13 +209,12 @@ class VectorLayerLearner(BaseLearner):
     # -- parameters ------------------------------------------------------------------------------
     def _validate_extra(self) -> None:
         H, G = self.n_heads, self.n_kv_heads
-        if G is not None and G != (H or 1):
+        if G is not None and G != (H or 1) and self.positions != "rotary":
             raise ConfigError(
-                f"n_kv_heads={self.n_kv_heads!r}: grouped-query layers are not fitted so far "
-                "(n_kv_heads None or equal to n_heads)")
-        if self.positions == "rotary" and (H or 1) > 1:
-            raise ConfigError("positions='rotary': only single rotary heads are fitted so far "
-                              "(n_heads None or 1)")
+                f"n_kv_heads={self.n_kv_heads!r}: grouped-query layers are fitted with "
+                "positions='rotary' only so far (else n_kv_heads None or equal to n_heads)")
+        if G is not None and (H or 1) % G:
+            raise ConfigError(f"n_kv_heads={G} must divide n_heads={H or 1}")
 
     # -- fit ---------------------------------------------------------------------------------------
     def fit(self, oracle):
@@ -235,11 +239,17 @@ class VectorLayerLearner(BaseLearner):
             :data:`VERIFY_RTOL`.
         """
         self._validate_params()
-        if self.positions == "rotary":  # a route of its own: RotaryVectorLearner's forms
+        if self.positions == "rotary":  # routes of their own: the rotary learners' forms
             from .vector_rotary import RotaryVectorLearner
+            from .vector_rotary_layer import RotaryLayerVectorLearner
 
-            self.rotary_ = RotaryVectorLearner(causal=self.causal,
-                                               random_state=self.random_state).fit(oracle)
+            H = self.n_heads or 1
+            route = (RotaryVectorLearner(causal=self.causal, random_state=self.random_state)
+                     if H == 1 and (self.n_kv_heads or 1) == 1 else
+                     RotaryLayerVectorLearner(n_heads=H, n_kv_heads=self.n_kv_heads,
+                                              causal=self.causal,
+                                              random_state=self.random_state))
+            self.rotary_ = route.fit(oracle)
             for k, v in vars(self.rotary_).items():
                 if k.endswith("_"):
                     setattr(self, k, v)

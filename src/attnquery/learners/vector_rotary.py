@@ -31,12 +31,14 @@ import numbers
 
 import numpy as np
 
-from ..errors import ConfigError, ModelMismatchError, NotIdentifiableError
+from ..errors import ConfigError, NotIdentifiableError
 from ..models import rope_frequencies
-from ._base import BaseLearner, check_oracle, check_queries
+from ._base import BaseLearner, check_oracle
 from ._params import Interval
 from ._registry import LearnerSpec
-from ._vector_check import CHECK_LENGTHS, VERIFY_RTOL
+from ._vector_attention import ATTENTION_TOL  # noqa: F401 (importable from here as before)
+from ._vector_check import CHECK_LENGTHS, VERIFY_RTOL, verify_fit  # noqa: F401 (VERIFY_RTOL: importable from here)
+from ._vector_rotary_reads import head_weights, rotary_basis
 
 __all__ = ["RotaryVectorLearner", "STAGES"]
 
@@ -44,9 +46,6 @@ __all__ = ["RotaryVectorLearner", "STAGES"]
 STAGES = ("V", "forms", "verify")
 #: key equations asked per unknown of one probe's least-squares system
 OVERSAMPLE = 1.5
-#: largest disagreement of an answer with the attention-weighted sum of its tokens' values
-#: (relative to the answer) that float64 rounding explains
-ATTENTION_TOL = 1e-9
 #: relative singular value below which the form equations' directions are left out
 FORMS_RCOND = 1e-10
 #: weights below this are left out of the equations (their logarithm is rounding noise)
@@ -189,8 +188,7 @@ class RotaryVectorLearner(BaseLearner):
 
     def _basis(self, delta: np.ndarray) -> np.ndarray:
         """[cos(theta_j delta), sin(theta_j delta), 1] per offset: shape (..., R + 1)."""
-        a = delta[..., None] * self.frequencies_
-        return np.concatenate([np.cos(a), np.sin(a), np.ones(delta.shape + (1,))], axis=-1)
+        return rotary_basis(delta, self.frequencies_)
 
     def _read_forms(self, oracle, rng, d: int) -> None:
         L = int(self.max_offset)
@@ -250,43 +248,17 @@ class RotaryVectorLearner(BaseLearner):
         """The keys' and the probe's attention weights (n, k + 1) in the last rows of the
         answers O, from the values; raise ModelMismatchError when a row is no weighted sum."""
         O = O[:, -1] if O.ndim == 3 else O
-        n, k, d = keys.shape
-        vals = np.concatenate([keys @ self.V_, np.broadcast_to(probe @ self.V_, (n, 1, d)),
-                               np.zeros((n, 1, d))], axis=1)  # (n, k + 2, d_out): zeros last
-        unit = max(float(np.max(np.abs(vals))), 1.0)
-        P = np.concatenate([vals, np.full((n, k + 2, 1), unit)], axis=2)
-        r = np.concatenate([O - self.output_bias_, np.full((n, 1), unit)], axis=1)
-        a = (r[:, None, :] @ np.linalg.pinv(P))[:, 0]
-        scale = float(np.max(np.abs(r)))
-        res = float(np.max(np.abs((a[:, None, :] @ P)[:, 0] - r))) / scale
-        self.attention_residual_ = res
-        if res > ATTENTION_TOL or np.min(a) < -ATTENTION_TOL:
-            raise ModelMismatchError(
-                f"the answers differ by {res:.3g} (relative) from every attention-weighted sum "
-                f"of the tokens' values (or a weight is negative, {np.min(a):.3g}), where "
-                f"float64 rounding explains {ATTENTION_TOL:g}: the box is not one rotary head",
-                error=max(res, float(-np.min(a))), allowed=ATTENTION_TOL)
-        return a[:, :k + 1]
+        n, k, _ = keys.shape
+        d_out = self.V_.shape[1]
+        vals = np.concatenate([keys @ self.V_, np.broadcast_to(probe @ self.V_, (n, 1, d_out)),
+                               np.zeros((n, 1, d_out))], axis=1)  # (n, k + 2, d_out): zeros last
+        a, self.attention_residual_ = head_weights(vals, (O - self.output_bias_)[:, None],
+                                                   "one rotary head")
+        return a[:, 0, :k + 1]
 
     def _verify(self, oracle, rng) -> None:
-        d = int(oracle.d)
-        batches = check_queries(rng, d, len(CHECK_LENGTHS), lengths=CHECK_LENGTHS,
-                                permuted=False)
-        worst, scale, n = 0.0, 0.0, 0
-        for X in batches:
-            O = np.asarray(oracle(X), dtype=np.float64)
-            n += X.shape[0]
-            worst = max(worst, float(np.max(np.abs(O - self.predict(X)))))
-            scale = max(scale, float(np.max(np.abs(O))))
-        self.n_verify_queries_ = n
-        self.verify_error_ = worst / scale if scale > 0 else worst
-        if not self.verify_error_ <= VERIFY_RTOL:
-            raise ModelMismatchError(
-                f"the estimate's outputs differ from the box's by {self.verify_error_:.3g} "
-                f"(relative) on {n} check queries of {min(CHECK_LENGTHS)} to "
-                f"{max(CHECK_LENGTHS)} tokens, where at most {VERIFY_RTOL:g} is expected: the "
-                "box is not one rotary head of the declared base and mask",
-                error=self.verify_error_, allowed=VERIFY_RTOL, n_checks=n)
+        verify_fit(self, oracle, rng, len(CHECK_LENGTHS), CHECK_LENGTHS,
+                   "one rotary head of the declared base and mask")
 
     # -- the estimate ------------------------------------------------------------------------------
     def M(self, delta: int) -> np.ndarray:

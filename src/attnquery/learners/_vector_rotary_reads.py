@@ -1,0 +1,84 @@
+"""The readings of :class:`~attnquery.learners.vector_rotary_layer.RotaryLayerVectorLearner`:
+every head's attention weights in one row of a vector answer, the heads' query and key row
+spaces, and their rotary forms in those spaces (see that module's docstring)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ModelMismatchError, NotIdentifiableError
+from ._vector_attention import ATTENTION_TOL, MIN_WEIGHT
+
+__all__ = ["head_weights", "row_space", "rotary_basis", "solve_forms", "FORMS_RCOND",
+           "SPACE_RTOL"]
+
+#: relative singular value below which the form equations' directions are left out (the
+#: slowest frequencies barely turn over the offsets asked: only their sum is determined)
+FORMS_RCOND = 1e-12
+#: singular values of the collected query/key vectors below this fraction of the largest are
+#: rounding: the rest span the head's row space
+SPACE_RTOL = 1e-8
+
+
+def head_weights(vals: np.ndarray, y: np.ndarray, what: str) -> tuple[np.ndarray, float]:
+    """The weights a (n, M, s) with ``y[q, m] = sum_j a[q, m, j] vals[q, j]`` and every row's
+    weights summing to one, from one head's coordinates ``y`` (n, M, r) of M rows of n queries
+    that see the same s distinct values ``vals`` (n, s, r) (lumped tokens: one value), and the
+    largest residual of that solve relative to the answers.
+
+    Raises ModelMismatchError where a row is no such weighted sum (relative residual above
+    :data:`~attnquery.learners._vector_attention.ATTENTION_TOL`) or a weight is negative."""
+    n, s, r = vals.shape
+    unit = max(float(np.max(np.abs(vals))), 1.0)
+    P = np.concatenate([vals, np.full((n, s, 1), unit)], axis=2)
+    Y = np.concatenate([y, np.full(y.shape[:2] + (1,), unit)], axis=2)
+    a = Y @ np.linalg.pinv(P)
+    res = float(np.max(np.abs(a @ P - Y))) / float(np.max(np.abs(Y)))
+    if res > ATTENTION_TOL or np.min(a) < -ATTENTION_TOL:
+        raise ModelMismatchError(
+            f"the answers differ by {res:.3g} (relative) from every attention-weighted sum of "
+            f"the tokens' values (or a weight is negative, {np.min(a):.3g}), where float64 "
+            f"rounding explains {ATTENTION_TOL:g}: the box is not {what}",
+            error=max(res, float(-np.min(a))), allowed=ATTENTION_TOL)
+    return a, res
+
+
+def row_space(vectors: np.ndarray, what: str) -> np.ndarray:
+    """An orthonormal basis (r, d) of the span of ``vectors`` (k, d), r its numerical rank
+    (:data:`SPACE_RTOL`); NotIdentifiableError where the vectors are too few to tell (their
+    rank is their number)."""
+    _, s, Vt = np.linalg.svd(vectors, full_matrices=False)
+    r = int(np.count_nonzero(s > SPACE_RTOL * s[0]))
+    if r >= vectors.shape[0] or r == 0:
+        raise NotIdentifiableError(
+            f"the {vectors.shape[0]} vectors of the {what} span {r} dimensions: too few to "
+            "tell the row space (or the box is no such layer)")
+    return Vt[:r]
+
+
+def rotary_basis(delta: np.ndarray, frequencies: np.ndarray) -> np.ndarray:
+    """[cos(theta_j delta), sin(theta_j delta), 1] per offset: shape (..., R + 1)."""
+    a = delta[..., None] * frequencies
+    return np.concatenate([np.cos(a), np.sin(a), np.ones(delta.shape + (1,))], axis=-1)
+
+
+def solve_forms(kappa: np.ndarray, offsets: np.ndarray, ell: np.ndarray,
+                frequencies: np.ndarray) -> tuple[np.ndarray, int]:
+    """The forms ``T_b(p)`` (nb, e, P) of P probes from the log-weights ``ell`` (P, E, k) of
+    E rows, each seeing the k keys of coordinates ``kappa`` (E, k, e) at ``offsets`` (E, k):
+    ``ell[p, e, i] = sum_b basis_b(offsets[e, i]) kappa[e, i]^T T_b(p)`` plus a constant of
+    the row (the softmax's). Every probe shares the rows: one least squares (rows centred,
+    directions below :data:`FORMS_RCOND` left out) serves all, so the solutions are linear in
+    the probes' tokens. Returns the forms and the equations' numerical rank."""
+    B = rotary_basis(offsets, frequencies)  # (E, k, nb)
+    E, k, nb = B.shape
+    e = kappa.shape[2]
+    D = (B[:, :, :, None] * kappa[:, :, None, :]).reshape(E, k, nb * e)
+    D = (D - D.mean(axis=1, keepdims=True)).reshape(E * k, nb * e)
+    rhs = (ell - ell.mean(axis=2, keepdims=True)).reshape(ell.shape[0], E * k).T
+    if not np.all(np.isfinite(rhs)):
+        raise NotIdentifiableError(
+            f"attention weights below {MIN_WEIGHT:g}: the heads are too peaked for tokens of "
+            "norm 1")
+    T, _, rank, _ = np.linalg.lstsq(D, rhs, rcond=FORMS_RCOND)
+    return T.reshape(nb, e, -1), int(rank)

@@ -1,0 +1,431 @@
+"""Extraction from vector answers: a layer of rotary heads (RoPE, biases, causal mask, GQA).
+
+Beyond the paper. A Qwen2-style layer has H query heads over G key/value heads; head h (of
+kv head g) has, for key x_i at position i and query x_n at position n, with ``y = [x; 1]``,
+the logit ``(Q_h y_n)^T R_(i-n) (K_g y_i)`` (``Q_h = [W_Q, b_Q]`` scaled, ``K_g = [W_K, b_K]``,
+R the rotation of RoPE) and the layer answers every token's ``sum_h sum_i a_hni x_i^T V_h +
+beta``. Every token's outputs (``outputs="all"``) are read in five stages:
+
+1. ``V``: ``V_sum = sum_h V_h`` and beta from d + 1 one-token queries.
+2. ``split``: the heads' output subspaces (which fill d_out: ``H dh = d_out``) from saturated
+   two-token lines (:func:`~attnquery.learners._vector_split.split_outputs`); V_h is
+   ``V_sum`` projected on head h's; heads with the same input space of V_h share a
+   key/value head (``head_groups_``). A row of an answer then gives every head's weights on up
+   to dh distinct values.
+3. ``subspaces``: queries ``[f_1..f_m, r_1..r_k, p_1..p_m']`` with the f and p fixed and the r
+   random: the logit difference of two fixed keys in row r_j is linear in ``y(r_j)`` with a
+   coefficient in the row space of ``Q_h``, and that of a random key r_i against f_1 in row
+   p_j is linear in ``y(r_i)`` with one in the row space of ``K_g``; one least squares over
+   the queries per row gives them, and their span the head's query and key bases (dh each).
+4. ``forms``: in those bases the logit is ``kappa_i^T M_(i-n) zeta_n`` with
+   ``M_delta = sum_j cos(theta_j delta) P_j + sin(theta_j delta) S_j + C`` of (dh + 1)^2
+   entries each. ``dh + 5`` probe tokens p are asked as the padding of queries of
+   ``max_offset + 1`` tokens holding a few fixed keys (the padding's identical values are
+   lumped): every padding row is a query of token p that sees the keys at its own offsets, so
+   one query gives hundreds of rows of equations, linear in ``P_j zeta_p``, ``S_j zeta_p`` and
+   ``C zeta_p``. Every probe shares the keys and rows, so one least squares serves all and
+   the forms follow by the probes' coordinates' pseudo-inverse: the estimate is linear in
+   the query token, exact at every offset asked (only the sum of the slowest frequencies'
+   forms is determined there).
+5. ``verify``: fresh queries of 1 to ``check_length`` tokens.
+
+The frequencies are those of the declared ``rope_base`` over the whole head (Qwen2's).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from ..errors import ConfigError, ModelMismatchError
+from ..models import rope_frequencies
+from ._base import DEFAULT_VERIFY, VERIFY_PARAM, BaseLearner, check_lengths, check_oracle
+from ._params import Interval
+from ._registry import LearnerSpec
+from ._vector_attention import ATTENTION_TOL, MIN_WEIGHT
+from ._vector_check import CHECK_LENGTHS, VERIFY_RTOL, verify_fit  # noqa: F401
+from ._vector_rotary_reads import head_weights, rotary_basis, row_space, solve_forms
+from ._vector_split import split_outputs, split_queries
+
+__all__ = ["RotaryLayerVectorLearner", "STAGES"]
+
+#: the stages of a fit, as ``n_queries_by_stage_`` counts them
+STAGES = ("V", "split", "subspaces", "forms", "verify")
+#: queries of a subspace round per unknown of its least squares (d + 1)
+SPACE_OVERSAMPLE = 1.25
+#: fixed tokens' differences per dimension of a query/key row space
+SPACE_VECTORS = 1.5
+#: distinct keys of the form stage per unknown key coordinate (dh + 1)
+KEY_OVERSAMPLE = 1.5
+#: probes of the form stage beyond the dh + 1 coordinates of a query token
+EXTRA_PROBES = 4
+#: form equations per unknown of one probe (the padding rows used are spread evenly)
+ROW_OVERSAMPLE = 8
+#: padding rows right after the keys all used (the short offsets), beyond ROW_OVERSAMPLE's
+NEAR_ROWS = 32
+#: distinct values a row's weights are read on, per dimension of a head's values
+SLOT_SHARE = 0.75
+#: input spaces of two heads' value maps closer than this share a key/value head
+GROUP_TOL = 1e-6
+
+
+class RotaryLayerVectorLearner(BaseLearner):
+    """Recover a layer of rotary heads (RoPE, biases, grouped-query attention) from a
+    :class:`~attnquery.oracles.VectorOracle` answering every token's outputs.
+
+    See the module's docstring for the method and ``docs/vector.md`` for measured query counts
+    and errors.
+
+    Parameters
+    ----------
+    n_heads : int
+        Number H of query heads; their output subspaces must fill d_out (``H dh = d_out``).
+    n_kv_heads : int, optional
+        Number G of key/value heads (default H); checked against the heads' value maps.
+    rope_base : float
+        Base of the rotary frequencies ``rope_base^(-2j/dh)`` (10000 in Qwen2 0.5B's config
+        family; 1e6 in later ones).
+    head_dim : int, optional
+        dh of the queries and keys (rotated whole); default the rank of a head's value map.
+    causal : bool
+        Token n attends to tokens i <= n only (a decoder's mask).
+    max_offset : int
+        Longest relative offset the form queries ask (their length minus one): the estimate
+        is exact up to it and extrapolated beyond.
+    verify : int
+        Fresh check queries after the fit (default 8), spread over :data:`CHECK_LENGTHS` up
+        to ``check_length``; 0 turns the check off.
+    check_length : int, optional
+        Tokens of the longest check query; default ``max_offset + 1``.
+    random_state : int, Generator or None
+
+    Attributes
+    ----------
+    V_ : ndarray (H, d, d_out)
+        Per head the value-output map (heads in the order the split found them).
+    output_bias_ : ndarray (d_out,)
+    head_groups_ : ndarray (H,)
+        The key/value head each head reads (numbered in order of first appearance).
+    query_bases_, key_bases_ : ndarray (H, dh, d)
+        Orthonormal bases of each head's query and key row spaces (``zeta = [Bq x; 1]``,
+        ``kappa = [Bk x; 1]``).
+    frequencies_ : ndarray (dh/2,)
+    cos_forms_, sin_forms_ : ndarray (H, dh/2, dh+1, dh+1)
+        P_j and S_j per head, in the bases' coordinates (:meth:`M` gives the full form).
+    const_form_ : ndarray (H, dh+1, dh+1)
+        C (up to terms the softmax cancels).
+    forms_rank_ : ndarray (H,)
+        Numerical rank of each head's form equations.
+    n_queries_, n_tokens_ : int
+    n_queries_by_stage_ : dict
+    verify_error_ : float
+    n_verify_queries_ : int
+    """
+
+    def __init__(self, *, n_heads=1, n_kv_heads=None, rope_base=10000.0, head_dim=None,
+                 causal=True, max_offset=511, verify=DEFAULT_VERIFY, check_length=None,
+                 random_state=None):
+        self.n_heads = n_heads
+        self.n_kv_heads = n_kv_heads
+        self.rope_base = rope_base
+        self.head_dim = head_dim
+        self.causal = causal
+        self.max_offset = max_offset
+        self.verify = verify
+        self.check_length = check_length
+        self.random_state = random_state
+
+    _parameter_constraints = {
+        "random_state": BaseLearner._parameter_constraints["random_state"],
+        "n_heads": [Interval(numbers.Integral, 1, None, closed="left")],
+        "n_kv_heads": [Interval(numbers.Integral, 1, None, closed="left"), None],
+        "rope_base": [Interval(numbers.Real, 1, None, closed="neither")],
+        "head_dim": [Interval(numbers.Integral, 2, None, closed="left"), None],
+        "causal": ["boolean"],
+        "max_offset": [Interval(numbers.Integral, 1, None, closed="left")],
+        "verify": [VERIFY_PARAM],
+        "check_length": [Interval(numbers.Integral, 1, None, closed="left"), None],
+    }
+    spec = LearnerSpec(
+        name="vector_rotary_layer", oracle="vector", returns="vector layer", stages=STAGES,
+        fits_bias=True, command_line=False,
+        description="every token's vector answers of a layer of rotary heads with biases and "
+        "grouped-query attention (beyond the paper; declared rope_base)",
+        label="rotary layer, vector answers")
+
+    def _validate_extra(self) -> None:
+        G = self.n_kv_heads
+        if G is not None and self.n_heads % G:
+            raise ConfigError(f"n_kv_heads={G} must divide n_heads={self.n_heads}")
+        if self.head_dim is not None and self.head_dim % 2:
+            raise ConfigError(f"head_dim={self.head_dim} must be even (rotated pairs)")
+
+    # -- fit ---------------------------------------------------------------------------------------
+    def fit(self, oracle):
+        """Recover the layer behind ``oracle``; returns self.
+
+        Raises
+        ------
+        ConfigError
+            A bad parameter, or an oracle that is not a vector oracle of every token's outputs.
+        NotIdentifiableError
+            Heads whose output subspaces do not fill d_out, too peaked heads, or row spaces the
+            collected vectors do not determine.
+        ModelMismatchError
+            The answers are not those of such a layer: another number of heads or of key/value
+            heads, a causal mask where none was declared or the reverse, soft-capped logits,
+            another base, lower precision than float64 (the split's lines, the attention
+            weights' residuals, or the fresh check queries beyond :data:`VERIFY_RTOL`).
+        """
+        self._validate_params()
+        d = check_oracle(oracle, kinds=("vector",))
+        outputs = getattr(oracle, "outputs", None)
+        if outputs != "all":
+            raise ConfigError("the rotary layer route reads every token's outputs: the "
+                              f"oracle's outputs must be 'all'; got {outputs!r}")
+        if not hasattr(oracle, "n_tokens"):
+            raise ConfigError("the oracle must count its tokens (n_tokens), as VectorOracle does")
+        rng = self._rng()
+        tokens0 = int(oracle.n_tokens)
+        self.outputs_ = "all"
+        with self._open_ledger(oracle, STAGES) as ledger:
+            try:
+                with ledger.stage("V"):
+                    X = np.concatenate([np.zeros((1, 1, d)), np.eye(d)[:, None, :]])
+                    y = np.asarray(ledger(X), dtype=np.float64)[:, 0]
+                    V_sum, self.output_bias_ = y[1:] - y[0], y[0]
+                H = int(self.n_heads)
+                with ledger.stage("split"):
+                    if H > 1:
+                        ledger.check_budget(split_queries(V_sum.shape[1], H),
+                                            "the split of the value maps (at most)")
+                        V, E = split_outputs(ledger, V_sum, self.output_bias_, H, rng)
+                    else:
+                        V, E = V_sum[None], np.eye(V_sum.shape[1])[None]
+                self._heads(V, E)
+                with ledger.stage("subspaces"):
+                    self._read_spaces(ledger, rng, d)
+                with ledger.stage("forms"):
+                    self._read_forms(ledger, rng, d)
+                with ledger.stage("verify"):
+                    self._verify(ledger, rng)
+            finally:
+                self.n_queries_ = ledger.total
+                self.n_tokens_ = int(oracle.n_tokens) - tokens0
+        return self
+
+    def _heads(self, V: np.ndarray, E: np.ndarray) -> None:
+        """Each head's value coordinates, output reading and key/value head from its value map
+        V_h (``V_``, ``head_groups_``)."""
+        self.V_ = V
+        U, s, Wt = np.linalg.svd(V, full_matrices=False)
+        ranks = np.count_nonzero(s > 1e-10 * s[:, :1], axis=1)
+        if np.any(ranks != ranks[0]):
+            raise ModelMismatchError(
+                f"the heads' value maps have ranks {sorted(set(ranks.tolist()))}: the box is not "
+                "a layer of equal heads", error=float(np.ptp(ranks)), allowed=0.0)
+        r = int(ranks[0])
+        self._values = np.einsum("hdo,hro->hdr", V, Wt[:, :r])  # x^T V_h in head coordinates
+        self._reads = np.einsum("hoe,hre->hor", E, Wt[:, :r])  # (o - beta) -> head coordinates
+        groups, reps = np.zeros(V.shape[0], dtype=int), []
+        for h in range(V.shape[0]):
+            In = U[h, :, :r]
+            near = [g for g, R in enumerate(reps) if np.max(np.abs(In - R @ (R.T @ In)))
+                    < GROUP_TOL]
+            groups[h] = near[0] if near else len(reps)
+            if not near:
+                reps.append(In)
+        self.head_groups_ = groups
+        H = V.shape[0]
+        G = H if self.n_kv_heads is None else int(self.n_kv_heads)
+        sizes = np.bincount(groups)
+        if len(reps) != G or np.any(sizes != H // G):
+            raise ModelMismatchError(
+                f"the heads' value maps read {len(reps)} key/value heads (groups of "
+                f"{sorted(sizes.tolist())} heads) where n_kv_heads={G} was declared: the box "
+                "has another number of key/value heads", error=float(len(reps)),
+                allowed=float(G))
+
+    def _slots(self) -> int:
+        """Distinct values a row's weights are read on: :data:`SLOT_SHARE` of the head's
+        value rank (the weights' systems stay well conditioned)."""
+        return max(3, min(self._values.shape[2] - 1, int(SLOT_SHARE * self._values.shape[2])))
+
+    def _log_weights(self, X, O, rows, what) -> np.ndarray:
+        """log of every head's weights (H, n, M, N) of the rows ``rows`` of queries X whose
+        tokens are all distinct (NaN where a row does not see a token)."""
+        n, N, _ = X.shape
+        vals = np.einsum("bnd,hdr->hbnr", X, self._values)
+        ys = np.einsum("bno,hor->hbnr", O - self.output_bias_, self._reads)
+        out = np.full((vals.shape[0], n, len(rows), N), np.nan)
+        later = 0.0
+        for m, row in enumerate(rows):
+            seen = np.arange(row + 1 if self.causal else N)
+            for h in range(vals.shape[0]):
+                a = head_weights(vals[h][:, seen], ys[h][:, row:row + 1], what)[0][:, 0]
+                out[h, :, m, seen] = np.log(np.where(a > MIN_WEIGHT, a, np.nan)).T
+                later = max(later, float(np.max(a[:, row + 1:], initial=0.0)))
+        if not self.causal and later <= ATTENTION_TOL:
+            raise ModelMismatchError(
+                "no token attends to a later token: the box has a causal mask; fit it with "
+                "causal=True", error=1.0, allowed=ATTENTION_TOL)
+        return out
+
+    def _read_spaces(self, oracle, rng, d: int) -> None:
+        """``query_bases_`` and ``key_bases_`` (stage 3 of the module's docstring)."""
+        s = self._slots()
+        m = max(2, (s - 1) // 2)  # fixed keys f and fixed probes p per round
+        k = max(1, s - 2 * m)  # random tokens r
+        H, dh = self._values.shape[0], self.head_dim or self._values.shape[2]
+        # the slow frequencies barely turn over a query: their pairs' directions are spanned by
+        # the fixed tokens' differences (m - 1 per round), not by the rows' offsets
+        rounds = math.ceil(SPACE_VECTORS * dh / (m - 1))
+        n = math.ceil(SPACE_OVERSAMPLE * (d + 1))
+        oracle.check_budget(rounds * n, "the subspace stage")
+        qv, kv = [[] for _ in range(H)], [[] for _ in range(H)]
+        for _ in range(rounds):
+            fixed = rng.standard_normal((2 * m, d)) / np.sqrt(d)
+            X = np.concatenate([np.broadcast_to(fixed[:m], (n, m, d)),
+                                rng.standard_normal((n, k, d)) / np.sqrt(d),
+                                np.broadcast_to(fixed[m:], (n, m, d))], axis=1)
+            O = np.asarray(oracle(X), dtype=np.float64)
+            rows = np.arange(m, 2 * m + k)
+            ell = self._log_weights(X, O, rows, "a layer of rotary heads as declared")
+            ones = np.ones((n, 1))
+            for j in range(k):  # row of r_j: fixed keys' differences, linear in y(r_j)
+                Z = np.concatenate([X[:, m + j], ones], axis=1)
+                rhs = (ell[:, :, j, 1:m] - ell[:, :, j, :1]).transpose(1, 0, 2).reshape(n, -1)
+                w = np.linalg.lstsq(Z, rhs, rcond=None)[0][:d].reshape(d, H, m - 1)
+                for h in range(H):
+                    qv[h].append(w[:, h].T)
+            for i in range(k):  # key r_i in the rows of the p: linear in y(r_i)
+                Z = np.concatenate([X[:, m + i], ones], axis=1)
+                rhs = (ell[:, :, k:, m + i] - ell[:, :, k:, 0]).transpose(1, 0, 2)
+                u = np.linalg.lstsq(Z, rhs.reshape(n, -1), rcond=None)[0][:d].reshape(d, H, m)
+                for h in range(H):
+                    kv[h].append(u[:, h].T)
+        Bq = [row_space(np.concatenate(v), "query row space") for v in qv]
+        Bk = [row_space(np.concatenate(v), "key row space") for v in kv]
+        dims = {b.shape[0] for b in Bq + Bk}
+        if len(dims) != 1 or (self.head_dim is not None and dims != {self.head_dim}):
+            raise ModelMismatchError(
+                f"the heads' query and key row spaces have dimensions {sorted(dims)} where "
+                f"one head dimension ({self.head_dim or 'any'}) was expected: the box is not a "
+                "layer of equal rotary heads", error=float(len(dims)), allowed=1.0)
+        self.query_bases_, self.key_bases_ = np.stack(Bq), np.stack(Bk)
+
+    def _read_forms(self, oracle, rng, d: int) -> None:
+        """The forms in the bases (stage 4 of the module's docstring)."""
+        H, r = self.query_bases_.shape[:2]
+        if r % 2:
+            raise ModelMismatchError(
+                f"the heads' query/key dimension {r} is odd: not rotated pairs",
+                error=float(r), allowed=float(r - 1))
+        self.frequencies_ = rope_frequencies(r, float(self.rope_base))
+        L = int(self.max_offset) + 1
+        k = self._slots() - 1  # keys per query; the padding's lumped weight is the last slot
+        e = r + 1
+        n_sets = math.ceil(KEY_OVERSAMPLE * e / k)
+        n_probes = e + EXTRA_PROBES
+        if L < 2 * k:
+            raise ConfigError(f"max_offset={self.max_offset} must reach at least twice the {k} "
+                              "keys of a form query")
+        pos = (np.arange(k) if self.causal else
+               np.concatenate([np.arange(k - k // 2), L - 1 - np.arange(k // 2)[::-1]]))
+        pad = np.setdiff1d(np.arange(L), pos)
+        nb = r + 1
+        # rows at most k apart (every offset asked), and ROW_OVERSAMPLE equations per unknown
+        used = min(pad.size, max(math.ceil(ROW_OVERSAMPLE * nb * e / (n_sets * k)),
+                                 math.ceil(pad.size / k)))
+        # the first padding rows see the keys at the short offsets, the rest spread evenly
+        near = min(pad.size, NEAR_ROWS)
+        rows = pad[np.unique(np.concatenate([
+            np.arange(near), np.linspace(0, pad.size - 1, max(used - near, 2)).round()
+        ]).astype(int))]
+        oracle.check_budget(n_probes * n_sets, "the form stage")
+        probes = rng.standard_normal((n_probes, d)) / np.sqrt(d)
+        keys = rng.standard_normal((n_sets, k, d)) / np.sqrt(d)
+        X = np.repeat(probes[:, None, None, :], n_sets, axis=1)
+        X = np.broadcast_to(X, (n_probes, n_sets, L, d)).copy()
+        X[:, :, pos] = keys[None]
+        X = X.reshape(n_probes * n_sets, L, d)
+        O = np.asarray(oracle(X), dtype=np.float64)[:, rows] - self.output_bias_
+        offsets = np.tile((pos[None, :] - rows[:, None]).astype(np.float64), (n_sets, 1))
+        forms, self.forms_rank_ = [], np.zeros(H, dtype=int)
+        for h in range(H):
+            vals = np.concatenate([
+                np.broadcast_to(keys @ self._values[h], (n_probes, n_sets, k, r)),
+                (probes @ self._values[h])[:, None, None, :].repeat(n_sets, 1)], axis=2)
+            a = head_weights(vals.reshape(n_probes * n_sets, k + 1, r), O @ self._reads[h],
+                             "a layer of rotary heads as declared")[0][..., :k]
+            ell = np.log(np.where(a > MIN_WEIGHT, a, np.nan)).reshape(n_probes, -1, k)
+            kappa = np.concatenate([keys @ self.key_bases_[h].T, np.ones((n_sets, k, 1))], 2)
+            kappa = np.repeat(kappa, rows.size, axis=0)
+            T, self.forms_rank_[h] = solve_forms(kappa, offsets, ell, self.frequencies_)
+            zeta = np.concatenate([probes @ self.query_bases_[h].T, np.ones((n_probes, 1))], 1)
+            forms.append(T @ np.linalg.pinv(zeta.T))
+        F = np.stack(forms)  # (H, nb, e, e)
+        j = self.frequencies_.size
+        self.cos_forms_, self.sin_forms_, self.const_form_ = F[:, :j], F[:, j:2 * j], F[:, -1]
+
+    def _verify(self, oracle, rng) -> None:
+        """``verify`` fresh queries up to ``check_length`` tokens (default ``max_offset + 1``)
+        (:func:`~attnquery.learners._vector_check.verify_fit`)."""
+        top = self.check_length or int(self.max_offset) + 1
+        verify_fit(self, oracle, rng, int(self.verify), check_lengths(top, CHECK_LENGTHS),
+                   "a layer of rotary heads of the declared base, mask and heads")
+
+    # -- the estimate ------------------------------------------------------------------------------
+    def _fitted(self, what: str) -> None:
+        if not hasattr(self, "const_form_"):
+            raise ConfigError(f"{what} needs a fitted learner; call fit(oracle) first")
+
+    def M(self, delta: int, head: int = 0) -> np.ndarray:
+        """Head ``head``'s form at relative offset ``delta`` (key position minus query
+        position), shape (d+1, d+1): the logit of key x_k for query x_q is
+        ``[x_k; 1]^T M [x_q; 1]`` up to terms constant over the keys."""
+        self._fitted("M()")
+        b = rotary_basis(np.asarray(float(delta)), self.frequencies_)
+        j = self.frequencies_.size
+        F = (np.tensordot(b[:j], self.cos_forms_[head], 1)
+             + np.tensordot(b[j:2 * j], self.sin_forms_[head], 1) + self.const_form_[head])
+
+        def lift(B):  # [x; 1] -> [B x; 1]
+            return np.block([[B, np.zeros((B.shape[0], 1))],
+                             [np.zeros((1, B.shape[1])), np.ones((1, 1))]])
+
+        return lift(self.key_bases_[head]).T @ F @ lift(self.query_bases_[head])
+
+    def predict(self, X) -> np.ndarray:
+        """The recovered layer's outputs on X (B, N, d): every token's, (B, N, d_out)."""
+        self._fitted("predict()")
+        X = np.asarray(X, dtype=np.float64)
+        if X.ndim != 3 or X.shape[2] != self.V_.shape[1]:
+            raise ConfigError(f"X must have shape (B, N, {self.V_.shape[1]}); got {X.shape}")
+        B, N, _ = X.shape
+        a = np.arange(N, dtype=np.float64)[:, None] * self.frequencies_
+        c, s = np.cos(a)[None, :, :, None], np.sin(a)[None, :, :, None]
+        ones = np.ones((B, N, 1))
+        out = np.broadcast_to(self.output_bias_, (B, N, self.V_.shape[2])).copy()
+        for h in range(self.V_.shape[0]):
+            kap = np.concatenate([X @ self.key_bases_[h].T, ones], axis=2)
+            zet = np.concatenate([X @ self.query_bases_[h].T, ones], axis=2)
+            PZ = np.einsum("jef,bnf->bnje", self.cos_forms_[h], zet)
+            SZ = np.einsum("jef,bnf->bnje", self.sin_forms_[h], zet)
+            Kj = kap[:, :, None, :]
+            # cos(t(i-n)) = c_i c_n + s_i s_n, sin(t(i-n)) = s_i c_n - c_i s_n
+            kf = np.concatenate([(c * Kj).reshape(B, N, -1), (s * Kj).reshape(B, N, -1), kap],
+                                axis=2)
+            qf = np.concatenate([(c * PZ - s * SZ).reshape(B, N, -1),
+                                 (s * PZ + c * SZ).reshape(B, N, -1),
+                                 zet @ self.const_form_[h].T], axis=2)
+            logits = qf @ kf.swapaxes(1, 2)  # (B, N rows, N keys)
+            if self.causal:
+                logits = np.where(np.tri(N, dtype=bool), logits, -np.inf)
+            logits -= logits.max(axis=2, keepdims=True)
+            w = np.exp(logits)
+            w /= w.sum(axis=2, keepdims=True)
+            out += w @ (X @ self.V_[h])
+        return out
