@@ -32,6 +32,7 @@ import numbers
 import numpy as np
 
 from ..errors import ConfigError, ModelMismatchError, NotIdentifiableError
+from ..precision import answer_format
 from ..vector_models import bilinear_layer
 from ._base import (
     CHECK_LENGTH,
@@ -46,6 +47,7 @@ from ._base import (
 from ._params import Interval, Options
 from ._registry import LearnerSpec
 from ._vector_attention import (
+    ATTENTION_TOL,
     MIN_WEIGHT,
     attention_matrices,
     solve_logits,
@@ -255,18 +257,26 @@ class VectorLayerLearner(BaseLearner):
         rng = self._rng()
         tokens0 = int(oracle.n_tokens)
         self.outputs_ = outputs
+        self.served_ = None
+        route = self
         with self._open_ledger(oracle, STAGES) as ledger:
             try:
-                self._fit_layer(ledger, rng, d, outputs)
+                route = self._fit_layer(ledger, rng, d, outputs) or self
                 with ledger.stage("verify"):
-                    self._verify(ledger, rng)
+                    route._verify(ledger, rng)
             finally:
+                if route is not self:  # the served route's fitted attributes are the fit's
+                    for k, v in vars(route).items():
+                        if k.endswith("_") and not k.startswith("_") and k != "served_":
+                            setattr(self, k, v)
                 self.n_queries_ = ledger.total
                 self.n_tokens_ = int(oracle.n_tokens) - tokens0
         return self
 
-    def _fit_layer(self, ledger, rng, d: int, outputs: str) -> None:
-        """The stages V, split (several heads) and attention, and every head's (W, c)."""
+    def _fit_layer(self, ledger, rng, d: int, outputs: str):
+        """The stages V, split (several heads) and attention, and every head's (W, c); returns
+        the served route (:class:`~.vector_served.ServedVectorLearner`, fitted on the same
+        ledger) where the one-token answers are in a narrow format, else None."""
         shared = outputs == "all" and not self.causal and d * (d + 1) > DENSE_UNKNOWNS
         unknowns = d * (d + int(self.fit_bias))
         if not shared and unknowns > DENSE_MAX_UNKNOWNS:
@@ -278,6 +288,13 @@ class VectorLayerLearner(BaseLearner):
         ledger.check_budget(d + int(self.fit_bias), "the value stage")
         with ledger.stage("V"):
             V_sum, beta = self._read_values(ledger, d)
+        if self._served_answers is not None:  # float32, float16 or bfloat16 answers
+            from .vector_served import ServedVectorLearner
+
+            self.served_ = ServedVectorLearner(**self.get_params())
+            self.served_.outputs_ = outputs
+            self.served_._fit_layer(ledger, rng, d, outputs)
+            return self.served_
         H = self.n_heads or 1
         V = V_sum[None]
         if H > 1:
@@ -303,7 +320,8 @@ class VectorLayerLearner(BaseLearner):
                             f"the attention stage ({n} queries of {N} tokens) and the check")
         with ledger.stage("attention"):
             X, A = self._ask_attention(ledger, rng, n, N, V, beta, outputs)
-        fits = [solve_logits(X, A[h], outputs, bool(self.causal), bool(self.fit_bias))
+        fits = [solve_logits(X, A[h], outputs, bool(self.causal), bool(self.fit_bias),
+                             min_weight=self._min_weight())
                 for h in range(H)]
         self.W_ = np.stack([f[0] for f in fits])
         self.key_bias_ = np.stack([f[1] for f in fits])
@@ -343,6 +361,8 @@ class VectorLayerLearner(BaseLearner):
             X = np.concatenate([np.zeros((1, 1, d)), X])
         y = np.asarray(oracle(X), dtype=np.float64)
         y = y[:, 0] if y.ndim == 3 else y
+        fmt = answer_format(y)  # a served box's answers: its served route reads them
+        self._served_answers = None if fmt == "float64" else fmt
         beta = y[0] if self.fit_bias else np.zeros(y.shape[1])
         V = y[int(self.fit_bias):] - beta
         if not np.any(V):
@@ -407,8 +427,23 @@ class VectorLayerLearner(BaseLearner):
         """:func:`~attnquery.learners._vector_attention.attention_matrices`, its residual kept
         in ``attention_residual_``."""
         A, self.attention_residual_ = attention_matrices(X, O, V, beta, outputs,
-                                                         bool(self.causal))
+                                                         bool(self.causal),
+                                                         tol=self._attention_tol())
         return A
+
+    # -- the tolerances: float64 rounding's (the served route's, its answers' format's) --------
+    def _attention_tol(self) -> float:
+        """Largest residual of the attention matrices (and negative weight) the answers'
+        rounding explains (:data:`~._vector_attention.ATTENTION_TOL`)."""
+        return ATTENTION_TOL
+
+    def _min_weight(self) -> float:
+        """Attention weights below this are left out of the logit equations."""
+        return MIN_WEIGHT
+
+    def _verify_tol(self) -> float:
+        """The check's relative tolerance (:data:`VERIFY_RTOL`)."""
+        return VERIFY_RTOL
 
     def _verify(self, oracle, rng) -> None:
         """``verify`` fresh queries spread over :data:`CHECK_LENGTHS` (up to ``check_length``
@@ -429,15 +464,16 @@ class VectorLayerLearner(BaseLearner):
             if diff > worst:
                 worst, at = diff, X.shape[1]
         self.verify_error_ = worst / scale if scale > 0 else worst
-        if not self.verify_error_ <= VERIFY_RTOL:
+        allowed = self._verify_tol()
+        if not self.verify_error_ <= allowed:
             raise ModelMismatchError(
                 f"the estimate's outputs differ from the box's by {self.verify_error_:.3g} "
                 f"(relative) on {self.n_verify_queries_} check queries of "
                 f"{min(lengths)} to {max(lengths)} tokens (the farthest of {at} "
-                f"tokens), where at most {VERIFY_RTOL:g} is expected: the box is not a single "
-                "head as declared (positions, soft-capped logits, several heads, lower "
-                "precision than float64)",
-                error=self.verify_error_, allowed=VERIFY_RTOL, n_checks=self.n_verify_queries_)
+                f"tokens), where at most {allowed:.3g} is expected: the box is not a single "
+                "head as declared (positions, soft-capped logits, several heads, noise beyond "
+                "its answers' format)",
+                error=self.verify_error_, allowed=allowed, n_checks=self.n_verify_queries_)
 
     # -- prediction ------------------------------------------------------------------------------
     def predict(self, X) -> np.ndarray:
