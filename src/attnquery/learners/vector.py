@@ -173,6 +173,10 @@ class VectorLayerLearner(BaseLearner):
         Check queries asked (``verify``).
     """
 
+    #: the attention stage's queries hold this fraction of d / H tokens (every token's answers,
+    #: last-token answers)
+    _all_fill, _last_fill = 0.5, 0.75
+
     def __init__(self, *, n_heads=None, n_kv_heads=None, causal=False, positions="none",
                  fit_bias=True, n_queries=None, verify=DEFAULT_VERIFY,
                  check_length=CHECK_LENGTH, random_state=None):
@@ -378,12 +382,12 @@ class VectorLayerLearner(BaseLearner):
         if outputs == "all":
             # half of d: at d = 64, W to 8e-14 from 7 queries of 32 tokens (3e-13 from 3 of 48,
             # 4e-14 from 26 of 16; 2 of 64 leave the equations singular)
-            N = max(2, min(r // H, math.ceil(d / (2 * H))))
+            N = max(2, min(r // H, math.ceil(self._all_fill * d / H)))
             per_query = N * (N - 1) // (2 if self.causal else 1)
         else:
             # three quarters of d: at d = 64, W to 2.8e-13 from 133 queries of 48 tokens,
             # 1.1e-10 from 100 of 64 (the square systems [X V, 1] are ill-conditioned)
-            N = max(2, min(r // H + 1, math.ceil(3 * d / (4 * H))))
+            N = max(2, min(r // H + 1, math.ceil(self._last_fill * d / H)))
             per_query = N - 1
         unknowns = d * (d + int(self.fit_bias))
         n = self.n_queries
