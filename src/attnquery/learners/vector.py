@@ -55,7 +55,7 @@ from ._vector_attention import (
 )
 from ._vector_check import CHECK_LENGTHS, VERIFY_RTOL
 from ._vector_heads import fit_shared
-from ._vector_split import RANK_RTOL, split_queries, split_values
+from ._vector_split import EXACT, RANK_RTOL, SplitTolerances, split_queries, split_values
 
 __all__ = ["VectorLayerLearner", "STAGES", "POSITIONS", "CHECK_LENGTHS", "VERIFY_RTOL"]
 
@@ -305,7 +305,7 @@ class VectorLayerLearner(BaseLearner):
             ledger.check_budget(split_queries(d, H),
                                 "the split of the value maps (at most)")
             with ledger.stage("split"):
-                V = split_values(ledger, V_sum, beta, H, rng)
+                V = split_values(ledger, V_sum, beta, H, rng, self._split_tolerances())
         self.V_, self.output_bias_ = V, beta
         if shared:
             self._fit_shared(ledger, rng, d, V_sum, V, beta)
@@ -349,8 +349,8 @@ class VectorLayerLearner(BaseLearner):
                 ledger, rng, d, H, N, lambda X, O: self._attention(X, O, V, beta,
                                                                              "all"),
                 lambda A: spreads(A, "all", bool(self.causal)), fit_bias=bool(self.fit_bias),
-                max_rescale=MAX_RESCALE, min_weight=MIN_WEIGHT,
-                n_queries=self.n_queries, need=budget)
+                max_rescale=MAX_RESCALE, min_weight=self._min_weight(),
+                n_queries=self.n_queries, need=budget, **self._shared_options())
         self.W_, self.key_bias_ = W, c
         self.logit_residual_ = info["residual"]
         self.token_scale_ = info["token_scale"]
@@ -448,6 +448,14 @@ class VectorLayerLearner(BaseLearner):
     def _verify_tol(self) -> float:
         """The check's relative tolerance (:data:`VERIFY_RTOL`)."""
         return VERIFY_RTOL
+
+    def _split_tolerances(self) -> SplitTolerances:
+        """The split's tolerances (:data:`~._vector_split.EXACT`)."""
+        return EXACT
+
+    def _shared_options(self) -> dict:
+        """The shared-token route's group oversampling and rank tolerance (its defaults)."""
+        return {}
 
     def _verify(self, oracle, rng) -> None:
         """``verify`` fresh queries spread over :data:`CHECK_LENGTHS` (up to ``check_length``

@@ -31,6 +31,7 @@ from ._base import CHECK_LENGTH, DEFAULT_VERIFY
 from ._noise import NOISE_MODES, judge_noise
 from ._params import Options
 from ._registry import LearnerSpec
+from ._vector_split import KEY_SCALE, SplitTolerances
 from .vector import STAGES, VectorLayerLearner
 
 __all__ = ["ServedVectorLearner", "VALUE_SAMPLES", "SERVED_OVERSAMPLE", "ATTENTION_UNITS",
@@ -50,6 +51,20 @@ ATTENTION_UNITS = 30.0
 MIN_WEIGHT_UNITS = 3.0
 #: the check's relative tolerance, in units of the answers' noise
 VERIFY_UNITS = 100.0
+#: a layer's split (:mod:`._vector_split`) under float32 rounding: a change of the saturated
+#: answers beyond SPLIT_CHANGE_UNITS noise units is a jump; nearby key differences
+#: ``Delta_0 + SPLIT_PERTURB Delta_j`` (float64: 1e-5, whose division amplifies the rounding
+#: 1e5 times); a head's approximate parts span d / H dimensions to SPLIT_MATCH, its patterns
+#: are 0/1 to SPLIT_MOVED (float64: 1e-8 and 1e-2)
+SPLIT_CHANGE_UNITS = 100.0
+SPLIT_PERTURB = 1e-3
+SPLIT_MATCH = 1e-2
+SPLIT_MOVED = 0.1
+#: the shared-token route's groups hold this many times the float64 route's queries per unknown
+#: (``GROUP_OVERSAMPLE``, :mod:`._vector_heads`), and the heads' row spaces are read to
+#: SHARED_ROW_RTOL (float64: 1e-8)
+SHARED_OVERSAMPLE = 8.0
+SHARED_ROW_RTOL = 1e-4
 
 
 class ServedVectorLearner(VectorLayerLearner):
@@ -109,10 +124,6 @@ class ServedVectorLearner(VectorLayerLearner):
 
     def _validate_extra(self) -> None:
         super()._validate_extra()
-        if (self.n_heads or 1) > 1:
-            raise ConfigError(
-                f"n_heads={self.n_heads}: served answers are read for single heads so far (the "
-                "split of a layer's value maps needs answers exact to float64)")
         if self.positions != "none":
             raise ConfigError("positions='rotary': served answers are read for heads without "
                               "positions so far")
@@ -141,6 +152,12 @@ class ServedVectorLearner(VectorLayerLearner):
         noise = max(spread / max(rms, np.finfo(float).tiny), float(np.finfo(float).eps))
         fmt = answer_format(y)
         judge_noise(self, noise, fmt, d, "a vector attention head", stacklevel=5)
+        if (self.n_heads or 1) > 1 and fmt in ("float16", "bfloat16"):
+            raise ConfigError(
+                f"n_heads={self.n_heads}: layers of several heads are read from float32 answers "
+                f"so far, these are {fmt} (the split's saturated queries, tokens of norm "
+                f"{KEY_SCALE:g}, overflow float16, and {fmt}'s rounding hides their jumps); "
+                "single heads are read in every format")
         self.noise_level_ = noise
         self.noise_unit_ = max(noise, self.noise_floor_ or 0.0)
         if not np.any(np.abs(V) > self.noise_unit_ * rms):
@@ -167,4 +184,11 @@ class ServedVectorLearner(VectorLayerLearner):
 
     def _verify_tol(self) -> float:
         return VERIFY_UNITS * self.noise_unit_
+
+    def _split_tolerances(self) -> SplitTolerances:
+        return SplitTolerances(change=SPLIT_CHANGE_UNITS * self.noise_unit_, match=SPLIT_MATCH,
+                               moved=SPLIT_MOVED, perturb=SPLIT_PERTURB)
+
+    def _shared_options(self) -> dict:
+        return dict(group_oversample=SHARED_OVERSAMPLE, row_rtol=SHARED_ROW_RTOL)
 
