@@ -120,7 +120,13 @@ class ServedVectorLearner(VectorLayerLearner):
     #: last token, bfloat16 at d = 16 (1,200 attention queries) 10.4 at 3/4, 2.2 at 1/2, 0.97 at
     #: 1/4, float32 at d = 32 5.2, 1.9, 1.1; every token, bfloat16 at d = 32 (900 queries) 6.1
     #: at 1/2, 1.2 at 1/4
-    _all_fill = _last_fill = 0.25
+    _last_fill = 0.25
+
+    @property
+    def _all_fill(self) -> float:
+        """d / 4 tokens for a single head; a layer's queries keep the float64 route's H N = d / 2
+        (d / 4 took a float32 layer of 2 heads at d = 16 to 6,528 queries of 2 tokens)."""
+        return 0.25 if (self.n_heads or 1) == 1 else 0.5
 
     def _validate_extra(self) -> None:
         super()._validate_extra()
