@@ -63,13 +63,15 @@ MOVED_TOL = 1e-2
 
 class SplitTolerances(NamedTuple):
     """The split's tolerances: :data:`CHANGE_TOL`, :data:`MATCH_TOL`, :data:`MOVED_TOL` and
-    :data:`PERTURB` for answers exact to float64 (:data:`EXACT`); the served route passes
-    its format's (:mod:`~attnquery.learners.vector_served`)."""
+    :data:`PERTURB` for answers exact to float64 (:data:`EXACT`), and ``refine``, the factor
+    on the refinement's random points (:data:`REFINE_SHARE`, :data:`REFINE_EXTRA`); the served
+    route passes its format's (:mod:`~attnquery.learners.vector_served`)."""
 
     change: float = CHANGE_TOL
     match: float = MATCH_TOL
     moved: float = MOVED_TOL
     perturb: float = PERTURB
+    refine: int = 1
 
 
 #: the tolerances for answers exact to float64
@@ -92,10 +94,10 @@ REFINE_EXTRA = 4
 REFINE_NORM = 100.0
 
 
-def split_queries(d: int, n_heads: int) -> int:
+def split_queries(d: int, n_heads: int, tols: SplitTolerances = EXACT) -> int:
     """Queries :func:`split_values` asks at most (every line retried)."""
     dh = d // n_heads
-    refine = (1 + RETRIES) * (dh + 1) * (REFINE_SHARE * n_heads + REFINE_EXTRA)
+    refine = (1 + RETRIES) * (dh + 1) * tols.refine * (REFINE_SHARE * n_heads + REFINE_EXTRA)
     return (1 + RETRIES) * (scan_queries_per_line(n_heads) + (dh + 1) * (n_heads + 1)) + refine
 
 
@@ -206,13 +208,13 @@ def split_values(oracle, V_sum: np.ndarray, beta: np.ndarray, n_heads: int,
             "fill d)", error=min(moved), allowed=tols.moved)
     parts = np.concatenate([P[:1], (P[1:] - P[0]) / tols.perturb])  # (dh + 1, H, d)
     exact = _refine(oracle, Vp, beta, np.concatenate([D0[None], Dj]),
-                    _projectors(parts, dh, tols.match), rng, tols.moved)
+                    _projectors(parts, dh, tols.match), rng, tols.moved, tols.refine)
     bases = [_basis(exact[:, k], dh, tols.match) for k in range(H)]
     return np.einsum("hde,eo->hdo", _from_bases(bases, dh), V_sum)
 
 
 def _refine(oracle, Vp, beta, D: np.ndarray, E: np.ndarray, rng,
-            moved: float = MOVED_TOL) -> np.ndarray:
+            moved: float = MOVED_TOL, factor: int = 1) -> np.ndarray:
     """The exact parts (k, H, d) of the differences D (k, d), from approximate projectors E.
 
     The perturbed parts carry the error of the division by PERTURB (times the projectors'
@@ -221,7 +223,7 @@ def _refine(oracle, Vp, beta, D: np.ndarray, E: np.ndarray, rng,
     A difference whose patterns do not yet determine its H parts (a head whose weight did not
     flip between the points) is asked at fresh points, up to :data:`RETRIES` times."""
     H, d = E.shape[0], E.shape[1]
-    n = REFINE_SHARE * H + REFINE_EXTRA
+    n = factor * (REFINE_SHARE * H + REFINE_EXTRA)
     approx = np.einsum("jd,hde->jhe", D, E)  # (k, H, d)
     g_all = [np.zeros((0, d)) for _ in range(D.shape[0])]
     S_all = [np.zeros((0, H)) for _ in range(D.shape[0])]

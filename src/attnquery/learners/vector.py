@@ -302,7 +302,7 @@ class VectorLayerLearner(BaseLearner):
         H = self.n_heads or 1
         V = V_sum[None]
         if H > 1:
-            ledger.check_budget(split_queries(d, H),
+            ledger.check_budget(split_queries(d, H, self._split_tolerances()),
                                 "the split of the value maps (at most)")
             with ledger.stage("split"):
                 V = split_values(ledger, V_sum, beta, H, rng, self._split_tolerances())
