@@ -152,3 +152,22 @@ def test_narrow_layers_are_refused_by_name():
     box, _ = served(d, "float16", n_heads=2, head_dim=d // 2)
     with pytest.raises(ConfigError, match="layers of several heads are read from float32"):
         VectorLayerLearner(n_heads=2, random_state=0).fit(VectorOracle(box, d))
+
+
+@pytest.mark.slow  # 15 s on an idle 2-core machine, 2 minutes on a busy one
+def test_float32_layer_beyond_the_dense_least_squares_d96():
+    """6 heads of 16 at d = 96 in float32 (the split and the shared-token route under
+    rounding): V within the issue's float32 goal (1e-5), W short of it (measured 2.4e-5)."""
+    d, H = 96, 6
+    layer = random_vector_layer(d, H, seed=22, head_dim=16, bias=0.3, precision="float32")
+    exact = random_vector_layer(d, H, seed=22, head_dim=16, bias=0.3)
+    oracle = VectorOracle(engines.vector_box(layer, "float32", "all"), d)
+    est = VectorLayerLearner(n_heads=H, random_state=0).fit(oracle)
+    assert est.route_ == "shared" and est.n_queries_ <= 20_000
+    W, V = exact.head_W(), exact.value_maps()
+    order = [int(np.argmin([rel(est.V_[h], V[g]) for g in range(H)])) for h in range(H)]
+    assert sorted(order) == list(range(H))
+    assert max(rel(est.V_[h], V[g]) for h, g in enumerate(order)) < 1e-5
+    assert max(rel(est.W_[h], W[g]) for h, g in enumerate(order)) < 5e-5
+    X = np.random.default_rng(1).standard_normal((8, 16, d)) / np.sqrt(d)
+    assert rel(est.predict(X), exact(X)) < 1e-5
