@@ -87,7 +87,10 @@ class VectorLayerLearner(BaseLearner):
     Works for a single head (``n_heads`` None or 1) and for layers of heads that fill d, without
     positions, with or without biases and a causal mask, from every token's outputs or the last
     token's (the oracle's ``outputs``). See the module's docstring for the method and
-    ``docs/vector.md`` for measured query counts and errors.
+    ``docs/vector.md`` for measured query counts and errors. Answers in a narrow format
+    (float32, float16, bfloat16, read from the first one-token answers) are handed to the
+    served route, :class:`~attnquery.learners.vector_served.ServedVectorLearner` (``served_``;
+    None for float64 answers), whose fitted attributes become this learner's.
 
     Parameters
     ----------
@@ -235,10 +238,10 @@ class VectorLayerLearner(BaseLearner):
         ModelMismatchError
             The answers are not those of the layer the parameters describe (another number of
             heads, a causal mask where none was declared or the reverse, soft-capped logits,
-            positions, lower precision than float64): the split's lines cross another number
-            of heads, the answers are no attention-weighted sums of the heads' value maps, or
-            the fresh check queries (1 to 4096 tokens) disagree with the estimate by more than
-            :data:`VERIFY_RTOL`.
+            positions): the split's lines cross another number of heads, the answers are no
+            attention-weighted sums of the heads' value maps, or the fresh check queries (1 to
+            4096 tokens) disagree with the estimate by more than :data:`VERIFY_RTOL` (the
+            served route: multiples of the answers' format's floor, and noise beyond it).
         """
         self._validate_params()
         if self.positions == "rotary":  # a route of its own: RotaryVectorLearner's forms
