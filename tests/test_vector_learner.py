@@ -132,8 +132,6 @@ def two_heads(d, outputs):
      "not a single"),
     (lambda d, o: random_vector_layer(d, 1, seed=9, rope_base=100.0, outputs=o), "last",
      "not a single"),
-    (lambda d, o: random_vector_layer(d, 1, seed=9, precision="float32", outputs=o), "all",
-     "not a single"),
 ])
 def test_boxes_that_are_not_a_single_head_are_refused(box, outputs, match):
     d = 16

@@ -32,7 +32,8 @@ def spreads(A, outputs, causal: bool) -> np.ndarray:
     return np.log(hi / lo)[:, seen.sum(axis=1) > 1].ravel()
 
 
-def attention_matrices(X, O, V, beta, outputs, causal: bool) -> tuple[np.ndarray, float]:
+def attention_matrices(X, O, V, beta, outputs, causal: bool,
+                       tol: float = ATTENTION_TOL) -> tuple[np.ndarray, float]:
     """The heads' attention matrices (H, n, M, N) behind the answers O to the queries X
     (M = N rows for every token's outputs, 1 for the last token's), from the heads' value
     maps V (H, d, d_out): each row solves ``o - beta = sum_h a_h^T X V_h`` with every
@@ -41,7 +42,8 @@ def attention_matrices(X, O, V, beta, outputs, causal: bool) -> tuple[np.ndarray
 
     Raises ModelMismatchError where the answers are not attention-weighted sums of the
     values ``X V_h``: a negative weight, a row that is no weighted sum, weights on later
-    tokens of a causal head, or none on them where no mask was declared.
+    tokens of a causal head, or none on them where no mask was declared, each beyond ``tol``
+    (default :data:`ATTENTION_TOL`, float64's rounding; served answers pass their format's).
     """
     O = O[:, None, :] if outputs == "last" else O
     H, n, N = V.shape[0], X.shape[0], X.shape[1]
@@ -54,39 +56,40 @@ def attention_matrices(X, O, V, beta, outputs, causal: bool) -> tuple[np.ndarray
     scale = float(np.max(np.abs(Ra)))
     residual = float(np.max(np.abs(A @ Pa - Ra))) / scale
     hint = "the box may have several heads, biases fit_bias=False leaves out, or noise"
-    if residual > ATTENTION_TOL:
+    if residual > tol:
         raise ModelMismatchError(
             f"the answers differ by {residual:.3g} (relative) from every "
-            f"attention-weighted sum of the {H} value map(s), where float64 rounding "
-            f"explains {ATTENTION_TOL:g}: the box is not a single attention head"
+            f"attention-weighted sum of the {H} value map(s), where the answers' rounding "
+            f"explains {tol:.3g}: the box is not a single attention head"
             f"{'' if H == 1 else ' per declared head'}; {hint}",
-            error=residual, allowed=ATTENTION_TOL)
+            error=residual, allowed=tol)
     A = A.reshape(n, A.shape[1], H, N).transpose(2, 0, 1, 3)
     rows = np.arange(N) if outputs == "all" else np.array([N - 1])
     later = np.arange(N)[None, :] > rows[:, None]  # (M, N): keys after the row's token
     ahead = np.abs(A[:, :, later])
-    if causal and np.any(ahead > ATTENTION_TOL):
+    if causal and np.any(ahead > tol):
         raise ModelMismatchError(
             f"tokens attend to later tokens (weight up to {np.max(ahead):.3g}): the box is "
             "not causal; fit it with causal=False",
-            error=float(np.max(ahead)), allowed=ATTENTION_TOL)
-    if not causal and later.any() and np.all(ahead <= ATTENTION_TOL):
+            error=float(np.max(ahead)), allowed=tol)
+    if not causal and later.any() and np.all(ahead <= tol):
         raise ModelMismatchError(
             "no token attends to a later token: the box has a causal mask; fit it with "
-            "causal=True", error=1.0, allowed=ATTENTION_TOL)
-    if np.min(A) < -ATTENTION_TOL:
+            "causal=True", error=1.0, allowed=tol)
+    if np.min(A) < -tol:
         raise ModelMismatchError(
             f"an attention weight read from the answers is {np.min(A):.3g} < 0: the box is "
             f"not a single attention head; {hint}", error=float(-np.min(A)),
-            allowed=ATTENTION_TOL)
+            allowed=tol)
     return A, residual
 
 
-def solve_logits(X, A, outputs, causal: bool,
-             fit_bias: bool) -> tuple[np.ndarray, np.ndarray, float]:
+def solve_logits(X, A, outputs, causal: bool, fit_bias: bool,
+                 min_weight: float = MIN_WEIGHT) -> tuple[np.ndarray, np.ndarray, float]:
     """One head's (W, c) from the logit differences of its attention matrices A (n, M, N)
     by weighted least squares (normal equations, one step of refinement), and the largest
-    weighted residual relative to the largest weighted right-hand side."""
+    weighted residual relative to the largest weighted right-hand side. Weights below
+    ``min_weight`` are left out (their logarithm is the answers' rounding)."""
     n, N, d = X.shape
     M = A.shape[1]
     rows = np.arange(N) if outputs == "all" else np.array([N - 1])
@@ -96,7 +99,7 @@ def solve_logits(X, A, outputs, causal: bool,
     Am = np.where(allowed, A, 0.0).reshape(n * M, N)
     ref = np.argmax(Am, axis=1)  # each row's largest weight: its best-known logit
     a_ref = Am[np.arange(n * M), ref]
-    use = np.tile(allowed, (n, 1)) & (Am > MIN_WEIGHT)
+    use = np.tile(allowed, (n, 1)) & (Am > min_weight)
     use[np.arange(n * M), ref] = False
     safe = np.where(use, Am, 1.0)
     y = np.where(use, np.log(safe) - np.log(a_ref)[:, None], 0.0)  # (R, N)

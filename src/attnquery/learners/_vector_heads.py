@@ -52,15 +52,16 @@ SHARED_SPREAD = 1.0
 ROW_RTOL = 1e-8
 
 
-def group_size(d: int, N: int) -> int:
+def group_size(d: int, N: int, oversample: float = GROUP_OVERSAMPLE) -> int:
     """Queries of one group of N-token queries (half of them shared)."""
-    return math.ceil(GROUP_OVERSAMPLE * (d + 1) / (N - N // 2))
+    return math.ceil(oversample * (d + 1) / (N - N // 2))
 
 
 def fit_shared(oracle, rng: np.random.Generator, d: int, H: int, N: int, attention, spreads,
                fit_bias: bool = True, target_spread: float = SHARED_SPREAD,
                max_rescale: float = 100.0, min_weight: float = 1e-12,
-               n_queries: int | None = None, need=None):
+               n_queries: int | None = None, need=None,
+               group_oversample: float = GROUP_OVERSAMPLE, row_rtol: float = ROW_RTOL):
     """Every head's (W_h, c_h) by the shared-token route (see the module docstring).
 
     Parameters
@@ -84,6 +85,9 @@ def fit_shared(oracle, rng: np.random.Generator, d: int, H: int, N: int, attenti
     need : callable, optional
         The fit's ledger's ``need(n, what)``, called before each batch (refuses a batch its
         budget cannot pay for, before it is asked).
+    group_oversample, row_rtol : float
+        :data:`GROUP_OVERSAMPLE` and :data:`ROW_RTOL` for answers exact to float64; the served
+        route passes its own.
 
     Returns
     -------
@@ -94,7 +98,7 @@ def fit_shared(oracle, rng: np.random.Generator, d: int, H: int, N: int, attenti
         largest disagreement of the shared tokens' ``m_h(z)`` with the fit, relative).
     """
     F = N // 2
-    Q = group_size(d, N)
+    Q = group_size(d, N, group_oversample)
 
     def ask(X, what):
         if need is not None:
@@ -125,7 +129,7 @@ def fit_shared(oracle, rng: np.random.Generator, d: int, H: int, N: int, attenti
         Ls.append(Lk)
         G = len(Zs)
         L = np.concatenate(Ls, axis=2)  # (d, H, G F)
-        ranks = np.array([_rank(L[:, h]) for h in range(H)])
+        ranks = np.array([_rank(L[:, h], row_rtol) for h in range(H)])
         if np.all(ranks <= (G - 1) * (F - 1)) or (G - 1) * (F - 1) >= d:
             break
     W, c, residual = _assemble(np.concatenate(Zs), np.concatenate(Ms, axis=2), L, ranks,
@@ -178,7 +182,7 @@ def _assemble(Z: np.ndarray, M: np.ndarray, L: np.ndarray, ranks, fit_bias: bool
     return W, c, residual
 
 
-def _rank(L: np.ndarray) -> int:
+def _rank(L: np.ndarray, rtol: float = ROW_RTOL) -> int:
     """Numerical rank of the row-space samples (d, k)."""
     s = np.linalg.svd(L, compute_uv=False)
-    return int(np.count_nonzero(s > ROW_RTOL * s[0])) if s.size and s[0] > 0 else 0
+    return int(np.count_nonzero(s > rtol * s[0])) if s.size and s[0] > 0 else 0

@@ -21,12 +21,14 @@ every ``U_h``, hence the projectors and ``V_h = E_h V_sum``: one line's bisectio
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from ..errors import ModelMismatchError, NotIdentifiableError
 
 __all__ = ["split_values", "split_outputs", "split_queries", "scan_queries_per_line",
-           "KEY_SCALE", "LINE_HALF", "LEVELS", "PERTURB"]
+           "KEY_SCALE", "LINE_HALF", "LEVELS", "PERTURB", "SplitTolerances", "EXACT"]
 
 #: the key difference's scale T: logits of order 1e10 saturate every weight to 0 or 1 except
 #: within about 1e-10 (in s) of its crossing, far inside the last bisection interval
@@ -59,6 +61,23 @@ EXTRA_LEVELS = 8
 MOVED_TOL = 1e-2
 
 
+class SplitTolerances(NamedTuple):
+    """The split's tolerances: :data:`CHANGE_TOL`, :data:`MATCH_TOL`, :data:`MOVED_TOL` and
+    :data:`PERTURB` for answers exact to float64 (:data:`EXACT`), and ``refine``, the factor
+    on the refinement's random points (:data:`REFINE_SHARE`, :data:`REFINE_EXTRA`); the served
+    route passes its format's (:mod:`~attnquery.learners.vector_served`)."""
+
+    change: float = CHANGE_TOL
+    match: float = MATCH_TOL
+    moved: float = MOVED_TOL
+    perturb: float = PERTURB
+    refine: int = 1
+
+
+#: the tolerances for answers exact to float64
+EXACT = SplitTolerances()
+
+
 def scan_queries_per_line(n_heads: int) -> int:
     """Queries one line's bisection asks at most: its two ends and, per level, the midpoints of
     at most ``n_heads`` intervals (those holding a jump)."""
@@ -75,10 +94,10 @@ REFINE_EXTRA = 4
 REFINE_NORM = 100.0
 
 
-def split_queries(d: int, n_heads: int) -> int:
+def split_queries(d: int, n_heads: int, tols: SplitTolerances = EXACT) -> int:
     """Queries :func:`split_values` asks at most (every line retried)."""
     dh = d // n_heads
-    refine = (1 + RETRIES) * (dh + 1) * (REFINE_SHARE * n_heads + REFINE_EXTRA)
+    refine = (1 + RETRIES) * (dh + 1) * tols.refine * (REFINE_SHARE * n_heads + REFINE_EXTRA)
     return (1 + RETRIES) * (scan_queries_per_line(n_heads) + (dh + 1) * (n_heads + 1)) + refine
 
 
@@ -92,7 +111,8 @@ def _parts(oracle, read, b, Delta) -> np.ndarray:
     return read(o, b) / KEY_SCALE
 
 
-def _scan(oracle, read, Delta, b0, v, n_heads) -> tuple[np.ndarray, np.ndarray]:
+def _scan(oracle, read, Delta, b0, v, n_heads,
+          change: float = CHANGE_TOL) -> tuple[np.ndarray, np.ndarray]:
     """The jumps along the line ``b0 + s v`` for the key difference ``Delta``: bisection, one
     batch per level, until ``n_heads`` intervals hold a change each and :data:`EXTRA_LEVELS`
     more (or :data:`LEVELS` in all).
@@ -103,7 +123,7 @@ def _scan(oracle, read, Delta, b0, v, n_heads) -> tuple[np.ndarray, np.ndarray]:
     glo, ghi = g[:1], g[1:]
     extra = EXTRA_LEVELS
     for _ in range(LEVELS + 1):
-        keep = np.max(np.abs(ghi - glo), axis=1) > CHANGE_TOL
+        keep = np.max(np.abs(ghi - glo), axis=1) > change
         lo, hi, glo, ghi = lo[keep], hi[keep], glo[keep], ghi[keep]
         if lo.size == n_heads:
             extra -= 1
@@ -128,7 +148,7 @@ def _line(rng: np.random.Generator, d: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def split_values(oracle, V_sum: np.ndarray, beta: np.ndarray, n_heads: int,
-                 rng: np.random.Generator) -> np.ndarray:
+                 rng: np.random.Generator, tols: SplitTolerances = EXACT) -> np.ndarray:
     """The heads' value-output maps (H, d, d_out) behind ``V_sum`` (see the module docstring).
 
     Asks at most :func:`split_queries` queries: per try, one line's bisection (at most
@@ -155,7 +175,7 @@ def split_values(oracle, V_sum: np.ndarray, beta: np.ndarray, n_heads: int,
             f"splitting the value maps needs heads that fill d: H = {H} dividing d = {d} and "
             f"the summed value map of rank d (rank {rank})")
     Vp = np.linalg.pinv(V_sum)
-    E = _split(oracle, lambda o, b: (o - beta) @ Vp - b, np.eye(d), H, rng)
+    E = _split(oracle, lambda o, b: (o - beta) @ Vp - b, np.eye(d), H, rng, tols)
     return np.einsum("hde,eo->hdo", E, V_sum)
 
 
@@ -189,7 +209,7 @@ def split_outputs(oracle, V_sum: np.ndarray, beta: np.ndarray, n_heads: int,
     return np.einsum("do,hoe->hde", V_sum, E), E
 
 
-def _split(oracle, read, embed, H: int, rng) -> np.ndarray:
+def _split(oracle, read, embed, H: int, rng, tols: SplitTolerances = EXACT) -> np.ndarray:
     """The heads' projectors (H, dim, dim) in the coordinates ``read`` gives (of dimension
     dim, H dh; ``embed`` (d, dim) maps a key difference to them): one line's bisection, the
     jumps of nearby differences at its separators, and their refinement (:func:`_refine`)."""
@@ -197,11 +217,11 @@ def _split(oracle, read, embed, H: int, rng) -> np.ndarray:
     dh = dim // H
     D0 = rng.standard_normal(d) / np.sqrt(d)
     Dj = rng.standard_normal((dh, d)) / np.sqrt(d)
-    Deltas = np.concatenate([D0[None], D0 + PERTURB * Dj])
+    Deltas = np.concatenate([D0[None], D0 + tols.perturb * Dj])
     counts, moved = [], []
     for _ in range(1 + RETRIES):
         b0, v = _line(rng, d)
-        J, iv = _scan(oracle, read, D0, b0, v, H)
+        J, iv = _scan(oracle, read, D0, b0, v, H, tols.change)
         counts.append(J.shape[0])
         if J.shape[0] != H:
             continue
@@ -213,7 +233,7 @@ def _split(oracle, read, embed, H: int, rng) -> np.ndarray:
         unit = float(np.max(np.abs(P[0])))
         shift = float(np.max(np.abs(P[1:] - P[0]))) / unit
         moved.append(shift)
-        if shift <= MOVED_TOL:
+        if shift <= tols.moved:
             break
     else:
         if counts[-1] != H or not moved:
@@ -224,16 +244,17 @@ def _split(oracle, read, embed, H: int, rng) -> np.ndarray:
                 "logits)", error=float(max(counts)), allowed=float(H))
         raise ModelMismatchError(
             f"the jumps of nearby key differences differ by {min(moved):.3g} of a jump "
-            f"({1 + RETRIES} lines; at most {MOVED_TOL:g} expected): the box is not a layer "
+            f"({1 + RETRIES} lines; at most {tols.moved:g} expected): the box is not a layer "
             f"of n_heads={H} heads that fill d (another number of heads, or heads that do not "
-            "fill d)", error=min(moved), allowed=MOVED_TOL)
-    parts = np.concatenate([P[:1], (P[1:] - P[0]) / PERTURB])  # (dh + 1, H, dim)
+            "fill d)", error=min(moved), allowed=tols.moved)
+    parts = np.concatenate([P[:1], (P[1:] - P[0]) / tols.perturb])  # (dh + 1, H, dim)
     exact = _refine(oracle, read, embed, np.concatenate([D0[None], Dj]),
-                    _projectors(parts, dh), rng)
-    return _from_bases([_basis(exact[:, k], dh) for k in range(H)], dh)
+                    _projectors(parts, dh, tols.match), rng, tols.moved, tols.refine)
+    return _from_bases([_basis(exact[:, k], dh, tols.match) for k in range(H)], dh)
 
 
-def _refine(oracle, read, embed, D: np.ndarray, E: np.ndarray, rng) -> np.ndarray:
+def _refine(oracle, read, embed, D: np.ndarray, E: np.ndarray, rng,
+            moved: float = MOVED_TOL, factor: int = 1) -> np.ndarray:
     """The exact parts (k, H, dim) of the differences D (k, d), from approximate projectors E
     (H, dim, dim) (``embed`` (d, dim) maps a difference to the coordinates).
 
@@ -243,7 +264,7 @@ def _refine(oracle, read, embed, D: np.ndarray, E: np.ndarray, rng) -> np.ndarra
     A difference whose patterns do not yet determine its H parts (a head whose weight did not
     flip between the points) is asked at fresh points, up to :data:`RETRIES` times."""
     H, dim, d = E.shape[0], E.shape[1], D.shape[1]
-    n = REFINE_SHARE * H + REFINE_EXTRA
+    n = factor * (REFINE_SHARE * H + REFINE_EXTRA)
     approx = np.einsum("jd,hde->jhe", D @ embed, E)  # (k, H, dim)
     g_all = [np.zeros((0, dim)) for _ in range(D.shape[0])]
     S_all = [np.zeros((0, H)) for _ in range(D.shape[0])]
@@ -256,11 +277,11 @@ def _refine(oracle, read, embed, D: np.ndarray, E: np.ndarray, rng) -> np.ndarra
         sig = np.einsum("jnhe,jhe->jnh", seen, a) / np.einsum("jhe,jhe->jh", a, a)[:, None]
         S = np.round(sig)
         off = float(np.max(np.abs(sig - S)))
-        if off > MOVED_TOL or np.any((S != 0) & (S != 1)):
+        if off > moved or np.any((S != 0) & (S != 1)):
             raise ModelMismatchError(
                 f"saturated answers are no 0/1 combinations of the heads' parts (off by "
                 f"{off:.3g}): the box is not a layer of n_heads={H} heads that fill d (another "
-                "number of heads, or heads that do not fill d)", error=off, allowed=MOVED_TOL)
+                "number of heads, or heads that do not fill d)", error=off, allowed=moved)
         for i, j in enumerate(todo):
             g_all[j] = np.concatenate([g_all[j], g[i]])
             S_all[j] = np.concatenate([S_all[j], S[i]])
@@ -275,15 +296,15 @@ def _refine(oracle, read, embed, D: np.ndarray, E: np.ndarray, rng) -> np.ndarra
                      for j in range(D.shape[0])])
 
 
-def _basis(parts: np.ndarray, dh: int) -> np.ndarray:
+def _basis(parts: np.ndarray, dh: int, match: float = MATCH_TOL) -> np.ndarray:
     """An orthonormal basis (d, dh) of one head's parts (k, d); raises ModelMismatchError when
     they span more than dh dimensions."""
     U, sv, _ = np.linalg.svd(parts.T, full_matrices=False)
-    if sv[dh] > MATCH_TOL * sv[0]:
+    if sv[dh] > match * sv[0]:
         raise ModelMismatchError(
             f"a head's parts span more than d / H = {dh} dimensions: the heads do not "
             "fill d as declared (another number of heads, or heads that do not fill d)",
-            error=float(sv[dh] / sv[0]), allowed=MATCH_TOL)
+            error=float(sv[dh] / sv[0]), allowed=match)
     return U[:, :dh]
 
 
@@ -296,6 +317,6 @@ def _from_bases(bases, dh: int) -> np.ndarray:
                      for h in range(len(bases))])
 
 
-def _projectors(parts: np.ndarray, dh: int) -> np.ndarray:
+def _projectors(parts: np.ndarray, dh: int, match: float = MATCH_TOL) -> np.ndarray:
     """The projectors (H, d, d) from every head's parts (k, H, d)."""
-    return _from_bases([_basis(parts[:, k], dh) for k in range(parts.shape[1])], dh)
+    return _from_bases([_basis(parts[:, k], dh, match) for k in range(parts.shape[1])], dh)

@@ -32,6 +32,7 @@ import numbers
 import numpy as np
 
 from ..errors import ConfigError, ModelMismatchError, NotIdentifiableError
+from ..precision import answer_format
 from ..vector_models import bilinear_layer
 from ._base import (
     CHECK_LENGTH,
@@ -46,6 +47,7 @@ from ._base import (
 from ._params import Interval, Options
 from ._registry import LearnerSpec
 from ._vector_attention import (
+    ATTENTION_TOL,
     MIN_WEIGHT,
     attention_matrices,
     solve_logits,
@@ -53,7 +55,7 @@ from ._vector_attention import (
 )
 from ._vector_check import CHECK_LENGTHS, VERIFY_RTOL
 from ._vector_heads import fit_shared
-from ._vector_split import RANK_RTOL, split_queries, split_values
+from ._vector_split import EXACT, RANK_RTOL, SplitTolerances, split_queries, split_values
 
 __all__ = ["VectorLayerLearner", "STAGES", "POSITIONS", "CHECK_LENGTHS", "VERIFY_RTOL"]
 
@@ -85,7 +87,10 @@ class VectorLayerLearner(BaseLearner):
     Works for a single head (``n_heads`` None or 1) and for layers of heads that fill d, without
     positions, with or without biases and a causal mask, from every token's outputs or the last
     token's (the oracle's ``outputs``). See the module's docstring for the method and
-    ``docs/vector.md`` for measured query counts and errors.
+    ``docs/vector.md`` for measured query counts and errors. Answers in a narrow format
+    (float32, float16, bfloat16, read from the first one-token answers) are handed to the
+    served route, :class:`~attnquery.learners.vector_served.ServedVectorLearner` (``served_``;
+    None for float64 answers), whose fitted attributes become this learner's.
 
     Parameters
     ----------
@@ -176,6 +181,10 @@ class VectorLayerLearner(BaseLearner):
         Check queries asked (``verify``).
     """
 
+    #: the attention stage's queries hold this fraction of d / H tokens (every token's answers,
+    #: last-token answers)
+    _all_fill, _last_fill = 0.5, 0.75
+
     def __init__(self, *, n_heads=None, n_kv_heads=None, causal=False, positions="none",
                  fit_bias=True, n_queries=None, verify=DEFAULT_VERIFY,
                  check_length=CHECK_LENGTH, random_state=None):
@@ -233,10 +242,10 @@ class VectorLayerLearner(BaseLearner):
         ModelMismatchError
             The answers are not those of the layer the parameters describe (another number of
             heads, a causal mask where none was declared or the reverse, soft-capped logits,
-            positions, lower precision than float64): the split's lines cross another number
-            of heads, the answers are no attention-weighted sums of the heads' value maps, or
-            the fresh check queries (1 to 4096 tokens) disagree with the estimate by more than
-            :data:`VERIFY_RTOL`.
+            positions): the split's lines cross another number of heads, the answers are no
+            attention-weighted sums of the heads' value maps, or the fresh check queries (1 to
+            4096 tokens) disagree with the estimate by more than :data:`VERIFY_RTOL` (the
+            served route: multiples of the answers' format's floor, and noise beyond it).
         """
         self._validate_params()
         if self.positions == "rotary":  # routes of their own: the rotary learners' forms
@@ -265,18 +274,26 @@ class VectorLayerLearner(BaseLearner):
         rng = self._rng()
         tokens0 = int(oracle.n_tokens)
         self.outputs_ = outputs
+        self.served_ = None
+        route = self
         with self._open_ledger(oracle, STAGES) as ledger:
             try:
-                self._fit_layer(ledger, rng, d, outputs)
+                route = self._fit_layer(ledger, rng, d, outputs) or self
                 with ledger.stage("verify"):
-                    self._verify(ledger, rng)
+                    route._verify(ledger, rng)
             finally:
+                if route is not self:  # the served route's fitted attributes are the fit's
+                    for k, v in vars(route).items():
+                        if k.endswith("_") and not k.startswith("_") and k != "served_":
+                            setattr(self, k, v)
                 self.n_queries_ = ledger.total
                 self.n_tokens_ = int(oracle.n_tokens) - tokens0
         return self
 
-    def _fit_layer(self, ledger, rng, d: int, outputs: str) -> None:
-        """The stages V, split (several heads) and attention, and every head's (W, c)."""
+    def _fit_layer(self, ledger, rng, d: int, outputs: str):
+        """The stages V, split (several heads) and attention, and every head's (W, c); returns
+        the served route (:class:`~.vector_served.ServedVectorLearner`, fitted on the same
+        ledger) where the one-token answers are in a narrow format, else None."""
         shared = outputs == "all" and not self.causal and d * (d + 1) > DENSE_UNKNOWNS
         unknowns = d * (d + int(self.fit_bias))
         if not shared and unknowns > DENSE_MAX_UNKNOWNS:
@@ -288,13 +305,20 @@ class VectorLayerLearner(BaseLearner):
         ledger.check_budget(d + int(self.fit_bias), "the value stage")
         with ledger.stage("V"):
             V_sum, beta = self._read_values(ledger, d)
+        if self._served_answers is not None:  # float32, float16 or bfloat16 answers
+            from .vector_served import ServedVectorLearner
+
+            self.served_ = ServedVectorLearner(**self.get_params())
+            self.served_.outputs_ = outputs
+            self.served_._fit_layer(ledger, rng, d, outputs)
+            return self.served_
         H = self.n_heads or 1
         V = V_sum[None]
         if H > 1:
-            ledger.check_budget(split_queries(d, H),
+            ledger.check_budget(split_queries(d, H, self._split_tolerances()),
                                 "the split of the value maps (at most)")
             with ledger.stage("split"):
-                V = split_values(ledger, V_sum, beta, H, rng)
+                V = split_values(ledger, V_sum, beta, H, rng, self._split_tolerances())
         self.V_, self.output_bias_ = V, beta
         if shared:
             self._fit_shared(ledger, rng, d, V_sum, V, beta)
@@ -313,7 +337,8 @@ class VectorLayerLearner(BaseLearner):
                             f"the attention stage ({n} queries of {N} tokens) and the check")
         with ledger.stage("attention"):
             X, A = self._ask_attention(ledger, rng, n, N, V, beta, outputs)
-        fits = [solve_logits(X, A[h], outputs, bool(self.causal), bool(self.fit_bias))
+        fits = [solve_logits(X, A[h], outputs, bool(self.causal), bool(self.fit_bias),
+                             min_weight=self._min_weight())
                 for h in range(H)]
         self.W_ = np.stack([f[0] for f in fits])
         self.key_bias_ = np.stack([f[1] for f in fits])
@@ -337,8 +362,8 @@ class VectorLayerLearner(BaseLearner):
                 ledger, rng, d, H, N, lambda X, O: self._attention(X, O, V, beta,
                                                                              "all"),
                 lambda A: spreads(A, "all", bool(self.causal)), fit_bias=bool(self.fit_bias),
-                max_rescale=MAX_RESCALE, min_weight=MIN_WEIGHT,
-                n_queries=self.n_queries, need=budget)
+                max_rescale=MAX_RESCALE, min_weight=self._min_weight(),
+                n_queries=self.n_queries, need=budget, **self._shared_options())
         self.W_, self.key_bias_ = W, c
         self.logit_residual_ = info["residual"]
         self.token_scale_ = info["token_scale"]
@@ -353,6 +378,8 @@ class VectorLayerLearner(BaseLearner):
             X = np.concatenate([np.zeros((1, 1, d)), X])
         y = np.asarray(oracle(X), dtype=np.float64)
         y = y[:, 0] if y.ndim == 3 else y
+        fmt = answer_format(y)  # a served box's answers: its served route reads them
+        self._served_answers = None if fmt == "float64" else fmt
         beta = y[0] if self.fit_bias else np.zeros(y.shape[1])
         V = y[int(self.fit_bias):] - beta
         if not np.any(V):
@@ -368,12 +395,12 @@ class VectorLayerLearner(BaseLearner):
         if outputs == "all":
             # half of d: at d = 64, W to 8e-14 from 7 queries of 32 tokens (3e-13 from 3 of 48,
             # 4e-14 from 26 of 16; 2 of 64 leave the equations singular)
-            N = max(2, min(r // H, math.ceil(d / (2 * H))))
+            N = max(2, min(r // H, math.ceil(self._all_fill * d / H)))
             per_query = N * (N - 1) // (2 if self.causal else 1)
         else:
             # three quarters of d: at d = 64, W to 2.8e-13 from 133 queries of 48 tokens,
             # 1.1e-10 from 100 of 64 (the square systems [X V, 1] are ill-conditioned)
-            N = max(2, min(r // H + 1, math.ceil(3 * d / (4 * H))))
+            N = max(2, min(r // H + 1, math.ceil(self._last_fill * d / H)))
             per_query = N - 1
         unknowns = d * (d + int(self.fit_bias))
         n = self.n_queries
@@ -417,8 +444,31 @@ class VectorLayerLearner(BaseLearner):
         """:func:`~attnquery.learners._vector_attention.attention_matrices`, its residual kept
         in ``attention_residual_``."""
         A, self.attention_residual_ = attention_matrices(X, O, V, beta, outputs,
-                                                         bool(self.causal))
+                                                         bool(self.causal),
+                                                         tol=self._attention_tol())
         return A
+
+    # -- the tolerances: float64 rounding's (the served route's, its answers' format's) --------
+    def _attention_tol(self) -> float:
+        """Largest residual of the attention matrices (and negative weight) the answers'
+        rounding explains (:data:`~._vector_attention.ATTENTION_TOL`)."""
+        return ATTENTION_TOL
+
+    def _min_weight(self) -> float:
+        """Attention weights below this are left out of the logit equations."""
+        return MIN_WEIGHT
+
+    def _verify_tol(self) -> float:
+        """The check's relative tolerance (:data:`VERIFY_RTOL`)."""
+        return VERIFY_RTOL
+
+    def _split_tolerances(self) -> SplitTolerances:
+        """The split's tolerances (:data:`~._vector_split.EXACT`)."""
+        return EXACT
+
+    def _shared_options(self) -> dict:
+        """The shared-token route's group oversampling and rank tolerance (its defaults)."""
+        return {}
 
     def _verify(self, oracle, rng) -> None:
         """``verify`` fresh queries spread over :data:`CHECK_LENGTHS` (up to ``check_length``
@@ -439,15 +489,16 @@ class VectorLayerLearner(BaseLearner):
             if diff > worst:
                 worst, at = diff, X.shape[1]
         self.verify_error_ = worst / scale if scale > 0 else worst
-        if not self.verify_error_ <= VERIFY_RTOL:
+        allowed = self._verify_tol()
+        if not self.verify_error_ <= allowed:
             raise ModelMismatchError(
                 f"the estimate's outputs differ from the box's by {self.verify_error_:.3g} "
                 f"(relative) on {self.n_verify_queries_} check queries of "
                 f"{min(lengths)} to {max(lengths)} tokens (the farthest of {at} "
-                f"tokens), where at most {VERIFY_RTOL:g} is expected: the box is not a single "
-                "head as declared (positions, soft-capped logits, several heads, lower "
-                "precision than float64)",
-                error=self.verify_error_, allowed=VERIFY_RTOL, n_checks=self.n_verify_queries_)
+                f"tokens), where at most {allowed:.3g} is expected: the box is not a single "
+                "head as declared (positions, soft-capped logits, several heads, noise beyond "
+                "its answers' format)",
+                error=self.verify_error_, allowed=allowed, n_checks=self.n_verify_queries_)
 
     # -- prediction ------------------------------------------------------------------------------
     def predict(self, X) -> np.ndarray:

@@ -1,0 +1,204 @@
+"""The vector learner's served route: a head from vector answers rounded to float32, float16 or
+bfloat16 (beyond the paper; docs/vector.md, "Served answers").
+
+A served module (onnxruntime in float32 or float16, bfloat16 on an accelerator) rounds every
+answer to its format. :class:`~attnquery.learners.VectorLayerLearner` reads the format of its
+first one-token answers (:func:`attnquery.precision.answer_format`, free: they are asked anyway)
+and, where it is a narrow one, hands the fit to :class:`ServedVectorLearner` on the same query
+ledger. What changes against the float64 route:
+
+* V and beta by least squares over :data:`VALUE_SAMPLES` ``(d + 1)`` one-token queries in
+  antipodal pairs (``f([x]) + f([-x]) = 2 beta`` exactly): their scatter is the answers'
+  relative noise, judged against the format's floor as the scalar learners judge it
+  (:func:`~attnquery.learners._noise.judge_noise`, ``noise="format"`` or ``"measured"``);
+* the attention stage asks :data:`SERVED_OVERSAMPLE` times the float64 route's queries, and the
+  weighted logit least squares leaves out weights below :data:`MIN_WEIGHT_UNITS` units of the
+  noise (their logarithm is rounding);
+* the tolerances of the attention matrices and of the check are multiples of the format's
+  rounding floor (:func:`attnquery.precision.rounding_floor`, or the measured noise where that
+  is larger), not float64's ``1e-9`` and ``1e-8``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import ConfigError, ModelMismatchError, NotIdentifiableError
+from ..precision import answer_format
+from ._base import CHECK_LENGTH, DEFAULT_VERIFY
+from ._noise import NOISE_MODES, judge_noise
+from ._params import Options
+from ._registry import LearnerSpec
+from ._vector_split import KEY_SCALE, SplitTolerances
+from .vector import STAGES, VectorLayerLearner
+
+__all__ = ["ServedVectorLearner", "VALUE_SAMPLES", "SERVED_OVERSAMPLE", "ATTENTION_UNITS",
+           "MIN_WEIGHT_UNITS", "VERIFY_UNITS"]
+
+#: one-token queries per unknown of each column of V and beta (d + 1): the least squares then
+#: averages the answers' rounding over VALUE_SAMPLES answers
+VALUE_SAMPLES = 8
+#: the attention stage asks this many times the float64 route's queries (``OVERSAMPLE`` logit
+#: differences per unknown of (W, c), :mod:`.vector`), so that the least squares averages the
+#: weights' rounding
+SERVED_OVERSAMPLE = 32
+#: the attention matrices' residual (and the most negative weight) allowed, in units of the
+#: answers' noise
+ATTENTION_UNITS = 30.0
+#: weights below this many units of the answers' noise are left out of the logit equations
+MIN_WEIGHT_UNITS = 3.0
+#: the check's relative tolerance, in units of the answers' noise
+VERIFY_UNITS = 100.0
+#: a layer's split (:mod:`._vector_split`) under float32 rounding: a change of the saturated
+#: answers beyond SPLIT_CHANGE_UNITS noise units is a jump; nearby key differences
+#: ``Delta_0 + SPLIT_PERTURB Delta_j`` (float64: 1e-5, whose division amplifies the rounding
+#: 1e5 times); a head's approximate parts span d / H dimensions to SPLIT_MATCH, its patterns
+#: are 0/1 to SPLIT_MOVED (float64: 1e-8 and 1e-2)
+SPLIT_CHANGE_UNITS = 100.0
+SPLIT_PERTURB = 1e-3
+SPLIT_MATCH = 1e-2
+SPLIT_MOVED = 0.1
+#: ... and the refinement reads each difference's parts from SPLIT_REFINE times the float64
+#: route's random points (d = 96, 6 heads: worst V 1.4e-5 at 1, 6.6e-6 at 4)
+SPLIT_REFINE = 4
+#: the shared-token route's groups hold this many times the float64 route's queries per unknown
+#: (``GROUP_OVERSAMPLE``, :mod:`._vector_heads`), and the heads' row spaces are read to
+#: SHARED_ROW_RTOL (float64: 1e-8). d = 96, 6 float32 heads of 16: worst W 1.5e-4 at 1 (the
+#: float64 route's groups), 6.3e-5 at 8 (2,820 queries), 2.4e-5 at 32 (4,760 queries)
+SHARED_OVERSAMPLE = 32.0
+SHARED_ROW_RTOL = 1e-4
+
+
+class ServedVectorLearner(VectorLayerLearner):
+    """Recover an attention head from served vector answers (float32, float16, bfloat16).
+
+    The served route of :class:`~attnquery.learners.VectorLayerLearner`, which hands a fit to
+    it when its first one-token answers are in a narrow format; see the module docstring for
+    what differs. Its parameters are that learner's and ``noise``; its fitted attributes are
+    that learner's and those below.
+
+    Parameters
+    ----------
+    noise : {"format", "measured"}
+        How the answers' measured noise is judged against their format (default
+        ``"format"``: more than ``NOISE_FORMAT_FACTOR`` times the format's floor is refused by
+        name; ``"measured"``: warned about, and the tolerances follow the measured noise).
+    n_queries : int, optional
+        Queries of the attention stage (default :data:`SERVED_OVERSAMPLE` times the float64
+        route's).
+
+    Attributes
+    ----------
+    answer_format_ : str
+        The format of the one-token answers (``"float64"`` for answers in no narrow format).
+    noise_level_ : float
+        The answers' relative noise, measured from the antipodal one-token pairs.
+    noise_floor_ : float or None
+        The format's rounding floor at d (None for float64 answers).
+    noise_above_format_ : bool
+        Whether the noise exceeded ``NOISE_FORMAT_FACTOR`` floors (with ``noise="measured"``).
+    noise_unit_ : float
+        The unit of the tolerances: the floor, or the measured noise where that is larger.
+    """
+
+    def __init__(self, *, n_heads=None, n_kv_heads=None, causal=False, positions="none",
+                 fit_bias=True, n_queries=None, verify=DEFAULT_VERIFY, check_length=CHECK_LENGTH,
+                 noise="format", random_state=None):
+        super().__init__(n_heads=n_heads, n_kv_heads=n_kv_heads, causal=causal,
+                         positions=positions, fit_bias=fit_bias, n_queries=n_queries,
+                         verify=verify, check_length=check_length, random_state=random_state)
+        self.noise = noise
+
+    _parameter_constraints = {**VectorLayerLearner._parameter_constraints,
+                              "noise": [Options(NOISE_MODES)]}
+    spec = LearnerSpec(
+        name="vector_served", oracle="vector", returns="vector layer", stages=STAGES,
+        fits_bias=True, description="the vector learner's served route: float32, float16 or "
+        "bfloat16 vector answers (VectorLayerLearner on answers in a narrow format)",
+        label="vector answers (served)")
+
+    #: queries of d / 4 tokens (float64: d / 2 for every token's answers, 3 d / 4 for the last
+    #: token's), their attention matrices better conditioned. W in units of the format's floor:
+    #: last token, bfloat16 at d = 16 (1,200 attention queries) 10.4 at 3/4, 2.2 at 1/2, 0.97 at
+    #: 1/4, float32 at d = 32 5.2, 1.9, 1.1; every token, bfloat16 at d = 32 (900 queries) 6.1
+    #: at 1/2, 1.2 at 1/4
+    _last_fill = 0.25
+
+    @property
+    def _all_fill(self) -> float:
+        """d / 4 tokens for a single head; a layer's queries keep the float64 route's H N = d / 2
+        (d / 4 took a float32 layer of 2 heads at d = 16 to 6,528 queries of 2 tokens)."""
+        return 0.25 if (self.n_heads or 1) == 1 else 0.5
+
+    def _validate_extra(self) -> None:
+        super()._validate_extra()
+        if self.positions != "none":
+            raise ConfigError("positions='rotary': served answers are read for heads without "
+                              "positions so far")
+
+    # -- V and beta, and the noise ----------------------------------------------------------------
+    def _read_values(self, oracle, d: int) -> tuple[np.ndarray, np.ndarray]:
+        """V and beta by least squares over antipodal one-token queries; measures the answers'
+        relative noise from their sums and judges it against their format."""
+        self._validate_extra()  # reached from VectorLayerLearner's dispatch too
+        self._served_answers = None
+        n = math.ceil(VALUE_SAMPLES * (d + 1) / 2)
+        z = self._rng_values.standard_normal((n, d))
+        z /= np.linalg.norm(z, axis=1, keepdims=True)
+        oracle.check_budget(2 * n, "the value stage (served answers)")
+        y = np.asarray(oracle(np.concatenate([z, -z])[:, None, :]), dtype=np.float64)
+        y = y[:, 0] if y.ndim == 3 else y
+        if not np.all(np.isfinite(y)):
+            raise ModelMismatchError("one-token answers that are not finite: the box overflows "
+                                     "at tokens of norm 1", error=float("inf"), allowed=0.0)
+        odd, even = 0.5 * (y[:n] - y[n:]), 0.5 * (y[:n] + y[n:])
+        V = np.linalg.lstsq(z, odd, rcond=None)[0]
+        beta = even.mean(axis=0) if self.fit_bias else np.zeros(y.shape[1])
+        rms = float(np.sqrt(np.mean(y * y)))
+        # each sum f([x]) + f([-x]) - 2 beta carries two answers' rounding: sqrt(2) of one's
+        spread = float(np.std(even - even.mean(axis=0)) * np.sqrt(2.0))
+        noise = max(spread / max(rms, np.finfo(float).tiny), float(np.finfo(float).eps))
+        fmt = answer_format(y)
+        judge_noise(self, noise, fmt, d, "a vector attention head", stacklevel=5)
+        if (self.n_heads or 1) > 1 and fmt in ("float16", "bfloat16"):
+            raise ConfigError(
+                f"n_heads={self.n_heads}: layers of several heads are read from float32 answers "
+                f"so far, these are {fmt} (the split's saturated queries, tokens of norm "
+                f"{KEY_SCALE:g}, overflow float16, and {fmt}'s rounding hides their jumps); "
+                "single heads are read in every format")
+        self.noise_level_ = noise
+        self.noise_unit_ = max(noise, self.noise_floor_ or 0.0)
+        if not np.any(np.abs(V) > self.noise_unit_ * rms):
+            raise NotIdentifiableError("every one-token answer is the offset (V = 0): the "
+                                       "attention weights, and so W, are not identifiable")
+        return V, beta
+
+    def _fit_layer(self, ledger, rng, d: int, outputs: str):
+        self._rng_values = rng
+        return super()._fit_layer(ledger, rng, d, outputs)
+
+    def _plan(self, d: int, V: np.ndarray, H: int, outputs: str) -> tuple[int, int]:
+        if self.n_queries is not None:
+            return super()._plan(d, V, H, outputs)
+        N, n = super()._plan(d, V, H, outputs)
+        return N, int(SERVED_OVERSAMPLE * n)
+
+    # -- the tolerances: the answers' format's -------------------------------------------------
+    def _attention_tol(self) -> float:
+        return ATTENTION_UNITS * self.noise_unit_
+
+    def _min_weight(self) -> float:
+        return MIN_WEIGHT_UNITS * self.noise_unit_
+
+    def _verify_tol(self) -> float:
+        return VERIFY_UNITS * self.noise_unit_
+
+    def _split_tolerances(self) -> SplitTolerances:
+        return SplitTolerances(change=SPLIT_CHANGE_UNITS * self.noise_unit_, match=SPLIT_MATCH,
+                               moved=SPLIT_MOVED, perturb=SPLIT_PERTURB, refine=SPLIT_REFINE)
+
+    def _shared_options(self) -> dict:
+        return dict(group_oversample=SHARED_OVERSAMPLE, row_rtol=SHARED_ROW_RTOL)
+
