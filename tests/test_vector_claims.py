@@ -114,3 +114,57 @@ def test_the_figure_renders_and_states_its_claims(tmp_path):
     assert (tmp_path / "v.png").stat().st_size > 0
     assert {c.name for c in claims} >= {"vector_goal", "vector_gain"}
     assert all(c.passed for c in claims)
+
+
+# -- named cases (experiments.vector.cases) ------------------------------------------------------
+
+def test_a_named_case_runs_and_meets_its_goal():
+    cfg = {"heads": {"all": [8]},
+           "cases": [{"name": "generic", "d": 8, "n_heads": 2, "key_dim": 8, "goal": 1e-8},
+                     {"name": "served", "d": 8, "n_heads": 1, "rounding": "float32",
+                      "goal_floors": 3}]}
+    cs = sorted((c for c in expand_cells("vector", cfg) if c.get("family")),
+                key=lambda c: c["family"])
+    assert [c["family"] for c in cs] == ["generic", "served"]
+    exp = get_experiment("vector")
+    full_rank, served = (exp.run(c, np.random.default_rng(0)) for c in cs)
+    assert full_rank["success"] and full_rank["rel_err_W"] < 1e-8
+    # per head W_Q, W_K (8 x 8), W_V (4 x 8), W_O's 8 x 4, b_Q, b_K (8), b_V (4); b_O (8)
+    assert full_rank["extra"]["dof"] == 2 * (2 * 8 * 8 + 4 * 8 + 8 * 4 + 2 * 8 + 4) + 8
+    assert cs[1]["goal"] == pytest.approx(3 * 2 ** -24 * np.sqrt(8))
+    # float32 answers: near the format's floor, far from float64's rounding
+    assert served["success"] and 1e-12 < served["func_err"] < cs[1]["goal"]
+
+
+@pytest.mark.parametrize("case, says", [
+    ({"name": "a", "d": 8, "n_heads": 4, "n_kv_heads": 3, "goal": 1e-8}, "does not divide"),
+    ({"name": "a", "d": 8, "n_heads": 1}, "one of goal"),
+    ({"name": "a", "d": 8, "n_heads": 1, "goal": 1e-8, "goal_floors": 3}, "one of goal"),
+    ({"name": "a", "d": 8, "n_heads": 1, "goal_floors": 3}, "needs a served format"),
+    ({"name": "a", "d": 8, "n_heads": 1, "goal": 1e-8, "rounding": "float8"}, "rounding"),
+])
+def test_bad_cases_are_refused(case, says):
+    with pytest.raises(ConfigError, match=says):
+        expand_cells("vector", {"heads": {"all": [8]}, "cases": [case]})
+
+
+def _case_row(name, err, goal=1e-9, status="ok", rounding="float64"):
+    row = _row("all", 32, 1000, err=err, n_heads=8)
+    row.update(family=name, goal=goal, status=status, rounding=rounding, n_kv_heads=2,
+               causal=True, rope_base=10000.0, key_dim=None)
+    return row
+
+
+def test_case_claims_fail_on_contrary_data():
+    rows = _good() + [_case_row("qwen2", 3e-10), _case_row("f32", 1e-6, 1e-5, rounding="float32")]
+    verdicts = _verdicts(rows)
+    assert verdicts["vector_case_qwen2"] and verdicts["vector_case_f32"]
+    assert verdicts["vector_layers"]  # the cases are not the grid's layers
+    assert not _verdicts(_good() + [_case_row("qwen2", 3e-9)])["vector_case_qwen2"]
+    assert not _verdicts(_good() + [_case_row("qwen2", 1e-12, status="error")])[
+        "vector_case_qwen2"]
+    claims = {c.name: c for c in vector_claims(pd.DataFrame(rows))}
+    assert "8 heads over 2 key/value heads, causal, RoPE base 10000" in claims[
+        "vector_case_qwen2"].statement
+    assert {n.name for n in claims["vector_case_qwen2"].numbers} == {
+        "vectorQwen2Queries", "vectorQwen2WorstError"}

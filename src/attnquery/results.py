@@ -81,8 +81,9 @@ __all__ = [
 #: version 2 added ``verify_queries``, ``verify_error`` and ``verified`` (``n_queries`` no longer
 #: counts the check queries), and the per-cell provenance ``code_version`` and ``cell_key``;
 #: version 3 added ``verify_vacuous`` (the check could not have failed); version 4 added the
-#: parameter ``n_kv_heads`` (key/value heads of a grouped-query layer)
-SCHEMA_VERSION = 4
+#: parameter ``n_kv_heads`` (key/value heads of a grouped-query layer); version 5 the vector
+#: experiment's named cases' ``head_dim``, ``key_dim``, ``causal`` and ``goal``
+SCHEMA_VERSION = 5
 
 #: every status a row can have
 STATUSES = ("ok", "not_identifiable", "error", "timeout", "skipped")
@@ -90,7 +91,7 @@ STATUSES = ("ok", "not_identifiable", "error", "timeout", "skipped")
 #: cell parameters every experiment may use: name -> arrow type. A column two experiments'
 #: modules use is declared here, once; an experiment declares the parameters only it adds in
 #: :attr:`attnquery.experiments.Experiment.params`. ``logit_scale`` is written by no experiment
-#: today and kept so the stored schema (version 4) stays as it is
+#: today and kept so the stored schema stays as it was
 SHARED_PARAM_COLUMNS: dict[str, pa.DataType] = {
     "d": pa.int64(),
     "logit_scale": pa.float64(),
@@ -156,7 +157,7 @@ SHARED_METRIC_COLUMNS: dict[str, pa.DataType] = {
     "param_distance": pa.float64(),
 }
 
-#: where the parameter and metric columns stand in the stored tables (schema version 4); a
+#: where the parameter and metric columns stand in the stored tables (schema version 5); a
 #: column declared later and not named here follows them, in the order the experiments are
 #: registered
 _STORED_ORDER = (

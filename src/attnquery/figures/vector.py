@@ -11,7 +11,14 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..claims import Claim, ClaimSet, Number, extra_values, number_name
+from ..claims import (
+    ROUNDING_FACTOR,
+    Claim,
+    ClaimSet,
+    Number,
+    extra_values,
+    number_name,
+)
 from . import log2_ticks, register_figure
 
 #: the issue's goal for float64 fits (W, V, c, beta and the function, relative)
@@ -30,9 +37,30 @@ LOW = 1e-17
 ERRORS = ("rel_err_W", "rel_err_v", "rel_err_c", "rel_err_offset", "func_err")
 
 
+def _all_rows(df):
+    """The vector experiment's rows: the grid's and the named cases' (column ``family``)."""
+    return df[df["experiment"] == "vector"]
+
+
+def _is_case(rows) -> np.ndarray:
+    """Per row, whether it is a named case (``experiments.vector.cases``)."""
+    if "family" not in rows.columns:
+        return np.zeros(len(rows), dtype=bool)
+    return rows["family"].notna().to_numpy()
+
+
 def _rows(df):
-    rows = df[df["experiment"] == "vector"]
+    """The grid's rows (named cases apart) and those that ran to an answer."""
+    rows = _all_rows(df)
+    rows = rows[~_is_case(rows)]
     return rows, rows[rows["status"] == "ok"]
+
+
+def _cases(df):
+    """The named cases' rows (None without one: no claim on them)."""
+    rows = _all_rows(df)
+    rows = rows[_is_case(rows)]
+    return rows if len(rows) else None
 
 
 def _worst_error(rows) -> np.ndarray:
@@ -184,9 +212,63 @@ def vector_layers(data) -> Claim | None:
                         rows=what)))
 
 
+#: the claims on the named cases (``experiments.vector.cases``), checked on their rows
+CASE_CLAIMS = ClaimSet(_cases)
+
+
+def _case_label(row) -> str:
+    """A case's layer in words: heads, key/value heads, W's rank, mask, positions, format."""
+    H, G = int(row["n_heads"]), row.get("n_kv_heads")
+    parts = [f"d = {int(row['d'])}", f"{H} head{'s' if H > 1 else ''}"]
+    if G is not None and not _missing(G) and int(G) != H:
+        parts[-1] += f" over {int(G)} key/value heads"
+    if not _missing(row.get("key_dim")) and int(row["key_dim"]) == int(row["d"]):
+        parts.append("full-rank W")
+    if bool(row.get("causal")):
+        parts.append("causal")
+    if not _missing(row.get("rope_base")):
+        parts.append(f"RoPE base {row['rope_base']:g}")
+    parts.append(f"{row['rounding']} answers" if isinstance(row.get("rounding"), str)
+                 else "float64 answers")
+    return ", ".join(parts)
+
+
+def _missing(x) -> bool:
+    return x is None or (isinstance(x, float) and np.isnan(x))
+
+
+@CASE_CLAIMS
+def vector_case(rows) -> list[Claim]:
+    """Per named case: every cell ran and every error (W, V, c, beta where the learner has
+    them, the function) is within the case's goal; its queries and worst error as numbers."""
+    claims = []
+    for name, sel in rows.groupby("family", sort=False):
+        ok = sel[sel["status"] == "ok"]
+        goal = float(sel["goal"].max())
+        err = _worst_error(ok) if len(ok) else np.array([np.inf])
+        met = int((err <= goal).sum()) if len(ok) else 0
+        worst = float(err.max()) if len(ok) else float("nan")
+        queries = int(_total(ok).max()) if len(ok) else 0
+        what = f"named case {name}: {_case_label(sel.iloc[0])}"
+        float64 = not isinstance(sel.iloc[0].get("rounding"), str) or \
+            sel.iloc[0]["rounding"] == "float64"
+        claims.append(Claim(
+            f"vector_case_{name}", f"{_case_label(sel.iloc[0])}, from "
+            f"{LABELS[sel.iloc[0]['variant']]}s: every error within {goal:.3g}",
+            bool(met == len(sel)), f"{met}/{len(sel)} layers, worst {worst:.3g}, "
+            f"at most {queries} queries (the check included)", n_runs=len(ok),
+            numbers=(Number(number_name("vector", name, "queries"), queries, "queries", "d",
+                            rows=what),
+                     Number(number_name("vector", name, "worst", "error"), worst,
+                            "relative error", ".2g", rows=what,
+                            factor=ROUNDING_FACTOR if float64 else None))))
+    return claims
+
+
 def vector_claims(df) -> list[Claim]:
-    """The claims of the vector experiment (:data:`CLAIMS`), checked on its rows."""
-    return CLAIMS.of_rows(df)
+    """The claims of the vector experiment (:data:`CLAIMS` on the grid's rows,
+    :data:`CASE_CLAIMS` on the named cases')."""
+    return CLAIMS.of_rows(df) + CASE_CLAIMS.of_rows(df)
 
 
 def _query_numbers(rows, variant) -> tuple:
@@ -219,7 +301,11 @@ the exact learner with biases), from the last token's output vector, or from eve
 against d; dashed: each kind's floor, the degrees of freedom over the numbers one answer holds
 (for every token's outputs, at the learner's tokens per query); hollow markers: layers of
 several heads that fill d. (b) The largest relative error of W, V (v), c, beta and the function
-on 1 to 256 tokens; dotted: the goal 1e-9.
+on 1 to 256 tokens; dotted: the goal 1e-9. (c) Named layers beyond the grid
+(``experiments.vector.cases``: heads of full-rank W, a Qwen2-style causal rotary layer of
+grouped-query heads, answers served in float32, float16 and bfloat16): queries against the
+worst error over the case's goal (dotted: the goal; for rotary layers the value maps and the
+function on 1 to 512 tokens).
 """
 
 
@@ -229,8 +315,12 @@ def vector(df):
     """Queries against d per kind of answers, beside the floor; errors."""
     claims = vector_claims(df)
     _, ok = _rows(df)
-    fig, axes = plt.subplots(1, 2, figsize=(6.75, 2.8), layout="constrained")
-    ax, bx = axes
+    cases = _cases(df)
+    n = 2 if cases is None else 3
+    fig, axes = plt.subplots(1, n, figsize=(3.4 * n, 2.8), layout="constrained")
+    ax, bx = axes[:2]
+    if cases is not None:
+        _draw_cases(axes[2], cases)
     for variant, color in COLORS.items():
         sel = ok[ok["variant"] == variant]
         for layers, marker in ((False, "o"), (True, "s")):
@@ -252,9 +342,22 @@ def vector(df):
            title="(a) queries and floor")
     bx.set(xscale="log", yscale="log", xlabel="d", ylabel="largest relative error",
            title="(b) errors")
-    for a in axes:
+    for a in axes[:2]:
         if len(ok):
             log2_ticks(a, ok["d"])
         if a.has_data():
             a.legend(fontsize=7)
     return fig, claims
+
+
+def _draw_cases(cx, cases) -> None:
+    """Panel (c): each named case's queries against its worst error over its goal."""
+    ok = cases[cases["status"] == "ok"]
+    ratio = np.maximum(_worst_error(ok) / ok["goal"].astype(float).to_numpy(), LOW)
+    colors = [COLORS[v] for v in ok["variant"]]
+    cx.scatter(_total(ok), ratio, s=18, marker="D", c=colors)
+    for name, x, y in zip(ok["family"], _total(ok), ratio, strict=True):
+        cx.annotate(str(name), (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    cx.axhline(1.0, color="0.4", ls=":", lw=0.8)
+    cx.set(xscale="log", yscale="log", xlabel="queries (check included)",
+           ylabel="worst error / goal", title="(c) named layers")
