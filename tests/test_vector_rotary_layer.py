@@ -176,7 +176,7 @@ def test_other_oracles_are_refused_before_any_query():
         RotaryLayerVectorLearner(n_heads=2).predict(np.zeros((1, 2, d)))
 
 
-@pytest.mark.slow  # about 25 s on a 2-core machine shared with other jobs
+@pytest.mark.slow  # 27 to 48 s on a 2-core machine shared with other jobs
 def test_goal_qwen2_style_layer_d256():
     """The issue's goal: a Qwen2-style causal layer (RoPE of base 10000, 8 query heads over 2
     key/value heads, biases), d = 256, float64, every token's outputs: the function to 1e-9 on

@@ -9,15 +9,15 @@ import numpy as np
 from ..errors import ModelMismatchError, NotIdentifiableError
 from ._vector_attention import ATTENTION_TOL, MIN_WEIGHT
 
-__all__ = ["head_weights", "row_space", "rotary_basis", "solve_forms", "FORMS_RCOND",
-           "SPACE_RTOL"]
+__all__ = ["head_weights", "whitened_solve", "row_space", "rotary_basis", "solve_forms",
+           "FORMS_RCOND", "SPACE_RTOL"]
 
 #: relative singular value below which the form equations' directions are left out (the
 #: slowest frequencies barely turn over the offsets asked: only their sum is determined)
 FORMS_RCOND = 1e-12
-#: singular values of the collected query/key vectors below this fraction of the largest are
-#: rounding: the rest span the head's row space
-SPACE_RTOL = 1e-8
+#: the collected query/key vectors must span the head dimension above this relative singular
+#: value and nothing beyond it (measured noise: 1e-11 to 1e-8 relative)
+SPACE_RTOL = 1e-6
 
 
 def head_weights(vals: np.ndarray, y: np.ndarray, what: str) -> tuple[np.ndarray, float]:
@@ -43,17 +43,35 @@ def head_weights(vals: np.ndarray, y: np.ndarray, what: str) -> tuple[np.ndarray
     return a, res
 
 
-def row_space(vectors: np.ndarray, what: str) -> np.ndarray:
-    """An orthonormal basis (r, d) of the span of ``vectors`` (k, d), r its numerical rank
-    (:data:`SPACE_RTOL`); NotIdentifiableError where the vectors are too few to tell (their
-    rank is their number)."""
+def whitened_solve(Z: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+    """The least-squares solutions (c, e) of ``Z x = rhs[:, i]`` (Z (n, e), n > e, rhs (n, c)),
+    each divided by its residual's standard deviation (its noise: a column whose answers
+    carry more rounding, such as a small weight's logarithm, counts less in the span)."""
+    x, res, rank, _ = np.linalg.lstsq(Z, rhs, rcond=None)
+    n, e = Z.shape
+    if rank < e or res.size == 0:
+        raise NotIdentifiableError("the subspace queries' tokens do not determine the "
+                                   "coefficients (a singular design)")
+    norm = np.linalg.norm(x, axis=0)
+    noise = np.maximum(np.sqrt(res / (n - e)), np.finfo(float).eps * norm)
+    return (x / noise).T
+
+
+def row_space(vectors: np.ndarray, dim: int, what: str) -> np.ndarray:
+    """An orthonormal basis (dim, d) of the span of ``vectors`` (k, d), which should have
+    dimension ``dim``: NotIdentifiableError where they span fewer (relative singular value
+    :data:`SPACE_RTOL`), ModelMismatchError where they span more."""
     _, s, Vt = np.linalg.svd(vectors, full_matrices=False)
-    r = int(np.count_nonzero(s > SPACE_RTOL * s[0]))
-    if r >= vectors.shape[0] or r == 0:
+    if s.size < dim or s[dim - 1] <= SPACE_RTOL * s[0]:
         raise NotIdentifiableError(
-            f"the {vectors.shape[0]} vectors of the {what} span {r} dimensions: too few to "
-            "tell the row space (or the box is no such layer)")
-    return Vt[:r]
+            f"the {vectors.shape[0]} vectors of the {what} span fewer than the head "
+            f"dimension {dim}: too few to tell the row space")
+    if s.size > dim and s[dim] > SPACE_RTOL * s[0]:
+        raise ModelMismatchError(
+            f"the vectors of the {what} span more than the head dimension {dim} (relative "
+            f"singular value {s[dim] / s[0]:.3g}): the box is not a layer of rotary heads of "
+            "that dimension", error=float(s[dim] / s[0]), allowed=SPACE_RTOL)
+    return Vt[:dim]
 
 
 def rotary_basis(delta: np.ndarray, frequencies: np.ndarray) -> np.ndarray:

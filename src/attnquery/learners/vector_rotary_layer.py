@@ -46,7 +46,13 @@ from ._params import Interval
 from ._registry import LearnerSpec
 from ._vector_attention import ATTENTION_TOL, MIN_WEIGHT
 from ._vector_check import CHECK_LENGTHS, VERIFY_RTOL, verify_fit  # noqa: F401
-from ._vector_rotary_reads import head_weights, rotary_basis, row_space, solve_forms
+from ._vector_rotary_reads import (
+    head_weights,
+    rotary_basis,
+    row_space,
+    solve_forms,
+    whitened_solve,
+)
 from ._vector_split import split_outputs, split_queries
 
 __all__ = ["RotaryLayerVectorLearner", "STAGES"]
@@ -58,7 +64,7 @@ SPACE_OVERSAMPLE = 1.25
 #: fixed tokens' differences per dimension of a query/key row space
 SPACE_VECTORS = 1.5
 #: distinct keys of the form stage per unknown key coordinate (dh + 1)
-KEY_OVERSAMPLE = 1.5
+KEY_OVERSAMPLE = 5.0
 #: probes of the form stage beyond the dh + 1 coordinates of a query token
 EXTRA_PROBES = 4
 #: form equations per unknown of one probe (the padding rows used are spread evenly)
@@ -296,25 +302,20 @@ class RotaryLayerVectorLearner(BaseLearner):
             ones = np.ones((n, 1))
             for j in range(k):  # row of r_j: fixed keys' differences, linear in y(r_j)
                 Z = np.concatenate([X[:, m + j], ones], axis=1)
-                rhs = (ell[:, :, j, 1:m] - ell[:, :, j, :1]).transpose(1, 0, 2).reshape(n, -1)
-                w = np.linalg.lstsq(Z, rhs, rcond=None)[0][:d].reshape(d, H, m - 1)
+                rhs = (ell[:, :, j, 1:m] - ell[:, :, j, :1]).transpose(0, 2, 1)
+                w = whitened_solve(Z, rhs.reshape(H * (m - 1), n).T).reshape(H, m - 1, d + 1)
                 for h in range(H):
-                    qv[h].append(w[:, h].T)
+                    qv[h].append(w[h, :, :d])
             for i in range(k):  # key r_i in the rows of the p: linear in y(r_i)
                 Z = np.concatenate([X[:, m + i], ones], axis=1)
-                rhs = (ell[:, :, k:, m + i] - ell[:, :, k:, 0]).transpose(1, 0, 2)
-                u = np.linalg.lstsq(Z, rhs.reshape(n, -1), rcond=None)[0][:d].reshape(d, H, m)
+                rhs = (ell[:, :, k:, m + i] - ell[:, :, k:, 0]).transpose(0, 2, 1)
+                u = whitened_solve(Z, rhs.reshape(H * m, n).T).reshape(H, m, d + 1)
                 for h in range(H):
-                    kv[h].append(u[:, h].T)
-        Bq = [row_space(np.concatenate(v), "query row space") for v in qv]
-        Bk = [row_space(np.concatenate(v), "key row space") for v in kv]
-        dims = {b.shape[0] for b in Bq + Bk}
-        if len(dims) != 1 or (self.head_dim is not None and dims != {self.head_dim}):
-            raise ModelMismatchError(
-                f"the heads' query and key row spaces have dimensions {sorted(dims)} where "
-                f"one head dimension ({self.head_dim or 'any'}) was expected: the box is not a "
-                "layer of equal rotary heads", error=float(len(dims)), allowed=1.0)
-        self.query_bases_, self.key_bases_ = np.stack(Bq), np.stack(Bk)
+                    kv[h].append(u[h, :, :d])
+        self.query_bases_ = np.stack([row_space(np.concatenate(v), dh, "query row space")
+                                      for v in qv])
+        self.key_bases_ = np.stack([row_space(np.concatenate(v), dh, "key row space")
+                                    for v in kv])
 
     def _read_forms(self, oracle, rng, d: int) -> None:
         """The forms in the bases (stage 4 of the module's docstring)."""
