@@ -26,62 +26,29 @@ squares of d (d + 1) unknowns (a MiniLM-shaped layer: d = 384, 12 heads of 32).
 
 from __future__ import annotations
 
-import math
-import numbers
-
 import numpy as np
 
-from ..errors import ConfigError, ModelMismatchError, NotIdentifiableError
-from ..precision import answer_format
-from ..vector_models import bilinear_layer
-from ._base import (
-    CHECK_LENGTH,
-    CHECK_LENGTH_PARAM,
-    DEFAULT_VERIFY,
-    VERIFY_PARAM,
-    BaseLearner,
-    check_lengths,
-    check_oracle,
-    check_queries,
-)
-from ._params import Interval, Options
 from ._registry import LearnerSpec
-from ._vector_attention import (
-    ATTENTION_TOL,
-    MIN_WEIGHT,
-    attention_matrices,
-    solve_logits,
-    spreads,
-)
 from ._vector_check import CHECK_LENGTHS, VERIFY_RTOL
-from ._vector_heads import fit_shared
-from ._vector_split import EXACT, RANK_RTOL, SplitTolerances, split_queries, split_values
+from ._vector_layer import (
+    DENSE_MAX_UNKNOWNS,
+    DENSE_UNKNOWNS,
+    MAX_RESCALE,
+    OVERSAMPLE,
+    PILOT_SHARE,
+    POSITIONS,
+    SHARED_FILL,
+    STAGES,
+    TARGET_SPREAD,
+    VectorLayerRoute,
+)
 
-__all__ = ["VectorLayerLearner", "STAGES", "POSITIONS", "CHECK_LENGTHS", "VERIFY_RTOL"]
-
-#: the stages of a fit, as ``n_queries_by_stage_`` counts them
-STAGES = ("V", "split", "attention", "verify")
-#: the position models the learner knows
-POSITIONS = ("none", "rotary")
-#: logit differences asked per unknown of (W, c): the least-squares system's oversampling
-OVERSAMPLE = 1.5
-#: one attention query in PILOT_SHARE (at least one) is a pilot of tokens of norm about 1; the
-#: others' tokens are scaled so that a row's logits spread over about TARGET_SPREAD (the largest
-#: weight about e^4 times the smallest), by a factor within [1 / MAX_RESCALE, MAX_RESCALE]
-PILOT_SHARE = 8
-TARGET_SPREAD = 4.0
-MAX_RESCALE = 100.0
-#: heads whose (W, c) has more unknowns than this are read by the shared-token route
-#: (:mod:`._vector_heads`) where it applies (every token's outputs, no causal mask): at d = 64
-#: (4,160 unknowns) the dense least squares takes about 2 s and 80 queries for one head
-DENSE_UNKNOWNS = 64 * 65
-#: the shared-token route's queries hold SHARED_FILL d_out / H tokens, their rows H N weights
-SHARED_FILL = 0.75
-#: the most unknowns of the dense least squares (its normal equations hold their square: 2.2 GB)
-DENSE_MAX_UNKNOWNS = 128 * 129
+__all__ = ["VectorLayerLearner", "STAGES", "POSITIONS", "CHECK_LENGTHS", "VERIFY_RTOL",
+           "OVERSAMPLE", "PILOT_SHARE", "TARGET_SPREAD", "MAX_RESCALE", "DENSE_UNKNOWNS",
+           "SHARED_FILL", "DENSE_MAX_UNKNOWNS"]
 
 
-class VectorLayerLearner(BaseLearner):
+class VectorLayerLearner(VectorLayerRoute):
     """Recover an attention head from a :class:`~attnquery.oracles.VectorOracle`.
 
     Works for a single head (``n_heads`` None or 1) and for layers of heads that fill d, without
@@ -181,51 +148,12 @@ class VectorLayerLearner(BaseLearner):
         Check queries asked (``verify``).
     """
 
-    #: the attention stage's queries hold this fraction of d / H tokens (every token's answers,
-    #: last-token answers)
-    _all_fill, _last_fill = 0.5, 0.75
-
-    def __init__(self, *, n_heads=None, n_kv_heads=None, causal=False, positions="none",
-                 fit_bias=True, n_queries=None, verify=DEFAULT_VERIFY,
-                 check_length=CHECK_LENGTH, random_state=None):
-        self.n_heads = n_heads
-        self.n_kv_heads = n_kv_heads
-        self.causal = causal
-        self.positions = positions
-        self.fit_bias = fit_bias
-        self.n_queries = n_queries
-        self.verify = verify
-        self.check_length = check_length
-        self.random_state = random_state
-
-    _parameter_constraints = {
-        "random_state": BaseLearner._parameter_constraints["random_state"],
-        "n_heads": [Interval(numbers.Integral, 1, None, closed="left"), None],
-        "n_kv_heads": [Interval(numbers.Integral, 1, None, closed="left"), None],
-        "causal": ["boolean"],
-        "positions": [Options(POSITIONS)],
-        "fit_bias": ["boolean"],
-        "n_queries": [Interval(numbers.Integral, 1, None, closed="left"), None],
-        "verify": [VERIFY_PARAM],
-        "check_length": [CHECK_LENGTH_PARAM],
-    }
     spec = LearnerSpec(
         name="vector", oracle="vector", returns="vector layer", stages=STAGES, fits_bias=True,
         description="vector answers, every token's output or the last token's (beyond the "
         "paper; --answers all|last, --param n_heads=H for a layer of heads that fill d)",
         label="vector answers")
 
-    # -- parameters ------------------------------------------------------------------------------
-    def _validate_extra(self) -> None:
-        H, G = self.n_heads, self.n_kv_heads
-        if G is not None and G != (H or 1) and self.positions != "rotary":
-            raise ConfigError(
-                f"n_kv_heads={self.n_kv_heads!r}: grouped-query layers are fitted with "
-                "positions='rotary' only so far (else n_kv_heads None or equal to n_heads)")
-        if G is not None and (H or 1) % G:
-            raise ConfigError(f"n_kv_heads={G} must divide n_heads={H or 1}")
-
-    # -- fit ---------------------------------------------------------------------------------------
     def fit(self, oracle):
         """Recover the head behind ``oracle``; returns self.
 
@@ -263,250 +191,16 @@ class VectorLayerLearner(BaseLearner):
                 if k.endswith("_"):
                     setattr(self, k, v)
             return self
-        self.rotary_ = None
-        d = check_oracle(oracle, kinds=("vector",))
-        outputs = getattr(oracle, "outputs", None)
-        if outputs not in ("all", "last"):
-            raise ConfigError(f"the oracle's outputs must be 'all' or 'last'; got {outputs!r}")
-        if not hasattr(oracle, "n_tokens"):
-            raise ConfigError(f"the oracle must count its tokens (n_tokens), as VectorOracle "
-                              f"does; got {type(oracle).__name__}")
-        rng = self._rng()
-        tokens0 = int(oracle.n_tokens)
-        self.outputs_ = outputs
-        self.served_ = None
-        route = self
-        with self._open_ledger(oracle, STAGES) as ledger:
-            try:
-                route = self._fit_layer(ledger, rng, d, outputs) or self
-                with ledger.stage("verify"):
-                    route._verify(ledger, rng)
-            finally:
-                if route is not self:  # the served route's fitted attributes are the fit's
-                    for k, v in vars(route).items():
-                        if k.endswith("_") and not k.startswith("_") and k != "served_":
-                            setattr(self, k, v)
-                self.n_queries_ = ledger.total
-                self.n_tokens_ = int(oracle.n_tokens) - tokens0
-        return self
+        return super().fit(oracle)
 
-    def _fit_layer(self, ledger, rng, d: int, outputs: str):
-        """The stages V, split (several heads) and attention, and every head's (W, c); returns
-        the served route (:class:`~.vector_served.ServedVectorLearner`, fitted on the same
-        ledger) where the one-token answers are in a narrow format, else None."""
-        shared = outputs == "all" and not self.causal and d * (d + 1) > DENSE_UNKNOWNS
-        unknowns = d * (d + int(self.fit_bias))
-        if not shared and unknowns > DENSE_MAX_UNKNOWNS:
-            raise ConfigError(
-                f"each head's (W, c) has {unknowns} unknowns at d = {d}, more than the dense "
-                f"least squares holds ({DENSE_MAX_UNKNOWNS}); only every token's outputs "
-                "without a causal mask (outputs='all', causal=False) are read by the "
-                "shared-token route so far")
-        ledger.check_budget(d + int(self.fit_bias), "the value stage")
-        with ledger.stage("V"):
-            V_sum, beta = self._read_values(ledger, d)
-        if self._served_answers is not None:  # float32, float16 or bfloat16 answers
-            from .vector_served import ServedVectorLearner
+    def _served_route(self):
+        """:class:`~attnquery.learners.vector_served.ServedVectorLearner` with this learner's
+        parameters."""
+        from .vector_served import ServedVectorLearner
 
-            self.served_ = ServedVectorLearner(**self.get_params())
-            self.served_.outputs_ = outputs
-            self.served_._fit_layer(ledger, rng, d, outputs)
-            return self.served_
-        H = self.n_heads or 1
-        V = V_sum[None]
-        if H > 1:
-            ledger.check_budget(split_queries(d, H, self._split_tolerances()),
-                                "the split of the value maps (at most)")
-            with ledger.stage("split"):
-                V = split_values(ledger, V_sum, beta, H, rng, self._split_tolerances())
-        self.V_, self.output_bias_ = V, beta
-        if shared:
-            self._fit_shared(ledger, rng, d, V_sum, V, beta)
-        else:
-            self._fit_dense(ledger, rng, d, V_sum, V, beta, outputs)
-        self.head_groups_ = np.arange(H)
-        self.frequencies_ = np.zeros(0)
+        return ServedVectorLearner(**self.get_params())
 
-    def _fit_dense(self, ledger, rng, d, V_sum, V, beta, outputs) -> None:
-        """The attention stage's random queries and each head's (W, c) from the dense least
-        squares of its d (d + 1) unknowns."""
-        H = V.shape[0]
-        self.route_, self.n_groups_ = "dense", 0
-        N, n = self._plan(d, V_sum, H, outputs)
-        ledger.check_budget(n + int(self.verify),
-                            f"the attention stage ({n} queries of {N} tokens) and the check")
-        with ledger.stage("attention"):
-            X, A = self._ask_attention(ledger, rng, n, N, V, beta, outputs)
-        fits = [solve_logits(X, A[h], outputs, bool(self.causal), bool(self.fit_bias),
-                             min_weight=self._min_weight())
-                for h in range(H)]
-        self.W_ = np.stack([f[0] for f in fits])
-        self.key_bias_ = np.stack([f[1] for f in fits])
-        self.logit_residual_ = max(f[2] for f in fits)
-        self.head_ranks_ = np.linalg.matrix_rank(self.W_)
-
-    def _fit_shared(self, ledger, rng, d, V_sum, V, beta) -> None:
-        """Every head's (W, c) by the shared-token route (:mod:`._vector_heads`), from every
-        token's outputs without a causal mask."""
-        H, d_out = V.shape[0], V.shape[2]
-        s = np.linalg.svd(V_sum, compute_uv=False)
-        r = int(np.count_nonzero(s > RANK_RTOL * s[0]))
-        N = max(4, min(r // H, int(SHARED_FILL * min(d, d_out)) // H))
-        self.route_, self.rank_, self.tokens_per_query_ = "shared", r, N
-
-        def budget(n, what):
-            ledger.check_budget(n + int(self.verify), f"{what} and the check")
-
-        with ledger.stage("attention"):
-            W, c, info = fit_shared(
-                ledger, rng, d, H, N, lambda X, O: self._attention(X, O, V, beta,
-                                                                             "all"),
-                lambda A: spreads(A, "all", bool(self.causal)), fit_bias=bool(self.fit_bias),
-                max_rescale=MAX_RESCALE, min_weight=self._min_weight(),
-                n_queries=self.n_queries, need=budget, **self._shared_options())
-        self.W_, self.key_bias_ = W, c
-        self.logit_residual_ = info["residual"]
-        self.token_scale_ = info["token_scale"]
-        self.head_ranks_ = info["rank"]
-        self.n_groups_ = info["groups"]
-
-    def _read_values(self, oracle, d: int) -> tuple[np.ndarray, np.ndarray]:
-        """V and beta from one batch of one-token queries: ``0`` (with ``fit_bias``) and the
-        basis vectors."""
-        X = np.eye(d)[:, None, :]
-        if self.fit_bias:
-            X = np.concatenate([np.zeros((1, 1, d)), X])
-        y = np.asarray(oracle(X), dtype=np.float64)
-        y = y[:, 0] if y.ndim == 3 else y
-        fmt = answer_format(y)  # a served box's answers: its served route reads them
-        self._served_answers = None if fmt == "float64" else fmt
-        beta = y[0] if self.fit_bias else np.zeros(y.shape[1])
-        V = y[int(self.fit_bias):] - beta
-        if not np.any(V):
-            raise NotIdentifiableError("every one-token answer is the offset (V = 0): the "
-                                       "attention weights, and so W, are not identifiable")
-        return V, beta
-
-    def _plan(self, d: int, V: np.ndarray, H: int, outputs: str) -> tuple[int, int]:
-        """Tokens per query N and queries n of the attention stage; sets ``rank_`` and
-        ``tokens_per_query_``."""
-        s = np.linalg.svd(V, compute_uv=False)
-        r = int(np.count_nonzero(s > RANK_RTOL * s[0]))
-        if outputs == "all":
-            # half of d: at d = 64, W to 8e-14 from 7 queries of 32 tokens (3e-13 from 3 of 48,
-            # 4e-14 from 26 of 16; 2 of 64 leave the equations singular)
-            N = max(2, min(r // H, math.ceil(self._all_fill * d / H)))
-            per_query = N * (N - 1) // (2 if self.causal else 1)
-        else:
-            # three quarters of d: at d = 64, W to 2.8e-13 from 133 queries of 48 tokens,
-            # 1.1e-10 from 100 of 64 (the square systems [X V, 1] are ill-conditioned)
-            N = max(2, min(r // H + 1, math.ceil(self._last_fill * d / H)))
-            per_query = N - 1
-        unknowns = d * (d + int(self.fit_bias))
-        n = self.n_queries
-        if n is None:
-            n = math.ceil(OVERSAMPLE * unknowns / per_query)
-            if outputs == "last":
-                n = max(n, d + 2)
-        elif n * per_query < unknowns:
-            raise ConfigError(
-                f"n_queries={n} queries of {N} tokens give {n * per_query} logit differences "
-                f"for {unknowns} unknowns of (W, c); at least "
-                f"{math.ceil(unknowns / per_query)} are needed")
-        self.rank_, self.tokens_per_query_ = r, N
-        return N, int(n)
-
-    def _ask_attention(self, oracle, rng, n, N, V, beta, outputs):
-        """The attention stage's queries X (n, N, d) and the heads' attention matrices
-        (H, n, M, N), from the heads' value maps V (H, d, d_out).
-
-        A pilot (one query in :data:`PILOT_SHARE`) of tokens of norm about 1 measures how
-        peaked the head's attention is; the other queries' tokens are scaled so that a row's
-        logits spread over about :data:`TARGET_SPREAD` (logits are quadratic in the tokens'
-        scale). Sets ``token_scale_``."""
-        d = V.shape[1]
-        X = rng.standard_normal((n, N, d)) / np.sqrt(d)
-        k = max(1, n // PILOT_SHARE)
-        A = self._attention(X[:k], oracle(X[:k]), V, beta, outputs)
-        scale = 1.0
-        if k < n:
-            spread = float(np.median(spreads(A, outputs, bool(self.causal))))
-            if spread > 0:
-                scale = float(np.clip(np.sqrt(TARGET_SPREAD / spread), 1 / MAX_RESCALE,
-                                      MAX_RESCALE))
-            X[k:] *= scale
-            A = np.concatenate(
-                [A, self._attention(X[k:], oracle(X[k:]), V, beta, outputs)], axis=1)
-        self.token_scale_ = scale
-        return X, A
-
-    def _attention(self, X, O, V, beta, outputs) -> np.ndarray:
-        """:func:`~attnquery.learners._vector_attention.attention_matrices`, its residual kept
-        in ``attention_residual_``."""
-        A, self.attention_residual_ = attention_matrices(X, O, V, beta, outputs,
-                                                         bool(self.causal),
-                                                         tol=self._attention_tol())
-        return A
-
-    # -- the tolerances: float64 rounding's (the served route's, its answers' format's) --------
-    def _attention_tol(self) -> float:
-        """Largest residual of the attention matrices (and negative weight) the answers'
-        rounding explains (:data:`~._vector_attention.ATTENTION_TOL`)."""
-        return ATTENTION_TOL
-
-    def _min_weight(self) -> float:
-        """Attention weights below this are left out of the logit equations."""
-        return MIN_WEIGHT
-
-    def _verify_tol(self) -> float:
-        """The check's relative tolerance (:data:`VERIFY_RTOL`)."""
-        return VERIFY_RTOL
-
-    def _split_tolerances(self) -> SplitTolerances:
-        """The split's tolerances (:data:`~._vector_split.EXACT`)."""
-        return EXACT
-
-    def _shared_options(self) -> dict:
-        """The shared-token route's group oversampling and rank tolerance (its defaults)."""
-        return {}
-
-    def _verify(self, oracle, rng) -> None:
-        """``verify`` fresh queries spread over :data:`CHECK_LENGTHS` (up to ``check_length``
-        tokens); raise ModelMismatchError when the estimate's answers differ from the box's by
-        more than :data:`VERIFY_RTOL`."""
-        d = int(oracle.d)
-        self.verify_error_, self.n_verify_queries_ = float("nan"), 0
-        if self.verify == 0:
-            return
-        lengths = check_lengths(self.check_length, CHECK_LENGTHS)
-        batches = check_queries(rng, d, int(self.verify), lengths=lengths, permuted=False)
-        worst, scale, at = 0.0, 0.0, 0
-        for X in batches:
-            O = np.asarray(oracle(X), dtype=np.float64)
-            self.n_verify_queries_ += X.shape[0]
-            diff = float(np.max(np.abs(O - self.predict(X))))
-            scale = max(scale, float(np.max(np.abs(O))))
-            if diff > worst:
-                worst, at = diff, X.shape[1]
-        self.verify_error_ = worst / scale if scale > 0 else worst
-        allowed = self._verify_tol()
-        if not self.verify_error_ <= allowed:
-            raise ModelMismatchError(
-                f"the estimate's outputs differ from the box's by {self.verify_error_:.3g} "
-                f"(relative) on {self.n_verify_queries_} check queries of "
-                f"{min(lengths)} to {max(lengths)} tokens (the farthest of {at} "
-                f"tokens), where at most {allowed:.3g} is expected: the box is not a single "
-                "head as declared (positions, soft-capped logits, several heads, noise beyond "
-                "its answers' format)",
-                error=self.verify_error_, allowed=allowed, n_checks=self.n_verify_queries_)
-
-    # -- prediction ------------------------------------------------------------------------------
     def predict(self, X) -> np.ndarray:
         """The recovered layer's outputs on X (B, N, d), in the oracle's shape: (B, N, d_out)
         for every token's outputs, (B, d_out) for the last token's."""
-        if getattr(self, "rotary_", None) is not None:
-            return self.rotary_.predict(X)
-        if not hasattr(self, "W_"):
-            raise ConfigError("predict() needs a fitted learner; call fit(oracle) first")
-        return bilinear_layer(self.W_, self.key_bias_, self.V_, self.output_bias_,
-                              causal=bool(self.causal), outputs=self.outputs_)(X)
+        return super().predict(X)

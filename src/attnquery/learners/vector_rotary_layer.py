@@ -289,7 +289,7 @@ class RotaryLayerVectorLearner(BaseLearner):
         # the fixed tokens' differences (m - 1 per round), not by the rows' offsets
         rounds = math.ceil(SPACE_VECTORS * dh / (m - 1))
         n = math.ceil(SPACE_OVERSAMPLE * (d + 1))
-        oracle.check_budget(rounds * n, "the subspace stage")
+        oracle.need(rounds * n, "the subspace stage", reserved=True)
         qv, kv = [[] for _ in range(H)], [[] for _ in range(H)]
         for _ in range(rounds):
             fixed = rng.standard_normal((2 * m, d)) / np.sqrt(d)
@@ -345,7 +345,7 @@ class RotaryLayerVectorLearner(BaseLearner):
         rows = pad[np.unique(np.concatenate([
             np.arange(near), np.linspace(0, pad.size - 1, max(used - near, 2)).round()
         ]).astype(int))]
-        oracle.check_budget(n_probes * n_sets, "the form stage")
+        oracle.need(n_probes * n_sets, "the form stage", reserved=True)
         probes = rng.standard_normal((n_probes, d)) / np.sqrt(d)
         keys = rng.standard_normal((n_sets, k, d)) / np.sqrt(d)
         X = np.repeat(probes[:, None, None, :], n_sets, axis=1)

@@ -31,8 +31,8 @@ from ._base import CHECK_LENGTH, DEFAULT_VERIFY
 from ._noise import NOISE_MODES, judge_noise
 from ._params import Options
 from ._registry import LearnerSpec
+from ._vector_layer import STAGES, VectorLayerRoute
 from ._vector_split import KEY_SCALE, SplitTolerances
-from .vector import STAGES, VectorLayerLearner
 
 __all__ = ["ServedVectorLearner", "VALUE_SAMPLES", "SERVED_OVERSAMPLE", "ATTENTION_UNITS",
            "MIN_WEIGHT_UNITS", "VERIFY_UNITS"]
@@ -71,7 +71,7 @@ SHARED_OVERSAMPLE = 32.0
 SHARED_ROW_RTOL = 1e-4
 
 
-class ServedVectorLearner(VectorLayerLearner):
+class ServedVectorLearner(VectorLayerRoute):
     """Recover an attention head from served vector answers (float32, float16, bfloat16).
 
     The served route of :class:`~attnquery.learners.VectorLayerLearner`, which hands a fit to
@@ -111,7 +111,7 @@ class ServedVectorLearner(VectorLayerLearner):
                          verify=verify, check_length=check_length, random_state=random_state)
         self.noise = noise
 
-    _parameter_constraints = {**VectorLayerLearner._parameter_constraints,
+    _parameter_constraints = {**VectorLayerRoute._parameter_constraints,
                               "noise": [Options(NOISE_MODES)]}
     spec = LearnerSpec(
         name="vector_served", oracle="vector", returns="vector layer", stages=STAGES,
@@ -147,7 +147,7 @@ class ServedVectorLearner(VectorLayerLearner):
         n = math.ceil(VALUE_SAMPLES * (d + 1) / 2)
         z = self._rng_values.standard_normal((n, d))
         z /= np.linalg.norm(z, axis=1, keepdims=True)
-        oracle.check_budget(2 * n, "the value stage (served answers)")
+        oracle.need(2 * n, "the value stage (served answers)", reserved=True)
         y = np.asarray(oracle(np.concatenate([z, -z])[:, None, :]), dtype=np.float64)
         y = y[:, 0] if y.ndim == 3 else y
         if not np.all(np.isfinite(y)):
