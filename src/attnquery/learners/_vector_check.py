@@ -25,10 +25,12 @@ CHECK_LENGTHS = (1, 2, 3, 8, 64, 256, 1024, 4096)
 VERIFY_RTOL = 1e-8
 
 
-def verify_fit(est, oracle, rng, n: int, lengths, what: str) -> None:
+def verify_fit(est, oracle, rng, n: int, lengths, what: str,
+               allowed: float = VERIFY_RTOL) -> None:
     """``n`` fresh queries spread over ``lengths`` (0: no check): sets ``est.verify_error_``
     (``max |O - O_hat| / max |O|``) and ``est.n_verify_queries_``, and raises
-    ModelMismatchError ("the box is not ``what``") beyond :data:`VERIFY_RTOL`."""
+    ModelMismatchError ("the box is not ``what``") beyond ``allowed`` (default
+    :data:`VERIFY_RTOL`; the served route's is a multiple of its format's floor)."""
     est.verify_error_, est.n_verify_queries_ = float("nan"), 0
     if n == 0:
         return
@@ -41,10 +43,10 @@ def verify_fit(est, oracle, rng, n: int, lengths, what: str) -> None:
         if diff > worst:
             worst, at = diff, X.shape[1]
     est.verify_error_ = worst / scale if scale > 0 else worst
-    if not est.verify_error_ <= VERIFY_RTOL:
+    if not est.verify_error_ <= allowed:
         raise ModelMismatchError(
             f"the estimate's outputs differ from the box's by {est.verify_error_:.3g} "
             f"(relative) on {est.n_verify_queries_} check queries of {min(lengths)} to "
             f"{max(lengths)} tokens (the farthest of {at} tokens), where at most "
-            f"{VERIFY_RTOL:g} is expected: the box is not {what}",
-            error=est.verify_error_, allowed=VERIFY_RTOL, n_checks=est.n_verify_queries_)
+            f"{allowed:.3g} is expected: the box is not {what}",
+            error=est.verify_error_, allowed=allowed, n_checks=est.n_verify_queries_)

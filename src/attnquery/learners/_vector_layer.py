@@ -8,7 +8,7 @@ import numbers
 
 import numpy as np
 
-from ..errors import ConfigError, ModelMismatchError, NotIdentifiableError
+from ..errors import ConfigError, NotIdentifiableError
 from ..precision import answer_format
 from ..vector_models import bilinear_layer
 from ._base import (
@@ -19,7 +19,6 @@ from ._base import (
     BaseLearner,
     check_lengths,
     check_oracle,
-    check_queries,
 )
 from ._params import Interval, Options
 from ._vector_attention import (
@@ -29,7 +28,7 @@ from ._vector_attention import (
     solve_logits,
     spreads,
 )
-from ._vector_check import CHECK_LENGTHS, VERIFY_RTOL
+from ._vector_check import CHECK_LENGTHS, VERIFY_RTOL, verify_fit
 from ._vector_heads import fit_shared
 from ._vector_split import EXACT, RANK_RTOL, SplitTolerances, split_queries, split_values
 
@@ -322,32 +321,11 @@ class VectorLayerRoute(BaseLearner):
     def _verify(self, oracle, rng) -> None:
         """``verify`` fresh queries spread over :data:`CHECK_LENGTHS` (up to ``check_length``
         tokens); raise ModelMismatchError when the estimate's answers differ from the box's by
-        more than :data:`VERIFY_RTOL`."""
-        d = int(oracle.d)
-        self.verify_error_, self.n_verify_queries_ = float("nan"), 0
-        if self.verify == 0:
-            return
-        lengths = check_lengths(self.check_length, CHECK_LENGTHS)
-        batches = check_queries(rng, d, int(self.verify), lengths=lengths, permuted=False)
-        worst, scale, at = 0.0, 0.0, 0
-        for X in batches:
-            O = np.asarray(oracle(X), dtype=np.float64)
-            self.n_verify_queries_ += X.shape[0]
-            diff = float(np.max(np.abs(O - self.predict(X))))
-            scale = max(scale, float(np.max(np.abs(O))))
-            if diff > worst:
-                worst, at = diff, X.shape[1]
-        self.verify_error_ = worst / scale if scale > 0 else worst
-        allowed = self._verify_tol()
-        if not self.verify_error_ <= allowed:
-            raise ModelMismatchError(
-                f"the estimate's outputs differ from the box's by {self.verify_error_:.3g} "
-                f"(relative) on {self.n_verify_queries_} check queries of "
-                f"{min(lengths)} to {max(lengths)} tokens (the farthest of {at} "
-                f"tokens), where at most {allowed:.3g} is expected: the box is not a single "
-                "head as declared (positions, soft-capped logits, several heads, noise beyond "
-                "its answers' format)",
-                error=self.verify_error_, allowed=allowed, n_checks=self.n_verify_queries_)
+        more than :meth:`_verify_tol` (:func:`~._vector_check.verify_fit`)."""
+        verify_fit(self, oracle, rng, int(self.verify),
+                   check_lengths(self.check_length, CHECK_LENGTHS),
+                   "a single head as declared (positions, soft-capped logits, several heads, "
+                   "noise beyond its answers' format)", allowed=self._verify_tol())
 
     # -- prediction ------------------------------------------------------------------------------
     def predict(self, X) -> np.ndarray:
