@@ -1,6 +1,7 @@
 """The vector experiment, its figure and its claims (claims fail on contrary data)."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -168,3 +169,16 @@ def test_case_claims_fail_on_contrary_data():
         "vector_case_qwen2"].statement
     assert {n.name for n in claims["vector_case_qwen2"].numbers} == {
         "vectorQwen2Queries", "vectorQwen2WorstError"}
+
+
+def test_the_benchmark_runs_the_default_studys_cases():
+    from attnquery.bench import VECTOR_CASES
+    from attnquery.config import load_config
+
+    def case_cells(cases):
+        cells = expand_cells("vector", {"heads": {"all": [8]}, "cases": cases})
+        return sorted((c for c in cells if c.get("family")), key=lambda c: c["family"])
+
+    path = Path(__file__).resolve().parents[1] / "config" / "config.yaml"
+    cases = load_config(path)["experiments"]["vector"]["cases"]
+    assert case_cells(cases) == case_cells(VECTOR_CASES) and len(VECTOR_CASES) >= 6

@@ -387,6 +387,18 @@ def bench_rotary_layer() -> list[dict]:
     return rows
 
 
+#: the vector benchmark's named layers (the default study's ``experiments.vector.cases``)
+VECTOR_CASES = [
+    {"name": "generic_h8", "d": 32, "n_heads": 8, "key_dim": 32, "goal": 1e-8},
+    {"name": "qwen2_gqa", "d": 256, "n_heads": 8, "n_kv_heads": 2, "causal": True,
+     "rope_base": 10000.0, "goal": 1e-9},
+    {"name": "head_float32", "d": 32, "n_heads": 1, "rounding": "float32", "goal_floors": 3},
+    {"name": "head_float16", "d": 32, "n_heads": 1, "rounding": "float16", "goal_floors": 3},
+    {"name": "head_bfloat16", "d": 32, "n_heads": 1, "rounding": "bfloat16", "goal_floors": 3},
+    {"name": "layer_float32", "d": 32, "n_heads": 4, "rounding": "float32", "goal": 1e-5},
+]
+
+
 @register_benchmark("vector")
 def bench_vector() -> list[dict]:
     """Extraction from vector answers against scalar answers (beyond the paper): random float64
@@ -398,10 +410,12 @@ def bench_vector() -> list[dict]:
     from .experiments import cell_rng, expand_cells, get_experiment
 
     cfg = {"heads": {"scalar": [32, 64], "last": [32, 64], "all": [32, 64]},
-           "layers": {"answers": ["all", "last"], "d": [16, 32], "n_heads": [2, 4]}}
+           "layers": {"answers": ["all", "last"], "d": [16, 32], "n_heads": [2, 4]},
+           "cases": VECTOR_CASES}
     order = {"scalar": 0, "last": 1, "all": 2}
     cells = sorted(expand_cells("vector", cfg),
-                   key=lambda c: (c["n_heads"], c["d"], order[c["variant"]]))
+                   key=lambda c: (c.get("family") or "", c["n_heads"], c["d"],
+                                  order[c["variant"]]))
     run = get_experiment("vector").run
     rows = []
     for cell in cells:
@@ -410,11 +424,13 @@ def bench_vector() -> list[dict]:
         wall = time.perf_counter() - t0
         x = m["extra"]
         errors = ("rel_err_W", "rel_err_v", "rel_err_c", "rel_err_offset", "func_err")
-        rows.append({"answers": cell["variant"], "d": cell["d"], "H": cell["n_heads"],
+        rows.append({"case": cell.get("family") or "-", "answers": cell["variant"],
+                     "d": cell["d"], "H": cell["n_heads"],
                      "queries (counted)": m["n_queries"], "check": m["verify_queries"],
                      "tokens": "-" if x["n_tokens"] is None else x["n_tokens"],
                      "floor": x["floor"], "queries / floor": round(x["floor_ratio"], 2),
-                     "max error (W, V, c, beta, f)": max(float(m[k]) for k in errors),
+                     "max error (W, V, c, beta, f)": max(float(m[k]) for k in errors
+                                                          if m.get(k) is not None),
                      "wall time (s)": round(wall, 1)})
     return rows
 
