@@ -101,7 +101,9 @@ def _case_cell(case: dict, seed: int) -> dict:
         raise ConfigError(f"{where}: rounding {c['rounding']!r}; choose from {CASE_ROUNDINGS}")
     if c["answers"] not in ("last", "all"):
         raise ConfigError(f"{where}: answers {c['answers']!r}; choose 'last' or 'all'")
-    return {"learner": "vector", "variant": c["answers"], "family": str(c["name"]), "d": d,
+    # a rotary layer is read by its own route (its logits are rotary forms, no W to measure)
+    learner = "vector_rotary_layer" if c["rope_base"] else "vector"
+    return {"learner": learner, "variant": c["answers"], "family": str(c["name"]), "d": d,
             "n_heads": H, "n_kv_heads": G,
             "head_dim": int(c["head_dim"] or d // H), "key_dim": int(c["key_dim"] or 0),
             "causal": bool(c["causal"]), "rope_base": c["rope_base"] and float(c["rope_base"]),
