@@ -356,8 +356,10 @@ def _draw_cases(cx, cases) -> None:
     ratio = np.maximum(_worst_error(ok) / ok["goal"].astype(float).to_numpy(), LOW)
     colors = [COLORS[v] for v in ok["variant"]]
     cx.scatter(_total(ok), ratio, s=18, marker="D", c=colors)
-    for name, x, y in zip(ok["family"], _total(ok), ratio, strict=True):
-        cx.annotate(str(name), (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    points = sorted(zip(_total(ok), ratio, ok["family"], strict=True))
+    for k, (x, y, name) in enumerate(points):  # neighbours' labels above and below
+        cx.annotate(str(name), (x, y), fontsize=6, xytext=(3, 3 if k % 2 == 0 else -8),
+                    textcoords="offset points")
     cx.axhline(1.0, color="0.4", ls=":", lw=0.8)
     cx.set(xscale="log", yscale="log", xlabel="queries (check included)",
            ylabel="worst error / goal", title="(c) named layers")
