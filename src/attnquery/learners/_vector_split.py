@@ -72,6 +72,16 @@ class SplitTolerances(NamedTuple):
     moved: float = MOVED_TOL
     perturb: float = PERTURB
     refine: int = 1
+    #: read the parts in the answers' own coordinates, ``Delta^T V_h`` (in ``R^{d_out}``),
+    #: rather than in those of ``V_sum^+``: the pseudo-inverse amplifies the answers' rounding
+    #: by ``V_sum``'s condition number (float32, d = 96: 6e3; d = 192: 2e4), where exact
+    #: answers lose nothing
+    output_frame: bool = False
+    #: the refinement reads the exact parts of ``spread (dh + 1)`` key differences (the
+    #: ``dh + 1`` of the scan and fresh random ones): a head's basis from ``dh + 1`` parts in
+    #: its ``dh`` dimensions is conditioned like a square random matrix (about ``4 dh``), from
+    #: twice as many about 6
+    spread: int = 1
 
 
 #: the tolerances for answers exact to float64
@@ -97,26 +107,48 @@ REFINE_NORM = 100.0
 def split_queries(d: int, n_heads: int, tols: SplitTolerances = EXACT) -> int:
     """Queries :func:`split_values` asks at most (every line retried)."""
     dh = d // n_heads
-    refine = (1 + RETRIES) * (dh + 1) * tols.refine * (REFINE_SHARE * n_heads + REFINE_EXTRA)
+    refine = ((1 + RETRIES) * tols.spread * (dh + 1) * tols.refine
+              * (REFINE_SHARE * n_heads + REFINE_EXTRA))
     return (1 + RETRIES) * (scan_queries_per_line(n_heads) + (dh + 1) * (n_heads + 1)) + refine
 
 
-def _parts(oracle, Vp, beta, b, Delta) -> np.ndarray:
-    """``sum_h sigma_h Delta^T E_h`` for the queries ``[b + T Delta; b]``, one per row."""
+class _Frame(NamedTuple):
+    """Where the parts are read: ``V_sum^+`` (``Vp``) maps the answers to ``sum_h sigma_h
+    Delta^T E_h``; without it (``output_frame``) the parts are ``sum_h sigma_h Delta^T V_h``."""
+
+    V_sum: np.ndarray
+    Vp: np.ndarray | None
+
+    def of(self, D: np.ndarray) -> np.ndarray:
+        """The differences D (k, d) in the frame's coordinates."""
+        return D if self.Vp is not None else D @ self.V_sum
+
+    def maps(self, E: np.ndarray) -> np.ndarray:
+        """The heads' value maps (H, d, d_out) from the frame's projectors E."""
+        if self.Vp is not None:
+            return np.einsum("hde,eo->hdo", E, self.V_sum)
+        return np.einsum("de,heo->hdo", self.V_sum, E)
+
+
+def _parts(oracle, frame: _Frame, beta, b, Delta) -> np.ndarray:
+    """``sum_h sigma_h Delta^T E_h`` (or ``Delta^T V_h``, see :class:`_Frame`) for the queries
+    ``[b + T Delta; b]``, one per row."""
     X = np.stack([b + KEY_SCALE * Delta, b], axis=1)
     o = np.asarray(oracle(X), dtype=np.float64)
     o = o[:, -1] if o.ndim == 3 else o
-    return ((o - beta) @ Vp - b) / KEY_SCALE
+    if frame.Vp is None:
+        return ((o - beta) - b @ frame.V_sum) / KEY_SCALE
+    return ((o - beta) @ frame.Vp - b) / KEY_SCALE
 
 
-def _scan(oracle, Vp, beta, Delta, b0, v, n_heads,
+def _scan(oracle, frame, beta, Delta, b0, v, n_heads,
           change: float = CHANGE_TOL) -> tuple[np.ndarray, np.ndarray]:
     """The jumps along the line ``b0 + s v`` for the key difference ``Delta``: bisection, one
     batch per level, until ``n_heads`` intervals hold a change each and :data:`EXTRA_LEVELS`
     more (or :data:`LEVELS` in all).
     Returns the jumps (k, d) and their intervals (k, 2), in the order of s."""
     lo, hi = np.array([-LINE_HALF]), np.array([LINE_HALF])
-    g = _parts(oracle, Vp, beta, b0 + np.array([[-LINE_HALF], [LINE_HALF]]) * v,
+    g = _parts(oracle, frame, beta, b0 + np.array([[-LINE_HALF], [LINE_HALF]]) * v,
                np.stack([Delta, Delta]))
     glo, ghi = g[:1], g[1:]
     extra = EXTRA_LEVELS
@@ -131,7 +163,7 @@ def _scan(oracle, Vp, beta, Delta, b0, v, n_heads,
         if lo.size == 0 or extra < 0 or lo.size > 2 * n_heads:
             break
         mid = (lo + hi) / 2
-        gm = _parts(oracle, Vp, beta, b0 + mid[:, None] * v, np.repeat(Delta[None], mid.size, 0))
+        gm = _parts(oracle, frame, beta, b0 + mid[:, None] * v, np.repeat(Delta[None], mid.size, 0))
         lo, hi = np.concatenate([lo, mid]), np.concatenate([mid, hi])
         glo, ghi = np.concatenate([glo, gm]), np.concatenate([gm, ghi])
     order = np.argsort(lo)
@@ -173,21 +205,21 @@ def split_values(oracle, V_sum: np.ndarray, beta: np.ndarray, n_heads: int,
             f"splitting the value maps needs heads that fill d: H = {H} dividing d = {d} and "
             f"the summed value map of rank d (rank {rank})")
     dh = d // H
-    Vp = np.linalg.pinv(V_sum)
+    frame = _Frame(V_sum, None if tols.output_frame else np.linalg.pinv(V_sum))
     D0 = rng.standard_normal(d) / np.sqrt(d)
     Dj = rng.standard_normal((dh, d)) / np.sqrt(d)
     Deltas = np.concatenate([D0[None], D0 + tols.perturb * Dj])
     counts, moved = [], []
     for _ in range(1 + RETRIES):
         b0, v = _line(rng, d)
-        J, iv = _scan(oracle, Vp, beta, D0, b0, v, H, tols.change)
+        J, iv = _scan(oracle, frame, beta, D0, b0, v, H, tols.change)
         counts.append(J.shape[0])
         if J.shape[0] != H:
             continue
         seps = np.concatenate([[-LINE_HALF], (iv[1:, 0] + iv[:-1, 1]) / 2, [LINE_HALF]])
         S = seps.size
-        g = _parts(oracle, Vp, beta, np.tile(b0 + seps[:, None] * v, (dh + 1, 1)),
-                   np.repeat(Deltas, S, axis=0)).reshape(dh + 1, S, d)
+        g = _parts(oracle, frame, beta, np.tile(b0 + seps[:, None] * v, (dh + 1, 1)),
+                   np.repeat(Deltas, S, axis=0)).reshape(dh + 1, S, -1)
         P = np.diff(g, axis=1)  # (dh + 1, H, d): jump k of each difference
         unit = float(np.max(np.abs(P[0])))
         shift = float(np.max(np.abs(P[1:] - P[0]))) / unit
@@ -207,13 +239,18 @@ def split_values(oracle, V_sum: np.ndarray, beta: np.ndarray, n_heads: int,
             f"of n_heads={H} heads that fill d (another number of heads, or heads that do not "
             "fill d)", error=min(moved), allowed=tols.moved)
     parts = np.concatenate([P[:1], (P[1:] - P[0]) / tols.perturb])  # (dh + 1, H, d)
-    exact = _refine(oracle, Vp, beta, np.concatenate([D0[None], Dj]),
+    exact = _refine(oracle, frame, beta, np.concatenate([D0[None], Dj]),
                     _projectors(parts, dh, tols.match), rng, tols.moved, tols.refine)
+    if tols.spread > 1:  # fresh differences, their patterns read by the refined projectors
+        fresh = rng.standard_normal(((tols.spread - 1) * (dh + 1), d)) / np.sqrt(d)
+        exact = np.concatenate([exact, _refine(oracle, frame, beta, fresh,
+                                               _projectors(exact, dh, tols.match), rng,
+                                               tols.moved, tols.refine)])
     bases = [_basis(exact[:, k], dh, tols.match) for k in range(H)]
-    return np.einsum("hde,eo->hdo", _from_bases(bases, dh), V_sum)
+    return frame.maps(_from_bases(bases, dh))
 
 
-def _refine(oracle, Vp, beta, D: np.ndarray, E: np.ndarray, rng,
+def _refine(oracle, frame, beta, D: np.ndarray, E: np.ndarray, rng,
             moved: float = MOVED_TOL, factor: int = 1) -> np.ndarray:
     """The exact parts (k, H, d) of the differences D (k, d), from approximate projectors E.
 
@@ -222,15 +259,15 @@ def _refine(oracle, Vp, beta, D: np.ndarray, E: np.ndarray, rng,
     of D's exact parts, whose pattern E reads; a least squares over the patterns gives them.
     A difference whose patterns do not yet determine its H parts (a head whose weight did not
     flip between the points) is asked at fresh points, up to :data:`RETRIES` times."""
-    H, d = E.shape[0], E.shape[1]
+    H, d, m = E.shape[0], D.shape[1], E.shape[1]
     n = factor * (REFINE_SHARE * H + REFINE_EXTRA)
-    approx = np.einsum("jd,hde->jhe", D, E)  # (k, H, d)
-    g_all = [np.zeros((0, d)) for _ in range(D.shape[0])]
+    approx = np.einsum("jd,hde->jhe", frame.of(D), E)  # (k, H, m)
+    g_all = [np.zeros((0, m)) for _ in range(D.shape[0])]
     S_all = [np.zeros((0, H)) for _ in range(D.shape[0])]
     todo = np.arange(D.shape[0])
     for _ in range(1 + RETRIES):
         b = rng.standard_normal((todo.size * n, d)) * (REFINE_NORM / np.sqrt(d))
-        g = _parts(oracle, Vp, beta, b, np.repeat(D[todo], n, axis=0)).reshape(todo.size, n, d)
+        g = _parts(oracle, frame, beta, b, np.repeat(D[todo], n, axis=0)).reshape(todo.size, n, m)
         read = np.einsum("jnd,hde->jnhe", g, E)
         a = approx[todo]
         sig = np.einsum("jnhe,jhe->jnh", read, a) / np.einsum("jhe,jhe->jh", a, a)[:, None]
@@ -271,7 +308,7 @@ def _from_bases(bases, dh: int) -> np.ndarray:
     """The projectors E_h (H, d, d), ``x^T E_h`` in head h's subspace, from the heads' bases:
     ``E_h = (B S_h B^-1)^T``, S_h selecting head h's columns of B."""
     B = np.concatenate(bases, axis=1)
-    Binv = np.linalg.inv(B)
+    Binv = np.linalg.inv(B) if B.shape[0] == B.shape[1] else np.linalg.pinv(B)
     return np.stack([(B[:, h * dh:(h + 1) * dh] @ Binv[h * dh:(h + 1) * dh]).T
                      for h in range(len(bases))])
 

@@ -62,7 +62,8 @@ SPLIT_MATCH = 1e-2
 SPLIT_MOVED = 0.1
 #: ... and the refinement reads each difference's parts from SPLIT_REFINE times the float64
 #: route's random points (d = 96, 6 heads: worst V 1.4e-5 at 1, 6.6e-6 at 4)
-SPLIT_REFINE = 4
+SPLIT_REFINE = 1
+SPLIT_SPREAD = 3
 #: the shared-token route's groups hold this many times the float64 route's queries per unknown
 #: (``GROUP_OVERSAMPLE``, :mod:`._vector_heads`), and the heads' row spaces are read to
 #: SHARED_ROW_RTOL (float64: 1e-8). d = 96, 6 float32 heads of 16: worst W 1.5e-4 at 1 (the
@@ -197,7 +198,8 @@ class ServedVectorLearner(VectorLayerLearner):
 
     def _split_tolerances(self) -> SplitTolerances:
         return SplitTolerances(change=SPLIT_CHANGE_UNITS * self.noise_unit_, match=SPLIT_MATCH,
-                               moved=SPLIT_MOVED, perturb=SPLIT_PERTURB, refine=SPLIT_REFINE)
+                               moved=SPLIT_MOVED, perturb=SPLIT_PERTURB, refine=SPLIT_REFINE,
+                               output_frame=True, spread=SPLIT_SPREAD)
 
     def _shared_options(self) -> dict:
         return dict(group_oversample=SHARED_OVERSAMPLE, row_rtol=SHARED_ROW_RTOL)
