@@ -72,6 +72,16 @@ class SplitTolerances(NamedTuple):
     moved: float = MOVED_TOL
     perturb: float = PERTURB
     refine: int = 1
+    #: read the parts in the answers' own coordinates, ``Delta^T V_h`` (in ``R^{d_out}``),
+    #: rather than in those of ``V_sum^+``: the pseudo-inverse amplifies the answers' rounding
+    #: by ``V_sum``'s condition number (float32, d = 96: 6e3; d = 192: 2e4), where exact
+    #: answers lose nothing
+    output_frame: bool = False
+    #: the refinement reads the exact parts of ``spread (dh + 1)`` key differences (the
+    #: ``dh + 1`` of the scan and fresh random ones): a head's basis from ``dh + 1`` parts in
+    #: its ``dh`` dimensions is conditioned like a square random matrix (about ``4 dh``), from
+    #: twice as many about 6
+    spread: int = 1
 
 
 #: the tolerances for answers exact to float64
@@ -97,7 +107,8 @@ REFINE_NORM = 100.0
 def split_queries(d: int, n_heads: int, tols: SplitTolerances = EXACT) -> int:
     """Queries :func:`split_values` asks at most (every line retried)."""
     dh = d // n_heads
-    refine = (1 + RETRIES) * (dh + 1) * tols.refine * (REFINE_SHARE * n_heads + REFINE_EXTRA)
+    refine = ((1 + RETRIES) * tols.spread * (dh + 1) * tols.refine
+              * (REFINE_SHARE * n_heads + REFINE_EXTRA))
     return (1 + RETRIES) * (scan_queries_per_line(n_heads) + (dh + 1) * (n_heads + 1)) + refine
 
 
@@ -174,6 +185,9 @@ def split_values(oracle, V_sum: np.ndarray, beta: np.ndarray, n_heads: int,
         raise NotIdentifiableError(
             f"splitting the value maps needs heads that fill d: H = {H} dividing d = {d} and "
             f"the summed value map of rank d (rank {rank})")
+    if tols.output_frame:  # the parts read in the answers' own coordinates (see SplitTolerances)
+        E = _split(oracle, lambda o, b: o - beta - b @ V_sum, V_sum, H, rng, tols)
+        return np.einsum("do,hoe->hde", V_sum, E)
     Vp = np.linalg.pinv(V_sum)
     E = _split(oracle, lambda o, b: (o - beta) @ Vp - b, np.eye(d), H, rng, tols)
     return np.einsum("hde,eo->hdo", E, V_sum)
@@ -250,6 +264,11 @@ def _split(oracle, read, embed, H: int, rng, tols: SplitTolerances = EXACT) -> n
     parts = np.concatenate([P[:1], (P[1:] - P[0]) / tols.perturb])  # (dh + 1, H, dim)
     exact = _refine(oracle, read, embed, np.concatenate([D0[None], Dj]),
                     _projectors(parts, dh, tols.match), rng, tols.moved, tols.refine)
+    if tols.spread > 1:  # fresh differences, their patterns read by the refined projectors
+        fresh = rng.standard_normal(((tols.spread - 1) * (dh + 1), d)) / np.sqrt(d)
+        exact = np.concatenate([exact, _refine(oracle, read, embed, fresh,
+                                               _projectors(exact, dh, tols.match), rng,
+                                               tols.moved, tols.refine)])
     return _from_bases([_basis(exact[:, k], dh, tols.match) for k in range(H)], dh)
 
 
@@ -312,7 +331,7 @@ def _from_bases(bases, dh: int) -> np.ndarray:
     """The projectors E_h (H, d, d), ``x^T E_h`` in head h's subspace, from the heads' bases:
     ``E_h = (B S_h B^-1)^T``, S_h selecting head h's columns of B."""
     B = np.concatenate(bases, axis=1)
-    Binv = np.linalg.inv(B)
+    Binv = np.linalg.inv(B) if B.shape[0] == B.shape[1] else np.linalg.pinv(B)
     return np.stack([(B[:, h * dh:(h + 1) * dh] @ Binv[h * dh:(h + 1) * dh]).T
                      for h in range(len(bases))])
 

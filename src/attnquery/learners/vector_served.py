@@ -60,9 +60,13 @@ SPLIT_CHANGE_UNITS = 100.0
 SPLIT_PERTURB = 1e-3
 SPLIT_MATCH = 1e-2
 SPLIT_MOVED = 0.1
-#: ... and the refinement reads each difference's parts from SPLIT_REFINE times the float64
-#: route's random points (d = 96, 6 heads: worst V 1.4e-5 at 1, 6.6e-6 at 4)
-SPLIT_REFINE = 4
+#: ... it reads the parts in the answers' own coordinates (``SplitTolerances.output_frame``:
+#: ``V_sum^+`` amplifies their rounding by its condition number), of SPLIT_SPREAD (dh + 1) key
+#: differences, each from SPLIT_REFINE times the float64 route's random points. The split alone
+#: with the true V_sum, worst V: d = 96, 6 heads: 9.3e-6 in V_sum^+'s frame at (1, 4), 1.1e-6
+#: at (3, 1); d = 192, 12 heads: refused in V_sum^+'s frame, 7.3e-6 at (3, 1)
+SPLIT_REFINE = 1
+SPLIT_SPREAD = 3
 #: the shared-token route's groups hold this many times the float64 route's queries per unknown
 #: (``GROUP_OVERSAMPLE``, :mod:`._vector_heads`), and the heads' row spaces are read to
 #: SHARED_ROW_RTOL (float64: 1e-8). d = 96, 6 float32 heads of 16: worst W 1.5e-4 at 1 (the
@@ -197,7 +201,8 @@ class ServedVectorLearner(VectorLayerRoute):
 
     def _split_tolerances(self) -> SplitTolerances:
         return SplitTolerances(change=SPLIT_CHANGE_UNITS * self.noise_unit_, match=SPLIT_MATCH,
-                               moved=SPLIT_MOVED, perturb=SPLIT_PERTURB, refine=SPLIT_REFINE)
+                               moved=SPLIT_MOVED, perturb=SPLIT_PERTURB, refine=SPLIT_REFINE,
+                               output_frame=True, spread=SPLIT_SPREAD)
 
     def _shared_options(self) -> dict:
         return dict(group_oversample=SHARED_OVERSAMPLE, row_rtol=SHARED_ROW_RTOL)
