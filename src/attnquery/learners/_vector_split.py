@@ -186,15 +186,15 @@ def split_values(oracle, V_sum: np.ndarray, beta: np.ndarray, n_heads: int,
             f"splitting the value maps needs heads that fill d: H = {H} dividing d = {d} and "
             f"the summed value map of rank d (rank {rank})")
     if tols.output_frame:  # the parts read in the answers' own coordinates (see SplitTolerances)
-        E = _split(oracle, lambda o, b: o - beta - b @ V_sum, V_sum, H, rng, tols)
-        return np.einsum("do,hoe->hde", V_sum, E)
+        return split_outputs(oracle, V_sum, beta, H, rng, tols)[0]
     Vp = np.linalg.pinv(V_sum)
     E = _split(oracle, lambda o, b: (o - beta) @ Vp - b, np.eye(d), H, rng, tols)
     return np.einsum("hde,eo->hdo", E, V_sum)
 
 
 def split_outputs(oracle, V_sum: np.ndarray, beta: np.ndarray, n_heads: int,
-                  rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+                  rng: np.random.Generator,
+                  tols: SplitTolerances = EXACT) -> tuple[np.ndarray, np.ndarray]:
     """The heads' value-output maps (H, d, d_out) behind ``V_sum`` where the heads' *output*
     subspaces fill d_out (``H dv = d_out``), whatever the rank of ``V_sum``: grouped-query
     layers, whose heads share value maps (``V_sum`` of rank at most G dv).
@@ -219,7 +219,7 @@ def split_outputs(oracle, V_sum: np.ndarray, beta: np.ndarray, n_heads: int,
         raise NotIdentifiableError(
             f"splitting the value maps by their outputs needs heads whose output subspaces "
             f"fill d_out: H = {H} dividing d_out = {d_out}")
-    E = _split(oracle, lambda o, b: o - beta - b @ V_sum, V_sum, H, rng)
+    E = _split(oracle, lambda o, b: o - beta - b @ V_sum, V_sum, H, rng, tols)
     return np.einsum("do,hoe->hde", V_sum, E), E
 
 
