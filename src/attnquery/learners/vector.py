@@ -176,22 +176,21 @@ class VectorLayerLearner(VectorLayerRoute):
             served route: multiples of the answers' format's floor, and noise beyond it).
         """
         self._validate_params()
-        if self.positions == "rotary":  # routes of their own: the rotary learners' forms
-            from .vector_rotary import RotaryVectorLearner
-            from .vector_rotary_layer import RotaryLayerVectorLearner
+        if self.positions != "rotary":  # the float64 route, or the served one
+            return super().fit(oracle)
+        from .vector_rotary import RotaryVectorLearner  # routes of their own: rotary forms
+        from .vector_rotary_layer import RotaryLayerVectorLearner
 
-            H = self.n_heads or 1
-            route = (RotaryVectorLearner(causal=self.causal, random_state=self.random_state)
-                     if H == 1 and (self.n_kv_heads or 1) == 1 else
-                     RotaryLayerVectorLearner(n_heads=H, n_kv_heads=self.n_kv_heads,
-                                              causal=self.causal,
-                                              random_state=self.random_state))
-            self.rotary_ = route.fit(oracle)
-            for k, v in vars(self.rotary_).items():
-                if k.endswith("_"):
-                    setattr(self, k, v)
-            return self
-        return super().fit(oracle)
+        H = self.n_heads or 1
+        route = (RotaryVectorLearner(causal=self.causal, random_state=self.random_state)
+                 if H == 1 and (self.n_kv_heads or 1) == 1 else
+                 RotaryLayerVectorLearner(n_heads=H, n_kv_heads=self.n_kv_heads,
+                                          causal=self.causal, random_state=self.random_state))
+        self.rotary_ = route.fit(oracle)
+        for k, v in vars(self.rotary_).items():
+            if k.endswith("_"):
+                setattr(self, k, v)
+        return self
 
     def _served_route(self):
         """:class:`~attnquery.learners.vector_served.ServedVectorLearner` with this learner's
