@@ -105,7 +105,8 @@ def _case_cell(case: dict, seed: int) -> dict:
     learner = "vector_rotary_layer" if c["rope_base"] else "vector"
     return {"learner": learner, "variant": c["answers"], "family": str(c["name"]), "d": d,
             "n_heads": H, "n_kv_heads": G,
-            "head_dim": int(c["head_dim"] or d // H), "key_dim": int(c["key_dim"] or 0),
+            "head_dim": int(c["head_dim"] or d // H),
+            "key_dim": None if c["key_dim"] is None else int(c["key_dim"]),
             "causal": bool(c["causal"]), "rope_base": c["rope_base"] and float(c["rope_base"]),
             "rounding": c["rounding"], "goal": _case_goal(c, where), "biases": True,
             "seed": seed}
@@ -205,12 +206,14 @@ def _run_case(cell, model_rng, learner_rng, eval_rng) -> dict:
 
     d, H, variant = cell["d"], cell["n_heads"], cell["variant"]
     draw = dict(n_kv_heads=cell["n_kv_heads"], head_dim=cell["head_dim"],
-                key_dim=cell["key_dim"] or None, bias=BIAS, causal=cell["causal"],
+                key_dim=cell["key_dim"], bias=BIAS, causal=cell["causal"],
                 outputs=variant)
     if cell["rope_base"]:
         draw["rope_base"] = cell["rope_base"]
+    # the box computes in its format; errors are against the float64 layer of the same draw
     truth = random_vector_layer(d, H, copy.deepcopy(model_rng), **draw)
-    box = random_vector_layer(d, H, model_rng, precision=cell["rounding"], **draw)
+    box = truth if cell["rounding"] == "float64" else random_vector_layer(
+        d, H, model_rng, precision=cell["rounding"], **draw)
     oracle = VectorOracle(box, d, outputs=variant)
     rotary = bool(cell["rope_base"])
     est = VectorLayerLearner(n_heads=H, n_kv_heads=cell["n_kv_heads"], causal=cell["causal"],

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
 
 from ..claims import (
     ROUNDING_FACTOR,
@@ -234,7 +235,8 @@ def _case_label(row) -> str:
 
 
 def _missing(x) -> bool:
-    return x is None or (isinstance(x, float) and np.isnan(x))
+    """A parameter the row does not set (None, NaN or pandas' NA)."""
+    return bool(pd.isna(x))
 
 
 @CASE_CLAIMS
