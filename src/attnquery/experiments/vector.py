@@ -246,11 +246,11 @@ def layer_parameters(layer) -> int:
                    ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")))
 
 
-def _value_measure(est, layer) -> dict:
-    """A rotary layer's heads, matched by their value maps: the largest relative error of the
-    value maps and of the output bias (its logits are rotary forms, measured by the function
-    alone), and the rank found."""
-    perm = _match_heads(est.V_, layer.value_maps())
+def _value_measure(est, layer, perm=None) -> dict:
+    """A layer's heads, matched by their value maps (or ``perm``): the largest relative error
+    of the value maps and of the output bias, and the rank found (a rotary layer's measure: its
+    logits are rotary forms, measured by the function alone)."""
+    perm = _match_heads(est.V_, layer.value_maps()) if perm is None else perm
     V = layer.value_maps()[perm]
     return {"rel_err_v": max(relative_error(est.V_[h], V[h]) for h in range(len(V))),
             "rel_err_offset": relative_error(est.output_bias_, layer.output_bias),
@@ -258,17 +258,14 @@ def _value_measure(est, layer) -> dict:
 
 
 def _layer_measure(est, layer) -> dict:
-    """A vector layer's heads, matched by their value maps: the largest relative errors of W,
-    the value map and the key bias over the heads, of the output bias, and the rank found."""
-    H = layer.n_heads
+    """:func:`_value_measure` and the largest relative errors of W and the key bias over the
+    heads (matched by their value maps)."""
     perm = _match_heads(est.V_, layer.value_maps())
-    W, V, c = layer.head_W()[perm], layer.value_maps()[perm], layer.key_bias()[perm]
+    W, c = layer.head_W()[perm], layer.key_bias()[perm]
     return {
-        "rel_err_W": max(relative_error(est.W_[h], W[h]) for h in range(H)),
-        "rel_err_v": max(relative_error(est.V_[h], V[h]) for h in range(H)),
-        "rel_err_c": max(relative_error(est.key_bias_[h], c[h]) for h in range(H)),
-        "rel_err_offset": relative_error(est.output_bias_, layer.output_bias),
-        "rank_found": int(est.rank_),
+        "rel_err_W": max(relative_error(est.W_[h], W[h]) for h in range(len(W))),
+        **_value_measure(est, layer, perm),
+        "rel_err_c": max(relative_error(est.key_bias_[h], c[h]) for h in range(len(c))),
     }
 
 
