@@ -26,13 +26,14 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import ModelError
-from .models import _rotary_frequencies_arg, check_input, rotate_half
+from .models import _rotary_frequencies_arg, check_input, rotate_half, softmax_last
 from .models.generators import _check_scales, _draw_gqa_biases, _draw_gqa_weights, _gqa_heads
 from .models.rotary import _GroupedLayer
 from .precision import Arithmetic, check_precision
 from .rng import as_rng
 
-__all__ = ["VectorAttentionLayer", "bilinear_layer", "random_vector_layer", "OUTPUTS"]
+__all__ = ["VectorAttentionLayer", "RotaryFormLayer", "bilinear_layer", "random_vector_layer",
+           "OUTPUTS"]
 
 #: what a layer answers: every token's output vector, or the last token's
 OUTPUTS = ("all", "last")
@@ -162,6 +163,20 @@ class VectorAttentionLayer(_GroupedLayer):
         output (the attention weights of a head sum to one)."""
         return self.W_O @ self.b_V[self.groups].ravel() + self.b_O
 
+    def M(self, delta: int, head: int = 0) -> np.ndarray:
+        """Head ``head``'s form at the relative offset ``delta`` (key position minus query
+        position), shape (d+1, d+1): ``scale [W_K, b_K]^T Rot(-delta) [W_Q, b_Q]``, so the logit
+        of key x_i for query x_n is ``[x_i; 1]^T M_(i-n) [x_n; 1]`` (the same at every offset
+        without positions: ``[[W_h, c_h], ...]``)."""
+        if self.softcap is not None:
+            raise ModelError("M is defined for layers without soft-capping (capped logits are "
+                             "no bilinear form)")
+        g = self.groups[head]
+        Q = np.concatenate([self.W_Q[head], self.b_Q[head][:, None]], axis=1)  # (dh, d+1)
+        K = np.concatenate([self.W_K[g], self.b_K[g][:, None]], axis=1)
+        RQ = rotate_half(Q.T, np.full(Q.shape[1], -float(delta)), self.frequencies)
+        return self.scale * (K.T @ RQ.T)
+
     # -- evaluation --------------------------------------------------------------------------------
     def __call__(self, X) -> np.ndarray:
         X = check_input(X, self.d)
@@ -197,6 +212,149 @@ class VectorAttentionLayer(_GroupedLayer):
             heads[bs, rs] = o.reshape(o.shape[0], o.shape[1], H * dv)
         out = A.add(A.matmul(heads, W_O.T), A.store(self.b_O))
         return A.answers(out if self.outputs == "all" else out[:, 0])
+
+
+class RotaryFormLayer:
+    """A layer of rotary heads given by their bilinear forms, as the rotary vector learners
+    recover it (:class:`~attnquery.learners.vector_rotary_layer.RotaryLayerVectorLearner`,
+    :class:`~attnquery.learners.vector_rotary.RotaryVectorLearner`): head h's logit of key x_i
+    (position i) for query x_n (position n) is ``kappa_i^T F_h(i - n) zeta_n`` with
+    ``kappa = [Bk_h x_i; 1]``, ``zeta = [Bq_h x_n; 1]`` and
+
+        F_h(delta) = sum_j cos(theta_j delta) P_hj + sin(theta_j delta) S_hj + C_h
+
+    (up to terms constant over the keys, which the softmax cancels), and token n's output is
+    ``sum_h sum_i a_{h,n,i} x_i^T V_h + beta``.
+
+    Parameters
+    ----------
+    V : array_like (H, d, d_out)
+        Value-output maps.
+    output_bias : array_like (d_out,)
+        beta.
+    frequencies : array_like (R/2,)
+        theta_j.
+    cos_forms, sin_forms : array_like (H, R/2, r+1, r+1)
+        P_hj and S_hj in the bases' coordinates.
+    const_form : array_like (H, r+1, r+1)
+        C_h.
+    query_bases, key_bases : array_like (H, r, d), optional
+        Bq_h and Bk_h (default the identity: the forms are over ``[x; 1]``, r = d).
+    head_groups : array_like (H,), optional
+        The key/value head each head reads (default one each); a description, not used to
+        evaluate.
+    causal : bool
+        Token n attends to tokens i <= n only.
+    outputs : {"all", "last"}
+        Answer every token's output (B, N, d_out) or the last token's (B, d_out).
+    """
+
+    #: the arrays that define the layer (the names of its attributes and of a layer file's
+    #: members, :func:`attnquery.realheads.load_vector_layer`)
+    FIELDS = ("V", "output_bias", "frequencies", "cos_forms", "sin_forms", "const_form",
+              "query_bases", "key_bases", "head_groups")
+
+    def __init__(self, V, output_bias, frequencies, cos_forms, sin_forms, const_form, *,
+                 query_bases=None, key_bases=None, head_groups=None, causal: bool = True,
+                 outputs: str = "all"):
+        V, beta, theta, P, S, C = (np.asarray(a, dtype=np.float64) for a in (
+            V, output_bias, frequencies, cos_forms, sin_forms, const_form))
+        if V.ndim != 3 or C.ndim != 3 or C.shape[0] != V.shape[0] or C.shape[1] != C.shape[2]:
+            raise ModelError(f"V must have shape (H, d, d_out) and const_form (H, r+1, r+1); "
+                             f"got {V.shape} and {C.shape}")
+        H, d, d_out = V.shape
+        r = C.shape[1] - 1
+        eye = np.broadcast_to(np.eye(d), (H, d, d))
+        Bq = eye if query_bases is None else np.asarray(query_bases, dtype=np.float64)
+        Bk = eye if key_bases is None else np.asarray(key_bases, dtype=np.float64)
+        groups = np.arange(H) if head_groups is None else np.asarray(head_groups)
+        want = {"output_bias": (beta, (d_out,)), "frequencies": (theta, (theta.size,)),
+                "cos_forms": (P, (H, theta.size, r + 1, r + 1)),
+                "sin_forms": (S, (H, theta.size, r + 1, r + 1)),
+                "query_bases": (Bq, (H, r, d)), "key_bases": (Bk, (H, r, d)),
+                "head_groups": (groups, (H,))}
+        bad = [f"{k} {a.shape} (expected {shape})" for k, (a, shape) in want.items()
+               if a.shape != shape]
+        if bad:
+            raise ModelError(f"the arrays of a layer of {H} rotary head(s) of dimension d = {d} "
+                             f"(forms of {r + 1} coordinates) do not fit: {'; '.join(bad)}")
+        if not all(np.all(np.isfinite(a)) for a in (V, beta, theta, P, S, C, Bq, Bk)):
+            raise ModelError("model parameters must be finite")
+        if not np.issubdtype(groups.dtype, np.integer):
+            raise ModelError(f"head_groups must be integers; got {groups.dtype}")
+        if not isinstance(causal, bool | np.bool_):
+            raise ModelError(f"causal must be True or False; got {causal!r}")
+        if outputs not in OUTPUTS:
+            raise ModelError(f"outputs must be one of {OUTPUTS}; got {outputs!r}")
+        self.V, self.output_bias, self.frequencies = V, beta, theta
+        self.cos_forms, self.sin_forms, self.const_form = P, S, C
+        self.query_bases, self.key_bases, self.head_groups = Bq, Bk, groups
+        self.causal, self.outputs = bool(causal), outputs
+
+    @property
+    def d(self) -> int:
+        """Token dimension."""
+        return self.V.shape[1]
+
+    @property
+    def d_out(self) -> int:
+        """Output dimension."""
+        return self.V.shape[2]
+
+    @property
+    def n_heads(self) -> int:
+        return self.V.shape[0]
+
+    @property
+    def n_kv_heads(self) -> int:
+        return int(np.unique(self.head_groups).size)
+
+    rotary = True
+
+    def value_maps(self) -> np.ndarray:
+        """Every head's value-output map V_h, shape (H, d, d_out)."""
+        return self.V
+
+    def M(self, delta: int, head: int = 0) -> np.ndarray:
+        """Head ``head``'s form at the relative offset ``delta`` (key position minus query
+        position), shape (d+1, d+1): the logit of key x_i for query x_n is
+        ``[x_i; 1]^T M [x_n; 1]`` up to terms constant over the keys."""
+        a = float(delta) * self.frequencies
+        F = (np.tensordot(np.cos(a), self.cos_forms[head], 1)
+             + np.tensordot(np.sin(a), self.sin_forms[head], 1) + self.const_form[head])
+
+        def lift(B):  # [x; 1] -> [B x; 1]
+            return np.block([[B, np.zeros((B.shape[0], 1))],
+                             [np.zeros((1, B.shape[1])), np.ones((1, 1))]])
+
+        return lift(self.key_bases[head]).T @ F @ lift(self.query_bases[head])
+
+    def __call__(self, X) -> np.ndarray:
+        X = check_input(X, self.d)
+        B, N, _ = X.shape
+        a = np.arange(N, dtype=np.float64)[:, None] * self.frequencies
+        c, s = np.cos(a)[None, :, :, None], np.sin(a)[None, :, :, None]
+        rows = np.arange(N) if self.outputs == "all" else np.array([N - 1])
+        ones = np.ones((B, N, 1))
+        out = np.broadcast_to(self.output_bias, (B, rows.size, self.d_out)).copy()
+        for h in range(self.n_heads):
+            kap = np.concatenate([X @ self.key_bases[h].T, ones], axis=2)
+            zet = np.concatenate([X[:, rows] @ self.query_bases[h].T, ones[:, rows]], axis=2)
+            PZ = np.einsum("jef,bnf->bnje", self.cos_forms[h], zet)
+            SZ = np.einsum("jef,bnf->bnje", self.sin_forms[h], zet)
+            cq, sq = c[:, rows], s[:, rows]
+            Kj = kap[:, :, None, :]
+            # cos(t(i-n)) = c_i c_n + s_i s_n, sin(t(i-n)) = s_i c_n - c_i s_n
+            kf = np.concatenate([(c * Kj).reshape(B, N, -1), (s * Kj).reshape(B, N, -1), kap],
+                                axis=2)
+            qf = np.concatenate([(cq * PZ - sq * SZ).reshape(B, rows.size, -1),
+                                 (sq * PZ + cq * SZ).reshape(B, rows.size, -1),
+                                 zet @ self.const_form[h].T], axis=2)
+            logits = qf @ kf.swapaxes(1, 2)  # (B, rows, N keys)
+            if self.causal:
+                logits = np.where(np.arange(N)[None, :] > rows[:, None], -np.inf, logits)
+            out += softmax_last(logits) @ (X @ self.V[h])
+        return out if self.outputs == "all" else out[:, 0]
 
 
 def bilinear_layer(W, key_bias, V, output_bias, *, causal: bool = False,

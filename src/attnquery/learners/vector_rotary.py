@@ -261,16 +261,26 @@ class RotaryVectorLearner(BaseLearner):
                    "one rotary head of the declared base and mask")
 
     # -- the estimate ------------------------------------------------------------------------------
+    def form_layer(self):
+        """The recovered head as a one-head :class:`~attnquery.vector_models.RotaryFormLayer`
+        (forms over ``[x; 1]``: identity bases), what :meth:`predict` and :meth:`M`
+        evaluate."""
+        from ..vector_models import RotaryFormLayer
+
+        if not hasattr(self, "const_form_"):
+            raise ConfigError("form_layer() needs a fitted learner; call fit(oracle) first")
+        return RotaryFormLayer(self.V_[None], self.output_bias_, self.frequencies_,
+                               self.cos_forms_[None], self.sin_forms_[None],
+                               self.const_form_[None], causal=bool(self.causal),
+                               outputs=self.outputs_)
+
     def M(self, delta: int) -> np.ndarray:
         """The form at relative offset ``delta`` (key position minus query position), shape
         (d+1, d+1): the logit of key x_k for query x_q is ``[x_k; 1]^T M [x_q; 1]`` up to terms
         constant over the keys."""
         if not hasattr(self, "const_form_"):
             raise ConfigError("M() needs a fitted learner; call fit(oracle) first")
-        b = self._basis(np.asarray(float(delta)))
-        h = self.frequencies_.size
-        return (np.tensordot(b[:h], self.cos_forms_, 1) + np.tensordot(b[h:2 * h],
-                self.sin_forms_, 1) + self.const_form_)
+        return self.form_layer().M(delta)
 
     def predict(self, X) -> np.ndarray:
         """The recovered head's outputs on X (B, N, d), in the oracle's shape."""
@@ -279,24 +289,4 @@ class RotaryVectorLearner(BaseLearner):
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 3 or X.shape[2] != self.V_.shape[0]:
             raise ConfigError(f"X must have shape (B, N, {self.V_.shape[0]}); got {X.shape}")
-        B, N, d = X.shape
-        Y = np.concatenate([X, np.ones((B, N, 1))], axis=2)
-        a = np.arange(N, dtype=np.float64)[:, None] * self.frequencies_  # (N, h)
-        c, s = np.cos(a)[None, :, :, None], np.sin(a)[None, :, :, None]
-        PY = np.einsum("jef,bnf->bnje", self.cos_forms_, Y)
-        SY = np.einsum("jef,bnf->bnje", self.sin_forms_, Y)
-        Yj = Y[:, :, None, :]
-        # cos(t(i-n)) = c_i c_n + s_i s_n, sin(t(i-n)) = s_i c_n - c_i s_n
-        kf = np.concatenate([(c * Yj).reshape(B, N, -1), (s * Yj).reshape(B, N, -1), Y], axis=2)
-        qf = np.concatenate([(c * PY - s * SY).reshape(B, N, -1),
-                             (s * PY + c * SY).reshape(B, N, -1),
-                             Y @ self.const_form_.T], axis=2)
-        rows = np.arange(N) if self.outputs_ == "all" else np.array([N - 1])
-        logits = qf[:, rows] @ kf.swapaxes(1, 2)  # (B, M, N)
-        if self.causal:
-            logits = np.where(np.arange(N)[None, :] > rows[:, None], -np.inf, logits)
-        logits -= logits.max(axis=2, keepdims=True)
-        w = np.exp(logits)
-        w /= w.sum(axis=2, keepdims=True)
-        out = w @ (X @ self.V_) + self.output_bias_
-        return out if self.outputs_ == "all" else out[:, 0]
+        return self.form_layer()(X)

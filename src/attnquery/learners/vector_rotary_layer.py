@@ -48,7 +48,7 @@ from ._vector_attention import ATTENTION_TOL, MIN_WEIGHT
 from ._vector_check import CHECK_LENGTHS, VERIFY_RTOL, verify_fit  # noqa: F401
 from ._vector_rotary_reads import (
     head_weights,
-    rotary_basis,
+    rotary_basis,  # noqa: F401 (importable from here as before)
     row_space,
     solve_forms,
     whitened_solve,
@@ -383,21 +383,22 @@ class RotaryLayerVectorLearner(BaseLearner):
         if not hasattr(self, "const_form_"):
             raise ConfigError(f"{what} needs a fitted learner; call fit(oracle) first")
 
+    def form_layer(self):
+        """The recovered layer as a :class:`~attnquery.vector_models.RotaryFormLayer` (what
+        :meth:`predict` and :meth:`M` evaluate; ``attnquery extract`` saves its arrays)."""
+        from ..vector_models import RotaryFormLayer
+
+        self._fitted("form_layer()")
+        return RotaryFormLayer(self.V_, self.output_bias_, self.frequencies_, self.cos_forms_,
+                               self.sin_forms_, self.const_form_, query_bases=self.query_bases_,
+                               key_bases=self.key_bases_, head_groups=self.head_groups_,
+                               causal=bool(self.causal), outputs=self.outputs_)
+
     def M(self, delta: int, head: int = 0) -> np.ndarray:
         """Head ``head``'s form at relative offset ``delta`` (key position minus query
         position), shape (d+1, d+1): the logit of key x_k for query x_q is
         ``[x_k; 1]^T M [x_q; 1]`` up to terms constant over the keys."""
-        self._fitted("M()")
-        b = rotary_basis(np.asarray(float(delta)), self.frequencies_)
-        j = self.frequencies_.size
-        F = (np.tensordot(b[:j], self.cos_forms_[head], 1)
-             + np.tensordot(b[j:2 * j], self.sin_forms_[head], 1) + self.const_form_[head])
-
-        def lift(B):  # [x; 1] -> [B x; 1]
-            return np.block([[B, np.zeros((B.shape[0], 1))],
-                             [np.zeros((1, B.shape[1])), np.ones((1, 1))]])
-
-        return lift(self.key_bases_[head]).T @ F @ lift(self.query_bases_[head])
+        return self.form_layer().M(delta, head)
 
     def predict(self, X) -> np.ndarray:
         """The recovered layer's outputs on X (B, N, d): every token's, (B, N, d_out)."""
@@ -405,28 +406,4 @@ class RotaryLayerVectorLearner(BaseLearner):
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 3 or X.shape[2] != self.V_.shape[1]:
             raise ConfigError(f"X must have shape (B, N, {self.V_.shape[1]}); got {X.shape}")
-        B, N, _ = X.shape
-        a = np.arange(N, dtype=np.float64)[:, None] * self.frequencies_
-        c, s = np.cos(a)[None, :, :, None], np.sin(a)[None, :, :, None]
-        ones = np.ones((B, N, 1))
-        out = np.broadcast_to(self.output_bias_, (B, N, self.V_.shape[2])).copy()
-        for h in range(self.V_.shape[0]):
-            kap = np.concatenate([X @ self.key_bases_[h].T, ones], axis=2)
-            zet = np.concatenate([X @ self.query_bases_[h].T, ones], axis=2)
-            PZ = np.einsum("jef,bnf->bnje", self.cos_forms_[h], zet)
-            SZ = np.einsum("jef,bnf->bnje", self.sin_forms_[h], zet)
-            Kj = kap[:, :, None, :]
-            # cos(t(i-n)) = c_i c_n + s_i s_n, sin(t(i-n)) = s_i c_n - c_i s_n
-            kf = np.concatenate([(c * Kj).reshape(B, N, -1), (s * Kj).reshape(B, N, -1), kap],
-                                axis=2)
-            qf = np.concatenate([(c * PZ - s * SZ).reshape(B, N, -1),
-                                 (s * PZ + c * SZ).reshape(B, N, -1),
-                                 zet @ self.const_form_[h].T], axis=2)
-            logits = qf @ kf.swapaxes(1, 2)  # (B, N rows, N keys)
-            if self.causal:
-                logits = np.where(np.tri(N, dtype=bool), logits, -np.inf)
-            logits -= logits.max(axis=2, keepdims=True)
-            w = np.exp(logits)
-            w /= w.sum(axis=2, keepdims=True)
-            out += w @ (X @ self.V_[h])
-        return out
+        return self.form_layer()(X)
