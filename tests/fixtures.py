@@ -1,7 +1,8 @@
 """Black boxes used by the command-line tests (``--oracle tests.fixtures:FUNCTION``).
 
-Each is a plain function of a float64 array (B, N, d) returning (B,); the ground truth is exposed
-beside it so tests can check what the extraction recovered.
+Each is a plain function of a float64 array (B, N, d) returning (B,) (a box that answers vectors,
+for ``--answers``, returns (B, N, d_out)); the ground truth is exposed beside it so tests can
+check what the extraction recovered.
 """
 
 from attnquery.models import AttentionHead, random_head
@@ -123,3 +124,21 @@ ROTARY_HEAD = _rotary_head()
 def rotary_head(X):
     """A rotary attention head (Llama-style RoPE), d = 16."""
     return ROTARY_HEAD(X)
+
+
+# -- a rotary GQA layer answering vectors, for --answers all --param positions=rotary -----------
+def _rotary_gqa_layer():
+    from attnquery.vector_models import random_vector_layer
+
+    return random_vector_layer(32, 4, seed=3, n_kv_heads=2, bias=0.3, causal=True,
+                               rope_base=1e4)
+
+
+#: the layer behind :func:`rotary_gqa_layer` (Qwen2-style: d = 32, 4 query heads over 2
+#: key/value heads, RoPE of base 1e4 over each head of 8, every bias, a causal mask)
+ROTARY_GQA_LAYER = _rotary_gqa_layer()
+
+
+def rotary_gqa_layer(X):
+    """Every token's output vector (B, N, 32) of a causal rotary GQA layer, d = 32."""
+    return ROTARY_GQA_LAYER(X)

@@ -508,6 +508,8 @@ def _learned_model(est, d: int, returns: str):
     if returns == "vector layer":
         from .vector_models import bilinear_layer
 
+        if getattr(est, "rotary_", None) is not None:  # positions="rotary": the forms
+            return est.rotary_.form_layer()
         return bilinear_layer(est.W_, est.key_bias_, est.V_, est.output_bias_,
                               causal=bool(est.causal), outputs=est.outputs_)
     if returns == "rotary head":
@@ -538,10 +540,10 @@ def _errors(learned, truth, d: int) -> dict:
     """Errors of a learned head or layer against the ground truth (simulations)."""
     from .metrics import functional_error, head_errors, layer_errors, relative_error
     from .models import MultiHeadAttention, RotaryAttentionHead
-    from .vector_models import VectorAttentionLayer
+    from .vector_models import RotaryFormLayer, VectorAttentionLayer
 
     out = {}
-    if isinstance(truth, VectorAttentionLayer):
+    if isinstance(truth, VectorAttentionLayer | RotaryFormLayer):
         out.update(_vector_errors(learned, truth))
     elif isinstance(learned, RotaryAttentionHead) or isinstance(truth, RotaryAttentionHead):
         out.update(_rotary_errors(learned, truth))
@@ -569,11 +571,19 @@ def _vector_errors(learned, truth) -> dict:
     """Errors of a learned vector layer against the truth (both VectorAttentionLayer): each
     true head's W, V and c against the learned head matched to it (the heads' order is not
     identifiable), the worst head's, and the output bias's."""
-    from .metrics import layer_errors, relative_error
-    from .vector_models import VectorAttentionLayer
+    from .metrics import layer_errors, relative_error, rotary_layer_errors
+    from .vector_models import RotaryFormLayer, VectorAttentionLayer
 
-    if not isinstance(learned, VectorAttentionLayer):
+    if not isinstance(learned, VectorAttentionLayer | RotaryFormLayer):
         raise ConfigError("the ground truth is a vector layer: extract it with --answers")
+    if truth.rotary or learned.rotary:
+        if not (truth.rotary and learned.rotary):
+            raise ConfigError("the ground truth is a vector layer "
+                              f"{'with' if truth.rotary else 'without'} rotary positions: "
+                              "extract it with --param positions="
+                              f"{'rotary' if truth.rotary else 'none'}")
+        m = rotary_layer_errors(learned, truth)
+        return {**{f"rel_err_M_{-k}": v for k, v in m.pop("rel_err_M").items()}, **m}
     V_hat, V = learned.value_maps(), truth.value_maps()
     m = layer_errors(list(learned.head_W()), [a.ravel() for a in V_hat],
                      list(learned.key_bias()), list(truth.head_W()), [a.ravel() for a in V],
@@ -689,10 +699,6 @@ def run_extraction(spec: ExtractionSpec) -> tuple[dict, object]:
                            tau=spec.tau if approximate else None, eps=spec.eps,
                            probes=spec.probes, params=dict(spec.params))
     vector = methods()[method].oracle == "vector"
-    if vector and getattr(learner, "positions", "none") != "none":  # before any query
-        raise ConfigError("a rotary head from vector answers (--param positions=rotary) is "
-                          "learnt from Python (attnquery.learners.VectorLayerLearner); the "
-                          "command line reports and saves position-free vector layers")
     if not vector and getattr(learner, "positions", "none") != "none":  # before any query
         raise ConfigError("a rotary layer (--param positions=rotary) is learnt from Python "
                           "(attnquery.learners.AttentionLayerLearner); the command line reports "
@@ -771,6 +777,14 @@ def _vector_summary(spec: ExtractionSpec, learner, oracle, learned, n: int,
                     elapsed: float) -> dict:
     """What a vector learner's run found and spent: queries and tokens, per stage too."""
     verify_error = float(getattr(learner, "verify_error_", float("nan")))
+    if learned.rotary:  # the rotary routes: their frequencies and heads' groups, no W
+        shape = {"positions": "rotary", "n_kv_heads": int(learned.n_kv_heads),
+                 "head_groups": learned.head_groups.tolist(),
+                 "frequencies": learned.frequencies.tolist()}
+    else:
+        shape = {"positions": "none", "rank_found": int(learner.rank_),
+                 "tokens_per_query": int(learner.tokens_per_query_),
+                 "W_fro": float(np.linalg.norm(learner.W_))}
     return {
         "method": spec.method,
         "learner": repr(learner),
@@ -785,13 +799,11 @@ def _vector_summary(spec: ExtractionSpec, learner, oracle, learned, n: int,
         "verify_error": verify_error if np.isfinite(verify_error) else None,
         "n_calls": int(getattr(oracle, "n_calls", 0)),
         "time_s": elapsed,
-        "rank_found": int(learner.rank_),
-        "tokens_per_query": int(learner.tokens_per_query_),
-        "W_fro": float(np.linalg.norm(learner.W_)),
         "V_fro": float(np.linalg.norm(learner.V_)),
         "fit_bias": bool(learner.fit_bias),
         "causal": bool(learner.causal),
         "budget": spec.budget,
+        **shape,
     }
 
 

@@ -22,6 +22,7 @@ __all__ = [
     "nuclear_statdim",
     "head_errors",
     "match_heads",
+    "rotary_layer_errors",
     "match_neurons",
     "fit_counted",
 ]
@@ -291,6 +292,45 @@ def layer_errors(W_hat, v_hat, c_hat, W, v, c) -> dict:
                                for i, cj in zip(m["perm"], c, strict=True)])
     m["max_rel_err_c"] = float(m["rel_err_c"].max())
     return m
+
+
+def rotary_layer_errors(learned, truth, offsets=(-1, -511)) -> dict:
+    """Errors of a recovered layer of rotary heads against the truth, heads matched.
+
+    Both layers give ``value_maps()`` (H, d, d_out), ``output_bias`` and head h's form
+    ``M(delta, h)`` (d+1, d+1) at a relative offset (a
+    :class:`~attnquery.vector_models.RotaryFormLayer` or a rotary
+    :class:`~attnquery.vector_models.VectorAttentionLayer`). The forms are compared on their
+    key rows ``M[:d]`` (the last row, the key's constant coordinate, is determined only up to a
+    part constant over the offsets, which the softmax cancels); the heads are matched by
+    :func:`match_heads` on the first offset's key rows and the value maps.
+
+    Returns
+    -------
+    dict
+        ``rel_err_M`` ({offset: worst head's relative error of the key rows}), ``rel_err_V``
+        (worst head), ``rel_err_output_bias``, ``matched`` (``matched[j]``: the recovered head
+        matched to true head j).
+    """
+    H = truth.n_heads
+    if learned.n_heads != H:
+        raise ConfigError(f"the recovered layer has {learned.n_heads} heads, the truth {H}")
+    d = truth.d
+
+    def forms(layer, delta):
+        return [layer.M(delta, h)[:d] for h in range(H)]
+
+    V_hat, V = learned.value_maps(), truth.value_maps()
+    m = match_heads(forms(learned, offsets[0]), list(V_hat.reshape(H, -1)),
+                    forms(truth, offsets[0]), list(V.reshape(H, -1)))
+    perm = m["perm"]
+    rel_M = {}
+    for delta in offsets:
+        got, want = forms(learned, delta), forms(truth, delta)
+        rel_M[int(delta)] = max(relative_error(got[perm[j]], want[j]) for j in range(H))
+    return {"rel_err_M": rel_M, "rel_err_V": m["max_rel_err_v"],
+            "rel_err_output_bias": relative_error(learned.output_bias, truth.output_bias),
+            "matched": perm.tolist()}
 
 
 def match_neurons(A_hat, w_hat, A, w) -> dict:

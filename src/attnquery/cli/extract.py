@@ -123,8 +123,12 @@ def run(args) -> int:
     else:
         if args.d is None:
             raise ConfigError("--d is required with --oracle (the black box's token dimension)")
+        if args.n_heads is not None and params.get("n_heads", args.n_heads) != args.n_heads:
+            raise ConfigError(f"--n-heads {args.n_heads} and --param n_heads="
+                              f"{params['n_heads']} disagree: give one")
         source = _Source(load_black_box(args.oracle), args.d, args.oracle,
-                         method=_oracle_method(args), rank=args.rank)
+                         method=_oracle_method(args), rank=args.rank,
+                         params={} if args.n_heads is None else {"n_heads": args.n_heads})
     spec = ExtractionSpec(
         source.method, source.fn, source.d, truth=source.truth, budget=args.budget,
         seed=args.seed, rank=source.rank, tau=args.tau, eps=args.eps, probes=args.probes,
@@ -156,10 +160,6 @@ def _input_files(args) -> list:
 
 
 def _check_module_options(args) -> None:
-    if args.answers is not None and args.model is not None:
-        raise ConfigError(f"--answers {args.answers}: only with --oracle (a box that answers "
-                          "vectors) or --module (a checkpoint's module answering its output "
-                          "vectors); a saved head answers one number per query")
     if args.answers is not None and args.module is not None:
         readout_given = [o for o, given in (("--readout", args.readout != ("gaussian", None)),
                                             ("--readout-seed", args.readout_seed != 0),
@@ -168,7 +168,10 @@ def _check_module_options(args) -> None:
             raise ConfigError(f"{', '.join(readout_given)}: not with --answers "
                               f"{args.answers} (the module answers its output vectors, with no "
                               "readout, and is learnt by --method vector)")
-    module_only = [name for name in ("layer", "head", "n_heads") if getattr(args, name) is not None]
+    # --n-heads also gives the heads of an --oracle box that answers vectors (--answers)
+    vector_oracle = args.oracle is not None and args.answers is not None
+    module_only = [name for name in ("layer", "head", "n_heads") if getattr(args, name) is not None
+                   and not (name == "n_heads" and vector_oracle)]
     module_only += ["no_biases"] if args.no_biases else []
     if args.module is None and module_only:
         opts = ", ".join("--" + n.replace("_", "-") for n in module_only)
@@ -207,9 +210,12 @@ def _parse_params(items) -> dict:
 
 
 def _model_source(args) -> _Source:
-    """The head saved in ``--model``, run in simulation."""
+    """The head saved in ``--model``, run in simulation (with ``--answers``, the vector layer
+    saved there)."""
     from ..realheads import load_head
 
+    if args.answers is not None:
+        return _model_vector_source(args)
     with model_usage("--model"):
         truth, meta = load_head(args.model)
     if args.d is not None and args.d != truth.d:
@@ -217,6 +223,26 @@ def _model_source(args) -> _Source:
                           f"(d = {truth.d})")
     return _Source(truth, truth.d, str(args.model), truth=truth, meta=meta,
                    method=args.method or "exact", rank=args.rank)
+
+
+def _model_vector_source(args) -> _Source:
+    """``--model`` with ``--answers``: the vector layer saved by ``--out`` answering vectors,
+    learnt by ``--method vector`` with the layer's heads, mask and positions."""
+    from ..realheads import load_vector_layer
+
+    if args.method not in (None, "vector"):
+        raise ConfigError(f"--answers {args.answers}: a layer answering vectors is learnt by "
+                          f"--method vector, not --method {args.method}")
+    with model_usage("--model"):
+        truth, meta = load_vector_layer(args.model, outputs=args.answers)
+    if args.d is not None and args.d != truth.d:
+        raise ConfigError(f"--d {args.d} does not match the layer in {args.model} "
+                          f"(d = {truth.d})")
+    params = {"n_heads": truth.n_heads, "causal": truth.causal}
+    if truth.rotary:
+        params.update(positions="rotary", n_kv_heads=truth.n_kv_heads)
+    return _Source(truth, truth.d, str(args.model), truth=truth, method="vector",
+                   params=params)
 
 
 def _module_source(args) -> _Source:
@@ -309,14 +335,19 @@ def _save(out, source: _Source, learned, summary: dict) -> None:
 
 def _save_vector_layer(path, layer, /, **meta) -> None:
     """Write a vector layer's ``V`` (H, d, d_out), ``W`` (H, d, d), ``key_bias`` (H, d) and
-    ``output_bias`` (d_out,), and ``meta`` as ``meta_<key>``, to an .npz, atomically."""
+    ``output_bias`` (d_out,) (a rotary layer's :attr:`~attnquery.vector_models.RotaryFormLayer.
+    FIELDS` instead), and ``meta`` as ``meta_<key>``, to an .npz, atomically
+    (:func:`attnquery.realheads.load_vector_layer` reads it back)."""
     import numpy as np
 
     from ..files import special_file_kind
     from ..results import atomic_path
 
-    arrays = {"V": layer.value_maps(), "W": layer.head_W(), "key_bias": layer.key_bias(),
-              "output_bias": layer.output_bias}
+    if layer.rotary:  # a RotaryFormLayer: its forms, bases, frequencies and heads' groups
+        arrays = {k: getattr(layer, k) for k in layer.FIELDS}
+    else:
+        arrays = {"V": layer.value_maps(), "W": layer.head_W(), "key_bias": layer.key_bias(),
+                  "output_bias": layer.output_bias}
     arrays.update({f"meta_{k}": np.asarray(v) for k, v in meta.items()})
     kind = special_file_kind(path)  # the rename below would replace it by a regular file
     if kind is not None:
@@ -367,31 +398,52 @@ def _vector_report(s: dict, source: _Source, args) -> str:
     """The human-readable summary of a vector learner's run."""
     stages = ", ".join(f"{k} {v}" for k, v in s["n_queries_by_stage"].items())
     answers = "every token's output" if s["answers"] == "all" else "the last token's output"
+    rotary = s["positions"] == "rotary"
+    heads = (f"{s['n_heads']} rotary head(s) over {s['n_kv_heads']} key/value head(s)"
+             if rotary else f"{s['n_heads']} head(s)")
     lines = [
-        f"extracted a layer of {s['n_heads']} head(s) of dimension d = {s['d']} (d_out = "
-        f"{s['d_out']}) from {source.name} with --method vector, answers: {answers}",
+        f"extracted a layer of {heads} of dimension d = {s['d']} (d_out = {s['d_out']}) from "
+        f"{source.name} with --method vector, answers: {answers}",
         f"  queries        {s['n_queries']} of {s['n_tokens']} tokens (counted by the oracle; "
         f"by stage: {stages})",
         f"  time           {s['time_s']:.2f} s",
-        f"  rank found     {s['rank_found']} (summed value map)",
-        f"  ||W||_F        {s['W_fro']:.6g}, ||V||_F {s['V_fro']:.6g} (all heads)",
     ]
+    if rotary:
+        f = s["frequencies"]
+        lines += [f"  frequencies    {len(f)}, {f[0]:.6g} to {f[-1]:.6g}",
+                  f"  head groups    {s['head_groups']} (the key/value head of each head)",
+                  f"  ||V||_F        {s['V_fro']:.6g} (all heads)"]
+    else:
+        lines += [f"  rank found     {s['rank_found']} (summed value map)",
+                  f"  ||W||_F        {s['W_fro']:.6g}, ||V||_F {s['V_fro']:.6g} (all heads)"]
     if s["verify_error"] is not None:
         lines.append(f"  check          answers and the result agree to "
                      f"{s['verify_error']:.1e} (relative) on {s['n_verify_queries']} fresh "
                      "queries")
     if source.truth is not None:
-        heads = " (worst head, matched)" if s["n_heads"] > 1 else ""
-        lines += [f"  rel. error W   {s['rel_err_W']:.3e}{heads} (against the checkpoint's "
-                  "weights)",
-                  f"  rel. error V   {s['rel_err_V']:.3e}{heads}",
-                  f"  rel. error c   {s['rel_err_c']:.3e}{heads}",
-                  f"  rel. error beta {s['rel_err_output_bias']:.3e} (output bias)",
-                  f"  func. error    {s['func_err']:.3e} (held-out random inputs)"]
+        lines += _vector_error_lines(s, args.module is not None)
     if args.out is not None:
-        lines.append(f"  saved          {args.out} (V, W, key_bias, output_bias per head: "
-                     "attnquery.vector_models.bilinear_layer builds the layer back)")
+        lines.append(f"  saved          {args.out} " + (
+            "(V, forms, bases, frequencies, head_groups, output_bias: "
+            "attnquery.realheads.load_vector_layer)" if rotary else
+            "(V, W, key_bias, output_bias per head: attnquery.vector_models.bilinear_layer "
+            "builds the layer back)"))
     return "\n".join(lines)
+
+
+def _vector_error_lines(s: dict, module: bool) -> list[str]:
+    heads = " (worst head, matched)" if s["n_heads"] > 1 else ""
+    against = " (against the checkpoint's weights)" if module else ""
+    if s["positions"] == "rotary":
+        forms = [k for k in s if k.startswith("rel_err_M_")]
+        lines = [f"  rel. error M_-{k[10:]:<4}{s[k]:.3e}{heads} (key rows)" for k in forms]
+        lines.append(f"  rel. error V   {s['rel_err_V']:.3e}{heads}")
+    else:
+        lines = [f"  rel. error W   {s['rel_err_W']:.3e}{heads}{against}",
+                 f"  rel. error V   {s['rel_err_V']:.3e}{heads}",
+                 f"  rel. error c   {s['rel_err_c']:.3e}{heads}"]
+    return lines + [f"  rel. error beta {s['rel_err_output_bias']:.3e} (output bias)",
+                    f"  func. error    {s['func_err']:.3e} (held-out random inputs)"]
 
 
 def _saved_what(layer: bool, learned) -> str:

@@ -53,7 +53,7 @@ from .checkpoints import (
     sha256_file,
     write_test_checkpoint,
 )
-from .io import load_head, load_layer, save_head, save_layer
+from .io import load_head, load_layer, load_vector_layer, save_head, save_layer
 from .readout import (
     READOUTS,
     build_head,
@@ -77,6 +77,7 @@ __all__ = [
     "ModuleBlackBox",
     "save_head",
     "load_head",
+    "load_vector_layer",
     "save_layer",
     "load_layer",
     "head_summary",

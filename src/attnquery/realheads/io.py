@@ -1,6 +1,7 @@
 """Head and layer files: :func:`save_head`, :func:`load_head`, :func:`save_layer` and
 :func:`load_layer` write and read ``.npz`` archives of plain arrays (written atomically, read
-with ``allow_pickle=False``)."""
+with ``allow_pickle=False``); :func:`load_vector_layer` reads the vector layers ``attnquery
+extract --answers ... --out`` writes."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from ..errors import ModelError
 from ..files import special_file_kind
 from ..models import AttentionHead, MultiHeadAttention, RotaryAttentionHead
 
-__all__ = ["save_head", "load_head", "save_layer", "load_layer"]
+__all__ = ["save_head", "load_head", "save_layer", "load_layer", "load_vector_layer"]
 
 
 def _save_arrays(path, arrays: dict, meta: dict) -> None:
@@ -62,8 +63,9 @@ def check_input_file(p: Path, name: str, folder: str) -> None:
         raise ModelError(f"{name} {p} is not a regular file (it is {kind})")
 
 
-def _load_arrays(path, what: str) -> tuple[dict, dict]:
-    """The numeric arrays and the metadata of an .npz written by :func:`_save_arrays`."""
+def _load_arrays(path, what: str, key: str = "v") -> tuple[dict, dict]:
+    """The numeric arrays and the metadata of an .npz written by :func:`_save_arrays` (or of a
+    vector layer's file), which must hold the array ``key``."""
     p = Path(path)
     check_input_file(p, f"{what} file", "is a folder")
     kind = _file_kind(p)
@@ -95,8 +97,17 @@ def _load_arrays(path, what: str) -> tuple[dict, dict]:
     if cplx:
         raise ModelError(f"{p} is not a {what} file: arrays {cplx} are complex (a head's "
                          "parameters are real; the imaginary part is not dropped)")
-    if "v" not in data:
-        raise ModelError(f"{p} holds no value vector 'v'; arrays: {sorted(data)}")
+    if key not in data:
+        if key == "v" and "V" in data:
+            raise ModelError(f"{p} is a vector layer's file (value maps 'V'), not a {what} "
+                             "file: read it with attnquery.realheads.load_vector_layer (with "
+                             "--model, give --answers all|last)")
+        if key == "V" and "v" in data:
+            raise ModelError(f"{p} is a head or layer file (value vectors 'v'), not a {what} "
+                             "file: it answers one number per query (with --model, leave out "
+                             "--answers)")
+        what_key = "value vector 'v'" if key == "v" else f"array {key!r}"
+        raise ModelError(f"{p} holds no {what_key}; arrays: {sorted(data)}")
     multi = sorted(k[5:] for k, a in data.items() if k.startswith("meta_") and a.size != 1)
     if multi:
         raise ModelError(f"{p} is not a {what} file: metadata {multi[0]!r} is not a single "
@@ -207,3 +218,32 @@ def load_layer(path) -> tuple[MultiHeadAttention, dict]:
     else:
         raise ModelError(f"{p} holds neither 'W' nor the factors 'K' and 'Q'")
     return MultiHeadAttention(heads, offset=float(data["beta"])), meta
+
+
+def load_vector_layer(path, outputs: str | None = None):
+    """Read a vector layer written by ``attnquery extract --answers all|last --out``; returns
+    ``(layer, metadata)``.
+
+    A layer without positions (arrays ``V``, ``W``, ``key_bias``, ``output_bias``) becomes the
+    :class:`~attnquery.vector_models.VectorAttentionLayer` of
+    :func:`~attnquery.vector_models.bilinear_layer`; a rotary one (``--param positions=rotary``:
+    the arrays :attr:`~attnquery.vector_models.RotaryFormLayer.FIELDS`) a
+    :class:`~attnquery.vector_models.RotaryFormLayer`, whose outputs are the fitted learner's
+    ``predict``. The causal mask is the metadata ``causal``; the layer answers ``outputs``
+    (default the metadata ``answers``: every token's output, ``"all"``, or the last token's).
+    """
+    from ..vector_models import RotaryFormLayer, bilinear_layer
+
+    data, meta = _load_arrays(path, "vector layer", key="V")
+    options = {"causal": bool(meta.get("causal", False)),
+               "outputs": outputs or str(meta.get("answers", "all"))}
+    if "frequencies" in data:
+        missing = [k for k in RotaryFormLayer.FIELDS if k not in data]
+        if missing:
+            raise ModelError(f"{path} is not a rotary vector layer's file: it lacks {missing}")
+        return RotaryFormLayer(**{k: data[k] for k in RotaryFormLayer.FIELDS}, **options), meta
+    missing = [k for k in ("W", "key_bias", "output_bias") if k not in data]
+    if missing:
+        raise ModelError(f"{path} is not a vector layer's file: it lacks {missing}")
+    return bilinear_layer(data["W"], data["key_bias"], data["V"], data["output_bias"],
+                          **options), meta
