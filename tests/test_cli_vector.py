@@ -125,11 +125,143 @@ def test_bad_boxes_and_options_get_one_line(boxes, capsys, fn, args, status, say
     assert says in _one_line_error(capsys)
 
 
-def test_answers_only_with_an_oracle(tmp_path, capsys):
+def test_answers_with_a_model_need_a_vector_layers_file(tmp_path, capsys):
     from attnquery.models import random_head
     from attnquery.realheads import save_head
 
     path = tmp_path / "head.npz"
     save_head(path, random_head(4, 0))
     assert main(["extract", "--model", str(path), "--answers", "all"]) == 2
-    assert "only with --oracle" in _one_line_error(capsys)
+    assert "a head or layer file (value vectors 'v'), not a vector layer file" in \
+        _one_line_error(capsys)
+    # and a vector layer's file without --answers
+    layer = random_vector_layer(4, 1, 0)
+    np.savez(path, V=layer.value_maps(), W=layer.head_W(), key_bias=layer.key_bias(),
+             output_bias=layer.output_bias)
+    assert main(["extract", "--model", str(path)]) == 2
+    assert "with --model, give --answers all|last" in _one_line_error(capsys)
+
+
+# -- a rotary GQA layer (--param positions=rotary) ------------------------------------------------
+#: the fixture's layer: d = 32, 4 query heads over 2 key/value heads, causal, RoPE, biases
+ROTARY = ["--oracle", "tests.fixtures:rotary_gqa_layer", "--d", "32", "--n-heads", "4",
+          "--param", "n_kv_heads=2", "--param", "positions=rotary", "--param", "causal=true",
+          "--no-progress"]
+#: the goal in float64: the forms, value maps and function to this (relative)
+ROTARY_TOL = 1e-8
+
+
+def _run(argv):
+    """``main(argv)``: its exit status and what it printed."""
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = main(argv)
+    return status, out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def rotary_run(tmp_path_factory, repo):
+    """The fixture's layer learnt once from the command line, saved with --out: (summary,
+    the saved file)."""
+    out = tmp_path_factory.mktemp("rotary") / "layer.npz"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(repo)  # --oracle tests.fixtures:... from the repository root
+        status, text = _run(["extract", *ROTARY, "--answers", "all", "--out", str(out),
+                             "--json"])
+    assert status == 0
+    return json.loads(text), out
+
+
+def test_a_rotary_gqa_layer_is_learnt_from_every_tokens_outputs(rotary_run):
+    from attnquery.metrics import rotary_layer_errors
+    from attnquery.realheads import load_vector_layer
+    from attnquery.vector_models import RotaryFormLayer
+    from tests.fixtures import ROTARY_GQA_LAYER as truth
+
+    s, out = rotary_run
+    assert s["positions"] == "rotary" and s["n_heads"] == 4 and s["n_kv_heads"] == 2
+    assert s["n_tokens"] > s["n_queries"] > 0
+    assert sum(s["n_queries_by_stage"].values()) == s["n_queries"]
+    np.testing.assert_allclose(s["frequencies"], truth.frequencies, rtol=0, atol=1e-15)
+    assert s["verify_error"] < ROTARY_TOL
+    layer, meta = load_vector_layer(out)
+    assert isinstance(layer, RotaryFormLayer) and layer.causal and layer.outputs == "all"
+    assert meta["n_queries"] == s["n_queries"] and meta["answers"] == "all"
+    assert layer.head_groups.tolist() == s["head_groups"]
+    # errors against the ground truth: the forms near and far, the value maps, the output bias
+    m = rotary_layer_errors(layer, truth, offsets=(-1, -300, -511))
+    assert max(m["rel_err_M"].values()) < ROTARY_TOL and m["rel_err_V"] < ROTARY_TOL
+    assert m["rel_err_output_bias"] < ROTARY_TOL
+    # the head groups are the box's: heads matched to true heads of one key/value head share one
+    matched = np.empty(4, dtype=int)
+    matched[m["matched"]] = np.arange(4)  # recovered head -> true head
+    groups = truth.groups[matched]
+    assert np.array_equal(groups[:, None] == groups[None], layer.head_groups[:, None]
+                          == layer.head_groups[None])
+    rng = np.random.default_rng(3)
+    for N in (1, 2, 17, 512):
+        X = rng.standard_normal((2, N, 32)) / np.sqrt(32)
+        assert _rel(layer(X), truth(X)) < ROTARY_TOL, N
+    # the test can fail: the same forms without the causal mask are another function
+    unmasked = RotaryFormLayer(**{k: getattr(layer, k) for k in layer.FIELDS}, causal=False)
+    assert _rel(unmasked(X), truth(X)) > 1e-3
+
+
+def test_the_saved_rotary_layer_is_the_learners_predict(rotary_run):
+    from attnquery.learners import VectorLayerLearner
+    from attnquery.oracles import VectorOracle
+    from attnquery.realheads import load_vector_layer
+    from tests.fixtures import ROTARY_GQA_LAYER as truth
+
+    s, out = rotary_run
+    # the command's learner, again (seed 0, the command's default): deterministic
+    est = VectorLayerLearner(n_heads=4, n_kv_heads=2, causal=True, positions="rotary",
+                             random_state=0).fit(VectorOracle(truth, 32, outputs="all"))
+    assert est.n_queries_ == s["n_queries"]
+    layer, _ = load_vector_layer(out)
+    rng = np.random.default_rng(4)
+    for N in (1, 5, 300):
+        X = rng.standard_normal((3, N, 32)) / np.sqrt(32)
+        np.testing.assert_array_equal(layer(X), est.predict(X))
+    # the last token's outputs of the same layer, when asked for (its row alone: rounding)
+    last, _ = load_vector_layer(out, outputs="last")
+    assert last(X).shape == (3, 32) and _rel(last(X), est.predict(X)[:, -1]) < 1e-14
+
+
+def test_a_saved_rotary_layer_runs_in_simulation_with_its_errors(rotary_run, tmp_path):
+    s, out = rotary_run
+    again = tmp_path / "again.npz"
+    status, text = _run(["extract", "--model", str(out), "--answers", "all", "--no-progress",
+                         "--out", str(again)])
+    assert status == 0
+    assert "a layer of 4 rotary head(s) over 2 key/value head(s)" in text
+    assert f"head groups    {s['head_groups']}" in text and "frequencies    4, 1 to 0.001" in text
+    errors = {line.split()[2]: float(line.split()[3]) for line in text.splitlines()
+              if line.startswith("  rel. error M_") or line.startswith("  rel. error V ")}
+    assert set(errors) == {"M_-1", "M_-511", "V"} and max(errors.values()) < ROTARY_TOL
+    func = float(text.split("func. error")[1].split()[0])
+    assert func < ROTARY_TOL
+    assert str(again) in text and again.stat().st_size > 0
+
+
+@pytest.mark.parametrize("args, says", [
+    # the rotary layer route reads every token's outputs
+    (["--answers", "last"], "the oracle's outputs must be 'all'; got 'last'"),
+    (["--param", "n_kv_heads=3"], "n_kv_heads=3 must divide n_heads=4"),
+    (["--param", "n_heads=2"], "--n-heads 4 and --param n_heads=2 disagree"),
+    (["--method", "exact"], "learnt by --method vector"),
+])
+def test_bad_rotary_options_are_refused_before_any_query(capsys, monkeypatch, repo, args,
+                                                         says):
+    import tests.fixtures
+
+    monkeypatch.chdir(repo)
+    asked = []
+    monkeypatch.setattr(tests.fixtures, "rotary_gqa_layer", lambda X: asked.append(X))
+    answers = [] if args[0] == "--answers" else ["--answers", "all"]
+    assert main(["extract", *ROTARY, *answers, *args]) == 2
+    assert says in _one_line_error(capsys)
+    assert asked == []  # refused before the box was asked anything
