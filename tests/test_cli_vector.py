@@ -18,6 +18,7 @@ from attnquery.vector_models import random_vector_layer
 ONE = random_vector_layer({D}, 1, 0, bias=0.3)
 LAST = random_vector_layer({D}, 1, 0, bias=0.3, outputs="last")
 TWO = random_vector_layer({D}, 2, 1, bias=0.3)
+ROPE = random_vector_layer({D}, 1, 0, bias=0.3, causal=True, outputs="last", rope_base=1e4)
 
 
 def every(X):
@@ -30,6 +31,10 @@ def last(X):
 
 def two_heads(X):
     return TWO(X)
+
+
+def rope_last(X):  # one causal rotary head, the last token's outputs
+    return ROPE(X)
 
 
 def flat(X):  # every token's outputs, flattened: a bad shape
@@ -97,6 +102,24 @@ def test_a_layer_of_two_heads_with_n_heads(boxes, tmp_path, capsys):
     # the test can fail: one head of the two is another function
     one = bilinear_layer(f["W"][:1], f["key_bias"][:1], 2 * f["V"][:1], f["output_bias"])
     assert _rel(one(X), truth(X)) > 1e-3
+
+
+def test_one_rotary_head_from_the_last_tokens_outputs(boxes, tmp_path, capsys):
+    from attnquery.realheads import load_vector_layer
+
+    truth = random_vector_layer(D, 1, 0, bias=0.3, causal=True, outputs="last", rope_base=1e4)
+    out = tmp_path / "rope.npz"
+    assert _extract(boxes, "rope_last", "--answers", "last", "--param", "positions=rotary",
+                    "--param", "causal=true", "--out", str(out), "--json") == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["positions"] == "rotary" and s["n_heads"] == s["n_kv_heads"] == 1
+    np.testing.assert_allclose(s["frequencies"], truth.frequencies, rtol=0, atol=1e-15)
+    layer, _ = load_vector_layer(out)
+    assert layer.outputs == "last" and layer.causal
+    rng = np.random.default_rng(5)
+    for N in (1, 3, 64, 512):
+        X = rng.standard_normal((4, N, D)) / np.sqrt(D)
+        assert layer(X).shape == (4, D) and _rel(layer(X), truth(X)) < 1e-8, N
 
 
 def _one_line_error(capsys) -> str:

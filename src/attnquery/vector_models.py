@@ -335,25 +335,29 @@ class RotaryFormLayer:
         a = np.arange(N, dtype=np.float64)[:, None] * self.frequencies
         c, s = np.cos(a)[None, :, :, None], np.sin(a)[None, :, :, None]
         rows = np.arange(N) if self.outputs == "all" else np.array([N - 1])
+        M, e = rows.size, self.const_form.shape[1]
         ones = np.ones((B, N, 1))
-        out = np.broadcast_to(self.output_bias, (B, rows.size, self.d_out)).copy()
+        out = np.broadcast_to(self.output_bias, (B, M, self.d_out)).copy()
         for h in range(self.n_heads):
             kap = np.concatenate([X @ self.key_bases[h].T, ones], axis=2)
             zet = np.concatenate([X[:, rows] @ self.query_bases[h].T, ones[:, rows]], axis=2)
-            PZ = np.einsum("jef,bnf->bnje", self.cos_forms[h], zet)
-            SZ = np.einsum("jef,bnf->bnje", self.sin_forms[h], zet)
+            # P_j zeta and S_j zeta of every row: (B, M, R/2, e)
+            PZ, SZ = ((zet @ F.transpose(2, 0, 1).reshape(e, -1)).reshape(B, M, -1, e)
+                      for F in (self.cos_forms[h], self.sin_forms[h]))
             cq, sq = c[:, rows], s[:, rows]
             Kj = kap[:, :, None, :]
             # cos(t(i-n)) = c_i c_n + s_i s_n, sin(t(i-n)) = s_i c_n - c_i s_n
             kf = np.concatenate([(c * Kj).reshape(B, N, -1), (s * Kj).reshape(B, N, -1), kap],
                                 axis=2)
-            qf = np.concatenate([(cq * PZ - sq * SZ).reshape(B, rows.size, -1),
-                                 (sq * PZ + cq * SZ).reshape(B, rows.size, -1),
+            qf = np.concatenate([(cq * PZ - sq * SZ).reshape(B, M, -1),
+                                 (sq * PZ + cq * SZ).reshape(B, M, -1),
                                  zet @ self.const_form[h].T], axis=2)
-            logits = qf @ kf.swapaxes(1, 2)  # (B, rows, N keys)
-            if self.causal:
-                logits = np.where(np.arange(N)[None, :] > rows[:, None], -np.inf, logits)
-            out += softmax_last(logits) @ (X @ self.V[h])
+            vals = X @ self.V[h]
+            for bs, rs in _blocks(B, M, N):  # the logits a few rows at a time
+                logits = qf[bs, rs] @ kf[bs].swapaxes(1, 2)  # (b, m rows, N keys)
+                if self.causal:
+                    logits[:, np.arange(N)[None, :] > rows[rs][:, None]] = -np.inf
+                out[bs, rs] += softmax_last(logits) @ vals[bs]
         return out if self.outputs == "all" else out[:, 0]
 
 

@@ -151,7 +151,8 @@ class VectorLayerLearner(VectorLayerRoute):
     spec = LearnerSpec(
         name="vector", oracle="vector", returns="vector layer", stages=STAGES, fits_bias=True,
         description="vector answers, every token's output or the last token's (beyond the "
-        "paper; --answers all|last, --param n_heads=H for a layer of heads that fill d)",
+        "paper; --answers all|last, --param n_heads=H for a layer of heads that fill d, "
+        "--param positions=rotary for a rotary head or a rotary GQA layer)",
         label="vector answers")
 
     def fit(self, oracle):
