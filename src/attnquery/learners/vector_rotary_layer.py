@@ -46,6 +46,7 @@ from ._params import Interval
 from ._registry import LearnerSpec
 from ._vector_attention import ATTENTION_TOL, MIN_WEIGHT
 from ._vector_check import CHECK_LENGTHS, VERIFY_RTOL, verify_fit  # noqa: F401
+from ._vector_rotary_last import read_forms_last, read_spaces_last
 from ._vector_rotary_reads import (
     head_weights,
     rotary_basis,  # noqa: F401 (importable from here as before)
@@ -188,19 +189,22 @@ class RotaryLayerVectorLearner(BaseLearner):
         self._validate_params()
         d = check_oracle(oracle, kinds=("vector",))
         outputs = getattr(oracle, "outputs", None)
-        if outputs != "all":
-            raise ConfigError("the rotary layer route reads every token's outputs: the "
-                              f"oracle's outputs must be 'all'; got {outputs!r}")
+        if outputs not in ("all", "last"):
+            raise ConfigError("the rotary layer route reads every token's outputs or the last "
+                              f"token's: the oracle's outputs must be 'all' or 'last'; got "
+                              f"{outputs!r}")
         if not hasattr(oracle, "n_tokens"):
             raise ConfigError("the oracle must count its tokens (n_tokens), as VectorOracle does")
         rng = self._rng()
         tokens0 = int(oracle.n_tokens)
-        self.outputs_ = "all"
+        self.outputs_ = outputs
+        last = outputs == "last"  # one row per answer: the stages of ._vector_rotary_last
         with self._open_ledger(oracle, STAGES) as ledger:
             try:
                 with ledger.stage("V"):
                     X = np.concatenate([np.zeros((1, 1, d)), np.eye(d)[:, None, :]])
-                    y = np.asarray(ledger(X), dtype=np.float64)[:, 0]
+                    y = np.asarray(ledger(X), dtype=np.float64)
+                    y = y if last else y[:, 0]
                     V_sum, self.output_bias_ = y[1:] - y[0], y[0]
                 H = int(self.n_heads)
                 with ledger.stage("split"):
@@ -212,9 +216,15 @@ class RotaryLayerVectorLearner(BaseLearner):
                         V, E = V_sum[None], np.eye(V_sum.shape[1])[None]
                 self._heads(V, E)
                 with ledger.stage("subspaces"):
-                    self._read_spaces(ledger, rng, d)
+                    if last:
+                        read_spaces_last(self, ledger, rng, d, SPACE_OVERSAMPLE, SPACE_VECTORS)
+                    else:
+                        self._read_spaces(ledger, rng, d)
                 with ledger.stage("forms"):
-                    self._read_forms(ledger, rng, d)
+                    if last:
+                        read_forms_last(self, ledger, rng, d, EXTRA_PROBES)
+                    else:
+                        self._read_forms(ledger, rng, d)
                 with ledger.stage("verify"):
                     self._verify(ledger, rng)
             finally:

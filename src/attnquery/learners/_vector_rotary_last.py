@@ -1,0 +1,133 @@
+"""The last token's outputs of a layer of rotary heads: the ``subspaces`` and ``forms`` stages
+of :class:`~attnquery.learners.vector_rotary_layer.RotaryLayerVectorLearner` when an answer
+holds one row, the last token's (``outputs="last"``).
+
+The ``V`` and ``split`` stages read the last row already (a one-token query's only row; the
+split's two-token lines' last row). The other two stages are read from that row alone:
+
+* ``subspaces``: queries ``[f_1..f_m, r]`` (the f fixed per round, r random and last): the
+  log-weight differences of the fixed keys in r's row are linear in ``[r; 1]`` with coefficients
+  in the row space of the head's query map (m - 1 per round); queries ``[r_1..r_m, p]`` (p fixed
+  per round and last): the log-weight of key r_i less the probe's own is linear in ``[r_i; 1]``
+  with a coefficient in the key map's row space. The probe rotated by the m short offsets
+  barely turns along the slow frequencies' pairs, so a round gives about one direction of each
+  of those: the key rounds are :data:`KEY_ROUNDS` times the head dimension.
+* ``forms``: dh + 5 probe tokens p are each asked as the last token of queries of
+  ``max_offset + 1`` tokens, the other tokens copies of p (one lumped value) but for a few keys
+  at offsets drawn per key set with probability about ``1 / offset + 4 / max_offset`` (the fast
+  frequencies need the short offsets densely, the slow ones the long ones), as
+  :class:`~attnquery.learners.vector_rotary.RotaryVectorLearner` does for one head. Each answer
+  gives every head's log-weights of the keys in the last row, linear in the probe's forms
+  (:func:`~attnquery.learners._vector_rotary_reads.solve_forms`, one row per query).
+
+Only the last row is read, so a causal mask changes nothing (the last token sees every token
+either way).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..models import rope_frequencies
+from ._vector_attention import MIN_WEIGHT
+from ._vector_rotary_reads import head_weights, row_space, solve_forms, whitened_solve
+
+__all__ = ["read_spaces_last", "read_forms_last", "KEY_ROUNDS", "FORM_OVERSAMPLE"]
+
+#: rounds of the key row spaces' queries per dimension of a head (one probe per round)
+KEY_ROUNDS = 1.5
+#: form equations (one per key, less the row's constant) per unknown of one probe
+FORM_OVERSAMPLE = 2.0
+#: what a box that fails these readings is not
+WHAT = "a layer of rotary heads as declared"
+
+
+def last_log_weights(est, X: np.ndarray, O: np.ndarray) -> np.ndarray:
+    """log of every head's weights (H, n, N) in the last row of queries X (n, N, d) of
+    distinct tokens, from the last token's outputs O (n, d_out) (NaN below the smallest weight
+    read)."""
+    vals = np.einsum("bnd,hdr->hbnr", X, est._values)
+    ys = np.einsum("bo,hor->hbr", O - est.output_bias_, est._reads)
+    a = np.stack([head_weights(vals[h], ys[h][:, None], WHAT)[0][:, 0]
+                  for h in range(vals.shape[0])])
+    return np.log(np.where(a > MIN_WEIGHT, a, np.nan))
+
+
+def read_spaces_last(est, oracle, rng, d: int, oversample: float, vectors: float) -> None:
+    """``est.query_bases_`` and ``est.key_bases_`` from the last token's outputs (the module's
+    docstring): rounds of ``oversample (d + 1)`` queries, ``vectors`` query vectors per
+    dimension of a head."""
+    m = max(2, est._slots() - 1)  # fixed (or random) keys besides the last token
+    H, dh = est._values.shape[0], est.head_dim or est._values.shape[2]
+    n = math.ceil(oversample * (d + 1))
+    q_rounds, k_rounds = math.ceil(vectors * dh / (m - 1)), math.ceil(KEY_ROUNDS * dh)
+    oracle.need((q_rounds + k_rounds) * n, "the subspace stage", reserved=True)
+    ones = np.ones((n, 1))
+    qv, kv = [[] for _ in range(H)], [[] for _ in range(H)]
+    for rnd in range(q_rounds + k_rounds):
+        query = rnd < q_rounds
+        fixed = rng.standard_normal((m if query else 1, d)) / np.sqrt(d)
+        free = rng.standard_normal((n, 1 if query else m, d)) / np.sqrt(d)
+        parts = ((np.broadcast_to(fixed, (n, m, d)), free) if query else
+                 (free, np.broadcast_to(fixed, (n, 1, d))))
+        X = np.concatenate(parts, axis=1)
+        ell = last_log_weights(est, X, np.asarray(oracle(X), dtype=np.float64))
+        if query:  # fixed keys' differences in the row of r, linear in y(r)
+            Z = np.concatenate([X[:, m], ones], axis=1)
+            rhs = (ell[:, :, 1:m] - ell[:, :, :1]).transpose(1, 0, 2).reshape(n, -1)
+            w = whitened_solve(Z, rhs).reshape(H, m - 1, d + 1)
+            for h in range(H):
+                qv[h].append(w[h, :, :d])
+            continue
+        for i in range(m):  # key r_i in the row of the probe, linear in y(r_i)
+            Z = np.concatenate([X[:, i], ones], axis=1)
+            u = whitened_solve(Z, (ell[:, :, i] - ell[:, :, m]).T)
+            for h in range(H):
+                kv[h].append(u[h:h + 1, :d])
+    est.query_bases_ = np.stack([row_space(np.concatenate(v), dh, "query row space")
+                                 for v in qv])
+    est.key_bases_ = np.stack([row_space(np.concatenate(v), dh, "key row space")
+                               for v in kv])
+
+
+def read_forms_last(est, oracle, rng, d: int, extra_probes: int) -> None:
+    """The forms in the bases from the last token's outputs (the module's docstring), from
+    dh + 1 + ``extra_probes`` probes."""
+    H, r = est.query_bases_.shape[:2]
+    est.frequencies_ = rope_frequencies(r, float(est.rope_base))
+    L = int(est.max_offset)  # the last token's position; the keys' offsets 1..L
+    k = est._slots() - 1  # keys per query; the probe's copies are the last slot
+    e = r + 1
+    if L < k:
+        raise ConfigError(f"max_offset={L} must reach the {k} keys of a form query")
+    n_sets = math.ceil(FORM_OVERSAMPLE * (r + 1) * e / (k - 1))
+    n_probes = e + extra_probes
+    oracle.need(n_probes * n_sets, "the form stage", reserved=True)
+    offsets = np.arange(1, L + 1)
+    gumbel = -np.log(rng.exponential(size=(n_sets, L))) + np.log(1.0 / offsets + 4.0 / L)
+    pos = L - offsets[np.argsort(-gumbel, axis=1)[:, :k]]  # (n_sets, k), distinct per set
+    probes = rng.standard_normal((n_probes, d)) / np.sqrt(d)
+    keys = rng.standard_normal((n_sets, k, d)) / np.sqrt(d)
+    X = np.broadcast_to(probes[:, None, None, :], (n_probes, n_sets, L + 1, d)).copy()
+    X[:, np.arange(n_sets)[:, None], pos] = keys[None]
+    O = np.asarray(oracle(X.reshape(n_probes * n_sets, L + 1, d)), dtype=np.float64)
+    O = O - est.output_bias_
+    forms, est.forms_rank_ = [], np.zeros(H, dtype=int)
+    for h in range(H):
+        vals = np.concatenate([
+            np.broadcast_to(keys @ est._values[h], (n_probes, n_sets, k, r)),
+            (probes @ est._values[h])[:, None, None, :].repeat(n_sets, 1)], axis=2)
+        a = head_weights(vals.reshape(n_probes * n_sets, k + 1, r), (O @ est._reads[h])[:, None],
+                         WHAT)[0][:, 0, :k]
+        ell = np.log(np.where(a > MIN_WEIGHT, a, np.nan)).reshape(n_probes, n_sets, k)
+        kappa = np.concatenate([keys @ est.key_bases_[h].T, np.ones((n_sets, k, 1))], 2)
+        T, est.forms_rank_[h] = solve_forms(kappa, (pos - L).astype(np.float64), ell,
+                                            est.frequencies_)
+        zeta = np.concatenate([probes @ est.query_bases_[h].T, np.ones((n_probes, 1))], 1)
+        forms.append(T @ np.linalg.pinv(zeta.T))
+    F = np.stack(forms)  # (H, nb, e, e)
+    j = est.frequencies_.size
+    est.cos_forms_, est.sin_forms_, est.const_form_ = F[:, :j], F[:, j:2 * j], F[:, -1]
