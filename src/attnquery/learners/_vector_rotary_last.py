@@ -37,23 +37,32 @@ from ._vector_rotary_reads import head_weights, row_space, solve_forms, whitened
 
 __all__ = ["read_spaces_last", "read_forms_last", "KEY_ROUNDS", "FORM_OVERSAMPLE"]
 
-#: rounds of the key row spaces' queries per dimension of a head (one probe per round)
-KEY_ROUNDS = 1.5
+#: rounds of the key row spaces' queries beyond the query row spaces' (one probe per round)
+KEY_ROUNDS = 2
 #: form equations (one per key, less the row's constant) per unknown of one probe
 FORM_OVERSAMPLE = 2.0
 #: what a box that fails these readings is not
 WHAT = "a layer of rotary heads as declared"
 
 
-def last_log_weights(est, X: np.ndarray, O: np.ndarray) -> np.ndarray:
-    """log of every head's weights (H, n, N) in the last row of queries X (n, N, d) of
-    distinct tokens, from the last token's outputs O (n, d_out) (NaN below the smallest weight
-    read)."""
-    vals = np.einsum("bnd,hdr->hbnr", X, est._values)
+def last_log_weights(est, T: np.ndarray, O: np.ndarray) -> np.ndarray:
+    """log of every head's weights (H, n, s) on the distinct tokens T (n, s, d) of n queries
+    (the copies of a token lumped: one weight) in their last row, from the last token's
+    outputs O (n, d_out) (NaN below the smallest weight read)."""
+    vals = np.einsum("bnd,hdr->hbnr", T, est._values)
     ys = np.einsum("bo,hor->hbr", O - est.output_bias_, est._reads)
     a = np.stack([head_weights(vals[h], ys[h][:, None], WHAT)[0][:, 0]
                   for h in range(vals.shape[0])])
     return np.log(np.where(a > MIN_WEIGHT, a, np.nan))
+
+
+def key_positions(rng, n_sets: int, k: int, L: int) -> np.ndarray:
+    """Positions (n_sets, k) of k keys before a last token at position L: distinct offsets
+    1..L per set, drawn with probability proportional to ``1 / offset + 4 / L`` (Gumbel top-k;
+    the fast frequencies need the short offsets densely, the slow ones the long ones)."""
+    offsets = np.arange(1, L + 1)
+    gumbel = -np.log(rng.exponential(size=(n_sets, L))) + np.log(1.0 / offsets + 4.0 / L)
+    return L - offsets[np.argsort(-gumbel, axis=1)[:, :k]]
 
 
 def read_spaces_last(est, oracle, rng, d: int, oversample: float, vectors: float) -> None:
@@ -63,27 +72,31 @@ def read_spaces_last(est, oracle, rng, d: int, oversample: float, vectors: float
     m = max(2, est._slots() - 1)  # fixed (or random) keys besides the last token
     H, dh = est._values.shape[0], est.head_dim or est._values.shape[2]
     n = math.ceil(oversample * (d + 1))
-    q_rounds, k_rounds = math.ceil(vectors * dh / (m - 1)), math.ceil(KEY_ROUNDS * dh)
+    L = int(est.max_offset)
+    q_rounds = math.ceil(vectors * dh / (m - 1))
+    k_rounds = q_rounds + KEY_ROUNDS
     oracle.need((q_rounds + k_rounds) * n, "the subspace stage", reserved=True)
     ones = np.ones((n, 1))
     qv, kv = [[] for _ in range(H)], [[] for _ in range(H)]
-    for rnd in range(q_rounds + k_rounds):
-        query = rnd < q_rounds
-        fixed = rng.standard_normal((m if query else 1, d)) / np.sqrt(d)
-        free = rng.standard_normal((n, 1 if query else m, d)) / np.sqrt(d)
-        parts = ((np.broadcast_to(fixed, (n, m, d)), free) if query else
-                 (free, np.broadcast_to(fixed, (n, 1, d))))
-        X = np.concatenate(parts, axis=1)
+    for _ in range(q_rounds):  # fixed keys' differences in the row of r, linear in y(r)
+        fixed = rng.standard_normal((m, d)) / np.sqrt(d)
+        X = np.concatenate([np.broadcast_to(fixed, (n, m, d)),
+                            rng.standard_normal((n, 1, d)) / np.sqrt(d)], axis=1)
         ell = last_log_weights(est, X, np.asarray(oracle(X), dtype=np.float64))
-        if query:  # fixed keys' differences in the row of r, linear in y(r)
-            Z = np.concatenate([X[:, m], ones], axis=1)
-            rhs = (ell[:, :, 1:m] - ell[:, :, :1]).transpose(1, 0, 2).reshape(n, -1)
-            w = whitened_solve(Z, rhs).reshape(H, m - 1, d + 1)
-            for h in range(H):
-                qv[h].append(w[h, :, :d])
-            continue
-        for i in range(m):  # key r_i in the row of the probe, linear in y(r_i)
-            Z = np.concatenate([X[:, i], ones], axis=1)
+        Z = np.concatenate([X[:, m], ones], axis=1)
+        rhs = (ell[:, :, 1:m] - ell[:, :, :1]).transpose(1, 0, 2).reshape(n, -1)
+        w = whitened_solve(Z, rhs).reshape(H, m - 1, d + 1)
+        for h in range(H):
+            qv[h].append(w[h, :, :d])
+    for _ in range(k_rounds):  # key r_i in the row of the probe, linear in y(r_i)
+        probe = rng.standard_normal(d) / np.sqrt(d)
+        keys = rng.standard_normal((n, m, d)) / np.sqrt(d)
+        X = np.broadcast_to(probe, (n, L + 1, d)).copy()
+        X[:, key_positions(rng, 1, m, L)[0]] = keys  # offsets spread over 1..L
+        T = np.concatenate([keys, np.broadcast_to(probe, (n, 1, d))], axis=1)
+        ell = last_log_weights(est, T, np.asarray(oracle(X), dtype=np.float64))
+        for i in range(m):
+            Z = np.concatenate([keys[:, i], ones], axis=1)
             u = whitened_solve(Z, (ell[:, :, i] - ell[:, :, m]).T)
             for h in range(H):
                 kv[h].append(u[h:h + 1, :d])
@@ -106,28 +119,23 @@ def read_forms_last(est, oracle, rng, d: int, extra_probes: int) -> None:
     n_sets = math.ceil(FORM_OVERSAMPLE * (r + 1) * e / (k - 1))
     n_probes = e + extra_probes
     oracle.need(n_probes * n_sets, "the form stage", reserved=True)
-    offsets = np.arange(1, L + 1)
-    gumbel = -np.log(rng.exponential(size=(n_sets, L))) + np.log(1.0 / offsets + 4.0 / L)
-    pos = L - offsets[np.argsort(-gumbel, axis=1)[:, :k]]  # (n_sets, k), distinct per set
+    pos = key_positions(rng, n_sets, k, L)
     probes = rng.standard_normal((n_probes, d)) / np.sqrt(d)
     keys = rng.standard_normal((n_sets, k, d)) / np.sqrt(d)
     X = np.broadcast_to(probes[:, None, None, :], (n_probes, n_sets, L + 1, d)).copy()
     X[:, np.arange(n_sets)[:, None], pos] = keys[None]
     O = np.asarray(oracle(X.reshape(n_probes * n_sets, L + 1, d)), dtype=np.float64)
-    O = O - est.output_bias_
+    T = np.concatenate([np.broadcast_to(keys, (n_probes, n_sets, k, d)),
+                        np.broadcast_to(probes[:, None, None], (n_probes, n_sets, 1, d))], 2)
+    ell = last_log_weights(est, T.reshape(n_probes * n_sets, k + 1, d), O)[..., :k]
+    ell = ell.reshape(H, n_probes, n_sets, k)
     forms, est.forms_rank_ = [], np.zeros(H, dtype=int)
     for h in range(H):
-        vals = np.concatenate([
-            np.broadcast_to(keys @ est._values[h], (n_probes, n_sets, k, r)),
-            (probes @ est._values[h])[:, None, None, :].repeat(n_sets, 1)], axis=2)
-        a = head_weights(vals.reshape(n_probes * n_sets, k + 1, r), (O @ est._reads[h])[:, None],
-                         WHAT)[0][:, 0, :k]
-        ell = np.log(np.where(a > MIN_WEIGHT, a, np.nan)).reshape(n_probes, n_sets, k)
         kappa = np.concatenate([keys @ est.key_bases_[h].T, np.ones((n_sets, k, 1))], 2)
-        T, est.forms_rank_[h] = solve_forms(kappa, (pos - L).astype(np.float64), ell,
+        F, est.forms_rank_[h] = solve_forms(kappa, (pos - L).astype(np.float64), ell[h],
                                             est.frequencies_)
         zeta = np.concatenate([probes @ est.query_bases_[h].T, np.ones((n_probes, 1))], 1)
-        forms.append(T @ np.linalg.pinv(zeta.T))
+        forms.append(F @ np.linalg.pinv(zeta.T))
     F = np.stack(forms)  # (H, nb, e, e)
     j = est.frequencies_.size
     est.cos_forms_, est.sin_forms_, est.const_form_ = F[:, :j], F[:, j:2 * j], F[:, -1]
