@@ -127,11 +127,11 @@ def rotary_head(X):
 
 
 # -- a rotary GQA layer answering vectors, for --answers all --param positions=rotary -----------
-def _rotary_gqa_layer():
+def _rotary_gqa_layer(outputs="all"):
     from attnquery.vector_models import random_vector_layer
 
     return random_vector_layer(32, 4, seed=3, n_kv_heads=2, bias=0.3, causal=True,
-                               rope_base=1e4)
+                               rope_base=1e4, outputs=outputs)
 
 
 #: the layer behind :func:`rotary_gqa_layer` (Qwen2-style: d = 32, 4 query heads over 2
@@ -142,3 +142,12 @@ ROTARY_GQA_LAYER = _rotary_gqa_layer()
 def rotary_gqa_layer(X):
     """Every token's output vector (B, N, 32) of a causal rotary GQA layer, d = 32."""
     return ROTARY_GQA_LAYER(X)
+
+
+#: the same layer answering the last token's output only
+ROTARY_GQA_LAYER_LAST = _rotary_gqa_layer(outputs="last")
+
+
+def rotary_gqa_layer_last(X):
+    """The last token's output vector (B, 32) of the same layer."""
+    return ROTARY_GQA_LAYER_LAST(X)

@@ -270,9 +270,27 @@ def test_a_saved_rotary_layer_runs_in_simulation_with_its_errors(rotary_run, tmp
     assert str(again) in text and again.stat().st_size > 0
 
 
+def test_a_rotary_gqa_layer_is_learnt_from_the_last_tokens_outputs(tmp_path, capsys,
+                                                                   monkeypatch, repo):
+    from attnquery.realheads import load_vector_layer
+    from tests.fixtures import ROTARY_GQA_LAYER as truth
+
+    monkeypatch.chdir(repo)
+    out = tmp_path / "last.npz"
+    argv = [a.replace("rotary_gqa_layer", "rotary_gqa_layer_last") for a in ROTARY]
+    assert main(["extract", *argv, "--answers", "last", "--out", str(out), "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["answers"] == "last" and s["n_heads"] == 4 and s["n_kv_heads"] == 2
+    assert sum(s["n_queries_by_stage"].values()) == s["n_queries"]
+    layer, meta = load_vector_layer(out)
+    assert layer.outputs == meta["answers"] == "last"
+    rng = np.random.default_rng(6)
+    for N in (1, 2, 40, 512):
+        X = rng.standard_normal((2, N, 32)) / np.sqrt(32)
+        assert _rel(layer(X), truth(X)[:, -1]) < ROTARY_TOL, N
+
+
 @pytest.mark.parametrize("args, says", [
-    # the rotary layer route reads every token's outputs
-    (["--answers", "last"], "the oracle's outputs must be 'all'; got 'last'"),
     (["--param", "n_kv_heads=3"], "n_kv_heads=3 must divide n_heads=4"),
     (["--param", "n_heads=2"], "--n-heads 4 and --param n_heads=2 disagree"),
     (["--method", "exact"], "learnt by --method vector"),
@@ -284,7 +302,6 @@ def test_bad_rotary_options_are_refused_before_any_query(capsys, monkeypatch, re
     monkeypatch.chdir(repo)
     asked = []
     monkeypatch.setattr(tests.fixtures, "rotary_gqa_layer", lambda X: asked.append(X))
-    answers = [] if args[0] == "--answers" else ["--answers", "all"]
-    assert main(["extract", *ROTARY, *answers, *args]) == 2
+    assert main(["extract", *ROTARY, "--answers", "all", *args]) == 2
     assert says in _one_line_error(capsys)
     assert asked == []  # refused before the box was asked anything
