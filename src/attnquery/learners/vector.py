@@ -76,9 +76,10 @@ class VectorLayerLearner(VectorLayerRoute):
         ``sin_forms_``, ``const_form_``, ``V_``, ``output_bias_``) this learner takes, and
         ``rotary_`` the fitted route. Layers of several rotary heads (``n_heads`` > 1, or
         ``n_kv_heads`` given: grouped-query attention) go to :class:`~attnquery.learners.
-        vector_rotary_layer.RotaryLayerVectorLearner` (every token's outputs, heads whose
-        output subspaces fill d_out), whose fitted attributes (``V_``, ``head_groups_``,
-        ``query_bases_``, ``key_bases_``, the forms per head) this learner takes likewise.
+        vector_rotary_layer.RotaryLayerVectorLearner` (every token's outputs or the last
+        token's, heads whose output subspaces fill d_out), whose fitted attributes (``V_``,
+        ``head_groups_``, ``query_bases_``, ``key_bases_``, the forms per head) this learner
+        takes likewise.
     fit_bias : bool
         Fit the key bias c and the output offset beta (default True); False assumes both 0 and
         saves one query and d unknowns.

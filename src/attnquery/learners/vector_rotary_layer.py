@@ -4,7 +4,9 @@ Beyond the paper. A Qwen2-style layer has H query heads over G key/value heads; 
 kv head g) has, for key x_i at position i and query x_n at position n, with ``y = [x; 1]``,
 the logit ``(Q_h y_n)^T R_(i-n) (K_g y_i)`` (``Q_h = [W_Q, b_Q]`` scaled, ``K_g = [W_K, b_K]``,
 R the rotation of RoPE) and the layer answers every token's ``sum_h sum_i a_hni x_i^T V_h +
-beta``. Every token's outputs (``outputs="all"``) are read in five stages:
+beta``. Every token's outputs (``outputs="all"``) are read in five stages (the last token's,
+``outputs="last"``, in the same five, stages 3 and 4 from the last row alone:
+:mod:`._vector_rotary_last`):
 
 1. ``V``: ``V_sum = sum_h V_h`` and beta from d + 1 one-token queries.
 2. ``split``: the heads' output subspaces (which fill d_out: ``H dh = d_out``) from saturated
@@ -80,7 +82,8 @@ GROUP_TOL = 1e-6
 
 class RotaryLayerVectorLearner(BaseLearner):
     """Recover a layer of rotary heads (RoPE, biases, grouped-query attention) from a
-    :class:`~attnquery.oracles.VectorOracle` answering every token's outputs.
+    :class:`~attnquery.oracles.VectorOracle` answering every token's outputs or the last
+    token's.
 
     See the module's docstring for the method and ``docs/vector.md`` for measured query counts
     and errors.
@@ -158,7 +161,8 @@ class RotaryLayerVectorLearner(BaseLearner):
     spec = LearnerSpec(
         name="vector_rotary_layer", oracle="vector", returns="vector layer", stages=STAGES,
         fits_bias=True, command_line=False,
-        description="every token's vector answers of a layer of rotary heads with biases and "
+        description="vector answers (every token's or the last token's) of a layer of rotary "
+        "heads with biases and "
         "grouped-query attention (beyond the paper; declared rope_base)",
         label="rotary layer, vector answers")
 
@@ -176,7 +180,8 @@ class RotaryLayerVectorLearner(BaseLearner):
         Raises
         ------
         ConfigError
-            A bad parameter, or an oracle that is not a vector oracle of every token's outputs.
+            A bad parameter, or an oracle that is not a vector oracle (of every token's outputs
+            or the last token's).
         NotIdentifiableError
             Heads whose output subspaces do not fill d_out, too peaked heads, or row spaces the
             collected vectors do not determine.
@@ -411,7 +416,8 @@ class RotaryLayerVectorLearner(BaseLearner):
         return self.form_layer().M(delta, head)
 
     def predict(self, X) -> np.ndarray:
-        """The recovered layer's outputs on X (B, N, d): every token's, (B, N, d_out)."""
+        """The recovered layer's outputs on X (B, N, d), in the oracle's shape: every token's
+        (B, N, d_out) or the last token's (B, d_out)."""
         self._fitted("predict()")
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 3 or X.shape[2] != self.V_.shape[1]:
