@@ -151,3 +151,20 @@ ROTARY_GQA_LAYER_LAST = _rotary_gqa_layer(outputs="last")
 def rotary_gqa_layer_last(X):
     """The last token's output vector (B, 32) of the same layer."""
     return ROTARY_GQA_LAYER_LAST(X)
+
+
+# -- a rotary GQA layer read out (one number per query), for --method layer positions=rotary ----
+def _rotary_scalar_layer():
+    from attnquery.models import random_rotary_layer
+
+    return random_rotary_layer(24, 4, 2, 3, rope_base=1e4)
+
+
+#: the layer behind :func:`rotary_scalar_layer` (d = 24, 4 query heads over 2 key/value heads
+#: of 6, RoPE of base 1e4, no biases, read out along a unit vector)
+ROTARY_SCALAR_LAYER = _rotary_scalar_layer()
+
+
+def rotary_scalar_layer(X):
+    """A rotary GQA layer read out along a vector, d = 24: one number per query."""
+    return ROTARY_SCALAR_LAYER(X)

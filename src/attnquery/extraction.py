@@ -518,9 +518,10 @@ def _learned_model(est, d: int, returns: str):
             raise ConfigError(f"{what} returns a rotary head but did not produce head_")
         return head
     if returns == "layer":
-        heads = getattr(est, "heads_", None)
-        if not (isinstance(heads, list) and heads
-                and all(isinstance(h, AttentionHead) for h in heads)):
+        heads = getattr(est, "heads_", None)  # rotary heads with positions="rotary"
+        if not (isinstance(heads, list) and heads and (
+                all(isinstance(h, AttentionHead) for h in heads)
+                or all(isinstance(h, RotaryAttentionHead) for h in heads))):
             raise ConfigError(f"{what} returns a layer but did not produce heads_")
         return MultiHeadAttention(heads, offset=float(getattr(est, "offset_", 0.0)))
     if returns != "head":
@@ -548,16 +549,20 @@ def _errors(learned, truth, d: int) -> dict:
     elif isinstance(learned, RotaryAttentionHead) or isinstance(truth, RotaryAttentionHead):
         out.update(_rotary_errors(learned, truth))
     elif isinstance(truth, MultiHeadAttention):
-        if not isinstance(learned, MultiHeadAttention):
-            raise ConfigError("the ground truth is a layer: extract it with --method layer")
-        m = layer_errors([h.W for h in learned.heads], [h.v for h in learned.heads],
-                         [h.key_bias for h in learned.heads], [h.W for h in truth.heads],
-                         [h.v for h in truth.heads], [h.key_bias for h in truth.heads])
+        if not isinstance(learned, MultiHeadAttention) or learned.rotary != truth.rotary:
+            raise ConfigError("the ground truth is a layer" + (" of rotary heads" * truth.rotary)
+                              + ": extract it with --method layer"
+                              + (" --param positions=rotary" * truth.rotary))
+        m = layer_errors(*_head_parameters(learned), *_head_parameters(truth))
         out.update(rel_err_W=m["max_rel_err_W"], rel_err_v=m["max_rel_err_v"],
                    rel_err_c=m["max_rel_err_c"],
                    rel_err_W_heads=m["rel_err_W"].tolist(),
                    matched=m["perm"].tolist())
         out["rel_err_offset"] = relative_error(learned.total_offset, truth.total_offset)
+        if truth.rotary:  # the forms far away too, as for one rotary head
+            out["rel_err_M_4095"] = max(
+                relative_error(_form(learned.heads[i], -4095), _form(h, -4095))
+                for h, i in zip(truth.heads, m["perm"], strict=True))
     else:
         out.update(head_errors(learned.W, learned.v, truth.W, truth.v))
         if truth.has_bias or learned.has_bias:
@@ -592,6 +597,14 @@ def _vector_errors(learned, truth) -> dict:
             "rel_err_c": m["max_rel_err_c"], "rel_err_W_heads": m["rel_err_W"].tolist(),
             "matched": m["perm"].tolist(),
             "rel_err_output_bias": relative_error(learned.output_bias, truth.output_bias)}
+
+
+def _head_parameters(layer) -> tuple[list, list, list]:
+    """Every head's form at offset -1 (W without positions), v and key bias (a rotary head's
+    at offset 0, ``scale W_K^T b_Q``), as :func:`~attnquery.metrics.layer_errors` takes them."""
+    heads = layer.heads
+    return ([_form(h, -1) for h in heads], [h.v for h in heads],
+            [h.scale * h.W_K.T @ h.b_Q if layer.rotary else h.key_bias for h in heads])
 
 
 def _form(head, delta: int = -1) -> np.ndarray:
@@ -699,10 +712,6 @@ def run_extraction(spec: ExtractionSpec) -> tuple[dict, object]:
                            tau=spec.tau if approximate else None, eps=spec.eps,
                            probes=spec.probes, params=dict(spec.params))
     vector = methods()[method].oracle == "vector"
-    if not vector and getattr(learner, "positions", "none") != "none":  # before any query
-        raise ConfigError("a rotary layer (--param positions=rotary) is learnt from Python "
-                          "(attnquery.learners.AttentionLayerLearner); the command line reports "
-                          "and saves position-free layers, and one rotary head (--method rotary)")
     total = expected_queries(method, d, spec.rank, int(getattr(learner, "verify", 0) or 0))
     # a bar only when stderr is a terminal (never in logs or pipes), after 2 s
     show = spec.progress and hasattr(sys.stderr, "isatty") and sys.stderr.isatty()

@@ -447,6 +447,9 @@ def _vector_error_lines(s: dict, module: bool) -> list[str]:
 
 
 def _saved_what(layer: bool, learned) -> str:
+    if layer and learned.rotary:
+        return ("(v, W_Q, W_K, b_Q, b_K, frequencies, scale per head, beta: "
+                "attnquery.realheads.load_layer)")
     if layer:
         return "(v, c, K, Q per head, beta: attnquery.realheads.load_layer)"
     if hasattr(learned, "frequencies"):

@@ -1,5 +1,6 @@
 """Multi-head attention, :class:`MultiHeadAttention`: a sum of :class:`AttentionHead` s (paper
-Sec. 7), the model of a whole attention layer read out along a vector."""
+Sec. 7), the model of a whole attention layer read out along a vector (or a sum of
+:class:`~attnquery.models.RotaryAttentionHead` s, a rotary layer read out)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 from ..errors import ModelError
 from ..precision import check_precision
 from .heads import AttentionHead, check_input, run_starts, softmax_last
+from .rotary import RotaryAttentionHead
 
 __all__ = ["MultiHeadAttention"]
 
@@ -19,8 +21,10 @@ class MultiHeadAttention:
 
     Parameters
     ----------
-    heads : sequence of AttentionHead
-        The heads (each may carry its own key bias and offset).
+    heads : sequence of AttentionHead or of RotaryAttentionHead
+        The heads (each may carry its own key bias and offset). Rotary heads (a rotary layer
+        read out, as :class:`~attnquery.learners.AttentionLayerLearner` recovers it with
+        ``positions="rotary"``) are evaluated one by one, in float64 only.
     offset : float
         A constant added to every answer on top of the heads' own offsets (a layer's output
         bias read out, ``r^T b_O``). Default 0.
@@ -37,13 +41,20 @@ class MultiHeadAttention:
         if not heads:
             raise ModelError("a multi-head model needs at least one head")
         d = heads[0].d
-        if any(not isinstance(h, AttentionHead) or h.d != d for h in heads):
-            raise ModelError("every head must be an AttentionHead of the same dimension d")
+        #: whether the heads are rotary heads (all of them; none otherwise)
+        self.rotary = isinstance(heads[0], RotaryAttentionHead)
+        kind = RotaryAttentionHead if self.rotary else AttentionHead
+        if any(not isinstance(h, kind) or h.d != d for h in heads):
+            raise ModelError("every head must be an AttentionHead of the same dimension d (or "
+                             "every head a RotaryAttentionHead)")
         if not np.isfinite(offset):
             raise ModelError(f"offset must be finite; got {offset}")
         self.heads = heads
         self.offset = float(offset)
         self.precision = check_precision(precision)
+        if self.rotary and self.precision != "float64":
+            raise ModelError("a layer of rotary heads is evaluated in float64 only; got "
+                             f"precision={precision!r}")
         if self.precision != "float64":
             self._served_heads = tuple(
                 AttentionHead(h.v, W=h.W_dense, K=h.K, Q=h.Q, key_bias=h.key_bias,
@@ -70,6 +81,8 @@ class MultiHeadAttention:
         ``_BLOCK`` inputs.
         """
         X = check_input(X, self.d)
+        if self.rotary:  # each head adds its own offset
+            return sum(h(X) for h in self.heads) + self.offset
         if self.precision != "float64":
             return self._served(X)
         out = np.empty(X.shape[0])

@@ -186,10 +186,19 @@ def save_layer(path, layer: MultiHeadAttention, /, **meta) -> None:
 
     ``v`` (H, d) and ``c`` (H, d), the heads' value vectors and key biases; ``K`` and ``Q``
     (H, r, d) when every head is factored with the same rank r, else ``W`` (H, d, d); ``beta``,
-    the layer's constant (the output bias and every head's offset). Written atomically; metadata
-    as in :func:`save_head`. Read it with :func:`load_layer`.
+    the layer's constant (the output bias and every head's offset). A layer of rotary heads is
+    written as ``v``, the heads' factors ``W_Q`` and ``W_K`` (H, head_dim, d), biases ``b_Q``
+    and ``b_K`` (H, head_dim), ``frequencies`` (H, R/2), ``scale`` (H,) and ``beta``. Written
+    atomically; metadata as in :func:`save_head`. Read it with :func:`load_layer`.
     """
     heads = layer.heads
+    if getattr(layer, "rotary", False):
+        arrays = {k: np.stack([getattr(h, k) for h in heads])
+                  for k in ("v", "W_Q", "W_K", "b_Q", "b_K", "frequencies")}
+        arrays.update(scale=np.array([h.scale for h in heads]),
+                      beta=np.asarray(layer.total_offset))
+        _save_arrays(path, arrays, meta)
+        return
     arrays = {"v": np.stack([h.v for h in heads]), "c": np.stack([h.key_bias for h in heads]),
               "beta": np.asarray(layer.total_offset)}
     shapes = {h.K.shape if h.is_lowrank else None for h in heads}
@@ -206,6 +215,8 @@ def load_layer(path) -> tuple[MultiHeadAttention, dict]:
     data, meta = _load_arrays(path, "layer")
     p = Path(path)
     V = data["v"]
+    if V.ndim == 2 and "frequencies" in data:  # a layer of rotary heads
+        return _load_rotary_layer(p, data), meta
     if V.ndim != 2 or "c" not in data or "beta" not in data:
         raise ModelError(f"{p} is not a layer file (v of shape (H, d), c and beta); a head "
                          "file is read by attnquery.realheads.load_head")
@@ -218,6 +229,23 @@ def load_layer(path) -> tuple[MultiHeadAttention, dict]:
     else:
         raise ModelError(f"{p} holds neither 'W' nor the factors 'K' and 'Q'")
     return MultiHeadAttention(heads, offset=float(data["beta"])), meta
+
+
+def _load_rotary_layer(p: Path, data: dict) -> MultiHeadAttention:
+    missing = [k for k in ("W_Q", "W_K", "b_Q", "b_K", "scale", "beta") if k not in data]
+    if missing:
+        raise ModelError(f"{p} is not a rotary layer file: it lacks {missing}")
+    H = data["v"].shape[0]
+    short = [k for k in ("W_Q", "W_K", "b_Q", "b_K", "frequencies", "scale")
+             if data[k].ndim < 1 or data[k].shape[0] != H]
+    if short:
+        raise ModelError(f"{p} is not a rotary layer file: {short} do not hold one entry per "
+                         f"head of the {H} value vectors")
+    heads = [RotaryAttentionHead(data["W_Q"][h], data["W_K"][h], data["v"][h],
+                                 frequencies=data["frequencies"][h], b_Q=data["b_Q"][h],
+                                 b_K=data["b_K"][h], scale=float(data["scale"][h]))
+             for h in range(H)]
+    return MultiHeadAttention(heads, offset=float(data["beta"]))
 
 
 def load_vector_layer(path, outputs: str | None = None):
