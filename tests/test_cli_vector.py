@@ -305,3 +305,18 @@ def test_bad_rotary_options_are_refused_before_any_query(capsys, monkeypatch, re
     assert main(["extract", *ROTARY, "--answers", "all", *args]) == 2
     assert says in _one_line_error(capsys)
     assert asked == []  # refused before the box was asked anything
+
+
+def test_a_rotary_layers_out_is_checked_before_any_query(tmp_path, capsys, monkeypatch, repo):
+    import os
+
+    import tests.fixtures
+
+    monkeypatch.chdir(repo)
+    asked = []
+    monkeypatch.setattr(tests.fixtures, "rotary_gqa_layer", lambda X: asked.append(X))
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    assert main(["extract", *ROTARY, "--answers", "all", "--out", str(pipe)]) == 2
+    assert "not a regular file (it is a FIFO" in _one_line_error(capsys) and asked == []
+    assert pipe.exists() and not pipe.is_file()  # left as it was
