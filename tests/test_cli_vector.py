@@ -85,6 +85,12 @@ def test_one_head_is_extracted_and_saved(boxes, tmp_path, capsys, fn, answers):
     assert _rel(saved["output_bias"], truth.output_bias) < 1e-9
     assert int(saved["meta_n_queries"]) == s["n_queries"]
     assert str(saved["meta_answers"]) == answers
+    # the saved head runs in simulation (--model with --answers), its errors against it
+    assert main(["extract", "--model", str(out), "--answers", answers, "--no-progress",
+                 "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["answers"] == answers and again["positions"] == "none"
+    assert max(again["rel_err_W"], again["rel_err_V"], again["func_err"]) < 1e-9
 
 
 def test_a_layer_of_two_heads_with_n_heads(boxes, tmp_path, capsys):
