@@ -100,7 +100,8 @@ class RotaryLayerVectorLearner(BaseLearner):
     head_dim : int, optional
         dh of the queries and keys (rotated whole); default the rank of a head's value map.
     causal : bool
-        Token n attends to tokens i <= n only (a decoder's mask).
+        Token n attends to tokens i <= n only (a decoder's mask; the same answers from the last
+        token's outputs, which see every token either way).
     max_offset : int
         Longest relative offset the form queries ask (their length minus one): the estimate
         is exact up to it and extrapolated beyond.
@@ -162,8 +163,7 @@ class RotaryLayerVectorLearner(BaseLearner):
         name="vector_rotary_layer", oracle="vector", returns="vector layer", stages=STAGES,
         fits_bias=True, command_line=False,
         description="vector answers (every token's or the last token's) of a layer of rotary "
-        "heads with biases and "
-        "grouped-query attention (beyond the paper; declared rope_base)",
+        "heads with biases and grouped-query attention (beyond the paper; declared rope_base)",
         label="rotary layer, vector answers")
 
     def _validate_extra(self) -> None:
