@@ -48,7 +48,8 @@ def register(sub) -> None:
                      help="the black box, e.g. examples.black_boxes:some_head (a path "
                      "file.py:FUNCTION works too)")
     src.add_argument("--model", metavar="HEAD.npz", type=Path,
-                     help="a head saved by 'attnquery heads': run in simulation and report errors")
+                     help="a head saved by 'attnquery heads' (or --out), or with --answers a "
+                     "vector layer saved by --out: run in simulation and report errors")
     src.add_argument("--module", metavar="CHECKPOINT", type=Path,
                      help="the self-attention module of layer --layer of a BERT- or GPT-2-style "
                      ".safetensors checkpoint, with its biases, read out along a vector r: one "
@@ -83,7 +84,8 @@ def register(sub) -> None:
     m.add_argument("--head", type=int_at_least(0),
                    help="one head of the layer (the others removed); default: the whole layer")
     m.add_argument("--n-heads", type=int_at_least(1), help="heads per layer (default: "
-                   "config.json beside the checkpoint)")
+                   "config.json beside the checkpoint); also the heads of an --oracle box with "
+                   "--answers (as --param n_heads)")
     m.add_argument("--readout", type=readout, default=("gaussian", None),
                    help="readout vector r: 'gaussian' (the default), 'ones' or a coordinate index")
     m.add_argument("--readout-seed", type=int_at_least(0), default=0,
