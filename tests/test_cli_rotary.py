@@ -117,3 +117,26 @@ def test_bad_rotary_layer_options_are_refused_before_any_query(capsys, monkeypat
     monkeypatch.setattr(tests.fixtures, "rotary_scalar_layer", lambda X: asked.append(X))
     assert main([*LAYER, *args]) == 2
     assert says in capsys.readouterr().err and asked == []
+
+
+def test_rotary_layers_refuse_bad_input(tmp_path):
+    from attnquery.errors import ModelError
+    from attnquery.models import MultiHeadAttention, random_head
+    from attnquery.realheads import load_layer, save_layer
+    from tests.fixtures import ROTARY_SCALAR_LAYER as box
+
+    heads = box.heads()
+    with pytest.raises(ModelError, match="every head a RotaryAttentionHead"):
+        MultiHeadAttention([heads[0], random_head(24, 0)])
+    with pytest.raises(ModelError, match="float64 only"):
+        MultiHeadAttention(heads, precision="float32")
+    path = tmp_path / "layer.npz"
+    save_layer(path, MultiHeadAttention(heads))
+    with np.load(path) as f:
+        arrays = {k: f[k] for k in f.files if k != "W_K"}
+    np.savez(path, **arrays)
+    with pytest.raises(ModelError, match=r"not a rotary layer file: it lacks \['W_K'\]"):
+        load_layer(path)
+    np.savez(path, **{**arrays, "W_K": arrays["W_Q"][:3]})
+    with pytest.raises(ModelError, match=r"\['W_K'\] do not hold one entry per head"):
+        load_layer(path)

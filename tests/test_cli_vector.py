@@ -326,3 +326,22 @@ def test_a_rotary_layers_out_is_checked_before_any_query(tmp_path, capsys, monke
     assert main(["extract", *ROTARY, "--answers", "all", "--out", str(pipe)]) == 2
     assert "not a regular file (it is a FIFO" in _one_line_error(capsys) and asked == []
     assert pipe.exists() and not pipe.is_file()  # left as it was
+
+
+def test_a_rotary_vector_layers_file_refuses_bad_input(rotary_run, tmp_path, capsys):
+    from attnquery.errors import ModelError
+    from attnquery.realheads import load_vector_layer
+    from attnquery.vector_models import RotaryFormLayer
+
+    _, out = rotary_run
+    with np.load(out) as f:
+        arrays = {k: f[k] for k in f.files}
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, **{k: a for k, a in arrays.items() if k != "sin_forms"})
+    with pytest.raises(ModelError, match=r"lacks \['sin_forms'\]"):
+        load_vector_layer(bad)
+    assert main(["extract", "--model", str(bad), "--answers", "all"]) == 2
+    assert "lacks ['sin_forms']" in _one_line_error(capsys)
+    fields = {k: arrays[k] for k in RotaryFormLayer.FIELDS}
+    with pytest.raises(ModelError, match=r"key_bases \(4, 8, 31\) \(expected \(4, 8, 32\)\)"):
+        RotaryFormLayer(**{**fields, "key_bases": fields["key_bases"][:, :, :31]})
