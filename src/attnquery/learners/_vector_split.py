@@ -60,6 +60,10 @@ EXTRA_LEVELS = 8
 #: by a whole part)
 MOVED_TOL = 1e-2
 
+#: norm of the refinement's random points: far from the origin, ``W_h b`` outweighs the key bias
+#: and every head's weight flips between the points (at norm 1 and d = 64, some heads' did not)
+REFINE_NORM = 100.0
+
 
 class SplitTolerances(NamedTuple):
     """The split's tolerances: :data:`CHANGE_TOL`, :data:`MATCH_TOL`, :data:`MOVED_TOL` and
@@ -82,16 +86,25 @@ class SplitTolerances(NamedTuple):
     #: its ``dh`` dimensions is conditioned like a square random matrix (about ``4 dh``), from
     #: twice as many about 6
     spread: int = 1
+    #: the key difference's scale T (:data:`KEY_SCALE`), the lines' half extent
+    #: (:data:`LINE_HALF`), the refinement's points' norm (:data:`REFINE_NORM`) and the
+    #: bisection's levels (:data:`LEVELS`): a narrow format's answers need a T whose tokens it
+    #: holds (float16: below 65504), so that the crossings have a width (in s, about
+    #: ``1 / (T |Delta^T W_h v|)``) the bisection must not resolve
+    key_scale: float = KEY_SCALE
+    line_half: float = LINE_HALF
+    refine_norm: float = REFINE_NORM
+    levels: int = LEVELS
 
 
 #: the tolerances for answers exact to float64
 EXACT = SplitTolerances()
 
 
-def scan_queries_per_line(n_heads: int) -> int:
-    """Queries one line's bisection asks at most: its two ends and, per level, the midpoints of
-    at most ``n_heads`` intervals (those holding a jump)."""
-    return 2 + LEVELS * n_heads
+def scan_queries_per_line(n_heads: int, levels: int = LEVELS) -> int:
+    """Queries one line's bisection asks at most: its two ends and, per level (of ``levels``),
+    the midpoints of at most ``n_heads`` intervals (those holding a jump)."""
+    return 2 + levels * n_heads
 
 
 #: random points b per key difference of the refinement (times n_heads, plus REFINE_EXTRA): their
@@ -99,9 +112,6 @@ def scan_queries_per_line(n_heads: int) -> int:
 #: independent patterns
 REFINE_SHARE = 2
 REFINE_EXTRA = 4
-#: norm of the refinement's random points: far from the origin, ``W_h b`` outweighs the key bias
-#: and every head's weight flips between the points (at norm 1 and d = 64, some heads' did not)
-REFINE_NORM = 100.0
 
 
 def split_queries(d: int, n_heads: int, tols: SplitTolerances = EXACT) -> int:
@@ -109,32 +119,35 @@ def split_queries(d: int, n_heads: int, tols: SplitTolerances = EXACT) -> int:
     dh = d // n_heads
     refine = ((1 + RETRIES) * tols.spread * (dh + 1) * tols.refine
               * (REFINE_SHARE * n_heads + REFINE_EXTRA))
-    return (1 + RETRIES) * (scan_queries_per_line(n_heads) + (dh + 1) * (n_heads + 1)) + refine
+    return ((1 + RETRIES) * (scan_queries_per_line(n_heads, tols.levels)
+                             + (dh + 1) * (n_heads + 1)) + refine)
 
 
-def _parts(oracle, read, b, Delta) -> np.ndarray:
-    """``sum_h sigma_h Delta^T E_h`` for the queries ``[b + T Delta; b]``, one per row, in the
-    coordinates ``read(o, b)`` gives the last token's answers o (the answer less ``b``'s own
-    value and the offset)."""
-    X = np.stack([b + KEY_SCALE * Delta, b], axis=1)
+def _parts(oracle, read, b, Delta, key_scale: float = KEY_SCALE) -> np.ndarray:
+    """``sum_h sigma_h Delta^T E_h`` for the queries ``[b + T Delta; b]`` (T = ``key_scale``),
+    one per row, in the coordinates ``read(o, b)`` gives the last token's answers o (the answer
+    less ``b``'s own value and the offset)."""
+    X = np.stack([b + key_scale * Delta, b], axis=1)
     o = np.asarray(oracle(X), dtype=np.float64)
     o = o[:, -1] if o.ndim == 3 else o
-    return read(o, b) / KEY_SCALE
+    return read(o, b) / key_scale
 
 
 def _scan(oracle, read, Delta, b0, v, n_heads,
-          change: float = CHANGE_TOL) -> tuple[np.ndarray, np.ndarray]:
-    """The jumps along the line ``b0 + s v`` for the key difference ``Delta``: bisection, one
-    batch per level, until ``n_heads`` intervals hold a change each and :data:`EXTRA_LEVELS`
-    more (or :data:`LEVELS` in all).
+          tols: SplitTolerances = EXACT) -> tuple[np.ndarray, np.ndarray]:
+    """The jumps along the line ``b0 + s v`` (s in ``[-tols.line_half, tols.line_half]``) for
+    the key difference ``Delta``: bisection, one batch per level, until ``n_heads`` intervals
+    hold a change (beyond ``tols.change``) each and :data:`EXTRA_LEVELS` more (or
+    ``tols.levels`` in all).
     Returns the jumps (k, d) and their intervals (k, 2), in the order of s."""
-    lo, hi = np.array([-LINE_HALF]), np.array([LINE_HALF])
-    g = _parts(oracle, read, b0 + np.array([[-LINE_HALF], [LINE_HALF]]) * v,
-               np.stack([Delta, Delta]))
+    half = tols.line_half
+    lo, hi = np.array([-half]), np.array([half])
+    g = _parts(oracle, read, b0 + np.array([[-half], [half]]) * v, np.stack([Delta, Delta]),
+               tols.key_scale)
     glo, ghi = g[:1], g[1:]
     extra = EXTRA_LEVELS
-    for _ in range(LEVELS + 1):
-        keep = np.max(np.abs(ghi - glo), axis=1) > change
+    for _ in range(tols.levels + 1):
+        keep = np.max(np.abs(ghi - glo), axis=1) > tols.change
         lo, hi, glo, ghi = lo[keep], hi[keep], glo[keep], ghi[keep]
         if lo.size == n_heads:
             extra -= 1
@@ -144,7 +157,8 @@ def _scan(oracle, read, Delta, b0, v, n_heads,
         if lo.size == 0 or extra < 0 or lo.size > 2 * n_heads:
             break
         mid = (lo + hi) / 2
-        gm = _parts(oracle, read, b0 + mid[:, None] * v, np.repeat(Delta[None], mid.size, 0))
+        gm = _parts(oracle, read, b0 + mid[:, None] * v, np.repeat(Delta[None], mid.size, 0),
+                    tols.key_scale)
         lo, hi = np.concatenate([lo, mid]), np.concatenate([mid, hi])
         glo, ghi = np.concatenate([glo, gm]), np.concatenate([gm, ghi])
     order = np.argsort(lo)
@@ -235,14 +249,15 @@ def _split(oracle, read, embed, H: int, rng, tols: SplitTolerances = EXACT) -> n
     counts, moved = [], []
     for _ in range(1 + RETRIES):
         b0, v = _line(rng, d)
-        J, iv = _scan(oracle, read, D0, b0, v, H, tols.change)
+        J, iv = _scan(oracle, read, D0, b0, v, H, tols)
         counts.append(J.shape[0])
         if J.shape[0] != H:
             continue
-        seps = np.concatenate([[-LINE_HALF], (iv[1:, 0] + iv[:-1, 1]) / 2, [LINE_HALF]])
+        seps = np.concatenate([[-tols.line_half], (iv[1:, 0] + iv[:-1, 1]) / 2,
+                               [tols.line_half]])
         S = seps.size
         g = _parts(oracle, read, np.tile(b0 + seps[:, None] * v, (dh + 1, 1)),
-                   np.repeat(Deltas, S, axis=0)).reshape(dh + 1, S, dim)
+                   np.repeat(Deltas, S, axis=0), tols.key_scale).reshape(dh + 1, S, dim)
         P = np.diff(g, axis=1)  # (dh + 1, H, dim): jump k of each difference
         unit = float(np.max(np.abs(P[0])))
         shift = float(np.max(np.abs(P[1:] - P[0]))) / unit
@@ -263,17 +278,20 @@ def _split(oracle, read, embed, H: int, rng, tols: SplitTolerances = EXACT) -> n
             "fill d)", error=min(moved), allowed=tols.moved)
     parts = np.concatenate([P[:1], (P[1:] - P[0]) / tols.perturb])  # (dh + 1, H, dim)
     exact = _refine(oracle, read, embed, np.concatenate([D0[None], Dj]),
-                    _projectors(parts, dh, tols.match), rng, tols.moved, tols.refine)
+                    _projectors(parts, dh, tols.match), rng, tols.moved, tols.refine,
+                    tols.key_scale, tols.refine_norm)
     if tols.spread > 1:  # fresh differences, their patterns read by the refined projectors
         fresh = rng.standard_normal(((tols.spread - 1) * (dh + 1), d)) / np.sqrt(d)
         exact = np.concatenate([exact, _refine(oracle, read, embed, fresh,
                                                _projectors(exact, dh, tols.match), rng,
-                                               tols.moved, tols.refine)])
+                                               tols.moved, tols.refine, tols.key_scale,
+                                               tols.refine_norm)])
     return _from_bases([_basis(exact[:, k], dh, tols.match) for k in range(H)], dh)
 
 
 def _refine(oracle, read, embed, D: np.ndarray, E: np.ndarray, rng,
-            moved: float = MOVED_TOL, factor: int = 1) -> np.ndarray:
+            moved: float = MOVED_TOL, factor: int = 1, key_scale: float = KEY_SCALE,
+            norm: float = REFINE_NORM) -> np.ndarray:
     """The exact parts (k, H, dim) of the differences D (k, d), from approximate projectors E
     (H, dim, dim) (``embed`` (d, dim) maps a difference to the coordinates).
 
@@ -281,7 +299,8 @@ def _refine(oracle, read, embed, D: np.ndarray, E: np.ndarray, rng,
     norms); at random points b the saturated answers of ``[b + T D; b]`` are 0/1 combinations
     of D's exact parts, whose pattern E reads; a least squares over the patterns gives them.
     A difference whose patterns do not yet determine its H parts (a head whose weight did not
-    flip between the points) is asked at fresh points, up to :data:`RETRIES` times."""
+    flip between the points) is asked at fresh points, up to :data:`RETRIES` times. The
+    points have norm ``norm``, the differences scale ``key_scale``."""
     H, dim, d = E.shape[0], E.shape[1], D.shape[1]
     n = factor * (REFINE_SHARE * H + REFINE_EXTRA)
     approx = np.einsum("jd,hde->jhe", D @ embed, E)  # (k, H, dim)
@@ -289,8 +308,9 @@ def _refine(oracle, read, embed, D: np.ndarray, E: np.ndarray, rng,
     S_all = [np.zeros((0, H)) for _ in range(D.shape[0])]
     todo = np.arange(D.shape[0])
     for _ in range(1 + RETRIES):
-        b = rng.standard_normal((todo.size * n, d)) * (REFINE_NORM / np.sqrt(d))
-        g = _parts(oracle, read, b, np.repeat(D[todo], n, axis=0)).reshape(todo.size, n, dim)
+        b = rng.standard_normal((todo.size * n, d)) * (norm / np.sqrt(d))
+        g = _parts(oracle, read, b, np.repeat(D[todo], n, axis=0),
+                   key_scale).reshape(todo.size, n, dim)
         seen = np.einsum("jnd,hde->jnhe", g, E)
         a = approx[todo]
         sig = np.einsum("jnhe,jhe->jnh", seen, a) / np.einsum("jhe,jhe->jh", a, a)[:, None]
