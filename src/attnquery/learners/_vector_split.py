@@ -95,16 +95,42 @@ class SplitTolerances(NamedTuple):
     line_half: float = LINE_HALF
     refine_norm: float = REFINE_NORM
     levels: int = LEVELS
+    #: the separators are asked for ``perturbed (dh + 1)`` key differences (``Delta_0`` and
+    #: its perturbations): their approximate parts are divided by ``perturb``, which a narrow
+    #: format's rounding (float16: 5e-4 / 5e-2) leaves at about 1e-2; a head's basis from
+    #: ``dh + 1`` of them is then lost in it (its smallest singular value about 2e-2), from
+    #: three times as many it is not (about 0.4)
+    perturbed: int = 1
+    #: crossings of a finite width (a moderate ``key_scale``) span neighbouring bisection
+    #: intervals: with ``merge``, a run of contiguous changing intervals is one jump (and the
+    #: bisection stops at more than twice ``n_heads`` runs, not intervals)
+    merge: bool = False
+    #: the share of the refinement's points that may be left out as not saturated (their
+    #: patterns off by more than ``moved``; then also those whose residual is an outlier)
+    drop: float = 0.0
+    #: read the perturbed differences' parts at ``Delta_0``'s random points (:func:`_star`:
+    #: their patterns are mostly ``Delta_0``'s, read against its parts) rather than at the
+    #: line's separators: their crossings then need not stay between the separators, and
+    #: ``perturb`` may be large enough (5e-2 or more) for a narrow format's rounding
+    star: bool = False
+    #: the projectors as the least squares ``(D embed) E_h = P_h`` over the refined key
+    #: differences D and head h's exact parts P_h (where they number at least the parts'
+    #: dimension), rather than from the heads' bases, whose inverse amplifies the parts'
+    #: rounding by the angles between the heads' subspaces (float16, d = 32, 2 heads: V 14
+    #: floors from the bases); the bases still check that each head's parts span d / H
+    #: dimensions
+    solve_projectors: bool = False
 
 
 #: the tolerances for answers exact to float64
 EXACT = SplitTolerances()
 
 
-def scan_queries_per_line(n_heads: int, levels: int = LEVELS) -> int:
+def scan_queries_per_line(n_heads: int, levels: int = LEVELS, merge: bool = False) -> int:
     """Queries one line's bisection asks at most: its two ends and, per level (of ``levels``),
-    the midpoints of at most ``n_heads`` intervals (those holding a jump)."""
-    return 2 + levels * n_heads
+    the midpoints of at most ``n_heads`` intervals (those holding a jump; with ``merge``,
+    ``4 n_heads``: runs of contiguous intervals, at most ``2 n_heads`` of two each)."""
+    return 2 + levels * n_heads * (4 if merge else 1)
 
 
 #: random points b per key difference of the refinement (times n_heads, plus REFINE_EXTRA): their
@@ -117,10 +143,10 @@ REFINE_EXTRA = 4
 def split_queries(d: int, n_heads: int, tols: SplitTolerances = EXACT) -> int:
     """Queries :func:`split_values` asks at most (every line retried)."""
     dh = d // n_heads
-    refine = ((1 + RETRIES) * tols.spread * (dh + 1) * tols.refine
+    refine = ((1 + RETRIES) * (tols.perturbed + tols.spread - 1) * (dh + 1) * tols.refine
               * (REFINE_SHARE * n_heads + REFINE_EXTRA))
-    return ((1 + RETRIES) * (scan_queries_per_line(n_heads, tols.levels)
-                             + (dh + 1) * (n_heads + 1)) + refine)
+    return ((1 + RETRIES) * (scan_queries_per_line(n_heads, tols.levels, tols.merge)
+                             + tols.perturbed * (dh + 1) * (n_heads + 1)) + refine)
 
 
 def _parts(oracle, read, b, Delta, key_scale: float = KEY_SCALE) -> np.ndarray:
@@ -149,12 +175,13 @@ def _scan(oracle, read, Delta, b0, v, n_heads,
     for _ in range(tols.levels + 1):
         keep = np.max(np.abs(ghi - glo), axis=1) > tols.change
         lo, hi, glo, ghi = lo[keep], hi[keep], glo[keep], ghi[keep]
-        if lo.size == n_heads:
+        count = _runs(lo, hi).size if tols.merge else lo.size
+        if count == n_heads:
             extra -= 1
         # each head crosses a line once: more changing intervals than heads (beyond a few
         # crossings split by a midpoint) mean answers that are not piecewise constant (logits
         # that do not saturate, such as soft-capped ones): stop before the intervals multiply
-        if lo.size == 0 or extra < 0 or lo.size > 2 * n_heads:
+        if lo.size == 0 or extra < 0 or count > 2 * n_heads:
             break
         mid = (lo + hi) / 2
         gm = _parts(oracle, read, b0 + mid[:, None] * v, np.repeat(Delta[None], mid.size, 0),
@@ -162,7 +189,19 @@ def _scan(oracle, read, Delta, b0, v, n_heads,
         lo, hi = np.concatenate([lo, mid]), np.concatenate([mid, hi])
         glo, ghi = np.concatenate([glo, gm]), np.concatenate([gm, ghi])
     order = np.argsort(lo)
-    return (ghi - glo)[order], np.stack([lo[order], hi[order]], axis=1)
+    J, iv = (ghi - glo)[order], np.stack([lo[order], hi[order]], axis=1)
+    if tols.merge:  # a run of contiguous intervals is one crossing: its changes add up
+        starts = _runs(iv[:, 0], iv[:, 1])
+        J = np.add.reduceat(J, starts, axis=0) if J.size else J
+        iv = np.stack([iv[starts, 0], iv[np.r_[starts[1:], len(iv)] - 1, 1]], axis=1)
+    return J, iv
+
+
+def _runs(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The first index of each run of contiguous intervals ``[lo, hi]`` (in the order of lo)."""
+    order = np.argsort(lo)
+    lo, hi = lo[order], hi[order]
+    return np.flatnonzero(np.r_[True, lo[1:] != hi[:-1]]) if lo.size else np.zeros(0, int)
 
 
 def _line(rng: np.random.Generator, d: int) -> tuple[np.ndarray, np.ndarray]:
@@ -244,7 +283,7 @@ def _split(oracle, read, embed, H: int, rng, tols: SplitTolerances = EXACT) -> n
     d, dim = embed.shape
     dh = dim // H
     D0 = rng.standard_normal(d) / np.sqrt(d)
-    Dj = rng.standard_normal((dh, d)) / np.sqrt(d)
+    Dj = rng.standard_normal((tols.perturbed * (dh + 1) - 1, d)) / np.sqrt(d)
     Deltas = np.concatenate([D0[None], D0 + tols.perturb * Dj])
     counts, moved = [], []
     for _ in range(1 + RETRIES):
@@ -256,11 +295,12 @@ def _split(oracle, read, embed, H: int, rng, tols: SplitTolerances = EXACT) -> n
         seps = np.concatenate([[-tols.line_half], (iv[1:, 0] + iv[:-1, 1]) / 2,
                                [tols.line_half]])
         S = seps.size
-        g = _parts(oracle, read, np.tile(b0 + seps[:, None] * v, (dh + 1, 1)),
-                   np.repeat(Deltas, S, axis=0), tols.key_scale).reshape(dh + 1, S, dim)
-        P = np.diff(g, axis=1)  # (dh + 1, H, dim): jump k of each difference
+        asked = Deltas[:1] if tols.star else Deltas
+        g = _parts(oracle, read, np.tile(b0 + seps[:, None] * v, (len(asked), 1)),
+                   np.repeat(asked, S, axis=0), tols.key_scale).reshape(len(asked), S, dim)
+        P = np.diff(g, axis=1)  # (k, H, dim): jump k of each difference
         unit = float(np.max(np.abs(P[0])))
-        shift = float(np.max(np.abs(P[1:] - P[0]))) / unit
+        shift = float(np.max(np.abs(P[1:] - P[0]))) / unit if len(P) > 1 else 0.0
         moved.append(shift)
         if shift <= tols.moved:
             break
@@ -276,22 +316,92 @@ def _split(oracle, read, embed, H: int, rng, tols: SplitTolerances = EXACT) -> n
             f"({1 + RETRIES} lines; at most {tols.moved:g} expected): the box is not a layer "
             f"of n_heads={H} heads that fill d (another number of heads, or heads that do not "
             "fill d)", error=min(moved), allowed=tols.moved)
-    parts = np.concatenate([P[:1], (P[1:] - P[0]) / tols.perturb])  # (dh + 1, H, dim)
-    exact = _refine(oracle, read, embed, np.concatenate([D0[None], Dj]),
-                    _projectors(parts, dh, tols.match), rng, tols.moved, tols.refine,
-                    tols.key_scale, tols.refine_norm)
+    if tols.star:  # the perturbed differences' parts at Delta_0's points (:func:`_star`)
+        P = _star(oracle, read, P[0], Deltas, rng, tols)
+    parts = np.concatenate([P[:1], (P[1:] - P[0]) / tols.perturb])  # (k, H, dim)
+    D = np.concatenate([D0[None], Dj])
+    exact = _refine(oracle, read, embed, D, _projectors(parts, dh, tols.match), rng, tols)
     if tols.spread > 1:  # fresh differences, their patterns read by the refined projectors
         fresh = rng.standard_normal(((tols.spread - 1) * (dh + 1), d)) / np.sqrt(d)
         exact = np.concatenate([exact, _refine(oracle, read, embed, fresh,
-                                               _projectors(exact, dh, tols.match), rng,
-                                               tols.moved, tols.refine, tols.key_scale,
-                                               tols.refine_norm)])
-    return _from_bases([_basis(exact[:, k], dh, tols.match) for k in range(H)], dh)
+                                               _projectors(exact, dh, tols.match), rng, tols)])
+        D = np.concatenate([D, fresh])
+    E = _from_bases([_basis(exact[:, k], dh, tols.match) for k in range(H)], dh)
+    if tols.solve_projectors and D.shape[0] >= dim:  # (D embed) E_h = the parts of head h
+        E = np.linalg.lstsq(D @ embed, exact.reshape(len(D), H * dim),
+                            rcond=None)[0].reshape(dim, H, dim).transpose(1, 0, 2)
+    return E
+
+
+def _star(oracle, read, P0: np.ndarray, Deltas: np.ndarray, rng,
+          tols: SplitTolerances) -> np.ndarray:
+    """The exact parts (k, H, dim) of the differences ``Deltas`` (k, d): ``Delta_0`` (the
+    first), whose approximate parts P0 (H, dim) the line's jumps gave, and its perturbations
+    ``Delta_0 + perturb Delta_j``.
+
+    Every difference is asked at the same random points b (norm ``tols.refine_norm``).
+    ``Delta_0``'s patterns there are read against P0 (a least squares of H unknowns, no
+    projector); a perturbed difference's patterns differ from them only where b lies within
+    about ``perturb`` (in angle) of a head's crossing, so a least squares over ``Delta_0``'s
+    patterns, less the points whose residual is an outlier, gives its parts approximately, and
+    its own patterns read against them the exact parts. Points whose patterns are off by more
+    than ``tols.moved`` (not saturated) are left out, up to a share ``tols.drop``.
+
+    Raises
+    ------
+    ModelMismatchError
+        More points are off than ``tols.drop`` allows, or ``Delta_0``'s patterns at the points
+        do not tell its H parts apart (a head whose weight did not flip).
+    """
+    H, dim = P0.shape
+    d = Deltas.shape[1]
+    n = tols.refine * (REFINE_SHARE * H + REFINE_EXTRA)
+    b = rng.standard_normal((n, d)) * (tols.refine_norm / np.sqrt(d))
+    g = _parts(oracle, read, np.tile(b, (len(Deltas), 1)), np.repeat(Deltas, n, axis=0),
+               tols.key_scale).reshape(len(Deltas), n, dim)
+    # a line's jump is +- a part (the weight rises or falls along it): the sign its patterns say
+    sig = np.round(np.linalg.lstsq(P0.T, g[0].T, rcond=None)[0])  # (H, n)
+    P0 = P0 * np.where(np.sum(sig < 0, axis=1) > np.sum(sig > 0, axis=1), -1.0, 1.0)[:, None]
+    S0, keep0 = _patterns(g[0], P0, H, tols, check=True)
+    if np.linalg.matrix_rank(S0[keep0]) < H:
+        raise ModelMismatchError(
+            f"a head's weight did not flip at {n} random points: the box is not a layer of "
+            f"n_heads={H} heads that fill d", error=float(np.mean(~keep0)), allowed=tols.drop)
+    parts = []
+    for j in range(len(Deltas)):  # one batch asked; each difference's least squares
+        S, keep = S0, keep0
+        for k in range(STAR_ROUNDS):  # Delta_0's patterns first, then its own read again
+            approx = _parts_lstsq(S[keep], g[j][keep], True)
+            S, keep = _patterns(g[j], approx, H, tols, check=k == STAR_ROUNDS - 1)
+        parts.append(_parts_lstsq(S[keep], g[j][keep], True))
+    return np.stack(parts)
+
+
+#: :func:`_star` reads a perturbed difference's patterns against its parts this many times
+#: (the first parts from ``Delta_0``'s patterns, off at some points)
+STAR_ROUNDS = 3
+
+
+def _patterns(g: np.ndarray, P: np.ndarray, H: int, tols: SplitTolerances, check: bool):
+    """The 0/1 patterns (n, H) of the answers g (n, dim) against the parts P (H, dim) (a least
+    squares) and which of them are kept (off by at most ``tols.moved``); with ``check``, raises
+    ModelMismatchError where more than the share ``tols.drop`` is off."""
+    sig = np.linalg.lstsq(P.T, g.T, rcond=None)[0].T
+    S = np.round(sig)
+    offs = np.max(np.abs(sig - S), axis=1)
+    keep = (offs <= tols.moved) & np.all((S == 0) | (S == 1), axis=1)
+    if check and np.mean(~keep) > tols.drop:
+        raise ModelMismatchError(
+            f"saturated answers are no 0/1 combinations of the heads' parts (off by "
+            f"{np.max(offs):.3g} at {np.mean(~keep):.3g} of the points, {tols.drop:g} allowed): "
+            f"the box is not a layer of n_heads={H} heads that fill d (another number of "
+            "heads, or heads that do not fill d)", error=float(np.max(offs)),
+            allowed=tols.moved)
+    return S, keep
 
 
 def _refine(oracle, read, embed, D: np.ndarray, E: np.ndarray, rng,
-            moved: float = MOVED_TOL, factor: int = 1, key_scale: float = KEY_SCALE,
-            norm: float = REFINE_NORM) -> np.ndarray:
+            tols: SplitTolerances = EXACT) -> np.ndarray:
     """The exact parts (k, H, dim) of the differences D (k, d), from approximate projectors E
     (H, dim, dim) (``embed`` (d, dim) maps a difference to the coordinates).
 
@@ -300,30 +410,36 @@ def _refine(oracle, read, embed, D: np.ndarray, E: np.ndarray, rng,
     of D's exact parts, whose pattern E reads; a least squares over the patterns gives them.
     A difference whose patterns do not yet determine its H parts (a head whose weight did not
     flip between the points) is asked at fresh points, up to :data:`RETRIES` times. The
-    points have norm ``norm``, the differences scale ``key_scale``."""
+    points have norm ``tols.refine_norm``, the differences scale ``tols.key_scale``; with
+    ``tols.drop``, up to that share of the points may show patterns off by more than
+    ``tols.moved`` (a weight near a crossing: not saturated at a moderate key scale) and are
+    left out, as are the points whose residual is an outlier (:func:`_parts_lstsq`)."""
     H, dim, d = E.shape[0], E.shape[1], D.shape[1]
-    n = factor * (REFINE_SHARE * H + REFINE_EXTRA)
+    n = tols.refine * (REFINE_SHARE * H + REFINE_EXTRA)
     approx = np.einsum("jd,hde->jhe", D @ embed, E)  # (k, H, dim)
     g_all = [np.zeros((0, dim)) for _ in range(D.shape[0])]
     S_all = [np.zeros((0, H)) for _ in range(D.shape[0])]
     todo = np.arange(D.shape[0])
     for _ in range(1 + RETRIES):
-        b = rng.standard_normal((todo.size * n, d)) * (norm / np.sqrt(d))
+        b = rng.standard_normal((todo.size * n, d)) * (tols.refine_norm / np.sqrt(d))
         g = _parts(oracle, read, b, np.repeat(D[todo], n, axis=0),
-                   key_scale).reshape(todo.size, n, dim)
+                   tols.key_scale).reshape(todo.size, n, dim)
         seen = np.einsum("jnd,hde->jnhe", g, E)
         a = approx[todo]
         sig = np.einsum("jnhe,jhe->jnh", seen, a) / np.einsum("jhe,jhe->jh", a, a)[:, None]
         S = np.round(sig)
-        off = float(np.max(np.abs(sig - S)))
-        if off > moved or np.any((S != 0) & (S != 1)):
+        offs = np.max(np.abs(sig - S), axis=2)  # (todo, n)
+        bad = (offs > tols.moved) | np.any((S != 0) & (S != 1), axis=2)
+        if np.mean(bad) > tols.drop:
+            off = float(np.max(offs))
             raise ModelMismatchError(
                 f"saturated answers are no 0/1 combinations of the heads' parts (off by "
-                f"{off:.3g}): the box is not a layer of n_heads={H} heads that fill d (another "
-                "number of heads, or heads that do not fill d)", error=off, allowed=moved)
+                f"{off:.3g} at {np.mean(bad):.3g} of the points, {tols.drop:g} allowed): the "
+                f"box is not a layer of n_heads={H} heads that fill d (another number of "
+                "heads, or heads that do not fill d)", error=off, allowed=tols.moved)
         for i, j in enumerate(todo):
-            g_all[j] = np.concatenate([g_all[j], g[i]])
-            S_all[j] = np.concatenate([S_all[j], S[i]])
+            g_all[j] = np.concatenate([g_all[j], g[i][~bad[i]]])
+            S_all[j] = np.concatenate([S_all[j], S[i][~bad[i]]])
         todo = np.array([j for j in todo if np.linalg.matrix_rank(S_all[j]) < H], dtype=int)
         if todo.size == 0:
             break
@@ -331,8 +447,25 @@ def _refine(oracle, read, embed, D: np.ndarray, E: np.ndarray, rng,
         raise ModelMismatchError(
             f"a head's weight did not flip at {(1 + RETRIES) * n} random points: the box is "
             f"not a layer of n_heads={H} heads that fill d", error=float(todo.size), allowed=0.0)
-    return np.stack([np.linalg.lstsq(S_all[j], g_all[j], rcond=None)[0]
+    return np.stack([_parts_lstsq(S_all[j], g_all[j], tols.drop > 0)
                      for j in range(D.shape[0])])
+
+
+#: with ``SplitTolerances.drop``, a refinement point whose residual exceeds TRIM_UNITS times
+#: the median residual is left out (a weight near its crossing, off by more than rounding)
+TRIM_UNITS = 5.0
+
+
+def _parts_lstsq(S: np.ndarray, g: np.ndarray, trim: bool) -> np.ndarray:
+    """The parts (H, dim) whose 0/1 combinations S (n, H) are the answers g (n, dim): least
+    squares, with ``trim`` once more without the points whose residual is an outlier."""
+    P = np.linalg.lstsq(S, g, rcond=None)[0]
+    if trim:
+        r = np.max(np.abs(g - S @ P), axis=1)
+        keep = r <= TRIM_UNITS * np.median(r)
+        if not keep.all() and np.linalg.matrix_rank(S[keep]) == S.shape[1]:
+            P = np.linalg.lstsq(S[keep], g[keep], rcond=None)[0]
+    return P
 
 
 def _basis(parts: np.ndarray, dh: int, match: float = MATCH_TOL) -> np.ndarray:
