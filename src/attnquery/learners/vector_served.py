@@ -32,7 +32,7 @@ from ._noise import NOISE_MODES, judge_noise
 from ._params import Options
 from ._registry import LearnerSpec
 from ._vector_layer import STAGES, VectorLayerRoute
-from ._vector_split import KEY_SCALE, SplitTolerances
+from ._vector_split import SplitTolerances
 
 __all__ = ["ServedVectorLearner", "VALUE_SAMPLES", "SERVED_OVERSAMPLE", "ATTENTION_UNITS",
            "MIN_WEIGHT_UNITS", "VERIFY_UNITS"]
@@ -73,6 +73,29 @@ SPLIT_SPREAD = 3
 #: float64 route's groups), 6.3e-5 at 8 (2,820 queries), 2.4e-5 at 32 (4,760 queries)
 SHARED_OVERSAMPLE = 32.0
 SHARED_ROW_RTOL = 1e-4
+#: a layer's split under float16 and bfloat16 rounding (:data:`NARROW_SPLIT`): the key
+#: difference's scale NARROW_KEY_SCALE (float64's 1e10 overflows float16), the lines'
+#: half extent and the refinement points' norm NARROW_REACH (the logits, about
+#: ``T |b| |Delta^T W_h|``, reach a few thousand, the scores ``sqrt(dh)`` times that: below
+#: 65504 for heads of 16 with logits of unit scale), bisection to intervals of 2 NARROW_REACH
+#: 2^-NARROW_LEVELS (0.04: wider than a crossing, about 10 / (T |Delta^T W_h v|)); a jump is a
+#: change beyond NARROW_CHANGE_UNITS noise units, the perturbed differences
+#: ``Delta_0 + NARROW_PERTURB Delta_j`` are read at Delta_0's points (``star``), patterns off
+#: by more than NARROW_MOVED are left out (at most NARROW_DROP of the points: weights near
+#: their crossing), NARROW_REFINE times the float64 route's points per difference, a head's
+#: parts span d / H dimensions to NARROW_MATCH, and the projectors solve the least squares
+#: over 2 H (dh + 1) refined differences (``solve_projectors``)
+NARROW_KEY_SCALE = 300.0
+NARROW_REACH = 10.0
+NARROW_LEVELS = 9
+NARROW_CHANGE_UNITS = 10.0
+NARROW_PERTURB = 0.1
+NARROW_MOVED = 0.25
+NARROW_DROP = 0.05
+NARROW_REFINE = 8
+NARROW_MATCH = 0.1
+#: the formats whose layers are split with the narrow tolerances
+NARROW_SPLIT = ("float16", "bfloat16")
 
 
 class ServedVectorLearner(VectorLayerRoute):
@@ -166,12 +189,6 @@ class ServedVectorLearner(VectorLayerRoute):
         noise = max(spread / max(rms, np.finfo(float).tiny), float(np.finfo(float).eps))
         fmt = answer_format(y)
         judge_noise(self, noise, fmt, d, "a vector attention head", stacklevel=5)
-        if (self.n_heads or 1) > 1 and fmt in ("float16", "bfloat16"):
-            raise ConfigError(
-                f"n_heads={self.n_heads}: layers of several heads are read from float32 answers "
-                f"so far, these are {fmt} (the split's saturated queries, tokens of norm "
-                f"{KEY_SCALE:g}, overflow float16, and {fmt}'s rounding hides their jumps); "
-                "single heads are read in every format")
         self.noise_level_ = noise
         self.noise_unit_ = max(noise, self.noise_floor_ or 0.0)
         if not np.any(np.abs(V) > self.noise_unit_ * rms):
@@ -200,6 +217,14 @@ class ServedVectorLearner(VectorLayerRoute):
         return VERIFY_UNITS * self.noise_unit_
 
     def _split_tolerances(self) -> SplitTolerances:
+        if getattr(self, "answer_format_", None) in NARROW_SPLIT:
+            H = self.n_heads or 1
+            return SplitTolerances(
+                change=NARROW_CHANGE_UNITS * self.noise_unit_, match=NARROW_MATCH,
+                moved=NARROW_MOVED, perturb=NARROW_PERTURB, refine=NARROW_REFINE,
+                output_frame=True, spread=max(1, 2 * H - 2), key_scale=NARROW_KEY_SCALE,
+                line_half=NARROW_REACH, refine_norm=NARROW_REACH, levels=NARROW_LEVELS,
+                perturbed=3, merge=True, drop=NARROW_DROP, star=True, solve_projectors=True)
         return SplitTolerances(change=SPLIT_CHANGE_UNITS * self.noise_unit_, match=SPLIT_MATCH,
                                moved=SPLIT_MOVED, perturb=SPLIT_PERTURB, refine=SPLIT_REFINE,
                                output_frame=True, spread=SPLIT_SPREAD)
