@@ -93,6 +93,12 @@ class SplitTolerances(NamedTuple):
     #: ``1 / (T |Delta^T W_h v|)``) the bisection must not resolve
     key_scale: float = KEY_SCALE
     line_half: float = LINE_HALF
+    #: the norm of the line's point b0 (1): the crossings lie about that far from it (in s),
+    #: their spacing in logits about ``key_scale line_norm``
+    line_norm: float = 1.0
+    #: fresh lines tried after the first (:data:`RETRIES`): at a moderate key scale a line
+    #: misses a crossing beyond its end, or merges two, more often
+    retries: int = RETRIES
     refine_norm: float = REFINE_NORM
     levels: int = LEVELS
     #: the separators are asked for ``perturbed (dh + 1)`` key differences (``Delta_0`` and
@@ -145,7 +151,7 @@ def split_queries(d: int, n_heads: int, tols: SplitTolerances = EXACT) -> int:
     dh = d // n_heads
     refine = ((1 + RETRIES) * (tols.perturbed + tols.spread - 1) * (dh + 1) * tols.refine
               * (REFINE_SHARE * n_heads + REFINE_EXTRA))
-    return ((1 + RETRIES) * (scan_queries_per_line(n_heads, tols.levels, tols.merge)
+    return ((1 + tols.retries) * (scan_queries_per_line(n_heads, tols.levels, tols.merge)
                              + tols.perturbed * (dh + 1) * (n_heads + 1)) + refine)
 
 
@@ -190,11 +196,25 @@ def _scan(oracle, read, Delta, b0, v, n_heads,
         glo, ghi = np.concatenate([glo, gm]), np.concatenate([gm, ghi])
     order = np.argsort(lo)
     J, iv = (ghi - glo)[order], np.stack([lo[order], hi[order]], axis=1)
-    if tols.merge:  # a run of contiguous intervals is one crossing: its changes add up
+    if tols.merge and len(iv):  # a run of contiguous intervals is one crossing: its changes add
         starts = _runs(iv[:, 0], iv[:, 1])
-        J = np.add.reduceat(J, starts, axis=0) if J.size else J
+        J = np.add.reduceat(J, starts, axis=0)
         iv = np.stack([iv[starts, 0], iv[np.r_[starts[1:], len(iv)] - 1, 1]], axis=1)
     return J, iv
+
+
+#: with ``SplitTolerances.merge``, a line is used only where the gap between two neighbouring
+#: crossings is at least ISOLATION times the wider one's run (a slow crossing, wide at a
+#: moderate key scale, else reaches the separator between them)
+ISOLATION = 2.0
+
+
+def _isolated(iv: np.ndarray) -> bool:
+    """Whether the crossings' runs iv (k, 2), in the order of s, are far enough apart for
+    separators between them (:data:`ISOLATION`)."""
+    widths = iv[:, 1] - iv[:, 0]
+    gaps = iv[1:, 0] - iv[:-1, 1]
+    return bool(np.all(gaps >= ISOLATION * np.maximum(widths[1:], widths[:-1])))
 
 
 def _runs(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -204,9 +224,10 @@ def _runs(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return np.flatnonzero(np.r_[True, lo[1:] != hi[:-1]]) if lo.size else np.zeros(0, int)
 
 
-def _line(rng: np.random.Generator, d: int) -> tuple[np.ndarray, np.ndarray]:
-    """A random line: a point b0 of norm about 1 and a unit direction v."""
-    b0 = rng.standard_normal(d) / np.sqrt(d)
+def _line(rng: np.random.Generator, d: int,
+          norm: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """A random line: a point b0 of norm about ``norm`` and a unit direction v."""
+    b0 = rng.standard_normal(d) * (norm / np.sqrt(d))
     v = rng.standard_normal(d)
     return b0, v / np.linalg.norm(v)
 
@@ -286,11 +307,11 @@ def _split(oracle, read, embed, H: int, rng, tols: SplitTolerances = EXACT) -> n
     Dj = rng.standard_normal((tols.perturbed * (dh + 1) - 1, d)) / np.sqrt(d)
     Deltas = np.concatenate([D0[None], D0 + tols.perturb * Dj])
     counts, moved = [], []
-    for _ in range(1 + RETRIES):
-        b0, v = _line(rng, d)
+    for _ in range(1 + tols.retries):
+        b0, v = _line(rng, d, tols.line_norm)
         J, iv = _scan(oracle, read, D0, b0, v, H, tols)
         counts.append(J.shape[0])
-        if J.shape[0] != H:
+        if J.shape[0] != H or (tols.merge and not _isolated(iv)):
             continue
         seps = np.concatenate([[-tols.line_half], (iv[1:, 0] + iv[:-1, 1]) / 2,
                                [tols.line_half]])
@@ -308,12 +329,12 @@ def _split(oracle, read, embed, H: int, rng, tols: SplitTolerances = EXACT) -> n
         if counts[-1] != H or not moved:
             raise ModelMismatchError(
                 f"lines of saturated two-token queries cross {min(counts)} to {max(counts)} "
-                f"heads' switches ({1 + RETRIES} lines) where n_heads={H} was declared: the "
+                f"heads' switches ({1 + tols.retries} lines) where n_heads={H} was declared: the "
                 "box has another number of heads, or answers that do not saturate (soft-capped "
                 "logits)", error=float(max(counts)), allowed=float(H))
         raise ModelMismatchError(
             f"the jumps of nearby key differences differ by {min(moved):.3g} of a jump "
-            f"({1 + RETRIES} lines; at most {tols.moved:g} expected): the box is not a layer "
+            f"({1 + tols.retries} lines; at most {tols.moved:g} expected): the box is not a layer "
             f"of n_heads={H} heads that fill d (another number of heads, or heads that do not "
             "fill d)", error=min(moved), allowed=tols.moved)
     if tols.star:  # the perturbed differences' parts at Delta_0's points (:func:`_star`)

@@ -25,14 +25,14 @@ import math
 
 import numpy as np
 
-from ..errors import ConfigError, ModelMismatchError, NotIdentifiableError
+from ..errors import AnswerError, ConfigError, ModelMismatchError, NotIdentifiableError
 from ..precision import answer_format
 from ._base import CHECK_LENGTH, DEFAULT_VERIFY
 from ._noise import NOISE_MODES, judge_noise
 from ._params import Options
 from ._registry import LearnerSpec
 from ._vector_layer import STAGES, VectorLayerRoute
-from ._vector_split import SplitTolerances
+from ._vector_split import SplitTolerances, split_values
 
 __all__ = ["ServedVectorLearner", "VALUE_SAMPLES", "SERVED_OVERSAMPLE", "ATTENTION_UNITS",
            "MIN_WEIGHT_UNITS", "VERIFY_UNITS"]
@@ -73,27 +73,34 @@ SPLIT_SPREAD = 3
 #: float64 route's groups), 6.3e-5 at 8 (2,820 queries), 2.4e-5 at 32 (4,760 queries)
 SHARED_OVERSAMPLE = 32.0
 SHARED_ROW_RTOL = 1e-4
-#: a layer's split under float16 and bfloat16 rounding (:data:`NARROW_SPLIT`): the key
-#: difference's scale NARROW_KEY_SCALE (float64's 1e10 overflows float16), the lines'
-#: half extent and the refinement points' norm NARROW_REACH (the logits, about
-#: ``T |b| |Delta^T W_h|``, reach a few thousand, the scores ``sqrt(dh)`` times that: below
-#: 65504 for heads of 16 with logits of unit scale), bisection to intervals of 2 NARROW_REACH
-#: 2^-NARROW_LEVELS (0.04: wider than a crossing, about 10 / (T |Delta^T W_h v|)); a jump is a
-#: change beyond NARROW_CHANGE_UNITS noise units, the perturbed differences
-#: ``Delta_0 + NARROW_PERTURB Delta_j`` are read at Delta_0's points (``star``), patterns off
-#: by more than NARROW_MOVED are left out (at most NARROW_DROP of the points: weights near
-#: their crossing), NARROW_REFINE times the float64 route's points per difference, a head's
-#: parts span d / H dimensions to NARROW_MATCH, and the projectors solve the least squares
-#: over 2 H (dh + 1) refined differences (``solve_projectors``)
-NARROW_KEY_SCALE = 300.0
-NARROW_REACH = 10.0
-NARROW_LEVELS = 9
+#: a layer's split under float16 and bfloat16 rounding (:data:`NARROW_SPLIT`), where float64's
+#: key scale (1e10) overflows float16 and the crossings of a moderate one have a width: a jump
+#: is a change beyond NARROW_CHANGE_UNITS noise units and runs of contiguous changing intervals
+#: are one crossing (``merge``), the perturbed differences ``Delta_0 + NARROW_PERTURB Delta_j``
+#: are read at Delta_0's points (``star``), patterns off by more than NARROW_MOVED are left
+#: out (at most NARROW_DROP of the points: weights near their crossing), NARROW_REFINE times
+#: the float64 route's points per difference, a head's parts span d / H dimensions to
+#: NARROW_MATCH, and the projectors solve the least squares over 2 H (dh + 1) refined
+#: differences (``solve_projectors``)
 NARROW_CHANGE_UNITS = 10.0
 NARROW_PERTURB = 0.1
 NARROW_MOVED = 0.25
-NARROW_DROP = 0.05
+NARROW_DROP = 0.15
 NARROW_REFINE = 8
 NARROW_MATCH = 0.1
+#: the key scale and reach of the narrow split, wide: key differences of scale 300 and lines
+#: and points of norm 10 (logits of a few thousand: crossings 10 / (T |Delta^T W_h v|), about
+#: 0.03 in s, narrower than the bisection's last intervals, 20 / 2^9); the tokens' norms
+#: (300) hold in float16, the scores (about ``|x|^2 sqrt(dh)``) only where the engine computes
+#: them in float32, as onnxruntime's CPU provider does (it casts float16 matrix products)
+WIDE_SPLIT = dict(key_scale=300.0, line_half=10.0, refine_norm=10.0, levels=9)
+#: ... and tight, where the wide split's answers overflow (a float16 box that computes its
+#: scores in float16): tokens of norm at most about 55 (scale 40, lines of half extent 25
+#: about a point of norm 3, points of norm 25), whose scores stay below 65504 for heads of 16
+#: with logits of unit scale; their crossings are wider and slow ones more common, so up to
+#: 9 lines are tried
+TIGHT_SPLIT = dict(key_scale=40.0, line_half=25.0, line_norm=3.0, refine_norm=25.0, levels=9,
+                   retries=8)
 #: the formats whose layers are split with the narrow tolerances
 NARROW_SPLIT = ("float16", "bfloat16")
 
@@ -128,6 +135,9 @@ class ServedVectorLearner(VectorLayerRoute):
         Whether the noise exceeded ``NOISE_FORMAT_FACTOR`` floors (with ``noise="measured"``).
     noise_unit_ : float
         The unit of the tolerances: the floor, or the measured noise where that is larger.
+    split_key_scale_ : float
+        Layers of several heads: the scale of the split's key differences (float32: 1e10;
+        float16 and bfloat16: 300, or 40 where a float16 box's answers overflow at 300).
     """
 
     def __init__(self, *, n_heads=None, n_kv_heads=None, causal=False, positions="none",
@@ -216,15 +226,30 @@ class ServedVectorLearner(VectorLayerRoute):
     def _verify_tol(self) -> float:
         return VERIFY_UNITS * self.noise_unit_
 
-    def _split_tolerances(self) -> SplitTolerances:
+    def _split_values(self, ledger, V_sum, beta, H: int, rng) -> np.ndarray:
+        """The split with the format's tolerances; in float16, the wide split first and the
+        tight one where its answers overflow (:data:`WIDE_SPLIT`, :data:`TIGHT_SPLIT`). Sets
+        ``split_key_scale_``."""
+        tols = self._split_tolerances()
+        self.split_key_scale_ = tols.key_scale
+        try:
+            return split_values(ledger, V_sum, beta, H, rng, tols)
+        except AnswerError:
+            if self.answer_format_ != "float16":
+                raise
+        tols = self._split_tolerances(tight=True)
+        self.split_key_scale_ = tols.key_scale
+        return split_values(ledger, V_sum, beta, H, rng, tols)
+
+    def _split_tolerances(self, tight: bool = False) -> SplitTolerances:
         if getattr(self, "answer_format_", None) in NARROW_SPLIT:
             H = self.n_heads or 1
             return SplitTolerances(
                 change=NARROW_CHANGE_UNITS * self.noise_unit_, match=NARROW_MATCH,
                 moved=NARROW_MOVED, perturb=NARROW_PERTURB, refine=NARROW_REFINE,
-                output_frame=True, spread=max(1, 2 * H - 2), key_scale=NARROW_KEY_SCALE,
-                line_half=NARROW_REACH, refine_norm=NARROW_REACH, levels=NARROW_LEVELS,
-                perturbed=3, merge=True, drop=NARROW_DROP, star=True, solve_projectors=True)
+                output_frame=True, spread=max(1, 2 * H - 2), perturbed=3, merge=True,
+                drop=NARROW_DROP, star=True, solve_projectors=True,
+                **(TIGHT_SPLIT if tight else WIDE_SPLIT))
         return SplitTolerances(change=SPLIT_CHANGE_UNITS * self.noise_unit_, match=SPLIT_MATCH,
                                moved=SPLIT_MOVED, perturb=SPLIT_PERTURB, refine=SPLIT_REFINE,
                                output_frame=True, spread=SPLIT_SPREAD)
