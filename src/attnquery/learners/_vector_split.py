@@ -96,9 +96,9 @@ class SplitTolerances(NamedTuple):
     #: the norm of the line's point b0 (1): the crossings lie about that far from it (in s),
     #: their spacing in logits about ``key_scale line_norm``
     line_norm: float = 1.0
-    #: fresh lines tried after the first (:data:`RETRIES`): at a moderate key scale a line
+    #: fresh lines tried after the first (None: :data:`RETRIES`): at a moderate key scale a line
     #: misses a crossing beyond its end, or merges two, more often
-    retries: int = RETRIES
+    retries: int | None = None
     refine_norm: float = REFINE_NORM
     levels: int = LEVELS
     #: the separators are asked for ``perturbed (dh + 1)`` key differences (``Delta_0`` and
@@ -151,8 +151,9 @@ def split_queries(d: int, n_heads: int, tols: SplitTolerances = EXACT) -> int:
     dh = d // n_heads
     refine = ((1 + RETRIES) * (tols.perturbed + tols.spread - 1) * (dh + 1) * tols.refine
               * (REFINE_SHARE * n_heads + REFINE_EXTRA))
-    return ((1 + tols.retries) * (scan_queries_per_line(n_heads, tols.levels, tols.merge)
-                             + tols.perturbed * (dh + 1) * (n_heads + 1)) + refine)
+    lines = 1 + (RETRIES if tols.retries is None else tols.retries)
+    return (lines * (scan_queries_per_line(n_heads, tols.levels, tols.merge)
+                     + tols.perturbed * (dh + 1) * (n_heads + 1)) + refine)
 
 
 def _parts(oracle, read, b, Delta, key_scale: float = KEY_SCALE) -> np.ndarray:
@@ -224,10 +225,9 @@ def _runs(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return np.flatnonzero(np.r_[True, lo[1:] != hi[:-1]]) if lo.size else np.zeros(0, int)
 
 
-def _line(rng: np.random.Generator, d: int,
-          norm: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
-    """A random line: a point b0 of norm about ``norm`` and a unit direction v."""
-    b0 = rng.standard_normal(d) * (norm / np.sqrt(d))
+def _line(rng: np.random.Generator, d: int) -> tuple[np.ndarray, np.ndarray]:
+    """A random line: a point b0 of norm about 1 and a unit direction v."""
+    b0 = rng.standard_normal(d) / np.sqrt(d)
     v = rng.standard_normal(d)
     return b0, v / np.linalg.norm(v)
 
@@ -307,8 +307,10 @@ def _split(oracle, read, embed, H: int, rng, tols: SplitTolerances = EXACT) -> n
     Dj = rng.standard_normal((tols.perturbed * (dh + 1) - 1, d)) / np.sqrt(d)
     Deltas = np.concatenate([D0[None], D0 + tols.perturb * Dj])
     counts, moved = [], []
-    for _ in range(1 + tols.retries):
-        b0, v = _line(rng, d, tols.line_norm)
+    retries = RETRIES if tols.retries is None else tols.retries
+    for _ in range(1 + retries):
+        b0, v = _line(rng, d)
+        b0 = tols.line_norm * b0
         J, iv = _scan(oracle, read, D0, b0, v, H, tols)
         counts.append(J.shape[0])
         if J.shape[0] != H or (tols.merge and not _isolated(iv)):
@@ -329,12 +331,12 @@ def _split(oracle, read, embed, H: int, rng, tols: SplitTolerances = EXACT) -> n
         if counts[-1] != H or not moved:
             raise ModelMismatchError(
                 f"lines of saturated two-token queries cross {min(counts)} to {max(counts)} "
-                f"heads' switches ({1 + tols.retries} lines) where n_heads={H} was declared: the "
+                f"heads' switches ({1 + retries} lines) where n_heads={H} was declared: the "
                 "box has another number of heads, or answers that do not saturate (soft-capped "
                 "logits)", error=float(max(counts)), allowed=float(H))
         raise ModelMismatchError(
             f"the jumps of nearby key differences differ by {min(moved):.3g} of a jump "
-            f"({1 + tols.retries} lines; at most {tols.moved:g} expected): the box is not a layer "
+            f"({1 + retries} lines; at most {tols.moved:g} expected): the box is not a layer "
             f"of n_heads={H} heads that fill d (another number of heads, or heads that do not "
             "fill d)", error=min(moved), allowed=tols.moved)
     if tols.star:  # the perturbed differences' parts at Delta_0's points (:func:`_star`)
