@@ -207,10 +207,12 @@ def test_float16_layer_whose_scores_overflow_takes_the_tight_split():
     ("float16", lambda p: narrow_layer(16, 2, p, head_dim=16)[0], "do not fill d"),
     ("bfloat16", lambda p: narrow_layer(16, 4, p)[0], "another number of heads"),
     ("bfloat16", lambda p: narrow_layer(16, 2, p, softcap=1.0)[0], "another number of heads"),
+    ("bfloat16", lambda p: narrow_layer(16, 2, p, rope_base=100.0, engine=False)[0],
+     "not a single head as declared"),
 ])
 def test_narrow_boxes_that_are_not_such_a_layer_are_refused(precision, box, match):
     """Two heads that do not fill d, four heads declared as two, soft-capped logits: refused by
-    the split by name."""
+    the split by name; rotary heads declared without positions: by the check (10 floors)."""
     with pytest.raises(ModelMismatchError, match=match) as info:
         VectorLayerLearner(n_heads=2, random_state=0).fit(VectorOracle(box(precision), 16))
     assert info.value.error > info.value.allowed
