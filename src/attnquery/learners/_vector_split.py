@@ -17,6 +17,16 @@ same order: subtracting ``Delta_0``'s jumps and dividing by eps gives ``Delta_j`
 every head, matched to the head by its place on the line. dh such ``Delta_j`` give a basis of
 every ``U_h``, hence the projectors and ``V_h = E_h V_sum``: one line's bisection and
 ``(dh + 1) (H + 1)`` queries at the separators.
+
+A narrow format (float16, bfloat16; :class:`SplitTolerances` of the served route) holds no
+T of 1e10: with T of a few hundred or less a crossing has a width (about
+``10 / (T |Delta^T W_h v|)`` in s), a jump divided by a small eps is lost in the rounding, and
+a few random points lie near a crossing. Then the bisection stops at intervals wider than a
+crossing and takes contiguous changing intervals as one (``merge``), uses a line only where
+its crossings are far apart, reads the perturbed differences' parts at ``Delta_0``'s random
+points from ``Delta_0``'s patterns (``star``, :func:`_star`: eps 0.1, not 1e-5), leaves out
+points whose patterns are not 0/1 (``drop``), and solves the projectors by least squares over
+the refined differences (``solve_projectors``).
 """
 
 from __future__ import annotations

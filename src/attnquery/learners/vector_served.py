@@ -16,7 +16,12 @@ ledger. What changes against the float64 route:
   noise (their logarithm is rounding);
 * the tolerances of the attention matrices and of the check are multiples of the format's
   rounding floor (:func:`attnquery.precision.rounding_floor`, or the measured noise where that
-  is larger), not float64's ``1e-9`` and ``1e-8``.
+  is larger), not float64's ``1e-9`` and ``1e-8``;
+* a layer's split (:mod:`._vector_split`) takes the format's tolerances: float32's, and for
+  float16 and bfloat16 a key scale the format holds (:data:`WIDE_SPLIT`, or
+  :data:`TIGHT_SPLIT` where a float16 box's answers to it overflow) with the narrow options
+  (crossings of finite width, perturbed differences read at shared points, projectors by
+  least squares); such layers are checked to :data:`NARROW_VERIFY_UNITS` noise units.
 """
 
 from __future__ import annotations
@@ -94,13 +99,15 @@ NARROW_MATCH = 0.1
 #: (300) hold in float16, the scores (about ``|x|^2 sqrt(dh)``) only where the engine computes
 #: them in float32, as onnxruntime's CPU provider does (it casts float16 matrix products)
 WIDE_SPLIT = dict(key_scale=300.0, line_half=10.0, refine_norm=10.0, levels=9)
+#: lines tried after the first by the narrow split (float32's 2): a line is used only where
+#: its crossings are far apart (``ISOLATION`` of :mod:`._vector_split`), which a slow crossing
+#: often prevents
+NARROW_RETRIES = 8
 #: ... and tight, where the wide split's answers overflow (a float16 box that computes its
 #: scores in float16): tokens of norm at most about 55 (scale 40, lines of half extent 25
 #: about a point of norm 3, points of norm 25), whose scores stay below 65504 for heads of 16
-#: with logits of unit scale; their crossings are wider and slow ones more common, so up to
-#: 9 lines are tried
-TIGHT_SPLIT = dict(key_scale=40.0, line_half=25.0, line_norm=3.0, refine_norm=25.0, levels=9,
-                   retries=8)
+#: with logits of unit scale; their crossings are wider and slow ones more common
+TIGHT_SPLIT = dict(key_scale=40.0, line_half=25.0, line_norm=3.0, refine_norm=25.0, levels=9)
 #: the formats whose layers are split with the narrow tolerances
 NARROW_SPLIT = ("float16", "bfloat16")
 #: the check's relative tolerance for such layers, in units of the answers' noise (their fits
@@ -254,7 +261,7 @@ class ServedVectorLearner(VectorLayerRoute):
                 change=NARROW_CHANGE_UNITS * self.noise_unit_, match=NARROW_MATCH,
                 moved=NARROW_MOVED, perturb=NARROW_PERTURB, refine=NARROW_REFINE,
                 output_frame=True, spread=max(1, 2 * H - 2), perturbed=3, merge=True,
-                drop=NARROW_DROP, star=True, solve_projectors=True,
+                drop=NARROW_DROP, star=True, solve_projectors=True, retries=NARROW_RETRIES,
                 **(TIGHT_SPLIT if tight else WIDE_SPLIT))
         return SplitTolerances(change=SPLIT_CHANGE_UNITS * self.noise_unit_, match=SPLIT_MATCH,
                                moved=SPLIT_MOVED, perturb=SPLIT_PERTURB, refine=SPLIT_REFINE,
