@@ -368,7 +368,7 @@ def _split(oracle, read, embed, H: int, rng, tols: SplitTolerances = EXACT) -> n
 
 def _star(oracle, read, P0: np.ndarray, Deltas: np.ndarray, rng,
           tols: SplitTolerances) -> np.ndarray:
-    """The exact parts (k, H, dim) of the differences ``Deltas`` (k, d): ``Delta_0`` (the
+    """The exact parts (k, H, dim) of the differences ``Deltas`` (k, d) read: ``Delta_0`` (the
     first), whose approximate parts P0 (H, dim) the line's jumps gave, and its perturbations
     ``Delta_0 + perturb Delta_j``.
 
@@ -378,7 +378,9 @@ def _star(oracle, read, P0: np.ndarray, Deltas: np.ndarray, rng,
     about ``perturb`` (in angle) of a head's crossing, so a least squares over ``Delta_0``'s
     patterns, less the points whose residual is an outlier, gives its parts approximately, and
     its own patterns read against them the exact parts. Points whose patterns are off by more
-    than ``tols.moved`` (not saturated) are left out, up to a share ``tols.drop``.
+    than ``tols.moved`` (not saturated) are left out, up to a share ``tols.drop``; a perturbed
+    difference with more such points is left out (the parts of more than ``dim / H`` are
+    needed: a head's basis).
 
     Raises
     ------
@@ -400,13 +402,22 @@ def _star(oracle, read, P0: np.ndarray, Deltas: np.ndarray, rng,
         raise ModelMismatchError(
             f"a head's weight did not flip at {n} random points: the box is not a layer of "
             f"n_heads={H} heads that fill d", error=float(np.mean(~keep0)), allowed=tols.drop)
-    parts = []
+    parts, lost = [], []
     for j in range(len(Deltas)):  # one batch asked; each difference's least squares
         S, keep = S0, keep0
-        for k in range(STAR_ROUNDS):  # Delta_0's patterns first, then its own read again
+        for _ in range(STAR_ROUNDS):  # Delta_0's patterns first, then its own read again
             approx = _parts_lstsq(S[keep], g[j][keep], True)
-            S, keep = _patterns(g[j], approx, H, tols, check=k == STAR_ROUNDS - 1)
-        parts.append(_parts_lstsq(S[keep], g[j][keep], True))
+            S, keep = _patterns(g[j], approx, H, tols, check=False)
+        if j == 0 or np.mean(~keep) <= tols.drop:  # Delta_0's patterns passed above
+            parts.append(_parts_lstsq(S[keep], g[j][keep], True))
+        else:  # its patterns moved too far from Delta_0's (a head nearly flat along Delta_0)
+            lost.append(float(np.mean(~keep)))
+    if len(parts) <= dim // H:
+        raise ModelMismatchError(
+            f"saturated answers are no 0/1 combinations of the heads' parts ({len(lost)} of "
+            f"{len(Deltas)} key differences off at more than {tols.drop:g} of the points): the "
+            f"box is not a layer of n_heads={H} heads that fill d (another number of heads, or "
+            "heads that do not fill d)", error=min(lost), allowed=tols.drop)
     return np.stack(parts)
 
 
