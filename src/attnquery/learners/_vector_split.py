@@ -103,14 +103,14 @@ class SplitTolerances(NamedTuple):
     #: ``1 / (T |Delta^T W_h v|)``) the bisection must not resolve
     key_scale: float = KEY_SCALE
     line_half: float = LINE_HALF
+    refine_norm: float = REFINE_NORM
+    levels: int = LEVELS
     #: the norm of the line's point b0 (1): the crossings lie about that far from it (in s),
     #: their spacing in logits about ``key_scale line_norm``
     line_norm: float = 1.0
     #: fresh lines tried after the first (None: :data:`RETRIES`): at a moderate key scale a line
     #: misses a crossing beyond its end, or merges two, more often
     retries: int | None = None
-    refine_norm: float = REFINE_NORM
-    levels: int = LEVELS
     #: the separators are asked for ``perturbed (dh + 1)`` key differences (``Delta_0`` and
     #: its perturbations): their approximate parts are divided by ``perturb``, which a narrow
     #: format's rounding (float16: 5e-4 / 5e-2) leaves at about 1e-2; a head's basis from
