@@ -40,7 +40,8 @@ from ._vector_layer import STAGES, VectorLayerRoute
 from ._vector_split import SplitTolerances, split_values
 
 __all__ = ["ServedVectorLearner", "VALUE_SAMPLES", "SERVED_OVERSAMPLE", "ATTENTION_UNITS",
-           "MIN_WEIGHT_UNITS", "VERIFY_UNITS"]
+           "MIN_WEIGHT_UNITS", "VERIFY_UNITS", "NARROW_SPLIT", "WIDE_SPLIT", "TIGHT_SPLIT",
+           "NARROW_VERIFY_UNITS"]
 
 #: one-token queries per unknown of each column of V and beta (d + 1): the least squares then
 #: averages the answers' rounding over VALUE_SAMPLES answers
