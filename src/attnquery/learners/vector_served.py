@@ -98,7 +98,7 @@ NARROW_MATCH = 0.1
 #: and points of norm 10 (logits of a few thousand: crossings 10 / (T |Delta^T W_h v|), about
 #: 0.03 in s, narrower than the bisection's last intervals, 20 / 2^9); the tokens' norms
 #: (300) hold in float16, the scores (about ``|x|^2 sqrt(dh)``) only where the engine computes
-#: them in float32, as onnxruntime's CPU provider does (it casts float16 matrix products)
+#: them in a wider type, as onnxruntime's CPU provider evidently does (scores of 4e6 answered)
 WIDE_SPLIT = dict(key_scale=300.0, line_half=10.0, refine_norm=10.0, levels=9)
 #: lines tried after the first by the narrow split (float32's 2): a line is used only where
 #: its crossings are far apart (``ISOLATION`` of :mod:`._vector_split`), which a slow crossing
