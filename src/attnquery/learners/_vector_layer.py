@@ -159,7 +159,7 @@ class VectorLayerRoute(BaseLearner):
             ledger.check_budget(split_queries(d, H, self._split_tolerances()),
                                 "the split of the value maps (at most)")
             with ledger.stage("split"):
-                V = split_values(ledger, V_sum, beta, H, rng, self._split_tolerances())
+                V = self._split_values(ledger, V_sum, beta, H, rng)
         self.V_, self.output_bias_ = V, beta
         if shared:
             self._fit_shared(ledger, rng, d, V_sum, V, beta)
@@ -313,6 +313,11 @@ class VectorLayerRoute(BaseLearner):
     def _split_tolerances(self) -> SplitTolerances:
         """The split's tolerances (:data:`~._vector_split.EXACT`)."""
         return EXACT
+
+    def _split_values(self, ledger, V_sum, beta, H: int, rng) -> np.ndarray:
+        """The heads' value maps: :func:`~._vector_split.split_values` with
+        :meth:`_split_tolerances`."""
+        return split_values(ledger, V_sum, beta, H, rng, self._split_tolerances())
 
     def _shared_options(self) -> dict:
         """The shared-token route's group oversampling and rank tolerance (its defaults)."""

@@ -17,6 +17,16 @@ same order: subtracting ``Delta_0``'s jumps and dividing by eps gives ``Delta_j`
 every head, matched to the head by its place on the line. dh such ``Delta_j`` give a basis of
 every ``U_h``, hence the projectors and ``V_h = E_h V_sum``: one line's bisection and
 ``(dh + 1) (H + 1)`` queries at the separators.
+
+A narrow format (float16, bfloat16; :class:`SplitTolerances` of the served route) holds no
+T of 1e10: with T of a few hundred or less a crossing has a width (about
+``10 / (T |Delta^T W_h v|)`` in s), a jump divided by a small eps is lost in the rounding, and
+a few random points lie near a crossing. Then the bisection stops at intervals wider than a
+crossing and takes contiguous changing intervals as one (``merge``), uses a line only where
+its crossings are far apart, reads the perturbed differences' parts at ``Delta_0``'s random
+points from ``Delta_0``'s patterns (``star``, :func:`_star`: eps 0.1, not 1e-5), leaves out
+points whose patterns are not 0/1 (``drop``), and solves the projectors by least squares over
+the refined differences (``solve_projectors``).
 """
 
 from __future__ import annotations
@@ -60,6 +70,10 @@ EXTRA_LEVELS = 8
 #: by a whole part)
 MOVED_TOL = 1e-2
 
+#: norm of the refinement's random points: far from the origin, ``W_h b`` outweighs the key bias
+#: and every head's weight flips between the points (at norm 1 and d = 64, some heads' did not)
+REFINE_NORM = 100.0
+
 
 class SplitTolerances(NamedTuple):
     """The split's tolerances: :data:`CHANGE_TOL`, :data:`MATCH_TOL`, :data:`MOVED_TOL` and
@@ -82,16 +96,57 @@ class SplitTolerances(NamedTuple):
     #: its ``dh`` dimensions is conditioned like a square random matrix (about ``4 dh``), from
     #: twice as many about 6
     spread: int = 1
+    #: the key difference's scale T (:data:`KEY_SCALE`), the lines' half extent
+    #: (:data:`LINE_HALF`), the refinement's points' norm (:data:`REFINE_NORM`) and the
+    #: bisection's levels (:data:`LEVELS`): a narrow format's answers need a T whose tokens it
+    #: holds (float16: below 65504), so that the crossings have a width (in s, about
+    #: ``1 / (T |Delta^T W_h v|)``) the bisection must not resolve
+    key_scale: float = KEY_SCALE
+    line_half: float = LINE_HALF
+    refine_norm: float = REFINE_NORM
+    levels: int = LEVELS
+    #: the norm of the line's point b0 (1): the crossings lie about that far from it (in s),
+    #: their spacing in logits about ``key_scale line_norm``
+    line_norm: float = 1.0
+    #: fresh lines tried after the first (None: :data:`RETRIES`): at a moderate key scale a line
+    #: misses a crossing beyond its end, or merges two, more often
+    retries: int | None = None
+    #: the separators are asked for ``perturbed (dh + 1)`` key differences (``Delta_0`` and
+    #: its perturbations): their approximate parts are divided by ``perturb``, which a narrow
+    #: format's rounding (float16: 5e-4 / 5e-2) leaves at about 1e-2; a head's basis from
+    #: ``dh + 1`` of them is then lost in it (its smallest singular value about 2e-2), from
+    #: three times as many it is not (about 0.4)
+    perturbed: int = 1
+    #: crossings of a finite width (a moderate ``key_scale``) span neighbouring bisection
+    #: intervals: with ``merge``, a run of contiguous changing intervals is one jump (and the
+    #: bisection stops at more than twice ``n_heads`` runs, not intervals)
+    merge: bool = False
+    #: the share of the refinement's points that may be left out as not saturated (their
+    #: patterns off by more than ``moved``; then also those whose residual is an outlier)
+    drop: float = 0.0
+    #: read the perturbed differences' parts at ``Delta_0``'s random points (:func:`_star`:
+    #: their patterns are mostly ``Delta_0``'s, read against its parts) rather than at the
+    #: line's separators: their crossings then need not stay between the separators, and
+    #: ``perturb`` may be large enough (5e-2 or more) for a narrow format's rounding
+    star: bool = False
+    #: the projectors as the least squares ``(D embed) E_h = P_h`` over the refined key
+    #: differences D and head h's exact parts P_h (where they number at least the parts'
+    #: dimension), rather than from the heads' bases, whose inverse amplifies the parts'
+    #: rounding by the angles between the heads' subspaces (float16, d = 32, 2 heads: V 14
+    #: floors from the bases); the bases still check that each head's parts span d / H
+    #: dimensions
+    solve_projectors: bool = False
 
 
 #: the tolerances for answers exact to float64
 EXACT = SplitTolerances()
 
 
-def scan_queries_per_line(n_heads: int) -> int:
-    """Queries one line's bisection asks at most: its two ends and, per level, the midpoints of
-    at most ``n_heads`` intervals (those holding a jump)."""
-    return 2 + LEVELS * n_heads
+def scan_queries_per_line(n_heads: int, levels: int = LEVELS, merge: bool = False) -> int:
+    """Queries one line's bisection asks at most: its two ends and, per level (of ``levels``),
+    the midpoints of at most ``n_heads`` intervals (those holding a jump; with ``merge``,
+    ``4 n_heads``: runs of contiguous intervals, at most ``2 n_heads`` of two each)."""
+    return 2 + levels * n_heads * (4 if merge else 1)
 
 
 #: random points b per key difference of the refinement (times n_heads, plus REFINE_EXTRA): their
@@ -99,56 +154,85 @@ def scan_queries_per_line(n_heads: int) -> int:
 #: independent patterns
 REFINE_SHARE = 2
 REFINE_EXTRA = 4
-#: norm of the refinement's random points: far from the origin, ``W_h b`` outweighs the key bias
-#: and every head's weight flips between the points (at norm 1 and d = 64, some heads' did not)
-REFINE_NORM = 100.0
 
 
 def split_queries(d: int, n_heads: int, tols: SplitTolerances = EXACT) -> int:
     """Queries :func:`split_values` asks at most (every line retried)."""
     dh = d // n_heads
-    refine = ((1 + RETRIES) * tols.spread * (dh + 1) * tols.refine
+    refine = ((1 + RETRIES) * (tols.perturbed + tols.spread - 1) * (dh + 1) * tols.refine
               * (REFINE_SHARE * n_heads + REFINE_EXTRA))
-    return (1 + RETRIES) * (scan_queries_per_line(n_heads) + (dh + 1) * (n_heads + 1)) + refine
+    lines = 1 + (RETRIES if tols.retries is None else tols.retries)
+    return (lines * (scan_queries_per_line(n_heads, tols.levels, tols.merge)
+                     + tols.perturbed * (dh + 1) * (n_heads + 1)) + refine)
 
 
-def _parts(oracle, read, b, Delta) -> np.ndarray:
-    """``sum_h sigma_h Delta^T E_h`` for the queries ``[b + T Delta; b]``, one per row, in the
-    coordinates ``read(o, b)`` gives the last token's answers o (the answer less ``b``'s own
-    value and the offset)."""
-    X = np.stack([b + KEY_SCALE * Delta, b], axis=1)
+def _parts(oracle, read, b, Delta, key_scale: float = KEY_SCALE) -> np.ndarray:
+    """``sum_h sigma_h Delta^T E_h`` for the queries ``[b + T Delta; b]`` (T = ``key_scale``),
+    one per row, in the coordinates ``read(o, b)`` gives the last token's answers o (the answer
+    less ``b``'s own value and the offset)."""
+    X = np.stack([b + key_scale * Delta, b], axis=1)
     o = np.asarray(oracle(X), dtype=np.float64)
     o = o[:, -1] if o.ndim == 3 else o
-    return read(o, b) / KEY_SCALE
+    return read(o, b) / key_scale
 
 
 def _scan(oracle, read, Delta, b0, v, n_heads,
-          change: float = CHANGE_TOL) -> tuple[np.ndarray, np.ndarray]:
-    """The jumps along the line ``b0 + s v`` for the key difference ``Delta``: bisection, one
-    batch per level, until ``n_heads`` intervals hold a change each and :data:`EXTRA_LEVELS`
-    more (or :data:`LEVELS` in all).
+          tols: SplitTolerances = EXACT) -> tuple[np.ndarray, np.ndarray]:
+    """The jumps along the line ``b0 + s v`` (s in ``[-tols.line_half, tols.line_half]``) for
+    the key difference ``Delta``: bisection, one batch per level, until ``n_heads`` intervals
+    hold a change (beyond ``tols.change``) each and :data:`EXTRA_LEVELS` more (or
+    ``tols.levels`` in all).
     Returns the jumps (k, d) and their intervals (k, 2), in the order of s."""
-    lo, hi = np.array([-LINE_HALF]), np.array([LINE_HALF])
-    g = _parts(oracle, read, b0 + np.array([[-LINE_HALF], [LINE_HALF]]) * v,
-               np.stack([Delta, Delta]))
+    half = tols.line_half
+    lo, hi = np.array([-half]), np.array([half])
+    g = _parts(oracle, read, b0 + np.array([[-half], [half]]) * v, np.stack([Delta, Delta]),
+               tols.key_scale)
     glo, ghi = g[:1], g[1:]
     extra = EXTRA_LEVELS
-    for _ in range(LEVELS + 1):
-        keep = np.max(np.abs(ghi - glo), axis=1) > change
+    for _ in range(tols.levels + 1):
+        keep = np.max(np.abs(ghi - glo), axis=1) > tols.change
         lo, hi, glo, ghi = lo[keep], hi[keep], glo[keep], ghi[keep]
-        if lo.size == n_heads:
+        count = _runs(lo, hi).size if tols.merge else lo.size
+        if count == n_heads:
             extra -= 1
         # each head crosses a line once: more changing intervals than heads (beyond a few
         # crossings split by a midpoint) mean answers that are not piecewise constant (logits
         # that do not saturate, such as soft-capped ones): stop before the intervals multiply
-        if lo.size == 0 or extra < 0 or lo.size > 2 * n_heads:
+        if lo.size == 0 or extra < 0 or count > 2 * n_heads:
             break
         mid = (lo + hi) / 2
-        gm = _parts(oracle, read, b0 + mid[:, None] * v, np.repeat(Delta[None], mid.size, 0))
+        gm = _parts(oracle, read, b0 + mid[:, None] * v, np.repeat(Delta[None], mid.size, 0),
+                    tols.key_scale)
         lo, hi = np.concatenate([lo, mid]), np.concatenate([mid, hi])
         glo, ghi = np.concatenate([glo, gm]), np.concatenate([gm, ghi])
     order = np.argsort(lo)
-    return (ghi - glo)[order], np.stack([lo[order], hi[order]], axis=1)
+    J, iv = (ghi - glo)[order], np.stack([lo[order], hi[order]], axis=1)
+    if tols.merge and len(iv):  # a run of contiguous intervals is one crossing: its changes add
+        starts = _runs(iv[:, 0], iv[:, 1])
+        J = np.add.reduceat(J, starts, axis=0)
+        iv = np.stack([iv[starts, 0], iv[np.r_[starts[1:], len(iv)] - 1, 1]], axis=1)
+    return J, iv
+
+
+#: with ``SplitTolerances.merge``, a line is used only where the gap between two neighbouring
+#: crossings is at least ISOLATION times the wider one's run (a slow crossing, wide at a
+#: moderate key scale, else reaches the separator between them)
+ISOLATION = 2.0
+
+
+def _isolated(iv: np.ndarray) -> bool:
+    """Whether the crossings' runs iv (k, 2), in the order of s, are far enough apart for
+    separators between them (:data:`ISOLATION`)."""
+    widths = iv[:, 1] - iv[:, 0]
+    gaps = iv[1:, 0] - iv[:-1, 1]
+    return bool(np.all(gaps >= ISOLATION * np.maximum(widths[1:], widths[:-1])))
+
+
+def _runs(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The first index of each run of contiguous intervals ``[lo, hi]`` (in the order of lo)."""
+    order = np.argsort(lo)
+    lo, hi = lo[order], hi[order]
+    return np.flatnonzero(np.r_[True, lo[1:] != hi[:-1]]) if lo.size else np.zeros(0, int)
 
 
 def _line(rng: np.random.Generator, d: int) -> tuple[np.ndarray, np.ndarray]:
@@ -230,22 +314,26 @@ def _split(oracle, read, embed, H: int, rng, tols: SplitTolerances = EXACT) -> n
     d, dim = embed.shape
     dh = dim // H
     D0 = rng.standard_normal(d) / np.sqrt(d)
-    Dj = rng.standard_normal((dh, d)) / np.sqrt(d)
+    Dj = rng.standard_normal((tols.perturbed * (dh + 1) - 1, d)) / np.sqrt(d)
     Deltas = np.concatenate([D0[None], D0 + tols.perturb * Dj])
     counts, moved = [], []
-    for _ in range(1 + RETRIES):
+    retries = RETRIES if tols.retries is None else tols.retries
+    for _ in range(1 + retries):
         b0, v = _line(rng, d)
-        J, iv = _scan(oracle, read, D0, b0, v, H, tols.change)
+        b0 = tols.line_norm * b0
+        J, iv = _scan(oracle, read, D0, b0, v, H, tols)
         counts.append(J.shape[0])
-        if J.shape[0] != H:
+        if J.shape[0] != H or (tols.merge and not _isolated(iv)):
             continue
-        seps = np.concatenate([[-LINE_HALF], (iv[1:, 0] + iv[:-1, 1]) / 2, [LINE_HALF]])
+        seps = np.concatenate([[-tols.line_half], (iv[1:, 0] + iv[:-1, 1]) / 2,
+                               [tols.line_half]])
         S = seps.size
-        g = _parts(oracle, read, np.tile(b0 + seps[:, None] * v, (dh + 1, 1)),
-                   np.repeat(Deltas, S, axis=0)).reshape(dh + 1, S, dim)
-        P = np.diff(g, axis=1)  # (dh + 1, H, dim): jump k of each difference
+        asked = Deltas[:1] if tols.star else Deltas
+        g = _parts(oracle, read, np.tile(b0 + seps[:, None] * v, (len(asked), 1)),
+                   np.repeat(asked, S, axis=0), tols.key_scale).reshape(len(asked), S, dim)
+        P = np.diff(g, axis=1)  # (k, H, dim): jump k of each difference
         unit = float(np.max(np.abs(P[0])))
-        shift = float(np.max(np.abs(P[1:] - P[0]))) / unit
+        shift = float(np.max(np.abs(P[1:] - P[0]))) / unit if len(P) > 1 else 0.0
         moved.append(shift)
         if shift <= tols.moved:
             break
@@ -253,27 +341,111 @@ def _split(oracle, read, embed, H: int, rng, tols: SplitTolerances = EXACT) -> n
         if counts[-1] != H or not moved:
             raise ModelMismatchError(
                 f"lines of saturated two-token queries cross {min(counts)} to {max(counts)} "
-                f"heads' switches ({1 + RETRIES} lines) where n_heads={H} was declared: the "
+                f"heads' switches ({1 + retries} lines) where n_heads={H} was declared: the "
                 "box has another number of heads, or answers that do not saturate (soft-capped "
                 "logits)", error=float(max(counts)), allowed=float(H))
         raise ModelMismatchError(
             f"the jumps of nearby key differences differ by {min(moved):.3g} of a jump "
-            f"({1 + RETRIES} lines; at most {tols.moved:g} expected): the box is not a layer "
+            f"({1 + retries} lines; at most {tols.moved:g} expected): the box is not a layer "
             f"of n_heads={H} heads that fill d (another number of heads, or heads that do not "
             "fill d)", error=min(moved), allowed=tols.moved)
-    parts = np.concatenate([P[:1], (P[1:] - P[0]) / tols.perturb])  # (dh + 1, H, dim)
-    exact = _refine(oracle, read, embed, np.concatenate([D0[None], Dj]),
-                    _projectors(parts, dh, tols.match), rng, tols.moved, tols.refine)
+    if tols.star:  # the perturbed differences' parts at Delta_0's points (:func:`_star`)
+        P = _star(oracle, read, P[0], Deltas, rng, tols)
+    parts = np.concatenate([P[:1], (P[1:] - P[0]) / tols.perturb])  # (k, H, dim)
+    D = np.concatenate([D0[None], Dj])
+    exact = _refine(oracle, read, embed, D, _projectors(parts, dh, tols.match), rng, tols)
     if tols.spread > 1:  # fresh differences, their patterns read by the refined projectors
         fresh = rng.standard_normal(((tols.spread - 1) * (dh + 1), d)) / np.sqrt(d)
         exact = np.concatenate([exact, _refine(oracle, read, embed, fresh,
-                                               _projectors(exact, dh, tols.match), rng,
-                                               tols.moved, tols.refine)])
-    return _from_bases([_basis(exact[:, k], dh, tols.match) for k in range(H)], dh)
+                                               _projectors(exact, dh, tols.match), rng, tols)])
+        D = np.concatenate([D, fresh])
+    E = _from_bases([_basis(exact[:, k], dh, tols.match) for k in range(H)], dh)
+    if tols.solve_projectors and D.shape[0] >= dim:  # (D embed) E_h = the parts of head h
+        E = np.linalg.lstsq(D @ embed, exact.reshape(len(D), H * dim),
+                            rcond=None)[0].reshape(dim, H, dim).transpose(1, 0, 2)
+    return E
+
+
+def _star(oracle, read, P0: np.ndarray, Deltas: np.ndarray, rng,
+          tols: SplitTolerances) -> np.ndarray:
+    """The exact parts (k, H, dim) of the differences ``Deltas`` (k, d) read: ``Delta_0`` (the
+    first), whose approximate parts P0 (H, dim) the line's jumps gave, and its perturbations
+    ``Delta_0 + perturb Delta_j``.
+
+    Every difference is asked at the same random points b (norm ``tols.refine_norm``).
+    ``Delta_0``'s patterns there are read against P0 (a least squares of H unknowns, no
+    projector); a perturbed difference's patterns differ from them only where b lies within
+    about ``perturb`` (in angle) of a head's crossing, so a least squares over ``Delta_0``'s
+    patterns, less the points whose residual is an outlier, gives its parts approximately, and
+    its own patterns read against them the exact parts. Points whose patterns are off by more
+    than ``tols.moved`` (not saturated) are left out, up to a share ``tols.drop``; a perturbed
+    difference with more such points is left out (the parts of more than ``dim / H`` are
+    needed: a head's basis).
+
+    Raises
+    ------
+    ModelMismatchError
+        More points are off than ``tols.drop`` allows, or ``Delta_0``'s patterns at the points
+        do not tell its H parts apart (a head whose weight did not flip).
+    """
+    H, dim = P0.shape
+    d = Deltas.shape[1]
+    n = tols.refine * (REFINE_SHARE * H + REFINE_EXTRA)
+    b = rng.standard_normal((n, d)) * (tols.refine_norm / np.sqrt(d))
+    g = _parts(oracle, read, np.tile(b, (len(Deltas), 1)), np.repeat(Deltas, n, axis=0),
+               tols.key_scale).reshape(len(Deltas), n, dim)
+    # a line's jump is +- a part (the weight rises or falls along it): the sign its patterns say
+    sig = np.round(np.linalg.lstsq(P0.T, g[0].T, rcond=None)[0])  # (H, n)
+    P0 = P0 * np.where(np.sum(sig < 0, axis=1) > np.sum(sig > 0, axis=1), -1.0, 1.0)[:, None]
+    S0, keep0 = _patterns(g[0], P0, H, tols, check=True)
+    if np.linalg.matrix_rank(S0[keep0]) < H:
+        raise ModelMismatchError(
+            f"a head's weight did not flip at {n} random points: the box is not a layer of "
+            f"n_heads={H} heads that fill d", error=float(np.mean(~keep0)), allowed=tols.drop)
+    parts, lost = [], []
+    for j in range(len(Deltas)):  # one batch asked; each difference's least squares
+        S, keep = S0, keep0
+        for _ in range(STAR_ROUNDS):  # Delta_0's patterns first, then its own read again
+            approx = _parts_lstsq(S[keep], g[j][keep], True)
+            S, keep = _patterns(g[j], approx, H, tols, check=False)
+        if j == 0 or np.mean(~keep) <= tols.drop:  # Delta_0's patterns passed above
+            parts.append(_parts_lstsq(S[keep], g[j][keep], True))
+        else:  # its patterns moved too far from Delta_0's (a head nearly flat along Delta_0)
+            lost.append(float(np.mean(~keep)))
+    if len(parts) <= dim // H:
+        raise ModelMismatchError(
+            f"saturated answers are no 0/1 combinations of the heads' parts ({len(lost)} of "
+            f"{len(Deltas)} key differences off at more than {tols.drop:g} of the points): the "
+            f"box is not a layer of n_heads={H} heads that fill d (another number of heads, or "
+            "heads that do not fill d)", error=min(lost), allowed=tols.drop)
+    return np.stack(parts)
+
+
+#: :func:`_star` reads a perturbed difference's patterns against its parts this many times
+#: (the first parts from ``Delta_0``'s patterns, off at some points)
+STAR_ROUNDS = 3
+
+
+def _patterns(g: np.ndarray, P: np.ndarray, H: int, tols: SplitTolerances, check: bool):
+    """The 0/1 patterns (n, H) of the answers g (n, dim) against the parts P (H, dim) (a least
+    squares) and which of them are kept (off by at most ``tols.moved``); with ``check``, raises
+    ModelMismatchError where more than the share ``tols.drop`` is off."""
+    sig = np.linalg.lstsq(P.T, g.T, rcond=None)[0].T
+    S = np.round(sig)
+    offs = np.max(np.abs(sig - S), axis=1)
+    keep = (offs <= tols.moved) & np.all((S == 0) | (S == 1), axis=1)
+    if check and np.mean(~keep) > tols.drop:
+        raise ModelMismatchError(
+            f"saturated answers are no 0/1 combinations of the heads' parts (off by "
+            f"{np.max(offs):.3g} at {np.mean(~keep):.3g} of the points, {tols.drop:g} allowed): "
+            f"the box is not a layer of n_heads={H} heads that fill d (another number of "
+            "heads, or heads that do not fill d)", error=float(np.max(offs)),
+            allowed=tols.moved)
+    return S, keep
 
 
 def _refine(oracle, read, embed, D: np.ndarray, E: np.ndarray, rng,
-            moved: float = MOVED_TOL, factor: int = 1) -> np.ndarray:
+            tols: SplitTolerances = EXACT) -> np.ndarray:
     """The exact parts (k, H, dim) of the differences D (k, d), from approximate projectors E
     (H, dim, dim) (``embed`` (d, dim) maps a difference to the coordinates).
 
@@ -281,29 +453,37 @@ def _refine(oracle, read, embed, D: np.ndarray, E: np.ndarray, rng,
     norms); at random points b the saturated answers of ``[b + T D; b]`` are 0/1 combinations
     of D's exact parts, whose pattern E reads; a least squares over the patterns gives them.
     A difference whose patterns do not yet determine its H parts (a head whose weight did not
-    flip between the points) is asked at fresh points, up to :data:`RETRIES` times."""
+    flip between the points) is asked at fresh points, up to :data:`RETRIES` times. The
+    points have norm ``tols.refine_norm``, the differences scale ``tols.key_scale``; with
+    ``tols.drop``, up to that share of the points may show patterns off by more than
+    ``tols.moved`` (a weight near a crossing: not saturated at a moderate key scale) and are
+    left out, as are the points whose residual is an outlier (:func:`_parts_lstsq`)."""
     H, dim, d = E.shape[0], E.shape[1], D.shape[1]
-    n = factor * (REFINE_SHARE * H + REFINE_EXTRA)
+    n = tols.refine * (REFINE_SHARE * H + REFINE_EXTRA)
     approx = np.einsum("jd,hde->jhe", D @ embed, E)  # (k, H, dim)
     g_all = [np.zeros((0, dim)) for _ in range(D.shape[0])]
     S_all = [np.zeros((0, H)) for _ in range(D.shape[0])]
     todo = np.arange(D.shape[0])
     for _ in range(1 + RETRIES):
-        b = rng.standard_normal((todo.size * n, d)) * (REFINE_NORM / np.sqrt(d))
-        g = _parts(oracle, read, b, np.repeat(D[todo], n, axis=0)).reshape(todo.size, n, dim)
+        b = rng.standard_normal((todo.size * n, d)) * (tols.refine_norm / np.sqrt(d))
+        g = _parts(oracle, read, b, np.repeat(D[todo], n, axis=0),
+                   tols.key_scale).reshape(todo.size, n, dim)
         seen = np.einsum("jnd,hde->jnhe", g, E)
         a = approx[todo]
         sig = np.einsum("jnhe,jhe->jnh", seen, a) / np.einsum("jhe,jhe->jh", a, a)[:, None]
         S = np.round(sig)
-        off = float(np.max(np.abs(sig - S)))
-        if off > moved or np.any((S != 0) & (S != 1)):
+        offs = np.max(np.abs(sig - S), axis=2)  # (todo, n)
+        bad = (offs > tols.moved) | np.any((S != 0) & (S != 1), axis=2)
+        if np.mean(bad) > tols.drop:
+            off = float(np.max(offs))
             raise ModelMismatchError(
                 f"saturated answers are no 0/1 combinations of the heads' parts (off by "
-                f"{off:.3g}): the box is not a layer of n_heads={H} heads that fill d (another "
-                "number of heads, or heads that do not fill d)", error=off, allowed=moved)
+                f"{off:.3g} at {np.mean(bad):.3g} of the points, {tols.drop:g} allowed): the "
+                f"box is not a layer of n_heads={H} heads that fill d (another number of "
+                "heads, or heads that do not fill d)", error=off, allowed=tols.moved)
         for i, j in enumerate(todo):
-            g_all[j] = np.concatenate([g_all[j], g[i]])
-            S_all[j] = np.concatenate([S_all[j], S[i]])
+            g_all[j] = np.concatenate([g_all[j], g[i][~bad[i]]])
+            S_all[j] = np.concatenate([S_all[j], S[i][~bad[i]]])
         todo = np.array([j for j in todo if np.linalg.matrix_rank(S_all[j]) < H], dtype=int)
         if todo.size == 0:
             break
@@ -311,8 +491,25 @@ def _refine(oracle, read, embed, D: np.ndarray, E: np.ndarray, rng,
         raise ModelMismatchError(
             f"a head's weight did not flip at {(1 + RETRIES) * n} random points: the box is "
             f"not a layer of n_heads={H} heads that fill d", error=float(todo.size), allowed=0.0)
-    return np.stack([np.linalg.lstsq(S_all[j], g_all[j], rcond=None)[0]
+    return np.stack([_parts_lstsq(S_all[j], g_all[j], tols.drop > 0)
                      for j in range(D.shape[0])])
+
+
+#: with ``SplitTolerances.drop``, a refinement point whose residual exceeds TRIM_UNITS times
+#: the median residual is left out (a weight near its crossing, off by more than rounding)
+TRIM_UNITS = 5.0
+
+
+def _parts_lstsq(S: np.ndarray, g: np.ndarray, trim: bool) -> np.ndarray:
+    """The parts (H, dim) whose 0/1 combinations S (n, H) are the answers g (n, dim): least
+    squares, with ``trim`` once more without the points whose residual is an outlier."""
+    P = np.linalg.lstsq(S, g, rcond=None)[0]
+    if trim:
+        r = np.max(np.abs(g - S @ P), axis=1)
+        keep = r <= TRIM_UNITS * np.median(r)
+        if not keep.all() and np.linalg.matrix_rank(S[keep]) == S.shape[1]:
+            P = np.linalg.lstsq(S[keep], g[keep], rcond=None)[0]
+    return P
 
 
 def _basis(parts: np.ndarray, dh: int, match: float = MATCH_TOL) -> np.ndarray:

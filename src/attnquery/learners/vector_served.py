@@ -16,7 +16,12 @@ ledger. What changes against the float64 route:
   noise (their logarithm is rounding);
 * the tolerances of the attention matrices and of the check are multiples of the format's
   rounding floor (:func:`attnquery.precision.rounding_floor`, or the measured noise where that
-  is larger), not float64's ``1e-9`` and ``1e-8``.
+  is larger), not float64's ``1e-9`` and ``1e-8``;
+* a layer's split (:mod:`._vector_split`) takes the format's tolerances: float32's, and for
+  float16 and bfloat16 a key scale the format holds (:data:`WIDE_SPLIT`, or
+  :data:`TIGHT_SPLIT` where a float16 box's answers to it overflow) with the narrow options
+  (crossings of finite width, perturbed differences read at shared points, projectors by
+  least squares); such layers are checked to :data:`NARROW_VERIFY_UNITS` noise units.
 """
 
 from __future__ import annotations
@@ -25,17 +30,18 @@ import math
 
 import numpy as np
 
-from ..errors import ConfigError, ModelMismatchError, NotIdentifiableError
+from ..errors import AnswerError, ConfigError, ModelMismatchError, NotIdentifiableError
 from ..precision import answer_format
 from ._base import CHECK_LENGTH, DEFAULT_VERIFY
 from ._noise import NOISE_MODES, judge_noise
 from ._params import Options
 from ._registry import LearnerSpec
 from ._vector_layer import STAGES, VectorLayerRoute
-from ._vector_split import KEY_SCALE, SplitTolerances
+from ._vector_split import SplitTolerances, split_values
 
 __all__ = ["ServedVectorLearner", "VALUE_SAMPLES", "SERVED_OVERSAMPLE", "ATTENTION_UNITS",
-           "MIN_WEIGHT_UNITS", "VERIFY_UNITS"]
+           "MIN_WEIGHT_UNITS", "VERIFY_UNITS", "NARROW_SPLIT", "WIDE_SPLIT", "TIGHT_SPLIT",
+           "NARROW_VERIFY_UNITS"]
 
 #: one-token queries per unknown of each column of V and beta (d + 1): the least squares then
 #: averages the answers' rounding over VALUE_SAMPLES answers
@@ -73,6 +79,42 @@ SPLIT_SPREAD = 3
 #: float64 route's groups), 6.3e-5 at 8 (2,820 queries), 2.4e-5 at 32 (4,760 queries)
 SHARED_OVERSAMPLE = 32.0
 SHARED_ROW_RTOL = 1e-4
+#: a layer's split under float16 and bfloat16 rounding (:data:`NARROW_SPLIT`), where float64's
+#: key scale (1e10) overflows float16 and the crossings of a moderate one have a width: a jump
+#: is a change beyond NARROW_CHANGE_UNITS noise units and runs of contiguous changing intervals
+#: are one crossing (``merge``), the perturbed differences ``Delta_0 + NARROW_PERTURB Delta_j``
+#: are read at Delta_0's points (``star``), patterns off by more than NARROW_MOVED are left
+#: out (at most NARROW_DROP of the points: weights near their crossing), NARROW_REFINE times
+#: the float64 route's points per difference, a head's parts span d / H dimensions to
+#: NARROW_MATCH, and the projectors solve the least squares over 2 H (dh + 1) refined
+#: differences (``solve_projectors``)
+NARROW_CHANGE_UNITS = 10.0
+NARROW_PERTURB = 0.1
+NARROW_MOVED = 0.25
+NARROW_DROP = 0.15
+NARROW_REFINE = 8
+NARROW_MATCH = 0.1
+#: the key scale and reach of the narrow split, wide: key differences of scale 300 and lines
+#: and points of norm 10 (logits of a few thousand: crossings 10 / (T |Delta^T W_h v|), about
+#: 0.03 in s, narrower than the bisection's last intervals, 20 / 2^9); the tokens' norms
+#: (300) hold in float16, the scores (about ``|x|^2 sqrt(dh)``) only where the engine computes
+#: them in a wider type, as onnxruntime's CPU provider evidently does (scores of 4e6 answered)
+WIDE_SPLIT = dict(key_scale=300.0, line_half=10.0, refine_norm=10.0, levels=9)
+#: lines tried after the first by the narrow split (float32's 2): a line is used only where
+#: its crossings are far apart (``ISOLATION`` of :mod:`._vector_split`), which a slow crossing
+#: often prevents
+NARROW_RETRIES = 8
+#: ... and tight, where the wide split's answers overflow (a float16 box that computes its
+#: scores in float16): tokens of norm at most about 55 (scale 40, lines of half extent 25
+#: about a point of norm 3, points of norm 25), whose scores stay below 65504 for heads of 16
+#: with logits of unit scale; their crossings are wider and slow ones more common
+TIGHT_SPLIT = dict(key_scale=40.0, line_half=25.0, line_norm=3.0, refine_norm=25.0, levels=9)
+#: the formats whose layers are split with the narrow tolerances
+NARROW_SPLIT = ("float16", "bfloat16")
+#: the check's relative tolerance for such layers, in units of the answers' noise (their fits
+#: measured 0.5 to 1.7 floors on 1 to 4096 tokens; VERIFY_UNITS, 100 bfloat16 floors, is 0.39
+#: relative and passed a bfloat16 layer of 2 rotary heads declared without positions)
+NARROW_VERIFY_UNITS = 10.0
 
 
 class ServedVectorLearner(VectorLayerRoute):
@@ -105,6 +147,9 @@ class ServedVectorLearner(VectorLayerRoute):
         Whether the noise exceeded ``NOISE_FORMAT_FACTOR`` floors (with ``noise="measured"``).
     noise_unit_ : float
         The unit of the tolerances: the floor, or the measured noise where that is larger.
+    split_key_scale_ : float
+        Layers of several heads: the scale of the split's key differences (float32: 1e10;
+        float16 and bfloat16: 300, or 40 where a float16 box's answers overflow at 300).
     """
 
     def __init__(self, *, n_heads=None, n_kv_heads=None, causal=False, positions="none",
@@ -166,12 +211,6 @@ class ServedVectorLearner(VectorLayerRoute):
         noise = max(spread / max(rms, np.finfo(float).tiny), float(np.finfo(float).eps))
         fmt = answer_format(y)
         judge_noise(self, noise, fmt, d, "a vector attention head", stacklevel=5)
-        if (self.n_heads or 1) > 1 and fmt in ("float16", "bfloat16"):
-            raise ConfigError(
-                f"n_heads={self.n_heads}: layers of several heads are read from float32 answers "
-                f"so far, these are {fmt} (the split's saturated queries, tokens of norm "
-                f"{KEY_SCALE:g}, overflow float16, and {fmt}'s rounding hides their jumps); "
-                "single heads are read in every format")
         self.noise_level_ = noise
         self.noise_unit_ = max(noise, self.noise_floor_ or 0.0)
         if not np.any(np.abs(V) > self.noise_unit_ * rms):
@@ -197,9 +236,34 @@ class ServedVectorLearner(VectorLayerRoute):
         return MIN_WEIGHT_UNITS * self.noise_unit_
 
     def _verify_tol(self) -> float:
+        if (self.n_heads or 1) > 1 and getattr(self, "answer_format_", None) in NARROW_SPLIT:
+            return NARROW_VERIFY_UNITS * self.noise_unit_
         return VERIFY_UNITS * self.noise_unit_
 
-    def _split_tolerances(self) -> SplitTolerances:
+    def _split_values(self, ledger, V_sum, beta, H: int, rng) -> np.ndarray:
+        """The split with the format's tolerances; in float16, the wide split first and the
+        tight one where its answers overflow (:data:`WIDE_SPLIT`, :data:`TIGHT_SPLIT`). Sets
+        ``split_key_scale_``."""
+        tols = self._split_tolerances()
+        self.split_key_scale_ = tols.key_scale
+        try:
+            return split_values(ledger, V_sum, beta, H, rng, tols)
+        except AnswerError:
+            if self.answer_format_ != "float16":
+                raise
+        tols = self._split_tolerances(tight=True)
+        self.split_key_scale_ = tols.key_scale
+        return split_values(ledger, V_sum, beta, H, rng, tols)
+
+    def _split_tolerances(self, tight: bool = False) -> SplitTolerances:
+        if getattr(self, "answer_format_", None) in NARROW_SPLIT:
+            H = self.n_heads or 1
+            return SplitTolerances(
+                change=NARROW_CHANGE_UNITS * self.noise_unit_, match=NARROW_MATCH,
+                moved=NARROW_MOVED, perturb=NARROW_PERTURB, refine=NARROW_REFINE,
+                output_frame=True, spread=max(1, 2 * H - 2), perturbed=3, merge=True,
+                drop=NARROW_DROP, star=True, solve_projectors=True, retries=NARROW_RETRIES,
+                **(TIGHT_SPLIT if tight else WIDE_SPLIT))
         return SplitTolerances(change=SPLIT_CHANGE_UNITS * self.noise_unit_, match=SPLIT_MATCH,
                                moved=SPLIT_MOVED, perturb=SPLIT_PERTURB, refine=SPLIT_REFINE,
                                output_frame=True, spread=SPLIT_SPREAD)
