@@ -349,7 +349,8 @@ def test_goal_minilm_shaped_layer():
     oracle = VectorOracle(layer, d)
     est = VectorLayerLearner(n_heads=H, random_state=0).fit(oracle)
     assert_layer_recovered(layer, est, oracle)
-    assert est.n_queries_ <= 10_000 and 30 * est.n_queries_ <= SCALAR_QUERIES
+    # the goal (10,000, 30 times fewer than scalar answers) and its moonshot: 1,000 queries
+    assert est.n_queries_ <= 1_000 and 300 * est.n_queries_ <= SCALAR_QUERIES
 
 
 @pytest.mark.slow  # about 25 s on a shared 2-core machine
@@ -365,7 +366,8 @@ def test_goal_real_minilm_layer_0():
     oracle = VectorOracle(layer, d)
     est = VectorLayerLearner(n_heads=H, random_state=0).fit(oracle)
     assert_layer_recovered(layer, est, oracle)
-    assert est.n_queries_ <= 10_000 and 30 * est.n_queries_ <= SCALAR_QUERIES
+    # the goal (10,000, 30 times fewer than scalar answers) and its moonshot: 1,000 queries
+    assert est.n_queries_ <= 1_000 and 300 * est.n_queries_ <= SCALAR_QUERIES
 
 
 def test_shared_route_refuses_boxes_that_are_not_such_layers():

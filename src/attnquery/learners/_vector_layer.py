@@ -30,7 +30,14 @@ from ._vector_attention import (
 )
 from ._vector_check import CHECK_LENGTHS, VERIFY_RTOL, verify_fit
 from ._vector_heads import fit_shared
-from ._vector_split import EXACT, RANK_RTOL, SplitTolerances, split_queries, split_values
+from ._vector_split import (
+    EXACT,
+    RANK_RTOL,
+    ROWS,
+    SplitTolerances,
+    split_queries,
+    split_values,
+)
 
 __all__ = ["VectorLayerRoute", "STAGES", "POSITIONS", "CHECK_LENGTHS", "VERIFY_RTOL"]
 
@@ -311,8 +318,9 @@ class VectorLayerRoute(BaseLearner):
         return VERIFY_RTOL
 
     def _split_tolerances(self) -> SplitTolerances:
-        """The split's tolerances (:data:`~._vector_split.EXACT`)."""
-        return EXACT
+        """The split's tolerances: :data:`~._vector_split.ROWS` for every token's outputs (the
+        points of a key difference in one query), else :data:`~._vector_split.EXACT`."""
+        return ROWS if self.outputs_ == "all" else EXACT
 
     def _split_values(self, ledger, V_sum, beta, H: int, rng) -> np.ndarray:
         """The heads' value maps: :func:`~._vector_split.split_values` with

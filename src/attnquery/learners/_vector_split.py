@@ -27,6 +27,15 @@ its crossings are far apart, reads the perturbed differences' parts at ``Delta_0
 points from ``Delta_0``'s patterns (``star``, :func:`_star`: eps 0.1, not 1e-5), leaves out
 points whose patterns are not 0/1 (``drop``), and solves the projectors by least squares over
 the refined differences (``solve_projectors``).
+
+Every token's outputs (``rows``, :data:`ROWS`) let one query carry many points: in
+``[T Delta; b_1; ..; b_m]`` the row of each token b_i answers ``T sum_h sigma_hi Delta^T V_h``
+plus a mixture of the b's values (a head whose weight is not on ``T Delta`` spreads it over
+the b's), which is ``|b| / T`` of a part: one query per key difference (the separators, the
+refinement's points) and one per bisection level, where two-token queries ask one per point.
+T is then 1e14 (the mixture 1e-11 of a part at points of norm 1e3), and the perturbed
+differences, asked at the same points, carry the same mixture, which their subtraction
+cancels.
 """
 
 from __future__ import annotations
@@ -38,7 +47,8 @@ import numpy as np
 from ..errors import ModelMismatchError, NotIdentifiableError
 
 __all__ = ["split_values", "split_outputs", "split_queries", "scan_queries_per_line",
-           "KEY_SCALE", "LINE_HALF", "LEVELS", "PERTURB", "SplitTolerances", "EXACT"]
+           "KEY_SCALE", "ROW_KEY_SCALE", "LINE_HALF", "LEVELS", "PERTURB", "SplitTolerances",
+           "EXACT", "ROWS"]
 
 #: the key difference's scale T: logits of order 1e10 saturate every weight to 0 or 1 except
 #: within about 1e-10 (in s) of its crossing, far inside the last bisection interval
@@ -136,16 +146,29 @@ class SplitTolerances(NamedTuple):
     #: floors from the bases); the bases still check that each head's parts span d / H
     #: dimensions
     solve_projectors: bool = False
+    #: ask the points of one key difference as the rows of one query ``[T Delta; b_1; ..]``
+    #: (every token's outputs; see the module docstring), not one two-token query each
+    rows: bool = False
 
 
 #: the tolerances for answers exact to float64
 EXACT = SplitTolerances()
+#: the key scale of :data:`ROWS`: a row's mixture of the other points' values is ``|b| / T``
+#: of a part (1e-11 at the lines' ends, norm 1e3), below :data:`CHANGE_TOL`
+ROW_KEY_SCALE = 1e14
+#: the tolerances for every token's outputs exact to float64: the points of a key difference
+#: asked as the rows of one query
+ROWS = EXACT._replace(rows=True, key_scale=ROW_KEY_SCALE)
 
 
-def scan_queries_per_line(n_heads: int, levels: int = LEVELS, merge: bool = False) -> int:
+def scan_queries_per_line(n_heads: int, levels: int = LEVELS, merge: bool = False,
+                          rows: bool = False) -> int:
     """Queries one line's bisection asks at most: its two ends and, per level (of ``levels``),
     the midpoints of at most ``n_heads`` intervals (those holding a jump; with ``merge``,
-    ``4 n_heads``: runs of contiguous intervals, at most ``2 n_heads`` of two each)."""
+    ``4 n_heads``: runs of contiguous intervals, at most ``2 n_heads`` of two each); with
+    ``rows``, one query for the ends and one per level."""
+    if rows:
+        return 1 + levels
     return 2 + levels * n_heads * (4 if merge else 1)
 
 
@@ -159,20 +182,32 @@ REFINE_EXTRA = 4
 def split_queries(d: int, n_heads: int, tols: SplitTolerances = EXACT) -> int:
     """Queries :func:`split_values` asks at most (every line retried)."""
     dh = d // n_heads
-    refine = ((1 + RETRIES) * (tols.perturbed + tols.spread - 1) * (dh + 1) * tols.refine
-              * (REFINE_SHARE * n_heads + REFINE_EXTRA))
+    points = 1 if tols.rows else tols.refine * (REFINE_SHARE * n_heads + REFINE_EXTRA)
+    refine = (1 + RETRIES) * (tols.perturbed + tols.spread - 1) * (dh + 1) * points
     lines = 1 + (RETRIES if tols.retries is None else tols.retries)
-    return (lines * (scan_queries_per_line(n_heads, tols.levels, tols.merge)
-                     + tols.perturbed * (dh + 1) * (n_heads + 1)) + refine)
+    separators = 1 if tols.rows else n_heads + 1
+    return (lines * (scan_queries_per_line(n_heads, tols.levels, tols.merge, tols.rows)
+                     + tols.perturbed * (dh + 1) * separators) + refine)
 
 
-def _parts(oracle, read, b, Delta, key_scale: float = KEY_SCALE) -> np.ndarray:
+def _parts(oracle, read, b, Delta, key_scale: float = KEY_SCALE,
+           rows: bool = False) -> np.ndarray:
     """``sum_h sigma_h Delta^T E_h`` for the queries ``[b + T Delta; b]`` (T = ``key_scale``),
     one per row, in the coordinates ``read(o, b)`` gives the last token's answers o (the answer
-    less ``b``'s own value and the offset)."""
-    X = np.stack([b + key_scale * Delta, b], axis=1)
-    o = np.asarray(oracle(X), dtype=np.float64)
-    o = o[:, -1] if o.ndim == 3 else o
+    less ``b``'s own value and the offset). With ``rows``, each run of rows of one difference
+    (runs of equal length) is one query ``[T Delta; b_1; ..; b_m]``, read at its b rows."""
+    if rows:
+        starts = np.flatnonzero(np.r_[True, np.any(Delta[1:] != Delta[:-1], axis=1)])
+        m = len(b) // len(starts)
+        if m * len(starts) != len(b):
+            raise ValueError("rows: every key difference needs as many points")
+        X = np.concatenate([key_scale * Delta[starts, None], b.reshape(len(starts), m, -1)],
+                           axis=1)
+        o = np.asarray(oracle(X), dtype=np.float64)[:, 1:].reshape(len(b), -1)
+    else:
+        X = np.stack([b + key_scale * Delta, b], axis=1)
+        o = np.asarray(oracle(X), dtype=np.float64)
+        o = o[:, -1] if o.ndim == 3 else o
     return read(o, b) / key_scale
 
 
@@ -186,7 +221,7 @@ def _scan(oracle, read, Delta, b0, v, n_heads,
     half = tols.line_half
     lo, hi = np.array([-half]), np.array([half])
     g = _parts(oracle, read, b0 + np.array([[-half], [half]]) * v, np.stack([Delta, Delta]),
-               tols.key_scale)
+               tols.key_scale, tols.rows)
     glo, ghi = g[:1], g[1:]
     extra = EXTRA_LEVELS
     for _ in range(tols.levels + 1):
@@ -202,7 +237,7 @@ def _scan(oracle, read, Delta, b0, v, n_heads,
             break
         mid = (lo + hi) / 2
         gm = _parts(oracle, read, b0 + mid[:, None] * v, np.repeat(Delta[None], mid.size, 0),
-                    tols.key_scale)
+                    tols.key_scale, tols.rows)
         lo, hi = np.concatenate([lo, mid]), np.concatenate([mid, hi])
         glo, ghi = np.concatenate([glo, gm]), np.concatenate([gm, ghi])
     order = np.argsort(lo)
@@ -330,7 +365,8 @@ def _split(oracle, read, embed, H: int, rng, tols: SplitTolerances = EXACT) -> n
         S = seps.size
         asked = Deltas[:1] if tols.star else Deltas
         g = _parts(oracle, read, np.tile(b0 + seps[:, None] * v, (len(asked), 1)),
-                   np.repeat(asked, S, axis=0), tols.key_scale).reshape(len(asked), S, dim)
+                   np.repeat(asked, S, axis=0), tols.key_scale,
+                   tols.rows).reshape(len(asked), S, dim)
         P = np.diff(g, axis=1)  # (k, H, dim): jump k of each difference
         unit = float(np.max(np.abs(P[0])))
         shift = float(np.max(np.abs(P[1:] - P[0]))) / unit if len(P) > 1 else 0.0
@@ -393,7 +429,7 @@ def _star(oracle, read, P0: np.ndarray, Deltas: np.ndarray, rng,
     n = tols.refine * (REFINE_SHARE * H + REFINE_EXTRA)
     b = rng.standard_normal((n, d)) * (tols.refine_norm / np.sqrt(d))
     g = _parts(oracle, read, np.tile(b, (len(Deltas), 1)), np.repeat(Deltas, n, axis=0),
-               tols.key_scale).reshape(len(Deltas), n, dim)
+               tols.key_scale, tols.rows).reshape(len(Deltas), n, dim)
     # a line's jump is +- a part (the weight rises or falls along it): the sign its patterns say
     sig = np.round(np.linalg.lstsq(P0.T, g[0].T, rcond=None)[0])  # (H, n)
     P0 = P0 * np.where(np.sum(sig < 0, axis=1) > np.sum(sig > 0, axis=1), -1.0, 1.0)[:, None]
@@ -467,7 +503,7 @@ def _refine(oracle, read, embed, D: np.ndarray, E: np.ndarray, rng,
     for _ in range(1 + RETRIES):
         b = rng.standard_normal((todo.size * n, d)) * (tols.refine_norm / np.sqrt(d))
         g = _parts(oracle, read, b, np.repeat(D[todo], n, axis=0),
-                   tols.key_scale).reshape(todo.size, n, dim)
+                   tols.key_scale, tols.rows).reshape(todo.size, n, dim)
         seen = np.einsum("jnd,hde->jnhe", g, E)
         a = approx[todo]
         sig = np.einsum("jnhe,jhe->jnh", seen, a) / np.einsum("jhe,jhe->jh", a, a)[:, None]
