@@ -33,7 +33,7 @@ Every token's outputs (``rows``, :data:`ROWS`) let one query carry many points: 
 plus a mixture of the b's values (a head whose weight is not on ``T Delta`` spreads it over
 the b's), which is ``|b| / T`` of a part: one query per key difference (the separators, the
 refinement's points) and one per bisection level, where two-token queries ask one per point.
-T is then 1e14 (the mixture 1e-11 of a part at points of norm 1e3), and the perturbed
+T is then 1e16 (the mixture 1e-13 of a part at points of norm 1e3), and the perturbed
 differences, asked at the same points, carry the same mixture, which their subtraction
 cancels.
 """
@@ -154,8 +154,9 @@ class SplitTolerances(NamedTuple):
 #: the tolerances for answers exact to float64
 EXACT = SplitTolerances()
 #: the key scale of :data:`ROWS`: a row's mixture of the other points' values is ``|b| / T``
-#: of a part (1e-11 at the lines' ends, norm 1e3), below :data:`CHANGE_TOL`
-ROW_KEY_SCALE = 1e14
+#: of a part (1e-13 at the lines' ends, norm 1e3; at 1e14 the layers' W were read to about
+#: 1e-10, at 1e16 to about 1e-12, as by two-token queries)
+ROW_KEY_SCALE = 1e16
 #: the tolerances for every token's outputs exact to float64: the points of a key difference
 #: asked as the rows of one query
 ROWS = EXACT._replace(rows=True, key_scale=ROW_KEY_SCALE)
@@ -166,9 +167,9 @@ def scan_queries_per_line(n_heads: int, levels: int = LEVELS, merge: bool = Fals
     """Queries one line's bisection asks at most: its two ends and, per level (of ``levels``),
     the midpoints of at most ``n_heads`` intervals (those holding a jump; with ``merge``,
     ``4 n_heads``: runs of contiguous intervals, at most ``2 n_heads`` of two each); with
-    ``rows``, one query for the ends and one per level."""
+    ``rows``, one query for the ends and one per level (and one more, the last)."""
     if rows:
-        return 1 + levels
+        return 2 + levels
     return 2 + levels * n_heads * (4 if merge else 1)
 
 
