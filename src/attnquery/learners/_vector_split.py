@@ -316,14 +316,16 @@ def _split(oracle, read, embed, H: int, rng, tols: SplitTolerances = EXACT) -> n
     D0 = rng.standard_normal(d) / np.sqrt(d)
     Dj = rng.standard_normal((tols.perturbed * (dh + 1) - 1, d)) / np.sqrt(d)
     Deltas = np.concatenate([D0[None], D0 + tols.perturb * Dj])
-    counts, moved = [], []
+    counts, moved, refused = [], [], None
     retries = RETRIES if tols.retries is None else tols.retries
     for _ in range(1 + retries):
         b0, v = _line(rng, d)
         b0 = tols.line_norm * b0
         J, iv = _scan(oracle, read, D0, b0, v, H, tols)
         counts.append(J.shape[0])
-        if J.shape[0] != H or (tols.merge and not _isolated(iv)):
+        # with star the separators need only stand outside Delta_0's runs: its jumps are
+        # checked, and read again, at random points (:func:`_star_points`)
+        if J.shape[0] != H or (tols.merge and not tols.star and not _isolated(iv)):
             continue
         seps = np.concatenate([[-tols.line_half], (iv[1:, 0] + iv[:-1, 1]) / 2,
                                [tols.line_half]])
@@ -334,10 +336,18 @@ def _split(oracle, read, embed, H: int, rng, tols: SplitTolerances = EXACT) -> n
         P = np.diff(g, axis=1)  # (k, H, dim): jump k of each difference
         unit = float(np.max(np.abs(P[0])))
         shift = float(np.max(np.abs(P[1:] - P[0]))) / unit if len(P) > 1 else 0.0
+        if tols.star:  # Delta_0's jumps checked at random points
+            try:
+                start = _star_points(oracle, read, P[0], D0, rng, tols)
+            except ModelMismatchError as e:
+                refused = e
+                continue
         moved.append(shift)
         if shift <= tols.moved:
             break
     else:
+        if refused is not None and not moved:
+            raise refused
         if counts[-1] != H or not moved:
             raise ModelMismatchError(
                 f"lines of saturated two-token queries cross {min(counts)} to {max(counts)} "
@@ -350,7 +360,7 @@ def _split(oracle, read, embed, H: int, rng, tols: SplitTolerances = EXACT) -> n
             f"of n_heads={H} heads that fill d (another number of heads, or heads that do not "
             "fill d)", error=min(moved), allowed=tols.moved)
     if tols.star:  # the perturbed differences' parts at Delta_0's points (:func:`_star`)
-        P = _star(oracle, read, P[0], Deltas, rng, tols)
+        P = _star(oracle, read, start, Deltas, tols)
     parts = np.concatenate([P[:1], (P[1:] - P[0]) / tols.perturb])  # (k, H, dim)
     D = np.concatenate([D0[None], Dj])
     exact, read_ok = _refine(oracle, read, embed, D, _projectors(parts, dh, tols.match), rng,
@@ -368,42 +378,69 @@ def _split(oracle, read, embed, H: int, rng, tols: SplitTolerances = EXACT) -> n
     return E
 
 
-def _star(oracle, read, P0: np.ndarray, Deltas: np.ndarray, rng,
-          tols: SplitTolerances) -> np.ndarray:
-    """The exact parts (k, H, dim) of the differences ``Deltas`` (k, d) read: ``Delta_0`` (the
-    first), whose approximate parts P0 (H, dim) the line's jumps gave, and its perturbations
-    ``Delta_0 + perturb Delta_j``.
+def _star_points(oracle, read, P0: np.ndarray, D0: np.ndarray, rng, tols: SplitTolerances):
+    """``Delta_0``'s answers at the random points of :func:`_star` and their patterns: the
+    points b (n, d), the answers (n, dim), the parts P0 (H, dim) signed as the patterns say,
+    and the patterns (n, H) with which are kept.
 
-    Every difference is asked at the same random points b (norm ``tols.refine_norm``).
-    ``Delta_0``'s patterns there are read against P0 (a least squares of H unknowns, no
-    projector); a perturbed difference's patterns differ from them only where b lies within
+    The patterns are read against the line's jumps P0, then again against the parts the kept
+    ones give (:func:`_settle`): a line whose crossings lie close together has separators
+    where a weight is not quite 0 or 1, and jumps off by a few percent.
+
+    Raises
+    ------
+    ModelMismatchError
+        More points are off than ``tols.drop`` allows (the line's jumps are not the heads'
+        parts: two crossings in one run and one beyond the line's end, or a box that is not
+        such a layer), or the patterns do not tell the H parts apart (a head whose weight
+        did not flip).
+    """
+    H = P0.shape[0]
+    n = tols.refine * (REFINE_SHARE * H + REFINE_EXTRA)
+    b = rng.standard_normal((n, D0.size)) * (tols.refine_norm / np.sqrt(D0.size))
+    g0 = _parts(oracle, read, b, np.repeat(D0[None], n, axis=0), tols.key_scale)
+    # a line's jump is +- a part (the weight rises or falls along it): the sign its patterns say
+    sig = np.round(np.linalg.lstsq(P0.T, g0.T, rcond=None)[0])  # (H, n)
+    P0 = P0 * np.where(np.sum(sig < 0, axis=1) > np.sum(sig > 0, axis=1), -1.0, 1.0)[:, None]
+    S0, keep0 = _settle(g0, *_patterns(g0, P0, H, tols, check=False), H, tols)
+    if np.mean(~keep0) > tols.drop:
+        raise ModelMismatchError(
+            f"saturated answers are no 0/1 combinations of the heads' parts (off at "
+            f"{np.mean(~keep0):.3g} of the points, {tols.drop:g} allowed): the box is not a "
+            f"layer of n_heads={H} heads that fill d (another number of heads, or heads that "
+            "do not fill d)", error=float(np.mean(~keep0)), allowed=tols.drop)
+    if np.linalg.matrix_rank(S0[keep0]) < H:
+        raise ModelMismatchError(
+            f"a head's weight did not flip at {n} random points: the box is not a layer of "
+            f"n_heads={H} heads that fill d", error=float(np.mean(~keep0)), allowed=tols.drop)
+    return b, g0, P0, S0, keep0
+
+
+def _star(oracle, read, start, Deltas: np.ndarray, tols: SplitTolerances) -> np.ndarray:
+    """The exact parts (k, H, dim) of the differences ``Deltas`` (k, d) read: ``Delta_0`` (the
+    first), whose answers, parts and patterns at random points ``start`` holds
+    (:func:`_star_points`), and its perturbations ``Delta_0 + perturb Delta_j``.
+
+    Every perturbation is asked at the same random points b (norm ``tols.refine_norm``).
+    A perturbed difference's patterns differ from ``Delta_0``'s only where b lies within
     about ``perturb`` (in angle) of a head's crossing, so a least squares over ``Delta_0``'s
     patterns, less the points whose residual is an outlier, gives its parts approximately, and
     its own patterns read against them the exact parts. Points whose patterns are off by more
-    than ``tols.moved`` (not saturated) are left out, up to a share ``tols.drop``; a perturbed
-    difference with more such points is left out (the parts of more than ``dim / H`` are
+    than ``tols.moved`` (not saturated) are left out; a perturbed difference off at more than
+    the share ``tols.drop`` of them is left out (the parts of more than ``dim / H`` are
     needed: a head's basis).
 
     Raises
     ------
     ModelMismatchError
-        More points are off than ``tols.drop`` allows, or ``Delta_0``'s patterns at the points
-        do not tell its H parts apart (a head whose weight did not flip).
+        Too few differences are read.
     """
-    H, dim = P0.shape
-    d = Deltas.shape[1]
-    n = tols.refine * (REFINE_SHARE * H + REFINE_EXTRA)
-    b = rng.standard_normal((n, d)) * (tols.refine_norm / np.sqrt(d))
-    g = _parts(oracle, read, np.tile(b, (len(Deltas), 1)), np.repeat(Deltas, n, axis=0),
-               tols.key_scale).reshape(len(Deltas), n, dim)
-    # a line's jump is +- a part (the weight rises or falls along it): the sign its patterns say
-    sig = np.round(np.linalg.lstsq(P0.T, g[0].T, rcond=None)[0])  # (H, n)
-    P0 = P0 * np.where(np.sum(sig < 0, axis=1) > np.sum(sig > 0, axis=1), -1.0, 1.0)[:, None]
-    S0, keep0 = _patterns(g[0], P0, H, tols, check=True)
-    if np.linalg.matrix_rank(S0[keep0]) < H:
-        raise ModelMismatchError(
-            f"a head's weight did not flip at {n} random points: the box is not a layer of "
-            f"n_heads={H} heads that fill d", error=float(np.mean(~keep0)), allowed=tols.drop)
+    b, g0, _, S0, keep0 = start
+    n, dim = g0.shape
+    H = S0.shape[1]
+    rest = _parts(oracle, read, np.tile(b, (len(Deltas) - 1, 1)),
+                  np.repeat(Deltas[1:], n, axis=0), tols.key_scale)
+    g = np.concatenate([g0[None], rest.reshape(len(Deltas) - 1, n, dim)])
     parts, lost = [], []
     for j in range(len(Deltas)):  # one batch asked; each difference's least squares
         S, keep = _settle(g[j], S0, keep0, H, tols)  # Delta_0's patterns first, then its own
