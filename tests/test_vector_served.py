@@ -203,6 +203,20 @@ def test_float16_layer_whose_scores_overflow_takes_the_tight_split():
     assert_layer_within_floors(est, exact, rounding_floor("float16", d), d)
 
 
+def test_float16_layer_of_four_heads_d16_whose_jumps_need_reading_again():
+    """4 heads of 4 at d = 16, scores in float16 (the tight split, crossings wide against
+    their spacing): refused before (a head's parts span more than d / H) where the line's jumps
+    and the refinement's approximate parts misread some points' patterns; the split now
+    checks the line's jumps at random points and reads each difference's patterns again
+    against its own parts, and the layer is within 3 floors. A short check keeps it fast."""
+    d, H = 16, 4
+    box, exact = narrow_layer(d, H, "float16", seed=0, engine=False)
+    est = VectorLayerLearner(n_heads=H, random_state=0, check_length=64).fit(
+        VectorOracle(box, d))
+    assert est.split_key_scale_ == TIGHT_SPLIT["key_scale"]
+    assert_layer_within_floors(est, exact, rounding_floor("float16", d), d)
+
+
 @pytest.mark.parametrize("precision, box, match", [
     ("float16", lambda p: narrow_layer(16, 2, p, head_dim=16)[0], "do not fill d"),
     ("bfloat16", lambda p: narrow_layer(16, 4, p)[0], "another number of heads"),
