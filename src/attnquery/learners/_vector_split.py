@@ -162,8 +162,12 @@ def split_queries(d: int, n_heads: int, tols: SplitTolerances = EXACT) -> int:
     refine = ((1 + RETRIES) * (tols.perturbed + tols.spread - 1) * (dh + 1) * tols.refine
               * (REFINE_SHARE * n_heads + REFINE_EXTRA))
     lines = 1 + (RETRIES if tols.retries is None else tols.retries)
-    return (lines * (scan_queries_per_line(n_heads, tols.levels, tols.merge)
-                     + tols.perturbed * (dh + 1) * (n_heads + 1)) + refine)
+    scan = scan_queries_per_line(n_heads, tols.levels, tols.merge)
+    if tols.star:  # per line Delta_0 at its separators and random points; once the others
+        points = tols.refine * (REFINE_SHARE * n_heads + REFINE_EXTRA)
+        return (lines * (scan + n_heads + 1 + points)
+                + (tols.perturbed * (dh + 1) - 1) * points + refine)
+    return lines * (scan + tols.perturbed * (dh + 1) * (n_heads + 1)) + refine
 
 
 def _parts(oracle, read, b, Delta, key_scale: float = KEY_SCALE) -> np.ndarray:
