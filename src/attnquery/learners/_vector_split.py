@@ -369,12 +369,13 @@ def _split(oracle, read, embed, H: int, rng, tols: SplitTolerances = EXACT) -> n
     D = np.concatenate([D0[None], Dj])
     exact, read_ok = _refine(oracle, read, embed, D, _projectors(parts, dh, tols.match), rng,
                              tols)
-    D = D[read_ok]
+    exact, D = _consistent(exact, D[read_ok], dh, tols)
     if tols.spread > 1:  # fresh differences, their patterns read by the refined projectors
         fresh = rng.standard_normal(((tols.spread - 1) * (dh + 1), d)) / np.sqrt(d)
         more, read_ok = _refine(oracle, read, embed, fresh, _projectors(exact, dh, tols.match),
                                 rng, tols)
-        exact, D = np.concatenate([exact, more]), np.concatenate([D, fresh[read_ok]])
+        exact, D = _consistent(np.concatenate([exact, more]),
+                               np.concatenate([D, fresh[read_ok]]), dh, tols)
     E = _from_bases([_basis(exact[:, k], dh, tols.match) for k in range(H)], dh)
     if tols.solve_projectors and D.shape[0] >= dim:  # (D embed) E_h = the parts of head h
         E = np.linalg.lstsq(D @ embed, exact.reshape(len(D), H * dim),
@@ -579,6 +580,34 @@ def _refine(oracle, read, embed, D: np.ndarray, E: np.ndarray, rng,
 #: with ``SplitTolerances.drop``, a refinement point whose residual exceeds TRIM_UNITS times
 #: the median residual is left out (a weight near its crossing, off by more than rounding)
 TRIM_UNITS = 5.0
+
+
+def _consistent(parts: np.ndarray, D: np.ndarray, dh: int, tols: SplitTolerances):
+    """The refined parts (k, H, dim) and differences D (k, d) less those whose parts lie off
+    their heads' subspaces (with ``tols.star``; else all): patterns read self-consistently
+    but wrong (two heads' columns mixed, where the approximate projectors were poor) give
+    parts off by a whole part, and a head's parts then span ``dh + 1`` dimensions. The
+    difference without which the parts lie closest to ``dh`` dimensions (the worst head's
+    singular value ``dh`` over its largest) is left out where that is :data:`TRIM_UNITS`
+    times closer than with it, then the next, up to the share ``tols.drop`` of them."""
+    if not tols.star:
+        return parts, D
+
+    def spread(idx):  # the worst head's singular value dh over its largest
+        sv = np.linalg.svd(parts[idx].transpose(1, 2, 0), compute_uv=False)  # (H, min)
+        return float(np.max(sv[:, dh] / sv[:, 0]))
+
+    keep = np.ones(len(parts), dtype=bool)
+    for _ in range(int(tols.drop * len(parts))):
+        idx = np.flatnonzero(keep)
+        if idx.size <= dh + 2:
+            break
+        without = [spread(idx[idx != j]) for j in idx]
+        best = int(np.argmin(without))
+        if spread(idx) <= TRIM_UNITS * without[best]:
+            break
+        keep[idx[best]] = False
+    return parts[keep], D[keep]
 
 
 def _parts_lstsq(S: np.ndarray, g: np.ndarray, trim: bool) -> np.ndarray:
