@@ -218,6 +218,11 @@ def _scan(oracle, read, Delta, b0, v, n_heads,
     return J, iv
 
 
+#: with ``SplitTolerances.star``, the key difference ``Delta_0`` (and its perturbations) is
+#: drawn afresh after this many lines that gave no jumps to use (a float16 layer of 4 heads at
+#: d = 32: one head crossed 9 lines of one ``Delta_0`` slowly, in 2 to 10 runs)
+LINES_PER_DIFFERENCE = 3
+
 #: with ``SplitTolerances.merge``, a line is used only where the gap between two neighbouring
 #: crossings is at least ISOLATION times the wider one's run (a slow crossing, wide at a
 #: moderate key scale, else reaches the separator between them)
@@ -317,12 +322,15 @@ def _split(oracle, read, embed, H: int, rng, tols: SplitTolerances = EXACT) -> n
     jumps of nearby differences at its separators, and their refinement (:func:`_refine`)."""
     d, dim = embed.shape
     dh = dim // H
-    D0 = rng.standard_normal(d) / np.sqrt(d)
-    Dj = rng.standard_normal((tols.perturbed * (dh + 1) - 1, d)) / np.sqrt(d)
-    Deltas = np.concatenate([D0[None], D0 + tols.perturb * Dj])
     counts, moved, refused = [], [], None
     retries = RETRIES if tols.retries is None else tols.retries
-    for _ in range(1 + retries):
+    for i in range(1 + retries):
+        # the key differences; with star fresh ones every LINES_PER_DIFFERENCE lines: a head
+        # nearly flat along Delta_0 (small W_h^T Delta_0) crosses every line slowly
+        if i == 0 or (tols.star and i % LINES_PER_DIFFERENCE == 0):
+            D0 = rng.standard_normal(d) / np.sqrt(d)
+            Dj = rng.standard_normal((tols.perturbed * (dh + 1) - 1, d)) / np.sqrt(d)
+            Deltas = np.concatenate([D0[None], D0 + tols.perturb * Dj])
         b0, v = _line(rng, d)
         b0 = tols.line_norm * b0
         J, iv = _scan(oracle, read, D0, b0, v, H, tols)

@@ -101,9 +101,11 @@ NARROW_MATCH = 0.1
 #: them in a wider type, as onnxruntime's CPU provider evidently does (scores of 4e6 answered)
 WIDE_SPLIT = dict(key_scale=300.0, line_half=10.0, refine_norm=10.0, levels=9)
 #: lines tried after the first by the narrow split (float32's 2): a line is used only where
-#: its crossings are far apart (``ISOLATION`` of :mod:`._vector_split`), which a slow crossing
-#: often prevents
-NARROW_RETRIES = 8
+#: it shows n_heads runs whose jumps hold at random points, which a slow crossing, two
+#: crossings in one run or one beyond the line's end often prevents (the tight split, 4 heads
+#: at d = 32: 2 to 10 runs on 9 lines of one study draw, 4 on its 10th; each line asks at
+#: most 2 + 36 n_heads queries, and 8 n_heads + 32 more where it shows n_heads runs)
+NARROW_RETRIES = 17
 #: ... and tight, where the wide split's answers overflow (a float16 box that computes its
 #: scores in float16): tokens of norm at most about 55 (scale 40, lines of half extent 25
 #: about a point of norm 3, points of norm 25), whose scores stay below 65504 for heads of 16
