@@ -23,10 +23,13 @@ T of 1e10: with T of a few hundred or less a crossing has a width (about
 ``10 / (T |Delta^T W_h v|)`` in s), a jump divided by a small eps is lost in the rounding, and
 a few random points lie near a crossing. Then the bisection stops at intervals wider than a
 crossing and takes contiguous changing intervals as one (``merge``), uses a line only where
-its crossings are far apart, reads the perturbed differences' parts at ``Delta_0``'s random
-points from ``Delta_0``'s patterns (``star``, :func:`_star`: eps 0.1, not 1e-5), leaves out
-points whose patterns are not 0/1 (``drop``), and solves the projectors by least squares over
-the refined differences (``solve_projectors``).
+``Delta_0``'s jumps hold at random points (:func:`_star_points`; a fresh ``Delta_0`` every
+:data:`LINES_PER_DIFFERENCE` lines), reads the perturbed differences' parts at those points
+from ``Delta_0``'s patterns (``star``, :func:`_star`: eps 0.1, not 1e-5), reads every
+difference's patterns again against its own parts (:func:`_settle`), leaves out points whose
+patterns are not 0/1 and differences whose parts do not fit (``drop``, :func:`_consistent`),
+and solves the projectors by least squares over the refined differences
+(``solve_projectors``).
 """
 
 from __future__ import annotations
