@@ -125,7 +125,9 @@ class SplitTolerances(NamedTuple):
     #: bisection stops at more than twice ``n_heads`` runs, not intervals)
     merge: bool = False
     #: the share of the refinement's points that may be left out as not saturated (their
-    #: patterns off by more than ``moved``; then also those whose residual is an outlier)
+    #: patterns off by more than ``moved``; then also those whose residual is an outlier),
+    #: and with ``star`` the share of refined differences left out as not fitting
+    #: (:func:`_consistent`)
     drop: float = 0.0
     #: read the perturbed differences' parts at ``Delta_0``'s random points (:func:`_star`:
     #: their patterns are mostly ``Delta_0``'s, read against its parts) rather than at the
