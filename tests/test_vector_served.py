@@ -232,18 +232,23 @@ def test_float16_box_overflowing_at_the_tight_split_takes_a_shrunk_one(limit, re
     assert_layer_within_floors(est, exact, rounding_floor("float16", d), d)
 
 
-def test_float16_layer_of_four_heads_d16_whose_jumps_need_reading_again():
-    """4 heads of 4 at d = 16, scores in float16 (the tight split, crossings wide against
-    their spacing): refused before (a head's parts span more than d / H) where the line's jumps
-    and the refinement's approximate parts misread some points' patterns; the split now
-    checks the line's jumps at random points and reads each difference's patterns again
-    against its own parts, and the layer is within 3 floors. A short check keeps it fast."""
+@pytest.mark.parametrize("precision, seed, split", [
+    ("float16", 0, TIGHT_SPLIT), ("bfloat16", 3, WIDE_SPLIT)])
+def test_narrow_layer_of_four_heads_d16_whose_patterns_need_reading_again(precision, seed,
+                                                                          split):
+    """4 heads of 4 at d = 16, refused before (a head's parts span more than d / H): in
+    float16 with scores in float16 (the tight split, crossings wide against their spacing)
+    the line's jumps and the approximate projectors misread some points' patterns; in
+    bfloat16 one refined difference's patterns were read consistently with two heads mixed.
+    The split now checks the line's jumps at random points, reads each difference's patterns
+    again against its own parts and leaves out differences that do not fit: within 3 floors.
+    A short check keeps it fast."""
     d, H = 16, 4
-    box, exact = narrow_layer(d, H, "float16", seed=0, engine=False)
+    box, exact = narrow_layer(d, H, precision, seed=seed, engine=precision == "bfloat16")
     est = VectorLayerLearner(n_heads=H, random_state=0, check_length=64).fit(
         VectorOracle(box, d))
-    assert est.split_key_scale_ == TIGHT_SPLIT["key_scale"]
-    assert_layer_within_floors(est, exact, rounding_floor("float16", d), d)
+    assert est.split_key_scale_ == split["key_scale"]
+    assert_layer_within_floors(est, exact, rounding_floor(precision, d), d)
 
 
 @pytest.mark.parametrize("precision, box, match", [
