@@ -7,13 +7,19 @@ import pytest
 
 from attnquery import engines
 from attnquery.errors import (
+    AnswerError,
     BudgetExceededError,
     ConfigError,
     ModelMismatchError,
     NoiseAboveFormatWarning,
 )
 from attnquery.learners import VectorLayerLearner
-from attnquery.learners.vector_served import TIGHT_SPLIT, WIDE_SPLIT, ServedVectorLearner
+from attnquery.learners.vector_served import (
+    TIGHT_SHRINK,
+    TIGHT_SPLIT,
+    WIDE_SPLIT,
+    ServedVectorLearner,
+)
 from attnquery.oracles import VectorOracle
 from attnquery.precision import round_to, rounding_floor
 from attnquery.vector_models import random_vector_layer
@@ -201,6 +207,48 @@ def test_float16_layer_whose_scores_overflow_takes_the_tight_split():
     est = VectorLayerLearner(n_heads=H, random_state=0).fit(VectorOracle(box, d))
     assert est.split_key_scale_ == TIGHT_SPLIT["key_scale"]
     assert_layer_within_floors(est, exact, rounding_floor("float16", d), d)
+
+
+@pytest.mark.parametrize("limit, refused", [(45.0, False), (15.0, True)])
+def test_float16_box_overflowing_at_the_tight_split_takes_a_shrunk_one(limit, refused):
+    """A float16 box that answers NaN to any query with a token beyond norm 45 (the tight
+    split asks tokens of norm about 47): the split starts again with its lengths shrunk
+    (TIGHT_SHRINK) and the layer is within 3 floors; one that overflows beyond norm 15 (past
+    the smallest shrink's tokens) is refused by name."""
+    d, H = 16, 2
+    layer, exact = narrow_layer(d, H, "float16", engine=False)
+
+    def box(X):
+        big = np.linalg.norm(X, axis=2).max(axis=1) > limit
+        return np.where(big[:, None, None], np.nan, layer(X))
+
+    est = VectorLayerLearner(n_heads=H, random_state=0, check_length=64)
+    if refused:
+        with pytest.raises(AnswerError, match="non-finite"):
+            est.fit(VectorOracle(box, d))
+        return
+    est.fit(VectorOracle(box, d))
+    assert est.split_key_scale_ in [f * TIGHT_SPLIT["key_scale"] for f in TIGHT_SHRINK]
+    assert_layer_within_floors(est, exact, rounding_floor("float16", d), d)
+
+
+@pytest.mark.parametrize("precision, seed, split", [
+    ("float16", 0, TIGHT_SPLIT), ("bfloat16", 3, WIDE_SPLIT)])
+def test_narrow_layer_of_four_heads_d16_whose_patterns_need_reading_again(precision, seed,
+                                                                          split):
+    """4 heads of 4 at d = 16, refused before (a head's parts span more than d / H): in
+    float16 with scores in float16 (the tight split, crossings wide against their spacing)
+    the line's jumps and the approximate projectors misread some points' patterns; in
+    bfloat16 one refined difference's patterns were read consistently with two heads mixed.
+    The split now checks the line's jumps at random points, reads each difference's patterns
+    again against its own parts and leaves out differences that do not fit: within 3 floors.
+    A short check keeps it fast."""
+    d, H = 16, 4
+    box, exact = narrow_layer(d, H, precision, seed=seed, engine=precision == "bfloat16")
+    est = VectorLayerLearner(n_heads=H, random_state=0, check_length=64).fit(
+        VectorOracle(box, d))
+    assert est.split_key_scale_ == split["key_scale"]
+    assert_layer_within_floors(est, exact, rounding_floor(precision, d), d)
 
 
 @pytest.mark.parametrize("precision, box, match", [

@@ -41,7 +41,7 @@ from ._vector_split import SplitTolerances, split_values
 
 __all__ = ["ServedVectorLearner", "VALUE_SAMPLES", "SERVED_OVERSAMPLE", "ATTENTION_UNITS",
            "MIN_WEIGHT_UNITS", "VERIFY_UNITS", "NARROW_SPLIT", "WIDE_SPLIT", "TIGHT_SPLIT",
-           "NARROW_VERIFY_UNITS"]
+           "NARROW_VERIFY_UNITS", "TIGHT_SHRINK"]
 
 #: one-token queries per unknown of each column of V and beta (d + 1): the least squares then
 #: averages the answers' rounding over VALUE_SAMPLES answers
@@ -101,14 +101,20 @@ NARROW_MATCH = 0.1
 #: them in a wider type, as onnxruntime's CPU provider evidently does (scores of 4e6 answered)
 WIDE_SPLIT = dict(key_scale=300.0, line_half=10.0, refine_norm=10.0, levels=9)
 #: lines tried after the first by the narrow split (float32's 2): a line is used only where
-#: its crossings are far apart (``ISOLATION`` of :mod:`._vector_split`), which a slow crossing
-#: often prevents
-NARROW_RETRIES = 8
+#: it shows n_heads runs whose jumps hold at random points, which a slow crossing, two
+#: crossings in one run or one beyond the line's end often prevents (the tight split, 4 heads
+#: at d = 32: 2 to 10 runs on 9 lines of one study draw, 4 on its 10th; each line asks at
+#: most 2 + 36 n_heads queries, and 8 n_heads + 32 more where it shows n_heads runs)
+NARROW_RETRIES = 17
 #: ... and tight, where the wide split's answers overflow (a float16 box that computes its
 #: scores in float16): tokens of norm at most about 55 (scale 40, lines of half extent 25
 #: about a point of norm 3, points of norm 25), whose scores stay below 65504 for heads of 16
 #: with logits of unit scale; their crossings are wider and slow ones more common
 TIGHT_SPLIT = dict(key_scale=40.0, line_half=25.0, line_norm=3.0, refine_norm=25.0, levels=9)
+#: where the tight split's answers overflow too (heads of 16 at d = 32, 2 of 20 study draws:
+#: scores past 65504 at the refinement's tokens of norm about 47), it starts again with its
+#: lengths (key scale, reach, norms) times each of these in turn: scores times their squares
+TIGHT_SHRINK = (0.7, 0.5)
 #: the formats whose layers are split with the narrow tolerances
 NARROW_SPLIT = ("float16", "bfloat16")
 #: the check's relative tolerance for such layers, in units of the answers' noise (their fits
@@ -149,7 +155,8 @@ class ServedVectorLearner(VectorLayerRoute):
         The unit of the tolerances: the floor, or the measured noise where that is larger.
     split_key_scale_ : float
         Layers of several heads: the scale of the split's key differences (float32: 1e10;
-        float16 and bfloat16: 300, or 40 where a float16 box's answers overflow at 300).
+        float16 and bfloat16: 300, or 40 where a float16 box's answers overflow at 300, and
+        28 or 20 where they overflow at 40 too).
     """
 
     def __init__(self, *, n_heads=None, n_kv_heads=None, causal=False, positions="none",
@@ -242,8 +249,8 @@ class ServedVectorLearner(VectorLayerRoute):
 
     def _split_values(self, ledger, V_sum, beta, H: int, rng) -> np.ndarray:
         """The split with the format's tolerances; in float16, the wide split first and the
-        tight one where its answers overflow (:data:`WIDE_SPLIT`, :data:`TIGHT_SPLIT`). Sets
-        ``split_key_scale_``."""
+        tight one where its answers overflow (:data:`WIDE_SPLIT`, :data:`TIGHT_SPLIT`), shrunk
+        by :data:`TIGHT_SHRINK` where they overflow too. Sets ``split_key_scale_``."""
         tols = self._split_tolerances()
         self.split_key_scale_ = tols.key_scale
         try:
@@ -251,19 +258,28 @@ class ServedVectorLearner(VectorLayerRoute):
         except AnswerError:
             if self.answer_format_ != "float16":
                 raise
-        tols = self._split_tolerances(tight=True)
-        self.split_key_scale_ = tols.key_scale
-        return split_values(ledger, V_sum, beta, H, rng, tols)
+        for shrink in (1.0, *TIGHT_SHRINK):
+            tols = self._split_tolerances(tight=shrink)
+            self.split_key_scale_ = tols.key_scale
+            try:
+                return split_values(ledger, V_sum, beta, H, rng, tols)
+            except AnswerError:
+                if shrink == TIGHT_SHRINK[-1]:
+                    raise
 
-    def _split_tolerances(self, tight: bool = False) -> SplitTolerances:
+    def _split_tolerances(self, tight: float = 0.0) -> SplitTolerances:
+        """The split's tolerances for the answers' format; for float16 and bfloat16 the wide
+        split's (``tight`` 0) or the tight split's with its lengths times ``tight``."""
         if getattr(self, "answer_format_", None) in NARROW_SPLIT:
             H = self.n_heads or 1
+            reach = WIDE_SPLIT if not tight else {
+                k: v if k == "levels" else tight * v for k, v in TIGHT_SPLIT.items()}
             return SplitTolerances(
                 change=NARROW_CHANGE_UNITS * self.noise_unit_, match=NARROW_MATCH,
                 moved=NARROW_MOVED, perturb=NARROW_PERTURB, refine=NARROW_REFINE,
                 output_frame=True, spread=max(1, 2 * H - 2), perturbed=3, merge=True,
                 drop=NARROW_DROP, star=True, solve_projectors=True, retries=NARROW_RETRIES,
-                **(TIGHT_SPLIT if tight else WIDE_SPLIT))
+                **reach)
         return SplitTolerances(change=SPLIT_CHANGE_UNITS * self.noise_unit_, match=SPLIT_MATCH,
                                moved=SPLIT_MOVED, perturb=SPLIT_PERTURB, refine=SPLIT_REFINE,
                                output_frame=True, spread=SPLIT_SPREAD)
