@@ -202,7 +202,8 @@ class ServedVectorLearner(VectorLayerRoute):
     def _split_tolerances(self) -> SplitTolerances:
         return SplitTolerances(change=SPLIT_CHANGE_UNITS * self.noise_unit_, match=SPLIT_MATCH,
                                moved=SPLIT_MOVED, perturb=SPLIT_PERTURB, refine=SPLIT_REFINE,
-                               output_frame=True, spread=SPLIT_SPREAD)
+                               output_frame=True, spread=SPLIT_SPREAD,
+                               values_from_parts=self.outputs_ == "all")
 
     def _shared_options(self) -> dict:
         return dict(group_oversample=SHARED_OVERSAMPLE, row_rtol=SHARED_ROW_RTOL)
