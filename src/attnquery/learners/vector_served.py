@@ -35,7 +35,8 @@ from ._vector_layer import STAGES, VectorLayerRoute
 from ._vector_split import KEY_SCALE, SplitTolerances
 
 __all__ = ["ServedVectorLearner", "VALUE_SAMPLES", "SERVED_OVERSAMPLE", "ATTENTION_UNITS",
-           "MIN_WEIGHT_UNITS", "VERIFY_UNITS"]
+           "MIN_WEIGHT_UNITS", "VERIFY_UNITS", "SHARED_OVERSAMPLE", "SHARED_RANK_SAMPLES",
+           "SHARED_TARGET_SPREAD"]
 
 #: one-token queries per unknown of each column of V and beta (d + 1): the least squares then
 #: averages the answers' rounding over VALUE_SAMPLES answers
@@ -69,9 +70,18 @@ SPLIT_REFINE = 1
 SPLIT_SPREAD = 3
 #: the shared-token route's groups hold this many times the float64 route's queries per unknown
 #: (``GROUP_OVERSAMPLE``, :mod:`._vector_heads`), and the heads' row spaces are read to
-#: SHARED_ROW_RTOL (float64: 1e-8). d = 96, 6 float32 heads of 16: worst W 1.5e-4 at 1 (the
-#: float64 route's groups), 6.3e-5 at 8 (2,820 queries), 2.4e-5 at 32 (4,760 queries)
-SHARED_OVERSAMPLE = 32.0
+#: SHARED_ROW_RTOL (float64: 1e-8). d = 96, 6 float32 heads of 16, the groups the float64 rule
+#: asks: worst W 1.5e-4 at 1 (the float64 route's groups), 6.3e-5 at 8 (2,820 queries),
+#: 2.4e-5 at 32 (4,760 queries)
+SHARED_OVERSAMPLE = 8.0
+#: ... and groups are added until the shared tokens' row-space samples number SHARED_RANK_SAMPLES
+#: times the heads' rank (more groups of fewer queries: more shared tokens, each read less
+#: precisely), whose rows' logits spread over about SHARED_TARGET_SPREAD (float64: 1). d = 96,
+#: 6 heads of 16 (2,600 attention queries): worst W 2.2e-5 with 5 groups of 32, spread 1; 1.2e-5 at
+#: spread 2 (1.4e-5 at 1.5, 1.5e-5 at 2.5, 3.1e-5 at 3, 3.2e-4 at 4); 5.6e-6 at spread 2 with
+#: 20 groups of 8 (5.8e-6 with 40 groups of 4)
+SHARED_RANK_SAMPLES = 6.0
+SHARED_TARGET_SPREAD = 2.0
 SHARED_ROW_RTOL = 1e-4
 
 
@@ -206,5 +216,6 @@ class ServedVectorLearner(VectorLayerRoute):
                                values_from_parts=self.outputs_ == "all")
 
     def _shared_options(self) -> dict:
-        return dict(group_oversample=SHARED_OVERSAMPLE, row_rtol=SHARED_ROW_RTOL)
+        return dict(group_oversample=SHARED_OVERSAMPLE, row_rtol=SHARED_ROW_RTOL,
+                    rank_samples=SHARED_RANK_SAMPLES, target_spread=SHARED_TARGET_SPREAD)
 
