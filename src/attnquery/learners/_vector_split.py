@@ -364,7 +364,8 @@ def values_from_parts(oracle, V: np.ndarray, beta: np.ndarray, rng: np.random.Ge
     and ``V_h`` solves ``D V_h = P_h`` over d orthonormal differences D (no projector, no
     ``V_sum``). The differences ``T Delta`` are sent as float32 values, so that a box rounding
     its input to float32 sees the D solved with. A difference whose patterns do not yet
-    determine its H parts is asked again at fresh points, up to :data:`RETRIES` times.
+    determine its H parts (a head whose weight did not flip) is asked again at fresh points,
+    its answers replaced, up to :data:`RETRIES` times.
 
     Raises
     ------
@@ -377,28 +378,27 @@ def values_from_parts(oracle, V: np.ndarray, beta: np.ndarray, rng: np.random.Ge
     TD = (KEY_SCALE * np.linalg.qr(rng.standard_normal((d, d)))[0]).astype(np.float32)
     D = TD.astype(np.float64) / KEY_SCALE
     pinv = np.linalg.pinv(np.einsum("kd,hdo->kho", D, V))  # (d, d_out, H)
-    g_all, S_all = [np.zeros((0, d_out))] * d, [np.zeros((0, H))] * d
+    g, S = np.empty((d, m + 1, d_out)), np.empty((d, m + 1, H))
     todo = np.arange(d)
-    for _ in range(1 + RETRIES):
+    for _ in range(1 + RETRIES):  # a difference whose patterns miss a head: fresh points
         b = rng.standard_normal((todo.size, m, d)) * (REFINE_NORM / np.sqrt(d))
         X = np.concatenate([TD[todo, None].astype(np.float64), b], axis=1)
-        g = (np.asarray(oracle(X), dtype=np.float64) - beta) / KEY_SCALE  # (t, m + 1, d_out)
-        sig = g @ pinv[todo]
-        S = np.round(sig)
-        off = float(np.max(np.abs(sig - S)))
-        if off > tols.moved or np.any((S != 0) & (S != 1)):
+        g[todo] = (np.asarray(oracle(X), dtype=np.float64) - beta) / KEY_SCALE
+        sig = g[todo] @ pinv[todo]
+        S[todo] = np.clip(np.round(sig), 0, 1)
+        off = float(np.max(np.abs(sig - S[todo])))
+        if off > tols.moved:
             raise ModelMismatchError(
                 f"saturated answers are no 0/1 combinations of the heads' parts (off by "
                 f"{off:.3g}): the box is not a layer of n_heads={H} heads that fill d (another "
                 "number of heads, or heads that do not fill d)", error=off, allowed=tols.moved)
-        for i, j in enumerate(todo):
-            g_all[j], S_all[j] = np.concatenate([g_all[j], g[i]]), np.concatenate([S_all[j], S[i]])
-        todo = np.array([j for j in todo if np.linalg.matrix_rank(S_all[j]) < H], dtype=int)
+        todo = np.flatnonzero(np.linalg.matrix_rank(S) < H)
         if todo.size == 0:
             break
     else:
         raise ModelMismatchError(
-            f"a head's weight did not flip at {(1 + RETRIES) * m} random points: the box is "
-            f"not a layer of {H} heads that fill d", error=float(todo.size), allowed=0.0)
-    P = np.stack([np.linalg.lstsq(S_all[j], g_all[j], rcond=None)[0] for j in range(d)])
+            f"a head's weight did not flip at {m + 1} random points, {1 + RETRIES} times: the "
+            f"box is not a layer of n_heads={H} heads that fill d", error=float(todo.size),
+            allowed=0.0)
+    P = np.linalg.pinv(S) @ g  # (d, H, d_out): each difference's parts, least squares
     return np.linalg.solve(D, P.reshape(d, H * d_out)).reshape(d, H, d_out).transpose(1, 0, 2)

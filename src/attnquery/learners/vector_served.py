@@ -16,7 +16,15 @@ ledger. What changes against the float64 route:
   noise (their logarithm is rounding);
 * the tolerances of the attention matrices and of the check are multiples of the format's
   rounding floor (:func:`attnquery.precision.rounding_floor`, or the measured noise where that
-  is larger), not float64's ``1e-9`` and ``1e-8``.
+  is larger), not float64's ``1e-9`` and ``1e-8``;
+* a layer's split reads the parts in the answers' own coordinates, and every head's value map
+  again from the exact parts of d orthonormal key differences
+  (:func:`~._vector_split.values_from_parts`, every token's outputs): cut from the one-token
+  estimate of ``V_sum`` along the heads' projectors, its rounding is amplified (float32,
+  d = 384: 1.2e-6 to 5.9e-5);
+* the shared-token route's groups are smaller and more numerous (more shared tokens, each read
+  less precisely) and their rows' logits spread wider (:data:`SHARED_OVERSAMPLE`,
+  :data:`SHARED_RANK_SAMPLES`, :data:`SHARED_TARGET_SPREAD`).
 """
 
 from __future__ import annotations
