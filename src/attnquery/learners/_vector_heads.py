@@ -61,7 +61,8 @@ def fit_shared(oracle, rng: np.random.Generator, d: int, H: int, N: int, attenti
                fit_bias: bool = True, target_spread: float = SHARED_SPREAD,
                max_rescale: float = 100.0, min_weight: float = 1e-12,
                n_queries: int | None = None, need=None,
-               group_oversample: float = GROUP_OVERSAMPLE, row_rtol: float = ROW_RTOL):
+               group_oversample: float = GROUP_OVERSAMPLE, row_rtol: float = ROW_RTOL,
+               rank_samples: float = 1.0):
     """Every head's (W_h, c_h) by the shared-token route (see the module docstring).
 
     Parameters
@@ -88,6 +89,11 @@ def fit_shared(oracle, rng: np.random.Generator, d: int, H: int, N: int, attenti
     group_oversample, row_rtol : float
         :data:`GROUP_OVERSAMPLE` and :data:`ROW_RTOL` for answers exact to float64; the served
         route passes its own.
+    rank_samples : float
+        Once the ranks are found, groups are added until the shared tokens' row-space samples
+        (``G (F - 1)``) number ``rank_samples`` times the largest rank (default 1: no group
+        more). Under noise, more groups of fewer queries sample the heads' row and column
+        spaces with more shared tokens, each read less precisely, and give a better W.
 
     Returns
     -------
@@ -130,7 +136,8 @@ def fit_shared(oracle, rng: np.random.Generator, d: int, H: int, N: int, attenti
         G = len(Zs)
         L = np.concatenate(Ls, axis=2)  # (d, H, G F)
         ranks = np.array([_rank(L[:, h], row_rtol) for h in range(H)])
-        if np.all(ranks <= (G - 1) * (F - 1)) or (G - 1) * (F - 1) >= d:
+        found = np.all(ranks <= (G - 1) * (F - 1)) or (G - 1) * (F - 1) >= d
+        if found and G * (F - 1) >= rank_samples * np.max(ranks):
             break
     W, c, residual = _assemble(np.concatenate(Zs), np.concatenate(Ms, axis=2), L, ranks,
                                fit_bias)

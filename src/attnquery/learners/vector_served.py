@@ -22,6 +22,14 @@ ledger. What changes against the float64 route:
   :data:`TIGHT_SPLIT` where a float16 box's answers to it overflow) with the narrow options
   (crossings of finite width, perturbed differences read at shared points, projectors by
   least squares); such layers are checked to :data:`NARROW_VERIFY_UNITS` noise units.
+* a layer's split reads the parts in the answers' own coordinates, and every head's value map
+  again from the exact parts of d orthonormal key differences
+  (:func:`~._vector_split.values_from_parts`, every token's outputs): cut from the one-token
+  estimate of ``V_sum`` along the heads' projectors, its rounding is amplified (float32,
+  d = 384: 1.2e-6 to 5.9e-5);
+* the shared-token route's groups are smaller and more numerous (more shared tokens, each read
+  less precisely) and their rows' logits spread wider (:data:`SHARED_OVERSAMPLE`,
+  :data:`SHARED_RANK_SAMPLES`, :data:`SHARED_TARGET_SPREAD`).
 """
 
 from __future__ import annotations
@@ -41,7 +49,8 @@ from ._vector_split import SplitTolerances, split_values
 
 __all__ = ["ServedVectorLearner", "VALUE_SAMPLES", "SERVED_OVERSAMPLE", "ATTENTION_UNITS",
            "MIN_WEIGHT_UNITS", "VERIFY_UNITS", "NARROW_SPLIT", "WIDE_SPLIT", "TIGHT_SPLIT",
-           "NARROW_VERIFY_UNITS", "TIGHT_SHRINK"]
+           "NARROW_VERIFY_UNITS", "TIGHT_SHRINK", "SHARED_OVERSAMPLE", "SHARED_RANK_SAMPLES",
+           "SHARED_TARGET_SPREAD"]
 
 #: one-token queries per unknown of each column of V and beta (d + 1): the least squares then
 #: averages the answers' rounding over VALUE_SAMPLES answers
@@ -75,9 +84,18 @@ SPLIT_REFINE = 1
 SPLIT_SPREAD = 3
 #: the shared-token route's groups hold this many times the float64 route's queries per unknown
 #: (``GROUP_OVERSAMPLE``, :mod:`._vector_heads`), and the heads' row spaces are read to
-#: SHARED_ROW_RTOL (float64: 1e-8). d = 96, 6 float32 heads of 16: worst W 1.5e-4 at 1 (the
-#: float64 route's groups), 6.3e-5 at 8 (2,820 queries), 2.4e-5 at 32 (4,760 queries)
-SHARED_OVERSAMPLE = 32.0
+#: SHARED_ROW_RTOL (float64: 1e-8). d = 96, 6 float32 heads of 16, the groups the float64 rule
+#: asks: worst W 1.5e-4 at 1 (the float64 route's groups), 6.3e-5 at 8 (2,820 queries),
+#: 2.4e-5 at 32 (4,760 queries)
+SHARED_OVERSAMPLE = 8.0
+#: ... and groups are added until the shared tokens' row-space samples number SHARED_RANK_SAMPLES
+#: times the heads' rank (more groups of fewer queries: more shared tokens, each read less
+#: precisely), whose rows' logits spread over about SHARED_TARGET_SPREAD (float64: 1). d = 96,
+#: 6 heads of 16 (2,600 attention queries): worst W 2.2e-5 with 5 groups of 32, spread 1; 1.2e-5 at
+#: spread 2 (1.4e-5 at 1.5, 1.5e-5 at 2.5, 3.1e-5 at 3, 3.2e-4 at 4); 5.6e-6 at spread 2 with
+#: 20 groups of 8 (5.8e-6 with 40 groups of 4)
+SHARED_RANK_SAMPLES = 6.0
+SHARED_TARGET_SPREAD = 2.0
 SHARED_ROW_RTOL = 1e-4
 #: a layer's split under float16 and bfloat16 rounding (:data:`NARROW_SPLIT`), where float64's
 #: key scale (1e10) overflows float16 and the crossings of a moderate one have a width: a jump
@@ -282,8 +300,10 @@ class ServedVectorLearner(VectorLayerRoute):
                 **reach)
         return SplitTolerances(change=SPLIT_CHANGE_UNITS * self.noise_unit_, match=SPLIT_MATCH,
                                moved=SPLIT_MOVED, perturb=SPLIT_PERTURB, refine=SPLIT_REFINE,
-                               output_frame=True, spread=SPLIT_SPREAD)
+                               output_frame=True, spread=SPLIT_SPREAD,
+                               values_from_parts=self.outputs_ == "all")
 
     def _shared_options(self) -> dict:
-        return dict(group_oversample=SHARED_OVERSAMPLE, row_rtol=SHARED_ROW_RTOL)
+        return dict(group_oversample=SHARED_OVERSAMPLE, row_rtol=SHARED_ROW_RTOL,
+                    rank_samples=SHARED_RANK_SAMPLES, target_spread=SHARED_TARGET_SPREAD)
 
