@@ -91,9 +91,8 @@ def fit_shared(oracle, rng: np.random.Generator, d: int, H: int, N: int, attenti
         route passes its own.
     rank_samples : float
         Once the ranks are found, groups are added until the shared tokens' row-space samples
-        (``G (F - 1)``) number ``rank_samples`` times the largest rank (default 1: no group
-        more). Under noise, more groups of fewer queries sample the heads' row and column
-        spaces with more shared tokens, each read less precisely, and give a better W.
+        (``G (F - 1)``) number ``rank_samples`` times the largest rank (1: none more); under
+        noise, more groups of fewer queries (more shared tokens) give a better W.
 
     Returns
     -------
@@ -111,11 +110,7 @@ def fit_shared(oracle, rng: np.random.Generator, d: int, H: int, N: int, attenti
             need(X.shape[0], what)
         return attention(X, oracle(X))
 
-    Xp = rng.standard_normal((PILOT_QUERIES, N, d)) / np.sqrt(d)
-    spread = float(np.median(spreads(ask(Xp, "the pilot queries"))))
-    scale = 1.0
-    if spread > 0:
-        scale = float(np.clip(np.sqrt(target_spread / spread), 1 / max_rescale, max_rescale))
+    scale = _pilot_scale(ask, rng, N, d, spreads, target_spread, max_rescale)
     asked = PILOT_QUERIES
     Zs, Ms, Ls = [], [], []
     while True:
@@ -124,9 +119,7 @@ def fit_shared(oracle, rng: np.random.Generator, d: int, H: int, N: int, attenti
                 f"n_queries={n_queries}: the shared-token route asks groups of {Q} queries "
                 f"until the heads' row spaces stop growing ({len(Zs)} groups asked, ranks "
                 "still growing); give more or None")
-        Z = rng.standard_normal((F, d)) * (scale / np.sqrt(d))
-        Xf = rng.standard_normal((Q, N - F, d)) * (scale / np.sqrt(d))
-        X = np.concatenate([np.broadcast_to(Z, (Q, F, d)), Xf], axis=1)
+        Z, X = _group_queries(rng, Q, N, F, d, scale)
         A = ask(X, f"group {len(Zs) + 1} of the shared-token queries ({Q} of {N} tokens)")
         asked += Q
         M, Lk = _read_group(X, A, F, min_weight)
@@ -144,6 +137,26 @@ def fit_shared(oracle, rng: np.random.Generator, d: int, H: int, N: int, attenti
     info = dict(rank=ranks, groups=len(Zs), group_queries=Q, token_scale=scale,
                 residual=residual)
     return W, c, info
+
+
+def _pilot_scale(ask, rng, N: int, d: int, spreads, target_spread: float,
+                 max_rescale: float) -> float:
+    """The tokens' scale: :data:`PILOT_QUERIES` queries of tokens of norm about 1 measure the
+    rows' logit spread; logits are quadratic in the scale, which aims at ``target_spread``
+    within a factor ``max_rescale`` of 1."""
+    Xp = rng.standard_normal((PILOT_QUERIES, N, d)) / np.sqrt(d)
+    spread = float(np.median(spreads(ask(Xp, "the pilot queries"))))
+    if spread <= 0:
+        return 1.0
+    return float(np.clip(np.sqrt(target_spread / spread), 1 / max_rescale, max_rescale))
+
+
+def _group_queries(rng, Q: int, N: int, F: int, d: int, scale: float):
+    """One group: F shared tokens Z (F, d) and Q queries (Q, N, d) that begin with them, the
+    other N - F tokens fresh (tokens of norm about ``scale``)."""
+    Z = rng.standard_normal((F, d)) * (scale / np.sqrt(d))
+    Xf = rng.standard_normal((Q, N - F, d)) * (scale / np.sqrt(d))
+    return Z, np.concatenate([np.broadcast_to(Z, (Q, F, d)), Xf], axis=1)
 
 
 def _read_group(X: np.ndarray, A: np.ndarray, F: int, min_weight: float):

@@ -192,14 +192,7 @@ class RotaryLayerVectorLearner(BaseLearner):
             weights' residuals, or the fresh check queries beyond :data:`VERIFY_RTOL`).
         """
         self._validate_params()
-        d = check_oracle(oracle, kinds=("vector",))
-        outputs = getattr(oracle, "outputs", None)
-        if outputs not in ("all", "last"):
-            raise ConfigError("the rotary layer route reads every token's outputs or the last "
-                              f"token's: the oracle's outputs must be 'all' or 'last'; got "
-                              f"{outputs!r}")
-        if not hasattr(oracle, "n_tokens"):
-            raise ConfigError("the oracle must count its tokens (n_tokens), as VectorOracle does")
+        d, outputs = self._check_vector_oracle(oracle)
         rng = self._rng()
         tokens0 = int(oracle.n_tokens)
         self.outputs_ = outputs
@@ -236,6 +229,20 @@ class RotaryLayerVectorLearner(BaseLearner):
                 self.n_queries_ = ledger.total
                 self.n_tokens_ = int(oracle.n_tokens) - tokens0
         return self
+
+    @staticmethod
+    def _check_vector_oracle(oracle) -> tuple[int, str]:
+        """The oracle's d and outputs; ConfigError unless it is a vector oracle of every
+        token's outputs or the last token's that counts its tokens."""
+        d = check_oracle(oracle, kinds=("vector",))
+        outputs = getattr(oracle, "outputs", None)
+        if outputs not in ("all", "last"):
+            raise ConfigError("the rotary layer route reads every token's outputs or the last "
+                              f"token's: the oracle's outputs must be 'all' or 'last'; got "
+                              f"{outputs!r}")
+        if not hasattr(oracle, "n_tokens"):
+            raise ConfigError("the oracle must count its tokens (n_tokens), as VectorOracle does")
+        return d, outputs
 
     def _heads(self, V: np.ndarray, E: np.ndarray) -> None:
         """Each head's value coordinates, output reading and key/value head from its value map
