@@ -359,3 +359,18 @@ def test_experiment_cells_and_claims(tmp_path):
     plt.close(fig)
     with pytest.raises(Exception, match="outside"):
         expand_cells("realheads", {**section, "heads": [H]})
+
+
+def test_a_vector_layer_saved_reads_back_with_its_outputs_mask_and_metadata(tmp_path):
+    from attnquery.realheads import load_vector_layer, save_vector_layer
+    from attnquery.vector_models import random_vector_layer
+
+    layer = random_vector_layer(8, 2, seed=5, bias=0.3, causal=True)
+    path = tmp_path / "layer.npz"
+    save_vector_layer(path, layer, causal=1, answers="last", n_queries=17)
+    back, meta = load_vector_layer(path)
+    X = np.random.default_rng(0).standard_normal((3, 6, 8)) / np.sqrt(8)
+    np.testing.assert_allclose(back(X), layer(X)[:, -1], rtol=1e-12, atol=1e-12)
+    assert meta["n_queries"] == 17 and meta["answers"] == "last"
+    with pytest.raises(ModelError, match="metadata"):
+        save_vector_layer(tmp_path / "bad.npz", layer, source=[1, 2])

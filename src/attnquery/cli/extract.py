@@ -16,7 +16,6 @@ from ..extraction import (
 )
 from ._common import (
     MAX_D,
-    OutputError,
     check_out,
     int_at_least,
     model_usage,
@@ -323,39 +322,16 @@ def _module_method(args, ckpt, biases: bool) -> tuple[str, int | None, dict]:
 
 
 def _save(out, source: _Source, learned, summary: dict) -> None:
-    from ..realheads import save_head, save_layer
+    from ..realheads import save_head, save_layer, save_vector_layer
 
     if source.method == "vector":
-        write_model(_save_vector_layer, "layer", out, learned, n_queries=summary["n_queries"],
+        write_model(save_vector_layer, "layer", out, learned, n_queries=summary["n_queries"],
                     n_tokens=summary["n_tokens"], answers=summary["answers"],
                     causal=int(summary["causal"]), source=source.name)
         return
     layer = source.method == "layer"
     write_model(save_layer if layer else save_head, "layer" if layer else "head", out, learned,
                 method=source.method, n_queries=summary["n_queries"], source=source.name)
-
-
-def _save_vector_layer(path, layer, /, **meta) -> None:
-    """Write a vector layer's ``V`` (H, d, d_out), ``W`` (H, d, d), ``key_bias`` (H, d) and
-    ``output_bias`` (d_out,) (a rotary layer's :attr:`~attnquery.vector_models.RotaryFormLayer.
-    FIELDS` instead), and ``meta`` as ``meta_<key>``, to an .npz, atomically
-    (:func:`attnquery.realheads.load_vector_layer` reads it back)."""
-    import numpy as np
-
-    from ..files import special_file_kind
-    from ..results import atomic_path
-
-    if layer.rotary:  # a RotaryFormLayer: its forms, bases, frequencies and heads' groups
-        arrays = {k: getattr(layer, k) for k in layer.FIELDS}
-    else:
-        arrays = {"V": layer.value_maps(), "W": layer.head_W(), "key_bias": layer.key_bias(),
-                  "output_bias": layer.output_bias}
-    arrays.update({f"meta_{k}": np.asarray(v) for k, v in meta.items()})
-    kind = special_file_kind(path)  # the rename below would replace it by a regular file
-    if kind is not None:
-        raise OutputError(f"--out {path}: it is {kind}; nothing was written there")
-    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
-        np.savez(fh, **arrays)
 
 
 def _report(s: dict, source: _Source, learned, args) -> str:

@@ -53,7 +53,14 @@ from .checkpoints import (
     sha256_file,
     write_test_checkpoint,
 )
-from .io import load_head, load_layer, load_vector_layer, save_head, save_layer
+from .io import (
+    load_head,
+    load_layer,
+    load_vector_layer,
+    save_head,
+    save_layer,
+    save_vector_layer,
+)
 from .readout import (
     READOUTS,
     build_head,
@@ -78,6 +85,7 @@ __all__ = [
     "save_head",
     "load_head",
     "load_vector_layer",
+    "save_vector_layer",
     "save_layer",
     "load_layer",
     "head_summary",

@@ -14,7 +14,8 @@ from ..errors import ModelError
 from ..files import special_file_kind
 from ..models import AttentionHead, MultiHeadAttention, RotaryAttentionHead
 
-__all__ = ["save_head", "load_head", "save_layer", "load_layer", "load_vector_layer"]
+__all__ = ["save_head", "load_head", "save_layer", "load_layer", "save_vector_layer",
+           "load_vector_layer"]
 
 
 def _save_arrays(path, arrays: dict, meta: dict) -> None:
@@ -246,6 +247,19 @@ def _load_rotary_layer(p: Path, data: dict) -> MultiHeadAttention:
                                  b_K=data["b_K"][h], scale=float(data["scale"][h]))
              for h in range(H)]
     return MultiHeadAttention(heads, offset=float(data["beta"]))
+
+
+def save_vector_layer(path, layer, /, **meta) -> None:
+    """Write a vector layer's ``V`` (H, d, d_out), ``W`` (H, d, d), ``key_bias`` (H, d) and
+    ``output_bias`` (d_out,) (a rotary layer's :attr:`~attnquery.vector_models.RotaryFormLayer.
+    FIELDS` instead) to an .npz, atomically, metadata as in :func:`save_head`; what ``attnquery
+    extract --answers ... --out`` writes and :func:`load_vector_layer` reads back."""
+    if getattr(layer, "rotary", False):  # a RotaryFormLayer: forms, bases, frequencies, groups
+        arrays = {k: getattr(layer, k) for k in layer.FIELDS}
+    else:
+        arrays = {"V": layer.value_maps(), "W": layer.head_W(), "key_bias": layer.key_bias(),
+                  "output_bias": layer.output_bias}
+    _save_arrays(path, arrays, meta)
 
 
 def load_vector_layer(path, outputs: str | None = None):
