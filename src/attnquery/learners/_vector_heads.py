@@ -33,6 +33,7 @@ import math
 import numpy as np
 
 from ..errors import ConfigError, NotIdentifiableError
+from ._vector_refine import refine_head
 
 __all__ = ["fit_shared", "group_size", "GROUP_OVERSAMPLE", "PILOT_QUERIES", "ROW_RTOL",
            "SHARED_SPREAD"]
@@ -62,7 +63,7 @@ def fit_shared(oracle, rng: np.random.Generator, d: int, H: int, N: int, attenti
                max_rescale: float = 100.0, min_weight: float = 1e-12,
                n_queries: int | None = None, need=None,
                group_oversample: float = GROUP_OVERSAMPLE, row_rtol: float = ROW_RTOL,
-               rank_samples: float = 1.0):
+               rank_samples: float = 1.0, refine: int = 0):
     """Every head's (W_h, c_h) by the shared-token route (see the module docstring).
 
     Parameters
@@ -100,7 +101,8 @@ def fit_shared(oracle, rng: np.random.Generator, d: int, H: int, N: int, attenti
     c : ndarray (H, d)
     info : dict
         ``rank`` (H,), ``groups``, ``group_queries``, ``token_scale``, ``residual`` (the
-        largest disagreement of the shared tokens' ``m_h(z)`` with the fit, relative).
+        largest disagreement of the shared tokens' ``m_h(z)`` with the fit, relative),
+        ``refine_iterations`` (the refinement's conjugate-gradient iterations, 0 without).
     """
     F = N // 2
     Q = group_size(d, N, group_oversample)
@@ -112,31 +114,42 @@ def fit_shared(oracle, rng: np.random.Generator, d: int, H: int, N: int, attenti
 
     scale = _pilot_scale(ask, rng, N, d, spreads, target_spread, max_rescale)
     asked = PILOT_QUERIES
-    Zs, Ms, Ls = [], [], []
+    groups = []  # per group (Z, M, L_k, X, A), X and A kept for the refinement only
     while True:
         if n_queries is not None and asked + Q > n_queries:
             raise ConfigError(
                 f"n_queries={n_queries}: the shared-token route asks groups of {Q} queries "
-                f"until the heads' row spaces stop growing ({len(Zs)} groups asked, ranks "
+                f"until the heads' row spaces stop growing ({len(groups)} groups asked, ranks "
                 "still growing); give more or None")
         Z, X = _group_queries(rng, Q, N, F, d, scale)
-        A = ask(X, f"group {len(Zs) + 1} of the shared-token queries ({Q} of {N} tokens)")
+        A = ask(X, f"group {len(groups) + 1} of the shared-token queries ({Q} of {N} tokens)")
         asked += Q
-        M, Lk = _read_group(X, A, F, min_weight)
-        Zs.append(Z)
-        Ms.append(M)
-        Ls.append(Lk)
-        G = len(Zs)
-        L = np.concatenate(Ls, axis=2)  # (d, H, G F)
+        groups.append((Z, *_read_group(X, A, F, min_weight), *((X, A) if refine else ())))
+        G = len(groups)
+        L = np.concatenate([g[2] for g in groups], axis=2)  # (d, H, G F)
         ranks = np.array([_rank(L[:, h], row_rtol) for h in range(H)])
         found = np.all(ranks <= (G - 1) * (F - 1)) or (G - 1) * (F - 1) >= d
         if found and G * (F - 1) >= rank_samples * np.max(ranks):
             break
-    W, c, residual = _assemble(np.concatenate(Zs), np.concatenate(Ms, axis=2), L, ranks,
-                               fit_bias)
-    info = dict(rank=ranks, groups=len(Zs), group_queries=Q, token_scale=scale,
-                residual=residual)
+    W, c, residual = _assemble(np.concatenate([g[0] for g in groups]),
+                               np.concatenate([g[1] for g in groups], axis=2), L, ranks, fit_bias)
+    iterations = _refine(groups, W, c, ranks, min_weight, fit_bias, refine) if refine else 0
+    info = dict(rank=ranks, groups=G, group_queries=Q, token_scale=scale,
+                residual=residual, refine_iterations=iterations)
     return W, c, info
+
+
+def _refine(groups, W, c, ranks, min_weight: float, fit_bias: bool, sweeps: int) -> int:
+    """Every head's (W, c) refined in place over every row of the groups' queries X and
+    attention matrices A (``groups``: (Z, M, L_k, X, A) each;
+    :func:`~._vector_refine.refine_head`); the refinement's iterations in all."""
+    X, A = np.concatenate([g[3] for g in groups]), np.concatenate([g[4] for g in groups], axis=1)
+    iterations = 0
+    for h in range(W.shape[0]):
+        W[h], c[h], k = refine_head(X, A[h], W[h], c[h], int(ranks[h]), min_weight,
+                                    fit_bias=fit_bias, sweeps=sweeps)
+        iterations += k
+    return iterations
 
 
 def _pilot_scale(ask, rng, N: int, d: int, spreads, target_spread: float,

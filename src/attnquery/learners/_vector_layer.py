@@ -186,7 +186,7 @@ class VectorLayerRoute(BaseLearner):
         """The attention stage's random queries and each head's (W, c) from the dense least
         squares of its d (d + 1) unknowns."""
         H = V.shape[0]
-        self.route_, self.n_groups_ = "dense", 0
+        self.route_, self.n_groups_, self.refine_iterations_ = "dense", 0, 0
         N, n = self._plan(d, V_sum, H, outputs)
         ledger.check_budget(n + int(self.verify),
                             f"the attention stage ({n} queries of {N} tokens) and the check")
@@ -224,6 +224,7 @@ class VectorLayerRoute(BaseLearner):
         self.token_scale_ = info["token_scale"]
         self.head_ranks_ = info["rank"]
         self.n_groups_ = info["groups"]
+        self.refine_iterations_ = info["refine_iterations"]
 
     def _read_values(self, oracle, d: int) -> tuple[np.ndarray, np.ndarray]:
         """V and beta from one batch of one-token queries: ``0`` (with ``fit_bias``) and the
