@@ -1,0 +1,76 @@
+"""A float32 attention layer served by onnxruntime, extracted from every token's outputs.
+
+The layer (``random_vector_layer(d, H, seed, head_dim=d // H, bias=0.3)``: query, key, value
+and output projections with biases, H heads whose value maps fill d) is written as an ONNX
+graph and answered in float32 by onnxruntime (:func:`attnquery.engines.vector_box`);
+:class:`~attnquery.learners.VectorLayerLearner` reads it from the answers alone, and this script
+compares what it read with the float64 layer the box rounds: every head's W, value map V and
+key bias c (relative to the largest entry; the heads matched by their value maps), the output
+offset, and the function on 8 random queries of each of 1, 2, 3, 8, 16, 32, 64 and 128 tokens.
+
+From the repository root (onnx and onnxruntime are test dependencies)::
+
+    OMP_NUM_THREADS=1 python examples/vector_float32_layer.py --d 96 --heads 6
+    OMP_NUM_THREADS=1 python examples/vector_float32_layer.py --d 384 --heads 12   # MiniLM size
+
+The second is the issue's float32 MiniLM-size layer (d = 384, 12 heads of 32): about an hour
+of CPU on a 2-core machine (``OMP_NUM_THREADS=1`` keeps BLAS threads from oversubscribing a
+shared machine). docs/benchmarks.md ("Numbers measured once") gives the numbers it printed.
+"""
+
+import argparse
+import time
+
+import numpy as np
+
+from attnquery import engines
+from attnquery.learners import VectorLayerLearner
+from attnquery.oracles import VectorOracle
+from attnquery.vector_models import random_vector_layer
+
+LENGTHS = (1, 2, 3, 8, 16, 32, 64, 128)
+
+
+def rel(a, b):
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--d", type=int, default=96, help="token dimension (default 96)")
+    parser.add_argument("--heads", type=int, default=6, help="heads, of d / heads each")
+    parser.add_argument("--seed", type=int, default=22, help="the layer's seed (default 22)")
+    parser.add_argument("--random-state", type=int, default=0, help="the learner's seed")
+    args = parser.parse_args(argv)
+    d, H = args.d, args.heads
+    if d % H:
+        parser.error(f"--heads {H} must divide --d {d}")
+    options = dict(head_dim=d // H, bias=0.3)
+    layer = random_vector_layer(d, H, seed=args.seed, precision="float32", **options)
+    exact = random_vector_layer(d, H, seed=args.seed, **options)
+    oracle = VectorOracle(engines.vector_box(layer, "float32", "all"), d)
+    start = time.perf_counter()
+    est = VectorLayerLearner(n_heads=H, random_state=args.random_state).fit(oracle)
+    wall = time.perf_counter() - start
+    W, V, c = exact.head_W(), exact.value_maps(), exact.key_bias()
+    order = [int(np.argmin([rel(est.V_[h], V[g]) for g in range(H)])) for h in range(H)]
+    if sorted(order) != list(range(H)):
+        raise SystemExit(f"the value maps read match no one-to-one order of the heads: {order}")
+    rng = np.random.default_rng(1)
+    function = 0.0
+    for n in LENGTHS:
+        X = rng.standard_normal((8, n, d)) / np.sqrt(d)
+        function = max(function, rel(est.predict(X), exact(X)))
+    stages = " / ".join(f"{k} {v:,}" for k, v in est.n_queries_by_stage_.items())
+    print(f"d = {d}, {H} heads of {d // H}, float32 (onnxruntime), every token's outputs")
+    print(f"queries {est.n_queries_:,} ({stages}), tokens {est.n_tokens_:,}; "
+          f"{est.n_groups_} shared-token groups; wall {wall:.0f} s")
+    for name, est_, true in (("W", est.W_, W), ("V", est.V_, V), ("c", est.key_bias_, c)):
+        print(f"{name}: worst head {max(rel(est_[h], true[g]) for h, g in enumerate(order)):.2e}")
+    print(f"beta: {rel(est.output_bias_, exact.output_bias):.2e}")
+    print(f"function (1 to 128 tokens): {function:.2e}; the fit's own check "
+          f"{est.verify_error_:.2e}")
+
+
+if __name__ == "__main__":
+    main()
