@@ -29,7 +29,9 @@ ledger. What changes against the float64 route:
   d = 384: 1.2e-6 to 5.9e-5);
 * the shared-token route's groups are smaller and more numerous (more shared tokens, each read
   less precisely) and their rows' logits spread wider (:data:`SHARED_OVERSAMPLE`,
-  :data:`SHARED_RANK_SAMPLES`, :data:`SHARED_TARGET_SPREAD`).
+  :data:`SHARED_RANK_SAMPLES`, :data:`SHARED_TARGET_SPREAD`), and its (W, c) is refined by one
+  weighted least squares over every row of the groups' attention matrices
+  (:data:`SHARED_REFINE`, :mod:`._vector_refine`).
 """
 
 from __future__ import annotations
