@@ -206,25 +206,41 @@ def split_queries(d: int, n_heads: int, tols: SplitTolerances = EXACT) -> int:
     return lines * (scan + tols.perturbed * (dh + 1) * separators) + refine + parts
 
 
+def _key_tokens(Delta: np.ndarray, key_scale: float, float32: bool = False) -> np.ndarray:
+    """The first tokens ``T Delta`` (k, d) of row queries (T = ``key_scale``); with
+    ``float32`` rounded to float32 values (in float64), which a box rounding its input to
+    float32 takes unchanged."""
+    TD = key_scale * Delta
+    return TD.astype(np.float32).astype(np.float64) if float32 else TD
+
+
+def _ask_rows(oracle, Delta: np.ndarray, b: np.ndarray, key_scale: float,
+              first: bool = False, float32: bool = False) -> np.ndarray:
+    """Every token's answers (k, m, d_out) to the row queries ``[T Delta_j; b_j1; ..; b_jm]``,
+    one per key difference ``Delta_j`` (Delta (k, d), the points b (k, m, d); T =
+    ``key_scale``; see the module docstring): the rows of the b's, with ``first`` also the
+    first token's (k, m + 1, d_out). With ``float32`` the first tokens are sent as float32
+    values (:func:`_key_tokens`)."""
+    X = np.concatenate([_key_tokens(Delta, key_scale, float32)[:, None], b], axis=1)
+    o = np.asarray(oracle(X), dtype=np.float64)
+    return o if first else o[:, 1:]
+
+
 def _parts(oracle, read, b, Delta, key_scale: float = KEY_SCALE,
            rows: bool = False) -> np.ndarray:
-    """``sum_h sigma_h Delta^T E_h`` for the queries ``[b + T Delta; b]`` (T = ``key_scale``),
-    one per row, in the coordinates ``read(o, b)`` gives the last token's answers o (the answer
-    less ``b``'s own value and the offset). With ``rows``, each run of rows of one difference
-    (runs of equal length) is one query ``[T Delta; b_1; ..; b_m]``, read at its b rows."""
+    """``sum_h sigma_h Delta_j^T E_h`` (k, m, dim) at the points b (k, m, d) of each key
+    difference ``Delta_j`` (Delta (k, d)): the queries ``[b + T Delta_j; b]`` (T =
+    ``key_scale``), one per point, in the coordinates ``read(o, b)`` gives the last token's
+    answers o (the answer less ``b``'s own value and the offset). With ``rows``, one query
+    ``[T Delta_j; b_j1; ..; b_jm]`` per difference (:func:`_ask_rows`), read at its b rows."""
+    k, m, d = b.shape
     if rows:
-        starts = np.flatnonzero(np.r_[True, np.any(Delta[1:] != Delta[:-1], axis=1)])
-        m = len(b) // len(starts)
-        if m * len(starts) != len(b):
-            raise ValueError("rows: every key difference needs as many points")
-        X = np.concatenate([key_scale * Delta[starts, None], b.reshape(len(starts), m, -1)],
-                           axis=1)
-        o = np.asarray(oracle(X), dtype=np.float64)[:, 1:].reshape(len(b), -1)
+        o = _ask_rows(oracle, Delta, b, key_scale)
     else:
-        X = np.stack([b + key_scale * Delta, b], axis=1)
-        o = np.asarray(oracle(X), dtype=np.float64)
+        X = np.stack([b + key_scale * Delta[:, None], np.broadcast_to(b, (k, m, d))], axis=2)
+        o = np.asarray(oracle(X.reshape(k * m, 2, d)), dtype=np.float64)
         o = o[:, -1] if o.ndim == 3 else o
-    return read(o, b) / key_scale
+    return (read(o.reshape(k * m, -1), b.reshape(k * m, d)) / key_scale).reshape(k, m, -1)
 
 
 def _scan(oracle, read, Delta, b0, v, n_heads,
@@ -236,8 +252,8 @@ def _scan(oracle, read, Delta, b0, v, n_heads,
     Returns the jumps (k, d) and their intervals (k, 2), in the order of s."""
     half = tols.line_half
     lo, hi = np.array([-half]), np.array([half])
-    g = _parts(oracle, read, b0 + np.array([[-half], [half]]) * v, np.stack([Delta, Delta]),
-               tols.key_scale, tols.rows)
+    g = _parts(oracle, read, (b0 + np.array([[-half], [half]]) * v)[None], Delta[None],
+               tols.key_scale, tols.rows)[0]
     glo, ghi = g[:1], g[1:]
     extra = EXTRA_LEVELS
     for _ in range(tols.levels + 1):
@@ -252,8 +268,8 @@ def _scan(oracle, read, Delta, b0, v, n_heads,
         if lo.size == 0 or extra < 0 or count > 2 * n_heads:
             break
         mid = (lo + hi) / 2
-        gm = _parts(oracle, read, b0 + mid[:, None] * v, np.repeat(Delta[None], mid.size, 0),
-                    tols.key_scale, tols.rows)
+        gm = _parts(oracle, read, (b0 + mid[:, None] * v)[None], Delta[None],
+                    tols.key_scale, tols.rows)[0]
         lo, hi = np.concatenate([lo, mid]), np.concatenate([mid, hi])
         glo, ghi = np.concatenate([glo, gm]), np.concatenate([gm, ghi])
     order = np.argsort(lo)
@@ -389,11 +405,10 @@ def _split(oracle, read, embed, H: int, rng, tols: SplitTolerances = EXACT) -> n
             continue
         seps = np.concatenate([[-tols.line_half], (iv[1:, 0] + iv[:-1, 1]) / 2,
                                [tols.line_half]])
-        S = seps.size
         asked = Deltas[:1] if tols.star else Deltas
-        g = _parts(oracle, read, np.tile(b0 + seps[:, None] * v, (len(asked), 1)),
-                   np.repeat(asked, S, axis=0), tols.key_scale,
-                   tols.rows).reshape(len(asked), S, dim)
+        points = b0 + seps[:, None] * v
+        g = _parts(oracle, read, np.broadcast_to(points, (len(asked),) + points.shape), asked,
+                   tols.key_scale, tols.rows)  # (k, separators, dim)
         P = np.diff(g, axis=1)  # (k, H, dim): jump k of each difference
         unit = float(np.max(np.abs(P[0])))
         shift = float(np.max(np.abs(P[1:] - P[0]))) / unit if len(P) > 1 else 0.0
@@ -460,7 +475,7 @@ def _star_points(oracle, read, P0: np.ndarray, D0: np.ndarray, rng, tols: SplitT
     H = P0.shape[0]
     n = tols.refine * (REFINE_SHARE * H + REFINE_EXTRA)
     b = rng.standard_normal((n, D0.size)) * (tols.refine_norm / np.sqrt(D0.size))
-    g0 = _parts(oracle, read, b, np.repeat(D0[None], n, axis=0), tols.key_scale, tols.rows)
+    g0 = _parts(oracle, read, b[None], D0[None], tols.key_scale, tols.rows)[0]
     # a line's jump is +- a part (the weight rises or falls along it): the sign its patterns say
     sig = np.round(np.linalg.lstsq(P0.T, g0.T, rcond=None)[0])  # (H, n)
     P0 = P0 * np.where(np.sum(sig < 0, axis=1) > np.sum(sig > 0, axis=1), -1.0, 1.0)[:, None]
@@ -500,9 +515,9 @@ def _star(oracle, read, start, Deltas: np.ndarray, tols: SplitTolerances) -> np.
     b, g0, _, S0, keep0 = start
     n, dim = g0.shape
     H = S0.shape[1]
-    rest = _parts(oracle, read, np.tile(b, (len(Deltas) - 1, 1)),
-                  np.repeat(Deltas[1:], n, axis=0), tols.key_scale, tols.rows)
-    g = np.concatenate([g0[None], rest.reshape(len(Deltas) - 1, n, dim)])
+    rest = _parts(oracle, read, np.broadcast_to(b, (len(Deltas) - 1, n, b.shape[1])),
+                  Deltas[1:], tols.key_scale, tols.rows)
+    g = np.concatenate([g0[None], rest])
     parts, lost = [], []
     for j in range(len(Deltas)):  # one batch asked; each difference's least squares
         S, keep = _settle(g[j], S0, keep0, H, tols)  # Delta_0's patterns first, then its own
@@ -585,9 +600,8 @@ def _refine(oracle, read, embed, D: np.ndarray, E: np.ndarray, rng,
     todo = np.arange(D.shape[0])
     off = 0.0
     for _ in range(1 + RETRIES):
-        b = rng.standard_normal((todo.size * n, d)) * (tols.refine_norm / np.sqrt(d))
-        g = _parts(oracle, read, b, np.repeat(D[todo], n, axis=0),
-                   tols.key_scale, tols.rows).reshape(todo.size, n, dim)
+        b = rng.standard_normal((todo.size, n, d)) * (tols.refine_norm / np.sqrt(d))
+        g = _parts(oracle, read, b, D[todo], tols.key_scale, tols.rows)  # (todo, n, dim)
         seen = np.einsum("jnd,hde->jnhe", g, E)
         a = approx[todo]
         sig = np.einsum("jnhe,jhe->jnh", seen, a) / np.einsum("jhe,jhe->jh", a, a)[:, None]
@@ -717,10 +731,10 @@ def values_from_parts(oracle, V: np.ndarray, beta: np.ndarray, rng: np.random.Ge
     The patterns ``sigma_i`` are the least-squares combination of the approximate parts
     ``Delta^T V_h`` rounded to 0/1; the exact parts are the least squares over the patterns,
     and ``V_h`` solves ``D V_h = P_h`` over d orthonormal differences D (no projector, no
-    ``V_sum``). The differences ``T Delta`` are sent as float32 values, so that a box rounding
-    its input to float32 sees the D solved with. A difference whose patterns do not yet
-    determine its H parts (a head whose weight did not flip) is asked again at fresh points,
-    its answers replaced, up to :data:`RETRIES` times.
+    ``V_sum``). The differences ``T Delta`` are sent as float32 values (:func:`_ask_rows`), so
+    that a box rounding its input to float32 sees the D solved with. A difference whose
+    patterns do not yet determine its H parts (a head whose weight did not flip) is asked
+    again at fresh points, its answers replaced, up to :data:`RETRIES` times.
 
     Raises
     ------
@@ -730,15 +744,15 @@ def values_from_parts(oracle, V: np.ndarray, beta: np.ndarray, rng: np.random.Ge
     """
     H, d, d_out = V.shape
     m = tols.refine * (REFINE_SHARE * H + REFINE_EXTRA)
-    TD = (KEY_SCALE * np.linalg.qr(rng.standard_normal((d, d)))[0]).astype(np.float32)
-    D = TD.astype(np.float64) / KEY_SCALE
+    Q = np.linalg.qr(rng.standard_normal((d, d)))[0]
+    D = _key_tokens(Q, KEY_SCALE, float32=True) / KEY_SCALE  # the differences the box sees
     pinv = np.linalg.pinv(np.einsum("kd,hdo->kho", D, V))  # (d, d_out, H)
     g, S = np.empty((d, m + 1, d_out)), np.empty((d, m + 1, H))
     todo = np.arange(d)
     for _ in range(1 + RETRIES):  # a difference whose patterns miss a head: fresh points
         b = rng.standard_normal((todo.size, m, d)) * (REFINE_NORM / np.sqrt(d))
-        X = np.concatenate([TD[todo, None].astype(np.float64), b], axis=1)
-        g[todo] = (np.asarray(oracle(X), dtype=np.float64) - beta) / KEY_SCALE
+        o = _ask_rows(oracle, Q[todo], b, KEY_SCALE, first=True, float32=True)
+        g[todo] = (o - beta) / KEY_SCALE
         sig = g[todo] @ pinv[todo]
         S[todo] = np.clip(np.round(sig), 0, 1)
         off = float(np.max(np.abs(sig - S[todo])))
