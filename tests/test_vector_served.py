@@ -22,6 +22,7 @@ from attnquery.learners.vector_served import (
 )
 from attnquery.oracles import VectorOracle
 from attnquery.precision import round_to, rounding_floor
+from attnquery.realheads import write_test_checkpoint
 from attnquery.vector_models import random_vector_layer
 
 #: the issue's goal for float16 and bfloat16: within 3 times the format's floor
@@ -363,7 +364,7 @@ def test_value_maps_from_parts_refuse_maps_of_another_layer():
     assert info.value.error > info.value.allowed
 
 
-def test_float32_layer_example_prints_what_it_measured(repo, capsys):
+def test_float32_layer_example_prints_what_it_measured(repo, capsys, tmp_path):
     """examples/vector_float32_layer.py (the command of the MiniLM-size layer's benchmark row)
     at d = 16, 2 heads: its printed errors are the fit's against the float64 layer."""
     import importlib
@@ -382,3 +383,12 @@ def test_float32_layer_example_prints_what_it_measured(repo, capsys):
     assert all(0 < e < 1e-6 for e in errors.values())
     with pytest.raises(SystemExit):
         ex.main(["--d", "16", "--heads", "3"])
+    # a checkpoint's layer (4 heads of 4 at d = 16), served the same way
+    path = write_test_checkpoint(tmp_path / "model.safetensors", n_layers=2, n_heads=4, d=16,
+                                 seed=3)
+    ex.main(["--checkpoint", str(path), "--layer", "1"])
+    out = capsys.readouterr().out
+    assert out.startswith("d = 16, 4 heads of 4")
+    assert float(out.split("W: worst head ")[1].split()[0]) < 1e-6
+    with pytest.raises(SystemExit, match="layers 0 to 1"):
+        ex.main(["--checkpoint", str(path), "--layer", "2"])
