@@ -398,6 +398,7 @@ VECTOR_CASES = [
     {"name": "head_float16", "d": 32, "n_heads": 1, "rounding": "float16", "goal_floors": 3},
     {"name": "head_bfloat16", "d": 32, "n_heads": 1, "rounding": "bfloat16", "goal_floors": 3},
     {"name": "layer_float32", "d": 32, "n_heads": 4, "rounding": "float32", "goal": 1e-5},
+    {"name": "layer_float32_d96", "d": 96, "n_heads": 6, "rounding": "float32", "goal": 1e-5},
     {"name": "layer_float16", "d": 32, "n_heads": 4, "rounding": "float16", "goal_floors": 3},
     {"name": "layer_bfloat16", "d": 32, "n_heads": 4, "rounding": "bfloat16", "goal_floors": 3},
 ]
