@@ -123,5 +123,9 @@ def test_the_vector_layer_learner_routes_a_rotary_head_to_its_route():
     X = np.random.default_rng(5).standard_normal((4, 300, d)) / np.sqrt(d)
     assert np.max(np.abs(est.predict(X) - layer(X))) <= 1e-9 * np.max(np.abs(layer(X)))
     fresh = VectorOracle(layer, d, outputs="last")
-    with pytest.raises(ModelMismatchError, match="not a layer of n_heads=2 heads"):
+    # refused by the split: the nearby differences' jumps disagree, or (where the approximate
+    # parts pass, which depends on the last digits of the BLAS in use) the exact parts span more
+    # than d / H dimensions
+    with pytest.raises(ModelMismatchError,
+                       match="not a layer of n_heads=2 heads|heads do not fill d as declared"):
         VectorLayerLearner(positions="rotary", n_heads=2).fit(fresh)
