@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ModelMismatchError
+from ..errors import ConfigError, ModelMismatchError
+from ._base import check_oracle
 from ._check import check_queries
 
-__all__ = ["CHECK_LENGTHS", "VERIFY_RTOL", "verify_fit"]
+__all__ = ["CHECK_LENGTHS", "VERIFY_RTOL", "verify_fit", "vector_oracle"]
 
 #: lengths of the fresh check queries after a fit, one query each with the default ``verify``
 #: (8) and ``check_length`` (4096; a shorter one replaces the longest, see
@@ -23,6 +24,20 @@ CHECK_LENGTHS = (1, 2, 3, 8, 64, 256, 1024, 4096)
 #: d = 16: 1.0e-11); a soft-capped, rotary or undeclared extra head, or answers rounded to
 #: float32, exceed it by orders of magnitude
 VERIFY_RTOL = 1e-8
+
+
+def vector_oracle(oracle) -> tuple[int, str]:
+    """The oracle's d and outputs; ConfigError unless it is a vector oracle of every token's
+    outputs or the last token's that counts its tokens (as the vector learners need)."""
+    d = check_oracle(oracle, kinds=("vector",))
+    outputs = getattr(oracle, "outputs", None)
+    if outputs not in ("all", "last"):
+        raise ConfigError("the vector learners read every token's outputs or the last token's: "
+                          f"the oracle's outputs must be 'all' or 'last'; got {outputs!r}")
+    if not hasattr(oracle, "n_tokens"):
+        raise ConfigError(f"the oracle must count its tokens (n_tokens), as VectorOracle "
+                          f"does; got {type(oracle).__name__}")
+    return d, outputs
 
 
 def verify_fit(est, oracle, rng, n: int, lengths, what: str,

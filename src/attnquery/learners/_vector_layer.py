@@ -18,7 +18,6 @@ from ._base import (
     VERIFY_PARAM,
     BaseLearner,
     check_lengths,
-    check_oracle,
 )
 from ._params import Interval, Options
 from ._vector_attention import (
@@ -28,7 +27,7 @@ from ._vector_attention import (
     solve_logits,
     spreads,
 )
-from ._vector_check import CHECK_LENGTHS, VERIFY_RTOL, verify_fit
+from ._vector_check import CHECK_LENGTHS, VERIFY_RTOL, vector_oracle, verify_fit
 from ._vector_heads import fit_shared
 from ._vector_split import (
     EXACT,
@@ -113,13 +112,7 @@ class VectorLayerRoute(BaseLearner):
         """The float64 route's fit (:meth:`VectorLayerLearner.fit`); returns self."""
         self._validate_params()
         self.rotary_ = None
-        d = check_oracle(oracle, kinds=("vector",))
-        outputs = getattr(oracle, "outputs", None)
-        if outputs not in ("all", "last"):
-            raise ConfigError(f"the oracle's outputs must be 'all' or 'last'; got {outputs!r}")
-        if not hasattr(oracle, "n_tokens"):
-            raise ConfigError(f"the oracle must count its tokens (n_tokens), as VectorOracle "
-                              f"does; got {type(oracle).__name__}")
+        d, outputs = vector_oracle(oracle)
         rng = self._rng()
         tokens0 = int(oracle.n_tokens)
         self.outputs_ = outputs

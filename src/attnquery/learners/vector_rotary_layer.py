@@ -43,11 +43,11 @@ import numpy as np
 
 from ..errors import ConfigError, ModelMismatchError
 from ..models import rope_frequencies
-from ._base import DEFAULT_VERIFY, VERIFY_PARAM, BaseLearner, check_lengths, check_oracle
+from ._base import DEFAULT_VERIFY, VERIFY_PARAM, BaseLearner, check_lengths
 from ._params import Interval
 from ._registry import LearnerSpec
 from ._vector_attention import ATTENTION_TOL, MIN_WEIGHT
-from ._vector_check import CHECK_LENGTHS, VERIFY_RTOL, verify_fit  # noqa: F401
+from ._vector_check import CHECK_LENGTHS, VERIFY_RTOL, vector_oracle, verify_fit  # noqa: F401
 from ._vector_rotary_last import read_forms_last, read_spaces_last
 from ._vector_rotary_reads import (
     head_weights,
@@ -192,7 +192,7 @@ class RotaryLayerVectorLearner(BaseLearner):
             weights' residuals, or the fresh check queries beyond :data:`VERIFY_RTOL`).
         """
         self._validate_params()
-        d, outputs = self._check_vector_oracle(oracle)
+        d, outputs = vector_oracle(oracle)
         rng = self._rng()
         tokens0 = int(oracle.n_tokens)
         self.outputs_ = outputs
@@ -229,20 +229,6 @@ class RotaryLayerVectorLearner(BaseLearner):
                 self.n_queries_ = ledger.total
                 self.n_tokens_ = int(oracle.n_tokens) - tokens0
         return self
-
-    @staticmethod
-    def _check_vector_oracle(oracle) -> tuple[int, str]:
-        """The oracle's d and outputs; ConfigError unless it is a vector oracle of every
-        token's outputs or the last token's that counts its tokens."""
-        d = check_oracle(oracle, kinds=("vector",))
-        outputs = getattr(oracle, "outputs", None)
-        if outputs not in ("all", "last"):
-            raise ConfigError("the rotary layer route reads every token's outputs or the last "
-                              f"token's: the oracle's outputs must be 'all' or 'last'; got "
-                              f"{outputs!r}")
-        if not hasattr(oracle, "n_tokens"):
-            raise ConfigError("the oracle must count its tokens (n_tokens), as VectorOracle does")
-        return d, outputs
 
     def _heads(self, V: np.ndarray, E: np.ndarray) -> None:
         """Each head's value coordinates, output reading and key/value head from its value map
