@@ -115,8 +115,8 @@ def refine_head(X: np.ndarray, A: np.ndarray, W: np.ndarray, c: np.ndarray, rank
 
 
 def _minus_bias(X, xbar, y, c):
-    """The centred log weights less the logits of the key bias c."""
-    return y - _logits(np.ones(X.shape[:2] + (1,)), (X @ c)[..., None], (xbar @ c)[..., None])
+    """The centred log weights less the logits of the key bias c, ``c^T (x_k - xbar_n)``."""
+    return y - ((X @ c)[:, None, :] - (xbar @ c)[..., None])
 
 
 def _row_space_fixed(X, xbar, om, y, S, W, c, r, fit_bias, maxiter, rtol):
