@@ -281,10 +281,11 @@ def test_narrow_layer_of_four_heads_d32(precision):
 @pytest.mark.slow  # 15 s on an idle 2-core machine, 2 minutes on a busy one
 def test_float32_layer_beyond_the_dense_least_squares_d96():
     """6 heads of 16 at d = 96 in float32 (the split, the value maps from the parts of d key
-    differences and the shared-token route under rounding, refined over every row): W and V
-    within the issue's float32 goal, 1e-5 (measured W 8.4e-7, V 2.2e-7, function 1.5e-7 from
-    7,064 queries; without the refinement W 5.6e-6 from 4,594; before the maps were read from
-    the parts and the groups grew, W 2.4e-5 and V 3.0e-6)."""
+    differences and the shared-token route under rounding, refined over every row and fitted to
+    the answers): W within 5e-7 and V within 1e-6, well inside the issue's float32 goal (1e-5)
+    (measured W 1.9e-7, V 2.2e-7, function 7.5e-8 from 7,064 queries; without the fit to the
+    answers W 8.4e-7, without either refinement 5.6e-6 from 4,594; before the maps were read
+    from the parts and the groups grew, W 2.4e-5 and V 3.0e-6)."""
     d, H = 96, 6
     layer = random_vector_layer(d, H, seed=22, head_dim=16, bias=0.3, precision="float32")
     exact = random_vector_layer(d, H, seed=22, head_dim=16, bias=0.3)
@@ -295,10 +296,10 @@ def test_float32_layer_beyond_the_dense_least_squares_d96():
     order = [int(np.argmin([rel(est.V_[h], V[g]) for g in range(H)])) for h in range(H)]
     assert sorted(order) == list(range(H))
     assert max(rel(est.V_[h], V[g]) for h, g in enumerate(order)) < 1e-6
-    assert max(rel(est.W_[h], W[g]) for h, g in enumerate(order)) < 3e-6
+    assert max(rel(est.W_[h], W[g]) for h, g in enumerate(order)) < 5e-7
     assert est.refine_iterations_ > 0
     X = np.random.default_rng(1).standard_normal((8, 16, d)) / np.sqrt(d)
-    assert rel(est.predict(X), exact(X)) < 1e-6
+    assert rel(est.predict(X), exact(X)) < 3e-7
 
 
 def test_float32_split_of_12_heads_at_d192_reads_parts_in_the_output_frame():

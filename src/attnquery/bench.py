@@ -35,11 +35,12 @@ def register_benchmark(name: str):
 
 
 def print_table(name: str, rows: list[dict], file=sys.stdout) -> None:
-    """Print rows as a Markdown table."""
+    """Print rows as a Markdown table: the columns of every row, in the order they first
+    appear; a row without a column (a refused cell's) shows ``-`` there."""
     if not rows:
         print(f"{name}: no rows", file=file)
         return
-    cols = list(rows[0])
+    cols = list(dict.fromkeys(c for r in rows for c in r))
     fmt = {
         float: lambda x: f"{x:.3g}",
     }
@@ -47,7 +48,7 @@ def print_table(name: str, rows: list[dict], file=sys.stdout) -> None:
     print("| " + " | ".join(cols) + " |", file=file)
     print("|" + "|".join("---" for _ in cols) + "|", file=file)
     for r in rows:
-        cells = [fmt.get(type(r[c]), str)(r[c]) for c in cols]
+        cells = [fmt.get(type(r[c]), str)(r[c]) if c in r else "-" for c in cols]
         print("| " + " | ".join(cells) + " |", file=file)
     file.flush()
 
@@ -412,6 +413,7 @@ def bench_vector() -> list[dict]:
     fill d. Each case is a cell of the ``vector`` experiment (:mod:`attnquery.experiments.vector`):
     queries counted by the oracle (learning, and the check), tokens, the floor, the largest
     error of W, V (v), c, beta and the function on 1 to 256 tokens, and wall time."""
+    from .errors import AttnQueryError
     from .experiments import cell_rng, expand_cells, get_experiment
 
     cfg = {"heads": {"scalar": [32, 64], "last": [32, 64], "all": [32, 64]},
@@ -424,19 +426,26 @@ def bench_vector() -> list[dict]:
     run = get_experiment("vector").run
     rows = []
     for cell in cells:
+        row = {"case": cell.get("family") or "-", "answers": cell["variant"], "d": cell["d"],
+               "H": cell["n_heads"]}
         t0 = time.perf_counter()
-        m = run(dict(cell), cell_rng(cell, 0))
-        wall = time.perf_counter() - t0
+        try:
+            m = run(dict(cell), cell_rng(cell, 0))
+        except AttnQueryError as exc:  # a refused cell is a row with its status
+            row.update({"status": f"{type(exc).__name__}: {str(exc)[:80]}",
+                        "wall time (s)": round(time.perf_counter() - t0, 1)})
+            rows.append(row)
+            continue
         x = m["extra"]
         errors = ("rel_err_W", "rel_err_v", "rel_err_c", "rel_err_offset", "func_err")
-        rows.append({"case": cell.get("family") or "-", "answers": cell["variant"],
-                     "d": cell["d"], "H": cell["n_heads"],
-                     "queries (counted)": m["n_queries"], "check": m["verify_queries"],
-                     "tokens": "-" if x["n_tokens"] is None else x["n_tokens"],
-                     "floor": x["floor"], "queries / floor": round(x["floor_ratio"], 2),
-                     "max error (W, V, c, beta, f)": max(float(m[k]) for k in errors
-                                                          if m.get(k) is not None),
-                     "wall time (s)": round(wall, 1)})
+        row.update({"status": "ok", "queries (counted)": m["n_queries"],
+                    "check": m["verify_queries"],
+                    "tokens": "-" if x["n_tokens"] is None else x["n_tokens"],
+                    "floor": x["floor"], "queries / floor": round(x["floor_ratio"], 2),
+                    "max error (W, V, c, beta, f)": max(float(m[k]) for k in errors
+                                                         if m.get(k) is not None),
+                    "wall time (s)": round(time.perf_counter() - t0, 1)})
+        rows.append(row)
     return rows
 
 

@@ -27,16 +27,19 @@ N = 24 that is 4 groups of 65 queries.
 
 Under rounding (served answers) the two least squares leave accuracy behind: the fresh rows'
 logits over the fresh keys are not used and every logit weighs alike. ``refine`` then refines
-every head over every row of the groups (:mod:`._vector_refine`).
+every head over every row of the groups (:mod:`._vector_refine`), and ``answer_sweeps`` once more
+on the groups' answers themselves, every head at once (:mod:`._vector_answers`).
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
 from ..errors import ConfigError, NotIdentifiableError
+from ._vector_answers import refine_on_answers
 from ._vector_refine import refine_head
 
 __all__ = ["fit_shared", "group_size", "GROUP_OVERSAMPLE", "PILOT_QUERIES", "ROW_RTOL",
@@ -67,7 +70,8 @@ def fit_shared(oracle, rng: np.random.Generator, d: int, H: int, N: int, attenti
                max_rescale: float = 100.0, min_weight: float = 1e-12,
                n_queries: int | None = None, need=None,
                group_oversample: float = GROUP_OVERSAMPLE, row_rtol: float = ROW_RTOL,
-               rank_samples: float = 1.0, refine: int = 0):
+               rank_samples: float = 1.0, refine: int = 0, answer_sweeps: int = 0,
+               values=None):
     """Every head's (W_h, c_h) by the shared-token route (see the module docstring).
 
     Parameters
@@ -98,6 +102,12 @@ def fit_shared(oracle, rng: np.random.Generator, d: int, H: int, N: int, attenti
         Once the ranks are found, groups are added until the shared tokens' row-space samples
         (``G (F - 1)``) number ``rank_samples`` times the largest rank (1: none more); under
         noise, more groups of fewer queries (more shared tokens) give a better W.
+    refine : int
+        Sweeps of the log-weight refinement (:func:`~._vector_refine.refine_head`; 0: none).
+    answer_sweeps : int
+        Then sweeps of the refinement on the answers (:func:`~._vector_answers.
+        refine_on_answers`; 0: none); it needs ``values``, the value maps (H, d, d_out) and
+        the output offset (d_out,) behind ``attention``.
 
     Returns
     -------
@@ -106,19 +116,45 @@ def fit_shared(oracle, rng: np.random.Generator, d: int, H: int, N: int, attenti
     info : dict
         ``rank`` (H,), ``groups``, ``group_queries``, ``token_scale``, ``residual`` (the
         largest disagreement of the shared tokens' ``m_h(z)`` with the fit, relative),
-        ``refine_iterations`` (the refinement's conjugate-gradient iterations, 0 without).
+        ``refine_iterations`` (the refinements' conjugate-gradient iterations, 0 without).
     """
-    F = N // 2
     Q = group_size(d, N, group_oversample)
+    if answer_sweeps and values is None:
+        raise ValueError("answer_sweeps needs values: the value maps and the output offset")
 
     def ask(X, what):
         if need is not None:
             need(X.shape[0], what)
-        return attention(X, oracle(X))
+        O = oracle(X)
+        return O, attention(X, O)
 
-    scale = _pilot_scale(ask, rng, N, d, spreads, target_spread, max_rescale)
+    scale = _pilot_scale(lambda X, what: ask(X, what)[1], rng, N, d, spreads, target_spread,
+                         max_rescale)
+    keep = (bool(refine or answer_sweeps), bool(refine), bool(answer_sweeps))
+    groups, ranks, L = _ask_groups(ask, rng, d, H, N, Q, scale, n_queries, min_weight,
+                                   row_rtol, rank_samples, keep)
+    W, c, residual = _assemble(np.concatenate([g.Z for g in groups]),
+                               np.concatenate([g.m for g in groups], axis=2), L, ranks, fit_bias)
+    iterations = _refine(groups, W, c, ranks, min_weight, fit_bias, refine) if refine else 0
+    if answer_sweeps:
+        W, c, k = refine_on_answers(np.concatenate([g.X for g in groups]),
+                                    np.concatenate([g.O for g in groups]), *values, W, c,
+                                    ranks, fit_bias=fit_bias, sweeps=answer_sweeps)
+        iterations += k
+    info = dict(rank=ranks, groups=len(groups), group_queries=Q, token_scale=scale,
+                residual=residual, refine_iterations=iterations)
+    return W, c, info
+
+
+def _ask_groups(ask, rng, d: int, H: int, N: int, Q: int, scale: float, n_queries,
+                min_weight: float, row_rtol: float, rank_samples: float, keep):
+    """The route's groups of Q queries (:class:`_Group`), asked until the heads' row spaces
+    stop growing and their samples number ``rank_samples`` times the largest rank; with the
+    ranks and the row-space samples (d, H, G F). ``keep``: whether the groups keep their
+    queries, attention matrices and answers (for the refinements)."""
+    F = N // 2
     asked = PILOT_QUERIES
-    groups = []  # per group (Z, M, L_k, X, A), X and A kept for the refinement only
+    groups = []
     while True:
         if n_queries is not None and asked + Q > n_queries:
             raise ConfigError(
@@ -126,28 +162,37 @@ def fit_shared(oracle, rng: np.random.Generator, d: int, H: int, N: int, attenti
                 f"until the heads' row spaces stop growing ({len(groups)} groups asked, ranks "
                 "still growing); give more or None")
         Z, X = _group_queries(rng, Q, N, F, d, scale)
-        A = ask(X, f"group {len(groups) + 1} of the shared-token queries ({Q} of {N} tokens)")
+        O, A = ask(X, f"group {len(groups) + 1} of the shared-token queries ({Q} of {N} tokens)")
         asked += Q
-        groups.append((Z, *_read_group(X, A, F, min_weight), *((X, A) if refine else ())))
+        kept = (X, A, np.asarray(O, dtype=np.float64))
+        groups.append(_Group(Z, *_read_group(X, A, F, min_weight),
+                             *(v if k else None for v, k in zip(kept, keep, strict=True))))
         G = len(groups)
-        L = np.concatenate([g[2] for g in groups], axis=2)  # (d, H, G F)
+        L = np.concatenate([g.rows for g in groups], axis=2)  # (d, H, G F)
         ranks = np.array([_rank(L[:, h], row_rtol) for h in range(H)])
         found = np.all(ranks <= (G - 1) * (F - 1)) or (G - 1) * (F - 1) >= d
         if found and G * (F - 1) >= rank_samples * np.max(ranks):
-            break
-    W, c, residual = _assemble(np.concatenate([g[0] for g in groups]),
-                               np.concatenate([g[1] for g in groups], axis=2), L, ranks, fit_bias)
-    iterations = _refine(groups, W, c, ranks, min_weight, fit_bias, refine) if refine else 0
-    info = dict(rank=ranks, groups=G, group_queries=Q, token_scale=scale,
-                residual=residual, refine_iterations=iterations)
-    return W, c, info
+            return groups, ranks, L
+
+
+class _Group(NamedTuple):
+    """One group of the route: its shared tokens Z (F, d), their ``m_h(z)`` (d, H, F) and the
+    row-space samples (d, H, F) (:func:`_read_group`); its queries X, attention matrices A and
+    answers O where a refinement needs them (else None)."""
+
+    Z: np.ndarray
+    m: np.ndarray
+    rows: np.ndarray
+    X: np.ndarray | None
+    A: np.ndarray | None
+    O: np.ndarray | None
 
 
 def _refine(groups, W, c, ranks, min_weight: float, fit_bias: bool, sweeps: int) -> int:
-    """Every head's (W, c) refined in place over every row of the groups' queries X and
-    attention matrices A (``groups``: (Z, M, L_k, X, A) each;
-    :func:`~._vector_refine.refine_head`); the refinement's iterations in all."""
-    X, A = np.concatenate([g[3] for g in groups]), np.concatenate([g[4] for g in groups], axis=1)
+    """Every head's (W, c) refined in place over every row of the groups' queries and
+    attention matrices (:func:`~._vector_refine.refine_head`); the refinement's iterations in
+    all."""
+    X, A = np.concatenate([g.X for g in groups]), np.concatenate([g.A for g in groups], axis=1)
     iterations = 0
     for h in range(W.shape[0]):
         W[h], c[h], k = refine_head(X, A[h], W[h], c[h], int(ranks[h]), min_weight,

@@ -211,7 +211,8 @@ class VectorLayerRoute(BaseLearner):
                                                                              "all"),
                 lambda A: spreads(A, "all", bool(self.causal)), fit_bias=bool(self.fit_bias),
                 max_rescale=MAX_RESCALE, min_weight=self._min_weight(),
-                n_queries=self.n_queries, need=budget, **self._shared_options())
+                n_queries=self.n_queries, need=budget, values=(V, beta),
+                **self._shared_options())
         self.W_, self.key_bias_ = W, c
         self.logit_residual_ = info["residual"]
         self.token_scale_ = info["token_scale"]
