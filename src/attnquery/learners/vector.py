@@ -140,9 +140,11 @@ class VectorLayerLearner(VectorLayerRoute):
     n_groups_ : int
         Groups of shared-token queries (0 on the dense route).
     refine_iterations_ : int
-        Shared-token route: conjugate-gradient iterations of the weighted least squares that
-        refines every head's (W, c) over every row of the groups' attention matrices (served
-        answers, :mod:`._vector_refine`; 0 for float64 answers, which need none).
+        Shared-token route: conjugate-gradient iterations of the refinements of every head's
+        (W, c) under rounding (served answers; 0 for float64 answers, which need none): the
+        weighted least squares over every row of the groups' attention matrices
+        (:mod:`._vector_refine`), then the Gauss-Newton step on the groups' answers
+        (:mod:`._vector_answers`).
     n_queries_, n_tokens_ : int
         Queries and tokens the fit asked, the check included.
     n_queries_by_stage_ : dict
