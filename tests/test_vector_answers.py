@@ -33,7 +33,7 @@ def test_exact_answers_give_every_head_from_a_perturbed_start(fit_bias):
     W0 = np.stack([tilted(w, r, 1e-4, rng) for w in Wt])
     c0 = ct + 1e-4 * rng.standard_normal(ct.shape) if fit_bias else ct
     W1, c1, iterations = refine_on_answers(X, O, V, beta, W0, c0, [r] * len(Wt),
-                                           fit_bias=fit_bias, sweeps=2)
+                                           fit_bias=fit_bias, steps=2)
     assert worst(W0, Wt) > 1e-4
     assert worst(W1, Wt) < 1e-7
     assert all(np.linalg.matrix_rank(w, tol=1e-8 * np.abs(w).max()) == r for w in W1)

@@ -36,11 +36,11 @@ import numpy as np
 
 from ._vector_refine import _cg
 
-__all__ = ["refine_on_answers", "ANSWER_SWEEPS", "ANSWER_MAXITER", "ANSWER_RTOL"]
+__all__ = ["refine_on_answers", "ANSWER_STEPS", "ANSWER_MAXITER", "ANSWER_RTOL"]
 
 #: Gauss-Newton steps. Float32, d = 96, worst head's W: 8.1e-7 before, 2.7e-7 after one step and
 #: after two (the log-weight refinement's start is within the step's reach)
-ANSWER_SWEEPS = 1
+ANSWER_STEPS = 1
 #: conjugate-gradient iterations per step at most (31 to 36 needed at d = 32 and 96), and their
 #: relative tolerance
 ANSWER_MAXITER = 20
@@ -150,7 +150,7 @@ class _Step:
 
 def refine_on_answers(X: np.ndarray, O: np.ndarray, V: np.ndarray, beta: np.ndarray,
                       W: np.ndarray, c: np.ndarray, ranks, fit_bias: bool = True,
-                      sweeps: int = ANSWER_SWEEPS, maxiter: int = ANSWER_MAXITER,
+                      steps: int = ANSWER_STEPS, maxiter: int = ANSWER_MAXITER,
                       rtol: float = ANSWER_RTOL):
     """Every head's (W, c) refined on the answers (module docstring).
 
@@ -168,9 +168,9 @@ def refine_on_answers(X: np.ndarray, O: np.ndarray, V: np.ndarray, beta: np.ndar
         Each W_h's rank.
     fit_bias : bool
         Refine c too (else it stays as given).
-    sweeps, maxiter, rtol
+    steps, maxiter, rtol
         Gauss-Newton steps, and each step's conjugate-gradient iterations at most and relative
-        tolerance (:data:`ANSWER_SWEEPS`, :data:`ANSWER_MAXITER`, :data:`ANSWER_RTOL`).
+        tolerance (:data:`ANSWER_STEPS`, :data:`ANSWER_MAXITER`, :data:`ANSWER_RTOL`).
 
     Returns
     -------
@@ -188,7 +188,7 @@ def refine_on_answers(X: np.ndarray, O: np.ndarray, V: np.ndarray, beta: np.ndar
     norms = [float(np.sum(p ** 2)) for p in P]
     W, c = np.array(W, dtype=float), np.array(c, dtype=float)
     iterations = 0
-    for _ in range(sweeps):
+    for _ in range(steps):
         A = [_softmax(X, W[h], c[h]) for h in range(len(W))]
         E = O - beta - sum(np.matmul(a, xp) @ q for a, xp, q in zip(A, XP, Q, strict=True))
         step = _Step(X, XP, A, W, ranks, fit_bias)

@@ -27,7 +27,7 @@ N = 24 that is 4 groups of 65 queries.
 
 Under rounding (served answers) the two least squares leave accuracy behind: the fresh rows'
 logits over the fresh keys are not used and every logit weighs alike. ``refine`` then refines
-every head over every row of the groups (:mod:`._vector_refine`), and ``answer_sweeps`` once more
+every head over every row of the groups (:mod:`._vector_refine`), and ``answer_steps`` once more
 on the groups' answers themselves, every head at once (:mod:`._vector_answers`).
 """
 
@@ -70,7 +70,7 @@ def fit_shared(oracle, rng: np.random.Generator, d: int, H: int, N: int, attenti
                max_rescale: float = 100.0, min_weight: float = 1e-12,
                n_queries: int | None = None, need=None,
                group_oversample: float = GROUP_OVERSAMPLE, row_rtol: float = ROW_RTOL,
-               rank_samples: float = 1.0, refine: int = 0, answer_sweeps: int = 0,
+               rank_samples: float = 1.0, refine: int = 0, answer_steps: int = 0,
                values=None):
     """Every head's (W_h, c_h) by the shared-token route (see the module docstring).
 
@@ -104,8 +104,8 @@ def fit_shared(oracle, rng: np.random.Generator, d: int, H: int, N: int, attenti
         noise, more groups of fewer queries (more shared tokens) give a better W.
     refine : int
         Sweeps of the log-weight refinement (:func:`~._vector_refine.refine_head`; 0: none).
-    answer_sweeps : int
-        Then sweeps of the refinement on the answers (:func:`~._vector_answers.
+    answer_steps : int
+        Then Gauss-Newton steps on the answers (:func:`~._vector_answers.
         refine_on_answers`; 0: none); it needs ``values``, the value maps (H, d, d_out) and
         the output offset (d_out,) behind ``attention``.
 
@@ -119,8 +119,8 @@ def fit_shared(oracle, rng: np.random.Generator, d: int, H: int, N: int, attenti
         ``refine_iterations`` (the refinements' conjugate-gradient iterations, 0 without).
     """
     Q = group_size(d, N, group_oversample)
-    if answer_sweeps and values is None:
-        raise ValueError("answer_sweeps needs values: the value maps and the output offset")
+    if answer_steps and values is None:
+        raise ValueError("answer_steps needs values: the value maps and the output offset")
 
     def ask(X, what):
         if need is not None:
@@ -130,16 +130,16 @@ def fit_shared(oracle, rng: np.random.Generator, d: int, H: int, N: int, attenti
 
     scale = _pilot_scale(lambda X, what: ask(X, what)[1], rng, N, d, spreads, target_spread,
                          max_rescale)
-    keep = (bool(refine or answer_sweeps), bool(refine), bool(answer_sweeps))
+    keep = (bool(refine or answer_steps), bool(refine), bool(answer_steps))
     groups, ranks, L = _ask_groups(ask, rng, d, H, N, Q, scale, n_queries, min_weight,
                                    row_rtol, rank_samples, keep)
     W, c, residual = _assemble(np.concatenate([g.Z for g in groups]),
                                np.concatenate([g.m for g in groups], axis=2), L, ranks, fit_bias)
     iterations = _refine(groups, W, c, ranks, min_weight, fit_bias, refine) if refine else 0
-    if answer_sweeps:
+    if answer_steps:
         W, c, k = refine_on_answers(np.concatenate([g.X for g in groups]),
                                     np.concatenate([g.O for g in groups]), *values, W, c,
-                                    ranks, fit_bias=fit_bias, sweeps=answer_sweeps)
+                                    ranks, fit_bias=fit_bias, steps=answer_steps)
         iterations += k
     info = dict(rank=ranks, groups=len(groups), group_queries=Q, token_scale=scale,
                 residual=residual, refine_iterations=iterations)

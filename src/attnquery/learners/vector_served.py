@@ -32,7 +32,7 @@ ledger. What changes against the float64 route:
   :data:`SHARED_RANK_SAMPLES`, :data:`SHARED_TARGET_SPREAD`), and its (W, c) is refined by one
   weighted least squares over every row of the groups' attention matrices
   (:data:`SHARED_REFINE`, :mod:`._vector_refine`), then by Gauss-Newton on the groups' answers
-  themselves (:data:`SHARED_ANSWER_SWEEPS`, :mod:`._vector_answers`).
+  themselves (:data:`SHARED_ANSWER_STEPS`, :mod:`._vector_answers`).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from ._base import CHECK_LENGTH, DEFAULT_VERIFY
 from ._noise import NOISE_MODES, judge_noise
 from ._params import Options
 from ._registry import LearnerSpec
-from ._vector_answers import ANSWER_SWEEPS
+from ._vector_answers import ANSWER_STEPS
 from ._vector_layer import STAGES, VectorLayerRoute
 from ._vector_refine import REFINE_SWEEPS
 from ._vector_split import SplitTolerances, split_values
@@ -55,7 +55,7 @@ from ._vector_split import SplitTolerances, split_values
 __all__ = ["ServedVectorLearner", "VALUE_SAMPLES", "SERVED_OVERSAMPLE", "ATTENTION_UNITS",
            "MIN_WEIGHT_UNITS", "VERIFY_UNITS", "NARROW_SPLIT", "WIDE_SPLIT", "TIGHT_SPLIT",
            "NARROW_VERIFY_UNITS", "TIGHT_SHRINK", "SHARED_OVERSAMPLE", "SHARED_RANK_SAMPLES",
-           "SHARED_TARGET_SPREAD", "SHARED_REFINE", "SHARED_ANSWER_SWEEPS"]
+           "SHARED_TARGET_SPREAD", "SHARED_REFINE", "SHARED_ANSWER_STEPS"]
 
 #: one-token queries per unknown of each column of V and beta (d + 1): the least squares then
 #: averages the answers' rounding over VALUE_SAMPLES answers
@@ -103,7 +103,7 @@ SHARED_OVERSAMPLE = 8.0
 #: d = 384) pays for: 12 heads of 32 at d = 384, the true value maps, worst W refined 8.3e-6
 #: at 6 (18 groups, 4,630 queries), 5.7e-6 at 12 on the first head (35 groups, 8,999)
 SHARED_RANK_SAMPLES = 12.0
-#: With the Gauss-Newton step on the answers (SHARED_ANSWER_SWEEPS), wider spreads pay: d = 96,
+#: With the Gauss-Newton step on the answers (SHARED_ANSWER_STEPS), wider spreads pay: d = 96,
 #: worst W 3.0e-7 at 2, 2.0e-7 at 2.5, 1.9e-7 at 3, 1.6e-7 at 3.5 (2 more groups), 1.4e-7 at 4
 #: (7 more groups); 3 keeps the groups' count
 SHARED_TARGET_SPREAD = 3.0
@@ -113,11 +113,11 @@ SHARED_ROW_RTOL = 1e-4
 #: attention queries, the true value maps): worst W 2.9e-5 from the route, 8.3e-6 refined;
 #: d = 96, 6 heads of 16: 8.5e-6 and 1.3e-6
 SHARED_REFINE = REFINE_SWEEPS
-#: then sweeps of Gauss-Newton on the groups' answers, every head at once (the answers' own
-#: least squares; :mod:`._vector_answers`). Float32, d = 96, 6 heads of 16 (5,074 attention
-#: queries, the value maps the learner reads): worst W 8.1e-7 from the refinement above,
-#: 2.9e-7 after one sweep, 2.8e-7 after two
-SHARED_ANSWER_SWEEPS = ANSWER_SWEEPS
+#: then Gauss-Newton steps on the groups' answers, every head at once (the answers' own least
+#: squares; :mod:`._vector_answers`). Float32, d = 96, 6 heads of 16 (5,074 attention queries,
+#: the value maps the learner reads): worst W 8.1e-7 from the refinement above, 2.7e-7 after one
+#: step, the same after two
+SHARED_ANSWER_STEPS = ANSWER_STEPS
 #: a layer's split under float16 and bfloat16 rounding (:data:`NARROW_SPLIT`), where float64's
 #: key scale (1e10) overflows float16 and the crossings of a moderate one have a width: a jump
 #: is a change beyond NARROW_CHANGE_UNITS noise units and runs of contiguous changing intervals
@@ -326,6 +326,6 @@ class ServedVectorLearner(VectorLayerRoute):
 
     def _shared_options(self) -> dict:
         return dict(group_oversample=SHARED_OVERSAMPLE, row_rtol=SHARED_ROW_RTOL,
-                    refine=SHARED_REFINE, answer_sweeps=SHARED_ANSWER_SWEEPS,
+                    refine=SHARED_REFINE, answer_steps=SHARED_ANSWER_STEPS,
                     rank_samples=SHARED_RANK_SAMPLES, target_spread=SHARED_TARGET_SPREAD)
 
