@@ -41,7 +41,7 @@ def true_logit(layer, xk, i, xq, n):
 def test_a_causal_rotary_head_with_biases_is_recovered(outputs):
     layer = rotary_head(outputs)
     # every token's outputs of 4096-token queries cost the box N^2: shorter form queries
-    est, oracle = fit(layer, max_offset=ALL_OFFSET if outputs == "all" else 4095)
+    est, oracle = fit(layer, check_length=ALL_OFFSET if outputs == "all" else 4096)
     np.testing.assert_allclose(est.V_, layer.value_maps()[0], atol=1e-14)
     np.testing.assert_allclose(est.output_bias_, layer.output_bias, atol=1e-14)
     np.testing.assert_array_equal(est.frequencies_, layer.frequencies)
@@ -86,13 +86,14 @@ def test_fits_are_deterministic_for_a_seed():
 ], ids=["base", "mask", "two-heads"])
 def test_a_box_that_is_not_the_declared_head_is_refused(layer):
     with pytest.raises(ModelMismatchError):
-        fit(layer, max_offset=ALL_OFFSET if layer.outputs == "all" else 4095)
+        fit(layer, check_length=ALL_OFFSET if layer.outputs == "all" else 4096)
 
 
 @pytest.mark.parametrize("params, match", [
     ({"rotary_dim": 3}, "rotary_dim=3 must be even"),
     ({"rotary_dim": 10}, "exceeds the head dimension"),
-    ({"max_offset": 2}, "max_offset=2 must be at least"),
+    ({"max_offset": 2, "check_length": 3}, "max_offset=2 must be at least"),
+    ({"max_offset": 4094}, "max_offset=4094 does not reach"),
     ({"n_key_sets": 1}, "n_key_sets=1 key sets"),
     ({"rope_base": 0.5}, "rope_base"),
 ])

@@ -16,7 +16,7 @@ from attnquery.vector_models import random_vector_layer
 FUNCTION_TOL = 1e-9
 #: the goal's query budget (Qwen2-style layer, d = 256, 8 query heads over 2 kv heads)
 GOAL_QUERIES = 10_000
-#: form queries' longest offset in the fast tests
+#: form queries' longest offset in the fast tests (their check's longest query: OFFSET + 1)
 OFFSET = 255
 
 
@@ -27,7 +27,7 @@ def rotary_layer(d, H, G=None, causal=True, seed=3, **options):
 
 def fit(layer, d, **params):
     oracle = VectorOracle(layer, d, outputs=layer.outputs)
-    params.setdefault("max_offset", OFFSET)
+    params.setdefault("check_length", OFFSET + 1)
     est = RotaryLayerVectorLearner(n_heads=layer.n_heads, random_state=0, **params)
     return est.fit(oracle), oracle
 
@@ -152,7 +152,7 @@ def test_another_number_of_heads_is_refused():
     d = 16
     layer = rotary_layer(d, 4)
     with pytest.raises(ModelMismatchError, match="another number of heads"):
-        RotaryLayerVectorLearner(n_heads=2, max_offset=OFFSET, random_state=0).fit(
+        RotaryLayerVectorLearner(n_heads=2, check_length=OFFSET + 1, random_state=0).fit(
             VectorOracle(layer, d, outputs="all"))
 
 
@@ -161,7 +161,8 @@ def test_another_number_of_heads_is_refused():
     (dict(n_heads=2, head_dim=5), "head_dim=5 must be even"),
     (dict(n_heads=0), "n_heads must be an integer >= 1"),
     (dict(n_heads=2, rope_base=1.0), "rope_base"),
-    (dict(n_heads=2, max_offset=4), "max_offset=4 must reach"),
+    (dict(n_heads=2, max_offset=4, check_length=5), "max_offset=4 must reach"),
+    (dict(n_heads=2, max_offset=511), "max_offset=511 does not reach"),
 ])
 def test_bad_parameters_are_refused_by_name(params, match):
     d = 16

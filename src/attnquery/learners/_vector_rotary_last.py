@@ -13,7 +13,8 @@ split's two-token lines' last row). The other two stages are read from that row 
   barely turns along the slow frequencies' pairs, so a round gives about one direction of each
   of those: the key rounds are :data:`KEY_ROUNDS` times the head dimension.
 * ``forms``: dh + 5 probe tokens p are each asked as the last token of queries of
-  ``max_offset + 1`` tokens, the other tokens copies of p (one lumped value) but for a few keys
+  ``max_offset + 1`` tokens (default ``check_length``: the key offsets reach every offset the
+  check asks), the other tokens copies of p (one lumped value) but for a few keys
   at offsets drawn per key set with probability about ``1 / offset + 4 / max_offset`` (the fast
   frequencies need the short offsets densely, the slow ones the long ones), as
   :class:`~attnquery.learners.vector_rotary.RotaryVectorLearner` does for one head. Each answer
@@ -33,9 +34,16 @@ import numpy as np
 from ..errors import ConfigError
 from ..models import rope_frequencies
 from ._vector_attention import MIN_WEIGHT
-from ._vector_rotary_reads import head_weights, row_space, solve_forms, whitened_solve
+from ._vector_rotary_reads import (
+    ask_blocks,
+    head_weights,
+    row_space,
+    solve_forms,
+    whitened_solve,
+)
 
-__all__ = ["read_spaces_last", "read_forms_last", "KEY_ROUNDS", "FORM_OVERSAMPLE"]
+__all__ = ["read_spaces_last", "read_forms_last", "last_plan", "KEY_ROUNDS",
+           "FORM_OVERSAMPLE", "SPACE_OFFSET"]
 
 #: rounds of the key row spaces' queries beyond the query row spaces' (one probe per round).
 #: The Qwen2-style size (d = 256, 8 heads over 2): function 2.2e-9 at 2 (7,558 queries), 1.7e-10
@@ -44,6 +52,9 @@ __all__ = ["read_spaces_last", "read_forms_last", "KEY_ROUNDS", "FORM_OVERSAMPLE
 KEY_ROUNDS = 4
 #: form equations (one per key, less the row's constant) per unknown of one probe
 FORM_OVERSAMPLE = 2.0
+#: longest key offset of the key rounds of the subspace stage (the row spaces do not depend on
+#: the offsets; the forms' queries reach ``max_offset``)
+SPACE_OFFSET = 511
 #: what a box that fails these readings is not
 WHAT = "a layer of rotary heads as declared"
 
@@ -68,6 +79,18 @@ def key_positions(rng, n_sets: int, k: int, L: int) -> np.ndarray:
     return L - offsets[np.argsort(-gumbel, axis=1)[:, :k]]
 
 
+def last_plan(d: int, dh: int, slots: int, oversample: float, vectors: float,
+              extra_probes: int) -> tuple[int, int]:
+    """Queries of the ``subspaces`` and ``forms`` stages (from the last token's outputs) of a
+    layer at d of heads of dimension dh read on ``slots`` values per row."""
+    m = max(2, slots - 1)
+    n = math.ceil(oversample * (d + 1))
+    q_rounds = math.ceil(vectors * dh / (m - 1))
+    k, e = slots - 1, dh + 1
+    n_sets = math.ceil(FORM_OVERSAMPLE * (dh + 1) * e / (k - 1))
+    return (2 * q_rounds + KEY_ROUNDS) * n, (e + extra_probes) * n_sets
+
+
 def read_spaces_last(est, oracle, rng, d: int, oversample: float, vectors: float) -> None:
     """``est.query_bases_`` and ``est.key_bases_`` from the last token's outputs (the module's
     docstring): rounds of ``oversample (d + 1)`` queries, ``vectors`` query vectors per
@@ -75,7 +98,7 @@ def read_spaces_last(est, oracle, rng, d: int, oversample: float, vectors: float
     m = max(2, est._slots() - 1)  # fixed (or random) keys besides the last token
     H, dh = est._values.shape[0], est.head_dim or est._values.shape[2]
     n = math.ceil(oversample * (d + 1))
-    L = int(est.max_offset)
+    L = min(est._form_offset(), SPACE_OFFSET)
     q_rounds = math.ceil(vectors * dh / (m - 1))
     k_rounds = q_rounds + KEY_ROUNDS
     oracle.need((q_rounds + k_rounds) * n, "the subspace stage", reserved=True)
@@ -114,7 +137,7 @@ def read_forms_last(est, oracle, rng, d: int, extra_probes: int) -> None:
     dh + 1 + ``extra_probes`` probes."""
     H, r = est.query_bases_.shape[:2]
     est.frequencies_ = rope_frequencies(r, float(est.rope_base))
-    L = int(est.max_offset)  # the last token's position; the keys' offsets 1..L
+    L = est._form_offset()  # the last token's position; the keys' offsets 1..L
     k = est._slots() - 1  # keys per query; the probe's copies are the last slot
     e = r + 1
     if L < k:
@@ -125,9 +148,14 @@ def read_forms_last(est, oracle, rng, d: int, extra_probes: int) -> None:
     pos = key_positions(rng, n_sets, k, L)
     probes = rng.standard_normal((n_probes, d)) / np.sqrt(d)
     keys = rng.standard_normal((n_sets, k, d)) / np.sqrt(d)
-    X = np.broadcast_to(probes[:, None, None, :], (n_probes, n_sets, L + 1, d)).copy()
-    X[:, np.arange(n_sets)[:, None], pos] = keys[None]
-    O = np.asarray(oracle(X.reshape(n_probes * n_sets, L + 1, d)), dtype=np.float64)
+
+    def queries(lo, hi):  # query q: probe q // n_sets with key set q % n_sets
+        q = np.arange(lo, hi)
+        X = np.broadcast_to(probes[q // n_sets][:, None], (hi - lo, L + 1, d)).copy()
+        X[np.arange(hi - lo)[:, None], pos[q % n_sets]] = keys[q % n_sets]
+        return X
+
+    O = ask_blocks(oracle, n_probes * n_sets, queries)
     T = np.concatenate([np.broadcast_to(keys, (n_probes, n_sets, k, d)),
                         np.broadcast_to(probes[:, None, None], (n_probes, n_sets, 1, d))], 2)
     ell = last_log_weights(est, T.reshape(n_probes * n_sets, k + 1, d), O)[..., :k]

@@ -1,16 +1,25 @@
-"""The readings of :class:`~attnquery.learners.vector_rotary_layer.RotaryLayerVectorLearner`:
+"""The readings of the rotary vector routes (:class:`~attnquery.learners.vector_rotary.
+RotaryVectorLearner`, :class:`~attnquery.learners.vector_rotary_layer.RotaryLayerVectorLearner`):
 every head's attention weights in one row of a vector answer, the heads' query and key row
-spaces, and their rotary forms in those spaces (see that module's docstring)."""
+spaces, their rotary forms in those spaces (see that module's docstring), and what both routes
+share: the offsets their form queries reach (:func:`form_offset`, every offset the check asks),
+their parameters' refusals and their query plan (:func:`rotary_plan`), and long queries asked in
+blocks (:func:`ask_blocks`)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ModelMismatchError, NotIdentifiableError
+from ..errors import ConfigError, ModelMismatchError, NotIdentifiableError
 from ._vector_attention import ATTENTION_TOL, MIN_WEIGHT
 
 __all__ = ["head_weights", "whitened_solve", "row_space", "rotary_basis", "solve_forms",
-           "FORMS_RCOND", "SPACE_RTOL"]
+           "FORMS_RCOND", "SPACE_RTOL", "BLOCK_BYTES", "ask_blocks", "form_offset",
+           "rotary_plan"]
+
+#: float64 bytes of query tokens per call of the oracle when the form stages ask long queries
+#: (a layer at d = 256 asks thousands of queries of 4,096 tokens: gigabytes at once otherwise)
+BLOCK_BYTES = 64 * 2**20
 
 #: relative singular value below which the form equations' directions are left out (the
 #: slowest frequencies barely turn over the offsets asked: only their sum is determined)
@@ -100,3 +109,56 @@ def solve_forms(kappa: np.ndarray, offsets: np.ndarray, ell: np.ndarray,
             "norm 1")
     T, _, rank, _ = np.linalg.lstsq(D, rhs, rcond=FORMS_RCOND)
     return T.reshape(nb, e, -1), int(rank)
+
+
+def form_offset(max_offset, check_length: int) -> int:
+    """The longest relative offset the form queries ask: ``max_offset``, by default
+    ``check_length - 1`` (the longest offset a check query of ``check_length`` tokens holds).
+
+    The forms are read at the offsets asked and nowhere else (the slowest frequencies' forms
+    are determined only as a sum over those offsets), so a ``max_offset`` below
+    ``check_length - 1`` would leave the check's longest queries to an extrapolation:
+    ConfigError (before any query)."""
+    need = int(check_length) - 1
+    if max_offset is None:
+        return max(need, 1)
+    if int(max_offset) < need:
+        raise ConfigError(
+            f"max_offset={max_offset} does not reach the offsets of the check's longest query "
+            f"(check_length={check_length}: offsets up to {need}); the forms hold only at the "
+            "offsets the form queries ask, so max_offset must be at least check_length - 1 "
+            "(or left None)")
+    return int(max_offset)
+
+
+def rotary_plan(ledger, n_queries, fit_bias: bool, plan: dict, exact: bool = True) -> None:
+    """Refuse, before the queries of ``plan`` (stage -> queries), what a rotary route cannot
+    honour: ``fit_bias=False`` (the routes read the biases as part of the forms: ConfigError),
+    ``n_queries`` (the most the fit may ask) below the plan's sum (ConfigError), or an oracle
+    budget below it (:class:`~attnquery.errors.BudgetExceededError`). ``exact=False`` where the
+    plan is a least need (a layer's split asks a number of queries that depends on the box)."""
+    if not fit_bias:
+        raise ConfigError("fit_bias=False: the rotary routes read the query/key biases as part of "
+                          "their forms and the output offset beta with V (Qwen2's layers have "
+                          "them); fit with fit_bias=True (a box without biases gives zeros)")
+    n = int(sum(plan.values()))
+    what = ", ".join(f"{k} {v}" for k, v in plan.items() if v)
+    if n_queries is not None and int(n_queries) < n:
+        raise ConfigError(
+            f"n_queries={n_queries} is below the {n} queries this rotary fit asks "
+            f"{'' if exact else 'at least '}({what}); give at least {n} or None")
+    ledger.need(n, f"the rotary fit ({what})", reserved=True)
+
+
+def ask_blocks(oracle, n: int, make, keep=None) -> np.ndarray:
+    """The answers to ``n`` queries whose tokens ``make(lo, hi)`` (hi - lo, N, d) builds,
+    asked in blocks of about :data:`BLOCK_BYTES` of tokens; ``keep(O)`` reduces each block's
+    answers (the rows a stage reads of every token's outputs) before they are joined."""
+    first = make(0, 1)
+    per = max(1, int(BLOCK_BYTES // max(first.nbytes, 1)))
+    out = []
+    for lo in range(0, n, per):
+        X = first if lo == 0 and per == 1 else make(lo, min(n, lo + per))
+        O = np.asarray(oracle(X), dtype=np.float64)
+        out.append(O if keep is None else keep(O))
+    return np.concatenate(out)

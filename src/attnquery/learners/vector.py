@@ -26,8 +26,13 @@ squares of d (d + 1) unknowns (a MiniLM-shaped layer: d = 384, 12 heads of 32).
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
+from ..errors import ConfigError
+from ._base import CHECK_LENGTH, DEFAULT_VERIFY
+from ._params import Interval
 from ._registry import LearnerSpec
 from ._vector_check import CHECK_LENGTHS, VERIFY_RTOL
 from ._vector_layer import (
@@ -70,8 +75,8 @@ class VectorLayerLearner(VectorLayerRoute):
     causal : bool
         Token n attends to tokens i <= n only (a decoder's mask).
     positions : {"none", "rotary"}
-        Position model. ``"rotary"`` fits one rotary head (RoPE of base 10000 over the whole
-        head, biases as Qwen2 has) by :class:`~attnquery.learners.vector_rotary.
+        Position model. ``"rotary"`` fits one rotary head (RoPE of base ``rope_base`` over the
+        whole head, biases as Qwen2 has) by :class:`~attnquery.learners.vector_rotary.
         RotaryVectorLearner`, whose fitted attributes (``frequencies_``, ``cos_forms_``,
         ``sin_forms_``, ``const_form_``, ``V_``, ``output_bias_``) this learner takes, and
         ``rotary_`` the fitted route. Layers of several rotary heads (``n_heads`` > 1, or
@@ -79,15 +84,22 @@ class VectorLayerLearner(VectorLayerRoute):
         vector_rotary_layer.RotaryLayerVectorLearner` (every token's outputs or the last
         token's, heads whose output subspaces fill d_out), whose fitted attributes (``V_``,
         ``head_groups_``, ``query_bases_``, ``key_bases_``, the forms per head) this learner
-        takes likewise.
+        takes likewise. The rotary routes read their forms at every offset the check asks (up
+        to ``check_length - 1``) and plan their queries before the first.
+    rope_base : float, optional
+        Base of the rotary frequencies ``rope_base^(-2j/dh)`` with ``positions="rotary"``
+        (default None: 10000, Qwen2 0.5B's config family; 1e6 in later ones); given without
+        rotary positions it is refused (ConfigError).
     fit_bias : bool
         Fit the key bias c and the output offset beta (default True); False assumes both 0 and
-        saves one query and d unknowns.
+        saves one query and d unknowns. The rotary routes read the biases as part of their
+        forms: False is refused there (ConfigError, before any query).
     n_queries : int, optional
         Queries of the attention stage; default ``OVERSAMPLE`` times the unknowns of (W, c)
         divided by the logit differences a query gives (and at least d + 1 for last-token
         answers). On the shared-token route, the most it may ask (it adds groups of queries
-        until the heads' row spaces stop growing).
+        until the heads' row spaces stop growing). On the rotary routes, the most the whole
+        fit may ask: below its plan it is refused (ConfigError) before any query.
     verify : int
         Fresh check queries after the fit (default 8: one of each of 1, 2, 3, 8, 64, 256,
         1024 and ``check_length`` tokens, :data:`CHECK_LENGTHS`; more are spread over these
@@ -96,8 +108,10 @@ class VectorLayerLearner(VectorLayerRoute):
     check_length : int
         Tokens of the longest check query (default
         :data:`~attnquery.learners._base.CHECK_LENGTH`, 4096; the lengths of
-        :data:`CHECK_LENGTHS` not below it are dropped). A box that is such a layer on every
-        input of up to ``check_length`` tokens, such as a wider sliding window, passes.
+        :data:`CHECK_LENGTHS` not below it are dropped), on every route (the served and
+        rotary ones included; the rotary forms are read up to offset ``check_length - 1``). A
+        box that is such a layer on every input of up to ``check_length`` tokens, such as a
+        wider sliding window, passes.
     random_state : int, Generator or None
         Seed of the query tokens.
 
@@ -162,6 +176,24 @@ class VectorLayerLearner(VectorLayerRoute):
         "--param positions=rotary for a rotary head or a rotary GQA layer)",
         label="vector answers")
 
+    def __init__(self, *, n_heads=None, n_kv_heads=None, causal=False, positions="none",
+                 rope_base=None, fit_bias=True, n_queries=None, verify=DEFAULT_VERIFY,
+                 check_length=CHECK_LENGTH, random_state=None):
+        super().__init__(n_heads=n_heads, n_kv_heads=n_kv_heads, causal=causal,
+                         positions=positions, fit_bias=fit_bias, n_queries=n_queries,
+                         verify=verify, check_length=check_length, random_state=random_state)
+        self.rope_base = rope_base
+
+    _parameter_constraints = {**VectorLayerRoute._parameter_constraints,
+                              "rope_base": [Interval(numbers.Real, 1, None, closed="neither"),
+                                            None]}
+
+    def _validate_extra(self) -> None:
+        super()._validate_extra()
+        if self.rope_base is not None and self.positions != "rotary":
+            raise ConfigError(f"rope_base={self.rope_base!r} applies to positions='rotary' only "
+                              f"(positions={self.positions!r})")
+
     def fit(self, oracle):
         """Recover the head behind ``oracle``; returns self.
 
@@ -190,10 +222,12 @@ class VectorLayerLearner(VectorLayerRoute):
         from .vector_rotary_layer import RotaryLayerVectorLearner
 
         H = self.n_heads or 1
-        route = (RotaryVectorLearner(causal=self.causal, random_state=self.random_state)
-                 if H == 1 and (self.n_kv_heads or 1) == 1 else
-                 RotaryLayerVectorLearner(n_heads=H, n_kv_heads=self.n_kv_heads,
-                                          causal=self.causal, random_state=self.random_state))
+        shared = dict(causal=self.causal, rope_base=10000.0 if self.rope_base is None else
+                      self.rope_base, verify=self.verify, check_length=self.check_length,
+                      fit_bias=self.fit_bias, n_queries=self.n_queries,
+                      random_state=self.random_state)
+        route = (RotaryVectorLearner(**shared) if H == 1 and (self.n_kv_heads or 1) == 1 else
+                 RotaryLayerVectorLearner(n_heads=H, n_kv_heads=self.n_kv_heads, **shared))
         self.rotary_ = route.fit(oracle)
         for k, v in vars(self.rotary_).items():
             if k.endswith("_"):
@@ -205,7 +239,9 @@ class VectorLayerLearner(VectorLayerRoute):
         parameters."""
         from .vector_served import ServedVectorLearner
 
-        return ServedVectorLearner(**self.get_params())
+        params = self.get_params()
+        params.pop("rope_base")  # refused without rotary positions, which have their routes
+        return ServedVectorLearner(**params)
 
     def predict(self, X) -> np.ndarray:
         """The recovered layer's outputs on X (B, N, d), in the oracle's shape: (B, N, d_out)

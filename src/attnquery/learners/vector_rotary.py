@@ -11,8 +11,9 @@ last token's output (every token's output is accepted; only its last row is used
 
 1. ``V`` and ``beta`` from d + 1 one-token queries (a token at position 0 attends to itself).
 2. d + 1 fixed *probe* tokens p; each is asked as the last token of queries of ``max_offset +
-   1`` tokens holding d / 2 random keys at earlier offsets (drawn with probability about
-   ``1 / offset + 4 / max_offset``) and zeros elsewhere. The
+   1`` tokens (default ``check_length``: every offset the check asks) holding d / 2 random keys
+   at earlier offsets (drawn with probability about ``1 / offset + 4 / max_offset``) and zeros
+   elsewhere. The
    answer gives the keys' attention weights (their values ``x V`` are independent; the zeros'
    weights are lumped), and ``log a_k - log a_p = y_k^T M_(k-q) z_p - z_p^T M_0 z_p``: linear
    in the vectors ``P_j z_p``, ``S_j z_p`` and ``C z_p`` once the frequencies are known (the
@@ -20,6 +21,11 @@ last token's output (every token's output is accepted; only its last row is used
    uniform shift of every logit of a row that the softmax cancels). Every probe is asked with
    the same keys, so one least-squares factorisation serves all probes.
 3. The forms: the probes' solutions times ``[p; 1]^-1``.
+4. ``verify``: fresh queries of 1 to ``check_length`` tokens
+   (:func:`~attnquery.learners._vector_check.verify_fit`).
+
+The queries of every stage are planned before the first: ``n_queries`` or a budget below the
+plan is refused before any query.
 
 The frequencies are those of the declared ``rope_base`` (not found from the answers).
 """
@@ -33,12 +39,20 @@ import numpy as np
 
 from ..errors import ConfigError, NotIdentifiableError
 from ..models import rope_frequencies
-from ._base import BaseLearner, check_oracle
+from ._base import (
+    CHECK_LENGTH,
+    CHECK_LENGTH_PARAM,
+    DEFAULT_VERIFY,
+    VERIFY_PARAM,
+    BaseLearner,
+    check_lengths,
+    check_oracle,
+)
 from ._params import Interval
 from ._registry import LearnerSpec
 from ._vector_attention import ATTENTION_TOL  # noqa: F401 (importable from here as before)
 from ._vector_check import CHECK_LENGTHS, VERIFY_RTOL, verify_fit  # noqa: F401 (VERIFY_RTOL: importable from here)
-from ._vector_rotary_reads import head_weights, rotary_basis
+from ._vector_rotary_reads import ask_blocks, form_offset, head_weights, rotary_basis, rotary_plan
 
 __all__ = ["RotaryVectorLearner", "STAGES"]
 
@@ -69,13 +83,26 @@ class RotaryVectorLearner(BaseLearner):
         R, the rotated dimensions (even, at most dh); default dh.
     causal : bool
         Token n attends to tokens i <= n only (a decoder's mask).
-    max_offset : int
-        Largest relative offset the form queries ask (their length minus one); it must reach the
-        offsets the estimate is used at (the check's queries reach 4095); beyond it the forms
-        are extrapolated.
+    max_offset : int, optional
+        Largest relative offset the form queries ask (their length minus one); default
+        ``check_length - 1``. The forms hold at the offsets asked, so a value below
+        ``check_length - 1`` is refused (ConfigError): the check never reaches beyond what was
+        read.
     n_key_sets : int, optional
         Key sets of the form stage (each asked with every probe: d + 1 queries); default
         ``OVERSAMPLE`` times the unknowns per probe divided by the d / 2 keys of a query.
+    verify : int
+        Fresh check queries after the fit (default 8), spread over :data:`CHECK_LENGTHS` up to
+        ``check_length``; 0 turns the check off.
+    check_length : int
+        Tokens of the longest check query (default
+        :data:`~attnquery.learners._check.CHECK_LENGTH`, 4096), and of the form queries.
+    fit_bias : bool
+        True (the default) only: the biases are part of the forms; False is refused
+        (ConfigError) before any query.
+    n_queries : int, optional
+        The most queries the fit may ask; below what it plans (d + 1 + (d + 1) ``n_key_sets``
+        + ``verify``) it is refused (ConfigError) before any query.
     random_state : int, Generator or None
 
     Attributes
@@ -99,13 +126,18 @@ class RotaryVectorLearner(BaseLearner):
     """
 
     def __init__(self, *, rope_base=10000.0, head_dim=None, rotary_dim=None, causal=True,
-                 max_offset=4095, n_key_sets=None, random_state=None):
+                 max_offset=None, n_key_sets=None, verify=DEFAULT_VERIFY,
+                 check_length=CHECK_LENGTH, fit_bias=True, n_queries=None, random_state=None):
         self.rope_base = rope_base
         self.head_dim = head_dim
         self.rotary_dim = rotary_dim
         self.causal = causal
         self.max_offset = max_offset
         self.n_key_sets = n_key_sets
+        self.verify = verify
+        self.check_length = check_length
+        self.fit_bias = fit_bias
+        self.n_queries = n_queries
         self.random_state = random_state
 
     _parameter_constraints = {
@@ -114,8 +146,12 @@ class RotaryVectorLearner(BaseLearner):
         "head_dim": [Interval(numbers.Integral, 2, None, closed="left"), None],
         "rotary_dim": [Interval(numbers.Integral, 2, None, closed="left"), None],
         "causal": ["boolean"],
-        "max_offset": [Interval(numbers.Integral, 1, None, closed="left")],
+        "max_offset": [Interval(numbers.Integral, 1, None, closed="left"), None],
         "n_key_sets": [Interval(numbers.Integral, 1, None, closed="left"), None],
+        "verify": [VERIFY_PARAM],
+        "check_length": [CHECK_LENGTH_PARAM],
+        "fit_bias": ["boolean"],
+        "n_queries": [Interval(numbers.Integral, 1, None, closed="left"), None],
     }
     spec = LearnerSpec(
         name="vector_rotary", oracle="vector", returns="vector layer", stages=STAGES,
@@ -129,6 +165,7 @@ class RotaryVectorLearner(BaseLearner):
             raise ConfigError(f"rotary_dim={R!r} must be even")
         if R is not None and self.head_dim is not None and R > self.head_dim:
             raise ConfigError(f"rotary_dim={R} exceeds head_dim={self.head_dim}")
+        form_offset(self.max_offset, self.check_length)
 
     # -- fit ---------------------------------------------------------------------------------------
     def fit(self, oracle):
@@ -137,13 +174,17 @@ class RotaryVectorLearner(BaseLearner):
         Raises
         ------
         ConfigError
-            A bad parameter, an oracle that is not a vector oracle, or a token dimension below 2.
+            A bad parameter (``fit_bias=False``, ``max_offset`` below ``check_length - 1``,
+            ``n_queries`` below the plan), an oracle that is not a vector oracle, or a token
+            dimension below 2 (before any query).
+        BudgetExceededError
+            An oracle budget below the plan (before any query).
         NotIdentifiableError
             V of rank below d (the keys' weights cannot be told apart), or too few usable
             weights.
         ModelMismatchError
             The answers are no attention-weighted sums of the tokens' values, or the fresh
-            check queries (1 to 4096 tokens) disagree with the estimate by more than
+            check queries (1 to ``check_length`` tokens) disagree with the estimate by more than
             ``VERIFY_RTOL`` (another base, several heads, soft-capping, lower precision).
         """
         self._validate_params()
@@ -161,7 +202,10 @@ class RotaryVectorLearner(BaseLearner):
         rng = self._rng()
         tokens0 = int(getattr(oracle, "n_tokens", 0))
         self.outputs_ = outputs
-        with self._open_ledger(oracle, STAGES) as ledger:
+        with self._open_ledger(oracle, STAGES, cap=self.n_queries) as ledger:
+            rotary_plan(ledger, self.n_queries, bool(self.fit_bias),
+                        {"V": d + 1, "forms": (d + 1) * self._key_sets(d),
+                         "verify": int(self.verify)})
             try:
                 with ledger.stage("V"):
                     self._read_values(ledger, d)
@@ -190,19 +234,28 @@ class RotaryVectorLearner(BaseLearner):
         """[cos(theta_j delta), sin(theta_j delta), 1] per offset: shape (..., R + 1)."""
         return rotary_basis(delta, self.frequencies_)
 
-    def _read_forms(self, oracle, rng, d: int) -> None:
-        L = int(self.max_offset)
+    def _key_sets(self, d: int) -> int:
+        """Key sets of the form stage (``n_key_sets``, or its default); ConfigError where the
+        keys' equations are fewer than a probe's unknowns or ``max_offset`` is below the keys
+        of a query."""
+        L = form_offset(self.max_offset, self.check_length)
         k = max(1, d // 2)  # keys per query (with the probe and the zeros: k + 2 weights)
         if L < k:
             raise ConfigError(f"max_offset={L} must be at least the {k} keys of a query")
-        nb = self.frequencies_.size * 2 + 1
-        unknowns = nb * (d + 1)
+        unknowns = (self.frequencies_.size * 2 + 1) * (d + 1)
         n = self.n_key_sets
         if n is None:
-            n = math.ceil(OVERSAMPLE * unknowns / k)
-        elif n * k < unknowns:
+            return math.ceil(OVERSAMPLE * unknowns / k)
+        if n * k < unknowns:
             raise ConfigError(f"n_key_sets={n} key sets give {n * k} equations per probe for "
                               f"{unknowns} unknowns; at least {math.ceil(unknowns / k)} needed")
+        return int(n)
+
+    def _read_forms(self, oracle, rng, d: int) -> None:
+        L = form_offset(self.max_offset, self.check_length)
+        k = max(1, d // 2)  # keys per query (with the probe and the zeros: k + 2 weights)
+        nb = self.frequencies_.size * 2 + 1
+        n = self._key_sets(d)
         probes = rng.standard_normal((d + 1, d)) / np.sqrt(d)
         # distinct offsets 1..L per key set, drawn with probability proportional to
         # 1 / offset + 4 / L
@@ -212,13 +265,19 @@ class RotaryVectorLearner(BaseLearner):
         gumbel = -np.log(rng.exponential(size=(n, L))) + np.log(1.0 / offsets + 4.0 / L)
         pos = L - offsets[np.argsort(-gumbel, axis=1)[:, :k]]
         keys = rng.standard_normal((n, k, d)) / np.sqrt(d)
-        X = np.zeros((n, L + 1, d))
-        X[np.arange(n)[:, None], pos] = keys
+
+        def queries(lo, hi, p):
+            X = np.zeros((hi - lo, L + 1, d))
+            X[np.arange(hi - lo)[:, None], pos[lo:hi]] = keys[lo:hi]
+            X[:, L] = probes[p]
+            return X
+
         # the keys' and the probe's weights: (n_probes, n, k + 1)
         A = np.empty((d + 1, n, k + 1))
         for p in range(d + 1):
-            X[:, L] = probes[p]
-            A[p] = self._weights(keys, probes[p], oracle(X))
+            O = ask_blocks(oracle, n, lambda lo, hi, p=p: queries(lo, hi, p),
+                           lambda O: O[:, -1] if O.ndim == 3 else O)
+            A[p] = self._weights(keys, probes[p], O)
         usable = np.all(A > MIN_WEIGHT)
         if not usable:
             raise NotIdentifiableError(
@@ -257,7 +316,8 @@ class RotaryVectorLearner(BaseLearner):
         return a[:, 0, :k + 1]
 
     def _verify(self, oracle, rng) -> None:
-        verify_fit(self, oracle, rng, len(CHECK_LENGTHS), CHECK_LENGTHS,
+        verify_fit(self, oracle, rng, int(self.verify),
+                   check_lengths(self.check_length, CHECK_LENGTHS),
                    "one rotary head of the declared base and mask")
 
     # -- the estimate ------------------------------------------------------------------------------

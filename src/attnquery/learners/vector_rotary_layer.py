@@ -22,14 +22,20 @@ beta``. Every token's outputs (``outputs="all"``) are read in five stages (the l
 4. ``forms``: in those bases the logit is ``kappa_i^T M_(i-n) zeta_n`` with
    ``M_delta = sum_j cos(theta_j delta) P_j + sin(theta_j delta) S_j + C`` of (dh + 1)^2
    entries each. ``dh + 5`` probe tokens p are asked as the padding of queries of
-   ``max_offset + 1`` tokens holding a few fixed keys (the padding's identical values are
-   lumped): every padding row is a query of token p that sees the keys at its own offsets, so
-   one query gives hundreds of rows of equations, linear in ``P_j zeta_p``, ``S_j zeta_p`` and
-   ``C zeta_p``. Every probe shares the keys and rows, so one least squares serves all and
-   the forms follow by the probes' coordinates' pseudo-inverse: the estimate is linear in
-   the query token, exact at every offset asked (only the sum of the slowest frequencies'
-   forms is determined there).
-5. ``verify``: fresh queries of 1 to ``check_length`` tokens.
+   ``min(max_offset, 511) + 1`` tokens holding a few fixed keys (the padding's identical values
+   are lumped), and of a few (:func:`long_sets`) of ``max_offset + 1`` tokens (default
+   ``check_length``: every offset the check asks): every padding row is a query of token p that
+   sees the keys at its own offsets, so one query gives hundreds of rows of equations, linear
+   in ``P_j zeta_p``, ``S_j zeta_p`` and ``C zeta_p``. Every probe shares the keys and rows,
+   so one least squares serves all and the forms follow by the probes' coordinates'
+   pseudo-inverse: the estimate is linear in the query token, exact at every offset asked
+   (only the sum of the slowest frequencies' forms is determined there).
+5. ``verify``: fresh queries of 1 to ``check_length`` tokens (default 4096).
+
+Every stage's queries but the split's are planned before the first (the split retries a line
+where the box's answers call for it, so its count depends on the box): ``n_queries`` or an
+oracle budget below the plan is refused before any query, and below what is left after the
+split before any further query.
 
 The frequencies are those of the declared ``rope_base`` over the whole head (Qwen2's).
 """
@@ -43,20 +49,30 @@ import numpy as np
 
 from ..errors import ConfigError, ModelMismatchError
 from ..models import rope_frequencies
-from ._base import DEFAULT_VERIFY, VERIFY_PARAM, BaseLearner, check_lengths
+from ._base import (
+    CHECK_LENGTH,
+    CHECK_LENGTH_PARAM,
+    DEFAULT_VERIFY,
+    VERIFY_PARAM,
+    BaseLearner,
+    check_lengths,
+)
 from ._params import Interval
 from ._registry import LearnerSpec
 from ._vector_attention import ATTENTION_TOL, MIN_WEIGHT
 from ._vector_check import CHECK_LENGTHS, VERIFY_RTOL, vector_oracle, verify_fit  # noqa: F401
-from ._vector_rotary_last import read_forms_last, read_spaces_last
+from ._vector_rotary_last import last_plan, read_forms_last, read_spaces_last
 from ._vector_rotary_reads import (
+    ask_blocks,
+    form_offset,
     head_weights,
     rotary_basis,  # noqa: F401 (importable from here as before)
+    rotary_plan,
     row_space,
     solve_forms,
     whitened_solve,
 )
-from ._vector_split import split_outputs, split_queries
+from ._vector_split import split_outputs
 
 __all__ = ["RotaryLayerVectorLearner", "STAGES"]
 
@@ -78,6 +94,22 @@ NEAR_ROWS = 32
 SLOT_SHARE = 0.75
 #: input spaces of two heads' value maps closer than this share a key/value head
 GROUP_TOL = 1e-6
+#: longest offset of most form queries (every token's outputs): a query of N tokens costs a box
+#: N^2 per head, so only :func:`long_sets` key sets per probe reach ``max_offset``
+SHORT_OFFSET = 511
+
+
+def _slots(r: int) -> int:
+    """Distinct values a row's weights are read on: :data:`SLOT_SHARE` of a head's value rank
+    r (the weights' systems stay well conditioned)."""
+    return max(3, min(r - 1, int(SLOT_SHARE * r)))
+
+
+def long_sets(e: int, k: int) -> int:
+    """Key sets per probe of the form queries that reach ``max_offset`` (every token's
+    outputs): their k keys each, one more set than it takes to span the e key coordinates
+    (the slowest frequencies' forms are told apart only at the long offsets)."""
+    return math.ceil(e / k) + 1
 
 
 class RotaryLayerVectorLearner(BaseLearner):
@@ -102,14 +134,23 @@ class RotaryLayerVectorLearner(BaseLearner):
     causal : bool
         Token n attends to tokens i <= n only (a decoder's mask; the same answers from the last
         token's outputs, which see every token either way).
-    max_offset : int
-        Longest relative offset the form queries ask (their length minus one): the estimate
-        is exact up to it and extrapolated beyond.
+    max_offset : int, optional
+        Longest relative offset the form queries ask (their length minus one); default
+        ``check_length - 1``. The forms hold at the offsets asked, so a value below
+        ``check_length - 1`` is refused (ConfigError): the check never reaches beyond what was
+        read.
     verify : int
         Fresh check queries after the fit (default 8), spread over :data:`CHECK_LENGTHS` up
         to ``check_length``; 0 turns the check off.
-    check_length : int, optional
-        Tokens of the longest check query; default ``max_offset + 1``.
+    check_length : int
+        Tokens of the longest check query (default
+        :data:`~attnquery.learners._check.CHECK_LENGTH`, 4096).
+    fit_bias : bool
+        True (the default) only: the biases are part of the forms; False is refused
+        (ConfigError) before any query.
+    n_queries : int, optional
+        The most queries the fit may ask; below its plan (every stage but the split, whose
+        count depends on the box) it is refused (ConfigError) before any query.
     random_state : int, Generator or None
 
     Attributes
@@ -136,8 +177,8 @@ class RotaryLayerVectorLearner(BaseLearner):
     """
 
     def __init__(self, *, n_heads=1, n_kv_heads=None, rope_base=10000.0, head_dim=None,
-                 causal=True, max_offset=511, verify=DEFAULT_VERIFY, check_length=None,
-                 random_state=None):
+                 causal=True, max_offset=None, verify=DEFAULT_VERIFY,
+                 check_length=CHECK_LENGTH, fit_bias=True, n_queries=None, random_state=None):
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads
         self.rope_base = rope_base
@@ -146,6 +187,8 @@ class RotaryLayerVectorLearner(BaseLearner):
         self.max_offset = max_offset
         self.verify = verify
         self.check_length = check_length
+        self.fit_bias = fit_bias
+        self.n_queries = n_queries
         self.random_state = random_state
 
     _parameter_constraints = {
@@ -155,9 +198,11 @@ class RotaryLayerVectorLearner(BaseLearner):
         "rope_base": [Interval(numbers.Real, 1, None, closed="neither")],
         "head_dim": [Interval(numbers.Integral, 2, None, closed="left"), None],
         "causal": ["boolean"],
-        "max_offset": [Interval(numbers.Integral, 1, None, closed="left")],
+        "max_offset": [Interval(numbers.Integral, 1, None, closed="left"), None],
         "verify": [VERIFY_PARAM],
-        "check_length": [Interval(numbers.Integral, 1, None, closed="left"), None],
+        "check_length": [CHECK_LENGTH_PARAM],
+        "fit_bias": ["boolean"],
+        "n_queries": [Interval(numbers.Integral, 1, None, closed="left"), None],
     }
     spec = LearnerSpec(
         name="vector_rotary_layer", oracle="vector", returns="vector layer", stages=STAGES,
@@ -172,6 +217,29 @@ class RotaryLayerVectorLearner(BaseLearner):
             raise ConfigError(f"n_kv_heads={G} must divide n_heads={self.n_heads}")
         if self.head_dim is not None and self.head_dim % 2:
             raise ConfigError(f"head_dim={self.head_dim} must be even (rotated pairs)")
+        self._form_offset()
+
+    def _form_offset(self) -> int:
+        """The longest offset the form queries ask (:func:`~._vector_rotary_reads.
+        form_offset`)."""
+        return form_offset(self.max_offset, self.check_length)
+
+    def _plan(self, d: int, dh: int, last: bool) -> dict:
+        """Queries per stage after the split, for heads of value rank (and query/key
+        dimension) dh at d."""
+        s = _slots(dh)
+        if last:
+            spaces, forms = last_plan(d, self.head_dim or dh, s, SPACE_OVERSAMPLE, SPACE_VECTORS,
+                                      EXTRA_PROBES)
+        else:
+            m = max(2, (s - 1) // 2)
+            spaces = (math.ceil(SPACE_VECTORS * (self.head_dim or dh) / (m - 1))
+                      * math.ceil(SPACE_OVERSAMPLE * (d + 1)))
+            e = (self.head_dim or dh) + 1
+            n_sets = math.ceil(KEY_OVERSAMPLE * e / (s - 1))
+            long = long_sets(e, s - 1) if self._form_offset() > SHORT_OFFSET else 0
+            forms = (e + EXTRA_PROBES) * (n_sets + long)
+        return {"subspaces": spaces, "forms": forms, "verify": int(self.verify)}
 
     # -- fit ---------------------------------------------------------------------------------------
     def fit(self, oracle):
@@ -180,8 +248,12 @@ class RotaryLayerVectorLearner(BaseLearner):
         Raises
         ------
         ConfigError
-            A bad parameter, or an oracle that is not a vector oracle (of every token's outputs
-            or the last token's).
+            A bad parameter (``fit_bias=False``, ``max_offset`` below ``check_length - 1``,
+            ``n_queries`` below the plan), or an oracle that is not a vector oracle (of every
+            token's outputs or the last token's), before any query.
+        BudgetExceededError
+            An oracle budget below the plan (before any query; the split's queries apart), or
+            below what is left to ask after the split.
         NotIdentifiableError
             Heads whose output subspaces do not fill d_out, too peaked heads, or row spaces the
             collected vectors do not determine.
@@ -197,22 +269,26 @@ class RotaryLayerVectorLearner(BaseLearner):
         tokens0 = int(oracle.n_tokens)
         self.outputs_ = outputs
         last = outputs == "last"  # one row per answer: the stages of ._vector_rotary_last
-        with self._open_ledger(oracle, STAGES) as ledger:
+        H = int(self.n_heads)
+        d_out = getattr(oracle, "d_out", None) or d  # the heads' rank, if they fill d_out
+        with self._open_ledger(oracle, STAGES, cap=self.n_queries) as ledger:
+            rotary_plan(ledger, self.n_queries, bool(self.fit_bias),
+                        {"V": d + 1, **self._plan(d, max(d_out // H, 2), last)}, exact=H == 1)
             try:
                 with ledger.stage("V"):
                     X = np.concatenate([np.zeros((1, 1, d)), np.eye(d)[:, None, :]])
                     y = np.asarray(ledger(X), dtype=np.float64)
                     y = y if last else y[:, 0]
                     V_sum, self.output_bias_ = y[1:] - y[0], y[0]
-                H = int(self.n_heads)
                 with ledger.stage("split"):
                     if H > 1:
-                        ledger.check_budget(split_queries(V_sum.shape[1], H),
-                                            "the split of the value maps (at most)")
                         V, E = split_outputs(ledger, V_sum, self.output_bias_, H, rng)
                     else:
                         V, E = V_sum[None], np.eye(V_sum.shape[1])[None]
                 self._heads(V, E)
+                rest = self._plan(d, self._values.shape[2], last)
+                ledger.check_budget(sum(rest.values()), "the rest of the rotary fit (" + ", ".join(
+                    f"{k} {v}" for k, v in rest.items() if v) + ")")
                 with ledger.stage("subspaces"):
                     if last:
                         read_spaces_last(self, ledger, rng, d, SPACE_OVERSAMPLE, SPACE_VECTORS)
@@ -263,9 +339,8 @@ class RotaryLayerVectorLearner(BaseLearner):
                 allowed=float(G))
 
     def _slots(self) -> int:
-        """Distinct values a row's weights are read on: :data:`SLOT_SHARE` of the head's
-        value rank (the weights' systems stay well conditioned)."""
-        return max(3, min(self._values.shape[2] - 1, int(SLOT_SHARE * self._values.shape[2])))
+        """Distinct values a row's weights are read on (:func:`_slots`)."""
+        return _slots(self._values.shape[2])
 
     def _log_weights(self, X, O, rows, what) -> np.ndarray:
         """log of every head's weights (H, n, M, N) of the rows ``rows`` of queries X whose
@@ -326,21 +401,47 @@ class RotaryLayerVectorLearner(BaseLearner):
                                     for v in kv])
 
     def _read_forms(self, oracle, rng, d: int) -> None:
-        """The forms in the bases (stage 4 of the module's docstring)."""
+        """The forms in the bases (stage 4 of the module's docstring): the key sets of
+        queries of ``min(max_offset, SHORT_OFFSET) + 1`` tokens, and where ``max_offset`` is
+        longer :func:`long_sets` more of ``max_offset + 1``, their equations in one least
+        squares per head."""
         H, r = self.query_bases_.shape[:2]
         if r % 2:
             raise ModelMismatchError(
                 f"the heads' query/key dimension {r} is odd: not rotated pairs",
                 error=float(r), allowed=float(r - 1))
         self.frequencies_ = rope_frequencies(r, float(self.rope_base))
-        L = int(self.max_offset) + 1
+        L = self._form_offset()
         k = self._slots() - 1  # keys per query; the padding's lumped weight is the last slot
         e = r + 1
-        n_sets = math.ceil(KEY_OVERSAMPLE * e / k)
-        n_probes = e + EXTRA_PROBES
-        if L < 2 * k:
-            raise ConfigError(f"max_offset={self.max_offset} must reach at least twice the {k} "
-                              "keys of a form query")
+        short = min(L, SHORT_OFFSET)
+        if short + 1 < 2 * k:
+            raise ConfigError(f"max_offset={L} must reach at least twice the {k} keys of a form "
+                              "query")
+        probes = rng.standard_normal((e + EXTRA_PROBES, d)) / np.sqrt(d)
+        groups = [(short + 1, math.ceil(KEY_OVERSAMPLE * e / k))]
+        if L > short:
+            groups.append((L + 1, long_sets(e, k)))
+        eqs = [self._form_equations(oracle, rng, d, probes, N, n_sets) for N, n_sets in groups]
+        offsets = np.concatenate([q[0] for q in eqs])
+        forms, self.forms_rank_ = [], np.zeros(H, dtype=int)
+        for h in range(H):
+            kappa = np.concatenate([q[1][h] for q in eqs])
+            ell = np.concatenate([q[2][h] for q in eqs], axis=1)
+            T, self.forms_rank_[h] = solve_forms(kappa, offsets, ell, self.frequencies_)
+            zeta = np.concatenate([probes @ self.query_bases_[h].T,
+                                   np.ones((probes.shape[0], 1))], 1)
+            forms.append(T @ np.linalg.pinv(zeta.T))
+        F = np.stack(forms)  # (H, nb, e, e)
+        j = self.frequencies_.size
+        self.cos_forms_, self.sin_forms_, self.const_form_ = F[:, :j], F[:, j:2 * j], F[:, -1]
+
+    def _form_equations(self, oracle, rng, d: int, probes, L: int, n_sets: int):
+        """The form equations of ``n_sets`` key sets asked with every probe in queries of L
+        tokens (the probe's copies the padding): the offsets (E, k) of the E rows read, and
+        per head the keys' coordinates (E, k, e) and the probes' log-weights (P, E, k)."""
+        H, r = self.query_bases_.shape[:2]
+        k, e, n_probes = self._slots() - 1, r + 1, probes.shape[0]
         pos = (np.arange(k) if self.causal else
                np.concatenate([np.arange(k - k // 2), L - 1 - np.arange(k // 2)[::-1]]))
         pad = np.setdiff1d(np.arange(L), pos)
@@ -353,37 +454,34 @@ class RotaryLayerVectorLearner(BaseLearner):
         rows = pad[np.unique(np.concatenate([
             np.arange(near), np.linspace(0, pad.size - 1, max(used - near, 2)).round()
         ]).astype(int))]
-        oracle.need(n_probes * n_sets, "the form stage", reserved=True)
-        probes = rng.standard_normal((n_probes, d)) / np.sqrt(d)
         keys = rng.standard_normal((n_sets, k, d)) / np.sqrt(d)
-        X = np.repeat(probes[:, None, None, :], n_sets, axis=1)
-        X = np.broadcast_to(X, (n_probes, n_sets, L, d)).copy()
-        X[:, :, pos] = keys[None]
-        X = X.reshape(n_probes * n_sets, L, d)
-        O = np.asarray(oracle(X), dtype=np.float64)[:, rows] - self.output_bias_
+
+        def queries(lo, hi):  # query q: probe q // n_sets with key set q % n_sets
+            q = np.arange(lo, hi)
+            X = np.broadcast_to(probes[q // n_sets][:, None], (hi - lo, L, d)).copy()
+            X[:, pos] = keys[q % n_sets]
+            return X
+
+        O = ask_blocks(oracle, n_probes * n_sets, queries, lambda O: O[:, rows])
+        O = O - self.output_bias_
         offsets = np.tile((pos[None, :] - rows[:, None]).astype(np.float64), (n_sets, 1))
-        forms, self.forms_rank_ = [], np.zeros(H, dtype=int)
+        kappas, ells = [], []
         for h in range(H):
             vals = np.concatenate([
                 np.broadcast_to(keys @ self._values[h], (n_probes, n_sets, k, r)),
                 (probes @ self._values[h])[:, None, None, :].repeat(n_sets, 1)], axis=2)
             a = head_weights(vals.reshape(n_probes * n_sets, k + 1, r), O @ self._reads[h],
                              "a layer of rotary heads as declared")[0][..., :k]
-            ell = np.log(np.where(a > MIN_WEIGHT, a, np.nan)).reshape(n_probes, -1, k)
+            ells.append(np.log(np.where(a > MIN_WEIGHT, a, np.nan)).reshape(n_probes, -1, k))
             kappa = np.concatenate([keys @ self.key_bases_[h].T, np.ones((n_sets, k, 1))], 2)
-            kappa = np.repeat(kappa, rows.size, axis=0)
-            T, self.forms_rank_[h] = solve_forms(kappa, offsets, ell, self.frequencies_)
-            zeta = np.concatenate([probes @ self.query_bases_[h].T, np.ones((n_probes, 1))], 1)
-            forms.append(T @ np.linalg.pinv(zeta.T))
-        F = np.stack(forms)  # (H, nb, e, e)
-        j = self.frequencies_.size
-        self.cos_forms_, self.sin_forms_, self.const_form_ = F[:, :j], F[:, j:2 * j], F[:, -1]
+            kappas.append(np.repeat(kappa, rows.size, axis=0))
+        return offsets, kappas, ells
 
     def _verify(self, oracle, rng) -> None:
-        """``verify`` fresh queries up to ``check_length`` tokens (default ``max_offset + 1``)
+        """``verify`` fresh queries up to ``check_length`` tokens
         (:func:`~attnquery.learners._vector_check.verify_fit`)."""
-        top = self.check_length or int(self.max_offset) + 1
-        verify_fit(self, oracle, rng, int(self.verify), check_lengths(top, CHECK_LENGTHS),
+        verify_fit(self, oracle, rng, int(self.verify),
+                   check_lengths(self.check_length, CHECK_LENGTHS),
                    "a layer of rotary heads of the declared base, mask and heads")
 
     # -- the estimate ------------------------------------------------------------------------------
