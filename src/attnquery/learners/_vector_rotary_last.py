@@ -39,6 +39,7 @@ from ._vector_rotary_reads import (
     head_weights,
     row_space,
     solve_forms,
+    vanishing,
     whitened_solve,
 )
 
@@ -118,9 +119,13 @@ def read_spaces_last(est, oracle, rng, d: int, oversample: float, vectors: float
         probe = rng.standard_normal(d) / np.sqrt(d)
         keys = rng.standard_normal((n, m, d)) / np.sqrt(d)
         X = np.broadcast_to(probe, (n, L + 1, d)).copy()
-        X[:, key_positions(rng, 1, m, L)[0]] = keys  # offsets spread over 1..L
+        pos = key_positions(rng, 1, m, L)[0]
+        X[:, pos] = keys  # offsets spread over 1..L
         T = np.concatenate([keys, np.broadcast_to(probe, (n, 1, d))], axis=1)
         ell = last_log_weights(est, T, np.asarray(oracle(X), dtype=np.float64))
+        if not np.all(np.isfinite(ell)):  # a window (distant keys vanish), or too peaked
+            vanishing(~np.all(np.isfinite(ell[:, :, :m]), axis=0),
+                      np.broadcast_to((pos - L).astype(np.float64), (n, m)))
         for i in range(m):
             Z = np.concatenate([keys[:, i], ones], axis=1)
             u = whitened_solve(Z, (ell[:, :, i] - ell[:, :, m]).T)

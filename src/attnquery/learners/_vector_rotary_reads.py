@@ -14,7 +14,7 @@ from ..errors import ConfigError, ModelMismatchError, NotIdentifiableError
 from ._vector_attention import ATTENTION_TOL, MIN_WEIGHT
 
 __all__ = ["head_weights", "whitened_solve", "row_space", "rotary_basis", "solve_forms",
-           "FORMS_RCOND", "SPACE_RTOL", "BLOCK_BYTES", "ask_blocks", "form_offset",
+           "FORMS_RCOND", "SPACE_RTOL", "BLOCK_BYTES", "vanishing", "ask_blocks", "form_offset",
            "rotary_plan"]
 
 #: float64 bytes of query tokens per call of the oracle when the form stages ask long queries
@@ -83,6 +83,24 @@ def row_space(vectors: np.ndarray, dim: int, what: str) -> np.ndarray:
     return Vt[:dim]
 
 
+def vanishing(small: np.ndarray, offsets: np.ndarray) -> None:
+    """Refuse keys whose weights vanish (``small``, below
+    :data:`~attnquery.learners._vector_attention.MIN_WEIGHT`) at ``offsets`` (same shape): a
+    ModelMismatchError where every key from some offset on vanishes and none nearer does (the
+    box masks distant keys: a sliding window), else a NotIdentifiableError (too peaked)."""
+    far = np.abs(offsets)
+    w = float(np.min(far[small]))
+    if not np.any(~small & (far >= w)):
+        raise ModelMismatchError(
+            f"every key at an offset of {w:.0f} or more gets no attention weight (below "
+            f"{MIN_WEIGHT:g}) and every nearer key does get weight: the box masks distant keys "
+            f"(a sliding window of about {w:.0f} tokens?), so it is not rotary heads over the "
+            "whole sequence as declared", error=w, allowed=float(np.max(far)) + 1)
+    raise NotIdentifiableError(
+        f"attention weights below {MIN_WEIGHT:g} at offsets from {w:.0f} on, mixed with larger "
+        "ones at longer offsets: the heads are too peaked for tokens of norm 1")
+
+
 def rotary_basis(delta: np.ndarray, frequencies: np.ndarray) -> np.ndarray:
     """[cos(theta_j delta), sin(theta_j delta), 1] per offset: shape (..., R + 1)."""
     a = delta[..., None] * frequencies
@@ -104,9 +122,7 @@ def solve_forms(kappa: np.ndarray, offsets: np.ndarray, ell: np.ndarray,
     D = (D - D.mean(axis=1, keepdims=True)).reshape(E * k, nb * e)
     rhs = (ell - ell.mean(axis=2, keepdims=True)).reshape(ell.shape[0], E * k).T
     if not np.all(np.isfinite(rhs)):
-        raise NotIdentifiableError(
-            f"attention weights below {MIN_WEIGHT:g}: the heads are too peaked for tokens of "
-            "norm 1")
+        vanishing(~np.all(np.isfinite(ell), axis=0), offsets)
     T, _, rank, _ = np.linalg.lstsq(D, rhs, rcond=FORMS_RCOND)
     return T.reshape(nb, e, -1), int(rank)
 

@@ -52,7 +52,14 @@ from ._params import Interval
 from ._registry import LearnerSpec
 from ._vector_attention import ATTENTION_TOL  # noqa: F401 (importable from here as before)
 from ._vector_check import CHECK_LENGTHS, VERIFY_RTOL, verify_fit  # noqa: F401 (VERIFY_RTOL: importable from here)
-from ._vector_rotary_reads import ask_blocks, form_offset, head_weights, rotary_basis, rotary_plan
+from ._vector_rotary_reads import (
+    ask_blocks,
+    form_offset,
+    head_weights,
+    rotary_basis,
+    rotary_plan,
+    vanishing,
+)
 
 __all__ = ["RotaryVectorLearner", "STAGES"]
 
@@ -278,11 +285,8 @@ class RotaryVectorLearner(BaseLearner):
             O = ask_blocks(oracle, n, lambda lo, hi, p=p: queries(lo, hi, p),
                            lambda O: O[:, -1] if O.ndim == 3 else O)
             A[p] = self._weights(keys, probes[p], O)
-        usable = np.all(A > MIN_WEIGHT)
-        if not usable:
-            raise NotIdentifiableError(
-                f"attention weights below {MIN_WEIGHT:g}: the head is too peaked for tokens of "
-                "norm 1")
+        if not np.all(A > MIN_WEIGHT):  # a window (distant keys vanish), or too peaked
+            vanishing(np.any(A[:, :, :k] <= MIN_WEIGHT, axis=0), (pos - L).astype(np.float64))
         rhs = (np.log(A[:, :, :k]) - np.log(A[:, :, k:])).reshape(d + 1, n * k).T
         Yk = np.concatenate([keys, np.ones((n, k, 1))], axis=2).reshape(n * k, d + 1)
         D = (self._basis((pos - L).astype(np.float64)).reshape(n * k, nb)[:, :, None]

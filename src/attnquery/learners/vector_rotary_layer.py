@@ -287,8 +287,12 @@ class RotaryLayerVectorLearner(BaseLearner):
                         V, E = V_sum[None], np.eye(V_sum.shape[1])[None]
                 self._heads(V, E)
                 rest = self._plan(d, self._values.shape[2], last)
-                ledger.check_budget(sum(rest.values()), "the rest of the rotary fit (" + ", ".join(
-                    f"{k} {v}" for k, v in rest.items() if v) + ")")
+                what = ", ".join(f"{k} {v}" for k, v in rest.items() if v)
+                ledger.need(sum(rest.values()), f"the rest of the rotary fit ({what})",
+                            reserved=True, refusal=lambda n, spent, cap: ConfigError(
+                                f"n_queries={cap}: the split asked {spent} queries and the rest "
+                                f"of the fit needs {n} more ({what}); give at least "
+                                f"{spent + n}"))
                 with ledger.stage("subspaces"):
                     if last:
                         read_spaces_last(self, ledger, rng, d, SPACE_OVERSAMPLE, SPACE_VECTORS)
