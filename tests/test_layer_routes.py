@@ -89,11 +89,19 @@ def test_served_route_spends_its_ledger_and_plans_from_what_it_leaves(layer_ckpt
 
 
 def test_served_budget_is_the_ledgers_cap(layer_ckpt):
+    # below what any fit asks besides its circle scan: refused before the first query
+    least = ServedLayerLearner(n_heads=H, n_queries=1).least_queries(D, H, D // H)
     oracle = _served(layer_ckpt)
-    est = AttentionLayerLearner(n_heads=H, n_queries=2000, random_state=0)
-    with pytest.raises(BudgetExceededError, match="of the layer's budget of 2000 remain"):
+    with pytest.raises(ConfigError, match=f"n_queries = {least - 1} does not pay .* at least "
+                       f"{least} queries besides the circle scan's"):
+        AttentionLayerLearner(n_heads=H, n_queries=least - 1, random_state=0).fit(oracle)
+    assert oracle.n_queries == 0
+    # enough for that, not for the scan too: refused when the scan has spent it
+    est = AttentionLayerLearner(n_heads=H, n_queries=least, random_state=0)
+    with pytest.raises(BudgetExceededError, match=f"of the layer's budget of {least} remain|"
+                       "queries are left after the circle scan"):
         est.fit(oracle)
-    assert oracle.n_queries <= 2000
+    assert oracle.n_queries <= least
     # the entry holds what the route had set when it was refused
     assert est.n_queries_by_stage_["circle"] > 0 and est.answer_format_ == "float32"
     assert sum(est.n_queries_by_stage_.values()) == oracle.n_queries

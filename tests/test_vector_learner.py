@@ -166,17 +166,16 @@ def test_zero_values_are_not_identifiable():
         VectorLayerLearner().fit(VectorOracle(zero, d))
 
 
-def test_budget_is_checked_before_each_stage_spends():
+def test_a_budget_below_the_fits_plan_is_refused_before_the_first_query():
     d = 8
     layer = random_vector_layer(d, 1, seed=13)
-    small = VectorOracle(layer, d, budget=d)
-    with pytest.raises(BudgetExceededError, match="value stage"):
-        VectorLayerLearner().fit(small)
-    assert small.n_queries == 0
-    medium = VectorOracle(layer, d, budget=d + 5)
-    with pytest.raises(BudgetExceededError, match="attention stage"):
-        VectorLayerLearner().fit(medium)
-    assert medium.n_queries == d + 1
+    for budget in (d, d + 5):  # short of the value stage, and of the attention stage after it
+        oracle = VectorOracle(layer, d, budget=budget)
+        with pytest.raises(BudgetExceededError, match=r"the fit \(9 one-token queries, 0 of the "
+                           r"split of the value maps, 9 attention queries of 4 tokens and 8 "
+                           r"check queries\) needs 26 queries"):
+            VectorLayerLearner().fit(oracle)
+        assert oracle.n_queries == 0
 
 
 @pytest.mark.parametrize("params, match", [

@@ -28,7 +28,7 @@ from ._vector_attention import (
     spreads,
 )
 from ._vector_check import CHECK_LENGTHS, VERIFY_RTOL, vector_oracle, verify_fit
-from ._vector_heads import fit_shared
+from ._vector_heads import PILOT_QUERIES, fit_shared, group_size
 from ._vector_split import (
     EXACT,
     RANK_RTOL,
@@ -62,6 +62,13 @@ SHARED_FILL = 0.75
 DENSE_MAX_UNKNOWNS = 128 * 129
 
 
+def shared_tokens(d: int, d_out: int, H: int, r: int | None = None) -> int:
+    """Tokens per query N of the shared-token route: :data:`SHARED_FILL` of ``min(d, d_out)``
+    over H, at most ``r // H`` (r: the summed value map's rank, default d), at least 4."""
+    r = d if r is None else r
+    return max(4, min(r // H, int(SHARED_FILL * min(d, d_out)) // H))
+
+
 class VectorLayerRoute(BaseLearner):
     """The float64 route of :class:`~attnquery.learners.vector.VectorLayerLearner` and the
     measurements it shares with the served route (:class:`~attnquery.learners.vector_served.
@@ -71,6 +78,11 @@ class VectorLayerRoute(BaseLearner):
     #: the attention stage's queries hold this fraction of d / H tokens (every token's answers,
     #: last-token answers)
     _all_fill, _last_fill = 0.5, 0.75
+    #: a layer's split spends its whole plan (:func:`~._vector_split.split_queries`), what it
+    #: leaves asked in the attention stage: the fit spends exactly what it planned before its
+    #: first query (the served route, whose split and value stage depend on the answers'
+    #: format, does not)
+    _spend_split_plan = True
 
     def __init__(self, *, n_heads=None, n_kv_heads=None, causal=False, positions="none",
                  fit_bias=True, n_queries=None, verify=DEFAULT_VERIFY,
@@ -136,15 +148,9 @@ class VectorLayerRoute(BaseLearner):
         """The stages V, split (several heads) and attention, and every head's (W, c); returns
         the served route (:class:`~.vector_served.ServedVectorLearner`, fitted on the same
         ledger) where the one-token answers are in a narrow format, else None."""
-        shared = outputs == "all" and not self.causal and d * (d + 1) > DENSE_UNKNOWNS
-        unknowns = d * (d + int(self.fit_bias))
-        if not shared and unknowns > DENSE_MAX_UNKNOWNS:
-            raise ConfigError(
-                f"each head's (W, c) has {unknowns} unknowns at d = {d}, more than the dense "
-                f"least squares holds ({DENSE_MAX_UNKNOWNS}); only every token's outputs "
-                "without a causal mask (outputs='all', causal=False) are read by the "
-                "shared-token route so far")
-        ledger.check_budget(d + int(self.fit_bias), "the value stage")
+        shared = self._shared(d, outputs)
+        H = self.n_heads or 1
+        self._check_plan(ledger, d, outputs)  # n_queries and the budget, before any query
         with ledger.stage("V"):
             V_sum, beta = self._read_values(ledger, d)
         served = self._served_route() if self._served_answers is not None else None
@@ -153,20 +159,75 @@ class VectorLayerRoute(BaseLearner):
             self.served_.outputs_ = outputs
             self.served_._fit_layer(ledger, rng, d, outputs)
             return self.served_
-        H = self.n_heads or 1
         V = V_sum[None]
+        split = split_queries(d, H, self._split_tolerances()) if H > 1 else 0
+        if not shared:  # the plan from V's rank (its tokens per query; r = d as checked above)
+            N, n = self._plan(d, V_sum, H, outputs)
+            ledger.check_budget(split + n + int(self.verify),
+                                f"the split of the value maps ({split} queries), the attention "
+                                f"stage ({n} queries of {N} tokens) and the check")
+        elif H > 1:
+            ledger.check_budget(split, "the split of the value maps (at most)")
         if H > 1:
-            ledger.check_budget(split_queries(d, H, self._split_tolerances()),
-                                "the split of the value maps (at most)")
             with ledger.stage("split"):
                 V = self._split_values(ledger, V_sum, beta, H, rng)
         self.V_, self.output_bias_ = V, beta
         if shared:
             self._fit_shared(ledger, rng, d, V_sum, V, beta)
         else:
-            self._fit_dense(ledger, rng, d, V_sum, V, beta, outputs)
+            # the split's plan is spent whole: what it left is asked in the attention stage,
+            # so that the fit spends exactly what it planned (and a budget that pays for the
+            # plan pays for the fit)
+            if H > 1 and self._spend_split_plan:
+                n += max(split - ledger.counts()["split"], 0)
+            self._fit_dense(ledger, rng, V, beta, outputs, N, n)
         self.head_groups_ = np.arange(H)
         self.frequencies_ = np.zeros(0)
+
+    def _shared(self, d: int, outputs: str) -> bool:
+        """Whether the heads' (W, c) are read by the shared-token route: every token's outputs
+        without a causal mask, and more than :data:`DENSE_UNKNOWNS` unknowns."""
+        return outputs == "all" and not self.causal and d * (d + 1) > DENSE_UNKNOWNS
+
+    def _check_plan(self, ledger, d: int, outputs: str) -> None:
+        """Refuse, before any query, what the fit's plan cannot do: heads beyond the dense least
+        squares where the shared-token route does not apply, ``n_queries`` too few for the
+        unknowns (ConfigError), and a budget below what the fit spends
+        (BudgetExceededError).
+
+        The plan is the float64 route's for a summed value map of rank d (a layer's split
+        needs it; a single head's map of lower rank gives shorter queries, and so more of
+        them, which the fit checks again once the value stage has measured the rank). A
+        served box's answers are read with more queries than these (the served route), so a
+        plan refused here is refused there too."""
+        H = self.n_heads or 1
+        unknowns = d * (d + int(self.fit_bias))
+        shared = self._shared(d, outputs)
+        if not shared and unknowns > DENSE_MAX_UNKNOWNS:
+            raise ConfigError(
+                f"each head's (W, c) has {unknowns} unknowns at d = {d}, more than the dense "
+                f"least squares holds ({DENSE_MAX_UNKNOWNS}); only every token's outputs "
+                "without a causal mask (outputs='all', causal=False) are read by the "
+                "shared-token route so far")
+        values = d + int(self.fit_bias)
+        split = split_queries(d, H, ROWS if outputs == "all" else EXACT) if H > 1 else 0
+        if shared:
+            N = shared_tokens(d, d, H)
+            least = PILOT_QUERIES + 2 * group_size(d, N)
+            if self.n_queries is not None and self.n_queries < least:
+                raise ConfigError(
+                    f"n_queries={self.n_queries}: the shared-token route asks {PILOT_QUERIES} "
+                    f"pilot queries and at least two groups of {group_size(d, N)} queries of "
+                    f"{N} tokens at d = {d}; at least {least} are needed")
+            attention, what = least, f"at least {least} attention queries of {N} tokens"
+        else:
+            N, attention = self._plan_size(d, d, H, outputs, VectorLayerRoute._all_fill,
+                                           VectorLayerRoute._last_fill)
+            what = f"{attention} attention queries of {N} tokens"
+        ledger.check_budget(
+            values + split + attention + int(self.verify),
+            f"the fit ({values} one-token queries, {split} of the split of the value maps, "
+            f"{what} and {int(self.verify)} check queries)")
 
     def _served_route(self):
         """The estimator that reads answers in a narrow format, or None (this route reads them
@@ -175,14 +236,11 @@ class VectorLayerRoute(BaseLearner):
         ServedVectorLearner`."""
         return None
 
-    def _fit_dense(self, ledger, rng, d, V_sum, V, beta, outputs) -> None:
-        """The attention stage's random queries and each head's (W, c) from the dense least
-        squares of its d (d + 1) unknowns."""
+    def _fit_dense(self, ledger, rng, V, beta, outputs, N: int, n: int) -> None:
+        """The attention stage's n random queries of N tokens and each head's (W, c) from the
+        dense least squares of its d (d + 1) unknowns."""
         H = V.shape[0]
         self.route_, self.n_groups_, self.refine_iterations_ = "dense", 0, 0
-        N, n = self._plan(d, V_sum, H, outputs)
-        ledger.check_budget(n + int(self.verify),
-                            f"the attention stage ({n} queries of {N} tokens) and the check")
         with ledger.stage("attention"):
             X, A = self._ask_attention(ledger, rng, n, N, V, beta, outputs)
         fits = [solve_logits(X, A[h], outputs, bool(self.causal), bool(self.fit_bias),
@@ -199,7 +257,7 @@ class VectorLayerRoute(BaseLearner):
         H, d_out = V.shape[0], V.shape[2]
         s = np.linalg.svd(V_sum, compute_uv=False)
         r = int(np.count_nonzero(s > RANK_RTOL * s[0]))
-        N = max(4, min(r // H, int(SHARED_FILL * min(d, d_out)) // H))
+        N = shared_tokens(d, d_out, H, r)
         self.route_, self.rank_, self.tokens_per_query_ = "shared", r, N
 
         def budget(n, what):
@@ -242,15 +300,25 @@ class VectorLayerRoute(BaseLearner):
         ``tokens_per_query_``."""
         s = np.linalg.svd(V, compute_uv=False)
         r = int(np.count_nonzero(s > RANK_RTOL * s[0]))
+        N, n = self._plan_size(d, r, H, outputs, self._all_fill, self._last_fill)
+        self.rank_, self.tokens_per_query_ = r, N
+        return N, n
+
+    def _plan_size(self, d: int, r: int, H: int, outputs: str, all_fill: float,
+                   last_fill: float) -> tuple[int, int]:
+        """Tokens per query N and queries n of the attention stage for a summed value map of
+        rank r, with queries of ``all_fill`` (every token's outputs) or ``last_fill`` (the last
+        token's) of d / H tokens; ConfigError where ``n_queries`` is too few for the
+        unknowns."""
         if outputs == "all":
             # half of d: at d = 64, W to 8e-14 from 7 queries of 32 tokens (3e-13 from 3 of 48,
             # 4e-14 from 26 of 16; 2 of 64 leave the equations singular)
-            N = max(2, min(r // H, math.ceil(self._all_fill * d / H)))
+            N = max(2, min(r // H, math.ceil(all_fill * d / H)))
             per_query = N * (N - 1) // (2 if self.causal else 1)
         else:
             # three quarters of d: at d = 64, W to 2.8e-13 from 133 queries of 48 tokens,
             # 1.1e-10 from 100 of 64 (the square systems [X V, 1] are ill-conditioned)
-            N = max(2, min(r // H + 1, math.ceil(self._last_fill * d / H)))
+            N = max(2, min(r // H + 1, math.ceil(last_fill * d / H)))
             per_query = N - 1
         unknowns = d * (d + int(self.fit_bias))
         n = self.n_queries
@@ -259,11 +327,11 @@ class VectorLayerRoute(BaseLearner):
             if outputs == "last":
                 n = max(n, d + 2)
         elif n * per_query < unknowns:
+            rank = "" if r >= d else f" (the summed value map has rank {r} < d = {d})"
             raise ConfigError(
-                f"n_queries={n} queries of {N} tokens give {n * per_query} logit differences "
-                f"for {unknowns} unknowns of (W, c); at least "
+                f"n_queries={n} queries of {N} tokens{rank} give {n * per_query} logit "
+                f"differences for {unknowns} unknowns of (W, c); at least "
                 f"{math.ceil(unknowns / per_query)} are needed")
-        self.rank_, self.tokens_per_query_ = r, N
         return N, int(n)
 
     def _ask_attention(self, oracle, rng, n, N, V, beta, outputs):

@@ -346,7 +346,11 @@ def split_values(oracle, V_sum: np.ndarray, beta: np.ndarray, n_heads: int,
     if d % H or rank < d:
         raise NotIdentifiableError(
             f"splitting the value maps needs heads that fill d: H = {H} dividing d = {d} and "
-            f"the summed value map of rank d (rank {rank})")
+            f"the summed value map of rank d; the one-token answers give a map of rank {rank}"
+            + ("" if d % H else f", and {H} does not divide {d}")
+            + ": heads that do not fill d, or one-token answers that are not affine in the "
+            "token (an operation after the attention, such as a normalisation of the "
+            "outputs, that removes a direction)")
     if tols.output_frame:  # the parts read in the answers' own coordinates (see SplitTolerances)
         V = split_outputs(oracle, V_sum, beta, H, rng, tols)[0]
         return values_from_parts(oracle, V, beta, rng, tols) if tols.values_from_parts else V
@@ -392,7 +396,7 @@ def _split(oracle, read, embed, H: int, rng, tols: SplitTolerances = EXACT) -> n
     jumps of nearby differences at its separators, and their refinement (:func:`_refine`)."""
     d, dim = embed.shape
     dh = dim // H
-    counts, moved, refused = [], [], None
+    counts, moved, refused, smallest = [], [], None, 1.0
     retries = RETRIES if tols.retries is None else tols.retries
     for i in range(1 + retries):
         # the key differences; with star fresh ones every LINES_PER_DIFFERENCE lines: a head
@@ -405,6 +409,8 @@ def _split(oracle, read, embed, H: int, rng, tols: SplitTolerances = EXACT) -> n
         b0 = tols.line_norm * b0
         J, iv = _scan(oracle, read, D0, b0, v, H, tols)
         counts.append(J.shape[0])
+        sizes = np.max(np.abs(J), axis=1) if len(J) else np.zeros(1)
+        smallest = min(smallest, float(np.min(sizes) / max(np.max(sizes), np.finfo(float).tiny)))
         # with star the separators need only stand outside Delta_0's runs: its jumps are
         # checked, and read again, at random points (:func:`_star_points`)
         if J.shape[0] != H or (tols.merge and not tols.star and not _isolated(iv)):
@@ -432,10 +438,13 @@ def _split(oracle, read, embed, H: int, rng, tols: SplitTolerances = EXACT) -> n
             raise refused
         if counts[-1] != H or not moved:
             raise ModelMismatchError(
-                f"lines of saturated two-token queries cross {min(counts)} to {max(counts)} "
-                f"heads' switches ({1 + retries} lines) where n_heads={H} was declared: the "
-                "box has another number of heads, or answers that do not saturate (soft-capped "
-                "logits)", error=float(max(counts)), allowed=float(H))
+                f"the saturated answers along {1 + retries} lines change at {min(counts)} to "
+                f"{max(counts)} places where n_heads={H} switches were declared, the smallest "
+                f"change {smallest:.2g} of the largest (a head's switch changes the answer by "
+                "a whole part): the box has another number of heads, or its answers are not "
+                "piecewise constant along a line (noise in the answers, or logits that do not "
+                "saturate, such as soft-capped ones)", error=float(max(counts)),
+                allowed=float(H))
         raise ModelMismatchError(
             f"the jumps of nearby key differences differ by {min(moved):.3g} of a jump "
             f"({1 + retries} lines; at most {tols.moved:g} expected): the box is not a layer "

@@ -40,7 +40,7 @@ from numbers import Integral, Real
 
 import numpy as np
 
-from ..errors import SearchLimitError
+from ..errors import ConfigError, SearchLimitError
 from . import _params
 from ._base import (
     DEFAULT_VERIFY,
@@ -248,8 +248,22 @@ class ReLUNetworkLearner(BaseLearner):
 
     def _validate_extra(self) -> None:
         """``max_queries``, the old name of ``n_queries``: a FutureWarning, or a ConfigError
-        beside ``n_queries``."""
-        renamed_parameter(self, "max_queries", "n_queries")
+        beside ``n_queries``; a cap below :meth:`least_queries` (ConfigError, before any
+        query)."""
+        old = renamed_parameter(self, "max_queries", "n_queries")
+        cap = self.n_queries if self.n_queries is not None else old
+        if cap is not None and int(cap) < self.least_queries():
+            L, G = 2 * int(self.n_line_pairs), int(self.n_grid)
+            raise ConfigError(
+                f"n_queries={cap} is below the {self.least_queries()} queries every fit asks: "
+                f"the line search's grid of 2 n_line_pairs (n_grid + 1) = {L * (G + 1)} "
+                f"one-row queries and verify = {check_verify_param(self.verify)} check queries")
+
+    def least_queries(self) -> int:
+        """The fewest queries any fit asks, whatever the box: the line search's first batch,
+        ``2 n_line_pairs (n_grid + 1)`` grid points, and the ``verify`` check queries."""
+        return 2 * int(self.n_line_pairs) * (int(self.n_grid) + 1) + \
+            check_verify_param(self.verify)
 
     def query_cap(self, d: int) -> int:
         """The most queries a fit at dimension ``d`` may ask (``n_queries`` when given).

@@ -227,6 +227,9 @@ class ServedVectorLearner(VectorLayerRoute):
     #: 1/4, float32 at d = 32 5.2, 1.9, 1.1; every token, bfloat16 at d = 32 (900 queries) 6.1
     #: at 1/2, 1.2 at 1/4
     _last_fill = 0.25
+    #: the split's spend depends on the answers' format (a float16 split may be asked again at a
+    #: smaller key scale): no plan to spend whole
+    _spend_split_plan = False
 
     @property
     def _all_fill(self) -> float:

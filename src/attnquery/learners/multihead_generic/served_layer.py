@@ -108,6 +108,7 @@ class ServedLayerLearner(LayerRoute):
         self._validate_params()
         d = check_oracle(oracle)
         H, r = layer_shape(self, d)
+        self._check_least(d, H, r)
         rng = self._rng()
         r_scan, r_sketch, r_verify, r_base = rng.spawn(4)
         bias = bool(self.fit_bias)
@@ -140,6 +141,25 @@ class ServedLayerLearner(LayerRoute):
             self.n_requeried_ = int(ledger.n_requeried)
             self.n_queries_ = ledger.total
         return self
+
+    def least_queries(self, d: int, H: int, r: int) -> int:
+        """The fewest queries a fit at dimension d of H heads of rank r asks besides its circle
+        scan: V and beta (``d + 1``), the noise's, V and beta again, the rough pass and one
+        pass over the isolated heads and the missing directions (``per`` each, the smaller plan
+        of answers without a full sketch), the value vectors' saturated queries, each head's
+        probers' pilots and the check."""
+        per = layer_probe_count(d, H, r, int(self.oversample), bool(self.fit_bias)) - d - 1
+        return (d + 1 + 2 * served.NOISE_QUERIES + served.constant_queries(d) + 2 * per
+                + H * served.value_queries(d) + 2 * H * 2 * PILOT + int(self.verify))
+
+    def _check_least(self, d: int, H: int, r: int) -> None:
+        """ConfigError, before any query, when ``n_queries`` is below :meth:`least_queries`."""
+        least = self.least_queries(d, H, r)
+        if int(self.n_queries) < least:
+            raise ConfigError(
+                f"n_queries = {self.n_queries} does not pay for reading V and beta, the noise "
+                f"and the check, with one pass over the {H} heads of rank {r} at d = {d}: at "
+                f"least {least} queries besides the circle scan's are needed")
 
     def _noise(self, ledger, d: int, bias: bool, rng) -> float:
         """The answers' relative noise (:func:`.served.measure_noise`), after the ``d + 1``
