@@ -348,8 +348,8 @@ def test_check_reproducible_subcommand(tmp_path, capsys, monkeypatch, repo):
 
 
 def test_module_source_leaves_the_arguments_unchanged(bert):
-    from attnquery.cli.app import build_parser
     from attnquery.cli._extract_options import choose
+    from attnquery.cli.app import build_parser
     from attnquery.cli.extract import _module_source
 
     for extra, method, rank in ((["--layer", "0"], "layer", 8),

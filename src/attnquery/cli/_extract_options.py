@@ -111,7 +111,8 @@ class Option:
 
 
 def _given(dest):
-    return lambda args: getattr(args, dest) not in (None, False)
+    """Whether the option was given (its value is not the default None or False; 0 is)."""
+    return lambda args: getattr(args, dest) is not None and getattr(args, dest) is not False
 
 
 def _takes(param):

@@ -384,7 +384,7 @@ def _vector_report(s: dict, source: _Source, args) -> str:
              if rotary else f"{s['n_heads']} head(s)")
     lines = [
         f"extracted a layer of {heads} of dimension d = {s['d']} (d_out = {s['d_out']}) from "
-        f"{source.name} with --method vector, answers: {answers}",
+        f"{source.name} with --method {source.method}, answers: {answers}",
         f"  queries        {s['n_queries']} of {s['n_tokens']} tokens (counted by the oracle; "
         f"by stage: {stages})",
         f"  time           {s['time_s']:.2f} s",
