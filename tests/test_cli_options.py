@@ -163,7 +163,9 @@ NOT_APPLYING = {
                 (ORACLE + ["--answers", "all", "--readout", "ones"], "--module without"),
                 ("MODULE --answers all --readout 3", "--module without --answers")],
     "readout_seed": [(ORACLE + ["--readout-seed", "1"], "--module without --answers"),
-                     ("MODULE --answers last --readout-seed 1", "--module without --answers")],
+                     ("MODULE --answers last --readout-seed 1", "--module without --answers"),
+                     ("MODULE --readout ones --readout-seed 0", "and --readout gaussian, the "
+                      "default: the seed of its random r")],
     "force": [(ORACLE + ["--force"], "--out (a file that exists)")],
 }
 
@@ -199,7 +201,9 @@ def test_an_option_that_does_not_apply_is_refused_before_anything_runs(
     ORACLE + ["--answers", "all", "--n-heads", "2"],
     ORACLE + ["--out", "x.npz", "--force"],
     ["--module", "m.safetensors", "--layer", "0", "--head", "0", "--no-biases", "--readout",
-     "ones", "--readout-seed", "0", "--n-heads", "2", "--method", "sketch", "--rank", "2"],
+     "ones", "--n-heads", "2", "--method", "sketch", "--rank", "2"],
+    ["--module", "m.safetensors", "--layer", "0", "--readout", "gaussian", "--readout-seed",
+     "3"],
     ["--module", "m.safetensors", "--layer", "0", "--answers", "all", "--n-heads", "2"],
 ])
 def test_options_that_apply_are_taken(argv):

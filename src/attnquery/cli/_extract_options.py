@@ -98,7 +98,8 @@ def choose(args) -> Choice:
 @dataclass(frozen=True)
 class Option:
     """An option that applies only to some runs: its ``dest`` in the parsed arguments, whether
-    it was given, whether it applies to a :class:`Choice`, and what it applies to (words)."""
+    it was given (``given(args)``), whether it applies to a :class:`Choice` (``applies(choice,
+    args)``), and what it applies to (words)."""
 
     dest: str
     given: Callable
@@ -116,7 +117,7 @@ def _given(dest):
 
 
 def _takes(param):
-    return lambda c: c.takes(param)
+    return lambda c, a: c.takes(param)
 
 
 _MODULE = "--module (a checkpoint's attention module)"
@@ -126,31 +127,33 @@ _READOUT = "--module without --answers (a module read out along a vector r, answ
 #: others, --d, --method, --budget, --seed, --param, --out, --json, --no-progress, apply to every
 #: run; --answers chooses the learner, :func:`choose`)
 OPTIONS = (
-    Option("tau", _given("tau"), lambda c: c.oracle == "approximate value",
+    Option("tau", _given("tau"), lambda c, a: c.oracle == "approximate value",
            "a learner that asks an approximate value oracle ({approximate})"),
     Option("noise", _given("noise"),
-           lambda c: c.oracle == "approximate value" and c.source == "model",
+           lambda c, a: c.oracle == "approximate value" and c.source == "model",
            "--model HEAD.npz and a learner that asks an approximate value oracle "
            "({approximate}): the simulated oracle's noise (a box's own answers are taken as "
            "they are)"),
     Option("rank", _given("rank"),
-           lambda c: c.takes("rank") and not (c.source == "module" and c.answers),
+           lambda c, a: c.takes("rank") and not (c.source == "module" and c.answers),
            "a learner with a rank parameter ({rank}), and not with --module and --answers"),
     Option("eps", _given("eps"), _takes("eps"), "a learner with an eps parameter ({eps})"),
     Option("probes", _given("probes"), _takes("probes"),
            "a learner with a probes parameter ({probes})"),
-    Option("layer", _given("layer"), lambda c: c.source == "module", _MODULE),
-    Option("head", _given("head"), lambda c: c.source == "module", _MODULE),
-    Option("no_biases", _given("no_biases"), lambda c: c.source == "module", _MODULE),
+    Option("layer", _given("layer"), lambda c, a: c.source == "module", _MODULE),
+    Option("head", _given("head"), lambda c, a: c.source == "module", _MODULE),
+    Option("no_biases", _given("no_biases"), lambda c, a: c.source == "module", _MODULE),
     Option("n_heads", _given("n_heads"),
-           lambda c: c.source == "module" or (c.source == "oracle" and c.takes("n_heads")),
+           lambda c, a: c.source == "module" or (c.source == "oracle" and c.takes("n_heads")),
            "--module, or --oracle with a learner that has an n_heads parameter ({n_heads}; "
            "the same as --param n_heads)"),
-    Option("readout", _given("readout"), lambda c: c.source == "module" and not c.answers,
+    Option("readout", _given("readout"), lambda c, a: c.source == "module" and not c.answers,
            _READOUT),
     Option("readout_seed", _given("readout_seed"),
-           lambda c: c.source == "module" and not c.answers, _READOUT),
-    Option("force", _given("force"), lambda c: True, "--out (a file that exists)"),
+           lambda c, a: c.source == "module" and not c.answers
+           and (a.readout is None or a.readout[0] == "gaussian"),
+           _READOUT[:-1] + ", and --readout gaussian, the default: the seed of its random r)"),
+    Option("force", _given("force"), lambda c, a: True, "--out (a file that exists)"),
 )
 
 
@@ -167,7 +170,7 @@ def check_options(args, choice: Choice) -> None:
     ``--force`` without ``--out``), grouped by what they apply to: ``--head, --no-biases: only
     with --module (...)``, then the run that was asked for."""
     bad = [o for o in OPTIONS if o.given(args) and not (
-        o.applies(choice) and (o.dest != "force" or args.out is not None))]
+        o.applies(choice, args) and (o.dest != "force" or args.out is not None))]
     if not bad:
         return
     lists = _Missing(approximate=_learners(lambda m: m.oracle == "approximate value"))

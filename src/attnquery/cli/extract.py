@@ -78,7 +78,8 @@ def register(sub) -> None:
     e.add_argument("--force", action="store_true", help="let --out replace a file that exists "
                    "(never an input, nor a file the black box's import read or wrote)")
     e.add_argument("--budget", type=int_at_least(0), help="maximum number of queries, the "
-                   "check queries included (checked before they are spent)")
+                   "check queries included (a budget below the learner's plan is refused before "
+                   "the first query)")
     e.add_argument("--seed", type=int_at_least(0), default=0,
                    help="seed of the learner's random probes and check queries (default 0)")
     e.add_argument("--rank", type=int_at_least(0), help="rank of W (sketch, nuclear)")
@@ -95,12 +96,13 @@ def register(sub) -> None:
     m.add_argument("--head", type=int_at_least(0),
                    help="one head of the layer (the others removed); default: the whole layer")
     m.add_argument("--n-heads", type=int_at_least(1), help="heads per layer (default: "
-                   "config.json beside the checkpoint); also the heads of an --oracle box with "
-                   "--answers (as --param n_heads)")
+                   "config.json beside the checkpoint); also the heads of an --oracle box, with "
+                   "a learner that has n_heads (layer, vector; as --param n_heads)")
     m.add_argument("--readout", type=readout,
-                   help="readout vector r: 'gaussian' (the default), 'ones' or a coordinate index")
+                   help="readout vector r: 'gaussian' (the default), 'ones' or a coordinate index "
+                   "(not with --answers)")
     m.add_argument("--readout-seed", type=int_at_least(0),
-                   help="seed of the Gaussian readout (default 0)")
+                   help="seed of the Gaussian readout (default 0; only with --readout gaussian)")
     m.add_argument("--no-biases", action="store_true",
                    help="drop the module's biases (the paper's head; any method)")
     e.add_argument("--json", action="store_true", help="print one JSON object")
