@@ -297,3 +297,21 @@ def test_the_documented_vector_example_runs_on_the_shipped_box(repo, tmp_path, c
         else:
             assert line == want.replace("v.npz", argv[-1])
     assert Path(argv[-1]).exists()
+
+
+# -- a budget below the plan ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, need", [(["--budget", "271"], "271 is below the 272 queries "
+                                         "--method exact asks at d = 16 before its check"),
+                                        (["--method", "sketch", "--rank", "2", "--budget", "75"],
+                                         "75 is below the 76 queries --method sketch asks at "
+                                         "d = 16, rank 2")])
+def test_a_budget_below_the_plan_is_refused_before_the_box_is_imported(argv, need, tmp_path,
+                                                                       capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mybox.py").write_text("from pathlib import Path\nPath('ran').touch()\n"
+                                       "def box(X):\n    return X.sum(axis=(1, 2))\n")
+    status, line = run(["extract", "--oracle", "mybox.py:box", "--d", "16", *argv], capsys)
+    assert status == 1 and need in line and "no query was asked" in line, line
+    assert line.endswith("(BudgetExceededError)")
+    assert not (tmp_path / "ran").exists()
