@@ -214,7 +214,8 @@ def test_sketch_and_noisy_methods(capsys, monkeypatch, repo, tmp_path):
     assert rel(load_head(tmp_path / "n.npz")[0].W, SOME_HEAD.W) < 1e-5
     assert main(["extract", "--oracle", "tests.fixtures:some_head", "--d", "16", "--method",
                  "exact", "--rank", "3"]) == 2
-    assert "takes no parameter 'rank'" in capsys.readouterr().err
+    assert "--rank: only with a learner with a rank parameter (sketch or nuclear" in \
+        capsys.readouterr().err
 
 
 def test_nuclear_method(tmp_path, capsys):
@@ -347,6 +348,7 @@ def test_check_reproducible_subcommand(tmp_path, capsys, monkeypatch, repo):
 
 
 def test_module_source_leaves_the_arguments_unchanged(bert):
+    from attnquery.cli._extract_options import choose
     from attnquery.cli.app import build_parser
     from attnquery.cli.extract import _module_source
 
@@ -354,7 +356,7 @@ def test_module_source_leaves_the_arguments_unchanged(bert):
                                 (["--layer", "1", "--head", "2"], "exact", None)):
         args = build_parser().parse_args(["extract", "--module", str(bert), *extra])
         before = dict(vars(args))
-        source = _module_source(args)
+        source = _module_source(args, choose(args))
         assert vars(args) == before
         assert (source.method, source.rank, source.d) == (method, rank, 32)
 

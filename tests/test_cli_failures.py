@@ -167,7 +167,7 @@ def test_a_full_disk_leaves_the_old_file_whole(files, capsys, monkeypatch, repo)
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr("attnquery.realheads.io.np.savez", full_disk)
-    assert main(BOX + ["--out", str(out)]) == 1
+    assert main(BOX + ["--out", str(out), "--force"]) == 1
     err = capsys.readouterr().err
     assert "writing the head failed (no space left on the device)" in err
     assert "Traceback" not in err
@@ -175,7 +175,7 @@ def test_a_full_disk_leaves_the_old_file_whole(files, capsys, monkeypatch, repo)
     assert sorted(p.name for p in files.iterdir() if p.name.startswith(".head.npz")) == []
     monkeypatch.undo()
     monkeypatch.chdir(repo)
-    assert main(BOX + ["--out", str(out), "--json"]) == 0
+    assert main(BOX + ["--out", str(out), "--json", "--force"]) == 0
     assert load_head(out)[0].d == 8
 
 

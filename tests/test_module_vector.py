@@ -137,9 +137,11 @@ def test_extract_module_summary_names_the_errors(bert, capsys):
 
 
 @pytest.mark.parametrize("args, says", [
-    (["--readout", "ones"], "--readout: not with --answers all"),
-    (["--rank", "8"], "--rank: not with --answers all"),
-    (["--method", "layer"], "learnt by --method vector, not --method layer"),
+    (["--readout", "ones"], "--readout: only with --module without --answers"),
+    (["--rank", "8"], "--rank: only with a learner with a rank parameter (sketch or nuclear or "
+     "layer or rotary), and not with --module and --answers"),
+    (["--method", "layer"], "learnt by --method vector (a learner of vector answers), not "
+     "--method layer, which asks a value oracle"),
 ])
 def test_bad_combinations_exit_2_with_one_line(bert, capsys, args, says):
     assert _extract("--module", str(bert), "--layer", "0", "--answers", "all", *args) == 2

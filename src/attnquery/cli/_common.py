@@ -18,7 +18,8 @@ from ..files import special_file_kind
 
 __all__ = ["EXIT_OK", "EXIT_FAILURE", "EXIT_USAGE", "EXIT_INTERRUPTED", "OutputError",
            "MAX_D", "int_at_least", "positive_float", "readout", "one_line", "say",
-           "print_json", "os_reason", "load_config", "check_out", "write_model", "model_usage"]
+           "print_json", "os_reason", "load_config", "check_out", "check_out_untouched",
+           "write_model", "model_usage"]
 
 #: exit statuses: success, a failed extraction or check, a usage error, Ctrl-C
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -136,12 +137,13 @@ def load_config(path):
 
 # -- --out --------------------------------------------------------------------------------------
 
-def check_out(path, inputs=()) -> None:
+def check_out(path, inputs=(), *, replace: bool = True) -> None:
     """Usage error (before any work) when ``--out`` cannot be written, or is something the
     atomic rename would destroy: a device, a FIFO, a socket (anything that exists and is not a
     regular file), or one of the command's input files ``inputs`` (a link to one, or a path
     through a linked folder to one, included; an input that does not exist yet, such as the
-    ``config.json`` a checkpoint may have beside it, by its resolved path). Creates nothing:
+    ``config.json`` a checkpoint may have beside it, by its resolved path); with
+    ``replace=False``, any file that exists (``extract`` without ``--force``). Creates nothing:
     a missing folder is created when the result is written (:func:`write_model`)."""
     from ..results import check_writable
 
@@ -157,6 +159,20 @@ def check_out(path, inputs=()) -> None:
         check_writable(path)
     except OSError as exc:
         raise ConfigError(f"--out {path}: cannot write there ({os_reason(exc)})") from None
+    if not replace and os.path.lexists(path):
+        raise ConfigError(f"--out {path} already exists; refusing to replace it: give another "
+                          "file name, or --force to replace it")
+
+
+def check_out_untouched(path, touched, what: str) -> None:
+    """Usage error when ``--out`` is one of the files ``touched`` (paths), which ``what`` (the
+    black box's import) imported, opened or wrote: replacing one would change the box the next
+    time it is imported (``--force`` does not lift it)."""
+    for file in touched:
+        if _same_file(path, file):
+            raise ConfigError(f"--out {path} is {file}, which {what} read or wrote when it was "
+                              "imported; refusing to replace it, even with --force: give "
+                              "another file name")
 
 
 def _same_file(a, b) -> bool:

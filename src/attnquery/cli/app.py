@@ -44,8 +44,10 @@ def main(argv=None) -> int:
     0: success; 1: the extraction or check failed (the black box raised or answered badly, the
     budget is too small, the answers are not what the learner assumes, an output could not be
     written, the results or the study's two runs differ); 2: a usage error (bad option, unknown
-    name, missing learner parameter, unreadable input file or configuration, an ``--out`` that
-    cannot be written, is not a regular file or is one of the inputs); 130: interrupted. Every
+    name, missing learner parameter, an option that does not apply, unreadable input file or
+    configuration, an ``--out`` that cannot be written, is not a regular file, exists (``extract``
+    without ``--force``), is one of the inputs or a file the black box's import read or wrote);
+    130: interrupted. Every
     error is one line on stderr, never a traceback (``ATTNQUERY_TRACEBACK=1`` shows one for an
     unexpected error).
     """

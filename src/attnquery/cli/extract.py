@@ -6,10 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import ConfigError
+from ..errors import BudgetExceededError, ConfigError
 from ..extraction import (
     ExtractionSpec,
     black_box_files,
+    expected_queries,
     load_black_box,
     methods,
     run_extraction,
@@ -17,6 +18,7 @@ from ..extraction import (
 from ._common import (
     MAX_D,
     check_out,
+    check_out_untouched,
     int_at_least,
     model_usage,
     one_line,
@@ -25,6 +27,8 @@ from ._common import (
     readout,
     write_model,
 )
+from ._extract_options import Choice, check_options, choose
+from ._touched import ImportTrace
 
 __all__ = ["register", "run"]
 
@@ -40,7 +44,11 @@ def register(sub) -> None:
         "head of a whole layer (--method layer). The black box is a Python callable taking a "
         "float64 array (B, N, d) and returning (B,), or the attention module of a safetensors "
         "checkpoint (--module); a callable returning every token's output vector (B, N, d_out) "
-        "or the last token's (B, d_out) is learnt with --answers all|last (--method vector).",
+        "or the last token's (B, d_out) is learnt with --answers all|last (--method vector, "
+        "or any learner of vector answers). An option that does not apply to the chosen "
+        "learner and box is refused (exit 2). --out never replaces a file that exists, unless "
+        "--force is given, and never, even with --force, one of the inputs or a file the black "
+        "box's import read or wrote (its modules and their cached files, files it opened).",
     )
     src = e.add_mutually_exclusive_group(required=True)
     src.add_argument("--oracle", metavar="MODULE:FUNCTION",
@@ -61,12 +69,17 @@ def register(sub) -> None:
                    "with --answers)")
     e.add_argument("--answers", choices=("all", "last"),
                    help="the --oracle box answers vectors: every token's output, an array (B, N, "
-                   "d_out) ('all'), or the last token's, (B, d_out) ('last'); learnt by --method "
-                   "vector. With --module, the module answers its output vectors (no readout)")
-    e.add_argument("--out", type=Path, help="write the learned head (v, W) to this .npz (a "
-                   "regular file, or a new one; never one of the inputs)")
+                   "d_out) ('all'), or the last token's, (B, d_out) ('last'); learnt by a "
+                   "learner of vector answers (--method vector, the default, or a plug-in). "
+                   "With --module, the module answers its output vectors (no readout)")
+    e.add_argument("--out", type=Path, help="write the learned head (v, W) to this .npz: a new "
+                   "file, or with --force an existing regular file; never one of the inputs, "
+                   "nor a file the black box's import read or wrote, even with --force")
+    e.add_argument("--force", action="store_true", help="let --out replace a file that exists "
+                   "(never an input, nor a file the black box's import read or wrote)")
     e.add_argument("--budget", type=int_at_least(0), help="maximum number of queries, the "
-                   "check queries included (checked before they are spent)")
+                   "check queries included (a budget below the learner's plan is refused before "
+                   "the first query)")
     e.add_argument("--seed", type=int_at_least(0), default=0,
                    help="seed of the learner's random probes and check queries (default 0)")
     e.add_argument("--rank", type=int_at_least(0), help="rank of W (sketch, nuclear)")
@@ -83,12 +96,13 @@ def register(sub) -> None:
     m.add_argument("--head", type=int_at_least(0),
                    help="one head of the layer (the others removed); default: the whole layer")
     m.add_argument("--n-heads", type=int_at_least(1), help="heads per layer (default: "
-                   "config.json beside the checkpoint); also the heads of an --oracle box with "
-                   "--answers (as --param n_heads)")
-    m.add_argument("--readout", type=readout, default=("gaussian", None),
-                   help="readout vector r: 'gaussian' (the default), 'ones' or a coordinate index")
-    m.add_argument("--readout-seed", type=int_at_least(0), default=0,
-                   help="seed of the Gaussian readout (default 0)")
+                   "config.json beside the checkpoint); also the heads of an --oracle box, with "
+                   "a learner that has n_heads (layer, vector; as --param n_heads)")
+    m.add_argument("--readout", type=readout,
+                   help="readout vector r: 'gaussian' (the default), 'ones' or a coordinate index "
+                   "(not with --answers)")
+    m.add_argument("--readout-seed", type=int_at_least(0),
+                   help="seed of the Gaussian readout (default 0; only with --readout gaussian)")
     m.add_argument("--no-biases", action="store_true",
                    help="drop the module's biases (the paper's head; any method)")
     e.add_argument("--json", action="store_true", help="print one JSON object")
@@ -106,6 +120,7 @@ class _Source:
     truth: object = None
     meta: dict = field(default_factory=dict)
     method: str = "exact"
+    returns: str = "head"  # what the learner returns, its spec's
     rank: int | None = None
     params: dict = field(default_factory=dict)  # learner parameters the source implies
     simulated: bool | None = None
@@ -113,23 +128,19 @@ class _Source:
 
 def run(args) -> int:
     """Run ``attnquery extract``; returns the exit status."""
-    _check_module_options(args)
-    if args.out is not None:
-        check_out(args.out, inputs=_input_files(args))  # before any query is spent
+    choice = choose(args)  # the learner, from its spec: before any file is read
+    check_options(args, choice)
+    if args.out is not None:  # before any query is spent, and before the box is imported
+        check_out(args.out, inputs=_input_files(args), replace=args.force)
     params = _parse_params(args.param)
     if args.module is not None:
-        source = _module_source(args)
+        source = _module_source(args, choice)
     elif args.model is not None:
-        source = _model_source(args)
+        source = _model_source(args, choice)
     else:
-        if args.d is None:
-            raise ConfigError("--d is required with --oracle (the black box's token dimension)")
-        if args.n_heads is not None and params.get("n_heads", args.n_heads) != args.n_heads:
-            raise ConfigError(f"--n-heads {args.n_heads} and --param n_heads="
-                              f"{params['n_heads']} disagree: give one")
-        source = _Source(load_black_box(args.oracle), args.d, args.oracle,
-                         method=_oracle_method(args), rank=args.rank,
-                         params={} if args.n_heads is None else {"n_heads": args.n_heads})
+        source = _oracle_source(args, choice, params)
+    if args.oracle is None:  # --oracle's before its import
+        _check_budget(args.budget, source.method, source.d, source.rank)
     spec = ExtractionSpec(
         source.method, source.fn, source.d, truth=source.truth, budget=args.budget,
         seed=args.seed, rank=source.rank, tau=args.tau, eps=args.eps, probes=args.probes,
@@ -147,6 +158,19 @@ def run(args) -> int:
     return 0
 
 
+def _check_budget(budget, method: str, d: int, rank) -> None:
+    """A ``--budget`` below the queries the learner plans to ask, where the plan is known
+    without asking (:func:`~attnquery.extraction.expected_queries`: Theorem 4.1's ``d^2 + d``
+    for ``exact``, the degrees-of-freedom floor for ``sketch``), is refused before the first
+    query (exit 1, as every budget too small); a learner checks its own plan too."""
+    need = None if budget is None else expected_queries(method, d, rank)
+    if need is not None and budget < need:
+        raise BudgetExceededError(
+            f"--budget {budget} is below the {need} queries --method {method} asks at d = {d}"
+            f"{'' if rank is None else f', rank {rank}'} before its check queries; no query "
+            "was asked (raise --budget, or leave it out)")
+
+
 def _input_files(args) -> list:
     """The files the run reads: ``--model``, ``--module`` and the ``config.json`` beside it, or
     the file(s) ``--oracle`` runs (its path, or the module's file and its packages'
@@ -160,37 +184,22 @@ def _input_files(args) -> list:
     return black_box_files(args.oracle)
 
 
-def _check_module_options(args) -> None:
-    if args.answers is not None and args.module is not None:
-        readout_given = [o for o, given in (("--readout", args.readout != ("gaussian", None)),
-                                            ("--readout-seed", args.readout_seed != 0),
-                                            ("--rank", args.rank is not None)) if given]
-        if readout_given:
-            raise ConfigError(f"{', '.join(readout_given)}: not with --answers "
-                              f"{args.answers} (the module answers its output vectors, with no "
-                              "readout, and is learnt by --method vector)")
-    # --n-heads also gives the heads of an --oracle box that answers vectors (--answers)
-    vector_oracle = args.oracle is not None and args.answers is not None
-    module_only = [name for name in ("layer", "head", "n_heads") if getattr(args, name) is not None
-                   and not (name == "n_heads" and vector_oracle)]
-    module_only += ["no_biases"] if args.no_biases else []
-    if args.module is None and module_only:
-        opts = ", ".join("--" + n.replace("_", "-") for n in module_only)
-        raise ConfigError(f"{opts}: only with --module (a checkpoint's attention module)")
-
-
-def _oracle_method(args) -> str:
-    """The method for ``--oracle``: ``--method``, else ``vector`` with ``--answers`` and
-    ``exact`` without; ``--answers`` and ``--method vector`` go together."""
-    vector = args.answers is not None
-    method = args.method or ("vector" if vector else "exact")
-    if vector and method != "vector":
-        raise ConfigError(f"--answers {args.answers}: a box that answers vectors is learnt by "
-                          f"--method vector, not --method {method}")
-    if method == "vector" and not vector:
-        raise ConfigError("--method vector needs --answers all|last (what the box returns: "
-                          "every token's output vector, or the last token's)")
-    return method
+def _oracle_source(args, choice: Choice, params: dict) -> _Source:
+    """The user's black box ``--oracle``, imported while :class:`ImportTrace` records what it
+    imports and opens: ``--out`` may be none of those (checked before any query)."""
+    if args.d is None:
+        raise ConfigError("--d is required with --oracle (the black box's token dimension)")
+    if args.n_heads is not None and params.get("n_heads", args.n_heads) != args.n_heads:
+        raise ConfigError(f"--n-heads {args.n_heads} and --param n_heads="
+                          f"{params['n_heads']} disagree: give one")
+    _check_budget(args.budget, choice.method, args.d, args.rank)  # before any code of the box
+    with ImportTrace() as trace:
+        fn = load_black_box(args.oracle)
+    if args.out is not None:
+        check_out_untouched(args.out, trace.files, f"--oracle {args.oracle}")
+    return _Source(fn, args.d, args.oracle, method=choice.method, returns=choice.returns,
+                   rank=args.rank,
+                   params={} if args.n_heads is None else {"n_heads": args.n_heads})
 
 
 def _parse_params(items) -> dict:
@@ -210,30 +219,28 @@ def _parse_params(items) -> dict:
     return out
 
 
-def _model_source(args) -> _Source:
+def _model_source(args, choice: Choice) -> _Source:
     """The head saved in ``--model``, run in simulation (with ``--answers``, the vector layer
     saved there)."""
     from ..realheads import load_head
 
     if args.answers is not None:
-        return _model_vector_source(args)
+        return _model_vector_source(args, choice)
     with model_usage("--model"):
         truth, meta = load_head(args.model)
     if args.d is not None and args.d != truth.d:
         raise ConfigError(f"--d {args.d} does not match the head in {args.model} "
                           f"(d = {truth.d})")
     return _Source(truth, truth.d, str(args.model), truth=truth, meta=meta,
-                   method=args.method or "exact", rank=args.rank)
+                   method=choice.method, returns=choice.returns, rank=args.rank)
 
 
-def _model_vector_source(args) -> _Source:
+def _model_vector_source(args, choice: Choice) -> _Source:
     """``--model`` with ``--answers``: the vector layer saved by ``--out`` answering vectors,
-    learnt by ``--method vector`` with the layer's heads, mask and positions."""
+    learnt by the learner of vector answers chosen (:func:`choose`) with the layer's heads,
+    mask and positions."""
     from ..realheads import load_vector_layer
 
-    if args.method not in (None, "vector"):
-        raise ConfigError(f"--answers {args.answers}: a layer answering vectors is learnt by "
-                          f"--method vector, not --method {args.method}")
     with model_usage("--model"):
         truth, meta = load_vector_layer(args.model, outputs=args.answers)
     if args.d is not None and args.d != truth.d:
@@ -242,22 +249,22 @@ def _model_vector_source(args) -> _Source:
     params = {"n_heads": truth.n_heads, "causal": truth.causal}
     if truth.rotary:
         params.update(positions="rotary", n_kv_heads=truth.n_kv_heads)
-    return _Source(truth, truth.d, str(args.model), truth=truth, method="vector",
-                   params=params)
+    return _Source(truth, truth.d, str(args.model), truth=truth, method=choice.method,
+                   returns=choice.returns, params=params)
 
 
-def _module_source(args) -> _Source:
+def _module_source(args, choice: Choice) -> _Source:
     """The attention module of ``--module``: one head (``--head``) or the whole layer, with the
     method, rank and learner parameters that fit it (``args`` is not changed)."""
     from ..realheads import ModuleBlackBox, build_head, build_layer, cached_checkpoint
 
     if args.layer is None:
         raise ConfigError("--module needs --layer (the layer to extract, from 0)")
-    kind, index = args.readout
-    readout_seed = index if kind == "coordinate" else args.readout_seed
+    kind, index = args.readout or ("gaussian", None)
+    readout_seed = index if kind == "coordinate" else (args.readout_seed or 0)
     biases = not args.no_biases
     if args.answers is not None:
-        return _module_vector_source(args, biases)
+        return _module_vector_source(args, choice, biases)
     with model_usage("--module"):
         ckpt = cached_checkpoint(args.module, args.n_heads)
         box = ModuleBlackBox(args.module, args.layer, args.head, biases=biases,
@@ -266,26 +273,24 @@ def _module_source(args) -> _Source:
             truth = build_layer(ckpt, args.layer, box.r, biases=biases)
         else:
             truth = build_head(ckpt, args.layer, args.head, box.r, biases=biases)
-    method, rank, params = _module_method(args, ckpt, biases)
+    rank, params = _module_method(args, choice, ckpt, biases)
     if args.d is not None and args.d != box.d:
         raise ConfigError(f"--d {args.d} does not match the module (d = {box.d})")
     what = f"layer {args.layer}" + ("" if args.head is None else f" head {args.head}")
     name = f"{args.module} ({what}, {ckpt.style}-style, readout {kind}:{readout_seed}, " \
            f"{'with' if biases else 'without'} biases)"
     # a real module: its answers are taken as they are
-    return _Source(box, box.d, name, truth=truth, method=method, rank=rank, params=params,
-                   simulated=False)
+    return _Source(box, box.d, name, truth=truth, method=choice.method,
+                   returns=choice.returns, rank=rank, params=params, simulated=False)
 
 
-def _module_vector_source(args, biases: bool) -> _Source:
+def _module_vector_source(args, choice: Choice, biases: bool) -> _Source:
     """``--module`` with ``--answers``: the module answering its output vectors (one head with
-    ``--head``, else the whole layer), learnt by ``--method vector`` with the checkpoint's heads;
-    the ground truth is the same module as a VectorAttentionLayer."""
+    ``--head``, else the whole layer), learnt by the learner of vector answers chosen
+    (:func:`choose`) with the checkpoint's heads; the ground truth is the same module as a
+    VectorAttentionLayer."""
     from ..realheads import ModuleBlackBox, cached_checkpoint
 
-    if args.method not in (None, "vector"):
-        raise ConfigError(f"--answers {args.answers}: a module answering vectors is learnt by "
-                          f"--method vector, not --method {args.method}")
     with model_usage("--module"):
         ckpt = cached_checkpoint(args.module, args.n_heads)
         box = ModuleBlackBox(args.module, args.layer, args.head, biases=biases,
@@ -296,49 +301,49 @@ def _module_vector_source(args, biases: bool) -> _Source:
     what = f"layer {args.layer}" + ("" if args.head is None else f" head {args.head}")
     name = f"{args.module} ({what}, {ckpt.style}-style, {'with' if biases else 'without'} " \
            "biases)"
-    return _Source(box, box.d, name, truth=truth, method="vector",
+    return _Source(box, box.d, name, truth=truth, method=choice.method,
+                   returns=choice.returns,
                    params={"n_heads": truth.n_heads, "fit_bias": biases,
                            "causal": truth.causal}, simulated=False)
 
 
-def _module_method(args, ckpt, biases: bool) -> tuple[str, int | None, dict]:
-    """The method, rank and learner parameters for ``--module``: ``layer`` with the
-    checkpoint's heads for a whole layer, else ``--method`` (default ``exact``), fitting the
-    biases when the head has them."""
-    if args.head is None:
-        if args.method not in (None, "layer"):
-            raise ConfigError(f"--method {args.method} learns one head; without --head the box "
-                              "is the whole layer: give --head H, or --method layer")
-        rank = ckpt.d_head if args.rank is None else args.rank
-        return "layer", rank, {"n_heads": ckpt.n_heads, "fit_bias": biases}
-    method = args.method or "exact"
-    if method == "layer":
-        raise ConfigError("--method layer learns a whole layer: leave out --head")
-    if biases and not methods()[method].fits_bias:
-        raise ConfigError(f"the module's head has biases, which --method {method} does "
-                          "not fit: use --method exact or sketch, or drop the biases with "
+def _module_method(args, choice: Choice, ckpt, biases: bool) -> tuple[int | None, dict]:
+    """The rank and learner parameters for ``--module``: for a whole layer (a learner that
+    returns a layer, :func:`choose`), the checkpoint's heads and rank d / H; for one head,
+    ``--rank``; the biases fitted when the module has them, by a learner whose spec says it
+    fits them."""
+    if biases and not methods()[choice.method].fits_bias:
+        fitting = " or ".join(k for k, m in methods().items() if m.returns == choice.returns
+                            and m.oracle != "vector" and m.available and m.fits_bias)
+        raise ConfigError(f"the module's {'layer' if args.head is None else 'head'} has "
+                          f"biases, which --method {choice.method} does not fit: use --method "
+                          f"{fitting or '(none installed)'}, or drop the biases with "
                           "--no-biases (the paper's head)")
-    return method, args.rank, {"fit_bias": True} if biases else {}
+    if args.head is None:  # the layer learner is told either way, where it takes fit_bias
+        rank = ckpt.d_head if args.rank is None else args.rank
+        fit = {"fit_bias": biases} if choice.takes("fit_bias") else {}
+        return rank, {"n_heads": ckpt.n_heads, **fit}
+    return args.rank, {"fit_bias": True} if biases else {}
 
 
 def _save(out, source: _Source, learned, summary: dict) -> None:
     from ..realheads import save_head, save_layer, save_vector_layer
 
-    if source.method == "vector":
+    if source.returns == "vector layer":
         write_model(save_vector_layer, "layer", out, learned, n_queries=summary["n_queries"],
                     n_tokens=summary["n_tokens"], answers=summary["answers"],
                     causal=int(summary["causal"]), source=source.name)
         return
-    layer = source.method == "layer"
+    layer = source.returns == "layer"
     write_model(save_layer if layer else save_head, "layer" if layer else "head", out, learned,
                 method=source.method, n_queries=summary["n_queries"], source=source.name)
 
 
 def _report(s: dict, source: _Source, learned, args) -> str:
     """The human-readable summary of a run."""
-    if source.method == "vector":
+    if source.returns == "vector layer":
         return _vector_report(s, source, args)
-    layer = source.method == "layer"
+    layer = source.returns == "layer"
     what = f"a layer of {s['n_heads']} heads of rank {s['rank_found']}" if layer else "a head"
     lines = [
         f"extracted {what} of dimension d = {source.d} from {source.name} with --method "
@@ -381,7 +386,7 @@ def _vector_report(s: dict, source: _Source, args) -> str:
              if rotary else f"{s['n_heads']} head(s)")
     lines = [
         f"extracted a layer of {heads} of dimension d = {s['d']} (d_out = {s['d_out']}) from "
-        f"{source.name} with --method vector, answers: {answers}",
+        f"{source.name} with --method {source.method}, answers: {answers}",
         f"  queries        {s['n_queries']} of {s['n_tokens']} tokens (counted by the oracle; "
         f"by stage: {stages})",
         f"  time           {s['time_s']:.2f} s",
