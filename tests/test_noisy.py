@@ -1,7 +1,5 @@
 """NoisyValueQueryLearner (Theorem 6.1) and the noise / rounding experiments' claims."""
 
-import warnings
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -23,21 +21,7 @@ from attnquery.models import AttentionHead, assumptions_met, theorem_head
 from attnquery.oracles import ApproximateValueOracle, MembershipOracle, ValueOracle
 from attnquery.results import rows_to_table
 
-
-def _fit(est, oracle):
-    """``est.fit(oracle)``, asserting that it warns :class:`VacuousCheckWarning` exactly when it
-    sets ``verify_vacuous_``: near the theorem's limit on tau the error its guarantee allows
-    exceeds the answers themselves, so the check of the estimate cannot fail there (by design);
-    other warnings pass through."""
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        est.fit(oracle)
-    vacuous = [w for w in seen if issubclass(w.category, VacuousCheckWarning)]
-    assert len(vacuous) == int(est.verify_vacuous_), [str(w.message) for w in seen]
-    for w in seen:
-        if w not in vacuous:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    return est
+from .vacuous import fit_noting_vacuous
 
 
 def test_clip_constants_match_lemma_a1():
@@ -61,7 +45,8 @@ def test_error_within_theorem_guarantee(noise, d, W_bound, mu):
         for tau in (1e-8, 1e-5, 1e-3, 0.49 * mu):
             assert assumptions_met(head, tau, W_bound, mu)
             o = ApproximateValueOracle(head, d, tau, noise=noise, random_state=seed)
-            est = _fit(NoisyValueQueryLearner(W_bound=W_bound, mu=mu, random_state=seed), o)
+            est = fit_noting_vacuous(
+                NoisyValueQueryLearner(W_bound=W_bound, mu=mu, random_state=seed), o)
             # the check is a check at small tau, and cannot fail at the theorem's limit
             assert est.verify_vacuous_ == (tau > 1e-3) or 1e-8 < tau <= 1e-3
             bW, bv = theorem61_guarantee(tau, d, W_bound, mu)
@@ -107,7 +92,7 @@ def test_oversampling_reduces_random_error_and_counts_queries():
         errs = []
         for s in range(6):
             o = ApproximateValueOracle(head, 4, 1e-4, random_state=s)
-            est = _fit(NoisyValueQueryLearner(W_bound=2.0, mu=0.1, oversample=k,
+            est = fit_noting_vacuous(NoisyValueQueryLearner(W_bound=2.0, mu=0.1, oversample=k,
                                               random_state=s), o)
             assert o.n_queries == k * (4 + 16) + est.n_verify_queries_
             errs.append(np.linalg.norm(est.W_ - head.W))
@@ -121,7 +106,7 @@ def test_unclipped_baseline_is_undefined_under_large_noise():
     unc = NoisyValueQueryLearner(W_bound=8.0, mu=0.05, clip=False, strict=False)
     with pytest.raises(AssumptionViolation, match="undefined"):
         unc.fit(o)
-    clipped = _fit(NoisyValueQueryLearner(W_bound=8.0, mu=0.05), o)
+    clipped = fit_noting_vacuous(NoisyValueQueryLearner(W_bound=8.0, mu=0.05), o)
     assert unc.n_undefined_ > 0 and np.isnan(unc.W_).any()
     assert np.all(np.isfinite(clipped.W_)) and clipped.n_clipped_ > 0
 
