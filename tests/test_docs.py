@@ -253,6 +253,9 @@ def test_every_public_module_has_an_api_reference_page():
     pages = {title: page for entry in api for title, page in entry.items()}
     modules = {f"attnquery.{m.name}" for m in pkgutil.iter_modules(attnquery.__path__)
                if not m.name.startswith("_")}
+    # and a page of their own for the plug-in contract and the route learners the pages name
+    modules |= {"attnquery.learners.base", "attnquery.learners.vector_served",
+                "attnquery.learners.vector_rotary", "attnquery.learners.vector_rotary_layer"}
     assert set(pages) == modules, (sorted(modules - set(pages)), sorted(set(pages) - modules))
     assert all(page == f"api/{t.removeprefix('attnquery.')}.md" for t, page in pages.items())
 
