@@ -152,7 +152,22 @@ def test_the_documentation_site_builds_strict(tmp_path):
 
     for name in exported:
         assert f'id="attnquery.learners.{name}"' in learners, name
-    assert (site / "overview.html").is_file() and (site / "findings.html").is_file()
+    # a class's entry shows its constructor's signature
+    assert 'ExactValueQueryLearner</span><span class="p">(' in learners
+    # the plug-in contract and the route learners the pages name have entries of their own
+    base = (site / "api" / "learners.base.html").read_text(encoding="utf-8")
+    for name in ("BaseLearner", "LearnerSpec", "QueryLedger", "get_learner", "learner_table",
+                 "check_is_fitted", "clone"):
+        assert f'id="attnquery.learners.base.{name}"' in base, name
+    for module, name in [("vector_served", "ServedVectorLearner"),
+                         ("vector_rotary", "RotaryVectorLearner"),
+                         ("vector_rotary_layer", "RotaryLayerVectorLearner")]:
+        page = (site / "api" / f"learners.{module}.html").read_text(encoding="utf-8")
+        assert f'id="attnquery.learners.{module}.{name}"' in page, name
+    # the site opens on the overview (the README), its tables' code without escapes
+    index = (site / "index.html").read_text(encoding="utf-8")
+    assert "What the study finds" in index and "all\\|last" not in index
+    assert "all|last" in index and (site / "findings.html").is_file()
 
 
 def _table_rows(page: str, header: str) -> dict[str, str]:
@@ -238,6 +253,9 @@ def test_every_public_module_has_an_api_reference_page():
     pages = {title: page for entry in api for title, page in entry.items()}
     modules = {f"attnquery.{m.name}" for m in pkgutil.iter_modules(attnquery.__path__)
                if not m.name.startswith("_")}
+    # and a page of their own for the plug-in contract and the route learners the pages name
+    modules |= {"attnquery.learners.base", "attnquery.learners.vector_served",
+                "attnquery.learners.vector_rotary", "attnquery.learners.vector_rotary_layer"}
     assert set(pages) == modules, (sorted(modules - set(pages)), sorted(set(pages) - modules))
     assert all(page == f"api/{t.removeprefix('attnquery.')}.md" for t, page in pages.items())
 

@@ -32,7 +32,8 @@ from attnquery.results import RESULT_SCHEMA, TIMING_SCHEMA, read_results
 
 from .fresh import REPO, fresh_clone, planned_jobs, shell, user_env
 
-pytestmark = pytest.mark.slow
+# a fresh clone, a real install and the smoke study: `make test-e2e` (CI), not `make test`
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 SECTIONS = ("Quick start", "Direct use")
 INSTALL = "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[test]'"
@@ -42,6 +43,7 @@ QUICK = "snakemake --cores 8 --configfile config/quick.yaml"
 HOW = {
     "make reproduce": "make -n",
     "make test": "make -n",
+    "make test-e2e": "make -n",
     INSTALL: "real",
     "snakemake --cores 8": "dry",
     QUICK: "real",
@@ -55,11 +57,6 @@ HOW = {
     "make check-reproducible": "make -n",
     "make cluster-test": "make -n",
 }
-
-#: the smoke study must stay a smoke study (the README states what it takes on 2 cores)
-QUICK_LIMIT_S = 300
-#: how much longer than the README's stated time the smoke study may take on a loaded machine
-QUICK_LOAD_FACTOR = 2.5
 
 
 def readme_commands() -> list[str]:
@@ -126,7 +123,8 @@ def test_every_readme_command_succeeds(readme_run):
 
 def test_make_targets_exist_and_name_their_commands(readme_run):
     _, _, results, _ = readme_run
-    expected = {"make reproduce": "snakemake --cores", "make test": "pytest",
+    expected = {"make reproduce": "snakemake --cores", "make test": '-m "not e2e"',
+                "make test-e2e": "-m e2e",
                 "make figures": "snakemake figures", "make report": "--report report.html",
                 "make findings": "attnquery.findings publish",
                 "make appendix": "attnquery.appendix",
@@ -148,16 +146,11 @@ def test_dry_runs_plan_the_whole_studies(readme_run):
         assert computed == set(check_config(cfg)), command
 
 
-def test_quick_study_runs_to_the_end_in_the_time_the_readme_states(readme_run):
-    clone, _, results, seconds = readme_run
+def test_quick_study_runs_to_the_end(readme_run):
+    # its wall-clock time is not a test's business (a loaded machine takes longer): `make bench`
+    clone, _, results, _ = readme_run
     assert results[QUICK].returncode == 0
     assert (clone / "results" / "validation.txt").read_text().startswith("valid")
-    readme = (REPO / "README.md").read_text()
-    stated = re.search(r"config/quick\.yaml\s+# a smoke study: about (\d+) s on 2 cores", readme)
-    assert stated, "the README states no time for the smoke study"
-    # the stated time was measured on a quiet 2-core machine; a loaded one may take longer
-    limit = min(QUICK_LIMIT_S, QUICK_LOAD_FACTOR * int(stated.group(1)))
-    assert seconds < limit, f"{QUICK} took {seconds:.0f} s; the README states {stated.group(1)} s"
 
 
 def test_every_experiment_has_one_row_per_cell_with_the_schema(readme_run):

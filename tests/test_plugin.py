@@ -111,6 +111,7 @@ def test_extract_recovers_a_head_with_the_plugin(site, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e  # a real study in a fresh clone: `make test-e2e`
 def test_a_study_config_lists_the_plugin_and_its_figure_draws_it(site, tmp_path):
     # the study of examples/plugin/study.yaml in a fresh clone, 1 core (about 40 s)
     clone = fresh_clone(tmp_path / "clone")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import sys
 import types
+import warnings
 
 import numpy as np
 import pytest
@@ -26,13 +27,32 @@ from attnquery.models import random_head
 from attnquery.oracles import ValueOracle
 
 
+@pytest.fixture(params=["as installed", "with plug-ins"])
+def installed(request, monkeypatch):
+    """The registry as this environment has it, and with plug-ins installed (one that loads,
+    one that cannot): the tests of the built-in learners hold either way."""
+    if request.param == "with plug-ins":
+        mod = types.ModuleType("attnquery_test_plugins")
+        mod.Child = _Child
+        monkeypatch.setitem(sys.modules, "attnquery_test_plugins", mod)
+        request.getfixturevalue("entry_points")(
+            aa_child="attnquery_test_plugins:Child", zz_gone="attnquery_gone:Gone")
+    return request.param
+
+
+def _builtin(entries):
+    """The built-in learners' names among ``entries`` (names or a registry mapping)."""
+    reg = registry()
+    return [n for n in entries if not reg[n].plugin]
+
+
 def _learner_classes():
     return [getattr(learners, n) for n in learners.__all__
             if inspect.isclass(getattr(learners, n))
             and issubclass(getattr(learners, n), BaseLearner)]
 
 
-def test_every_exported_learner_declares_its_own_spec_and_is_registered():
+def test_every_exported_learner_declares_its_own_spec_and_is_registered(installed):
     classes = _learner_classes()
     assert len(classes) == 13
     reg = registry()
@@ -40,12 +60,13 @@ def test_every_exported_learner_declares_its_own_spec_and_is_registered():
         assert isinstance(cls.__dict__.get("spec"), LearnerSpec), cls.__name__
         entry = reg[cls.spec.name]
         assert entry.load() is cls and not entry.plugin
-    assert len(reg) == len(classes)
+    assert len(_builtin(reg)) == len(classes)
+    assert all(reg[n].module.startswith("attnquery.learners.") for n in _builtin(reg))
 
 
-def test_the_command_lines_names_are_the_registrys():
-    names = [n for n, e in registry().items() if e.spec.command_line
-             and e.spec.returns in ("head", "layer", "rotary head")]
+def test_the_command_lines_names_are_the_registrys(installed):
+    names = [n for n in _builtin(registry()) if get_entry(n).spec.command_line
+             and get_entry(n).spec.returns in ("head", "layer", "rotary head")]
     assert names == ["exact", "sketch", "nuclear", "noisy", "membership", "layer", "rotary"]
 
 
@@ -58,9 +79,10 @@ def test_a_spec_names_the_stages_its_fit_counts(name):
     assert sum(est.n_queries_by_stage_.values()) == est.n_queries_
 
 
-def test_every_variant_builds_its_learner_with_its_parameters():
+def test_every_variant_builds_its_learner_with_its_parameters(installed):
     n = 0
-    for name, entry in registry().items():
+    for name in _builtin(registry()):
+        entry = get_entry(name)
         for variant, params in entry.spec.variants.items():
             required = {k: 1.0 for k, p in entry.parameters().items()
                         if p["default"] is REQUIRED}
@@ -146,15 +168,19 @@ def test_plugins_are_found_loaded_lazily_and_a_broken_one_is_named(monkeypatch,
     assert get_learner("child") is _Child
     spec = get_entry("child").spec
     assert spec.name == "child" and spec.oracle == "value" and spec.fits_bias
+    # ... but not its label: figures draw it under its own name, not as "exact (Thm 4.1)"
+    assert get_entry("exact").spec.label and spec.label == "" and spec.display == "child"
     with pytest.raises(ConfigError, match=r"learner 'broken' \(entry point broken = "
                        r"'attnquery_missing_package.learner:Broken'.*\) cannot be loaded: "
-                       r"ModuleNotFoundError"):
+                       r"ModuleNotFoundError"), \
+            pytest.warns(UserWarning, match="plug-in learner 'broken' .* it is left out"):
         get_learner("broken")
     with pytest.raises(ConfigError, match="'nospec'.* is not a learner class with a spec"):
         get_learner("nospec")
     # the others still work, and the table says which plug-in is not available
     assert get_learner("exact") is learners.ExactValueQueryLearner
-    table = learner_table()
+    with pytest.warns(UserWarning, match="'broken'"):
+        table = learner_table()
     assert "| `child` | `Child` (plug-in `attnquery_test_plugins`) | value | head |" in table
     assert "| `broken` | `attnquery_missing_package.learner:Broken` | | | not available: " in table
 
@@ -162,7 +188,55 @@ def test_plugins_are_found_loaded_lazily_and_a_broken_one_is_named(monkeypatch,
 def test_a_plugin_is_not_imported_until_it_is_used(monkeypatch, entry_points):
     entry_points(later="attnquery_not_yet_imported:Later")
     assert "later" in registry() and "attnquery_not_yet_imported" not in sys.modules
-    assert not get_entry("later").available
+    with pytest.warns(UserWarning, match="'later'"):
+        assert not get_entry("later").available
+
+
+class _Labelled(learners.ExactValueQueryLearner):
+    spec = LearnerSpec(name="labelled", oracle="value", description="own", label="my label")
+
+
+def test_a_plugin_with_a_spec_of_its_own_keeps_its_label(monkeypatch, entry_points):
+    mod = types.ModuleType("attnquery_test_plugins")
+    mod.Labelled = _Labelled
+    monkeypatch.setitem(sys.modules, "attnquery_test_plugins", mod)
+    entry_points(renamed="attnquery_test_plugins:Labelled")
+    spec = get_entry("renamed").spec
+    assert (spec.name, spec.label, spec.display) == ("renamed", "my label", "my label")
+
+
+@pytest.mark.parametrize("body, raised", [
+    ("import sys\nsys.exit(0)\n", "SystemExit: 0"),
+    ("import sys\nsys.exit('bye')\n", "SystemExit: bye"),
+    ("raise RuntimeError('boom')\n", "RuntimeError: boom"),
+    ("raise BaseException('odd')\n", "BaseException: odd"),
+])
+def test_a_plugin_whose_import_exits_or_raises_does_not_end_the_host(
+        body, raised, tmp_path, monkeypatch, entry_points, capsys):
+    (tmp_path / "attnquery_bad_plugin.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "attnquery_bad_plugin", raising=False)
+    entry_points(a_plugin_with_a_long_name="attnquery_bad_plugin:Learner")
+    with pytest.warns(UserWarning, match=f"plug-in learner 'a_plugin_with_a_long_name' .* "
+                      f"cannot be loaded: {raised}; it is left out"):
+        table = learner_table()
+    assert f"cannot be loaded: {raised}" in table and "| `exact` |" in table
+    with pytest.raises(ConfigError, match=raised), pytest.warns(UserWarning):
+        get_learner("a_plugin_with_a_long_name")
+    assert get_learner("exact") is learners.ExactValueQueryLearner
+    # attnquery info names it, says why, and exits 0; the table's columns stay aligned
+    from attnquery.cli.app import main
+
+    monkeypatch.chdir(tmp_path)  # no config/config.yaml here: versions and methods only
+    with pytest.warns(UserWarning, match="a_plugin_with_a_long_name"):
+        assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    rows = out.split("methods:\n", 1)[1].split("\nconfig:", 1)[0].splitlines()
+    assert rows[-1].startswith("  a_plugin_with_a_long_name ") and raised in rows[-1]
+    assert rows[0].startswith("  exact ")
+    # the second column (the class) starts at one place, after the longest name
+    starts = {len(r) - len(r[2:].split(None, 1)[1]) for r in rows}
+    assert starts == {2 + len("a_plugin_with_a_long_name") + 2}, rows
 
 
 def test_a_plugin_may_not_take_a_built_in_name(monkeypatch, entry_points):
@@ -176,16 +250,20 @@ def test_a_plugin_may_not_take_a_built_in_name(monkeypatch, entry_points):
 # ---------------------------------------------------------------------------------------------
 # the command line's methods read the registry
 # ---------------------------------------------------------------------------------------------
-def test_the_methods_are_the_registrys_specs():
-    from attnquery.extraction import BIAS_METHODS, METHODS
+def test_the_methods_are_the_registrys_specs(installed):
+    import attnquery.extraction as extraction
 
-    assert list(METHODS) == ["exact", "sketch", "nuclear", "noisy", "membership", "layer",
-                             "rotary", "vector"]
-    for name, m in METHODS.items():
-        spec = get_entry(name).spec
+    methods = extraction.methods()
+    assert _builtin(methods) == ["exact", "sketch", "nuclear", "noisy", "membership", "layer",
+                                 "rotary", "vector"]
+    for name in _builtin(methods):
+        m, spec = methods[name], get_entry(name).spec
         assert (m.load(), m.oracle, m.description, m.returns, m.fits_bias) == (
             get_learner(name), spec.oracle, spec.description, spec.returns, spec.fits_bias)
-    assert BIAS_METHODS == ("exact", "sketch", "layer", "vector")
+    with warnings.catch_warnings():  # a plug-in that cannot be loaded is named (tested below)
+        warnings.simplefilter("ignore", UserWarning)
+        bias = extraction.BIAS_METHODS
+    assert _builtin(bias) == ["exact", "sketch", "layer", "vector"]
 
 
 class _Network(learners.ExactValueQueryLearner):
@@ -209,9 +287,12 @@ def test_a_plugin_method_extracts_and_one_the_command_line_cannot_report_is_refu
     with pytest.raises(ConfigError, match=r"learner 'net' .* returns a network: attnquery "
                        "extract reports a head, a layer, a rotary head"):
         run_extraction(ExtractionSpec("net", some_head, 16))
-    with pytest.raises(ConfigError, match="learner 'gone' .* cannot be loaded"):
+    with pytest.raises(ConfigError, match="learner 'gone' .* cannot be loaded"), \
+            pytest.warns(UserWarning, match="plug-in learner 'gone'"):
         run_extraction(ExtractionSpec("gone", some_head, 16))
-    assert not METHODS["gone"].available and METHODS["child"].available
+    with pytest.warns(UserWarning, match="plug-in learner 'gone'"):
+        assert not METHODS["gone"].available
+    assert METHODS["child"].available
 
 
 def test_a_learner_that_does_not_return_what_its_spec_says_is_named():

@@ -23,15 +23,14 @@ import numbers
 import numpy as np
 
 from attnquery.errors import ConfigError, NotIdentifiableError
-from attnquery.learners._base import (
+from attnquery.learners.base import (
     DEFAULT_VERIFY,
     ROUNDING_RTOL,
     BaseLearner,
+    Interval,
+    LearnerSpec,
     check_oracle,
-    check_scalar,
-    check_verify_param,
 )
-from attnquery.learners._registry import LearnerSpec
 from attnquery.models import AttentionHead
 
 __all__ = ["LeastSquaresLearner"]
@@ -80,6 +79,14 @@ class LeastSquaresLearner(BaseLearner):
         "oversample (d^2 + d) queries (plug-in example)",
         variants={"square": {"oversample": 2, "token_scale": 0.5}}, label="least squares")
 
+    # the values each parameter may take (BaseLearner's own: verify, random_state); fit's
+    # validate_params() refuses any other by name, before the first query
+    _parameter_constraints = {
+        **BaseLearner._parameter_constraints,
+        "oversample": [Interval(numbers.Integral, 2, None, closed="left")],
+        "token_scale": [Interval(numbers.Real, 0, None, closed="neither")],
+    }
+
     def __init__(self, *, oversample: int = 2, token_scale: float = 1.0,
                  verify: int = DEFAULT_VERIFY, random_state=None):
         self.oversample = oversample
@@ -99,15 +106,13 @@ class LeastSquaresLearner(BaseLearner):
         ModelMismatchError
             The check queries disagree with the estimate (not a single head, noise, biases).
         """
-        check_scalar(self.oversample, "oversample", numbers.Integral, min_val=2)
-        check_scalar(self.token_scale, "token_scale", numbers.Real, min_val=0,
-                     include_boundaries="neither")
-        n_check = check_verify_param(self.verify)
+        self.validate_params()
+        n_check = int(self.verify)
         d = check_oracle(oracle)
-        rng = self._rng()
+        rng = self.make_rng()
         s = float(self.token_scale) / np.sqrt(d)
         n_v, n_W = self.oversample * d, self.oversample * d * d
-        with self._open_ledger(oracle, STAGES) as ledger:
+        with self.open_ledger(oracle, STAGES) as ledger:
             ledger.check_budget(n_v + n_W + n_check, f"least squares ({n_v + n_W} queries and "
                                 f"{n_check} check queries)")
             with ledger.stage("v"):
@@ -123,12 +128,13 @@ class LeastSquaresLearner(BaseLearner):
             self.W_, self.residual_ = _solve_W(A, B, y, v)
             self.v_ = v
             with ledger.stage("verify"):
-                self._verify_fit(oracle, self.predict, rng.spawn(1)[0], rtol=ROUNDING_RTOL,
+                self.verify_fit(oracle, self.predict, rng.spawn(1)[0], rtol=ROUNDING_RTOL,
                                  n0=ledger.n0)
         return self
 
     def predict(self, X) -> np.ndarray:
-        """Evaluate the recovered head on inputs X (B, N, d)."""
+        """Evaluate the recovered head on inputs X (B, N, d) (before ``fit``:
+        :class:`~attnquery.errors.NotFittedError`, as every learner's)."""
         return AttentionHead(self.v_, W=self.W_)(X)
 
 

@@ -14,6 +14,7 @@ __all__ = [
     "AnswerError",
     "OracleFailure",
     "ConfigError",
+    "NotFittedError",
     "ModelError",
     "AssumptionViolation",
     "ModelMismatchError",
@@ -54,6 +55,15 @@ class OracleFailure(AttnQueryError, RuntimeError):
 
 class ConfigError(AttnQueryError, ValueError):
     """A study configuration or a learner parameter is invalid."""
+
+
+class NotFittedError(AttnQueryError, ValueError, AttributeError):
+    """A fitted estimate was asked for (``predict``, say) before ``fit`` ran.
+
+    Like scikit-learn's ``NotFittedError`` it is also a ``ValueError`` and an
+    ``AttributeError``, so code written for either keeps catching it. Raised by
+    :func:`attnquery.learners.base.check_is_fitted`, which every learner's ``predict`` calls.
+    """
 
 
 class ModelError(AttnQueryError, ValueError):

@@ -79,9 +79,13 @@ def _print(info: dict) -> None:
     print("attnquery " + v["attnquery"] + f" (result schema version {info['schema_version']})")
     print("  " + ", ".join(f"{k} {val}" for k, val in v.items() if k != "attnquery"))
     print("methods:")
+    width = max((len(k) for k in info["methods"]), default=0) + 1  # names of any length
     for k, m in info["methods"].items():
-        mark = "available" if m["available"] else "not available"
-        print(f"  {k:<11} {m['learner']} ({m['oracle']} oracle), {mark}: {m['description']}")
+        if m["available"]:
+            print(f"  {k:<{width}} {m['learner']} ({m['oracle']} oracle), available: "
+                  f"{m['description']}")
+        else:  # the description says why (a plug-in that cannot be loaded)
+            print(f"  {k:<{width}} {m['learner']}, {m['description']}")
     print(f"config: {info['config']}")
     exps = info.get("experiments", {})
     if exps:

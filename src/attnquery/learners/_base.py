@@ -5,6 +5,8 @@ estimate (:mod:`._check`, re-exported here with the noise judgement of :mod:`._n
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import inspect
 import numbers
 import warnings
@@ -14,6 +16,7 @@ import numpy as np
 from ..errors import (
     ConfigError,
     ModelMismatchError,
+    NotFittedError,
     VacuousCheckWarning,
 )
 from ..rng import as_rng
@@ -39,7 +42,8 @@ from ._params import (
     validate_parameter_constraints,
 )
 
-__all__ = ["BaseLearner", "QueryLedger", "check_scalar", "check_oracle",
+__all__ = ["BaseLearner", "QueryLedger", "check_is_fitted", "clone", "FITTED_METHODS",
+           "check_scalar", "check_oracle",
            "check_budget", "chunk_slices", "check_answers", "check_signs", "check_queries",
            "check_plan", "check_verify_param", "check_length_param", "DEFAULT_VERIFY",
            "MAX_VERIFY", "VERIFY_PARAM", "BLOCK_BYTES_PARAM", "CHECK_LENGTH_PARAM",
@@ -64,19 +68,86 @@ VERIFY_PARAM = Interval(numbers.Integral, 0, MAX_VERIFY, closed="both",
 #: the ``check_length`` parameter's constraint (the position-free learners')
 CHECK_LENGTH_PARAM = Interval(numbers.Integral, 1, None, closed="left",
                               note="the tokens of the longest check queries")
+#: the methods that need a fitted learner: :class:`BaseLearner` makes each one a subclass
+#: defines call :func:`check_is_fitted` first
+FITTED_METHODS = ("predict", "predict_sign", "transform", "score")
+#: fitted attributes a ``fit`` sets also when it fails (the query counts and the check's
+#: outcome): on their own they do not make a learner fitted
+_BOOKKEEPING = frozenset({"n_queries_", "n_queries_by_stage_", "verify_error_",
+                          "n_verify_queries_", "verify_vacuous_"})
+
+
+def check_is_fitted(estimator, attributes=None) -> None:
+    """Raise :class:`~attnquery.errors.NotFittedError` unless ``estimator`` has been fitted.
+
+    Parameters
+    ----------
+    estimator : BaseLearner
+        The learner.
+    attributes : str or sequence of str, optional
+        Fitted attributes that must all be set. Without them (scikit-learn's rule) the learner
+        is fitted when it has any attribute ending in ``_`` but for the query counts and the
+        check's outcome, which a ``fit`` that failed sets too.
+
+    Raises
+    ------
+    NotFittedError
+        If it is not fitted (a ``ValueError`` and an ``AttributeError`` as well).
+    """
+    names = vars(estimator)
+    if attributes is not None:
+        wanted = [attributes] if isinstance(attributes, str) else list(attributes)
+        fitted = all(a in names for a in wanted)
+    else:
+        fitted = any(k.endswith("_") and not k.startswith("_") and k not in _BOOKKEEPING
+                     for k in names)
+    if not fitted:
+        raise NotFittedError(f"this {type(estimator).__name__} is not fitted yet: call "
+                             "fit(oracle) before using its estimate")
+
+
+def clone(estimator):
+    """A new, unfitted learner with the same parameters as ``estimator`` (scikit-learn's
+    ``clone``): learners among the parameters are cloned, other values deep-copied, so the
+    copy shares nothing with the original (a seed ``Generator`` is copied in its state)."""
+    if not isinstance(estimator, BaseLearner):
+        raise ConfigError(f"clone() takes a learner; got {type(estimator).__name__}")
+    params = {k: clone(v) if isinstance(v, BaseLearner) else copy.deepcopy(v)
+              for k, v in estimator.get_params().items()}
+    return type(estimator)(**params)
+
+
+def _needs_fit(method):
+    """``method`` calling :func:`check_is_fitted` first."""
+
+    @functools.wraps(method)
+    def checked(self, *args, **kwargs):
+        check_is_fitted(self)
+        return method(self, *args, **kwargs)
+
+    checked.checks_fitted = True
+    return checked
 
 
 
 class BaseLearner:
-    """Parameters live in ``__init__``; ``fit(oracle)`` returns self; fitted attributes end in _.
+    """The base class of every learner: parameters live in ``__init__``; ``fit(oracle)``
+    returns self; fitted attributes end in ``_``.
 
     Each learner declares the values its parameters may take in ``_parameter_constraints``
     (parameter name -> list of constraints, any one of which admits a value; the vocabulary
-    is :mod:`attnquery.learners._params`), extending this class's dict, and its rules that
-    join several parameters in :meth:`_validate_extra`. Its ``fit`` calls
-    :meth:`_validate_params` first, so a bad value raises
-    :class:`~attnquery.errors.ConfigError` before any query. ``_parameter_errors`` maps a
-    parameter to the ConfigError subclass its bad value raises, where that is more specific.
+    is :mod:`attnquery.learners.base`'s :class:`Interval`, :class:`Options`, ...), extending
+    this class's dict, and its rules that join several parameters in :meth:`_validate_extra`.
+    Its ``fit`` calls :meth:`validate_params` first, so a bad value raises
+    :class:`~attnquery.errors.ConfigError` before any query; it asks its oracle through
+    :meth:`open_ledger`, draws its queries from :meth:`make_rng` and checks its estimate last
+    with :meth:`verify_fit`. ``_parameter_errors`` maps a parameter to the ConfigError subclass
+    its bad value raises, where that is more specific.
+
+    The methods of :data:`FITTED_METHODS` (``predict``, ...) that a subclass defines call
+    :func:`check_is_fitted` first: before ``fit`` they raise
+    :class:`~attnquery.errors.NotFittedError`. ``_validate_params``, ``_verify_fit``, ``_rng``
+    and ``_open_ledger`` are older names of the same methods.
     """
 
     #: parameter name -> list of constraints (see :mod:`attnquery.learners._params`)
@@ -86,6 +157,13 @@ class BaseLearner:
     }
     #: parameter name -> the ConfigError subclass its bad value raises (default ConfigError)
     _parameter_errors: dict = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name in FITTED_METHODS:  # predict before fit: NotFittedError, not 'v_'
+            method = cls.__dict__.get(name)
+            if inspect.isfunction(method) and not getattr(method, "checks_fitted", False):
+                setattr(cls, name, _needs_fit(method))
 
     @classmethod
     def parameter_constraints(cls) -> dict:
@@ -98,13 +176,15 @@ class BaseLearner:
         return {n: describe_constraints(cls._parameter_constraints[n]) for n in names
                 if n in cls._parameter_constraints}
 
-    def _validate_params(self) -> None:
+    def validate_params(self) -> None:
         """Check every declared parameter, then :meth:`_validate_extra`; raise
         :class:`~attnquery.errors.ConfigError` naming the parameter, what it may be and the
         value given. Asks no query: ``fit`` calls it first."""
         validate_parameter_constraints(type(self)._parameter_constraints, self.get_params(),
                                        errors=type(self)._parameter_errors)
         self._validate_extra()
+
+    _validate_params = validate_params  # the name the built-in learners call
 
     def _validate_extra(self) -> None:
         """Rules joining several parameters (each declared parameter already has a valid
@@ -132,7 +212,7 @@ class BaseLearner:
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
         return f"{type(self).__name__}({args})"
 
-    def _verify_fit(self, oracle, predict, rng: np.random.Generator, rtol: float,
+    def verify_fit(self, oracle, predict, rng: np.random.Generator, rtol: float,
                     atol=0.0, what: str = "a single attention head",
                     token_scale: float = 1.0, n0: int | None = None, lengths=CHECK_LENGTHS,
                     signs: bool = False, hint: str | None = None,
@@ -188,11 +268,17 @@ class BaseLearner:
                 "tau, or more accurate answers, make it one)",
                 VacuousCheckWarning, stacklevel=3)
 
-    def _rng(self) -> np.random.Generator:
+    _verify_fit = verify_fit  # the name the built-in learners call
+
+    def make_rng(self) -> np.random.Generator:
+        """The random generator of one ``fit``, from the parameter ``random_state`` (None, a
+        seed or a ``Generator``, :func:`attnquery.rng.as_rng`)."""
         return as_rng(getattr(self, "random_state", None))
 
+    _rng = make_rng  # the name the built-in learners call
+
     @contextlib.contextmanager
-    def _open_ledger(self, oracle, stages=(), what: str | None = None, cap: int | None = None,
+    def open_ledger(self, oracle, stages=(), what: str | None = None, cap: int | None = None,
                      reserve: int = 0):
         """Open the :class:`QueryLedger` of one ``fit`` (with the learner's own budget ``cap``
         and a ``reserve`` for its last stages, if any); when the block ends (also by an
@@ -203,6 +289,8 @@ class BaseLearner:
             yield ledger
         finally:
             self.n_queries_by_stage_ = ledger.counts()
+
+    _open_ledger = open_ledger  # the name the built-in learners call
 
     def _stage_count(self, stage: str) -> int:
         """``n_queries_by_stage_[stage]``, for the per-stage attributes derived from it."""

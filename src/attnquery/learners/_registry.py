@@ -12,10 +12,13 @@ The registry (:func:`registry`) finds the learners in two places:
 * every class in ``attnquery.learners.__all__`` that declares its own ``spec``;
 * the entry-point group ``attnquery.learners`` of the installed distributions
   (``importlib.metadata``): the entry point's name is the learner's name and its value
-  ``module:Class``. A plug-in is imported only when it is used; one that fails to import, or
-  whose class has no spec, raises a :class:`~attnquery.errors.ConfigError` naming it when it is
-  used, and never hides the others. A plug-in class may inherit its spec from a registered
-  learner it subclasses; it is registered under the entry point's name either way.
+  ``module:Class``. A plug-in is imported only when it is used; one that fails to import
+  (whatever its import raises, ``SystemExit`` included: only ``KeyboardInterrupt`` goes
+  through), or whose class has no spec, warns and raises a
+  :class:`~attnquery.errors.ConfigError` naming it when it is used, and never hides the others
+  nor ends the process. A plug-in class may inherit its spec from a registered
+  learner it subclasses; it is registered under the entry point's name either way, and an
+  inherited spec gives it no label of its parent's (:attr:`LearnerEntry.spec`).
 
 The command line's ``--method`` (:data:`attnquery.extraction.METHODS`), the ``lowrank_scale``
 experiment's ``learners`` and :func:`learner_table` (the docs' table) read the registry. A
@@ -184,8 +187,13 @@ class LearnerEntry:
 
     @property
     def spec(self) -> LearnerSpec:
-        """The class's spec, under this entry's name."""
-        spec = self.load().spec
+        """The class's spec, under this entry's name. A class that inherits its spec (a plug-in
+        subclassing a registered learner) is not its parent: its spec has this entry's name and
+        no label of its own (figures draw it under its name), the rest as the parent's."""
+        cls = self.load()
+        spec = cls.spec
+        if "spec" not in cls.__dict__:
+            return dataclasses.replace(spec, name=self.name, label="")
         return spec if spec.name == self.name else dataclasses.replace(spec, name=self.name)
 
     def parameters(self) -> dict[str, dict]:
@@ -212,9 +220,15 @@ def _load(entry: LearnerEntry) -> type:
         obj = importlib.import_module(mod_name)
         for part in attr.split("."):
             obj = getattr(obj, part)
-    except Exception as exc:  # a broken plug-in is reported by name, whatever it raises
-        raise ConfigError(f"learner {entry.name!r} ({entry.where()}) cannot be loaded: "
-                          f"{type(exc).__name__}: {exc}") from None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - a plug-in's sys.exit() must not end the host
+        # a broken plug-in is reported by name, whatever it raises (SystemExit included)
+        msg = (f"learner {entry.name!r} ({entry.where()}) cannot be loaded: "
+               f"{type(exc).__name__}: {exc}")
+        if entry.plugin:
+            warnings.warn(f"plug-in {msg}; it is left out", UserWarning, stacklevel=2)
+        raise ConfigError(msg) from None
     if not inspect.isclass(obj) or not isinstance(getattr(obj, "spec", None), LearnerSpec):
         raise ConfigError(f"learner {entry.name!r} ({entry.where()}) is not a learner class "
                           "with a spec (a LearnerSpec in its class attribute 'spec', its own or "
