@@ -36,16 +36,16 @@ pytestmark = pytest.mark.slow
 
 SECTIONS = ("Quick start", "Direct use")
 INSTALL = "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[test]'"
-QUICK = "snakemake --cores 8 --configfile config/quick.yaml"
+QUICK = "snakemake --cores all --configfile config/quick.yaml"
 
 #: how this test runs each command of those sections: "real", "dry" (with -n) or "make -n"
 HOW = {
     "make reproduce": "make -n",
     "make test": "make -n",
     INSTALL: "real",
-    "snakemake --cores 8": "dry",
+    "snakemake --cores all": "dry",
     QUICK: "real",
-    "snakemake --cores 8 --configfile config/paper.yaml": "dry",
+    "snakemake --cores all --configfile config/paper.yaml": "dry",
     "snakemake --report report.html --configfile config/quick.yaml": "real",
     "make figures": "make -n",
     "make findings": "make -n",
@@ -138,8 +138,8 @@ def test_make_targets_exist_and_name_their_commands(readme_run):
 
 def test_dry_runs_plan_the_whole_studies(readme_run):
     _, _, results, _ = readme_run
-    for command, config in (("snakemake --cores 8", "config.yaml"),
-                            ("snakemake --cores 8 --configfile config/paper.yaml", "paper.yaml")):
+    for command, config in (("snakemake --cores all", "config.yaml"),
+                            ("snakemake --cores all --configfile config/paper.yaml", "paper.yaml")):
         cfg = load_config(REPO / "config" / config)
         jobs = planned_jobs(results[command].stdout)
         plotted = sorted(w["wildcards"]["figure"] for r, w in jobs if r == "plot_figure")
