@@ -272,6 +272,20 @@ def test_a_clean_run_and_its_report_print_no_warning(readme_run):
         assert not re.search(r"Warning|was never awaited", text), (command, text[-3000:])
 
 
+def test_the_run_prints_no_traceback_and_one_outcome_line_per_experiment(readme_run):
+    """Refusals are rows, not tracebacks: the console counts each experiment's cells ok,
+    refused as designed and failed, as results/validation.txt does."""
+    clone, _, results, _ = readme_run
+    text = results[QUICK].stdout + results[QUICK].stderr
+    assert "Traceback" not in text, text[-3000:]
+    validation = (clone / "results" / "validation.txt").read_text()
+    for name in check_config(load_config(REPO / "config" / "quick.yaml")):
+        line = re.search(rf"^{name}: [\d,]+ ok, [\d,]+ refused as designed.*, 0 failed$",
+                         validation, re.M)
+        assert line, (name, validation)
+        assert line.group(0) in text, name
+
+
 # ---------------------------------------------------------------------------------------------
 # incremental reruns: what a dry run schedules after a change
 # ---------------------------------------------------------------------------------------------
