@@ -2,7 +2,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-CORES ?= 8
+# every core of the machine unless CORES=N is given (more cores change nothing in the results:
+# they are bit-identical whatever the number of cores, docs/reproducibility.md)
+CORES ?= all
 CONFIG ?= config/config.yaml
 
 .PHONY: reproduce test test-e2e figures findings appendix docs report bench check-reproducible lint clean install help
@@ -77,7 +79,7 @@ bench: install
 	$(BIN)/python -m attnquery.bench all
 
 check-reproducible: install
-	$(BIN)/python -m attnquery.reproducible --config config/quick.yaml --cores $(CORES)
+	$(BIN)/python -m attnquery.reproducible --config config/quick.yaml $(if $(filter all,$(CORES)),,--cores $(CORES))
 
 lint: install
 	$(BIN)/ruff check src tests workflow

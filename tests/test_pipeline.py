@@ -37,7 +37,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 SECTIONS = ("Quick start", "Direct use")
 INSTALL = "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[test]'"
-QUICK = "snakemake --cores 8 --configfile config/quick.yaml"
+QUICK = "snakemake --cores all --configfile config/quick.yaml"
 
 #: how this test runs each command of those sections: "real", "dry" (with -n) or "make -n"
 HOW = {
@@ -45,9 +45,9 @@ HOW = {
     "make test": "make -n",
     "make test-e2e": "make -n",
     INSTALL: "real",
-    "snakemake --cores 8": "dry",
+    "snakemake --cores all": "dry",
     QUICK: "real",
-    "snakemake --cores 8 --configfile config/paper.yaml": "dry",
+    "snakemake --cores all --configfile config/paper.yaml": "dry",
     "snakemake --report report.html --configfile config/quick.yaml": "real",
     "make figures": "make -n",
     "make findings": "make -n",
@@ -136,8 +136,8 @@ def test_make_targets_exist_and_name_their_commands(readme_run):
 
 def test_dry_runs_plan_the_whole_studies(readme_run):
     _, _, results, _ = readme_run
-    for command, config in (("snakemake --cores 8", "config.yaml"),
-                            ("snakemake --cores 8 --configfile config/paper.yaml", "paper.yaml")):
+    for command, config in (("snakemake --cores all", "config.yaml"),
+                            ("snakemake --cores all --configfile config/paper.yaml", "paper.yaml")):
         cfg = load_config(REPO / "config" / config)
         jobs = planned_jobs(results[command].stdout)
         plotted = sorted(w["wildcards"]["figure"] for r, w in jobs if r == "plot_figure")
@@ -263,6 +263,20 @@ def test_a_clean_run_and_its_report_print_no_warning(readme_run):
     for command in (QUICK, "snakemake --report report.html --configfile config/quick.yaml"):
         text = results[command].stdout + results[command].stderr
         assert not re.search(r"Warning|was never awaited", text), (command, text[-3000:])
+
+
+def test_the_run_prints_no_traceback_and_one_outcome_line_per_experiment(readme_run):
+    """Refusals are rows, not tracebacks: the console counts each experiment's cells ok,
+    refused as designed and failed, as results/validation.txt does."""
+    clone, _, results, _ = readme_run
+    text = results[QUICK].stdout + results[QUICK].stderr
+    assert "Traceback" not in text, text[-3000:]
+    validation = (clone / "results" / "validation.txt").read_text()
+    for name in check_config(load_config(REPO / "config" / "quick.yaml")):
+        line = re.search(rf"^{name}: [\d,]+ ok, [\d,]+ refused as designed.*, 0 failed$",
+                         validation, re.M)
+        assert line, (name, validation)
+        assert line.group(0) in text, name
 
 
 # ---------------------------------------------------------------------------------------------

@@ -157,14 +157,15 @@ def test_a_table_without_one_successful_cell_fails(study, tmp_path, capsys):
         validate_study([root / "exact.parquet", root / "exact.timing.parquet"], cfg,
                        tmp_path / "validation.txt")
     assert not (tmp_path / "validation.txt").exists()
-    # one cell that ran is evidence; the summary reports the share of failed cells
+    # one cell that ran is evidence; the summary counts ok, refused as designed and failed
     some = [dict(rows[0])] + failed[1:]
     root = write(tmp_path / "results2", some, timings)
     assert validate_results(root, cfg) == []
     validate_study([root / "exact.parquet", root / "exact.timing.parquet"], cfg,
                    tmp_path / "validation.txt")
     text = (tmp_path / "validation.txt").read_text()
-    assert "exact: 3 of 4 cells failed (error or timeout), 75.0%" in text
+    assert "exact: 1 ok, 0 refused as designed, 3 failed\n" in text  # exact declares none
+    assert text.endswith("failed: 3 cells\n")
 
 
 def test_the_rule_checks_exactly_the_files_it_declares(study, tmp_path):

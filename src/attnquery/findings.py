@@ -12,9 +12,12 @@ From the command line (``python -m attnquery.findings``):
 ``compare COMMITTED NEW [--strict]``
     Whether a run (``results/numbers.json``) reproduced every number of the committed findings
     (``docs/numbers.json``) as the findings print it (:func:`compare_numbers`): timing numbers
-    (wall clock) are left out; numbers that print differently, are missing or are new are named,
-    those that differ only below their printed digits listed apart. ``make reproduce`` ends with
-    it; with ``--strict`` the exit status is 0 when reproduced, 1 when not.
+    (wall clock) are not compared but listed apart, each as measured on the machine of the
+    committed findings and as measured here (the machine each ``numbers.json`` records,
+    :func:`attnquery.provenance.machine`); numbers that print differently, are missing or are
+    new are named, those that differ only below their printed digits listed apart.
+    ``make reproduce`` ends with it; with ``--strict`` the exit status is 0 when reproduced,
+    1 when not.
 ``publish``
     Copy a run's rendered findings into the committed files: the table between the markers of
     ``README.md``, ``docs/findings.md``, ``docs/numbers.json`` and the figure the README shows,
@@ -34,7 +37,7 @@ from .claims import format_interval, format_number
 
 __all__ = ["figure_record", "collect_numbers", "write_numbers", "macro_name", "numbers_tex",
            "render_template", "compare_numbers", "printed_format", "last_digit", "publish",
-           "README_BEGIN", "README_END"]
+           "README_BEGIN", "README_END", "load_machine", "collapse_ranges"]
 
 #: version of the numbers.json layout
 SCHEMA = 1
@@ -91,11 +94,15 @@ def _tex(text: str) -> str:
     return text.replace("\\", r"\textbackslash{}").replace("%", r"\%").replace("_", r"\_")
 
 
-def numbers_tex(numbers: dict[str, dict]) -> str:
-    """One ``\\newcommand`` per number (and ``...Lo``, ``...Hi`` for its interval)."""
+def numbers_tex(numbers: dict[str, dict], machine: dict | None = None) -> str:
+    """One ``\\newcommand`` per number (and ``...Lo``, ``...Hi`` for its interval), and
+    ``\\findingsMachine``: the machine the wall-clock numbers were measured on."""
+    from .provenance import machine_text
+
     lines = ["% The numbers of the findings, one macro each: written by the workflow's numbers "
              "rule", "% from results/numbers.json (attnquery.findings). Wall-clock numbers are "
-             "marked.", ""]
+             "marked; \\findingsMachine names the machine they were measured on.", "",
+             f"\\newcommand{{\\findingsMachine}}{{{_tex(machine_text(machine))}}}"]
     for name, n in numbers.items():
         m = macro_name(name)
         note = f"{n['unit']}" + (" (wall clock)" if n["timing"] else "") + \
@@ -112,16 +119,20 @@ def numbers_tex(numbers: dict[str, dict]) -> str:
 def write_numbers(record_paths, json_out, tex_out, log=None) -> dict:
     """Collect the numbers of the figure records at ``record_paths`` into ``json_out`` and
     ``tex_out`` (written atomically); returns them."""
+    from .provenance import machine
     from .results import atomic_write_bytes
 
     records = [json.loads(Path(p).read_text(encoding="utf-8")) for p in record_paths]
     numbers = collect_numbers(records)
+    here = machine()
     doc = {"schema": SCHEMA,
            "note": "every number the findings state, as the checks of the figures' claims "
-                   "computed it (attnquery.findings); timing numbers are wall clock",
+                   "computed it (attnquery.findings); timing numbers are wall clock, measured "
+                   "on the machine named here",
+           "machine": here,
            "numbers": numbers}
     atomic_write_bytes(json_out, (json.dumps(doc, indent=1, sort_keys=False) + "\n").encode())
-    atomic_write_bytes(tex_out, numbers_tex(numbers).encode())
+    atomic_write_bytes(tex_out, numbers_tex(numbers, here).encode())
     if log:
         Path(log).parent.mkdir(parents=True, exist_ok=True)
         Path(log).write_text(f"{len(numbers)} numbers from {len(records)} figures\n")
@@ -136,14 +147,49 @@ def load_numbers(path) -> dict[str, dict]:
     return json.loads(p.read_text(encoding="utf-8"))["numbers"]
 
 
-def render_template(text: str, numbers: dict[str, dict]) -> tuple[str, list[str]]:
+def load_machine(path) -> dict | None:
+    """The machine a ``numbers.json`` records (:func:`attnquery.provenance.machine`; None when
+    the file does not exist or names none)."""
+    p = Path(path)
+    if not p.is_file():
+        return None
+    return json.loads(p.read_text(encoding="utf-8")).get("machine")
+
+
+#: a printed number (digits, thousands separators, decimals, exponent)
+_NUM = r"[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?"
+#: a range whose two ends print the same ("from 2 to 2", "7.7e+05 to 7.7e+05", "5.8e-08
+#: (median) to 5.8e-08")
+_SAME_RANGE = re.compile(rf"(?:\bfrom )?(?<![\w.])({_NUM})(?: \(median\))? to \1(?![\w.])")
+#: a count of all ("12 of 12 heads", "1 of 1 heads")
+_ALL_OF = re.compile(r"(?<![\w.,])(\d[\d,]*) of \1 (\w{2,}?)s\b")
+
+
+def collapse_ranges(text: str) -> str:
+    """``text`` with the degenerate phrases a rendering can give put plainly: a range whose
+    ends print the same is one value (``7.7e+05 to 7.7e+05`` -> ``7.7e+05``), and a count of
+    all is said so (``1 of 1 heads`` -> ``the one head``, ``12 of 12 heads`` ->
+    ``all 12 heads``)."""
+    text = _SAME_RANGE.sub(r"\1", text)
+    return _ALL_OF.sub(lambda m: f"the one {m.group(2)}" if m.group(1) == "1"
+                       else f"all {m.group(1)} {m.group(2)}s", text)
+
+
+def render_template(text: str, numbers: dict[str, dict],
+                    machine: dict | None = None) -> tuple[str, list[str]]:
     """``text`` with every ``{{name}}`` replaced by the number's printed value (``{{name.lo}}``,
-    ``{{name.hi}}``, ``{{name.interval}}`` its interval); returns the text and the names the
+    ``{{name.hi}}``, ``{{name.interval}}`` its interval) and ``{{machine}}`` by the machine
+    the wall-clock numbers were measured on (:func:`attnquery.provenance.machine_text`), then
+    degenerate ranges collapsed (:func:`collapse_ranges`); returns the text and the names the
     numbers lack, each rendered as ``(missing: name)``."""
+    from .provenance import machine_text
+
     missing = []
 
     def sub(m):
         name, part = m.group(1), m.group(2)
+        if name == "machine" and part is None:
+            return machine_text(machine)
         n = numbers.get(name)
         if n is None:
             missing.append(name)
@@ -155,7 +201,7 @@ def render_template(text: str, numbers: dict[str, dict]) -> tuple[str, list[str]
             return n.get("interval") or ""
         return n["text"]
 
-    return _PLACEHOLDER.sub(sub, text), sorted(set(missing))
+    return collapse_ranges(_PLACEHOLDER.sub(sub, text)), sorted(set(missing))
 
 
 def _same(a, b) -> bool:
@@ -264,7 +310,8 @@ def _judge(committed: dict, new: dict, fmt: str, tol: float | None,
     return _VERDICTS[worst]
 
 
-def compare_numbers(committed: dict[str, dict], new: dict[str, dict]) -> tuple[bool, str]:
+def compare_numbers(committed: dict[str, dict], new: dict[str, dict],
+                    machines: tuple[dict | None, dict | None] = (None, None)) -> tuple[bool, str]:
     """Whether the run's numbers ``new`` reproduce every number of the ``committed`` findings as
     the findings print it.
 
@@ -280,7 +327,10 @@ def compare_numbers(committed: dict[str, dict], new: dict[str, dict]) -> tuple[b
       before the committed ones).
 
     Numbers that print the same but differ in their last bits (another BLAS, another CPU) are
-    listed apart, as information; wall-clock numbers (``timing``) are not compared.
+    listed apart, as information; wall-clock numbers (``timing``) are not compared: they are
+    listed apart, each as the committed findings measured it, on the machine ``machines[0]``
+    they record, and as measured here, on ``machines[1]``
+    (:func:`attnquery.provenance.machine`).
 
     Returns
     -------
@@ -351,11 +401,32 @@ def compare_numbers(committed: dict[str, dict], new: dict[str, dict]) -> tuple[b
         lines.append(f"  {len(by['last bits'])} numbers differ below their printed digits (last "
                      "bits), all print the same:")
         lines += [f"    {k} {shown(k, committed[k])} ({values(k)})" for k in by["last bits"]]
+    lines += _wall_clock_lines(committed, new, machines)
     for k in added:
         lines.append(f"  new: {k} = {new[k]['text']} (not in the committed findings)")
     if added or missing or by["differs"]:
         lines.append("  run `make findings` to make this run's numbers the committed findings")
     return not failed, "\n".join(lines)
+
+
+def _wall_clock_lines(committed: dict, new: dict, machines) -> list[str]:
+    """The wall-clock numbers, apart: ``measured on another machine: 6 s; here: 108 s``."""
+    from .provenance import machine_text
+
+    timed = [k for k, v in committed.items() if v.get("timing") and k in new]
+    if not timed:
+        return []
+    then, now = machines
+    same = bool(then and now) and all(then.get(k) == now.get(k) for k in ("cpu", "cores"))
+    where = "this machine's kind" if same else "another machine"
+    lines = [f"  {len(timed)} wall-clock numbers, not compared (they depend on the machine and "
+             f"its load): the findings' measured on {machine_text(then)}; here on "
+             f"{machine_text(now)}:"]
+    for k in timed:
+        unit = committed[k].get("unit") or ""
+        lines.append(f"    {k}: measured on {where}: {committed[k]['text']} {unit}; here: "
+                     f"{new[k]['text']} {unit}".rstrip())
+    return lines
 
 
 def _replace_between(text: str, begin: str, end: str, body: str) -> str:
@@ -414,9 +485,10 @@ def render_findings(numbers_json, templates, outputs) -> list[str]:
     from .results import atomic_write_bytes
 
     numbers = load_numbers(numbers_json)
+    machine = load_machine(numbers_json)
     missing = set()
     for src, out in zip(templates, outputs, strict=True):
-        text, gone = render_template(Path(src).read_text(encoding="utf-8"), numbers)
+        text, gone = render_template(Path(src).read_text(encoding="utf-8"), numbers, machine)
         missing.update(gone)
         atomic_write_bytes(out, text.encode())
     return sorted(missing)
@@ -443,7 +515,8 @@ def main(argv=None) -> int:
         if not committed:
             print(f"findings not compared: {args.committed} holds no committed numbers")
             return 1 if args.strict else 0
-        ok, report = compare_numbers(committed, new)
+        ok, report = compare_numbers(committed, new, (load_machine(args.committed),
+                                                      load_machine(args.new)))
         print(report)
         return 0 if ok or not args.strict else 1
     try:

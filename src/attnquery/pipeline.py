@@ -9,7 +9,8 @@ import sys
 import warnings
 from pathlib import Path
 
-from .experiments import run_cells
+from .experiments import get_experiment, run_cells
+from .outcomes import count_outcomes, summary_line
 from .provenance import provenance
 from .results import (
     RESULT_SCHEMA,
@@ -26,7 +27,11 @@ __all__ = ["run_shard", "aggregate", "render_figure", "merge_all", "Logger",
 
 
 class Logger:
-    """Write progress lines to a log file (and stderr), flushing each line."""
+    """Write progress lines to a log file (and stderr), flushing each line.
+
+    Calling the logger writes a line to the file and to stderr (the console of a workflow run);
+    :meth:`detail` writes it to the file alone (to stderr only when there is no file).
+    """
 
     def __init__(self, path=None, echo: bool = True):
         self.fh = open(path, "a", encoding="utf-8") if path else None  # noqa: SIM115
@@ -37,6 +42,14 @@ class Logger:
             self.fh.write(line.rstrip("\n") + "\n")
             self.fh.flush()
         if self.echo:
+            print(line, file=sys.stderr, flush=True)
+
+    def detail(self, line: str) -> None:
+        """Write ``line`` to the log file only (to stderr when there is no file)."""
+        if self.fh:
+            self.fh.write(line.rstrip("\n") + "\n")
+            self.fh.flush()
+        elif self.echo:
             print(line, file=sys.stderr, flush=True)
 
     def close(self):
@@ -51,8 +64,10 @@ def run_shard(name: str, cells, seed: int, time_limit: float | None, out, timing
     ``cells`` carry their keys (:func:`attnquery.study.keyed_cells`); the code version each was
     planned with (its learner's, :func:`attnquery.study.code_version`) must still be the code's,
     or the shard stops before computing anything (the sources changed while the workflow ran:
-    run it again). Every cell gives a row, including
-    failed ones. Returns the number of rows written.
+    run it again). Every cell gives a row, including failed ones. Each cell's line goes to the
+    log file; the console (stderr) gets only the tracebacks of failures (an error the
+    experiment does not declare as a refusal, or a timeout: :mod:`attnquery.outcomes`).
+    Returns the number of rows written.
     """
     from .errors import AttnQueryError, VacuousCheckWarning
     from .study import code_version
@@ -68,16 +83,17 @@ def run_shard(name: str, cells, seed: int, time_limit: float | None, out, timing
                 f"experiment {name}: the code changed since the workflow planned this shard "
                 f"(planned with code version {sorted(planned)}, the sources now give {version}); "
                 "run the workflow again")
-        logger(f"experiment {name}: {len(cells)} cells, code version {version}, study seed "
-               f"{seed}, time limit {time_limit} s per cell")
+        logger.detail(f"experiment {name}: {len(cells)} cells, code version {version}, study "
+                      f"seed {seed}, time limit {time_limit} s per cell")
         # a check that could not fail is recorded in its row (verify_vacuous), not printed
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", VacuousCheckWarning)
             rows, timings = run_cells(cells, seed, time_limit=time_limit,
-                                      provenance=provenance(), log=logger)
+                                      provenance=provenance(), log=logger.detail,
+                                      alert=logger)
         write_rows(rows, timings, out, timing_out)
-        bad = [r for r in rows if r["status"] not in ("ok", "not_identifiable")]
-        logger(f"wrote {len(rows)} rows to {out} ({len(bad)} failed cells)")
+        counts = count_outcomes(name, rows, get_experiment(name).refusals)
+        logger.detail(f"wrote {len(rows)} rows to {out}: {summary_line(counts)}")
         return len(rows)
     finally:
         logger.close()
@@ -97,7 +113,10 @@ def aggregate(inputs, keys, out, timing_out, log=None) -> int:
 
     ``keys`` are the ``cell_key`` of every cell of the grid; each is taken from the first shard
     in ``inputs`` that holds it (with its timing row from the same shard). Raises
-    :class:`~attnquery.errors.AttnQueryError` when a key is in no shard.
+    :class:`~attnquery.errors.AttnQueryError` when a key is in no shard. The log gets the
+    experiment's cells ok, refused as designed and failed
+    (:func:`attnquery.outcomes.summary_line`); the console shows that line once, from
+    :func:`validate_study`.
     """
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -131,12 +150,23 @@ def aggregate(inputs, keys, out, timing_out, log=None) -> int:
         write_table(table, out)
         timing = pa.concat_tables(timings) if timings else TIMING_SCHEMA.empty_table()
         write_table(timing.sort_by(order), timing_out)
-        counts = table.group_by("status").aggregate([("cell_id", "count")]).to_pylist()
-        logger(f"assembled {table.num_rows} rows from {len(rows)} shard tables into {out}: "
-               f"{counts}")
+        logger.detail(f"assembled {table.num_rows} rows from {len(rows)} shard tables into "
+                      f"{out}")
+        for o in table_outcomes(table):
+            logger.detail(summary_line(o))
         return table.num_rows
     finally:
         logger.close()
+
+
+def table_outcomes(table) -> list:
+    """The outcomes of each experiment's rows in a result table (a pyarrow table or a
+    DataFrame), by experiment name (:func:`attnquery.outcomes.count_outcomes`, with the
+    refusals each experiment declares)."""
+    rows = table.to_pylist() if hasattr(table, "to_pylist") else table.to_dict("records")
+    names = sorted({r["experiment"] for r in rows})
+    return [count_outcomes(n, [r for r in rows if r["experiment"] == n],
+                           get_experiment(n).refusals) for n in names]
 
 
 def merge_all(inputs, out) -> int:
@@ -165,13 +195,15 @@ def validate_study(inputs, config, out, log=None) -> None:
     """Validate a study's result tables (:func:`attnquery.validate.validate_results`).
 
     ``inputs`` are the tables to check (``results/<experiment>.parquet``, their timing tables
-    and ``results/all.parquet``). Writes a summary with the share of failed cells per experiment
-    to ``out`` when the results are valid; raises :class:`~attnquery.errors.AttnQueryError`
-    listing every problem otherwise (so the workflow fails), without writing ``out``.
+    and ``results/all.parquet``). When the results are valid, writes to ``out`` one line per
+    experiment with its cells *ok*, *refused as designed* (with the reason each experiment
+    declares, :attr:`attnquery.experiments.Experiment.refusals`) and *failed*
+    (:mod:`attnquery.outcomes`); raises :class:`~attnquery.errors.AttnQueryError` listing every
+    problem otherwise (so the workflow fails), without writing ``out``.
     """
     from .errors import AttnQueryError
     from .results import atomic_write_bytes
-    from .validate import error_shares, validate_results
+    from .validate import validate_results
 
     logger = Logger(log)
     try:
@@ -186,11 +218,14 @@ def validate_study(inputs, config, out, log=None) -> None:
             )
         tables = [p for p in inputs if p.name != "all.parquet"
                   and not is_timing_table(p)]
-        shares = error_shares(read_results(tables))
-        lines = [f"valid: {len(inputs)} tables checked ({', '.join(p.name for p in inputs)})"]
-        for name, (failed, n) in shares.items():
-            lines.append(f"{name}: {failed} of {n} cells failed (error or timeout), "
-                         f"{100.0 * failed / n:.1f}%")
+        outcomes = table_outcomes(read_results(tables))
+        failed = sum(o.failed for o in outcomes)
+        lines = [f"valid: {len(inputs)} tables checked ({', '.join(p.name for p in inputs)})",
+                 "cells: ok (an answer, or parameters found not identifiable), refused as "
+                 "designed (a named error the experiment expects of that cell, and why), "
+                 "failed (any other error, or a timeout)"]
+        lines += [summary_line(o) for o in outcomes]
+        lines.append(f"failed: {failed} cells" if failed else "failed: none")
         text = "\n".join(lines) + "\n"
         for line in lines:
             logger(line)

@@ -1,4 +1,5 @@
-"""Provenance recorded with every result row: versions and git commit.
+"""Provenance recorded with every result row: versions and git commit; and the machine a run's
+wall-clock numbers were measured on (:func:`machine`).
 
 The per-cell provenance (``config_hash``, ``code_version``, ``cell_key``) is computed by
 :mod:`attnquery.study`.
@@ -7,12 +8,14 @@ The per-cell provenance (``config_hash``, ``code_version``, ``cell_key``) is com
 from __future__ import annotations
 
 import functools
+import os
 import platform
 import subprocess
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-__all__ = ["provenance", "git_commit", "library_versions", "versions", "REPORTED_PACKAGES"]
+__all__ = ["provenance", "git_commit", "library_versions", "versions", "REPORTED_PACKAGES",
+           "machine", "machine_text"]
 
 
 def _version(pkg: str) -> str:
@@ -63,3 +66,34 @@ def versions(packages=REPORTED_PACKAGES) -> dict[str, str]:
 def provenance() -> dict:
     """Provenance columns shared by the rows a process computes (versions, git commit)."""
     return {**library_versions(), "git_commit": git_commit()}
+
+
+def _cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux, ``platform.processor()`` elsewhere)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model", "cpu model") and value.strip():
+                    return " ".join(value.split())
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def machine() -> dict:
+    """The machine a run measures its wall-clock numbers on: ``cpu`` (model name), ``cores``
+    (those this process may use), ``system`` and the ``git_commit`` of the run's code."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"cpu": _cpu_model(), "cores": int(cores or 1), "system": platform.system(),
+            "git_commit": git_commit()}
+
+
+def machine_text(m: dict | None) -> str:
+    """``"AMD EPYC, 2 cores, run 43b8d8b"``: a machine of :func:`machine` for a reader
+    (``"a machine not recorded"`` for None)."""
+    if not m:
+        return "a machine not recorded"
+    run = str(m.get("git_commit") or "")
+    return (f"{m.get('cpu', 'unknown CPU')}, {m.get('cores', '?')} cores"
+            + (f", run {run[:7]}" if run and run != "unknown" else ""))

@@ -75,6 +75,7 @@ def _digest(p: Path) -> str:
         doc = json.loads(p.read_text(encoding="utf-8"))
         doc["numbers"] = {k: v for k, v in doc.get("numbers", {}).items()
                           if not v.get("timing")}
+        doc.pop("machine", None)  # where the wall-clock numbers were measured
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
     return hashlib.sha256(p.read_bytes()).hexdigest()
 

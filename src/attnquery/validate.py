@@ -12,7 +12,8 @@ final rule, the tests and ``attnquery validate`` call it. The checks:
   ``all.parquet`` when it exists; every row has a timing row;
 * statuses are known, and a row whose status is not ok carries a message;
 * evidence: an experiment none of whose cells succeeded (every row ``error`` or ``timeout``)
-  fails; :func:`error_shares` reports the share of failed cells per experiment;
+  fails; :func:`error_shares` counts the cells without an answer per experiment (whether each
+  was refused as designed or failed is :mod:`attnquery.outcomes`'s question);
 * metrics: in rows with status ``ok``, ``n_queries`` is present and non-negative, and no float
   metric is NaN or infinite. A null metric means "does not apply" and is accepted, except for
   the :data:`CORE_METRICS` (errors, queries, success): one that an experiment's learner reports
@@ -260,7 +261,9 @@ def _check_rows(table: pa.Table, fname: str, expected: dict, check: bool = True)
 
 
 def error_shares(df) -> dict[str, tuple[int, int]]:
-    """``experiment -> (failed cells, cells)``: cells with status error or timeout."""
+    """``experiment -> (cells without an answer, cells)``: cells with status error or timeout,
+    refusals as designed included (:func:`attnquery.pipeline.table_outcomes` tells the cells
+    refused as designed from those that failed)."""
     out = {}
     for name, g in df.groupby("experiment", sort=True):
         out[str(name)] = (int(g["status"].isin(FAILED_STATUSES).sum()), int(len(g)))

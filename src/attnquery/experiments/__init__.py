@@ -19,7 +19,10 @@ with a measure function (:func:`attnquery.experiments._recipe.fit_and_measure`; 
 
 :func:`run_cells` runs cells one after another and turns each into a result row, whatever
 happens: a cell that raises becomes a row with status ``error`` (or ``not_identifiable``), one
-that runs past the time limit a row with status ``timeout``.
+that runs past the time limit a row with status ``timeout``. An experiment declares the cells
+it expects to be refused (:attr:`Experiment.refusals`, :class:`attnquery.outcomes.Refusal`): such
+a refusal is *refused as designed*, logged in one line; any other error is a failure, logged
+with its traceback (:mod:`attnquery.outcomes`).
 
 Randomness: a cell's generator is ``numpy.random.default_rng([cell_hash, study_seed])`` where
 ``cell_hash`` is a stable hash of the cell's own parameters, so a cell's result depends on
@@ -120,6 +123,10 @@ class Experiment:
         column, with the same type.
     metrics : dict of str to pyarrow.DataType
         The result columns of the metrics this experiment adds to the shared ones.
+    refusals : tuple of attnquery.outcomes.Refusal
+        The refusals the experiment is designed to meet: which cells, by which named errors,
+        and why. A cell that raises one of them is *refused as designed*; every other error
+        is a failure (:mod:`attnquery.outcomes`).
     """
 
     name: str
@@ -130,6 +137,12 @@ class Experiment:
     data: Callable[[Mapping], dict] = _no_data
     params: Mapping[str, Any] = field(default_factory=dict)
     metrics: Mapping[str, Any] = field(default_factory=dict)
+    refusals: tuple = ()
+
+    def refusal(self, cell: Mapping, error: type[BaseException] | None):
+        """The declared :class:`~attnquery.outcomes.Refusal` an ``error`` (type) raised by
+        ``cell`` is, or None when it is a failure."""
+        return next((r for r in self.refusals if r.covers(cell, error)), None)
 
 
 EXPERIMENTS: dict[str, Experiment] = {}
@@ -243,7 +256,7 @@ def _alarm(signum, frame):
 
 
 def run_cells(cells, study_seed: int, time_limit: float | None = None, provenance=None,
-              log=None):
+              log=None, alert=None):
     """Run cells and return (result rows, timing rows): one row per cell, whatever happens.
 
     Parameters
@@ -258,11 +271,16 @@ def run_cells(cells, study_seed: int, time_limit: float | None = None, provenanc
     provenance : dict, optional
         Provenance columns added to every row.
     log : callable, optional
-        Called with a line of text for progress and failures.
+        Called with a line of text for each cell (its outcome; a refusal as designed says so
+        and why, in one line).
+    alert : callable, optional
+        Called with the traceback of an unexpected error and the line of a timeout (default:
+        ``log``); a refusal the experiment declares (:attr:`Experiment.refusals`) gives none.
     """
     from ..results import make_row
 
     log = log or (lambda s: None)
+    alert = alert or log
     rows, timings = [], []
     use_alarm = time_limit is not None and time_limit > 0 and hasattr(signal, "SIGALRM")
     for i, keyed in enumerate(cells):
@@ -272,7 +290,7 @@ def run_cells(cells, study_seed: int, time_limit: float | None = None, provenanc
         exp = get_experiment(cell["experiment"])
         rng = cell_rng(cell, study_seed)
         t0 = time.perf_counter()
-        metrics, status, message = {}, "ok", ""
+        metrics, status, message, designed = {}, "ok", "", None
         old = signal.signal(signal.SIGALRM, _alarm) if use_alarm else None
         try:
             if use_alarm:
@@ -285,7 +303,9 @@ def run_cells(cells, study_seed: int, time_limit: float | None = None, provenanc
         except Exception as exc:  # a failed cell is a row, never a crashed study
             status = "error"
             message = f"{type(exc).__name__}: {exc}"
-            log(traceback.format_exc())
+            designed = exp.refusal(cell, type(exc))
+            if designed is None:
+                alert(traceback.format_exc())
         finally:
             if use_alarm:
                 signal.setitimer(signal.ITIMER_REAL, 0)
@@ -295,9 +315,19 @@ def run_cells(cells, study_seed: int, time_limit: float | None = None, provenanc
         row, timing = make_row(cell, metrics, status, message, row_provenance)
         rows.append(row)
         timings.append(timing)
-        log(f"[{i + 1}/{len(cells)}] {cell['experiment']} {cell['cell_id']} "
-            f"{_describe(cell)} -> {status} ({wall:.2f} s){' ' + message if message else ''}")
+        line = (f"[{i + 1}/{len(cells)}] {cell['experiment']} {cell['cell_id']} "
+                f"{_describe(cell)} -> {status} ({wall:.2f} s)")
+        if designed is not None:
+            log(f"{line} refused as designed ({designed.reason}): {_first_line(message)}")
+        elif status in ("error", "timeout"):
+            alert(f"{line} failed: {_first_line(message)}")
+        else:
+            log(f"{line}{' ' + _first_line(message) if message else ''}")
     return rows, timings
+
+
+def _first_line(message: str) -> str:
+    return message.strip().splitlines()[0] if message.strip() else ""
 
 
 def _describe(cell: Mapping) -> str:

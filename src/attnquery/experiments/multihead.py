@@ -35,6 +35,7 @@ from ..models import (
     random_multihead,
 )
 from ..oracles import ValueOracle
+from ..outcomes import Refusal
 from ..theory import DISCOVER_TOL, KNOWN_TOL
 from . import Experiment, grid, register
 from ._recipe import fit_and_measure
@@ -295,6 +296,14 @@ METRICS: dict[str, pa.DataType] = {
     "basis_err": pa.float64(),
 }
 
+#: the refusals this experiment is designed to meet (attnquery.outcomes): the single-head exact
+#: learner on an H-head box (H >= 2) reports answers no single head gives (the claim
+#: multihead_single_head_fails: far from the function, or refused)
+REFUSALS = (
+    Refusal("the single-head learner on a box of H >= 2 heads", (AssumptionViolation,),
+            where=lambda cell: cell.get("variant") == "single_head"),
+)
+
 
 EXPERIMENT = register(
     Experiment(
@@ -303,6 +312,7 @@ EXPERIMENT = register(
         run=run,
         params=PARAMS,
         metrics=METRICS,
+        refusals=REFUSALS,
         description="Multi-head attention: non-identifiability and orthogonal subspaces",
         seconds=seconds,
     )

@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from ..errors import AssumptionViolation
 from ..learners import MultiHeadLearner, OrthogonalSubspaceLearner
 from ..metrics import match_heads
 from ..models import (
@@ -34,6 +35,7 @@ from ..models import (
     random_v,
 )
 from ..oracles import ValueOracle
+from ..outcomes import Refusal
 from ..theory import MULTIHEAD_GENERIC_TOL as SUCCESS_TOL
 from . import Experiment, grid, register
 from ._recipe import fit_and_measure
@@ -160,6 +162,18 @@ METRICS: dict[str, pa.DataType] = {
     "head_separation": pa.float64(),
 }
 
+#: the separation eps from which two heads are recovered (the claim
+#: multihead_generic_separation); closer heads (eps > 0) may be refused as too close
+SEPARATION_RESOLVED = 1e-2
+
+#: the refusals this experiment is designed to meet (attnquery.outcomes); eps = 0 and the
+#: negated heads under two-row queries are not identifiable (status not_identifiable, ok)
+REFUSALS = (
+    Refusal(f"two heads closer than eps = {SEPARATION_RESOLVED:g}", (AssumptionViolation,),
+            where=lambda cell: (cell.get("variant") == "separation"
+                                and 0 < cell["separation"] < SEPARATION_RESOLVED)),
+)
+
 
 EXPERIMENT = register(
     Experiment(
@@ -168,6 +182,7 @@ EXPERIMENT = register(
         run=run,
         params=PARAMS,
         metrics=METRICS,
+        refusals=REFUSALS,
         description="Generic multi-head attention from value queries, up to a permutation",
         seconds=seconds,
     )

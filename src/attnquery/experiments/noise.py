@@ -17,15 +17,16 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from ..errors import UndefinedEstimate
+from ..errors import AssumptionViolation, UndefinedEstimate
 from ..learners import ExactValueQueryLearner, NoisyValueQueryLearner
 from ..models import assumptions_met, theorem_head
 from ..oracles import ApproximateValueOracle
+from ..outcomes import Refusal
 from ..theory import theorem61_guarantee, theorem61_required_tau
 from . import Experiment, grid, register
 from ._recipe import fit_and_measure, head_measure
 
-__all__ = ["LEARNERS", "within", "cells", "run", "seconds"]
+__all__ = ["LEARNERS", "REFUSALS", "within", "cells", "run", "seconds"]
 
 #: the learners of this experiment, by name: a factory (cell, d, rng) -> estimator
 LEARNERS = {
@@ -149,9 +150,20 @@ PARAMS: dict[str, pa.DataType] = {}
 #: the result columns of this module's metrics (beyond the shared ones)
 METRICS: dict[str, pa.DataType] = {}
 
+#: the refusals this experiment is designed to meet (attnquery.outcomes): the two baselines
+#: refuse where the noise pushes an attention-weight estimate out of (0, 1); Theorem 6.1's
+#: learner (clipped) has none
+REFUSALS = (
+    Refusal("the exact learner (Theorem 4.1) given noisy answers", (AssumptionViolation,),
+            where=lambda cell: cell["learner"] == "exact"),
+    Refusal("the unclipped baseline, undefined where a noisy weight leaves (0, 1)",
+            (AssumptionViolation, UndefinedEstimate),
+            where=lambda cell: cell["learner"] == "unclipped"),
+)
+
 
 EXPERIMENT = register(Experiment(
-    name="noise", cells=cells, run=run, params=PARAMS, metrics=METRICS,
+    name="noise", cells=cells, run=run, params=PARAMS, metrics=METRICS, refusals=REFUSALS,
     description="Theorem 6.1 under uniform and adversarial noise (error against tau)",
     seconds=seconds,
 ))

@@ -44,10 +44,12 @@ import json
 import numpy as np
 import pyarrow as pa
 
+from ..errors import AssumptionViolation, SearchLimitError
 from ..learners import AttentionLayerLearner, RotaryValueQueryLearner
 from ..metrics import max_error_by_length, relative_error
 from ..models import RotaryAttentionHead, random_rotary_head, random_rotary_layer
 from ..oracles import ValueOracle
+from ..outcomes import Refusal
 from . import Experiment, grid, register
 from ._recipe import fit_and_measure
 
@@ -283,6 +285,31 @@ PARAMS: dict[str, pa.DataType] = {}
 METRICS: dict[str, pa.DataType] = {}
 
 
+def refused_layer(cell) -> bool:
+    """A layer on the refused side of the failure map: more query heads per key/value group
+    than the head dimension (``H / G > d_h``), or biases the rotary route assumes away."""
+    return cell.get("variant") == "layer" and (
+        int(cell["n_heads"]) // int(cell["n_kv_heads"]) > int(cell["rank"])
+        or bool(cell.get("biases")))
+
+
+def refused_served(cell) -> bool:
+    """A served head outside the served goal: 16-bit answers, or a float32 head with
+    ``d_h > d / 2``."""
+    return cell.get("variant") == "served" and (
+        cell["rounding"] != "float32" or 2 * int(cell["rank"]) > int(cell["d"]))
+
+
+#: the refusals this experiment is designed to meet (attnquery.outcomes): the failure maps'
+#: refused sides (the claims rotary_layers_map and rotary_served_map check them)
+REFUSALS = (
+    Refusal("GQA layers on the failure map's refused side: H/G > d_h, or biases",
+            (SearchLimitError, AssumptionViolation), where=refused_layer),
+    Refusal("served heads outside the goal: 16-bit, or float32 with d_h > d/2",
+            (AssumptionViolation,), where=refused_served),
+)
+
+
 EXPERIMENT = register(
     Experiment(
         name="rotary",
@@ -290,6 +317,7 @@ EXPERIMENT = register(
         run=run,
         params=PARAMS,
         metrics=METRICS,
+        refusals=REFUSALS,
         description="Rotary heads (RoPE) from 2 (d^2 + d) value queries (beyond the paper)",
         seconds=seconds,
     )
