@@ -217,7 +217,7 @@ def _separation_panel(ax2, sep) -> None:
             ylabel="max rel. error of $W_h$, $v_h$")
     ax2.set_ylim(1e-17, 10)
     ax2.set_title("(b) Two heads: error against separation", fontsize=8)
-    ax2.legend(loc="upper right", bbox_to_anchor=(1.0, 0.92), fontsize=6)
+    ax2.legend(loc="upper right", fontsize=6)
 
 
 def _queries_panel(ax3, g, orth) -> None:
