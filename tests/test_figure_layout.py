@@ -1,6 +1,6 @@
 """Every figure of a study, drawn from its results, has no collision: no text box on another
 (tick labels, titles, axis labels, annotations, legends), no legend on its axes' data, no
-annotation on a marker or a bar (:func:`attnquery.figures.layout.collisions`).
+annotation on a marker or a bar (:func:`attnquery.figures._layout.collisions`).
 
 The study is the quick one (config/quick.yaml, run here, slow), or the one that ran in the
 folder ``ATTNQUERY_STUDY_DIR`` names (the default study's, say). The checker itself is tested on
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from attnquery.figures import STYLE, all_figures, draw, get_spec
-from attnquery.figures.layout import collisions
+from attnquery.figures._layout import collisions
 from attnquery.results import read_results
 
 from .quick_study import given_study, quick_study

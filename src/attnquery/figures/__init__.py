@@ -29,7 +29,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ..errors import ConfigError  # noqa: E402
 from ..results import atomic_path  # noqa: E402
-from .layout import tidy  # noqa: E402
+from ._layout import tidy  # noqa: E402
 
 __all__ = ["STYLE", "FIGURES", "Figure", "register_figure", "render", "save_figure",
            "get_figure", "get_spec", "figures_for", "all_figures", "log2_ticks",
@@ -261,7 +261,7 @@ def mark_empty_axes(fig) -> None:
 
 def draw(name: str, df):
     """Figure ``name`` drawn from ``df`` in the shared style, empty panels marked and laid out
-    (:func:`attnquery.figures.layout.tidy`): ``(figure, claims)``. Call it inside
+    (:func:`attnquery.figures._layout.tidy`): ``(figure, claims)``. Call it inside
     ``plt.style.context(STYLE)`` to keep the style for saving."""
     fig, claims = get_figure(name)(df)
     mark_empty_axes(fig)
