@@ -268,7 +268,7 @@ def _try_corners(fig, ax, legend, renderer, tol) -> bool:
     return False
 
 
-def _try_headroom(fig, ax, legend, renderer, tol, tries: int = 3) -> bool:
+def _try_headroom(fig, ax, legend, renderer, tol, tries: int = 2) -> bool:
     """Raise the top of the y axis (on its own scale) until the data lie below the legend, in
     an upper corner; gives up (limits as they were) after ``tries``."""
     limits = ax.get_ylim()

@@ -16,10 +16,10 @@ DEFAULT_STEP = 1e-2
 DISCOVERY_RATE = 0.9
 FLOOR = 1e-17  # differences of exactly 0 are drawn here on log axes
 LABELS = {
-    "prop71": "Prop. 7.1 (shared W, v_h = lambda_h b)",
-    "shared_w": "heads sharing W, zero-sum v changes",
-    "dead_head": "head with v = 0, any W",
-    "single_head": "single-head learner on H-head oracle",
+    "prop71": r"Prop. 7.1 (shared $W$, $v_h = \lambda_h b$)",
+    "shared_w": "heads sharing $W$, zero-sum $v$ changes",
+    "dead_head": "head with $v = 0$, any $W$",
+    "single_head": "single-head learner on $H$-head oracle",
 }
 
 
