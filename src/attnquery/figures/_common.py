@@ -92,10 +92,11 @@ LABEL_OFFSETS = ((5, 0, "left"), (5, 7, "left"), (5, -7, "left"), (-5, 0, "right
                  (5, 14, "left"), (5, -14, "left"))
 
 
-def label_points(ax, xs, ys, names, fontsize: float = 6) -> None:
+def label_points(ax, xs, ys, names, fontsize: float = 6, **text) -> None:
     """Name each point ``(x, y)`` of ``ax`` beside its marker: each label at the first offset
     of :data:`LABEL_OFFSETS` where it overlaps no label placed before it and no marker (the
-    figure is drawn to measure the labels; its layout engine runs first)."""
+    figure is drawn to measure the labels; its layout engine runs first). ``text``: further
+    keywords of the labels (``color``)."""
     fig = ax.figure
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
@@ -105,16 +106,16 @@ def label_points(ax, xs, ys, names, fontsize: float = 6) -> None:
     for x, y, name in zip(xs, ys, names, strict=True):
         for dx, dy, ha in LABEL_OFFSETS:
             t = ax.annotate(str(name), (x, y), xytext=(dx, dy), textcoords="offset points",
-                            fontsize=fontsize, ha=ha, va="center")
+                            fontsize=fontsize, ha=ha, va="center", **text)
             box = t.get_window_extent(renderer)
             near = (box.x0 - pad < pts[:, 0]) & (pts[:, 0] < box.x1 + pad) & \
                 (box.y0 - pad < pts[:, 1]) & (pts[:, 1] < box.y1 + pad)
-            if not near.any() and not any(box.overlaps(b) for b in placed):
+            if not near.any() and not any(box.expanded(1.0, 1.0).overlaps(b) for b in placed):
                 break
             t.remove()
         else:  # every place taken: the first one
             dx, dy, ha = LABEL_OFFSETS[0]
             t = ax.annotate(str(name), (x, y), xytext=(dx, dy), textcoords="offset points",
-                            fontsize=fontsize, ha=ha, va="center")
+                            fontsize=fontsize, ha=ha, va="center", **text)
             box = t.get_window_extent(renderer)
         placed.append(box)

@@ -195,7 +195,7 @@ def multihead(df):
         ax3.plot(rate.index, rate.values, "os^D"[k % 4] + "-:"[k % 2], color=f"C{k}",
                  ms=6 - 1.5 * k, label=f"H = {H}")
         for x, y, c in zip(rate.index, rate.values, cnt.values, strict=True):
-            ax3.annotate(f"n={c}", (x, y), fontsize=5, xytext=(2, -7 - 6 * k),
+            ax3.annotate(f"n={c}", (x, y), fontsize=5, xytext=(2, -7 - 8 * k),
                          textcoords="offset points")
     ax3.set(xscale="log", ylim=(-0.05, 1.05), xlabel="dimension $d$", ylabel="success rate")
     ax3.set_title(f"(c) Basis discovery, step {default:g}")
