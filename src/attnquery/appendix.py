@@ -199,8 +199,8 @@ def appendix_body(records, tables, numbers, config: dict, versions: dict,
               "the macro named (from \\texttt{results/numbers.tex}). Intervals are 95\\% "
               "confidence intervals; wall-clock numbers are marked.\\par}", "",
               r"\begingroup\scriptsize",
-              r"\begin{longtable}{@{}p{0.27\linewidth}p{0.2\linewidth}p{0.18\linewidth}"
-              r"p{0.27\linewidth}@{}}", r"\toprule",
+              r"\begin{longtable}{@{}p{0.37\linewidth}p{0.16\linewidth}p{0.13\linewidth}"
+              r"p{0.26\linewidth}@{}}", r"\toprule",
               r"macro & value & unit & figure, claim \\", r"\midrule", r"\endhead"]
     rank = {fig: i for i, fig in enumerate(paper_order({n["figure"] for n in numbers.values()}))}
     for name, n in sorted(numbers.items(), key=lambda kv: (rank[kv[1]["figure"]], kv[0])):
@@ -215,9 +215,9 @@ def appendix_body(records, tables, numbers, config: dict, versions: dict,
     for col, vals in versions.items():
         lines.append(f"\\item \\texttt{{{latex_text(col)}}}: "
                      f"{latex_text(', '.join(str(v) for v in vals))}")
-    lines += [r"\end{itemize}", "", "The study's configuration:", "", r"\begingroup\footnotesize",
+    lines += [r"\end{itemize}", "", "The study's configuration:", "", r"\begingroup\scriptsize",
               r"\begin{verbatim}",
-              yaml.safe_dump(config, sort_keys=True, default_flow_style=None, width=90).rstrip(),
+              yaml.safe_dump(config, sort_keys=True, default_flow_style=False, width=90).rstrip(),
               r"\end{verbatim}", r"\endgroup", ""]
     return "\n".join(lines)
 
