@@ -323,7 +323,7 @@ def test_captions_and_claims_become_latex():
     from attnquery.appendix import latex_text
 
     assert latex_text("**Exact.** ``fit_bias`` costs d^2 + 2d + 1 (50% of |v_i|) & *more*") == (
-        r"\textbf{Exact.} \texttt{fit\_bias} costs d\^{}2 + 2d + 1 (50\% of $|$v\_i$|$) \& "
+        r"\textbf{Exact.} \texttt{fit\_bias} costs $d^{2}$ + 2d + 1 (50\% of $|$$v_{i}$$|$) \& "
         r"\emph{more}")
     assert latex_text("x < 1e-3, {a} ~ $b # <= >=\n\n||W||") == (
         r"x $<$ 1e-3, \{a\} \~{} \$b \# $\le$ $\ge$ $\|$W$\|$")

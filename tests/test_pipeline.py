@@ -235,13 +235,14 @@ def test_the_appendix_names_only_files_the_run_produced(readme_run):
     cfg = load_config(REPO / "config" / "quick.yaml")
     figures = figures_for(cfg["experiments"])
     assert sorted(f.split("/")[-1][:-4] for f in files if f.startswith("figures/")) == figures
-    assert sorted(f.split("/")[-1] for f in files if f.startswith("results/tables/")) == sorted(
+    assert sorted(f.split("/")[-1] for f in files if f.startswith("appendix/tables/")) == sorted(
         check_config(cfg))
     # every macro the appendix and its tables use is a number's or LaTeX's own
     defined = set(re.findall(r"\\newcommand\{\\([A-Za-z]+)\}",
                              (clone / "results" / "numbers.tex").read_text()))
     latex = {"documentclass", "usepackage", "input", "title", "date", "begin", "end",
-             "maketitle", "section", "subsection", "centering", "includegraphics", "textwidth",
+             "maketitle", "tableofcontents", "addcontentsline", "sloppy", "par", "smallskip",
+             "linewidth", "section", "subsection", "centering", "includegraphics", "textwidth",
              "caption",
              "label", "noindent", "ref", "item", "textbf", "texttt", "emph", "clearpage",
              "begingroup", "endgroup", "tiny", "scriptsize", "footnotesize", "setlength",

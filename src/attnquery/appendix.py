@@ -27,7 +27,7 @@ import yaml
 from .figures import experiment_order, paper_order, paper_section
 from .findings import load_numbers, macro_name
 
-__all__ = ["latex_text", "appendix_body", "appendix_document", "write_appendix",
+__all__ = ["latex_text", "fit_table", "appendix_body", "appendix_document", "write_appendix",
            "compile_appendix", "VERSION_COLUMNS", "PREAMBLE_PACKAGES"]
 
 #: result columns that say which code and libraries produced the results
@@ -41,19 +41,102 @@ _SPECIAL = {"\\": r"\textbackslash{}", "{": r"\{", "}": r"\}", "$": r"\$", "&": 
             ">": r"$>$", "|": r"$|$"}
 
 
+#: plain-text math of captions and claims set as math: a letter with a superscript or a
+#: subscript (``d^2``, ``W_h``, ``W_{h}``), ``$...$`` as written
+_MATH = re.compile(r"\$[^$]+\$|(?<![\w\\])[A-Za-z]"
+                   r"(?:\^(?:\{[^}]*\}|[\w.]+?)|_(?:\{[^}]*\}|[A-Za-z0-9]+))(?![\w])")
+
+
+def _math(m: str) -> str:
+    """A plain-text math token as LaTeX math (``d^2`` -> ``$d^{2}$``)."""
+    if m.startswith("$"):
+        return m
+    base, op, arg = m[0], m[1], m[2:]
+    arg = arg[1:-1] if arg.startswith("{") else arg
+    return f"${base}{op}{{{arg}}}$"
+
+
+def _plain(text: str) -> str:
+    out = "".join(_SPECIAL.get(ch, ch) for ch in text)
+    return out.replace("\x00", r"$\le$").replace("\x01", r"$\ge$").replace("\x02", r"$\|$")
+
+
 def latex_text(text: str) -> str:
     """Plain or reStructuredText ``text`` as LaTeX, one paragraph: special characters escaped,
-    ``**bold**``, ``*italic*`` and ````code```` kept as such, the report's Jinja expressions
-    (``{{ ... }}``) left out."""
+    ``**bold**``, ``*italic*`` and ````code```` kept as such, math written as text (``d^2``,
+    ``W_h``, ``$...$``) set as math, the report's Jinja expressions (``{{ ... }}``) left out."""
     text = re.sub(r"\{\{.*?\}\}|\{%.*?%\}", "", text, flags=re.S)  # the report's Jinja
     text = " ".join(text.split())  # one paragraph: a caption or an item holds no \par
     text = text.replace("<=", "\x00").replace(">=", "\x01").replace("||", "\x02")
-    out = "".join(_SPECIAL.get(ch, ch) for ch in text)
-    out = out.replace("\x00", r"$\le$").replace("\x01", r"$\ge$").replace("\x02", r"$\|$")
+    parts = []
+    for i, chunk in enumerate(re.split(r"(``.+?``)", text)):
+        if i % 2:  # code: escaped as it is
+            parts.append(r"\texttt{" + _plain(chunk[2:-2]) + "}")
+            continue
+        at = 0
+        for m in _MATH.finditer(chunk):
+            parts.append(_plain(chunk[at:m.start()]))
+            parts.append(_math(m.group(0)))
+            at = m.end()
+        parts.append(_plain(chunk[at:]))
+    out = "".join(parts)
     out = re.sub(r"\*\*(.+?)\*\*", r"\\textbf{\1}", out)
-    out = re.sub(r"``(.+?)``", r"\\texttt{\1}", out)
     out = re.sub(r"(?<![\w*])\*(?!\s)(.+?)(?<!\s)\*(?![\w*])", r"\\emph{\1}", out)
     return out
+
+
+#: the tables' text block (landscape, 2 cm margins on letter paper) and an upper bound on the
+#: width of a character of their \\tiny font and of a column's padding, in points
+TABLE_WIDTH_PT = 680.0
+CHAR_PT = 3.6
+COLUMN_PT = 5.0
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in re.split(r"(?<!\\)&", line.strip().removesuffix(r"\\"))]
+
+
+def _shown(cell: str) -> int:
+    """An upper bound on the characters a table cell prints (math markup left out)."""
+    cell = re.sub(r"\\times\s*", "x", cell)
+    cell = re.sub(r"\\[a-zA-Z]+|[${}^]|\\(?=[ %_&#])", "", cell)
+    return len(cell)
+
+
+def fit_table(tex: str, width_pt: float = TABLE_WIDTH_PT) -> str:
+    """A table of ``results/tables/`` (one ``tabular`` with booktabs rules) that fits
+    ``width_pt``: columns empty in every row (``--``) left out, and the metric columns (``r``)
+    split over as many tables as needed, each with every key column (``l``)."""
+    lines = tex.splitlines()
+    begin = next(i for i, ln in enumerate(lines) if ln.startswith(r"\begin{tabular}"))
+    spec = re.match(r"\\begin\{tabular\}\{([lcr]+)\}", lines[begin]).group(1)
+    mid = lines.index(r"\midrule")
+    bottom = lines.index(r"\bottomrule")
+    header = _cells(" ".join(lines[begin + 2:mid]))
+    rows = [_cells(ln) for ln in lines[mid + 1:bottom] if ln.strip()]
+    cols = [j for j in range(len(spec))
+            if not rows or not all(r[j] in ("--", "") for r in rows if len(r) == len(spec))]
+    width = {j: COLUMN_PT + CHAR_PT * max(_shown(c[j]) for c in [header, *rows]
+                                          if len(c) == len(spec)) for j in cols}
+    keys = [j for j in cols if spec[j] != "r"]
+    room = width_pt - sum(width[j] for j in keys)
+    parts, part = [], []
+    for j in (j for j in cols if spec[j] == "r"):
+        if part and sum(width[k] for k in part) + width[j] > room:
+            parts.append(part)
+            part = []
+        part.append(j)
+    parts.append(part)
+    out = [ln for ln in lines[:begin]]
+    for n, part in enumerate(parts):
+        use = keys + part
+        if len(parts) > 1:
+            out.append(f"\\par\\smallskip\\noindent Part {n + 1} of {len(parts)}.\\par")
+        out += [f"\\begin{{tabular}}{{{''.join(spec[j] for j in use)}}}", r"\toprule",
+                " & ".join(header[j] for j in use) + r" \\", r"\midrule"]
+        out += [" & ".join(r[j] for j in use) + r" \\" for r in rows if len(r) == len(spec)]
+        out += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(out) + "\n"
 
 
 def _figure(rec: dict, figure_dir: str) -> list[str]:
@@ -76,12 +159,14 @@ def _figure(rec: dict, figure_dir: str) -> list[str]:
 
 
 def appendix_body(records, tables, numbers, config: dict, versions: dict,
-                  figure_dir: str = "figures") -> str:
+                  figure_dir: str = "figures", table_dir: str | None = None) -> str:
     """The appendix's body: figures and claims, tables, numbers, configuration, versions.
 
     ``records`` are the figures' claim records (``figures/claims/<figure>.json``), ``tables`` the
     paths of ``results/tables/<experiment>.tex``, ``numbers`` the entries of
-    ``results/numbers.json``, ``versions`` column -> the distinct values in the results.
+    ``results/numbers.json``, ``versions`` column -> the distinct values in the results;
+    ``table_dir``, where given, holds the tables fitted to the page (:func:`fit_table`), which
+    are input instead.
     """
     lines = ["% The appendix of an attnquery study: written by `make appendix` "
              "(attnquery.appendix) from a run's results.",
@@ -93,7 +178,8 @@ def appendix_body(records, tables, numbers, config: dict, versions: dict,
     for name in paper_order(by_name):
         if paper_section(name)[1] != section:
             section = paper_section(name)[1]
-            lines += [f"\\subsection*{{{latex_text(section)}}}", ""]
+            lines += [f"\\subsection*{{{latex_text(section)}}}",
+                      f"\\addcontentsline{{toc}}{{subsection}}{{{latex_text(section)}}}", ""]
         lines += _figure(by_name[name], figure_dir)
     lines += [r"\clearpage", r"\begin{landscape}", r"\section{Tables}", "",
               "Each row is a grid point of the experiment; each metric is its median "
@@ -106,13 +192,15 @@ def appendix_body(records, tables, numbers, config: dict, versions: dict,
                   f"\\noindent\\textbf{{Table~\\refstepcounter{{table}}\\thetable\\label{{tab:"
                   f"{name}}}.}} Experiment \\texttt{{{latex_text(name)}}} "
                   f"(\\texttt{{{latex_text(str(path))}}}).", "",
-                  f"\\input{{{Path(path).with_suffix('')}}}", r"\endgroup", ""]
+                  f"\\input{{{Path(table_dir or Path(path).parent) / name}}}", r"\endgroup", ""]
     lines += [r"\end{landscape}", r"\clearpage", r"\section{Numbers}", "",
-              "Every number the findings state, as the check of its claim computed it; each is "
+              r"{\sloppy Every number the findings state, as the check of its claim computed it; "
+              "each is "
               "the macro named (from \\texttt{results/numbers.tex}). Intervals are 95\\% "
-              "confidence intervals; wall-clock numbers are marked.", "",
+              "confidence intervals; wall-clock numbers are marked.\\par}", "",
               r"\begingroup\scriptsize",
-              r"\begin{longtable}{llll}", r"\toprule",
+              r"\begin{longtable}{@{}p{0.37\linewidth}p{0.16\linewidth}p{0.13\linewidth}"
+              r"p{0.26\linewidth}@{}}", r"\toprule",
               r"macro & value & unit & figure, claim \\", r"\midrule", r"\endhead"]
     rank = {fig: i for i, fig in enumerate(paper_order({n["figure"] for n in numbers.values()}))}
     for name, n in sorted(numbers.items(), key=lambda kv: (rank[kv[1]["figure"]], kv[0])):
@@ -127,9 +215,9 @@ def appendix_body(records, tables, numbers, config: dict, versions: dict,
     for col, vals in versions.items():
         lines.append(f"\\item \\texttt{{{latex_text(col)}}}: "
                      f"{latex_text(', '.join(str(v) for v in vals))}")
-    lines += [r"\end{itemize}", "", "The study's configuration:", "", r"\begingroup\footnotesize",
+    lines += [r"\end{itemize}", "", "The study's configuration:", "", r"\begingroup\scriptsize",
               r"\begin{verbatim}",
-              yaml.safe_dump(config, sort_keys=True, default_flow_style=None, width=90).rstrip(),
+              yaml.safe_dump(config, sort_keys=True, default_flow_style=False, width=90).rstrip(),
               r"\end{verbatim}", r"\endgroup", ""]
     return "\n".join(lines)
 
@@ -147,6 +235,8 @@ def appendix_document(body_path: str = "appendix/body.tex",
         r"\date{}",
         r"\begin{document}",
         r"\maketitle",
+        r"\tableofcontents",
+        r"\clearpage",
         f"\\input{{{Path(body_path).with_suffix('')}}}",
         r"\end{document}", ""])
 
@@ -165,9 +255,12 @@ def write_appendix(records, tables, numbers_json, results_all, config: dict, out
     versions = {c: sorted({str(v) for v in table.column(c).to_pylist()})
                 for c in table.column_names}
     out_dir = Path(out_dir)
+    for path in tables:
+        atomic_write_bytes(out_dir / "tables" / Path(path).name,
+                           fit_table(Path(path).read_text(encoding="utf-8")).encode())
     body = out_dir / "body.tex"
     atomic_write_bytes(body, appendix_body(recs, tables, load_numbers(numbers_json), config,
-                                           versions).encode())
+                                           versions, table_dir=str(out_dir / "tables")).encode())
     doc = out_dir / "appendix.tex"
     atomic_write_bytes(doc, appendix_document(str(body), numbers_tex).encode())
     return doc

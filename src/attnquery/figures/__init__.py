@@ -29,11 +29,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ..errors import ConfigError  # noqa: E402
 from ..results import atomic_path  # noqa: E402
+from ._layout import tidy  # noqa: E402
 
 __all__ = ["STYLE", "FIGURES", "Figure", "register_figure", "render", "save_figure",
            "get_figure", "get_spec", "figures_for", "all_figures", "log2_ticks",
            "timing_figures", "with_evidence", "tight_layout", "mark_empty_axes", "PAPER_ORDER",
-           "paper_section", "paper_order", "experiment_order"]
+           "paper_section", "paper_order", "experiment_order", "draw"]
 
 STYLE = str(Path(__file__).with_name("attnquery.mplstyle"))
 
@@ -258,13 +259,21 @@ def mark_empty_axes(fig) -> None:
             ax.set_yscale("linear")
 
 
+def draw(name: str, df):
+    """Figure ``name`` drawn from ``df`` in the shared style, empty panels marked and laid out
+    (:func:`attnquery.figures._layout.tidy`): ``(figure, claims)``. Call it inside
+    ``plt.style.context(STYLE)`` to keep the style for saving."""
+    fig, claims = get_figure(name)(df)
+    mark_empty_axes(fig)
+    tidy(fig)
+    return fig, claims
+
+
 def render(name: str, df, pdf_path, png_path=None):
     """Render figure ``name`` from ``df`` to files; returns the claims it states (see
     :func:`with_evidence`)."""
-    fn = get_figure(name)
     with plt.style.context(STYLE):
-        fig, claims = fn(df)
-        mark_empty_axes(fig)
+        fig, claims = draw(name, df)
         save_figure(fig, pdf_path, png_path)
         plt.close(fig)
     return with_evidence(name, df, claims)

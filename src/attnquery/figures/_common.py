@@ -8,7 +8,7 @@ import numpy as np
 from ..metrics import PowerLawFit, fit_power_law_within
 from ..theory import LOWPRECISION_TARGET as TARGET_REL_ERR
 
-__all__ = ["fit_within", "group_keys", "inf_to", "slope_fits", "queries_needed",
+__all__ = ["fit_within", "group_keys", "inf_to", "slope_fits", "queries_needed", "label_points",
            "SLOPE_FROM_PASSES"]
 
 #: the exponents of the low-precision learner are fitted on runs with at least this many
@@ -84,3 +84,38 @@ def queries_needed(rows, target: float = TARGET_REL_ERR, stat: str = "median",
             b = f.slope if f is not None and f.slope < 0 else -0.5
             out[(fam, spec)] = (float(np.exp(lx[-1] + (lt - ly[-1]) / b)), "extrapolated")
     return out
+
+
+#: where :func:`label_points` tries a label, in points from its marker (right, then around)
+LABEL_OFFSETS = ((5, 0, "left"), (5, 7, "left"), (5, -7, "left"), (-5, 0, "right"),
+                 (-5, 7, "right"), (-5, -7, "right"), (0, 9, "center"), (0, -9, "center"),
+                 (5, 14, "left"), (5, -14, "left"))
+
+
+def label_points(ax, xs, ys, names, fontsize: float = 6, **text) -> None:
+    """Name each point ``(x, y)`` of ``ax`` beside its marker: each label at the first offset
+    of :data:`LABEL_OFFSETS` where it overlaps no label placed before it and no marker (the
+    figure is drawn to measure the labels; its layout engine runs first). ``text``: further
+    keywords of the labels (``color``)."""
+    fig = ax.figure
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    pts = ax.transData.transform(np.column_stack([xs, ys]).astype(float))
+    pad = 3.0 * fig.dpi / 72.0
+    placed = []
+    for x, y, name in zip(xs, ys, names, strict=True):
+        for dx, dy, ha in LABEL_OFFSETS:
+            t = ax.annotate(str(name), (x, y), xytext=(dx, dy), textcoords="offset points",
+                            fontsize=fontsize, ha=ha, va="center", **text)
+            box = t.get_window_extent(renderer)
+            near = (box.x0 - pad < pts[:, 0]) & (pts[:, 0] < box.x1 + pad) & \
+                (box.y0 - pad < pts[:, 1]) & (pts[:, 1] < box.y1 + pad)
+            if not near.any() and not any(box.expanded(1.0, 1.0).overlaps(b) for b in placed):
+                break
+            t.remove()
+        else:  # every place taken: the first one
+            dx, dy, ha = LABEL_OFFSETS[0]
+            t = ax.annotate(str(name), (x, y), xytext=(dx, dy), textcoords="offset points",
+                            fontsize=fontsize, ha=ha, va="center", **text)
+            box = t.get_window_extent(renderer)
+        placed.append(box)

@@ -305,7 +305,7 @@ def _error_panel(ax, g, fam, fits, order, color) -> None:
         ax.plot(xs, 3 * y0 * (xs / x0) ** -0.5, "k--", lw=0.7,
                 label=r"$\propto$ queries$^{-1/2}$")
     ax.axhline(TARGET_REL_ERR, color="k", lw=0.6, ls=":")
-    ax.set(xscale="log", yscale="log", xlabel="queries per unknown, counted / (d^2 + d)",
+    ax.set(xscale="log", yscale="log", xlabel="queries per unknown, counted / $(d^2 + d)$",
            ylabel=r"$\|\hat W - W\|_F / \|W\|_F$")
     pooled = fits.get((fam, None))
     heads = g["unit"].astype(str).str.rsplit("|", n=1).str[0].nunique()
@@ -318,7 +318,7 @@ def _error_panel(ax, g, fam, fits, order, color) -> None:
                  fontsize=7.5)
     if len(g):  # room below the curves for the legend
         lo = float(g["rel_err_W"].min())
-        ax.set_ylim(bottom=lo / 10 ** (0.5 + 0.12 * g["rounding"].nunique()))
+        ax.set_ylim(bottom=lo / 10 ** (1.0 + 0.12 * g["rounding"].nunique()))
         ax.legend(fontsize=5.5, ncol=2, loc="lower center", title="precision (exponent)",
                   title_fontsize=5.5,  # above the float64 curve, which lies lowest
                   bbox_to_anchor=(0.5, 0.13 if (g["rounding"] == "float64").any() else 0))

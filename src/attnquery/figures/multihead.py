@@ -16,10 +16,10 @@ DEFAULT_STEP = 1e-2
 DISCOVERY_RATE = 0.9
 FLOOR = 1e-17  # differences of exactly 0 are drawn here on log axes
 LABELS = {
-    "prop71": "Prop. 7.1 (shared W, v_h = lambda_h b)",
-    "shared_w": "heads sharing W, zero-sum v changes",
-    "dead_head": "head with v = 0, any W",
-    "single_head": "single-head learner on H-head oracle",
+    "prop71": r"Prop. 7.1 (shared $W$, $v_h = \lambda_h b$)",
+    "shared_w": "heads sharing $W$, zero-sum $v$ changes",
+    "dead_head": "head with $v = 0$, any $W$",
+    "single_head": "single-head learner on $H$-head oracle",
 }
 
 
@@ -195,7 +195,8 @@ def multihead(df):
         ax3.plot(rate.index, rate.values, "os^D"[k % 4] + "-:"[k % 2], color=f"C{k}",
                  ms=6 - 1.5 * k, label=f"H = {H}")
         for x, y, c in zip(rate.index, rate.values, cnt.values, strict=True):
-            ax3.annotate(f"n={c}", (x, y), fontsize=5, xytext=(2, -7), textcoords="offset points")
+            ax3.annotate(f"n={c}", (x, y), fontsize=5, xytext=(2, -7 - 8 * k),
+                         textcoords="offset points")
     ax3.set(xscale="log", ylim=(-0.05, 1.05), xlabel="dimension $d$", ylabel="success rate")
     ax3.set_title(f"(c) Basis discovery, step {default:g}")
     ax3.legend(fontsize=6)

@@ -269,13 +269,12 @@ def _error_panels(ax1, ax2, rows, claims, colors) -> int:
     slopes = "; ".join(c.detail.split(" (")[0] for c in claims if c.name.startswith("noise_slope"))
     ax1.set(xscale="log", yscale="log", xlabel=r"tolerance $\tau$",
             ylabel=r"$\|\hat W - W\|_F$")
-    ax1.set_title(f"(a) W error, d = {dmax}")
-    ax1.text(0.98, 0.03, f"fitted slopes (uniform; adversarial):\n{slopes}",
-             transform=ax1.transAxes, ha="right", va="bottom", fontsize=6)
+    ax1.set_title(f"(a) $W$ error, d = {dmax}\nfitted slopes (uniform; adversarial):\n{slopes}",
+                  fontsize=7)
     ax1.legend(fontsize=5.5, loc="upper left", ncol=2)
     ax2.set(xscale="log", yscale="log", xlabel=r"tolerance $\tau$",
             ylabel=r"$\|\hat v - v\|_2$")
-    ax2.set_title(f"(b) v error, d = {dmax}")
+    ax2.set_title(f"(b) $v$ error, d = {dmax}")
     ax2.legend(fontsize=6, loc="upper left")
     return dmax
 

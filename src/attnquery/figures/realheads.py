@@ -293,9 +293,10 @@ def _bias_errors(ax, rh):
         ax.hlines([tol, BIAS_PARAM_TOL], x - 4.4, x - 0.6, colors=["k", "0.5"],
                   linestyles=["--", ":"], lw=0.8)
         x += 0.5
-    ax.set(yscale="log", ylabel="relative error",
+    zero = any((biased[col].to_numpy(dtype=float) <= FLOOR).any() for _, col in _BIAS_PARAMS)
+    ax.set(yscale="log", ylabel="relative error" + (f"\n(0 drawn at {FLOOR:g})" if zero else ""),
            title="With the biases: every learnt parameter, every head (dashed: the goal for "
-                 "W, dotted: for c, v, beta)")
+                 r"$W$, dotted: for $c$, $v$, $\beta$)")
     ax.title.set_fontsize(8)
     ax.set_xticks(ticks)
     ax.set_xticklabels(labels, fontsize=6)

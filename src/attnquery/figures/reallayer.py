@@ -23,6 +23,9 @@ DOF_MIN_D = 256
 FLOOR = 1e-17
 #: the learner's stages, in the order they run, as stacked in the queries panel
 STAGES = ("v_sum", "circle", "isolated", "missing", "verify")
+#: the stages as the queries panel names them
+STAGE_LABELS = {"v_sum": r"sum of $v_h$", "circle": "circle scan", "isolated": "isolated heads",
+                "missing": "missing heads", "verify": "verification"}
 
 
 def _rows(df):
@@ -183,7 +186,9 @@ def reallayer(df):
         ax.plot(ok["layer"], np.maximum(ok["rel_err_offset"].astype(float), FLOOR), "s",
                 mfc="none", label=r"offset $\beta$")
     ax.axhline(FUNC_TOL, color="k", ls="--", lw=0.8, label=f"goal {FUNC_TOL:g}")
-    ax.set(yscale="log", xlabel="layer", ylabel="relative error", title="(b) The whole layer")
+    zero = "rel_err_offset" in ok and bool((ok["rel_err_offset"].astype(float) <= FLOOR).any())
+    ax.set(yscale="log", xlabel="layer", title="(b) The whole layer",
+           ylabel="relative error" + (f" (0 drawn at {FLOOR:g})" if zero else ""))
     ax.legend(fontsize=6)
 
     ax = axes[1, 0]
@@ -191,7 +196,7 @@ def reallayer(df):
     bottom = np.zeros(len(ok))
     for k, stage in enumerate(STAGES):
         vals = np.array([q.get(stage, 0) for q in by_stage], dtype=float)
-        ax.bar(ok["layer"], vals, bottom=bottom, color=f"C{k}", label=stage)
+        ax.bar(ok["layer"], vals, bottom=bottom, color=f"C{k}", label=STAGE_LABELS[stage])
         bottom += vals
     dof = extra_values(ok, "dof").astype(float).to_numpy()
     ax.plot(ok["layer"], dof, "k_", ms=18, mew=1.5, label="degrees of freedom")

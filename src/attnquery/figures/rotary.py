@@ -26,6 +26,7 @@ from ..claims import (
 )
 from ..metrics import fit_power_law
 from . import log2_ticks, register_figure
+from ._common import label_points
 
 #: exponent interval the claim accepts (dense route, d >= FIT_MIN_D)
 EXPONENT_RANGE = (1.95, 2.05)
@@ -212,6 +213,8 @@ def rotary(df):
     for k, ((route, d), g) in enumerate(ok.groupby(["variant", "d"], sort=True)):
         by = extra_values(g, "func_err_by_length", {})
         lengths = sorted({int(n) for row in by for n in row})
+        if k == 0:
+            ax2.plot([], [], "-", lw=0.4, color="0.4", label="every layer")
         worst = [max(float(row.get(str(n), np.nan)) for row in by) for n in lengths]
         ax3.plot(lengths, np.maximum(worst, 1e-17), "o-" if route == "dense" else "^:",
                  color=f"C{k}", label=f"{route}, d={d}")
@@ -383,10 +386,8 @@ def rotary_layers(df):
                         marker="s", s=60, label="refused, with biases")
         # sorted: a set's order follows the strings' hashes, which vary between processes
         # (PYTHONHASHSEED), and the PDF keeps the annotations in the order they are drawn
-        for p, h, m in sorted({(int(p), int(h), _error_name(m)) for p, h, m, r in
-                               zip(per, dh, rows["message"], rec, strict=True) if not r}):
-            ax1.annotate(m.replace("Error", ""), (p, h), fontsize=5, xytext=(3, 3),
-                         textcoords="offset points", color="C3")
+        refusals = sorted({(int(p), int(h), _error_name(m)) for p, h, m, r in
+                           zip(per, dh, rows["message"], rec, strict=True) if not r})
         fig.colorbar(sc, ax=ax1, label="log10 functional error", shrink=0.9)
         xx = np.geomspace(0.8, max(per.max(), dh.max()) * 1.25, 10)
         ax1.plot(xx, xx, "k--", lw=0.8, label="$H/G = d_h$")
@@ -397,6 +398,9 @@ def rotary_layers(df):
         log2_ticks(ax1, dh, "y")
     ax1.set_title("Failure map")
     _legend(ax1, loc="lower right", fontsize=6)
+    if len(rows) and refusals:  # each refusal named by its error, beside its marker
+        label_points(ax1, *zip(*[(p, h, m.replace("Error", "")) for p, h, m in refusals],
+                                strict=True), fontsize=5, color="C3")
     ok = rows[rec] if len(rows) else rows
     for k, (d, g) in enumerate(ok.groupby("d", sort=True)):
         by = extra_values(g, "func_err_by_length", {})
@@ -404,6 +408,8 @@ def rotary_layers(df):
         for row in by:  # every layer, thin; the worst of each d, bold
             ax2.plot(lengths, np.maximum([row.get(str(n), np.nan) for n in lengths], 1e-17),
                      "-", lw=0.4, alpha=0.5, color=f"C{k}")
+        if k == 0:
+            ax2.plot([], [], "-", lw=0.4, color="0.4", label="every layer")
         worst = [max(float(row.get(str(n), np.nan)) for row in by) for n in lengths]
         ax2.plot(lengths, np.maximum(worst, 1e-17), "o-", ms=3, lw=1.2, color=f"C{k}",
                  label=f"d = {int(d)}, worst")
@@ -646,6 +652,8 @@ def rotary_served(df):
     for k, ((d, dh), g) in enumerate(ok.groupby(["d", "rank"], sort=True)):
         by = extra_values(g, "func_err_by_length", {})
         lengths = sorted({int(n) for row in by for n in row})
+        if k == 0:
+            ax2.plot([], [], "-", lw=0.4, color="0.4", label="every layer")
         worst = [max(float(row.get(str(n), np.nan)) for row in by) for n in lengths]
         ax1.plot(lengths, np.maximum(worst, 1e-17), "o-" if 2 * dh <= d else "s:", ms=3,
                  color=f"C{k}", label=f"d={int(d)}, $d_h$={int(dh)}")

@@ -247,7 +247,7 @@ def _cost_panel(ax2, rows, costs, colors) -> None:
     ax2.plot([], [], "o", color="0.5", mfc="none", ms=3.5,
              label="exact, noisy learners\n(where they reach it)")
     ax2.set(yscale="log", xlabel="significant decimal digits kept by the API",
-            ylabel="queries per unknown, counted / (d^2 + d)")
+            ylabel="queries per unknown, counted / $(d^2 + d)$")
     ax2.set_title("(b) queries per unknown for a relative error of W\n(low-precision learner; "
                   "hollow: smallest budget or fewer, or extrapolated)", fontsize=7.5)
     ax2.legend(fontsize=5.5, loc="upper right", title="median head", title_fontsize=5.5)

@@ -170,6 +170,8 @@ operation rounded to the format; ``attnquery.precision``) and extracted by
 weights, against the queries spent per unknown (d^2 + 2d + 1); dashed: each format's floor, the
 error of W from the weights rounded to the format (0 in float32 for float32 weights). (b) The
 error over the floor (float16, bfloat16); dotted: the goals (2x in float16, 1.5x in bfloat16).
+One point per run (head and budget); the legends count them: a study with few served cells
+draws few points.
 """
 
 
@@ -187,16 +189,20 @@ def served(df):
             continue
         q = extra_values(sel, "spent_per_unknown").astype(float)
         e = np.maximum(sel["rel_err_W"].astype(float), LOW)
-        ax.scatter(q, e, s=12, color=color, label=prec)
+        ax.scatter(q, e, s=12, color=color, label=f"{prec} ({len(sel)} runs)")
         fl = extra_values(sel, "floor_W").astype(float)
         if prec != "float32":
-            ax.axhline(float(np.median(fl)), color=color, ls="--", lw=0.8)
-            bx.scatter(q, e / fl, s=12, color=color, label=prec)
-            bx.axhline(GOALS[prec][1], color=color, ls=":", lw=0.8)
-    ax.axhline(GOALS["float32"][1], color=COLORS["float32"], ls=":", lw=0.8)
-    ax.set(xscale="log", yscale="log", xlabel="queries / (d^2 + 2d + 1)",
-           ylabel="relative error of W", title="(a) error of W")
-    bx.set(xscale="log", yscale="log", xlabel="queries / (d^2 + 2d + 1)",
+            ax.axhline(float(np.median(fl)), color=color, ls="--", lw=0.8,
+                       label=f"{prec}: floor (weights rounded)")
+            bx.scatter(q, e / fl, s=12, color=color, label=f"{prec} ({len(sel)} runs)")
+            bx.axhline(GOALS[prec][1], color=color, ls=":", lw=0.8,
+                       label=f"{prec}: goal {GOALS[prec][1]:g}x")
+    if (ok["rounding"] == "float32").any():
+        ax.axhline(GOALS["float32"][1], color=COLORS["float32"], ls=":", lw=0.8,
+                   label=f"float32: goal {GOALS['float32'][1]:g}")
+    ax.set(xscale="log", yscale="log", xlabel="queries / $(d^2 + 2d + 1)$",
+           ylabel="relative error of $W$", title="(a) error of $W$")
+    bx.set(xscale="log", yscale="log", xlabel="queries / $(d^2 + 2d + 1)$",
            ylabel="error / floor", title="(b) over the format's floor")
     # plain tick labels (1.2, 1.5, ...) on the ratio axis, which spans less than a decade
     plain = matplotlib.ticker.FuncFormatter(lambda y, _: f"{y:g}")
@@ -207,5 +213,5 @@ def served(df):
         a.xaxis.set_minor_formatter(plain)
     for a in axes:
         if a.has_data():
-            a.legend(fontsize=7, loc="best", frameon=True)
+            a.legend(fontsize=6, loc="best", frameon=True)
     return fig, claims

@@ -131,7 +131,8 @@ SERVED_LAYERS_CAPTION = """\
 heads, every bias, read out at the last token) computed as an engine computes it, extracted by
 ``AttentionLayerLearner(n_queries=...)``. (a) Each head's relative error of W (matched up to a
 permutation) against the queries spent per degree of freedom of the layer; dotted: the goal
-(1e-5 at 4 dof). (b) Each layer's functional relative error.
+(1e-5), dashed: the budget it is stated at (4 queries per degree of freedom). (b) Each layer's
+functional relative error; with a single layer in the study, drawn in (a) instead (a star).
 """
 
 
@@ -141,8 +142,13 @@ def served_layers(df):
     """Per-head errors of W against queries per dof, and per-layer functional errors."""
     claims = served_layer_claims(df)
     _, ok = _rows(df)
-    fig, axes = plt.subplots(1, 2, figsize=(6.75, 2.8), layout="constrained")
-    ax, bx = axes
+    layers = np.unique(ok["layer"].astype(int)) if len(ok) else np.array([], dtype=int)
+    # one layer: its functional error beside its heads' errors in one panel, not a panel of
+    # one point
+    n = 1 if len(layers) == 1 else 2
+    fig, axes = plt.subplots(1, n, figsize=(3.6 * n, 2.8), layout="constrained", squeeze=False)
+    ax = axes[0, 0]
+    bx = axes[0, 1] if n == 2 else None
     drawn = False
     for prec, color in COLORS.items():
         sel = ok[ok["rounding"] == prec]
@@ -152,24 +158,29 @@ def served_layers(df):
         per = extra_values(sel, "err_W_heads", []).to_list()
         xs = np.concatenate([[qi] * len(p) for qi, p in zip(q, per, strict=True)])
         ys = np.concatenate([np.asarray(p, dtype=float) for p in per])
-        ax.scatter(xs, np.maximum(ys, LOW), s=10, color=color, label=prec)
-        bx.scatter(sel["layer"].astype(int), np.maximum(sel["func_err"].astype(float), LOW),
-                   s=14, color=color, label=prec)
+        ax.scatter(xs, np.maximum(ys, LOW), s=10, color=color, label=f"$W_h$, {prec}")
+        func = np.maximum(sel["func_err"].astype(float), LOW)
+        if bx is None:
+            ax.scatter(q, func, s=40, marker="*", color=color,
+                       label=f"layer {int(layers[0])}: function, {prec}")
+        else:
+            bx.scatter(sel["layer"].astype(int), func, s=14, color=color, label=prec)
         drawn = True
-    for a in axes:
-        a.axhline(GOAL, color="k", ls=":", lw=0.8)
-    ax.set(yscale="log", xlabel="queries / layer_dof", ylabel="relative error of W_h",
-           title="(a) every head")
-    bx.set(yscale="log", xlabel="layer", ylabel="functional relative error",
-           title="(b) every layer")
+    for a in axes.flat:
+        a.axhline(GOAL, color="k", ls=":", lw=0.8, label=f"goal {GOAL:g}")
+    ax.set(yscale="log", xlabel="queries per degree of freedom of the layer",
+           ylabel="relative error", title="(a) every head" + (" and the layer" if n == 1 else ""))
+    if bx is not None:
+        bx.set(yscale="log", xlabel="layer", ylabel="functional relative error",
+               title="(b) every layer")
     if drawn:  # no legend on an empty figure (no layer cells in the study)
         # the budget of the goal on the x axis, from 0: where the heads are against it
-        ax.axvline(BUDGET, color="k", ls=":", lw=0.8)
+        ax.axvline(BUDGET, color="k", ls="--", lw=0.8, label=f"budget of the goal ({BUDGET:g})")
         ax.set_xlim(0, 1.1 * max(BUDGET, float(np.nanmax(extra_values(
             ok, "spent_per_dof").astype(float)))))
-        layers = np.unique(ok["layer"].astype(int))
-        bx.set_xticks(layers)
-        bx.set_xlim(layers.min() - 0.75, layers.max() + 0.75)
-        ax.legend(fontsize=7, loc="lower left", frameon=True)
-        bx.legend(fontsize=7, loc="lower right", frameon=True)
+        ax.legend(fontsize=6, loc="lower left", frameon=True)
+        if bx is not None:
+            bx.set_xticks(layers)
+            bx.set_xlim(layers.min() - 0.75, layers.max() + 0.75)
+            bx.legend(fontsize=7, loc="lower right", frameon=True)
     return fig, claims

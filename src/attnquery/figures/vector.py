@@ -21,6 +21,7 @@ from ..claims import (
     number_name,
 )
 from . import log2_ticks, register_figure
+from ._common import label_points
 
 #: the issue's goal for float64 fits (W, V, c, beta and the function, relative)
 GOAL = 1e-9
@@ -321,8 +322,6 @@ def vector(df):
     n = 2 if cases is None else 3
     fig, axes = plt.subplots(1, n, figsize=(3.4 * n, 2.8), layout="constrained")
     ax, bx = axes[:2]
-    if cases is not None:
-        _draw_cases(axes[2], cases)
     for variant, color in COLORS.items():
         sel = ok[ok["variant"] == variant]
         for layers, marker in ((False, "o"), (True, "s")):
@@ -344,11 +343,20 @@ def vector(df):
            title="(a) queries and floor")
     bx.set(xscale="log", yscale="log", xlabel="d", ylabel="largest relative error",
            title="(b) errors")
-    for a in axes[:2]:
+    from matplotlib.lines import Line2D
+
+    keys = [Line2D([], [], ls="none", marker="s", mfc="none", mec="0.3",
+                   label="layer of several heads")] if (ok["n_heads"] > 1).any() else []
+    floor = [Line2D([], [], color="0.3", ls="--", lw=0.8, label="floor (dof / answer)")]
+    goal = [Line2D([], [], color="0.4", ls=":", lw=0.8, label=f"goal {GOAL:g}")]
+    for a, extra in ((ax, keys + floor), (bx, keys + goal)):
         if len(ok):
             log2_ticks(a, ok["d"])
         if a.has_data():
-            a.legend(fontsize=7)
+            handles, _ = a.get_legend_handles_labels()
+            a.legend(handles=handles + extra, fontsize=6)
+    if cases is not None:  # last: its labels are placed on the laid-out figure
+        _draw_cases(axes[2], cases)
     return fig, claims
 
 
@@ -358,10 +366,7 @@ def _draw_cases(cx, cases) -> None:
     ratio = np.maximum(_worst_error(ok) / ok["goal"].astype(float).to_numpy(), LOW)
     colors = [COLORS[v] for v in ok["variant"]]
     cx.scatter(_total(ok), ratio, s=18, marker="D", c=colors)
-    points = sorted(zip(_total(ok), ratio, ok["family"], strict=True))
-    for k, (x, y, name) in enumerate(points):  # neighbours' labels above and below
-        cx.annotate(str(name), (x, y), fontsize=6, xytext=(3, 3 if k % 2 == 0 else -8),
-                    textcoords="offset points")
     cx.axhline(1.0, color="0.4", ls=":", lw=0.8)
     cx.set(xscale="log", yscale="log", xlabel="queries (check included)",
            ylabel="worst error / goal", title="(c) named layers")
+    label_points(cx, _total(ok), ratio, ok["family"])
