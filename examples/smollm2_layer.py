@@ -20,6 +20,9 @@ From the repository root::
     OMP_NUM_THREADS=1 python examples/smollm2_layer.py --layer 14 --answers last --json out.json
 
 A layer takes about 15 minutes and 4 GB on a 2-core machine; docs/llm.md gives the numbers.
+``--box half`` asks the attention half of the decoder layer instead,
+``x -> x + self_attn(RMSNorm(x))`` (:func:`attnquery.realheads.attention_half`): the route
+refuses it today (its head split saturates attention, which the norm does not let through).
 ``--gguf FILE`` reads another Llama-architecture GGUF file instead (the tests use a small one).
 """
 
@@ -34,7 +37,12 @@ import numpy as np
 from attnquery.errors import AttnQueryError
 from attnquery.learners.vector_rotary_layer import RotaryLayerVectorLearner
 from attnquery.oracles import VectorOracle
-from attnquery.realheads import attention_module, load_gguf, named_checkpoint_path
+from attnquery.realheads import (
+    attention_half,
+    attention_module,
+    load_gguf,
+    named_checkpoint_path,
+)
 
 #: lengths of the error report: every length to 64, then the long ones
 LENGTHS = tuple(range(1, 65)) + (512, 2048, 4096)
@@ -72,6 +80,9 @@ def main(argv=None):
     parser.add_argument("--layer", type=int, default=0, help="the layer (default 0)")
     parser.add_argument("--answers", choices=("all", "last"), default="all",
                         help="every token's outputs (default) or the last token's")
+    parser.add_argument("--box", choices=("module", "half"), default="module",
+                        help="the attention module (default) or the attention half of the "
+                        "decoder layer, x + self_attn(RMSNorm(x))")
     parser.add_argument("--gguf", default=None,
                         help="a Llama-architecture GGUF file (default: smollm2-135m)")
     parser.add_argument("--lengths", default=None,
@@ -86,7 +97,8 @@ def main(argv=None):
     path = args.gguf or named_checkpoint_path("smollm2-135m")
     t0 = time.perf_counter()
     ckpt = load_gguf(path, layers=[args.layer])
-    box = attention_module(ckpt, args.layer, args.answers)
+    make = attention_module if args.box == "module" else attention_half
+    box = make(ckpt, args.layer, args.answers)
     print(f"{path}: layer {args.layer} of {ckpt.n_layers}, d = {ckpt.d}, {ckpt.n_heads} query "
           f"heads over {ckpt.n_kv_heads} key/value heads of {ckpt.head_dim}, RoPE base "
           f"{ckpt.rope_base:g} ({time.perf_counter() - t0:.1f} s to read)")
@@ -95,7 +107,7 @@ def main(argv=None):
                                        rope_base=ckpt.rope_base, causal=True,
                                        random_state=args.seed)
     t1 = time.perf_counter()
-    record = {"gguf": str(path), "layer": args.layer, "answers": args.answers}
+    record = {"gguf": str(path), "layer": args.layer, "answers": args.answers, "box": args.box}
     try:
         learner.fit(oracle)
     except AttnQueryError as exc:
