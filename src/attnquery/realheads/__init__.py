@@ -37,7 +37,11 @@ The package's modules (every name is importable from ``attnquery.realheads`` its
 * :mod:`attnquery.realheads.checkpoints`: reading, writing and fetching checkpoints;
 * :mod:`attnquery.realheads.readout`: heads and layers read out along a vector;
 * :mod:`attnquery.realheads.blackbox`: :class:`ModuleBlackBox`, the module itself;
-* :mod:`attnquery.realheads.io`: head and layer files.
+* :mod:`attnquery.realheads.io`: head and layer files;
+* :mod:`attnquery.realheads.gguf_files`: Llama-architecture GGUF files (llama.cpp's format),
+  dequantized, and the named real checkpoints (``"smollm2-135m"``);
+* :mod:`attnquery.realheads.decoder`: a decoder layer's attention module and the attention
+  half of the layer (through its RMSNorm) as vector boxes.
 """
 
 from __future__ import annotations
@@ -52,6 +56,21 @@ from .checkpoints import (
     load_checkpoint,
     sha256_file,
     write_test_checkpoint,
+)
+from .decoder import NormedResidualAttention, attention_half, attention_module, rms_norm
+from .gguf_files import (
+    GGUF_VERSION,
+    NAMED_CHECKPOINTS,
+    LlamaCheckpoint,
+    NamedCheckpoint,
+    cached_gguf,
+    load_gguf,
+    named_checkpoint_path,
+    permute_rows,
+    read_gguf_tensor,
+    rope_interleaved,
+    unpermute_rows,
+    write_test_gguf,
 )
 from .io import (
     load_head,
@@ -94,4 +113,20 @@ __all__ = [
     "fetch_checkpoint",
     "extract_member",
     "sha256_file",
+    "GGUF_VERSION",
+    "LlamaCheckpoint",
+    "NamedCheckpoint",
+    "NAMED_CHECKPOINTS",
+    "load_gguf",
+    "cached_gguf",
+    "read_gguf_tensor",
+    "named_checkpoint_path",
+    "permute_rows",
+    "unpermute_rows",
+    "rope_interleaved",
+    "write_test_gguf",
+    "attention_module",
+    "attention_half",
+    "NormedResidualAttention",
+    "rms_norm",
 ]
