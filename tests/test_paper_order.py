@@ -66,8 +66,10 @@ def test_the_appendix_follows_the_paper_not_the_file_names():
     body = appendix_body(_records(names), tables, numbers, {}, {})
     shown = re.findall(r"\\label\{fig:(\w+)\}", body)
     assert shown == paper_order(names) and shown[0] == "exact_queries"
-    assert shown.index("noise_scaling") < shown.index("defence_rounding") < shown.index(
-        "membership_cost") < shown.index("transformer_recovery") < shown.index("multihead")
+    # Section 4.1 (the one-layer transformer) right after Theorem 4.1, before Theorem 5.1
+    assert shown.index("transformer_recovery") < shown.index("lowrank_phase") < shown.index(
+        "noise_scaling") < shown.index("defence_rounding") < shown.index(
+        "membership_cost") < shown.index("multihead")
     assert shown.index("multihead_generic") < shown.index("realheads") < shown.index("served")
     # each figure under the result of the paper it measures, each section once, in order
     sections = re.findall(r"\\subsection\*\{(.*?)\}", body)

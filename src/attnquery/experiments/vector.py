@@ -83,7 +83,8 @@ def _cell(variant: str, d: int, n_heads: int, seed: int) -> dict:
 #: the cell parameters of a case (``experiments.vector.cases``) beyond d and n_heads, with the
 #: value a case leaves out
 CASE_DEFAULTS = {"answers": "all", "n_kv_heads": None, "head_dim": None, "key_dim": None,
-                 "causal": False, "rope_base": None, "rounding": "float64"}
+                 "causal": False, "rope_base": None, "rounding": "float64",
+                 "check_length": None}
 #: the answers' formats a case may round to (the layer computes in it, summing in float64 and
 #: rounding once: the same answers on every machine)
 CASE_ROUNDINGS = ("float64", "float32", "float16", "bfloat16")
@@ -109,7 +110,9 @@ def _case_cell(case: dict, seed: int) -> dict:
             "key_dim": None if c["key_dim"] is None else int(c["key_dim"]),
             "causal": bool(c["causal"]), "rope_base": c["rope_base"] and float(c["rope_base"]),
             "rounding": c["rounding"], "goal": _case_goal(c, where), "biases": True,
-            "seed": seed}
+            "seed": seed,
+            # only when given: the cells (and their ids) of cases without it stay as they were
+            **({"check_length": int(c["check_length"])} if c["check_length"] else {})}
 
 
 def _case_goal(c: dict, where: str) -> float:
@@ -216,12 +219,16 @@ def _run_case(cell, model_rng, learner_rng, eval_rng) -> dict:
         d, H, model_rng, precision=cell["rounding"], **draw)
     oracle = VectorOracle(box, d, outputs=variant)
     rotary = bool(cell["rope_base"])
+    check = {"check_length": int(cell["check_length"])} if cell.get("check_length") else {}
     est = VectorLayerLearner(n_heads=H, n_kv_heads=cell["n_kv_heads"], causal=cell["causal"],
                              positions="rotary" if rotary else "none",
-                             random_state=learner_rng)
+                             random_state=learner_rng, **check)
     m = fit_and_measure(est, oracle, truth,
                         measure=_value_measure if rotary else _layer_measure)
-    lengths = CHECK_LENGTHS + CASE_LENGTHS if rotary else CHECK_LENGTHS
+    # a rotary case's function also at the longest sequence its learner checks (its claim)
+    longest = (int(cell.get("check_length") or est.check_length),) if rotary else ()
+    lengths = tuple(sorted(set(CHECK_LENGTHS + CASE_LENGTHS + longest))) if rotary \
+        else CHECK_LENGTHS
     m["func_err"] = _function_error(truth, est.predict, d, eval_rng, lengths)
     N = getattr(est, "tokens_per_query_", None)
     per_answer = truth.d_out * (int(N) if N and variant == "all" else 1)
@@ -232,9 +239,13 @@ def _run_case(cell, model_rng, learner_rng, eval_rng) -> dict:
     return out
 
 
-#: estimated seconds of a named case on one loaded core (the largest measured, the Qwen2-style
-#: layer at d = 256, about 60 s)
+#: estimated seconds of a named case on one loaded core (the Qwen2-style layer at d = 256 with
+#: its check to 512 tokens, about 60 s)
 CASE_SECONDS = 60.0
+#: a rotary case of every token's outputs reads its forms at every offset its check asks: its
+#: time grows as (check_length / 512)^1.6 (measured: the Qwen2-style layer 42 s at 512 tokens,
+#: 1,101 s at 4,096; docs/notes/2026-12-05-vector-lengths.md)
+ROTARY_LENGTH_EXPONENT = 1.6
 #: rotary cases' functional error also runs over sequences this long (the issue's 1 to 512)
 CASE_LENGTHS = (512,)
 
@@ -314,6 +325,11 @@ def _metrics(m, dof, per_answer, n_tokens, tokens_per_query, goal=GOAL) -> dict:
 def seconds(cell) -> float:
     """About 1 s plus (d / 24)^3 s for vector answers, 0.1 s for scalar ones, more per head."""
     if cell.get("family"):
+        if cell.get("rope_base") and cell["variant"] == "all":
+            from ..learners._check import CHECK_LENGTH
+
+            length = cell.get("check_length") or CHECK_LENGTH
+            return CASE_SECONDS * (length / 512) ** ROTARY_LENGTH_EXPONENT
         return CASE_SECONDS
     if cell["variant"] == "scalar":
         return 0.1 + (cell["d"] / 512) ** 2.2
@@ -327,6 +343,7 @@ PARAMS: dict[str, pa.DataType] = {
     "key_dim": pa.int64(),
     "causal": pa.bool_(),
     "goal": pa.float64(),
+    "check_length": pa.int64(),
 }
 #: the result columns of this module's metrics (beyond the shared ones)
 METRICS: dict[str, pa.DataType] = {}

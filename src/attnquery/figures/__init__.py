@@ -44,12 +44,12 @@ STYLE = str(Path(__file__).with_name("attnquery.mplstyle"))
 #: and the sections of the findings pages (README's table, docs/findings.md) follow it.
 PAPER_ORDER: tuple[tuple[str, str], ...] = (
     ("exact", "Theorem 4.1: exact recovery from value queries"),
+    ("transformer", "Section 4.1: one-layer transformers"),
     ("lowrank", "Theorem 5.1: low-rank heads"),
     ("noise", "Theorem 6.1: answers within a tolerance"),
     ("rounding", "Theorem 6.1: rounded answers"),
     ("lowprecision", "Theorem 6.1: answers rounded to a float format"),
     ("membership", "Appendix B: sign-only (membership) answers"),
-    ("transformer", "Section 4.1: one-layer transformers"),
     ("multihead", "Section 7 and Appendix C: multi-head attention"),
     ("multihead_generic", "Section 7 and Appendix C: generic multi-head attention"),
     ("realheads", "Beyond the paper: real heads"),

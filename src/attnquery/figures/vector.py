@@ -235,6 +235,12 @@ def _case_label(row) -> str:
     return ", ".join(parts)
 
 
+def _longest(rows) -> int:
+    """The longest sequence the rows' function error was measured on (``extra.check_lengths``)."""
+    lengths = extra_values(rows, "check_lengths").dropna()
+    return int(max((max(x) for x in lengths), default=0))
+
+
 def _missing(x) -> bool:
     """A parameter the row does not set (None, NaN or pandas' NA)."""
     return bool(pd.isna(x))
@@ -264,7 +270,9 @@ def vector_case(rows) -> list[Claim]:
                             rows=what),
                      Number(number_name("vector", name, "worst", "error"), worst,
                             "relative error", ".2g", rows=what,
-                            factor=ROUNDING_FACTOR if float64 else None))))
+                            factor=ROUNDING_FACTOR if float64 else None),
+                     Number(number_name("vector", name, "longest"), _longest(sel), "tokens",
+                            "d", rows=f"{what}: the longest sequence of its function error"))))
     return claims
 
 
