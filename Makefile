@@ -11,8 +11,8 @@ CONFIG ?= config/config.yaml
 
 help:
 	@echo "make reproduce           create $(VENV) if missing, install, run the default study (every figure, table, report.html)"
-	@echo "make test                run the test suite but the end-to-end checks (installs into $(VENV) first)"
-	@echo "make test-e2e            run the end-to-end checks: the README's commands in a fresh clone"
+	@echo "make test                run the test suite but the end-to-end and long checks (installs into $(VENV) first)"
+	@echo "make test-e2e            run the end-to-end and long checks: the README's commands in a fresh clone"
 	@echo "make figures             bring every figure and table up to date (redraws what changed)"
 	@echo "make findings            make a run's numbers the committed findings (README table, docs/findings.md)"
 	@echo "make appendix            write appendix/appendix.tex from the run and compile it (latexmk, if installed)"
@@ -47,13 +47,14 @@ reproduce: install
 	@$(BIN)/python -m attnquery.findings compare docs/numbers.json results/numbers.json
 
 # The suite for a laptop: every test but the end-to-end ones (marker e2e), which clone the
-# repository, install it and run a real study; `make test-e2e` runs those (CI runs both).
+# repository, install it and run a real study, and the long ones (marker slow: a study's
+# figures and appendix, layers of thousands of tokens); `make test-e2e` runs those (CI runs both).
 # No test reads the clock; timings belong to `make bench`.
 test: install
-	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=15 -m "not e2e"
+	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=15 -m "not e2e and not slow"
 
 test-e2e: install
-	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=15 -m e2e
+	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=15 -m "e2e or slow"
 
 # Every figure and table up to date: redrawn when their tables or the code that draws them
 # changed (cells are computed only when missing).

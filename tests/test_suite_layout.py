@@ -1,5 +1,5 @@
-"""The suite as a laptop runs it: `make test` leaves the end-to-end checks (marker e2e) to
-`make test-e2e`, which CI runs too, and the README names both."""
+"""The suite as a laptop runs it: `make test` leaves the end-to-end checks (marker e2e) and the
+long ones (marker slow) to `make test-e2e`, which CI runs too, and the README names both."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ def _recipe(target: str) -> str:
 
 
 def test_make_test_leaves_out_the_end_to_end_checks_and_make_test_e2e_runs_them():
-    assert 'pytest' in _recipe("test") and '-m "not e2e"' in _recipe("test")
-    assert re.search(r"pytest .*-m e2e\b", _recipe("test-e2e"))
+    assert 'pytest' in _recipe("test") and '-m "not e2e and not slow"' in _recipe("test")
+    assert re.search(r'pytest .*-m "e2e or slow"', _recipe("test-e2e"))
     markers = (REPO / "pyproject.toml").read_text(encoding="utf-8")
-    assert '"e2e: ' in markers  # declared in pyproject.toml
+    assert '"e2e: ' in markers and '"slow: ' in markers  # declared in pyproject.toml
 
 
 def test_ci_runs_both_and_the_readme_names_both():

@@ -57,12 +57,14 @@ class ConfigError(AttnQueryError, ValueError):
     """A study configuration or a learner parameter is invalid."""
 
 
-class NotFittedError(AttnQueryError, ValueError, AttributeError):
+class NotFittedError(ConfigError, AttributeError):
     """A fitted estimate was asked for (``predict``, say) before ``fit`` ran.
 
     Like scikit-learn's ``NotFittedError`` it is also a ``ValueError`` and an
-    ``AttributeError``, so code written for either keeps catching it. Raised by
-    :func:`attnquery.learners.base.check_is_fitted`, which every learner's ``predict`` calls.
+    ``AttributeError``, so code written for either keeps catching it; it is a
+    :class:`ConfigError` too (a misuse of the learner), as the vector learners raised before.
+    Raised by :func:`attnquery.learners.base.check_is_fitted`, which every learner's
+    ``predict`` calls.
     """
 
 

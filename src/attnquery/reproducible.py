@@ -26,15 +26,15 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def snakemake_command(config, directory, cores: int, *extra: str) -> list[str]:
-    """The command line that runs the workflow with ``config`` into ``directory``."""
+    """The command line that runs the workflow with ``config`` into ``directory``; ``extra``
+    (targets and options) comes first, since ``--quiet`` takes every word after it."""
     return [
-        sys.executable, "-m", "snakemake",
+        sys.executable, "-m", "snakemake", *extra,
         "-s", str(REPO / "Snakefile"),
         "--configfile", str(Path(config).resolve()),
         "--directory", str(directory),
         "--cores", str(cores),
         "--quiet", "progress",
-        *extra,
     ]
 
 

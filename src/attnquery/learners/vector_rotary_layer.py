@@ -275,40 +275,45 @@ class RotaryLayerVectorLearner(BaseLearner):
             rotary_plan(ledger, self.n_queries, bool(self.fit_bias),
                         {"V": d + 1, **self._plan(d, max(d_out // H, 2), last)}, exact=H == 1)
             try:
-                with ledger.stage("V"):
-                    X = np.concatenate([np.zeros((1, 1, d)), np.eye(d)[:, None, :]])
-                    y = np.asarray(ledger(X), dtype=np.float64)
-                    y = y if last else y[:, 0]
-                    V_sum, self.output_bias_ = y[1:] - y[0], y[0]
-                with ledger.stage("split"):
-                    if H > 1:
-                        V, E = split_outputs(ledger, V_sum, self.output_bias_, H, rng)
-                    else:
-                        V, E = V_sum[None], np.eye(V_sum.shape[1])[None]
-                self._heads(V, E)
-                rest = self._plan(d, self._values.shape[2], last)
-                what = ", ".join(f"{k} {v}" for k, v in rest.items() if v)
-                ledger.need(sum(rest.values()), f"the rest of the rotary fit ({what})",
-                            reserved=True, refusal=lambda n, spent, cap: ConfigError(
-                                f"n_queries={cap}: the split asked {spent} queries and the rest "
-                                f"of the fit needs {n} more ({what}); give at least "
-                                f"{spent + n}"))
-                with ledger.stage("subspaces"):
-                    if last:
-                        read_spaces_last(self, ledger, rng, d, SPACE_OVERSAMPLE, SPACE_VECTORS)
-                    else:
-                        self._read_spaces(ledger, rng, d)
-                with ledger.stage("forms"):
-                    if last:
-                        read_forms_last(self, ledger, rng, d, EXTRA_PROBES)
-                    else:
-                        self._read_forms(ledger, rng, d)
-                with ledger.stage("verify"):
-                    self._verify(ledger, rng)
+                self._stages(ledger, rng, d, H, last)
             finally:
                 self.n_queries_ = ledger.total
                 self.n_tokens_ = int(oracle.n_tokens) - tokens0
         return self
+
+    def _stages(self, ledger, rng, d: int, H: int, last: bool) -> None:
+        """The fit's stages in order: the value maps, the split into heads, the value subspaces,
+        the rotary forms and the check (each counted under its name by ``ledger``)."""
+        with ledger.stage("V"):
+            X = np.concatenate([np.zeros((1, 1, d)), np.eye(d)[:, None, :]])
+            y = np.asarray(ledger(X), dtype=np.float64)
+            y = y if last else y[:, 0]
+            V_sum, self.output_bias_ = y[1:] - y[0], y[0]
+        with ledger.stage("split"):
+            if H > 1:
+                V, E = split_outputs(ledger, V_sum, self.output_bias_, H, rng)
+            else:
+                V, E = V_sum[None], np.eye(V_sum.shape[1])[None]
+        self._heads(V, E)
+        rest = self._plan(d, self._values.shape[2], last)
+        what = ", ".join(f"{k} {v}" for k, v in rest.items() if v)
+        ledger.need(sum(rest.values()), f"the rest of the rotary fit ({what})",
+                    reserved=True, refusal=lambda n, spent, cap: ConfigError(
+                        f"n_queries={cap}: the split asked {spent} queries and the rest "
+                        f"of the fit needs {n} more ({what}); give at least "
+                        f"{spent + n}"))
+        with ledger.stage("subspaces"):
+            if last:
+                read_spaces_last(self, ledger, rng, d, SPACE_OVERSAMPLE, SPACE_VECTORS)
+            else:
+                self._read_spaces(ledger, rng, d)
+        with ledger.stage("forms"):
+            if last:
+                read_forms_last(self, ledger, rng, d, EXTRA_PROBES)
+            else:
+                self._read_forms(ledger, rng, d)
+        with ledger.stage("verify"):
+            self._verify(ledger, rng)
 
     def _heads(self, V: np.ndarray, E: np.ndarray) -> None:
         """Each head's value coordinates, output reading and key/value head from its value map
