@@ -16,10 +16,11 @@ from attnquery.results import (
     make_row,
 )
 
-# The result schema (version 5): version 4 as the central column lists of results.py wrote it
-# before the experiments declared their own columns, and the vector experiment's named cases'
-# four parameters (version 5): the stored tables change only with the version.
-SCHEMA_V5 = [
+# The result schema (version 6): version 4 as the central column lists of results.py wrote it
+# before the experiments declared their own columns, the vector experiment's named cases'
+# four parameters (version 5) and their check_length (version 6): the stored tables change
+# only with the version.
+SCHEMA_V6 = [
     ("experiment", "string"), ("cell_id", "string"), ("learner", "string"), ("seed", "int64"),
     ("d", "int64"), ("rank", "int64"), ("n_heads", "int64"), ("width", "int64"),
     ("probes", "string"), ("W_spectral", "double"), ("W_fro", "double"),
@@ -31,7 +32,8 @@ SCHEMA_V5 = [
     ("variant", "string"), ("layer", "int64"), ("head", "int64"), ("checkpoint", "string"),
     ("readout", "string"), ("biases", "bool"), ("rope_base", "double"),
     ("n_kv_heads", "int64"), ("head_dim", "int64"), ("key_dim", "int64"), ("causal", "bool"),
-    ("goal", "double"), ("n_queries", "int64"), ("verify_queries", "int64"),
+    ("goal", "double"), ("check_length", "int64"), ("n_queries", "int64"),
+    ("verify_queries", "int64"),
     ("verify_error", "double"), ("verified", "bool"), ("verify_vacuous", "bool"),
     ("n_queries_attention", "int64"), ("n_queries_ffn", "int64"), ("n_queries_v", "int64"),
     ("n_queries_W", "int64"), ("queries_computed", "bool"), ("rel_err_W", "double"),
@@ -57,11 +59,11 @@ def _exp(name, params=None, metrics=None):
 
 
 def test_the_assembled_schema_is_the_stored_one():
-    assert SCHEMA_VERSION == 5
-    assert [(f.name, str(f.type)) for f in RESULT_SCHEMA] == SCHEMA_V5
-    assert RESULT_SCHEMA.metadata == {b"attnquery_schema_version": b"5"}
-    assert list(PARAM_COLUMNS) == [n for n, _ in SCHEMA_V5[4:40]]
-    assert list(METRIC_COLUMNS) == [n for n, _ in SCHEMA_V5[40:76]]
+    assert SCHEMA_VERSION == 6
+    assert [(f.name, str(f.type)) for f in RESULT_SCHEMA] == SCHEMA_V6
+    assert RESULT_SCHEMA.metadata == {b"attnquery_schema_version": b"6"}
+    assert list(PARAM_COLUMNS) == [n for n, _ in SCHEMA_V6[4:41]]
+    assert list(METRIC_COLUMNS) == [n for n, _ in SCHEMA_V6[41:77]]
 
 
 def test_every_experiment_column_is_declared_by_an_experiment_or_shared():

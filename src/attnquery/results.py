@@ -82,8 +82,9 @@ __all__ = [
 #: counts the check queries), and the per-cell provenance ``code_version`` and ``cell_key``;
 #: version 3 added ``verify_vacuous`` (the check could not have failed); version 4 added the
 #: parameter ``n_kv_heads`` (key/value heads of a grouped-query layer); version 5 the vector
-#: experiment's named cases' ``head_dim``, ``key_dim``, ``causal`` and ``goal``
-SCHEMA_VERSION = 5
+#: experiment's named cases' ``head_dim``, ``key_dim``, ``causal`` and ``goal``; version 6 their
+#: ``check_length`` (the longest sequence the learner's check asks)
+SCHEMA_VERSION = 6
 
 #: every status a row can have
 STATUSES = ("ok", "not_identifiable", "error", "timeout", "skipped")
@@ -157,7 +158,7 @@ SHARED_METRIC_COLUMNS: dict[str, pa.DataType] = {
     "param_distance": pa.float64(),
 }
 
-#: where the parameter and metric columns stand in the stored tables (schema version 5); a
+#: where the parameter and metric columns stand in the stored tables (schema version 6); a
 #: column declared later and not named here follows them, in the order the experiments are
 #: registered
 _STORED_ORDER = (

@@ -271,8 +271,9 @@ def vector_case(rows) -> list[Claim]:
                      Number(number_name("vector", name, "worst", "error"), worst,
                             "relative error", ".2g", rows=what,
                             factor=ROUNDING_FACTOR if float64 else None),
-                     Number(number_name("vector", name, "longest"), _longest(sel), "tokens",
-                            "d", rows=f"{what}: the longest sequence of its function error"))))
+                     *((Number(number_name("vector", name, "longest"), longest, "tokens", "d",
+                               rows=f"{what}: the longest sequence of its function error"),)
+                       if (longest := _longest(ok)) else ()))))
     return claims
 
 
