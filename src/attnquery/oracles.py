@@ -357,7 +357,7 @@ class VectorOracle(_BoxOracle):
 
     Examples
     --------
-    >>> from attnquery.vector_models import random_vector_layer
+    >>> from attnquery.models.vector import random_vector_layer
     >>> oracle = VectorOracle(random_vector_layer(4, 1, seed=0), 4)
     >>> oracle(np.ones((3, 2, 4))).shape, oracle.n_queries, oracle.n_tokens
     ((3, 2, 4), 3, 6)

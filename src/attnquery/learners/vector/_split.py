@@ -47,7 +47,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..errors import ModelMismatchError, NotIdentifiableError
+from ...errors import ModelMismatchError, NotIdentifiableError
 
 __all__ = ["split_values", "split_outputs", "split_queries", "scan_queries_per_line",
            "values_from_parts", "KEY_SCALE", "ROW_KEY_SCALE", "LINE_HALF", "LEVELS", "PERTURB",
@@ -98,7 +98,7 @@ class SplitTolerances(NamedTuple):
     """The split's tolerances: :data:`CHANGE_TOL`, :data:`MATCH_TOL`, :data:`MOVED_TOL` and
     :data:`PERTURB` for answers exact to float64 (:data:`EXACT`), and ``refine``, the factor
     on the refinement's random points (:data:`REFINE_SHARE`, :data:`REFINE_EXTRA`); the served
-    route passes its format's (:mod:`~attnquery.learners.vector_served`)."""
+    route passes its format's (:mod:`~attnquery.learners.vector.served`)."""
 
     change: float = CHANGE_TOL
     match: float = MATCH_TOL
