@@ -37,8 +37,8 @@ import numpy as np
 
 from . import theory
 from .errors import AttnQueryError, ConfigError
-from .learners._base import ForwardingOracle
 from .learners._registry import loads
+from .oracles import ForwardingOracle
 
 # METHODS and BIAS_METHODS are made from the learner registry when first asked for (__getattr__)
 __all__ = ["METHODS", "Method", "methods", "BIAS_METHODS", "REPORTABLE", "construct",  # noqa: F822
@@ -258,7 +258,7 @@ class DeclaredApproximateOracle(ForwardingOracle):
     Used when ``--method noisy`` is run against a real black box: its answers are already
     approximate, so no noise is added; ``tau`` is the tolerance the user declares. The count
     and the budget are the wrapped value oracle's
-    (:class:`~attnquery.learners._base.ForwardingOracle`).
+    (:class:`~attnquery.oracles.ForwardingOracle`).
     """
 
     kind = "approximate value"
@@ -338,7 +338,7 @@ class ProgressOracle(ForwardingOracle):
 
     Everything but ``__call__`` is delegated to the wrapped oracle, so the kind, the counts and
     the budget are the wrapped oracle's own
-    (:class:`~attnquery.learners._base.ForwardingOracle`).
+    (:class:`~attnquery.oracles.ForwardingOracle`).
     """
 
     def __init__(self, oracle, bar):
