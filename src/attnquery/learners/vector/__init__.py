@@ -22,6 +22,13 @@ with ``H N <= d_out`` every query gives every head's attention matrix at once, a
 :data:`DENSE_UNKNOWNS` unknowns are read, from every token's outputs without a causal mask, by
 the shared-token route (:mod:`._heads`), which uses W_h's rank instead of a least
 squares of d (d + 1) unknowns (a MiniLM-shaped layer: d = 384, 12 heads of 32).
+
+The package holds :class:`VectorLayerLearner` (here) and every route it picks:
+:mod:`.served` (:class:`~attnquery.learners.vector.served.ServedVectorLearner`, answers in a
+served format), :mod:`.rotary` (one rotary head), :mod:`.rotary_layer` (a layer of rotary
+heads), the float64 route (:mod:`._layer`) and the modules they share (:mod:`._split` and
+:mod:`._parts`, :mod:`._heads`, :mod:`._refine`, :mod:`._answers`, :mod:`._attention`,
+:mod:`._check`, :mod:`._rotary_reads`, :mod:`._rotary_last`).
 """
 
 from __future__ import annotations
