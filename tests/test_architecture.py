@@ -115,7 +115,8 @@ def test_a_noise_cell_depends_on_no_real_weights_code():
                module_closure([get_experiment("noise").run.__module__])}
     assert not any(c.startswith("realheads/") for c in closure)
     assert "learners/lowprecision.py" not in closure
-    assert {"experiments/noise.py", "learners/noisy.py", "oracles.py"} <= closure
+    assert {"experiments/noise.py", "learners/noisy.py", "oracles/__init__.py",
+            "oracles/_base.py"} <= closure
 
 
 def test_a_noise_cell_depends_on_no_module_of_the_low_precision_package():

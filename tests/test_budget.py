@@ -19,8 +19,9 @@ from attnquery.oracles import MembershipOracle, ValueOracle
 SRC = Path(attnquery.__file__).parent
 #: the one place budget arithmetic lives: the ledger (learners/_ledger.py, re-exported by
 #: learners/_base.py), the check of an estimate that asks through it, and the oracles, whose
-#: ``budget=`` is the box's
-BUDGET_MODULES = {"learners/_base.py", "learners/_ledger.py", "learners/_check.py", "oracles.py"}
+#: ``budget=`` is the box's (oracles/_base.py: the bases and check_budget, the way to it)
+BUDGET_MODULES = {"learners/_base.py", "learners/_ledger.py", "learners/_check.py",
+                  "oracles/__init__.py", "oracles/_base.py"}
 #: converted to the ledger on their own branches (none left: every learner reads the ledger)
 PENDING = ()
 #: what budget arithmetic of its own looks like: checking or reading an oracle's budget, and

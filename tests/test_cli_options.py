@@ -234,7 +234,7 @@ def plugins(monkeypatch, entry_points):
 
 
 VECTOR_BOX = '''
-from attnquery.vector_models import random_vector_layer
+from attnquery.models.vector import random_vector_layer
 
 ONE = random_vector_layer(6, 1, 0, bias=0.3)
 

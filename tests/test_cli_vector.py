@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 
 from attnquery.cli import main
-from attnquery.vector_models import bilinear_layer, random_vector_layer
+from attnquery.models.vector import bilinear_layer, random_vector_layer
 
 D = 8
 #: the user's module: boxes built from seeded layers the tests build again as ground truth
 BOXES = f'''
 import numpy as np
-from attnquery.vector_models import random_vector_layer
+from attnquery.models.vector import random_vector_layer
 
 ONE = random_vector_layer({D}, 1, 0, bias=0.3)
 LAST = random_vector_layer({D}, 1, 0, bias=0.3, outputs="last")
@@ -206,8 +206,8 @@ def rotary_run(tmp_path_factory, repo):
 
 def test_a_rotary_gqa_layer_is_learnt_from_every_tokens_outputs(rotary_run):
     from attnquery.metrics import rotary_layer_errors
+    from attnquery.models.vector import RotaryFormLayer
     from attnquery.realheads import load_vector_layer
-    from attnquery.vector_models import RotaryFormLayer
     from tests.fixtures import ROTARY_GQA_LAYER as truth
 
     s, out = rotary_run
@@ -330,8 +330,8 @@ def test_a_rotary_layers_out_is_checked_before_any_query(tmp_path, capsys, monke
 
 def test_a_rotary_vector_layers_file_refuses_bad_input(rotary_run, tmp_path, capsys):
     from attnquery.errors import ModelError
+    from attnquery.models.vector import RotaryFormLayer
     from attnquery.realheads import load_vector_layer
-    from attnquery.vector_models import RotaryFormLayer
 
     _, out = rotary_run
     with np.load(out) as f:

@@ -161,9 +161,9 @@ def test_the_documentation_site_builds_strict(tmp_path):
     for name in ("BaseLearner", "LearnerSpec", "QueryLedger", "get_learner", "learner_table",
                  "check_is_fitted", "clone"):
         assert f'id="attnquery.learners.base.{name}"' in base, name
-    for module, name in [("vector_served", "ServedVectorLearner"),
-                         ("vector_rotary", "RotaryVectorLearner"),
-                         ("vector_rotary_layer", "RotaryLayerVectorLearner")]:
+    for module, name in [("vector.served", "ServedVectorLearner"),
+                         ("vector.rotary", "RotaryVectorLearner"),
+                         ("vector.rotary_layer", "RotaryLayerVectorLearner")]:
         page = (site / "api" / f"learners.{module}.html").read_text(encoding="utf-8")
         assert f'id="attnquery.learners.{module}.{name}"' in page, name
     # the site opens on the overview (the README), its tables' code without escapes
@@ -255,9 +255,11 @@ def test_every_public_module_has_an_api_reference_page():
     pages = {title: page for entry in api for title, page in entry.items()}
     modules = {f"attnquery.{m.name}" for m in pkgutil.iter_modules(attnquery.__path__)
                if not m.name.startswith("_")}
-    # and a page of their own for the plug-in contract and the route learners the pages name
-    modules |= {"attnquery.learners.base", "attnquery.learners.vector_served",
-                "attnquery.learners.vector_rotary", "attnquery.learners.vector_rotary_layer"}
+    # and a page of their own for the plug-in contract, the route learners the pages name, the
+    # vector-output layers and the rotary checkpoints
+    modules |= {"attnquery.learners.base", "attnquery.learners.vector.served",
+                "attnquery.learners.vector.rotary", "attnquery.learners.vector.rotary_layer",
+                "attnquery.models.vector", "attnquery.realheads.rotary"}
     assert set(pages) == modules, (sorted(modules - set(pages)), sorted(set(pages) - modules))
     assert all(page == f"api/{t.removeprefix('attnquery.')}.md" for t, page in pages.items())
 

@@ -8,8 +8,8 @@ import pytest
 
 from attnquery.errors import BudgetExceededError, ConfigError
 from attnquery.learners import VectorLayerLearner, registry
-from attnquery.learners._vector_layer import VectorLayerRoute
-from attnquery.learners._vector_split import EXACT, ROWS, split_queries
+from attnquery.learners.vector._layer import VectorLayerRoute
+from attnquery.learners.vector._split import EXACT, ROWS, split_queries
 from attnquery.oracles import MembershipOracle, ValueOracle, VectorOracle
 from tests.boxes import rope
 

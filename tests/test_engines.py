@@ -84,7 +84,7 @@ EPS = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
 
 def _with(layer, **changes):
     """``layer`` (a VectorAttentionLayer) with some of its constructor arguments changed."""
-    from attnquery.vector_models import VectorAttentionLayer
+    from attnquery.models.vector import VectorAttentionLayer
 
     kw = dict(b_Q=layer.b_Q, b_K=layer.b_K, b_V=layer.b_V, b_O=layer.b_O, causal=layer.causal,
               outputs=layer.outputs, scale=layer.scale, softcap=layer.softcap)
@@ -99,7 +99,7 @@ def _with(layer, **changes):
 ])
 def test_the_vector_engine_answers_the_layer_at_the_formats_rounding(precision, outputs,
                                                                       options):
-    from attnquery.vector_models import random_vector_layer
+    from attnquery.models.vector import random_vector_layer
 
     pytest.importorskip("onnxruntime")
     d = 16
@@ -117,7 +117,7 @@ def test_the_vector_engine_answers_the_layer_at_the_formats_rounding(precision, 
 
 
 def test_the_vector_graph_is_onnx_checked_and_answers_its_outputs():
-    from attnquery.vector_models import random_vector_layer
+    from attnquery.models.vector import random_vector_layer
 
     pytest.importorskip("onnxruntime")
     layer = random_vector_layer(8, 2, 3, bias=0.2)
@@ -146,7 +146,7 @@ def test_a_checkpoint_layer_served_by_the_engine_is_the_module_read_out(tmp_path
 
 
 def test_a_vector_box_refuses_what_it_cannot_serve():
-    from attnquery.vector_models import random_vector_layer
+    from attnquery.models.vector import random_vector_layer
 
     with pytest.raises(ValueError, match="rotary"):
         engines.vector_box(random_vector_layer(8, 2, 0, rope_base=100.0), "float32")
@@ -165,9 +165,9 @@ def test_the_vector_learner_reads_float32_answers_by_its_served_route(outputs):
     docs/vector.md), which recovers W to float32's floor; the same head in float64 is
     recovered to 1e-9 by the float64 route."""
     from attnquery.learners import VectorLayerLearner
+    from attnquery.models.vector import random_vector_layer
     from attnquery.oracles import VectorOracle
     from attnquery.precision import rounding_floor
-    from attnquery.vector_models import random_vector_layer
 
     pytest.importorskip("onnxruntime")
     d = 16

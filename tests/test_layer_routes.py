@@ -16,7 +16,7 @@ from attnquery.learners.multihead_generic import (
     layer_dof,
 )
 from attnquery.learners.multihead_generic._route import fitted_attributes
-from attnquery.learners.rotary_layer import fit_rotary_layer
+from attnquery.learners.multihead_generic.rotary_layer import fit_rotary_layer
 from attnquery.models import MultiHeadAttention, random_head, random_rotary_layer
 from attnquery.oracles import ValueOracle
 from attnquery.realheads import ModuleBlackBox

@@ -11,8 +11,8 @@ from attnquery.cli import main
 from attnquery.engines import vector_layer_of
 from attnquery.errors import ModelError
 from attnquery.metrics import layer_errors
+from attnquery.models.vector import VectorAttentionLayer
 from attnquery.realheads import ModuleBlackBox, write_test_checkpoint
-from attnquery.vector_models import VectorAttentionLayer
 
 D, H = 32, 4  # the project's small BERT-style test checkpoint
 

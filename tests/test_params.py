@@ -38,8 +38,8 @@ from attnquery.learners._params import (
     validate_parameter_constraints,
 )
 from attnquery.models import random_head
+from attnquery.models.vector import random_vector_layer
 from attnquery.oracles import MembershipOracle, ValueOracle, VectorOracle
-from attnquery.vector_models import random_vector_layer
 
 D = 4
 HUGE = 10**30

@@ -14,9 +14,9 @@ import attnquery.learners as learners
 from attnquery.errors import AttnQueryError, ConfigError, NotFittedError
 from attnquery.learners import _base, base
 from attnquery.learners._registry import REQUIRED
-from attnquery.learners.vector_rotary import RotaryVectorLearner
-from attnquery.learners.vector_rotary_layer import RotaryLayerVectorLearner
-from attnquery.learners.vector_served import ServedVectorLearner
+from attnquery.learners.vector.rotary import RotaryVectorLearner
+from attnquery.learners.vector.rotary_layer import RotaryLayerVectorLearner
+from attnquery.learners.vector.served import ServedVectorLearner
 from attnquery.models import AttentionHead, random_head
 from attnquery.oracles import ValueOracle
 

@@ -365,8 +365,8 @@ def test_experiment_cells_and_claims(tmp_path):
 
 
 def test_a_vector_layer_saved_reads_back_with_its_outputs_mask_and_metadata(tmp_path):
+    from attnquery.models.vector import random_vector_layer
     from attnquery.realheads import load_vector_layer, save_vector_layer
-    from attnquery.vector_models import random_vector_layer
 
     layer = random_vector_layer(8, 2, seed=5, bias=0.3, causal=True)
     path = tmp_path / "layer.npz"

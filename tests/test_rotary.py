@@ -632,7 +632,7 @@ def test_learner_is_deterministic():
 # ---------------------------------------------------------------------------------------------
 
 def test_rotary_checkpoint_round_trip_and_a_head_learnt_from_it(tmp_path):
-    from attnquery.rotary_checkpoints import (
+    from attnquery.realheads.rotary import (
         load_rotary_head,
         load_rotary_layer,
         write_rotary_checkpoint,
@@ -718,7 +718,7 @@ def test_n_queries_caps_every_batch_of_the_fit():
 
 def test_the_module_paths_of_the_names_others_import_still_work():
     """``attnquery.learners.rotary`` is a package; the names it exported as a module, and the
-    private ones learners/rotary_layer.py imports, still come from it."""
+    private ones learners/multihead_generic/rotary_layer.py imports, still come from it."""
     import attnquery.learners.rotary as rotary
 
     for name in ("RotaryValueQueryLearner", "rotary_query_count", "rotary_refine_count",

@@ -1,5 +1,5 @@
 """Whole rotary layers with grouped-query attention (Llama-style):
-``AttentionLayerLearner(positions="rotary")`` (learners/rotary_layer.py)."""
+``AttentionLayerLearner(positions="rotary")`` (learners/multihead_generic/rotary_layer.py)."""
 
 import numpy as np
 import pytest
@@ -12,7 +12,7 @@ from attnquery.errors import (
     SearchLimitError,
 )
 from attnquery.learners import AttentionLayerLearner
-from attnquery.learners.rotary_layer import rotary_layer_probe_count
+from attnquery.learners.multihead_generic.rotary_layer import rotary_layer_probe_count
 from attnquery.models import RotaryAttentionLayer, random_rotary_layer
 from attnquery.oracles import ValueOracle
 

@@ -1,16 +1,16 @@
 """Vector answers: VectorOracle (counting, budget, shapes, NaN) and the vector-output layers of
-attnquery.vector_models against a direct computation."""
+attnquery.models.vector against a direct computation."""
 
 import numpy as np
 import pytest
 
 from attnquery.errors import AnswerError, BudgetExceededError, ModelError, QueryError
-from attnquery.oracles import VectorOracle
-from attnquery.vector_models import (
+from attnquery.models.vector import (
     VectorAttentionLayer,
     bilinear_layer,
     random_vector_layer,
 )
+from attnquery.oracles import VectorOracle
 
 # -- VectorOracle -----------------------------------------------------------------------------
 

@@ -1,14 +1,14 @@
-"""Gauss-Newton on a layer's answers (learners/_vector_answers.py): exact answers give every
+"""Gauss-Newton on a layer's answers (learners/vector/_answers.py): exact answers give every
 head back from a perturbed start, rank and bias kept; answers with rounding-like noise give a
 better W than the log-weight refinement it follows (the reason it runs); bad input is refused."""
 
 import numpy as np
 import pytest
 
-from attnquery.learners._vector_answers import refine_on_answers
-from attnquery.learners._vector_attention import attention_matrices
-from attnquery.learners._vector_refine import refine_head
-from attnquery.vector_models import random_vector_layer
+from attnquery.learners.vector._answers import refine_on_answers
+from attnquery.learners.vector._attention import attention_matrices
+from attnquery.learners.vector._refine import refine_head
+from attnquery.models.vector import random_vector_layer
 from tests.test_vector_refine import rel, tilted
 
 

@@ -10,8 +10,8 @@ import pytest
 
 from attnquery.errors import ModelMismatchError
 from attnquery.learners import VectorLayerLearner
+from attnquery.models.vector import VectorAttentionLayer, random_vector_layer
 from attnquery.oracles import VectorOracle
-from attnquery.vector_models import VectorAttentionLayer, random_vector_layer
 from tests.test_vector_learner import assert_layer_recovered
 
 

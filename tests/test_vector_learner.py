@@ -15,8 +15,8 @@ from attnquery.errors import (
 )
 from attnquery.learners import VectorLayerLearner
 from attnquery.learners.vector import OVERSAMPLE
+from attnquery.models.vector import VectorAttentionLayer, random_vector_layer
 from attnquery.oracles import ValueOracle, VectorOracle
-from attnquery.vector_models import VectorAttentionLayer, random_vector_layer
 
 #: the issue's goal for a single full-rank head in float64
 GOAL = 1e-9
@@ -283,7 +283,7 @@ def test_heads_that_do_not_fill_d_are_not_split():
 def test_lines_that_miss_a_crossing_are_scanned_again(monkeypatch):
     # the first line is a point (no direction): it crosses no head's switch; the split tries a
     # fresh line and holds, and without fresh lines (RETRIES = 0) the fit is refused
-    from attnquery.learners import _vector_split
+    from attnquery.learners.vector import _split as _vector_split
 
     d = 16
     layer = random_vector_layer(d, 2, seed=0, bias=0.3, outputs="last")

@@ -1,11 +1,11 @@
 """The weighted least squares that refines a head's (W, c) over every row of its attention
-matrices (learners/_vector_refine.py): exact weights give the true head back from a perturbed
+matrices (learners/vector/_refine.py): exact weights give the true head back from a perturbed
 start, noisy weights give a better head than the start, and rank and bias are kept."""
 
 import numpy as np
 import pytest
 
-from attnquery.learners._vector_refine import refine_head
+from attnquery.learners.vector._refine import refine_head
 
 
 def rel(a, b):

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from attnquery.errors import ConfigError, ModelMismatchError
-from attnquery.learners import vector_rotary as vr
-from attnquery.learners.vector_rotary import RotaryVectorLearner
+from attnquery.learners.vector import rotary as vr
+from attnquery.learners.vector.rotary import RotaryVectorLearner
 from attnquery.models import rotate_half
+from attnquery.models.vector import random_vector_layer
 from attnquery.oracles import ValueOracle, VectorOracle
-from attnquery.vector_models import random_vector_layer
 
 D = 8
 #: the goal: the estimate's function to this (relative) on fresh queries of 1 to 512 tokens

@@ -6,11 +6,11 @@ import pytest
 
 from attnquery.errors import ConfigError, ModelMismatchError
 from attnquery.learners import VectorLayerLearner
-from attnquery.learners import vector_rotary_layer as vrl
-from attnquery.learners.vector_rotary_layer import RotaryLayerVectorLearner
+from attnquery.learners.vector import rotary_layer as vrl
+from attnquery.learners.vector.rotary_layer import RotaryLayerVectorLearner
 from attnquery.models import rotate_half
+from attnquery.models.vector import random_vector_layer
 from attnquery.oracles import ValueOracle, VectorOracle
-from attnquery.vector_models import random_vector_layer
 
 #: the goal: the estimate's function to this (relative) on fresh queries of 1 to 512 tokens
 FUNCTION_TOL = 1e-9

@@ -14,16 +14,16 @@ from attnquery.errors import (
     NoiseAboveFormatWarning,
 )
 from attnquery.learners import VectorLayerLearner
-from attnquery.learners.vector_served import (
+from attnquery.learners.vector.served import (
     TIGHT_SHRINK,
     TIGHT_SPLIT,
     WIDE_SPLIT,
     ServedVectorLearner,
 )
+from attnquery.models.vector import random_vector_layer
 from attnquery.oracles import VectorOracle
 from attnquery.precision import round_to, rounding_floor
 from attnquery.realheads import write_test_checkpoint
-from attnquery.vector_models import random_vector_layer
 
 #: the issue's goal for float16 and bfloat16: within 3 times the format's floor
 FLOORS = 3.0
@@ -307,7 +307,7 @@ def test_float32_split_of_12_heads_at_d192_reads_parts_in_the_output_frame():
     read in the answers' own frame from 3 (dh + 1) key differences, the maps then from the
     parts of d more: every head's V within 1e-6 (measured 3.7e-7; in ``V_sum^+``'s frame its 0/1
     patterns were off by 0.25)."""
-    from attnquery.learners import _vector_split as split
+    from attnquery.learners.vector import _split as split
 
     d, H = 192, 12
     box, V, beta, tols = split_case(d, H)
@@ -322,7 +322,7 @@ def test_float32_split_of_12_heads_at_d192_reads_parts_in_the_output_frame():
 def split_case(d, H, seed=22):
     """A float32 layer of H heads that fill d, its true value maps and offset, and the served
     route's split tolerances."""
-    from attnquery.learners.vector_served import ServedVectorLearner as Served
+    from attnquery.learners.vector.served import ServedVectorLearner as Served
 
     layer = random_vector_layer(d, H, seed=seed, head_dim=d // H, bias=0.3, precision="float32")
     exact = random_vector_layer(d, H, seed=seed, head_dim=d // H, bias=0.3)
@@ -337,7 +337,7 @@ def test_float32_value_maps_from_parts_do_not_inherit_the_summed_maps_error():
     (``values_from_parts``): given a summed value map off by 1e-4 (relative, per entry), the
     maps cut from it along the projectors are off by about as much (measured 9e-4), those read
     from the parts stay at the answers' rounding (measured 1.6e-7)."""
-    from attnquery.learners import _vector_split as split
+    from attnquery.learners.vector import _split as split
 
     d, H = 32, 4
     box, V, beta, tols = split_case(d, H)
@@ -354,7 +354,7 @@ def test_float32_value_maps_from_parts_do_not_inherit_the_summed_maps_error():
 
 
 def test_value_maps_from_parts_refuse_maps_of_another_layer():
-    from attnquery.learners import _vector_split as split
+    from attnquery.learners.vector import _split as split
 
     d, H = 32, 4
     box, _, beta, tols = split_case(d, H)

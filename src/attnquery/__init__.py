@@ -11,4 +11,9 @@ try:
 except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0+unknown"
 
+from ._moved import install as _install_old_paths
+
+# modules moved into the folder of their family keep their old import paths (attnquery._moved)
+_install_old_paths()
+
 __all__ = ["__version__"]

@@ -10,7 +10,7 @@ token) as an ONNX graph with ``onnx.helper``, its weights stored in float32 or f
 from a checkpoint's attention module.
 
 A served module answers every token's output vector. :func:`vector_layer_graph` writes a
-:class:`~attnquery.vector_models.VectorAttentionLayer` (heads, grouped key/value heads, biases,
+:class:`~attnquery.models.vector.VectorAttentionLayer` (heads, grouped key/value heads, biases,
 causal mask, soft-capping; no rotary positions) as an ONNX graph whose output is every token's
 output ``(B, N, d_out)`` or the last token's ``(B, d_out)``; :func:`vector_box` runs it by
 onnxruntime in float32 or float16, and in bfloat16 (which onnxruntime's CPU provider does not
@@ -298,7 +298,7 @@ def _vector_graph_parts(layer) -> dict:
 
 
 def vector_layer_graph(layer, precision: str = "float32", outputs: str | None = None):
-    """An ONNX model of a :class:`~attnquery.vector_models.VectorAttentionLayer`: every token's
+    """An ONNX model of a :class:`~attnquery.models.vector.VectorAttentionLayer`: every token's
     output vector, or the last token's.
 
     The graph computes, per head, ``softmax(scale q k^T)`` (soft-capped and causally masked as
@@ -397,7 +397,7 @@ def vector_layer_graph(layer, precision: str = "float32", outputs: str | None = 
 
 
 def vector_box(layer, precision: str = "float32", outputs: str | None = None):
-    """A :class:`~attnquery.vector_models.VectorAttentionLayer` served in ``precision``.
+    """A :class:`~attnquery.models.vector.VectorAttentionLayer` served in ``precision``.
 
     Parameters
     ----------
@@ -422,7 +422,7 @@ def vector_box(layer, precision: str = "float32", outputs: str | None = None):
     ValueError
         For a precision not in :data:`VECTOR_PRECISIONS`, other outputs, or rotary positions.
     """
-    from .vector_models import VectorAttentionLayer
+    from .models.vector import VectorAttentionLayer
 
     if precision not in VECTOR_PRECISIONS:
         raise ValueError(f"precision must be one of {VECTOR_PRECISIONS}, got {precision!r}")
@@ -440,7 +440,7 @@ def vector_box(layer, precision: str = "float32", outputs: str | None = None):
 
 def vector_layer_of(path, layer: int, outputs: str = "all", n_heads: int | None = None):
     """The self-attention module of a checkpoint's layer as a
-    :class:`~attnquery.vector_models.VectorAttentionLayer` (float64), every bias kept.
+    :class:`~attnquery.models.vector.VectorAttentionLayer` (float64), every bias kept.
 
     Parameters
     ----------
@@ -451,8 +451,8 @@ def vector_layer_of(path, layer: int, outputs: str = "all", n_heads: int | None 
     n_heads : int, optional
         Heads per layer (default: the checkpoint's ``config.json``).
     """
+    from .models.vector import VectorAttentionLayer
     from .realheads import cached_checkpoint
-    from .vector_models import VectorAttentionLayer
 
     ckpt = cached_checkpoint(path, n_heads)
     w = ckpt.layers[layer]

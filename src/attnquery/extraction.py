@@ -37,8 +37,8 @@ import numpy as np
 
 from . import theory
 from .errors import AttnQueryError, ConfigError
-from .learners._base import ForwardingOracle
 from .learners._registry import loads
+from .oracles import ForwardingOracle
 
 # METHODS and BIAS_METHODS are made from the learner registry when first asked for (__getattr__)
 __all__ = ["METHODS", "Method", "methods", "BIAS_METHODS", "REPORTABLE", "construct",  # noqa: F822
@@ -258,7 +258,7 @@ class DeclaredApproximateOracle(ForwardingOracle):
     Used when ``--method noisy`` is run against a real black box: its answers are already
     approximate, so no noise is added; ``tau`` is the tolerance the user declares. The count
     and the budget are the wrapped value oracle's
-    (:class:`~attnquery.learners._base.ForwardingOracle`).
+    (:class:`~attnquery.oracles.ForwardingOracle`).
     """
 
     kind = "approximate value"
@@ -338,7 +338,7 @@ class ProgressOracle(ForwardingOracle):
 
     Everything but ``__call__`` is delegated to the wrapped oracle, so the kind, the counts and
     the budget are the wrapped oracle's own
-    (:class:`~attnquery.learners._base.ForwardingOracle`).
+    (:class:`~attnquery.oracles.ForwardingOracle`).
     """
 
     def __init__(self, oracle, bar):
@@ -500,13 +500,13 @@ def _learned_model(est, d: int, returns: str):
     """The learner's estimate as the model its spec says it returns (``returns``): an
     AttentionHead (with the key bias and offset a ``fit_bias`` learner found), a
     MultiHeadAttention for a layer, the RotaryAttentionHead of a rotary learner, or the
-    VectorAttentionLayer of a vector learner (:func:`~attnquery.vector_models.bilinear_layer` of
+    VectorAttentionLayer of a vector learner (:func:`~attnquery.models.vector.bilinear_layer` of
     its ``W_``, ``key_bias_``, ``V_`` and ``output_bias_``)."""
     from .models import AttentionHead, MultiHeadAttention, RotaryAttentionHead
 
     what = type(est).__name__
     if returns == "vector layer":
-        from .vector_models import bilinear_layer
+        from .models.vector import bilinear_layer
 
         if getattr(est, "rotary_", None) is not None:  # positions="rotary": the forms
             return est.rotary_.form_layer()
@@ -541,7 +541,7 @@ def _errors(learned, truth, d: int) -> dict:
     """Errors of a learned head or layer against the ground truth (simulations)."""
     from .metrics import functional_error, head_errors, layer_errors, relative_error
     from .models import MultiHeadAttention, RotaryAttentionHead
-    from .vector_models import RotaryFormLayer, VectorAttentionLayer
+    from .models.vector import RotaryFormLayer, VectorAttentionLayer
 
     out = {}
     if isinstance(truth, VectorAttentionLayer | RotaryFormLayer):
@@ -577,7 +577,7 @@ def _vector_errors(learned, truth) -> dict:
     true head's W, V and c against the learned head matched to it (the heads' order is not
     identifiable), the worst head's, and the output bias's."""
     from .metrics import layer_errors, relative_error, rotary_layer_errors
-    from .vector_models import RotaryFormLayer, VectorAttentionLayer
+    from .models.vector import RotaryFormLayer, VectorAttentionLayer
 
     if not isinstance(learned, VectorAttentionLayer | RotaryFormLayer):
         raise ConfigError("the ground truth is a vector layer: extract it with --answers")

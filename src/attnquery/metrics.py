@@ -299,8 +299,8 @@ def rotary_layer_errors(learned, truth, offsets=(-1, -511)) -> dict:
 
     Both layers give ``value_maps()`` (H, d, d_out), ``output_bias`` and head h's form
     ``M(delta, h)`` (d+1, d+1) at a relative offset (a
-    :class:`~attnquery.vector_models.RotaryFormLayer` or a rotary
-    :class:`~attnquery.vector_models.VectorAttentionLayer`). The forms are compared on their
+    :class:`~attnquery.models.vector.RotaryFormLayer` or a rotary
+    :class:`~attnquery.models.vector.VectorAttentionLayer`). The forms are compared on their
     key rows ``M[:d]`` (the last row, the key's constant coordinate, is determined only up to a
     part constant over the offsets, which the softmax cancels); the heads are matched by
     :func:`match_heads` on the first offset's key rows and the value maps.

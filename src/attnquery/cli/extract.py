@@ -409,7 +409,7 @@ def _vector_report(s: dict, source: _Source, args) -> str:
         lines.append(f"  saved          {args.out} " + (
             "(V, forms, bases, frequencies, head_groups, output_bias: "
             "attnquery.realheads.load_vector_layer)" if rotary else
-            "(V, W, key_bias, output_bias per head: attnquery.vector_models.bilinear_layer "
+            "(V, W, key_bias, output_bias per head: attnquery.models.vector.bilinear_layer "
             "builds the layer back)"))
     return "\n".join(lines)
 

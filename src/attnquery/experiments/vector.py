@@ -1,7 +1,7 @@
 """Experiment "vector": extraction from vector answers against scalar answers (beyond the paper).
 
 A served attention module answers every token's output vector. Each cell draws a random
-:class:`~attnquery.vector_models.VectorAttentionLayer` with biases (``random_vector_layer``,
+:class:`~attnquery.models.vector.VectorAttentionLayer` with biases (``random_vector_layer``,
 float64) and extracts it from one kind of answer (``variant``):
 
 * ``"scalar"``: the paper's one number per query, the last token's output read out along a
@@ -146,7 +146,7 @@ def floor_queries(dof: int, numbers_per_answer: int) -> int:
 
 def run(cell: dict, rng: np.random.Generator) -> dict:
     """One layer extracted from one kind of answers."""
-    from ..vector_models import random_vector_layer
+    from ..models.vector import random_vector_layer
 
     model_rng, learner_rng, eval_rng = rng.spawn(3)
     if cell.get("family"):
@@ -204,8 +204,8 @@ def _run_case(cell, model_rng, learner_rng, eval_rng) -> dict:
     import copy
 
     from ..learners import VectorLayerLearner
+    from ..models.vector import random_vector_layer
     from ..oracles import VectorOracle
-    from ..vector_models import random_vector_layer
 
     d, H, variant = cell["d"], cell["n_heads"], cell["variant"]
     draw = dict(n_kv_heads=cell["n_kv_heads"], head_dim=cell["head_dim"],

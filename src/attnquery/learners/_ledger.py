@@ -1,5 +1,7 @@
-"""The query ledger every fit asks its oracle through, the wrapper it derives from, and the
-checks of an oracle and of its budget.
+"""The query ledger every fit asks its oracle through and the check of an oracle; the wrapper
+the ledger derives from (:class:`~attnquery.oracles.ForwardingOracle`) and the check of an
+oracle's budget (:func:`check_budget`) are the oracles' (:mod:`attnquery.oracles._base`),
+imported here.
 
 Re-exported by :mod:`attnquery.learners._base`, where learners import them from."""
 
@@ -10,44 +12,9 @@ import contextlib
 import numpy as np
 
 from ..errors import BudgetExceededError, ConfigError
-from ..oracles import Oracle
+from ..oracles._base import ForwardingOracle, check_budget
 
 __all__ = ["ForwardingOracle", "QueryLedger", "check_oracle", "check_budget"]
-
-
-class ForwardingOracle:
-    """Base of an oracle that wraps another one query for query (one of its queries is one of
-    the wrapped oracle's): the kind, the count and the budget are the wrapped oracle's
-    (``_inner``).
-
-    ``remaining`` and ``check_budget`` reach the wrapped oracle's budget, which
-    :func:`check_budget` (and a :class:`QueryLedger` around the wrapper) reads; the wrapper
-    keeps no budget of its own. The :class:`QueryLedger` is one, whose ``check_budget`` adds
-    the fit's own cap.
-    """
-
-    @property
-    def d(self) -> int:
-        return int(self._inner.d)
-
-    @property
-    def kind(self) -> str:
-        """The wrapped oracle's kind (``"value"`` unless it says otherwise)."""
-        return getattr(self._inner, "kind", "value")
-
-    @property
-    def n_queries(self) -> int:
-        """The wrapped oracle's count now."""
-        return int(self._inner.n_queries)
-
-    @property
-    def remaining(self):
-        """The wrapped oracle's ``remaining`` (None without a budget)."""
-        return getattr(self._inner, "remaining", None)
-
-    def check_budget(self, n: int, what: str = "this step") -> None:
-        """The wrapped oracle's check (:func:`check_budget`)."""
-        check_budget(self._inner, n, what)
 
 
 class QueryLedger(ForwardingOracle):
@@ -104,6 +71,10 @@ class QueryLedger(ForwardingOracle):
             with ledger.stage("verify"):
                 self._verify_fit(oracle, self.predict, rng, rtol=..., n0=ledger.n0)
     """
+
+    #: :func:`check_budget` asks the ledger itself (its ``check_budget``: the fit's cap, then the
+    #: oracle's budget)
+    own_budget = True
 
     def __init__(self, oracle, stages=(), what: str = "the learner", cap: int | None = None,
                  reserve: int = 0):
@@ -215,6 +186,8 @@ class QueryLedger(ForwardingOracle):
         """Queries per stage so far, in the order of ``stages`` (a new dict)."""
         self._flush()
         return {k: int(v) for k, v in self._counts.items()}
+
+
 def check_oracle(oracle, kinds: tuple[str, ...] | None = None) -> int:
     """Check that ``oracle`` has the oracle interface (callable, ``d``, ``n_queries``).
 
@@ -233,21 +206,3 @@ def check_oracle(oracle, kinds: tuple[str, ...] | None = None) -> int:
     if not isinstance(d, int | np.integer) or d < 1:
         raise ConfigError(f"oracle.d must be a positive integer; got {d!r}")
     return int(d)
-
-
-def check_budget(oracle, n: int, what: str) -> None:
-    """Ask the oracle whether ``n`` queries fit its budget (if it has one) before spending them.
-
-    The ledger's way to the oracle's budget (:meth:`QueryLedger.need` calls it; given a ledger,
-    it is the ledger's ``need``): a learner plans with its fit's ledger, never with this."""
-    if isinstance(oracle, QueryLedger):
-        oracle.need(n, what, reserved=True)
-        return
-    if isinstance(oracle, Oracle):
-        oracle.check_budget(n, what)
-    else:
-        remaining = getattr(oracle, "remaining", None)
-        if remaining is not None and n > remaining:
-            from ..errors import BudgetExceededError
-
-            raise BudgetExceededError(f"{what} needs {n} queries; {remaining} remain")

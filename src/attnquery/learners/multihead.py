@@ -44,7 +44,7 @@ class _SubspaceOracle(ForwardingOracle):
     """A value oracle in reduced coordinates: ``Z (B, N, d_h) -> oracle(Z E^T)``.
 
     Every row of a query lies in ``range(E)``; the wrapped oracle counts the queries, and its
-    budget is this oracle's (:class:`~attnquery.learners._base.ForwardingOracle`).
+    budget is this oracle's (:class:`~attnquery.oracles.ForwardingOracle`).
     """
 
     def __init__(self, oracle, E):

@@ -19,7 +19,10 @@ The package's modules (every name is importable from ``attnquery.models`` itself
 * :mod:`attnquery.models.transformer`: :class:`OneLayerTransformer`;
 * :mod:`attnquery.models.rotary`: :class:`RotaryAttentionHead`, :class:`RotaryAttentionLayer`
   (beyond the paper);
-* :mod:`attnquery.models.generators`: the seeded generators.
+* :mod:`attnquery.models.generators`: the seeded generators;
+* :mod:`attnquery.models.vector`: :class:`VectorAttentionLayer` and :class:`RotaryFormLayer`,
+  layers that answer every token's output vector (B, N, d_out) or the last token's (B, d_out),
+  as a served module does, and their generator :func:`random_vector_layer` (beyond the paper).
 """
 
 from __future__ import annotations
@@ -51,6 +54,13 @@ from .rotary import (
 )
 from .rotary import _rotary_frequencies_arg as _rotary_frequencies_arg
 from .transformer import OneLayerTransformer
+from .vector import (
+    OUTPUTS,
+    RotaryFormLayer,
+    VectorAttentionLayer,
+    bilinear_layer,
+    random_vector_layer,
+)
 
 # beside __all__, sparse_aware_matmul and _rotary_frequencies_arg are imported from here too
 __all__ = [
@@ -78,4 +88,9 @@ __all__ = [
     "rotate_half",
     "random_rotary_head",
     "random_rotary_layer",
+    "VectorAttentionLayer",
+    "RotaryFormLayer",
+    "bilinear_layer",
+    "random_vector_layer",
+    "OUTPUTS",
 ]

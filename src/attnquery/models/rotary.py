@@ -108,7 +108,7 @@ class _GroupedLayer:
     """What a layer of H query heads and G key/value heads (grouped-query attention, G dividing
     H) reads from its weights ``W_Q`` (H, dh, d), ``W_K`` (G, dh, d), ``W_V`` (G, dv, d) and
     ``W_O`` (d_out, H dv): its shape, biases, scale and groups. :class:`RotaryAttentionLayer`
-    and :class:`attnquery.vector_models.VectorAttentionLayer` share it."""
+    and :class:`attnquery.models.vector.VectorAttentionLayer` share it."""
 
     def _init_grouped(self, b_Q, b_K, b_V, b_O, scale) -> None:
         """Set the biases (each zero when None, else finite with its shape), the logit scale

@@ -41,7 +41,9 @@ The package's modules (every name is importable from ``attnquery.realheads`` its
 * :mod:`attnquery.realheads.gguf_files`: Llama-architecture GGUF files (llama.cpp's format),
   dequantized, and the named real checkpoints (``"smollm2-135m"``);
 * :mod:`attnquery.realheads.decoder`: a decoder layer's attention module and the attention
-  half of the layer (through its RMSNorm) as vector boxes.
+  half of the layer (through its RMSNorm) as vector boxes;
+* :mod:`attnquery.realheads.rotary`: rotary grouped-query layers of Llama- and Qwen2-layout
+  safetensors checkpoints (beyond the paper).
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ from .readout import (
     layer_from_checkpoint,
     readout_vector,
 )
+from .rotary import PREFIX, load_rotary_head, load_rotary_layer, write_rotary_checkpoint
 
 __all__ = [
     "Checkpoint",
@@ -129,4 +132,8 @@ __all__ = [
     "attention_half",
     "NormedResidualAttention",
     "rms_norm",
+    "write_rotary_checkpoint",
+    "load_rotary_layer",
+    "load_rotary_head",
+    "PREFIX",
 ]

@@ -31,7 +31,7 @@ class ModuleBlackBox:
     tokens up to n), or at the last token, (B, d) (``"last"``). Pass it to
     :class:`~attnquery.oracles.VectorOracle` with the same ``outputs`` to extract it
     (:class:`~attnquery.learners.VectorLayerLearner`); :meth:`vector_layer` is the same module
-    as a :class:`~attnquery.vector_models.VectorAttentionLayer`, the ground truth.
+    as a :class:`~attnquery.models.vector.VectorAttentionLayer`, the ground truth.
 
     Parameters
     ----------
@@ -167,9 +167,9 @@ class ModuleBlackBox:
 
     def vector_layer(self):
         """The module this box computes (its kept heads, its biases or none) as a float64
-        :class:`~attnquery.vector_models.VectorAttentionLayer` answering ``self.outputs``
+        :class:`~attnquery.models.vector.VectorAttentionLayer` answering ``self.outputs``
         (``"all"`` when the box reads out one number): the ground truth of a vector learner."""
-        from ..vector_models import VectorAttentionLayer
+        from ..models.vector import VectorAttentionLayer
 
         H, dh = len(self._heads), self.d_head
         bo = self._w["bo"] if self.biases and self._w["bo"] is not None else np.zeros(self.d)

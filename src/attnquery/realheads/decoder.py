@@ -10,7 +10,7 @@ For layer L of a :class:`~attnquery.realheads.gguf_files.LlamaCheckpoint`:
       out_n = W_O concat_h( sum_{i <= n} softmax_i(q_{h,n} . k_{g(h),i} / sqrt(dh)) v_{g(h),i} )
 
   (``Rot`` rotate-half RoPE, ``g(h) = h // (H / G)``), a
-  :class:`~attnquery.vector_models.VectorAttentionLayer`;
+  :class:`~attnquery.models.vector.VectorAttentionLayer`;
 * :func:`attention_half` is the attention half of the decoder layer,
   ``x -> x + self_attn(RMSNorm(x))`` with ``RMSNorm(x) = gain * x / sqrt(mean(x^2) + eps)``
   (the checkpoint's gain ``attn_norm`` and eps), a :class:`NormedResidualAttention`.
@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import ModelError
 from ..models import check_input
-from ..vector_models import OUTPUTS, VectorAttentionLayer
+from ..models.vector import OUTPUTS, VectorAttentionLayer
 
 __all__ = ["attention_module", "attention_half", "NormedResidualAttention", "rms_norm"]
 

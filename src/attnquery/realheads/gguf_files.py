@@ -13,7 +13,7 @@ llama.cpp itself computes with, so they are the model's ground truth.
 pairs ``(2j, 2j + 1)``. Its converter therefore permutes each head's rows of W_Q and W_K
 (:func:`permute_rows`): row ``half * dh/2 + j`` of a head becomes row ``2 j + half``.
 :func:`unpermute_rows` undoes it, so that the loaded checkpoint is in Hugging Face's layout, the
-one :class:`~attnquery.vector_models.VectorAttentionLayer` evaluates (``rotate_half``). Both
+one :class:`~attnquery.models.vector.VectorAttentionLayer` evaluates (``rotate_half``). Both
 conventions give the same logits (:func:`rope_interleaved` on the file's rows, ``rotate_half``
 on the unpermuted ones; tests/test_gguf.py checks it).
 

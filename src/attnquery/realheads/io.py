@@ -251,7 +251,7 @@ def _load_rotary_layer(p: Path, data: dict) -> MultiHeadAttention:
 
 def save_vector_layer(path, layer, /, **meta) -> None:
     """Write a vector layer's ``V`` (H, d, d_out), ``W`` (H, d, d), ``key_bias`` (H, d) and
-    ``output_bias`` (d_out,) (a rotary layer's :attr:`~attnquery.vector_models.RotaryFormLayer.
+    ``output_bias`` (d_out,) (a rotary layer's :attr:`~attnquery.models.vector.RotaryFormLayer.
     FIELDS` instead) to an .npz, atomically, metadata as in :func:`save_head`; what ``attnquery
     extract --answers ... --out`` writes and :func:`load_vector_layer` reads back."""
     if getattr(layer, "rotary", False):  # a RotaryFormLayer: forms, bases, frequencies, groups
@@ -267,14 +267,14 @@ def load_vector_layer(path, outputs: str | None = None):
     ``(layer, metadata)``.
 
     A layer without positions (arrays ``V``, ``W``, ``key_bias``, ``output_bias``) becomes the
-    :class:`~attnquery.vector_models.VectorAttentionLayer` of
-    :func:`~attnquery.vector_models.bilinear_layer`; a rotary one (``--param positions=rotary``:
-    the arrays :attr:`~attnquery.vector_models.RotaryFormLayer.FIELDS`) a
-    :class:`~attnquery.vector_models.RotaryFormLayer`, whose outputs are the fitted learner's
+    :class:`~attnquery.models.vector.VectorAttentionLayer` of
+    :func:`~attnquery.models.vector.bilinear_layer`; a rotary one (``--param positions=rotary``:
+    the arrays :attr:`~attnquery.models.vector.RotaryFormLayer.FIELDS`) a
+    :class:`~attnquery.models.vector.RotaryFormLayer`, whose outputs are the fitted learner's
     ``predict``. The causal mask is the metadata ``causal``; the layer answers ``outputs``
     (default the metadata ``answers``: every token's output, ``"all"``, or the last token's).
     """
-    from ..vector_models import RotaryFormLayer, bilinear_layer
+    from ..models.vector import RotaryFormLayer, bilinear_layer
 
     data, meta = _load_arrays(path, "vector layer", key="V")
     options = {"causal": bool(meta.get("causal", False)),

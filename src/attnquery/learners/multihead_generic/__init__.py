@@ -8,7 +8,7 @@
   measured with the single-head probes. It picks one estimator per route from its parameters
   and fits it: :class:`ExactLayerLearner` (:mod:`.exact_layer`, exact answers),
   :class:`ServedLayerLearner` (:mod:`.served_layer`, served answers within ``n_queries``) and
-  :class:`~attnquery.learners.rotary_layer.RotaryLayerLearner` (``positions="rotary"``), over
+  :class:`~.rotary_layer.RotaryLayerLearner` (``positions="rotary"``), over
   the shared measurement modules :mod:`.scan` (the circle scan) and :mod:`.heads` (the
   isolated heads and their missing directions).
 """

@@ -4,7 +4,7 @@ from another.
 
 The routes are :class:`~.exact_layer.ExactLayerLearner` (exact answers),
 :class:`~.served_layer.ServedLayerLearner` (served answers within ``n_queries``) and
-:class:`~attnquery.learners.rotary_layer.RotaryLayerLearner` (rotary positions, grouped-query
+:class:`~.rotary_layer.RotaryLayerLearner` (rotary positions, grouped-query
 attention); :class:`~.layer.AttentionLayerLearner` picks one from its parameters.
 """
 

@@ -53,7 +53,7 @@ measurement modules :mod:`.scan` (the circle) and :mod:`.heads` (the isolated he
 missing directions): :class:`~.exact_layer.ExactLayerLearner` on exact answers,
 :class:`~.served_layer.ServedLayerLearner` on served ones within ``n_queries`` (its budget is
 the fit's query ledger, ``cap=n_queries``, the check kept in reserve) and
-:class:`~attnquery.learners.rotary_layer.RotaryLayerLearner` for rotary layers.
+:class:`~.rotary_layer.RotaryLayerLearner` for rotary layers.
 
 Limits: the value vectors must be linearly independent (``H <= d``) and every head's query
 vector ``a_h(x)`` nonzero at the scan's last token (a head whose ``W_h`` and ``c_h`` vanish, or
@@ -84,7 +84,6 @@ from .._base import (
 from .._params import Interval, Options
 from .._probes import PROBE_PARAMS, check_probe_params
 from .._registry import LearnerSpec
-from ..rotary_layer import RotaryLayerLearner, is_rotary_fit, predict_rotary_layer
 from ._route import (
     SERVED_STAGES,
     STAGES,
@@ -97,6 +96,7 @@ from ._route import (
 )
 from .exact_layer import ExactLayerLearner
 from .heads import PILOT, SILENCE
+from .rotary_layer import RotaryLayerLearner, is_rotary_fit, predict_rotary_layer
 from .scan import CLEAN_TOL, GRADIENT_SCALE
 from .served_layer import ServedLayerLearner
 
@@ -111,7 +111,7 @@ class AttentionLayerLearner(DenseScores, BaseLearner):
     See the module docstring for the method and the query count. The fit is one of three
     estimators, picked from the parameters (:meth:`route`), whose fitted attributes it takes:
     :class:`~.exact_layer.ExactLayerLearner` (exact answers), :class:`~.served_layer.
-    ServedLayerLearner` (``n_queries`` set) and :class:`~attnquery.learners.rotary_layer.
+    ServedLayerLearner` (``n_queries`` set) and :class:`~.rotary_layer.
     RotaryLayerLearner` (``positions="rotary"``).
 
     Parameters
@@ -143,7 +143,7 @@ class AttentionLayerLearner(DenseScores, BaseLearner):
         :func:`~attnquery.learners._base.check_lengths`). A box that is such a layer on every
         input of up to ``check_length`` tokens, such as one with a wider sliding window,
         passes. With ``positions="rotary"`` the check asks the rotary layer's own lengths
-        instead (:data:`~attnquery.learners.rotary_layer.ROTARY_VERIFY_LENGTHS`).
+        instead (:data:`~attnquery.learners.multihead_generic.rotary_layer.ROTARY_VERIFY_LENGTHS`).
     max_logit, min_logit, initial_logit_scale : float
         Logit window of the probes (see :class:`~attnquery.learners.SketchLowRankLearner`).
     block_bytes : int
@@ -154,7 +154,7 @@ class AttentionLayerLearner(DenseScores, BaseLearner):
     positions : {"none", "rotary"}
         "none" (default): the layer of the module docstring. "rotary": a Llama-style layer with
         rotary positions and grouped-query attention, without biases
-        (:mod:`attnquery.learners.rotary_layer`; ``heads_`` are then
+        (:mod:`attnquery.learners.multihead_generic.rotary_layer`; ``heads_`` are then
         :class:`~attnquery.models.RotaryAttentionHead` s and ``kv_groups_``,
         ``frequencies_`` are set).
     n_queries : int, optional
@@ -317,7 +317,7 @@ class AttentionLayerLearner(DenseScores, BaseLearner):
 
     def route(self) -> BaseLearner:
         """The route estimator these parameters pick, unfitted, with the parameters it takes:
-        :class:`~attnquery.learners.rotary_layer.RotaryLayerLearner` (``positions="rotary"``),
+        :class:`~.rotary_layer.RotaryLayerLearner` (``positions="rotary"``),
         :class:`~.served_layer.ServedLayerLearner` (``n_queries`` set) or
         :class:`~.exact_layer.ExactLayerLearner`."""
         if self.positions == "rotary":
@@ -362,6 +362,6 @@ class AttentionLayerLearner(DenseScores, BaseLearner):
 
     def predict(self, X) -> np.ndarray:
         """Evaluate the recovered layer on inputs X (B, N, d)."""
-        if is_rotary_fit(self):  # heads_ are rotary heads: learners/rotary_layer.py
+        if is_rotary_fit(self):  # heads_ are rotary heads: rotary_layer.py
             return predict_rotary_layer(self, X)
         return MultiHeadAttention(self.heads_, offset=self.offset_)(X)

@@ -584,7 +584,7 @@ class FormatReader(ForwardingOracle):
     """The oracle, with the format of every answer it gives read on the way
     (``formats``, an :class:`~attnquery.precision.AnswerFormat`): the served route judges the
     answers' noise against it. It forwards the oracle's interface
-    (:class:`~attnquery.learners._base.ForwardingOracle`) and counts nothing of its own; the
+    (:class:`~attnquery.oracles.ForwardingOracle`) and counts nothing of its own; the
     fit's budget is its ledger's (:class:`~attnquery.learners._base.QueryLedger` with
     ``cap=n_queries``)."""
 

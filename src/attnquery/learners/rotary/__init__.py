@@ -167,7 +167,7 @@ unit circle and is refused with :class:`AssumptionViolation` too.
 
 **Where it lives.** :mod:`._learner` holds the estimator, :mod:`._routes` the float64 routes
 (dense, low-rank) and the plan's budget check, :mod:`._served` the served route, :mod:`._prober`
-the probes every route shares (and :mod:`attnquery.learners.rotary_layer` too),
+the probes every route shares (and :mod:`attnquery.learners.multihead_generic.rotary_layer` too),
 :mod:`._factor` the factorisation and the biases, :mod:`._common` the constants and the query
 counts.
 """
@@ -175,7 +175,7 @@ counts.
 from __future__ import annotations
 
 # the names the module exported before it became a package, and the private ones
-# learners/rotary_layer.py and the tests import
+# learners/multihead_generic/rotary_layer.py and the tests import
 from ._common import (  # noqa: F401
     _NO_HEAD,
     _NO_POSITIVE_WEIGHT,

@@ -298,8 +298,8 @@ class RotaryValueQueryLearner(BaseLearner):
         """Factor ``T`` (:func:`~._factor.factor`, float64 tolerance) and set ``eigenvalues_``,
         ``frequencies_``, ``rotary_dim_``, ``rank_``, ``Q_`` and ``K_``; returns the
         eigenvalues, the eigenvectors and R/2. Kept for
-        :mod:`attnquery.learners.rotary_layer`, which factors each isolated head with a
-        learner of its own; ``fit`` does not use it."""
+        :mod:`attnquery.learners.multihead_generic.rotary_layer`, which factors each isolated
+        head with a learner of its own; ``fit`` does not use it."""
         fac = factor(T, Svd(U_s, S, Vt), UNIT_TOL, self.rotary_dim, self.rope_base)
         self.eigenvalues_ = fac.eigenvalues
         self.frequencies_, self.rotary_dim_, self.rank_ = (fac.frequencies, fac.rotary_dim,

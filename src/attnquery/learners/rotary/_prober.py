@@ -1,7 +1,7 @@
 """The rotary learner's measurements: scaled two- and three-row probes with a learnt logit
 scale, probes over zero tokens, rows at their own scales and the first tokens of a column space
 (:mod:`attnquery.learners.rotary`, "Measurement"). Shared by every route and by
-:mod:`attnquery.learners.rotary_layer`.
+:mod:`attnquery.learners.multihead_generic.rotary_layer`.
 """
 
 from __future__ import annotations

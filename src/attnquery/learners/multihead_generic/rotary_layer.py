@@ -62,13 +62,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..errors import AssumptionViolation
-from ..models import RotaryAttentionHead, rotate_half
-from ._base import DEFAULT_VERIFY, check_oracle
-from ._params import Interval
-from ._probes import read_head_constants
-from ._registry import LearnerSpec
-from .multihead_generic._route import (
+from ...errors import AssumptionViolation
+from ...models import RotaryAttentionHead, rotate_half
+from .._base import DEFAULT_VERIFY, check_oracle
+from .._params import Interval
+from .._probes import read_head_constants
+from .._registry import LearnerSpec
+from ..rotary import FREQ_TOL, RotaryValueQueryLearner, _first_tokens, _RotaryProber
+from ._route import (
     LAYER_PARAMS,
     LayerRoute,
     check_kv_heads,
@@ -76,8 +77,7 @@ from .multihead_generic._route import (
     layer_shape,
     set_init_params,
 )
-from .multihead_generic._state import _Head, _Layer
-from .rotary import FREQ_TOL, RotaryValueQueryLearner, _first_tokens, _RotaryProber
+from ._state import _Head, _Layer
 
 __all__ = ["RotaryLayerLearner", "fit_rotary_layer", "predict_rotary_layer", "is_rotary_fit",
            "rotary_layer_probe_count", "ROTARY_STAGES", "ROTARY_VERIFY_LENGTHS"]

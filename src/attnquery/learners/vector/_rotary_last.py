@@ -1,5 +1,5 @@
 """The last token's outputs of a layer of rotary heads: the ``subspaces`` and ``forms`` stages
-of :class:`~attnquery.learners.vector_rotary_layer.RotaryLayerVectorLearner` when an answer
+of :class:`~attnquery.learners.vector.rotary_layer.RotaryLayerVectorLearner` when an answer
 holds one row, the last token's (``outputs="last"``).
 
 The ``V`` and ``split`` stages read the last row already (a one-token query's only row; the
@@ -17,9 +17,9 @@ split's two-token lines' last row). The other two stages are read from that row 
   check asks), the other tokens copies of p (one lumped value) but for a few keys
   at offsets drawn per key set with probability about ``1 / offset + 4 / max_offset`` (the fast
   frequencies need the short offsets densely, the slow ones the long ones), as
-  :class:`~attnquery.learners.vector_rotary.RotaryVectorLearner` does for one head. Each answer
+  :class:`~attnquery.learners.vector.rotary.RotaryVectorLearner` does for one head. Each answer
   gives every head's log-weights of the keys in the last row, linear in the probe's forms
-  (:func:`~attnquery.learners._vector_rotary_reads.solve_forms`, one row per query).
+  (:func:`~attnquery.learners.vector._rotary_reads.solve_forms`, one row per query).
 
 Only the last row is read, so a causal mask changes nothing (the last token sees every token
 either way).
@@ -31,10 +31,10 @@ import math
 
 import numpy as np
 
-from ..errors import ConfigError
-from ..models import rope_frequencies
-from ._vector_attention import MIN_WEIGHT
-from ._vector_rotary_reads import (
+from ...errors import ConfigError
+from ...models import rope_frequencies
+from ._attention import MIN_WEIGHT
+from ._rotary_reads import (
     ask_blocks,
     head_weights,
     row_space,

@@ -15,13 +15,20 @@ equation weighted by its attention weights (a weight's absolute error becomes a 
 divided by the weight).
 
 A layer of H heads that fill d (``H dh = d``, the summed value map of rank d) first splits the
-one-token queries' ``V_sum = sum_h V_h`` into the heads' maps (:mod:`._vector_split`); a row of
+one-token queries' ``V_sum = sum_h V_h`` into the heads' maps (:mod:`._split`); a row of
 a query of N tokens then holds ``H N`` weights against ``d_out`` numbers and H sums to one, so
 with ``H N <= d_out`` every query gives every head's attention matrix at once, and each head's
 ``(W_h, c_h)`` is solved as a single head's. Heads whose (W, c) has more than
 :data:`DENSE_UNKNOWNS` unknowns are read, from every token's outputs without a causal mask, by
-the shared-token route (:mod:`._vector_heads`), which uses W_h's rank instead of a least
+the shared-token route (:mod:`._heads`), which uses W_h's rank instead of a least
 squares of d (d + 1) unknowns (a MiniLM-shaped layer: d = 384, 12 heads of 32).
+
+The package holds :class:`VectorLayerLearner` (here) and every route it picks:
+:mod:`.served` (:class:`~attnquery.learners.vector.served.ServedVectorLearner`, answers in a
+served format), :mod:`.rotary` (one rotary head), :mod:`.rotary_layer` (a layer of rotary
+heads), the float64 route (:mod:`._layer`) and the modules they share (:mod:`._split` and
+:mod:`._parts`, :mod:`._heads`, :mod:`._refine`, :mod:`._answers`, :mod:`._attention`,
+:mod:`._check`, :mod:`._rotary_reads`, :mod:`._rotary_last`).
 """
 
 from __future__ import annotations
@@ -30,12 +37,12 @@ import numbers
 
 import numpy as np
 
-from ..errors import ConfigError
-from ._base import CHECK_LENGTH, DEFAULT_VERIFY
-from ._params import Interval
-from ._registry import LearnerSpec
-from ._vector_check import CHECK_LENGTHS, VERIFY_RTOL
-from ._vector_layer import (
+from ...errors import ConfigError
+from .._base import CHECK_LENGTH, DEFAULT_VERIFY
+from .._params import Interval
+from .._registry import LearnerSpec
+from ._check import CHECK_LENGTHS, VERIFY_RTOL
+from ._layer import (
     DENSE_MAX_UNKNOWNS,
     DENSE_UNKNOWNS,
     MAX_RESCALE,
@@ -61,7 +68,7 @@ class VectorLayerLearner(VectorLayerRoute):
     token's (the oracle's ``outputs``). See the module's docstring for the method and
     ``docs/vector.md`` for measured query counts and errors. Answers in a narrow format
     (float32, float16, bfloat16, read from the first one-token answers) are handed to the
-    served route, :class:`~attnquery.learners.vector_served.ServedVectorLearner` (``served_``;
+    served route, :class:`~attnquery.learners.vector.served.ServedVectorLearner` (``served_``;
     None for float64 answers), whose fitted attributes become this learner's.
 
     Parameters
@@ -76,12 +83,12 @@ class VectorLayerLearner(VectorLayerRoute):
         Token n attends to tokens i <= n only (a decoder's mask).
     positions : {"none", "rotary"}
         Position model. ``"rotary"`` fits one rotary head (RoPE of base ``rope_base`` over the
-        whole head, biases as Qwen2 has) by :class:`~attnquery.learners.vector_rotary.
+        whole head, biases as Qwen2 has) by :class:`~attnquery.learners.vector.rotary.
         RotaryVectorLearner`, whose fitted attributes (``frequencies_``, ``cos_forms_``,
         ``sin_forms_``, ``const_form_``, ``V_``, ``output_bias_``) this learner takes, and
         ``rotary_`` the fitted route. Layers of several rotary heads (``n_heads`` > 1, or
         ``n_kv_heads`` given: grouped-query attention) go to :class:`~attnquery.learners.
-        vector_rotary_layer.RotaryLayerVectorLearner` (every token's outputs or the last
+        vector.rotary_layer.RotaryLayerVectorLearner` (every token's outputs or the last
         token's, heads whose output subspaces fill d_out), whose fitted attributes (``V_``,
         ``head_groups_``, ``query_bases_``, ``key_bases_``, the forms per head) this learner
         takes likewise. The rotary routes read their forms at every offset the check asks (up
@@ -147,7 +154,7 @@ class VectorLayerLearner(VectorLayerRoute):
         side.
     route_ : str
         How (W, c) was read: ``"dense"`` (one least squares of d (d + 1) unknowns per head) or
-        ``"shared"`` (the shared-token route, :mod:`._vector_heads`).
+        ``"shared"`` (the shared-token route, :mod:`._heads`).
     head_ranks_ : ndarray (H,)
         Rank of each head's W (measured by the shared-token route; of the estimate on the
         dense one).
@@ -157,8 +164,8 @@ class VectorLayerLearner(VectorLayerRoute):
         Shared-token route: conjugate-gradient iterations of the refinements of every head's
         (W, c) under rounding (served answers; 0 for float64 answers, which need none): the
         weighted least squares over every row of the groups' attention matrices
-        (:mod:`._vector_refine`), then the Gauss-Newton step on the groups' answers
-        (:mod:`._vector_answers`).
+        (:mod:`._refine`), then the Gauss-Newton step on the groups' answers
+        (:mod:`._answers`).
     n_queries_, n_tokens_ : int
         Queries and tokens the fit asked, the check included.
     n_queries_by_stage_ : dict
@@ -218,8 +225,8 @@ class VectorLayerLearner(VectorLayerRoute):
         self._validate_params()
         if self.positions != "rotary":  # the float64 route, or the served one
             return super().fit(oracle)
-        from .vector_rotary import RotaryVectorLearner  # routes of their own: rotary forms
-        from .vector_rotary_layer import RotaryLayerVectorLearner
+        from .rotary import RotaryVectorLearner  # routes of their own: rotary forms
+        from .rotary_layer import RotaryLayerVectorLearner
 
         H = self.n_heads or 1
         shared = dict(causal=self.causal, rope_base=10000.0 if self.rope_base is None else
@@ -235,9 +242,9 @@ class VectorLayerLearner(VectorLayerRoute):
         return self
 
     def _served_route(self):
-        """:class:`~attnquery.learners.vector_served.ServedVectorLearner` with this learner's
+        """:class:`~attnquery.learners.vector.served.ServedVectorLearner` with this learner's
         parameters."""
-        from .vector_served import ServedVectorLearner
+        from .served import ServedVectorLearner
 
         params = self.get_params()
         params.pop("rope_base")  # refused without rotary positions, which have their routes

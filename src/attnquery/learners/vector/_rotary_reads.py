@@ -1,5 +1,5 @@
-"""The readings of the rotary vector routes (:class:`~attnquery.learners.vector_rotary.
-RotaryVectorLearner`, :class:`~attnquery.learners.vector_rotary_layer.RotaryLayerVectorLearner`):
+"""The readings of the rotary vector routes (:class:`~attnquery.learners.vector.rotary.
+RotaryVectorLearner`, :class:`~attnquery.learners.vector.rotary_layer.RotaryLayerVectorLearner`):
 every head's attention weights in one row of a vector answer, the heads' query and key row
 spaces, their rotary forms in those spaces (see that module's docstring), and what both routes
 share: the offsets their form queries reach (:func:`form_offset`, every offset the check asks),
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ConfigError, ModelMismatchError, NotIdentifiableError
-from ._vector_attention import ATTENTION_TOL, MIN_WEIGHT
+from ...errors import ConfigError, ModelMismatchError, NotIdentifiableError
+from ._attention import ATTENTION_TOL, MIN_WEIGHT
 
 __all__ = ["head_weights", "whitened_solve", "row_space", "rotary_basis", "solve_forms",
            "FORMS_RCOND", "SPACE_RTOL", "BLOCK_BYTES", "vanishing", "ask_blocks", "form_offset",
@@ -36,7 +36,7 @@ def head_weights(vals: np.ndarray, y: np.ndarray, what: str) -> tuple[np.ndarray
     largest residual of that solve relative to the answers.
 
     Raises ModelMismatchError where a row is no such weighted sum (relative residual above
-    :data:`~attnquery.learners._vector_attention.ATTENTION_TOL`) or a weight is negative."""
+    :data:`~attnquery.learners.vector._attention.ATTENTION_TOL`) or a weight is negative."""
     n, s, r = vals.shape
     unit = max(float(np.max(np.abs(vals))), 1.0)
     P = np.concatenate([vals, np.full((n, s, 1), unit)], axis=2)
@@ -85,7 +85,7 @@ def row_space(vectors: np.ndarray, dim: int, what: str) -> np.ndarray:
 
 def vanishing(small: np.ndarray, offsets: np.ndarray) -> None:
     """Refuse keys whose weights vanish (``small``, below
-    :data:`~attnquery.learners._vector_attention.MIN_WEIGHT`) at ``offsets`` (same shape): a
+    :data:`~attnquery.learners.vector._attention.MIN_WEIGHT`) at ``offsets`` (same shape): a
     ModelMismatchError where every key from some offset on vanishes and none nearer does (the
     box masks distant keys: a sliding window), else a NotIdentifiableError (too peaked)."""
     far = np.abs(offsets)

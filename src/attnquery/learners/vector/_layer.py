@@ -8,10 +8,10 @@ import numbers
 
 import numpy as np
 
-from ..errors import ConfigError, NotIdentifiableError
-from ..precision import answer_format
-from ..vector_models import bilinear_layer
-from ._base import (
+from ...errors import ConfigError, NotIdentifiableError
+from ...models.vector import bilinear_layer
+from ...precision import answer_format
+from .._base import (
     CHECK_LENGTH,
     CHECK_LENGTH_PARAM,
     DEFAULT_VERIFY,
@@ -19,17 +19,17 @@ from ._base import (
     BaseLearner,
     check_lengths,
 )
-from ._params import Interval, Options
-from ._vector_attention import (
+from .._params import Interval, Options
+from ._attention import (
     ATTENTION_TOL,
     MIN_WEIGHT,
     attention_matrices,
     solve_logits,
     spreads,
 )
-from ._vector_check import CHECK_LENGTHS, VERIFY_RTOL, vector_oracle, verify_fit
-from ._vector_heads import PILOT_QUERIES, fit_shared, group_size
-from ._vector_split import (
+from ._check import CHECK_LENGTHS, VERIFY_RTOL, vector_oracle, verify_fit
+from ._heads import PILOT_QUERIES, fit_shared, group_size
+from ._split import (
     EXACT,
     RANK_RTOL,
     ROWS,
@@ -53,7 +53,7 @@ PILOT_SHARE = 8
 TARGET_SPREAD = 4.0
 MAX_RESCALE = 100.0
 #: heads whose (W, c) has more unknowns than this are read by the shared-token route
-#: (:mod:`._vector_heads`) where it applies (every token's outputs, no causal mask): at d = 64
+#: (:mod:`._heads`) where it applies (every token's outputs, no causal mask): at d = 64
 #: (4,160 unknowns) the dense least squares takes about 2 s and 80 queries for one head
 DENSE_UNKNOWNS = 64 * 65
 #: the shared-token route's queries hold SHARED_FILL d_out / H tokens, their rows H N weights
@@ -71,14 +71,14 @@ def shared_tokens(d: int, d_out: int, H: int, r: int | None = None) -> int:
 
 class VectorLayerRoute(BaseLearner):
     """The float64 route of :class:`~attnquery.learners.vector.VectorLayerLearner` and the
-    measurements it shares with the served route (:class:`~attnquery.learners.vector_served.
+    measurements it shares with the served route (:class:`~attnquery.learners.vector.served.
     ServedVectorLearner`): parameters, fitted attributes and method as
     :class:`~attnquery.learners.vector.VectorLayerLearner`'s (which adds the routes)."""
 
     #: the attention stage's queries hold this fraction of d / H tokens (every token's answers,
     #: last-token answers)
     _all_fill, _last_fill = 0.5, 0.75
-    #: a layer's split spends its whole plan (:func:`~._vector_split.split_queries`), what it
+    #: a layer's split spends its whole plan (:func:`~._split.split_queries`), what it
     #: leaves asked in the attention stage: the fit spends exactly what it planned before its
     #: first query (the served route, whose split and value stage depend on the answers'
     #: format, does not)
@@ -146,7 +146,7 @@ class VectorLayerRoute(BaseLearner):
 
     def _fit_layer(self, ledger, rng, d: int, outputs: str):
         """The stages V, split (several heads) and attention, and every head's (W, c); returns
-        the served route (:class:`~.vector_served.ServedVectorLearner`, fitted on the same
+        the served route (:class:`~.served.ServedVectorLearner`, fitted on the same
         ledger) where the one-token answers are in a narrow format, else None."""
         shared = self._shared(d, outputs)
         H = self.n_heads or 1
@@ -232,7 +232,7 @@ class VectorLayerRoute(BaseLearner):
     def _served_route(self):
         """The estimator that reads answers in a narrow format, or None (this route reads them
         as float64 answers and its check refuses them); :class:`~attnquery.learners.vector.
-        VectorLayerLearner` gives :class:`~attnquery.learners.vector_served.
+        VectorLayerLearner` gives :class:`~attnquery.learners.vector.served.
         ServedVectorLearner`."""
         return None
 
@@ -252,7 +252,7 @@ class VectorLayerRoute(BaseLearner):
         self.head_ranks_ = np.linalg.matrix_rank(self.W_)
 
     def _fit_shared(self, ledger, rng, d, V_sum, V, beta) -> None:
-        """Every head's (W, c) by the shared-token route (:mod:`._vector_heads`), from every
+        """Every head's (W, c) by the shared-token route (:mod:`._heads`), from every
         token's outputs without a causal mask."""
         H, d_out = V.shape[0], V.shape[2]
         s = np.linalg.svd(V_sum, compute_uv=False)
@@ -359,7 +359,7 @@ class VectorLayerRoute(BaseLearner):
         return X, A
 
     def _attention(self, X, O, V, beta, outputs) -> np.ndarray:
-        """:func:`~attnquery.learners._vector_attention.attention_matrices`, its residual kept
+        """:func:`~attnquery.learners.vector._attention.attention_matrices`, its residual kept
         in ``attention_residual_``."""
         A, self.attention_residual_ = attention_matrices(X, O, V, beta, outputs,
                                                          bool(self.causal),
@@ -369,7 +369,7 @@ class VectorLayerRoute(BaseLearner):
     # -- the tolerances: float64 rounding's (the served route's, its answers' format's) --------
     def _attention_tol(self) -> float:
         """Largest residual of the attention matrices (and negative weight) the answers'
-        rounding explains (:data:`~._vector_attention.ATTENTION_TOL`)."""
+        rounding explains (:data:`~._attention.ATTENTION_TOL`)."""
         return ATTENTION_TOL
 
     def _min_weight(self) -> float:
@@ -381,12 +381,12 @@ class VectorLayerRoute(BaseLearner):
         return VERIFY_RTOL
 
     def _split_tolerances(self) -> SplitTolerances:
-        """The split's tolerances: :data:`~._vector_split.ROWS` for every token's outputs (the
-        points of a key difference in one query), else :data:`~._vector_split.EXACT`."""
+        """The split's tolerances: :data:`~._split.ROWS` for every token's outputs (the
+        points of a key difference in one query), else :data:`~._split.EXACT`."""
         return ROWS if self.outputs_ == "all" else EXACT
 
     def _split_values(self, ledger, V_sum, beta, H: int, rng) -> np.ndarray:
-        """The heads' value maps: :func:`~._vector_split.split_values` with
+        """The heads' value maps: :func:`~._split.split_values` with
         :meth:`_split_tolerances`."""
         return split_values(ledger, V_sum, beta, H, rng, self._split_tolerances())
 
@@ -397,7 +397,7 @@ class VectorLayerRoute(BaseLearner):
     def _verify(self, oracle, rng) -> None:
         """``verify`` fresh queries spread over :data:`CHECK_LENGTHS` (up to ``check_length``
         tokens); raise ModelMismatchError when the estimate's answers differ from the box's by
-        more than :meth:`_verify_tol` (:func:`~._vector_check.verify_fit`)."""
+        more than :meth:`_verify_tol` (:func:`~._check.verify_fit`)."""
         verify_fit(self, oracle, rng, int(self.verify),
                    check_lengths(self.check_length, CHECK_LENGTHS),
                    "a single head as declared (positions, soft-capped logits, several heads, "

@@ -27,8 +27,8 @@ N = 24 that is 4 groups of 65 queries.
 
 Under rounding (served answers) the two least squares leave accuracy behind: the fresh rows'
 logits over the fresh keys are not used and every logit weighs alike. ``refine`` then refines
-every head over every row of the groups (:mod:`._vector_refine`), and ``answer_steps`` once more
-on the groups' answers themselves, every head at once (:mod:`._vector_answers`).
+every head over every row of the groups (:mod:`._refine`), and ``answer_steps`` once more
+on the groups' answers themselves, every head at once (:mod:`._answers`).
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..errors import ConfigError, NotIdentifiableError
-from ._vector_answers import refine_on_answers
-from ._vector_refine import refine_head
+from ...errors import ConfigError, NotIdentifiableError
+from ._answers import refine_on_answers
+from ._refine import refine_head
 
 __all__ = ["fit_shared", "group_size", "GROUP_OVERSAMPLE", "PILOT_QUERIES", "ROW_RTOL",
            "SHARED_SPREAD"]
@@ -103,9 +103,9 @@ def fit_shared(oracle, rng: np.random.Generator, d: int, H: int, N: int, attenti
         (``G (F - 1)``) number ``rank_samples`` times the largest rank (1: none more); under
         noise, more groups of fewer queries (more shared tokens) give a better W.
     refine : int
-        Sweeps of the log-weight refinement (:func:`~._vector_refine.refine_head`; 0: none).
+        Sweeps of the log-weight refinement (:func:`~._refine.refine_head`; 0: none).
     answer_steps : int
-        Then Gauss-Newton steps on the answers (:func:`~._vector_answers.
+        Then Gauss-Newton steps on the answers (:func:`~._answers.
         refine_on_answers`; 0: none); it needs ``values``, the value maps (H, d, d_out) and
         the output offset (d_out,) behind ``attention``.
 
@@ -190,7 +190,7 @@ class _Group(NamedTuple):
 
 def _refine(groups, W, c, ranks, min_weight: float, fit_bias: bool, sweeps: int) -> int:
     """Every head's (W, c) refined in place over every row of the groups' queries and
-    attention matrices (:func:`~._vector_refine.refine_head`); the refinement's iterations in
+    attention matrices (:func:`~._refine.refine_head`); the refinement's iterations in
     all."""
     X, A = np.concatenate([g.X for g in groups]), np.concatenate([g.A for g in groups], axis=1)
     iterations = 0

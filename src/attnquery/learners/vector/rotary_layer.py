@@ -6,11 +6,11 @@ the logit ``(Q_h y_n)^T R_(i-n) (K_g y_i)`` (``Q_h = [W_Q, b_Q]`` scaled, ``K_g 
 R the rotation of RoPE) and the layer answers every token's ``sum_h sum_i a_hni x_i^T V_h +
 beta``. Every token's outputs (``outputs="all"``) are read in five stages (the last token's,
 ``outputs="last"``, in the same five, stages 3 and 4 from the last row alone:
-:mod:`._vector_rotary_last`):
+:mod:`._rotary_last`):
 
 1. ``V``: ``V_sum = sum_h V_h`` and beta from d + 1 one-token queries.
 2. ``split``: the heads' output subspaces (which fill d_out: ``H dh = d_out``) from saturated
-   two-token lines (:func:`~attnquery.learners._vector_split.split_outputs`); V_h is
+   two-token lines (:func:`~attnquery.learners.vector._split.split_outputs`); V_h is
    ``V_sum`` projected on head h's; heads with the same input space of V_h share a
    key/value head (``head_groups_``). A row of an answer then gives every head's weights on up
    to dh distinct values.
@@ -47,9 +47,9 @@ import numbers
 
 import numpy as np
 
-from ..errors import ConfigError, ModelMismatchError
-from ..models import rope_frequencies
-from ._base import (
+from ...errors import ConfigError, ModelMismatchError
+from ...models import rope_frequencies
+from .._base import (
     CHECK_LENGTH,
     CHECK_LENGTH_PARAM,
     DEFAULT_VERIFY,
@@ -57,12 +57,12 @@ from ._base import (
     BaseLearner,
     check_lengths,
 )
-from ._params import Interval
-from ._registry import LearnerSpec
-from ._vector_attention import ATTENTION_TOL, MIN_WEIGHT
-from ._vector_check import CHECK_LENGTHS, VERIFY_RTOL, vector_oracle, verify_fit  # noqa: F401
-from ._vector_rotary_last import last_plan, read_forms_last, read_spaces_last
-from ._vector_rotary_reads import (
+from .._params import Interval
+from .._registry import LearnerSpec
+from ._attention import ATTENTION_TOL, MIN_WEIGHT
+from ._check import CHECK_LENGTHS, VERIFY_RTOL, vector_oracle, verify_fit  # noqa: F401
+from ._rotary_last import last_plan, read_forms_last, read_spaces_last
+from ._rotary_reads import (
     ask_blocks,
     form_offset,
     head_weights,
@@ -72,7 +72,7 @@ from ._vector_rotary_reads import (
     solve_forms,
     whitened_solve,
 )
-from ._vector_split import split_outputs
+from ._split import split_outputs
 
 __all__ = ["RotaryLayerVectorLearner", "STAGES"]
 
@@ -220,7 +220,7 @@ class RotaryLayerVectorLearner(BaseLearner):
         self._form_offset()
 
     def _form_offset(self) -> int:
-        """The longest offset the form queries ask (:func:`~._vector_rotary_reads.
+        """The longest offset the form queries ask (:func:`~._rotary_reads.
         form_offset`)."""
         return form_offset(self.max_offset, self.check_length)
 
@@ -268,7 +268,7 @@ class RotaryLayerVectorLearner(BaseLearner):
         rng = self._rng()
         tokens0 = int(oracle.n_tokens)
         self.outputs_ = outputs
-        last = outputs == "last"  # one row per answer: the stages of ._vector_rotary_last
+        last = outputs == "last"  # one row per answer: the stages of ._rotary_last
         H = int(self.n_heads)
         d_out = getattr(oracle, "d_out", None) or d  # the heads' rank, if they fill d_out
         with self._open_ledger(oracle, STAGES, cap=self.n_queries) as ledger:
@@ -488,7 +488,7 @@ class RotaryLayerVectorLearner(BaseLearner):
 
     def _verify(self, oracle, rng) -> None:
         """``verify`` fresh queries up to ``check_length`` tokens
-        (:func:`~attnquery.learners._vector_check.verify_fit`)."""
+        (:func:`~attnquery.learners.vector._check.verify_fit`)."""
         verify_fit(self, oracle, rng, int(self.verify),
                    check_lengths(self.check_length, CHECK_LENGTHS),
                    "a layer of rotary heads of the declared base, mask and heads")
@@ -499,9 +499,9 @@ class RotaryLayerVectorLearner(BaseLearner):
             raise ConfigError(f"{what} needs a fitted learner; call fit(oracle) first")
 
     def form_layer(self):
-        """The recovered layer as a :class:`~attnquery.vector_models.RotaryFormLayer` (what
+        """The recovered layer as a :class:`~attnquery.models.vector.RotaryFormLayer` (what
         :meth:`predict` and :meth:`M` evaluate; ``attnquery extract`` saves its arrays)."""
-        from ..vector_models import RotaryFormLayer
+        from ...models.vector import RotaryFormLayer
 
         self._fitted("form_layer()")
         return RotaryFormLayer(self.V_, self.output_bias_, self.frequencies_, self.cos_forms_,

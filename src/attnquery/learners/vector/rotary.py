@@ -22,7 +22,7 @@ last token's output (every token's output is accepted; only its last row is used
    the same keys, so one least-squares factorisation serves all probes.
 3. The forms: the probes' solutions times ``[p; 1]^-1``.
 4. ``verify``: fresh queries of 1 to ``check_length`` tokens
-   (:func:`~attnquery.learners._vector_check.verify_fit`).
+   (:func:`~attnquery.learners.vector._check.verify_fit`).
 
 The queries of every stage are planned before the first: ``n_queries`` or a budget below the
 plan is refused before any query.
@@ -37,9 +37,9 @@ import numbers
 
 import numpy as np
 
-from ..errors import ConfigError, NotIdentifiableError
-from ..models import rope_frequencies
-from ._base import (
+from ...errors import ConfigError, NotIdentifiableError
+from ...models import rope_frequencies
+from .._base import (
     CHECK_LENGTH,
     CHECK_LENGTH_PARAM,
     DEFAULT_VERIFY,
@@ -48,11 +48,11 @@ from ._base import (
     check_lengths,
     check_oracle,
 )
-from ._params import Interval
-from ._registry import LearnerSpec
-from ._vector_attention import ATTENTION_TOL  # noqa: F401 (importable from here as before)
-from ._vector_check import CHECK_LENGTHS, VERIFY_RTOL, verify_fit  # noqa: F401 (VERIFY_RTOL: importable from here)
-from ._vector_rotary_reads import (
+from .._params import Interval
+from .._registry import LearnerSpec
+from ._attention import ATTENTION_TOL  # noqa: F401 (importable from here as before)
+from ._check import CHECK_LENGTHS, VERIFY_RTOL, verify_fit  # noqa: F401 (VERIFY_RTOL: importable from here)
+from ._rotary_reads import (
     ask_blocks,
     form_offset,
     head_weights,
@@ -326,10 +326,10 @@ class RotaryVectorLearner(BaseLearner):
 
     # -- the estimate ------------------------------------------------------------------------------
     def form_layer(self):
-        """The recovered head as a one-head :class:`~attnquery.vector_models.RotaryFormLayer`
+        """The recovered head as a one-head :class:`~attnquery.models.vector.RotaryFormLayer`
         (forms over ``[x; 1]``: identity bases), what :meth:`predict` and :meth:`M`
         evaluate."""
-        from ..vector_models import RotaryFormLayer
+        from ...models.vector import RotaryFormLayer
 
         if not hasattr(self, "const_form_"):
             raise ConfigError("form_layer() needs a fitted learner; call fit(oracle) first")

@@ -15,229 +15,31 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import (
+# the errors the oracles raise are importable from here too (as they were)
+from ..errors import (  # noqa: F401
     AnswerError,
     AssumptionViolation,
     BudgetExceededError,
     OracleFailure,
     QueryError,
 )
-from .rng import seed_int
-from .theory import FORMAT_BITS, ROUNDING_DTYPES, parse_rounding, relative_rounding_error  # noqa: F401
+from ..rng import seed_int
+from ..theory import FORMAT_BITS, ROUNDING_DTYPES, parse_rounding, relative_rounding_error  # noqa: F401
+from ._base import (  # noqa: F401 (the helpers of the oracles' base, importable from here as before)
+    ForwardingOracle,
+    Oracle,
+    _BoxOracle,
+    _call_black_box,
+    _check_callable,
+    _check_finite,
+    _is_int,
+    _message,
+    _real_answers,
+)
 
 __all__ = ["Oracle", "ValueOracle", "VectorOracle", "AntisymmetricOracle", "ApproximateValueOracle",
            "RoundingOracle", "MembershipOracle", "ToleranceError", "query_hash",
-           "relative_rounding_error", "ROUNDING_DTYPES", "FORMAT_BITS"]
-
-
-class Oracle:
-    """Base class: query validation, counting and budget.
-
-    Subclasses implement :meth:`_answer`, which receives a validated batch and returns the raw
-    answers; the base class validates them and counts the queries.
-
-    Parameters
-    ----------
-    d : int
-        Token dimension of the black box.
-    budget : int, optional
-        Maximum number of queries; a batch that would exceed it raises
-        :class:`~attnquery.errors.BudgetExceededError` and costs nothing.
-    """
-
-    #: what the answers are: "value", "approximate value", "membership", ...
-    kind = "value"
-
-    __slots__ = ("_d", "_budget", "_n_queries", "_n_calls")
-
-    def __init__(self, d: int, budget: int | None = None):
-        if not _is_int(d) or d < 1:
-            raise QueryError(f"d must be a positive integer; got {d!r}")
-        if budget is not None and (not _is_int(budget) or budget < 0):
-            raise QueryError(f"budget must be a non-negative integer or None; got {budget!r}")
-        self._d = int(d)
-        self._budget = None if budget is None else int(budget)
-        self._n_queries = 0
-        self._n_calls = 0
-
-    # -- public interface ---------------------------------------------------------------------
-    @property
-    def d(self) -> int:
-        """Token dimension."""
-        return self._d
-
-    @property
-    def n_queries(self) -> int:
-        """Number of queries answered so far (a batch of B counts B)."""
-        return self._n_queries
-
-    @property
-    def n_calls(self) -> int:
-        """Number of batches answered so far."""
-        return self._n_calls
-
-    @property
-    def budget(self) -> int | None:
-        """The query budget, or None."""
-        return self._budget
-
-    @property
-    def remaining(self) -> int | None:
-        """Queries left in the budget, or None when there is no budget."""
-        return None if self._budget is None else self._budget - self._n_queries
-
-    def check_budget(self, n: int, what: str = "this step") -> None:
-        """Raise :class:`BudgetExceededError` if ``n`` more queries would exceed the budget.
-
-        Learners call this before a stage so that a budget too small is reported before any
-        query of the stage is spent.
-        """
-        if self._budget is not None and self._n_queries + n > self._budget:
-            raise BudgetExceededError(
-                f"{what} needs {n} queries but only {self._budget - self._n_queries} of the "
-                f"budget of {self._budget} remain ({self._n_queries} spent)"
-            )
-
-    def __call__(self, X) -> np.ndarray:
-        """Answer a batch of queries ``X`` of shape (B, N, d); returns shape (B,)."""
-        X = self._validate_query(X)
-        B = X.shape[0]
-        self.check_budget(B, what=f"a batch of {B} queries")
-        y = self._answer(X)
-        y = self._validate_answer(y, B)
-        self._n_queries += B
-        self._n_calls += 1
-        return y
-
-    query = __call__
-
-    def __repr__(self) -> str:
-        b = "" if self._budget is None else f", budget={self._budget}"
-        return f"{type(self).__name__}(d={self._d}{b}, n_queries={self._n_queries})"
-
-    # -- validation -----------------------------------------------------------------------------
-    def _validate_query(self, X) -> np.ndarray:
-        if not isinstance(X, np.ndarray):
-            raise QueryError(
-                f"queries must be a numpy array of shape (B, N, {self._d}) and dtype float64; "
-                f"got {type(X).__name__}"
-            )
-        if X.dtype != np.float64:
-            raise QueryError(f"queries must have dtype float64; got {X.dtype}")
-        if X.ndim != 3:
-            raise QueryError(
-                f"queries must have shape (B, N, d) = (B, N, {self._d}); got shape {X.shape}"
-            )
-        B, N, d = X.shape
-        if d != self._d:
-            raise QueryError(f"queries must have d = {self._d} columns; got shape {X.shape}")
-        if N < 1:
-            raise QueryError(f"every query needs at least one row (N >= 1); got shape {X.shape}")
-        if B < 1:
-            raise QueryError(f"a batch needs at least one query (B >= 1); got shape {X.shape}")
-        # a finite sum proves every entry finite (NaN and inf propagate); only a non-finite sum
-        # (or an overflow) needs the entry-wise check
-        if not np.isfinite(np.sum(X)) and not np.all(np.isfinite(X)):
-            bad = int(np.count_nonzero(~np.isfinite(X).all(axis=(1, 2))))
-            raise QueryError(f"queries must be finite; {bad} of {B} contain NaN or inf")
-        return X
-
-    def _validate_answer(self, y, B: int) -> np.ndarray:
-        y = _real_answers(y)
-        if y.shape != (B,):
-            raise AnswerError(
-                f"the black box must return shape ({B},) for a batch of {B}; got {y.shape}"
-            )
-        _check_finite(y)
-        return y
-
-    def _answer(self, X: np.ndarray) -> np.ndarray:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-
-def _is_int(x) -> bool:
-    """Whether ``x`` is an integer (a Python or numpy int, not a bool)."""
-    return not isinstance(x, bool) and isinstance(x, int | np.integer)
-
-
-def _check_callable(fn) -> None:
-    if not callable(fn):
-        raise QueryError(f"fn must be callable; got {type(fn).__name__}")
-
-
-def _real_answers(y) -> np.ndarray:
-    """The black box's answers as a float64 array, or :class:`AnswerError` when they are not
-    real numbers (complex, boolean, strings, ragged lists)."""
-    try:
-        raw = np.asarray(y)
-    except (TypeError, ValueError) as exc:
-        raise AnswerError(f"the black box returned a non-numeric answer: {exc}") from None
-    if raw.dtype.kind == "O":  # Python objects: only real numbers pass
-        kinds = {np.asarray(x).dtype.kind for x in raw.ravel()}
-        kind = next((k for k in "cb" if k in kinds), "f" if kinds <= set("iuf") else "U")
-    else:
-        kind = raw.dtype.kind
-    if kind == "c":
-        raise AnswerError("the black box returned complex answers; answers must be real "
-                          "numbers (the imaginary part is not dropped silently)")
-    if kind == "b":
-        raise AnswerError("the black box returned boolean answers; answers must be real "
-                          "numbers (True and False are not taken as 1 and 0)")
-    if kind not in "iuf":
-        raise AnswerError(f"the black box returned answers that are not real numbers "
-                          f"(dtype {raw.dtype})")
-    try:
-        y = raw.astype(np.float64)
-    except (TypeError, ValueError) as exc:
-        raise AnswerError(f"the black box returned a non-numeric answer: {exc}") from None
-    return y
-
-
-def _check_finite(y: np.ndarray) -> None:
-    """Raise :class:`AnswerError` when an answer holds NaN or inf."""
-    if not np.all(np.isfinite(y)):
-        bad = int(np.count_nonzero(~np.isfinite(y)))
-        raise AnswerError(f"the black box returned {bad} non-finite answers (NaN or inf)")
-
-
-def _call_black_box(fn, X: np.ndarray) -> np.ndarray:
-    """Call a user's black box on a read-only view of the queries, wrapping its failures."""
-    view = X.view()
-    view.flags.writeable = False
-    try:
-        return fn(view)
-    except KeyboardInterrupt:  # an interruption stays one
-        raise
-    except BaseException as exc:  # noqa: BLE001 - foreign code: report whatever it raised
-        # (SystemExit, and BaseExceptions such as asyncio.CancelledError from an async client)
-        what = f"SystemExit({exc.code!r})" if isinstance(exc, SystemExit) else \
-            f"{type(exc).__name__}"
-        raise OracleFailure(
-            f"the black box raised {what} on a batch of shape {X.shape}: {_message(exc)}"
-        ) from exc
-
-
-def _message(exc: BaseException) -> str:
-    """``str(exc)``, or a note saying why it could not be made (foreign code's ``__str__``
-    may itself raise)."""
-    try:
-        return str(exc)
-    except Exception as err:  # noqa: BLE001 - any failure of foreign code is reported
-        return f"(message unprintable: {type(err).__name__})"
-
-
-class _BoxOracle(Oracle):
-    """An oracle of a callable black box ``fn``, kept in a private slot (subclasses check
-    ``fn`` and their parameters first); :meth:`_ask` calls it."""
-
-    __slots__ = ("__fn",)
-
-    def __init__(self, fn, d: int, budget: int | None = None):
-        super().__init__(d, budget)
-        self.__fn = fn
-
-    def _ask(self, X: np.ndarray) -> np.ndarray:
-        return _call_black_box(self.__fn, X)
+           "relative_rounding_error", "ROUNDING_DTYPES", "FORMAT_BITS", "ForwardingOracle"]
 
 
 class ValueOracle(_BoxOracle):
@@ -357,7 +159,7 @@ class VectorOracle(_BoxOracle):
 
     Examples
     --------
-    >>> from attnquery.vector_models import random_vector_layer
+    >>> from attnquery.models.vector import random_vector_layer
     >>> oracle = VectorOracle(random_vector_layer(4, 1, seed=0), 4)
     >>> oracle(np.ones((3, 2, 4))).shape, oracle.n_queries, oracle.n_tokens
     ((3, 2, 4), 3, 6)

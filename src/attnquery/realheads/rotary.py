@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ModelError
-from .models import RotaryAttentionLayer
-from .rng import as_rng
+from ..errors import ModelError
+from ..models import RotaryAttentionLayer
+from ..rng import as_rng
 
 __all__ = ["write_rotary_checkpoint", "load_rotary_layer", "load_rotary_head", "PREFIX"]
 
@@ -97,7 +97,7 @@ def load_rotary_layer(path, layer: int, readout=None, readout_seed: int = 0
     """
     from safetensors.numpy import load_file
 
-    from .realheads import readout_vector
+    from .readout import readout_vector
 
     path = Path(path)
     if not path.exists():
@@ -149,7 +149,7 @@ def load_rotary_head(path, layer: int, head: int, readout=None, readout_seed: in
     L = load_rotary_layer(path, layer, readout, readout_seed)
     if not 0 <= head < L.n_heads:
         raise ModelError(f"head must be in [0, {L.n_heads}); got {head}")
-    from .models import RotaryAttentionHead
+    from ..models import RotaryAttentionHead
 
     g = L.groups[head]
     dh = L.head_dim

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.linalg
 
-from ..errors import ModelMismatchError, NotIdentifiableError
+from ...errors import ModelMismatchError, NotIdentifiableError
 
 __all__ = ["attention_matrices", "spreads", "solve_logits", "ATTENTION_TOL", "MIN_WEIGHT"]
 

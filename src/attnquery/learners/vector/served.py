@@ -17,7 +17,7 @@ ledger. What changes against the float64 route:
 * the tolerances of the attention matrices and of the check are multiples of the format's
   rounding floor (:func:`attnquery.precision.rounding_floor`, or the measured noise where that
   is larger), not float64's ``1e-9`` and ``1e-8``;
-* a layer's split (:mod:`._vector_split`) takes the format's tolerances: float32's, and for
+* a layer's split (:mod:`._split`) takes the format's tolerances: float32's, and for
   float16 and bfloat16 a key scale the format holds (:data:`WIDE_SPLIT`, or
   :data:`TIGHT_SPLIT` where a float16 box's answers to it overflow) with the narrow options
   (crossings of finite width, perturbed differences read at shared points, projectors by
@@ -25,15 +25,15 @@ ledger. What changes against the float64 route:
 * every served fit, head or layer, is checked to :data:`VERIFY_UNITS` noise units.
 * a layer's split reads the parts in the answers' own coordinates, and every head's value map
   again from the exact parts of d orthonormal key differences
-  (:func:`~._vector_split.values_from_parts`, every token's outputs): cut from the one-token
+  (:func:`~._split.values_from_parts`, every token's outputs): cut from the one-token
   estimate of ``V_sum`` along the heads' projectors, its rounding is amplified (float32,
   d = 384: 1.2e-6 to 5.9e-5);
 * the shared-token route's groups are smaller and more numerous (more shared tokens, each read
   less precisely) and their rows' logits spread wider (:data:`SHARED_OVERSAMPLE`,
   :data:`SHARED_RANK_SAMPLES`, :data:`SHARED_TARGET_SPREAD`), and its (W, c) is refined by one
   weighted least squares over every row of the groups' attention matrices
-  (:data:`SHARED_REFINE`, :mod:`._vector_refine`), then by Gauss-Newton on the groups' answers
-  themselves (:data:`SHARED_ANSWER_STEPS`, :mod:`._vector_answers`).
+  (:data:`SHARED_REFINE`, :mod:`._refine`), then by Gauss-Newton on the groups' answers
+  themselves (:data:`SHARED_ANSWER_STEPS`, :mod:`._answers`).
 """
 
 from __future__ import annotations
@@ -42,16 +42,16 @@ import math
 
 import numpy as np
 
-from ..errors import AnswerError, ConfigError, ModelMismatchError, NotIdentifiableError
-from ..precision import answer_format
-from ._base import CHECK_LENGTH, DEFAULT_VERIFY
-from ._noise import NOISE_MODES, judge_noise
-from ._params import Options
-from ._registry import LearnerSpec
-from ._vector_answers import ANSWER_STEPS
-from ._vector_layer import STAGES, VectorLayerRoute
-from ._vector_refine import REFINE_SWEEPS
-from ._vector_split import SplitTolerances, split_values
+from ...errors import AnswerError, ConfigError, ModelMismatchError, NotIdentifiableError
+from ...precision import answer_format
+from .._base import CHECK_LENGTH, DEFAULT_VERIFY
+from .._noise import NOISE_MODES, judge_noise
+from .._params import Options
+from .._registry import LearnerSpec
+from ._answers import ANSWER_STEPS
+from ._layer import STAGES, VectorLayerRoute
+from ._refine import REFINE_SWEEPS
+from ._split import SplitTolerances, split_values
 
 __all__ = ["ServedVectorLearner", "VALUE_SAMPLES", "SERVED_OVERSAMPLE", "ATTENTION_UNITS",
            "MIN_WEIGHT_UNITS", "VERIFY_UNITS", "NARROW_SPLIT", "WIDE_SPLIT", "TIGHT_SPLIT",
@@ -79,7 +79,7 @@ MIN_WEIGHT_UNITS = 3.0
 #: units for single heads (0.39 relative in bfloat16) passed a head with a sliding window of 200
 #: tokens 0.05 off
 VERIFY_UNITS = 10.0
-#: a layer's split (:mod:`._vector_split`) under float32 rounding: a change of the saturated
+#: a layer's split (:mod:`._split`) under float32 rounding: a change of the saturated
 #: answers beyond SPLIT_CHANGE_UNITS noise units is a jump; nearby key differences
 #: ``Delta_0 + SPLIT_PERTURB Delta_j`` (float64: 1e-5, whose division amplifies the rounding
 #: 1e5 times); a head's approximate parts span d / H dimensions to SPLIT_MATCH, its patterns
@@ -96,7 +96,7 @@ SPLIT_MOVED = 0.1
 SPLIT_REFINE = 1
 SPLIT_SPREAD = 3
 #: the shared-token route's groups hold this many times the float64 route's queries per unknown
-#: (``GROUP_OVERSAMPLE``, :mod:`._vector_heads`), and the heads' row spaces are read to
+#: (``GROUP_OVERSAMPLE``, :mod:`._heads`), and the heads' row spaces are read to
 #: SHARED_ROW_RTOL (float64: 1e-8). d = 96, 6 float32 heads of 16, the groups the float64 rule
 #: asks: worst W 1.5e-4 at 1 (the float64 route's groups), 6.3e-5 at 8 (2,820 queries),
 #: 2.4e-5 at 32 (4,760 queries)
@@ -117,12 +117,12 @@ SHARED_RANK_SAMPLES = 12.0
 SHARED_TARGET_SPREAD = 3.0
 SHARED_ROW_RTOL = 1e-4
 #: sweeps of the weighted least squares over every row of the groups' attention matrices that
-#: refine the route's (W, c) (:mod:`._vector_refine`). Float32, 12 heads of 32 at d = 384 (4,630
+#: refine the route's (W, c) (:mod:`._refine`). Float32, 12 heads of 32 at d = 384 (4,630
 #: attention queries, the true value maps): worst W 2.9e-5 from the route, 8.3e-6 refined;
 #: d = 96, 6 heads of 16: 8.5e-6 and 1.3e-6
 SHARED_REFINE = REFINE_SWEEPS
 #: then Gauss-Newton steps on the groups' answers, every head at once (the answers' own least
-#: squares; :mod:`._vector_answers`). Float32, d = 96, 6 heads of 16 (5,074 attention queries,
+#: squares; :mod:`._answers`). Float32, d = 96, 6 heads of 16 (5,074 attention queries,
 #: the value maps the learner reads): worst W 8.1e-7 from the refinement above, 2.7e-7 after one
 #: step, the same after two
 SHARED_ANSWER_STEPS = ANSWER_STEPS

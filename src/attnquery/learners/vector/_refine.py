@@ -1,6 +1,6 @@
 """One head's (W, c) refined by weighted least squares over every row of the attention
 matrices read from served answers (the shared-token route's last step for float32, float16 and
-bfloat16 answers; :func:`~._vector_heads.fit_shared`).
+bfloat16 answers; :func:`~._heads.fit_shared`).
 
 The shared-token route reads ``m_h(z) = W_h z + c_h`` from the shared tokens' rows and the row
 space of ``W_h`` from the fresh tokens' rows over the shared keys: two least squares that leave

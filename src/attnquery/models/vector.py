@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import ModelError
-from .models import _rotary_frequencies_arg, check_input, rotate_half, softmax_last
-from .models.generators import _check_scales, _draw_gqa_biases, _draw_gqa_weights, _gqa_heads
-from .models.rotary import _GroupedLayer
-from .precision import Arithmetic, check_precision
-from .rng import as_rng
+from ..errors import ModelError
+from ..precision import Arithmetic, check_precision
+from ..rng import as_rng
+from .generators import _check_scales, _draw_gqa_biases, _draw_gqa_weights, _gqa_heads
+from .heads import check_input, softmax_last
+from .rotary import _GroupedLayer, _rotary_frequencies_arg, rotate_half
 
 __all__ = ["VectorAttentionLayer", "RotaryFormLayer", "bilinear_layer", "random_vector_layer",
            "OUTPUTS"]
@@ -216,8 +216,8 @@ class VectorAttentionLayer(_GroupedLayer):
 
 class RotaryFormLayer:
     """A layer of rotary heads given by their bilinear forms, as the rotary vector learners
-    recover it (:class:`~attnquery.learners.vector_rotary_layer.RotaryLayerVectorLearner`,
-    :class:`~attnquery.learners.vector_rotary.RotaryVectorLearner`): head h's logit of key x_i
+    recover it (:class:`~attnquery.learners.vector.rotary_layer.RotaryLayerVectorLearner`,
+    :class:`~attnquery.learners.vector.rotary.RotaryVectorLearner`): head h's logit of key x_i
     (position i) for query x_n (position n) is ``kappa_i^T F_h(i - n) zeta_n`` with
     ``kappa = [Bk_h x_i; 1]``, ``zeta = [Bq_h x_n; 1]`` and
 

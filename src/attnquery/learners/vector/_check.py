@@ -1,6 +1,6 @@
 """The check of the vector learners' estimates (:class:`~attnquery.learners.VectorLayerLearner`
-and its rotary routes, :class:`~attnquery.learners.vector_rotary.RotaryVectorLearner` and
-:class:`~attnquery.learners.vector_rotary_layer.RotaryLayerVectorLearner`): the lengths of their
+and its rotary routes, :class:`~attnquery.learners.vector.rotary.RotaryVectorLearner` and
+:class:`~attnquery.learners.vector.rotary_layer.RotaryLayerVectorLearner`): the lengths of their
 fresh check queries and the disagreement they allow, in one place, and the rotary routes'
 check (:func:`verify_fit`)."""
 
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ConfigError, ModelMismatchError
-from ._base import check_oracle
-from ._check import check_queries
+from ...errors import ConfigError, ModelMismatchError
+from .._base import check_oracle
+from .._check import check_queries
 
 __all__ = ["CHECK_LENGTHS", "VERIFY_RTOL", "verify_fit", "vector_oracle"]
 

@@ -1,6 +1,6 @@
 """Every head's (W, c) refined on the served answers themselves: Gauss-Newton over the
 layer's outputs (the shared-token route's last step for float32, float16 and bfloat16 answers;
-:func:`~._vector_heads.fit_shared`, after :mod:`._vector_refine`).
+:func:`~._heads.fit_shared`, after :mod:`._refine`).
 
 The log-weight refinement reads each head's attention weights from the answers first,
 ``A = (O - beta) (X V)^+`` row by row, and weighs each weight's logarithm by ``a^2``: as if the
@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..models import softmax_last
-from ._vector_refine import _cg
+from ...models import softmax_last
+from ._refine import _cg
 
 __all__ = ["refine_on_answers", "ANSWER_STEPS", "ANSWER_MAXITER", "ANSWER_RTOL"]
 
@@ -163,7 +163,7 @@ def refine_on_answers(X: np.ndarray, O: np.ndarray, V: np.ndarray, beta: np.ndar
     V : ndarray (H, d, d_out)
         The heads' value maps; ``beta`` (d_out,) the output offset.
     W, c : ndarray (H, d, d), (H, d)
-        The starting estimate (:mod:`._vector_refine`'s).
+        The starting estimate (:mod:`._refine`'s).
     ranks : sequence of int
         Each W_h's rank.
     fit_bias : bool
