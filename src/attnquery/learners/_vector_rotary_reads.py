@@ -167,24 +167,35 @@ def rotary_plan(ledger, n_queries, fit_bias: bool, plan: dict, exact: bool = Tru
 
 
 def drop_biases(est, values: np.ndarray) -> None:
-    """``fit_bias=False`` on a rotary route: the biases the route read (the output offset
-    ``output_bias_``, the forms' rows of the key's constant coordinate and columns of the
-    query's) must be below :data:`BIAS_RTOL` (relative: beta to the largest output of the
-    values ``values`` (..., d, d_out) of unit tokens, the forms' bias parts to their largest
-    bilinear part), else ModelMismatchError naming their size; then they are set to exactly 0
-    (the const form's key row too: a term constant over the keys, which the softmax cancels),
-    before the check. ``est`` has ``output_bias_``, ``cos_forms_``, ``sin_forms_`` and
+    """``fit_bias=False`` on a rotary route: the biases the route read must be noise, below
+    :data:`BIAS_RTOL` relative, else ModelMismatchError naming their size; then they are set to
+    exactly 0, before the check. Measured by their effect at the offsets the forms were read
+    at (up to ``form_offset(est.max_offset, est.check_length)``): beta against the largest
+    output of the values ``values`` (..., d, d_out) of unit tokens; the forms' rows of the key's
+    constant coordinate (key bias: their sum over the offsets' rotary basis, less its mean over
+    the offsets, which the softmax cancels) and columns of the query's (query bias) against
+    the largest bilinear part. The slowest frequencies' forms are told apart from the constant
+    one only as a sum, so each form alone may hold large opposite parts: only the sums count.
+    ``est`` has ``output_bias_``, ``frequencies_``, ``cos_forms_``, ``sin_forms_`` and
     ``const_form_`` (forms (..., e, e), the constant coordinate last)."""
     beta = est.output_bias_
     out = float(np.max(np.abs(np.sum(values.reshape(-1, *values.shape[-2:]), axis=0))))
-    forms = [est.cos_forms_, est.sin_forms_, est.const_form_[..., None, :, :]]
-    inner = max(float(np.max(np.linalg.norm(F[..., :-1, :-1], ord=2, axis=(-2, -1))))
-                for F in forms)
-    rows = max(float(np.max(np.linalg.norm(F[..., -1, :], axis=-1))) for F in forms[:2])
-    cols = max(float(np.max(np.linalg.norm(F[..., :-1, -1], axis=-1))) for F in forms)
+    L = form_offset(est.max_offset, est.check_length)
+    delta = -np.arange(L + 1.0) if est.causal else np.arange(-L, L + 1.0)
+    B = rotary_basis(delta, est.frequencies_)  # (n, nb)
+    F = np.concatenate([est.cos_forms_, est.sin_forms_, est.const_form_[..., None, :, :]],
+                       axis=-3).reshape(-1, B.shape[1], *est.const_form_.shape[-2:])
+    some = B[np.unique(np.linspace(0, B.shape[0] - 1, 65).round().astype(int))]
+    inner = max(float(np.max(np.linalg.norm(np.einsum("nb,bij->nij", some, f[:, :-1, :-1]),
+                                            ord=2, axis=(1, 2)))) for f in F)
+    key, query = 0.0, 0.0
+    for f in F:
+        g = B @ f[:, -1, :-1]  # (n, e - 1): the key bias's logit, per query coordinate
+        key = max(key, float(np.max(np.linalg.norm(g - g.mean(axis=0), axis=1))))
+        query = max(query, float(np.max(np.linalg.norm(B @ f[:, :-1, -1], axis=1))))
     sizes = {"output offset beta": float(np.max(np.abs(beta))) / max(out, 1e-300),
-             "key bias (the forms' key constant rows)": rows / max(inner, 1e-300),
-             "query bias (the forms' query constant columns)": cols / max(inner, 1e-300)}
+             "key bias (the forms' key constant rows)": key / max(inner, 1e-300),
+             "query bias (the forms' query constant columns)": query / max(inner, 1e-300)}
     worst = max(sizes, key=sizes.get)
     if not sizes[worst] <= BIAS_RTOL:
         raise ModelMismatchError(
