@@ -23,7 +23,8 @@ From the repository root::
         --lengths 1-64,512,1024
     OMP_NUM_THREADS=1 python examples/smollm2_layer.py --layer 14 --answers last --json out.json
 
-A layer takes about 15 minutes and 4 GB on a 2-core machine; docs/llm.md gives the numbers.
+Layer 0 with ``--check-length 1024`` took 20 minutes and 5.4 GB on one core of a 2-core
+machine; docs/llm.md gives the numbers.
 ``--box half`` asks the attention half of the decoder layer instead,
 ``x -> x + self_attn(RMSNorm(x))`` (:func:`attnquery.realheads.attention_half`): the route
 refuses it today (its head split saturates attention, which the norm does not let through).
