@@ -9,17 +9,22 @@ causal, RoPE of the file's base, grouped-query attention;
 :func:`attnquery.realheads.attention_module`) is wrapped in a
 :class:`~attnquery.oracles.VectorOracle`, and
 :class:`~attnquery.learners.vector.rotary_layer.RotaryLayerVectorLearner` reads it from the
-answers alone. The script prints the queries the oracle counted (per stage), the wall time,
-the peak memory of the process, and the function's relative error
+answers alone, with ``fit_bias=False`` (the model has no biases; ``--fit-bias`` reads them)
+and its check to ``--check-length`` tokens (its forms read to that offset less one; the error
+beyond it is not claimed). The script prints the queries the oracle counted (per stage), the
+wall time, the peak memory of the process, and the function's relative error
 ``max |O - O_hat| / max |O|`` against the float64 module on fresh Gaussian queries of every
 length from 1 to 64 tokens and of 512, 2,048 and 4,096 tokens.
 
 From the repository root::
 
     OMP_NUM_THREADS=1 python examples/smollm2_layer.py --layer 0 --answers all
+    OMP_NUM_THREADS=1 python examples/smollm2_layer.py --layer 0 --check-length 1024 \
+        --lengths 1-64,512,1024
     OMP_NUM_THREADS=1 python examples/smollm2_layer.py --layer 14 --answers last --json out.json
 
-A layer takes about 15 minutes and 4 GB on a 2-core machine; docs/llm.md gives the numbers.
+Layer 0 with ``--check-length 1024`` took 20 minutes and 5.4 GB on one core of a 2-core
+machine; docs/llm.md gives the numbers.
 ``--box half`` asks the attention half of the decoder layer instead,
 ``x -> x + self_attn(RMSNorm(x))`` (:func:`attnquery.realheads.attention_half`): the route
 refuses it today (its head split saturates attention, which the norm does not let through).
@@ -86,10 +91,16 @@ def main(argv=None):
     parser.add_argument("--gguf", default=None,
                         help="a Llama-architecture GGUF file (default: smollm2-135m)")
     parser.add_argument("--lengths", default=None,
-                        help="comma-separated lengths of the error report (default 1..64, "
-                        "512, 2048, 4096)")
+                        help="comma-separated lengths or ranges a-b of the error report "
+                        "(default 1-64,512,2048,4096)")
     parser.add_argument("--per-length", type=int, default=2,
                         help="fresh queries per length of the error report (default 2)")
+    parser.add_argument("--check-length", type=int, default=None,
+                        help="tokens of the learner's longest check query, and the forms' "
+                        "longest offset plus one (default 4096)")
+    parser.add_argument("--fit-bias", action="store_true",
+                        help="read query/key biases and beta (default: fit_bias=False, as "
+                        "SmolLM2 has none: the biases read must be noise and are returned as 0)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the fit (default 0)")
     parser.add_argument("--json", default=None, help="also write the numbers to this file")
     args = parser.parse_args(argv)
@@ -105,9 +116,12 @@ def main(argv=None):
     oracle = VectorOracle(box, ckpt.d, outputs=args.answers)
     learner = RotaryLayerVectorLearner(n_heads=ckpt.n_heads, n_kv_heads=ckpt.n_kv_heads,
                                        rope_base=ckpt.rope_base, causal=True,
-                                       random_state=args.seed)
+                                       fit_bias=args.fit_bias, random_state=args.seed,
+                                       **({} if args.check_length is None else
+                                          {"check_length": args.check_length}))
     t1 = time.perf_counter()
-    record = {"gguf": str(path), "layer": args.layer, "answers": args.answers, "box": args.box}
+    record = {"gguf": str(path), "layer": args.layer, "answers": args.answers, "box": args.box,
+              "fit_bias": args.fit_bias, "check_length": int(learner.check_length)}
     try:
         learner.fit(oracle)
     except AttnQueryError as exc:
@@ -125,7 +139,9 @@ def main(argv=None):
              if record["status"] == "fitted" else ""))
     if record["status"] == "fitted":
         lengths = LENGTHS if args.lengths is None else tuple(
-            int(n) for n in args.lengths.split(","))
+            n for part in args.lengths.split(",") for n in (
+                range(int(part.split("-")[0]), int(part.split("-")[1]) + 1) if "-" in part
+                else (int(part),)))
         t2 = time.perf_counter()
         record["errors"] = errors_at(box, learner.predict, ckpt.d, lengths, args.per_length,
                                      seed=args.seed + 1)

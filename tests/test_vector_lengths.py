@@ -104,11 +104,11 @@ def test_rotary_routes_plan_and_honour_their_parameters(route):
     assert est.n_verify_queries_ == 0 and est.n_queries_by_stage_["verify"] == 0
     assert np.isnan(est.verify_error_) and est.n_queries_ == oracle.n_queries
     spend = oracle.n_queries
-    # refused before the first query: fit_bias=False, n_queries below the plan, a budget below
-    # (a layer's split asks what the box calls for: n_queries or a budget between the plan
-    # without it and the spend is refused after the split, before any further query)
+    # refused before the first query: n_queries below the plan, a budget below (a layer's
+    # split asks what the box calls for: n_queries or a budget between the plan without it and
+    # the spend is refused after the split, before any further query)
     single = params.get("n_heads", 1) == 1
-    for bad in [dict(fit_bias=False), dict(n_queries=2), dict(n_queries=spend - 1)]:
+    for bad in [dict(n_queries=2), dict(n_queries=spend - 1)]:
         fresh = oracle_of(box)
         with pytest.raises(ConfigError):
             VectorLayerLearner(check_length=SHORT, verify=0, random_state=0,
@@ -125,6 +125,53 @@ def test_rotary_routes_plan_and_honour_their_parameters(route):
                                **params).fit(exact)
     assert exact.n_queries == spend
     np.testing.assert_array_equal(again.cos_forms_, est.cos_forms_)
+
+
+def bias_parts(est):
+    """The returned biases: beta and the forms' constant rows and columns."""
+    forms = (est.cos_forms_, est.sin_forms_, est.const_form_)
+    return [est.output_bias_] + [F[..., -1, :] for F in forms] + [F[..., -1] for F in forms]
+
+
+@pytest.mark.parametrize("route", [r for r in ROUTES if r.startswith("rotary")])
+def test_rotary_routes_fit_a_bias_free_box_without_biases(route):
+    """fit_bias=False on a box without biases: the same queries as fit_bias=True, the biases
+    returned exactly 0, and the bias-free estimate right at every length it checks."""
+    spec, params = ROUTES[route]
+    box = Layer(**spec, seed=1, bias=0.0)
+    with_bias = VectorLayerLearner(check_length=SHORT, random_state=0, **params).fit(
+        oracle_of(box))
+    oracle = oracle_of(box)
+    est = VectorLayerLearner(check_length=SHORT, fit_bias=False, random_state=0, **params).fit(
+        oracle)
+    assert est.n_queries_by_stage_ == with_bias.n_queries_by_stage_
+    assert est.n_queries_ == oracle.n_queries
+    for part in bias_parts(est):
+        np.testing.assert_array_equal(part, 0.0)
+    assert max(float(np.max(np.abs(p))) for p in bias_parts(with_bias)) > 0  # noise, read
+    assert est.verify_error_ <= 1e-8
+    assert function_error(est, box, (1, 2, 7, 64, SHORT)) <= 1e-8
+
+
+@pytest.mark.parametrize("route", [r for r in ROUTES if r.startswith("rotary")])
+@pytest.mark.parametrize("biases", ["all", "query/key only"])
+def test_rotary_routes_refuse_a_biased_box_with_fit_bias_false(route, biases):
+    """fit_bias=False on a box with biases (all of them, or only the query/key ones, which the
+    forms read): ModelMismatchError naming the bias and its size, before the check's
+    queries."""
+    spec, params = ROUTES[route]
+    box = Layer(**spec, seed=1)
+    if biases != "all":
+        box.bV[:], box.bO[:] = 0.0, 0.0
+    oracle = oracle_of(box)
+    with pytest.raises(ModelMismatchError, match="fit_bias=False.* bias") as info:
+        VectorLayerLearner(check_length=SHORT, fit_bias=False, random_state=0, **params).fit(
+            oracle)
+    assert info.value.error > 1e-3 and info.value.allowed < 1e-3
+    if biases != "all":
+        assert "beta 0," in str(info.value)
+    fitted = VectorLayerLearner(check_length=SHORT, random_state=0, **params).fit(oracle_of(box))
+    assert oracle.n_queries == fitted.n_queries_ - fitted.n_verify_queries_
 
 
 def test_a_layer_budget_below_the_plan_is_refused_before_any_query():
@@ -173,6 +220,18 @@ def test_goal_rotary_gqa_layers_right_at_every_length_to_4096(d, H, G, outputs):
     the forms were read to offset 511 only)."""
     box = Layer(d, H, G, seed=0, outputs=outputs)
     est, _ = fit_default(box, n_heads=H, n_kv_heads=G)
+    assert est.verify_error_ <= GOAL
+    assert function_error(est, box, LENGTHS) <= GOAL
+
+
+def test_goal_bias_free_rotary_gqa_layer_with_fit_bias_false_right_to_4096():
+    """A Llama/SmolLM2-style rotary GQA layer without biases (base 1e5), fitted with
+    fit_bias=False: returned with biases exactly 0 and right to 1e-8 at every length up to
+    4,096 tokens."""
+    box = Layer(32, 4, 2, seed=3, base=1e5, outputs="last", bias=0.0)
+    est, _ = fit_default(box, n_heads=4, n_kv_heads=2, rope_base=1e5, fit_bias=False)
+    for part in bias_parts(est):
+        np.testing.assert_array_equal(part, 0.0)
     assert est.verify_error_ <= GOAL
     assert function_error(est, box, LENGTHS) <= GOAL
 

@@ -100,7 +100,8 @@ class VectorLayerLearner(VectorLayerRoute):
     fit_bias : bool
         Fit the key bias c and the output offset beta (default True); False assumes both 0 and
         saves one query and d unknowns. The rotary routes read the biases as part of their
-        forms: False is refused there (ConfigError, before any query).
+        forms and ask the same queries either way: with False the biases read must be noise
+        (else ModelMismatchError naming their size) and are returned as exactly 0.
     n_queries : int, optional
         Queries of the attention stage; default ``OVERSAMPLE`` times the unknowns of (W, c)
         divided by the logit differences a query gives (and at least d + 1 for last-token

@@ -3,8 +3,8 @@ RotaryVectorLearner`, :class:`~attnquery.learners.vector.rotary_layer.RotaryLaye
 every head's attention weights in one row of a vector answer, the heads' query and key row
 spaces, their rotary forms in those spaces (see that module's docstring), and what both routes
 share: the offsets their form queries reach (:func:`form_offset`, every offset the check asks),
-their parameters' refusals and their query plan (:func:`rotary_plan`), and long queries asked in
-blocks (:func:`ask_blocks`)."""
+their parameters' refusals and their query plan (:func:`rotary_plan`), long queries asked in
+blocks (:func:`ask_blocks`) and ``fit_bias=False`` (:func:`drop_biases`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ._attention import ATTENTION_TOL, MIN_WEIGHT
 
 __all__ = ["head_weights", "whitened_solve", "row_space", "rotary_basis", "solve_forms",
            "FORMS_RCOND", "SPACE_RTOL", "BLOCK_BYTES", "vanishing", "ask_blocks", "form_offset",
-           "rotary_plan"]
+           "rotary_plan", "BIAS_RTOL", "drop_biases"]
 
 #: float64 bytes of query tokens per call of the oracle when the form stages ask long queries
 #: (a layer at d = 256 asks thousands of queries of 4,096 tokens: gigabytes at once otherwise)
@@ -27,6 +27,10 @@ FORMS_RCOND = 1e-12
 #: the collected query/key vectors must span the head dimension above this relative singular
 #: value and nothing beyond it (measured noise: 1e-11 to 1e-8 relative)
 SPACE_RTOL = 1e-6
+#: with ``fit_bias=False`` the measured biases must be below this, relative (the output offset
+#: to the values' largest output, the forms' bias rows and columns to their largest bilinear
+#: part); the fresh check on the bias-free estimate then decides
+BIAS_RTOL = 1e-6
 
 
 def head_weights(vals: np.ndarray, y: np.ndarray, what: str) -> tuple[np.ndarray, float]:
@@ -149,14 +153,10 @@ def form_offset(max_offset, check_length: int) -> int:
 
 def rotary_plan(ledger, n_queries, fit_bias: bool, plan: dict, exact: bool = True) -> None:
     """Refuse, before the queries of ``plan`` (stage -> queries), what a rotary route cannot
-    honour: ``fit_bias=False`` (the routes read the biases as part of the forms: ConfigError),
-    ``n_queries`` (the most the fit may ask) below the plan's sum (ConfigError), or an oracle
-    budget below it (:class:`~attnquery.errors.BudgetExceededError`). ``exact=False`` where the
-    plan is a least need (a layer's split asks a number of queries that depends on the box)."""
-    if not fit_bias:
-        raise ConfigError("fit_bias=False: the rotary routes read the query/key biases as part of "
-                          "their forms and the output offset beta with V (Qwen2's layers have "
-                          "them); fit with fit_bias=True (a box without biases gives zeros)")
+    honour: ``n_queries`` (the most the fit may ask) below the plan's sum (ConfigError), or an
+    oracle budget below it (:class:`~attnquery.errors.BudgetExceededError`). ``exact=False``
+    where the plan is a least need (a layer's split asks a number of queries that depends on the
+    box). ``fit_bias=False`` asks the same queries (:func:`drop_biases`)."""
     n = int(sum(plan.values()))
     what = ", ".join(f"{k} {v}" for k, v in plan.items() if v)
     if n_queries is not None and int(n_queries) < n:
@@ -164,6 +164,49 @@ def rotary_plan(ledger, n_queries, fit_bias: bool, plan: dict, exact: bool = Tru
             f"n_queries={n_queries} is below the {n} queries this rotary fit asks "
             f"{'' if exact else 'at least '}({what}); give at least {n} or None")
     ledger.need(n, f"the rotary fit ({what})", reserved=True)
+
+
+def drop_biases(est, values: np.ndarray) -> None:
+    """``fit_bias=False`` on a rotary route: the biases the route read must be noise, below
+    :data:`BIAS_RTOL` relative, else ModelMismatchError naming their size; then they are set to
+    exactly 0, before the check. Measured by their effect at the offsets the forms were read
+    at (up to ``form_offset(est.max_offset, est.check_length)``): beta against the largest
+    output of the values ``values`` (..., d, d_out) of unit tokens; the forms' rows of the key's
+    constant coordinate (key bias: their sum over the offsets' rotary basis, less its mean over
+    the offsets, which the softmax cancels) and columns of the query's (query bias) against
+    the largest bilinear part. The slowest frequencies' forms are told apart from the constant
+    one only as a sum, so each form alone may hold large opposite parts: only the sums count.
+    ``est`` has ``output_bias_``, ``frequencies_``, ``cos_forms_``, ``sin_forms_`` and
+    ``const_form_`` (forms (..., e, e), the constant coordinate last)."""
+    beta = est.output_bias_
+    out = float(np.max(np.abs(np.sum(values.reshape(-1, *values.shape[-2:]), axis=0))))
+    L = form_offset(est.max_offset, est.check_length)
+    delta = -np.arange(L + 1.0) if est.causal else np.arange(-L, L + 1.0)
+    B = rotary_basis(delta, est.frequencies_)  # (n, nb)
+    F = np.concatenate([est.cos_forms_, est.sin_forms_, est.const_form_[..., None, :, :]],
+                       axis=-3).reshape(-1, B.shape[1], *est.const_form_.shape[-2:])
+    some = B[np.unique(np.linspace(0, B.shape[0] - 1, 65).round().astype(int))]
+    inner = max(float(np.max(np.linalg.norm(np.einsum("nb,bij->nij", some, f[:, :-1, :-1]),
+                                            ord=2, axis=(1, 2)))) for f in F)
+    key, query = 0.0, 0.0
+    for f in F:
+        g = B @ f[:, -1, :-1]  # (n, e - 1): the key bias's logit, per query coordinate
+        key = max(key, float(np.max(np.linalg.norm(g - g.mean(axis=0), axis=1))))
+        query = max(query, float(np.max(np.linalg.norm(B @ f[:, :-1, -1], axis=1))))
+    sizes = {"output offset beta": float(np.max(np.abs(beta))) / max(out, 1e-300),
+             "key bias (the forms' key constant rows)": key / max(inner, 1e-300),
+             "query bias (the forms' query constant columns)": query / max(inner, 1e-300)}
+    worst = max(sizes, key=sizes.get)
+    if not sizes[worst] <= BIAS_RTOL:
+        raise ModelMismatchError(
+            f"fit_bias=False, but the box's {worst} measures {sizes[worst]:.3g} (relative; "
+            f"{', '.join(f'{k} {v:.3g}' for k, v in sizes.items())}), where at most "
+            f"{BIAS_RTOL:g} is noise: the box has biases; fit it with fit_bias=True",
+            error=sizes[worst], allowed=BIAS_RTOL)
+    est.output_bias_ = np.zeros_like(beta)
+    for F in (est.cos_forms_, est.sin_forms_, est.const_form_):
+        F[..., -1, :] = 0.0
+        F[..., :, -1] = 0.0
 
 
 def ask_blocks(oracle, n: int, make, keep=None) -> np.ndarray:

@@ -54,6 +54,7 @@ from ._attention import ATTENTION_TOL  # noqa: F401 (importable from here as bef
 from ._check import CHECK_LENGTHS, VERIFY_RTOL, verify_fit  # noqa: F401 (VERIFY_RTOL: importable from here)
 from ._rotary_reads import (
     ask_blocks,
+    drop_biases,
     form_offset,
     head_weights,
     rotary_basis,
@@ -105,8 +106,10 @@ class RotaryVectorLearner(BaseLearner):
         Tokens of the longest check query (default
         :data:`~attnquery.learners._check.CHECK_LENGTH`, 4096), and of the form queries.
     fit_bias : bool
-        True (the default) only: the biases are part of the forms; False is refused
-        (ConfigError) before any query.
+        True (the default): read the query/key biases (part of the forms) and beta. False: the
+        box has none; the same queries are asked, the biases read must be noise
+        (:data:`~._rotary_reads.BIAS_RTOL`, else ModelMismatchError naming their size)
+        and the returned ones are exactly 0, checked so on the fresh queries.
     n_queries : int, optional
         The most queries the fit may ask; below what it plans (d + 1 + (d + 1) ``n_key_sets``
         + ``verify``) it is refused (ConfigError) before any query.
@@ -181,7 +184,7 @@ class RotaryVectorLearner(BaseLearner):
         Raises
         ------
         ConfigError
-            A bad parameter (``fit_bias=False``, ``max_offset`` below ``check_length - 1``,
+            A bad parameter (``max_offset`` below ``check_length - 1``,
             ``n_queries`` below the plan), an oracle that is not a vector oracle, or a token
             dimension below 2 (before any query).
         BudgetExceededError
@@ -192,7 +195,8 @@ class RotaryVectorLearner(BaseLearner):
         ModelMismatchError
             The answers are no attention-weighted sums of the tokens' values, or the fresh
             check queries (1 to ``check_length`` tokens) disagree with the estimate by more than
-            ``VERIFY_RTOL`` (another base, several heads, soft-capping, lower precision).
+            ``VERIFY_RTOL`` (another base, several heads, soft-capping, lower precision), or
+            with ``fit_bias=False`` biases read beyond their noise (before the check).
         """
         self._validate_params()
         d = check_oracle(oracle, kinds=("vector",))
@@ -218,6 +222,8 @@ class RotaryVectorLearner(BaseLearner):
                     self._read_values(ledger, d)
                 with ledger.stage("forms"):
                     self._read_forms(ledger, rng, d)
+                if not self.fit_bias:
+                    drop_biases(self, self.V_)
                 with ledger.stage("verify"):
                     self._verify(ledger, rng)
             finally:

@@ -64,6 +64,7 @@ from ._check import CHECK_LENGTHS, VERIFY_RTOL, vector_oracle, verify_fit  # noq
 from ._rotary_last import last_plan, read_forms_last, read_spaces_last
 from ._rotary_reads import (
     ask_blocks,
+    drop_biases,
     form_offset,
     head_weights,
     rotary_basis,  # noqa: F401 (importable from here as before)
@@ -146,8 +147,10 @@ class RotaryLayerVectorLearner(BaseLearner):
         Tokens of the longest check query (default
         :data:`~attnquery.learners._check.CHECK_LENGTH`, 4096).
     fit_bias : bool
-        True (the default) only: the biases are part of the forms; False is refused
-        (ConfigError) before any query.
+        True (the default): read the query/key biases (part of the forms) and beta. False: the
+        box has none; the same queries are asked, the biases read must be noise
+        (:data:`~._rotary_reads.BIAS_RTOL`, else ModelMismatchError naming their size)
+        and the returned ones are exactly 0, checked so on the fresh queries.
     n_queries : int, optional
         The most queries the fit may ask; below its plan (every stage but the split, whose
         count depends on the box) it is refused (ConfigError) before any query.
@@ -248,7 +251,7 @@ class RotaryLayerVectorLearner(BaseLearner):
         Raises
         ------
         ConfigError
-            A bad parameter (``fit_bias=False``, ``max_offset`` below ``check_length - 1``,
+            A bad parameter (``max_offset`` below ``check_length - 1``,
             ``n_queries`` below the plan), or an oracle that is not a vector oracle (of every
             token's outputs or the last token's), before any query.
         BudgetExceededError
@@ -261,7 +264,8 @@ class RotaryLayerVectorLearner(BaseLearner):
             The answers are not those of such a layer: another number of heads or of key/value
             heads, a causal mask where none was declared or the reverse, soft-capped logits,
             another base, lower precision than float64 (the split's lines, the attention
-            weights' residuals, or the fresh check queries beyond :data:`VERIFY_RTOL`).
+            weights' residuals, or the fresh check queries beyond :data:`VERIFY_RTOL`), or with
+            ``fit_bias=False`` biases read beyond their noise (before the check).
         """
         self._validate_params()
         d, outputs = vector_oracle(oracle)
@@ -312,6 +316,8 @@ class RotaryLayerVectorLearner(BaseLearner):
                 read_forms_last(self, ledger, rng, d, EXTRA_PROBES)
             else:
                 self._read_forms(ledger, rng, d)
+        if not self.fit_bias:
+            drop_biases(self, self.V_)
         with ledger.stage("verify"):
             self._verify(ledger, rng)
 
