@@ -84,3 +84,20 @@ class Layer:
         out += self.bO
         out = ROUND[self.fmt](out)
         return out if self.outputs == "all" else out[:, 0]
+
+
+class ScalarHead:
+    """A one-head :class:`Layer` (last token's output, no biases) read out along a unit vector
+    ``u``: ``f(X) = u^T W_O softmax_i(q_N . k_i / sqrt(d)) W_V x_i``, a scalar-answer head with
+    rotate-half RoPE of ``base`` (none with ``base=None``: then a position-free head with
+    ``W = W_Q^T W_K / sqrt(d)`` and ``v = W_V^T W_O^T u``). ``scale`` scales ``W_Q`` and
+    ``W_K`` (small: logits small on unit tokens)."""
+
+    def __init__(self, d, seed=0, base=10000.0, scale=0.1):
+        self.layer = Layer(d, 1, seed=seed, base=base, outputs="last", bias=0.0, scale=scale)
+        u = np.random.default_rng(seed).standard_normal(d)
+        self.u = u / np.linalg.norm(u)
+        self.v = self.layer.WV[0].T @ (self.layer.WO[0].T @ self.u)
+
+    def __call__(self, X):
+        return self.layer(X) @ self.u
