@@ -138,6 +138,9 @@ class NoisyValueQueryLearner(BaseLearner):
         1, 4, 8, 32, 64 and ``check_length`` tokens and copies of the two longest with their
         first N - 1 tokens permuted, whose answers must differ by at most ``2 tau`` (a
         position-free head answers both alike; :func:`~attnquery.learners._base.check_plan`).
+        The two longest and their copies have tokens scaled to logits far from uniform
+        (:func:`~attnquery.learners._check.pair_token_scale`), where a rotary or other
+        position-dependent box changes its answers by more than ``2 tau``.
         The answers must agree with the estimate's within ``tau`` plus the error the estimate
         can have: on one-row queries ``[x]``, ``|x|^T err_v`` (tight, so answers off by more
         than tau show); on longer ones, the proof's bound on each entry (``L |alpha_hat -
