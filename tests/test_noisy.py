@@ -22,6 +22,7 @@ from attnquery.oracles import ApproximateValueOracle, MembershipOracle, ValueOra
 from attnquery.results import rows_to_table
 
 from .vacuous import fit_noting_vacuous
+from .vector_boxes import ScalarHead
 
 
 def test_clip_constants_match_lemma_a1():
@@ -251,3 +252,24 @@ def test_rounding_experiment_claims_hold():
     # 12 digits: every learner essentially exact
     twelve = df[df["rounding"] == "digits=12"]
     assert (twelve["rel_err_W"] < 1e-6).all()
+
+
+@pytest.mark.parametrize("tau", [1e-2, 3e-3])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_rotary_head_is_refused_where_the_estimates_check_is_vacuous(seed, tau):
+    # a rotary head with small logits on unit tokens: at this tau the estimate's own check
+    # cannot fail (verify_vacuous_), and the order test on unit tokens saw answers change by
+    # less than 2 tau, so the learner returned an estimate off by 7 times the answers' scale
+    # with a warning; the permuted pairs on scaled tokens show the positions
+    d = 8
+    box = ScalarHead(d, seed=seed, scale=0.1)
+    est = NoisyValueQueryLearner(W_bound=8.0, mu=0.01, random_state=seed)
+    with pytest.raises(ModelMismatchError, match="are permuted") as err:
+        est.fit(ApproximateValueOracle(box, d, tau, random_state=seed))
+    assert err.value.error > 2 * tau and est.n_verify_queries_ == 8
+    # the same box without positions is a head: no order to find, the fit returns (its check
+    # vacuous at this tau, as the theorem's loose bound says)
+    flat = ScalarHead(d, seed=seed, scale=0.1, base=None)
+    est = fit_noting_vacuous(NoisyValueQueryLearner(W_bound=8.0, mu=0.01, random_state=seed),
+                             ApproximateValueOracle(flat, d, tau, random_state=seed))
+    assert est.verify_vacuous_

@@ -17,6 +17,7 @@ from attnquery.learners import VectorLayerLearner
 from attnquery.learners.vector.served import (
     TIGHT_SHRINK,
     TIGHT_SPLIT,
+    VERIFY_UNITS,
     WIDE_SPLIT,
     ServedVectorLearner,
 )
@@ -24,6 +25,8 @@ from attnquery.models.vector import random_vector_layer
 from attnquery.oracles import VectorOracle
 from attnquery.precision import round_to, rounding_floor
 from attnquery.realheads import write_test_checkpoint
+
+from .vector_boxes import Layer
 
 #: the issue's goal for float16 and bfloat16: within 3 times the format's floor
 FLOORS = 3.0
@@ -393,3 +396,28 @@ def test_float32_layer_example_prints_what_it_measured(repo, capsys, tmp_path):
     assert float(out.split("W: worst head ")[1].split()[0]) < 1e-6
     with pytest.raises(SystemExit, match="layers 0 to 1"):
         ex.main(["--checkpoint", str(path), "--layer", "2"])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_soft_capped_layer_with_noise_is_refused_by_its_check(seed):
+    """Logits soft-capped to ``100 tanh(z / 100)`` and Gaussian noise 5e-6 on every answer
+    entry (float64 answers: no format to judge the noise by; the served route measures it):
+    on check tokens of norm 1 the estimate was 4.4 to 7.8 units of that noise off, within the
+    check's 10, and returned 3e-4 to 1e-3 off on 64 tokens; on tokens of norm VERIFY_SCALE the
+    cap shows, 430 to 1,650 units off. The same box without the cap passes (0.87 to 1.06
+    units) and is right to 0.17 to 0.31 units on 64 tokens."""
+    d = 16
+    box = Layer(d, 1, seed=seed, base=None, causal=False, outputs="last", scale=2.0,
+                softcap=100.0, noise=5e-6)
+    est = ServedVectorLearner(n_heads=1, random_state=seed)
+    with pytest.raises(ModelMismatchError, match="differ from the box's") as err:
+        est.fit(VectorOracle(box, d, outputs="last"))
+    assert err.value.error > 10 * err.value.allowed and est.answer_format_ == "float64"
+    plain = Layer(d, 1, seed=seed, base=None, causal=False, outputs="last", scale=2.0,
+                  noise=5e-6)
+    est = ServedVectorLearner(n_heads=1, random_state=seed).fit(
+        VectorOracle(plain, d, outputs="last"))
+    X = np.random.default_rng(3).standard_normal((50, 64, d)) / np.sqrt(d)
+    truth = Layer(d, 1, seed=seed, base=None, causal=False, outputs="last", scale=2.0)
+    assert est.verify_error_ <= VERIFY_UNITS * est.noise_unit_
+    assert rel(est.predict(X), truth(X)) < est.noise_unit_  # measured 0.17 to 0.31 units

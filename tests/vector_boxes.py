@@ -22,11 +22,14 @@ class Layer:
     with ``base=None``), head h reading key/value head ``h // (H / G)``.
 
     ``window``: token n sees tokens i with ``n - window < i <= n``; ``ntk_from``: dynamic NTK
-    scaling (factor 2) of the base for sequences longer than it; ``fmt``: answers rounded to
-    that format. ``outputs``: "all" (every token's) or "last"."""
+    scaling (factor 2) of the base for sequences longer than it; ``softcap``: logits ``z``
+    soft-capped to ``softcap tanh(z / softcap)`` (Gemma 2); ``fmt``: answers rounded to that
+    format, after Gaussian noise of standard deviation ``noise`` is added to every entry (a new
+    draw per answer). ``outputs``: "all" (every token's) or "last"."""
 
     def __init__(self, d, H, G=None, seed=0, base=10000.0, causal=True, outputs="all",
-                 window=None, ntk_from=None, fmt="float64", bias=0.3, scale=1.0):
+                 window=None, ntk_from=None, fmt="float64", bias=0.3, scale=1.0, softcap=None,
+                 noise=0.0):
         G = G or H
         rng = np.random.default_rng(seed)
         self.d, self.H, self.G, self.dh = d, H, G, d // H
@@ -41,6 +44,8 @@ class Layer:
         self.bV, self.bO = bias * rng.standard_normal((G, dh)), bias * rng.standard_normal(d)
         self.base, self.causal, self.outputs = base, causal, outputs
         self.window, self.ntk_from, self.fmt = window, ntk_from, fmt
+        self.softcap = softcap
+        self.noise, self._noise = noise, np.random.default_rng([seed, 1])
 
     def _rope(self, x, pos, N):
         if self.base is None:
@@ -77,10 +82,31 @@ class Layer:
             for h in range(g * per, (g + 1) * per):
                 q = self._rope(X[:, rows] @ self.WQ[h].T + self.bQ[h], pos[rows], N)
                 z = np.einsum("bnr,bir->bni", q, k) / np.sqrt(self.dh)
+                if self.softcap is not None:
+                    z = self.softcap * np.tanh(z / self.softcap)
                 z = np.where(seen, z, -np.inf)
                 a = np.exp(z - z.max(axis=2, keepdims=True))
                 a /= a.sum(axis=2, keepdims=True)
                 out += np.einsum("bni,bir->bnr", a, v) @ self.WO[h].T
         out += self.bO
+        if self.noise:
+            out = out + self.noise * self._noise.standard_normal(out.shape)
         out = ROUND[self.fmt](out)
         return out if self.outputs == "all" else out[:, 0]
+
+
+class ScalarHead:
+    """A one-head :class:`Layer` (last token's output, no biases) read out along a unit vector
+    ``u``: ``f(X) = u^T W_O softmax_i(q_N . k_i / sqrt(d)) W_V x_i``, a scalar-answer head with
+    rotate-half RoPE of ``base`` (none with ``base=None``: then a position-free head with
+    ``W = W_Q^T W_K / sqrt(d)`` and ``v = W_V^T W_O^T u``). ``scale`` scales ``W_Q`` and
+    ``W_K`` (small: logits small on unit tokens)."""
+
+    def __init__(self, d, seed=0, base=10000.0, scale=0.1):
+        self.layer = Layer(d, 1, seed=seed, base=base, outputs="last", bias=0.0, scale=scale)
+        u = np.random.default_rng(seed).standard_normal(d)
+        self.u = u / np.linalg.norm(u)
+        self.v = self.layer.WV[0].T @ (self.layer.WO[0].T @ self.u)
+
+    def __call__(self, X):
+        return self.layer(X) @ self.u

@@ -32,6 +32,7 @@ from ._check import (
     check_queries,
     check_signs,
     output_error_bound,
+    pair_token_scale,
 )
 from ._ledger import ForwardingOracle, QueryLedger, check_budget, check_oracle
 from ._noise import NOISE_FORMAT_FACTOR, NOISE_MODES, check_noise_mode, judge_noise
@@ -47,7 +48,7 @@ __all__ = ["BaseLearner", "QueryLedger", "check_is_fitted", "clone", "FITTED_MET
            "check_budget", "chunk_slices", "check_answers", "check_signs", "check_queries",
            "check_plan", "check_verify_param", "check_length_param", "DEFAULT_VERIFY",
            "MAX_VERIFY", "VERIFY_PARAM", "BLOCK_BYTES_PARAM", "CHECK_LENGTH_PARAM",
-           "CHECK_LENGTHS", "CHECK_LENGTH", "check_lengths", "ROUNDING_RTOL",
+           "CHECK_LENGTHS", "CHECK_LENGTH", "check_lengths", "ROUNDING_RTOL", "pair_token_scale",
            "output_error_bound", "NOISE_FORMAT_FACTOR", "NOISE_MODES",
            "check_noise_mode", "judge_noise", "renamed_parameter", "ForwardingOracle"]
 
@@ -217,7 +218,8 @@ class BaseLearner:
                     token_scale: float = 1.0, n0: int | None = None, lengths=CHECK_LENGTHS,
                     signs: bool = False, hint: str | None = None,
                     pair_atol: float | None = None, permuted: bool = True,
-                    n_checks: int | None = None, check_length: int | None = None) -> None:
+                    n_checks: int | None = None, check_length: int | None = None,
+                    pair_scale: float = 1.0) -> None:
         """Spend ``self.verify`` (or ``n_checks``) check queries and raise when the estimate
         disagrees.
 
@@ -237,7 +239,9 @@ class BaseLearner:
         allowed difference between the box's answers on a query and on its prefix-permuted
         copy when the answers' own error is known (twice a tolerance tau), tighter than the
         estimate's allowance (the default). ``permuted=False`` asks no permuted copies (a
-        learner of a position-dependent model, such as rotary heads).
+        learner of a position-dependent model, such as rotary heads). ``pair_scale``: the token
+        scale of the permuted pairs (:func:`~attnquery.learners._check.pair_token_scale`; 1,
+        the default, that of the other check queries).
         """
         n = check_verify_param(getattr(self, "verify", DEFAULT_VERIFY) if n_checks is None
                                else n_checks)
@@ -248,7 +252,7 @@ class BaseLearner:
         try:
             res = _run_check(oracle, predict, rng, n, rtol=rtol, atol=atol, what=what,
                              token_scale=token_scale, lengths=lengths, hint=hint, signs=signs,
-                             pair_atol=pair_atol, permuted=permuted)
+                             pair_atol=pair_atol, permuted=permuted, pair_scale=pair_scale)
         except ModelMismatchError as exc:
             self.verify_error_, self.n_verify_queries_ = float(exc.error), int(exc.n_checks)
             raise

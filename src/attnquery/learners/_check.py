@@ -16,7 +16,8 @@ from ._params import check_scalar
 
 __all__ = ["check_answers", "check_signs", "check_queries", "check_plan", "CHECK_LENGTHS",
            "CHECK_LENGTH", "check_lengths", "ROUNDING_RTOL", "output_error_bound",
-           "PERMUTED_SHARE", "MISMATCH_HINT", "check_length_param"]
+           "PERMUTED_SHARE", "MISMATCH_HINT", "check_length_param", "PAIR_LOGIT",
+           "pair_token_scale"]
 
 #: sequence lengths of the fresh check queries (:func:`check_plan` spreads them over these, the
 #: shortest and the longest always included): long sequences are where a windowed or
@@ -30,6 +31,15 @@ CHECK_LENGTH = 4096
 #: one check query in PERMUTED_SHARE is a copy of a fresh one with its first N - 1 tokens
 #: permuted, which a position-free box must answer alike
 PERMUTED_SHARE = 4
+#: the standard deviation of the estimate's logits on the prefix-permuted pairs of
+#: :func:`pair_token_scale`: a head whose logits are small on unit tokens (``||W||_F`` well below d)
+#: attends almost uniformly there, so that a rotary or other position-dependent box changes its
+#: answers by less than a noisy learner's tolerance when the tokens are permuted (a rotary head
+#: with ``||M||_F = 0.08`` at d = 8: by 1e-3 on 64 tokens); on tokens scaled to logits of this
+#: size it changes them by 0.1 to 1 of its answers' scale (docs/notes/2026-12-05-noisy-checks.md)
+PAIR_LOGIT = 64.0
+#: the largest token scale of the permuted pairs (an estimate with W = 0)
+PAIR_SCALE_MAX = 1e3
 #: relative disagreement of the check queries that float64 rounding explains, for the learners
 #: that are exact in float64 (exact, sketch, polished nuclear-norm): the default study's exact
 #: grid and the 72 MiniLM heads stay below 1.1e-11 (Gaussian probes at d = 512; 6e-14 with
@@ -69,6 +79,29 @@ def output_error_bound(X: np.ndarray, v_hat: np.ndarray, err_W, err_v) -> np.nda
     spread = top.sum(axis=1) if X.shape[1] > 1 else np.zeros(X.shape[0])
     xv = np.abs(X @ v_hat) + xv_err
     return xv_err.max(axis=1) + np.minimum(2.0, spread) * xv.max(axis=1)
+
+
+def pair_token_scale(W_hat: np.ndarray, W_bound: float | None = None) -> float:
+    """The token scale of the prefix-permuted check pairs of a head estimate ``W_hat`` (d, d):
+    ``c = sqrt(PAIR_LOGIT d / n)`` with ``n = ||W_hat||_F``, or ``W_bound`` when that is
+    smaller (a known bound on ``||W||_F``: a loose estimate's norm is its error's), at least 1
+    and at most :data:`PAIR_SCALE_MAX` (1 for an undefined estimate).
+
+    On Gaussian tokens of norm about c the logits ``x_i^T W x_N`` of a head with
+    ``||W||_F = n`` have standard deviation about ``c^2 n / d``, :data:`PAIR_LOGIT` at this c:
+    a position-free head answers a query and its permuted copy alike at any scale, while a
+    position-dependent box shows its dependence once its attention is far from uniform (its
+    answers' change grows like ``c^3`` while its logits are small). A head with logits that
+    large on unit tokens already (``n >= PAIR_LOGIT d``) keeps unit tokens (``c = 1``).
+    """
+    W_hat = np.asarray(W_hat, dtype=float)
+    nrm = float(np.linalg.norm(W_hat))
+    if not np.isfinite(nrm):  # an undefined estimate: unit tokens
+        return 1.0
+    if W_bound is not None:
+        nrm = min(nrm, float(W_bound))
+    c = np.sqrt(PAIR_LOGIT * W_hat.shape[-1] / nrm) if nrm > 0 else PAIR_SCALE_MAX
+    return float(min(max(c, 1.0), PAIR_SCALE_MAX))
 
 
 def check_lengths(check_length: int = CHECK_LENGTH, lengths=CHECK_LENGTHS) -> tuple[int, ...]:
@@ -140,10 +173,13 @@ def _permute_prefix(rng: np.random.Generator, X: np.ndarray) -> np.ndarray:
 
 
 def check_queries(rng: np.random.Generator, d: int, n_checks: int, token_scale: float = 1.0,
-                  lengths=CHECK_LENGTHS, return_pairs: bool = False, permuted: bool = True):
+                  lengths=CHECK_LENGTHS, return_pairs: bool = False, permuted: bool = True,
+                  pair_scale: float = 1.0):
     """Fresh random check queries: i.i.d. Gaussian tokens of norm about ``token_scale``, their
     lengths and the prefix-permuted copies as :func:`check_plan` says, one batch per length
-    (the copies in batches of their own, after the fresh ones).
+    (the copies in batches of their own, after the fresh ones). The fresh queries that are
+    copied, and so their copies, have tokens ``pair_scale`` times larger (:func:`pair_token_scale`;
+    1: the same draws as without it).
 
     With ``return_pairs``, also an (n_perm, 2) array of the positions, in the concatenated
     answers, of each fresh query and its permuted copy.
@@ -164,6 +200,8 @@ def check_queries(rng: np.random.Generator, d: int, n_checks: int, token_scale: 
         pos = int(starts[-1])
         for k in sorted({k for k, _ in chosen}):
             rows = sorted(r for kk, r in chosen if kk == k)
+            if pair_scale != 1.0:
+                batches[k][rows] *= float(pair_scale)
             batches.append(_permute_prefix(rng, batches[k][rows]))
             for r in rows:
                 pairs.append((int(starts[k] + r), pos))
@@ -188,13 +226,14 @@ class _CheckResult:
     allowed_rel: float
 
 
-def _ask_checks(oracle, predict, rng, n_checks, atol, token_scale, lengths, permuted=True):
+def _ask_checks(oracle, predict, rng, n_checks, atol, token_scale, lengths, permuted=True,
+                pair_scale=1.0):
     d = int(oracle.d)
     check_budget(oracle, n_checks, "the check of the estimate")
     n0 = oracle.n_queries
     ys, yhats, allow, ns = [], [], [], []
     batches, pairs = check_queries(rng, d, n_checks, token_scale, lengths, return_pairs=True,
-                                   permuted=permuted)
+                                   permuted=permuted, pair_scale=pair_scale)
     for X in batches:
         ys.append(np.asarray(oracle(X), dtype=float))
         yhats.append(np.asarray(predict(X), dtype=float))
@@ -210,7 +249,7 @@ _POSITION_HINT = ("the box's answer depends on the order of the tokens (a slidin
 
 def _run_check(oracle, predict, rng, n_checks, rtol, atol=0.0, what="a single attention head",
                token_scale=1.0, lengths=CHECK_LENGTHS, hint=None, signs=False,
-               pair_atol=None, permuted=True) -> _CheckResult:
+               pair_atol=None, permuted=True, pair_scale=1.0) -> _CheckResult:
     """The check of :func:`check_answers` (or, with ``signs``, :func:`check_signs`), with the
     number of informative queries: those whose allowed disagreement is below the estimate's
     own answer, counting one-token queries only when there are no longer ones (they test v
@@ -218,7 +257,7 @@ def _run_check(oracle, predict, rng, n_checks, rtol, atol=0.0, what="a single at
     if n_checks == 0:
         return _CheckResult(float("nan"), 0, 0, float("nan"))
     y, yhat, allow, ns, pairs, n_used = _ask_checks(oracle, predict, rng, n_checks, atol,
-                                                    token_scale, lengths, permuted)
+                                                    token_scale, lengths, permuted, pair_scale)
     a, b = pairs[:, 0], pairs[:, 1]
     if signs:
         return _signs_verdict(y, yhat, allow, pairs, rtol, what, hint, n_checks, n_used)

@@ -47,6 +47,7 @@ from ._base import (
     check_verify_param,
     chunk_slices,
     output_error_bound,
+    pair_token_scale,
 )
 from ._params import Interval
 from ._registry import LearnerSpec
@@ -137,6 +138,9 @@ class NoisyValueQueryLearner(BaseLearner):
         1, 4, 8, 32, 64 and ``check_length`` tokens and copies of the two longest with their
         first N - 1 tokens permuted, whose answers must differ by at most ``2 tau`` (a
         position-free head answers both alike; :func:`~attnquery.learners._base.check_plan`).
+        The two longest and their copies have tokens scaled to logits far from uniform
+        (:func:`~attnquery.learners._check.pair_token_scale`), where a rotary or other
+        position-dependent box changes its answers by more than ``2 tau``.
         The answers must agree with the estimate's within ``tau`` plus the error the estimate
         can have: on one-row queries ``[x]``, ``|x|^T err_v`` (tight, so answers off by more
         than tau show); on longer ones, the proof's bound on each entry (``L |alpha_hat -
@@ -272,12 +276,13 @@ class NoisyValueQueryLearner(BaseLearner):
             self._check_defined(ledger, probes.n)
             # one-row check queries test the answers' tolerance almost exactly (their
             # allowance is tau + |x|^T err_v); longer ones test W within the propagated bound;
-            # a query and its prefix-permuted copy must agree to within 2 tau
+            # a query and its prefix-permuted copy must agree to within 2 tau, on tokens where
+            # the estimate's logits are not small (a position-dependent box shows there)
             with ledger.stage("verify"):
                 self._verify_fit(
                     oracle, self.predict, rng.spawn(1)[0], rtol=0.0, n0=ledger.n0,
                     lengths=(1, *CHECK_LENGTHS), check_length=self.check_length,
-                    pair_atol=2.0 * self.tau_,
+                    pair_atol=2.0 * self.tau_, pair_scale=pair_token_scale(self.W_, self.W_bound),
                     atol=lambda X: self.tau_ + output_error_bound(X, self.v_, self.err_W_,
                                                                   self.err_v_),
                     hint=f"the answers may be off by more than tau = {self.tau_:.3g}, or the "

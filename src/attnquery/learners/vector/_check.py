@@ -41,16 +41,18 @@ def vector_oracle(oracle) -> tuple[int, str]:
 
 
 def verify_fit(est, oracle, rng, n: int, lengths, what: str,
-               allowed: float = VERIFY_RTOL) -> None:
-    """``n`` fresh queries spread over ``lengths`` (0: no check): sets ``est.verify_error_``
-    (``max |O - O_hat| / max |O|``) and ``est.n_verify_queries_``, and raises
-    ModelMismatchError ("the box is not ``what``") beyond ``allowed`` (default
-    :data:`VERIFY_RTOL`; the served route's is a multiple of its format's floor)."""
+               allowed: float = VERIFY_RTOL, token_scale: float = 1.0) -> None:
+    """``n`` fresh queries spread over ``lengths`` (0: no check), their tokens of norm about
+    ``token_scale``: sets ``est.verify_error_`` (``max |O - O_hat| / max |O|``) and
+    ``est.n_verify_queries_``, and raises ModelMismatchError ("the box is not ``what``") beyond
+    ``allowed`` (default :data:`VERIFY_RTOL`; the served route's is a multiple of its format's
+    floor, on tokens of norm 2)."""
     est.verify_error_, est.n_verify_queries_ = float("nan"), 0
     if n == 0:
         return
     worst, scale, at = 0.0, 0.0, 0
-    for X in check_queries(rng, int(oracle.d), int(n), lengths=lengths, permuted=False):
+    for X in check_queries(rng, int(oracle.d), int(n), token_scale=token_scale,
+                           lengths=lengths, permuted=False):
         O = np.asarray(oracle(X), dtype=np.float64)
         est.n_verify_queries_ += X.shape[0]
         diff = float(np.max(np.abs(O - est.predict(X))))

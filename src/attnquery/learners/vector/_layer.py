@@ -380,6 +380,10 @@ class VectorLayerRoute(BaseLearner):
         """The check's relative tolerance (:data:`VERIFY_RTOL`)."""
         return VERIFY_RTOL
 
+    def _verify_scale(self) -> float:
+        """The norm of the check queries' tokens (1; the served route's is larger)."""
+        return 1.0
+
     def _split_tolerances(self) -> SplitTolerances:
         """The split's tolerances: :data:`~._split.ROWS` for every token's outputs (the
         points of a key difference in one query), else :data:`~._split.EXACT`."""
@@ -401,7 +405,8 @@ class VectorLayerRoute(BaseLearner):
         verify_fit(self, oracle, rng, int(self.verify),
                    check_lengths(self.check_length, CHECK_LENGTHS),
                    "a single head as declared (positions, soft-capped logits, several heads, "
-                   "noise beyond its answers' format)", allowed=self._verify_tol())
+                   "noise beyond its answers' format)", allowed=self._verify_tol(),
+                   token_scale=self._verify_scale())
 
     # -- prediction ------------------------------------------------------------------------------
     def predict(self, X) -> np.ndarray:

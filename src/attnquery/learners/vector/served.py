@@ -22,7 +22,9 @@ ledger. What changes against the float64 route:
   :data:`TIGHT_SPLIT` where a float16 box's answers to it overflow) with the narrow options
   (crossings of finite width, perturbed differences read at shared points, projectors by
   least squares);
-* every served fit, head or layer, is checked to :data:`VERIFY_UNITS` noise units.
+* every served fit, head or layer, is checked to :data:`VERIFY_UNITS` noise units, on tokens
+  of norm :data:`VERIFY_SCALE` (where logits that are not a bilinear form, soft-capped ones,
+  show);
 * a layer's split reads the parts in the answers' own coordinates, and every head's value map
   again from the exact parts of d orthonormal key differences
   (:func:`~._split.values_from_parts`, every token's outputs): cut from the one-token
@@ -56,7 +58,7 @@ from ._split import SplitTolerances, split_values
 __all__ = ["ServedVectorLearner", "VALUE_SAMPLES", "SERVED_OVERSAMPLE", "ATTENTION_UNITS",
            "MIN_WEIGHT_UNITS", "VERIFY_UNITS", "NARROW_SPLIT", "WIDE_SPLIT", "TIGHT_SPLIT",
            "NARROW_VERIFY_UNITS", "TIGHT_SHRINK", "SHARED_OVERSAMPLE", "SHARED_RANK_SAMPLES",
-           "SHARED_TARGET_SPREAD", "SHARED_REFINE", "SHARED_ANSWER_STEPS"]
+           "SHARED_TARGET_SPREAD", "SHARED_REFINE", "SHARED_ANSWER_STEPS", "VERIFY_SCALE"]
 
 #: one-token queries per unknown of each column of V and beta (d + 1): the least squares then
 #: averages the answers' rounding over VALUE_SAMPLES answers
@@ -79,6 +81,13 @@ MIN_WEIGHT_UNITS = 3.0
 #: units for single heads (0.39 relative in bfloat16) passed a head with a sliding window of 200
 #: tokens 0.05 off
 VERIFY_UNITS = 10.0
+#: the norm of the check queries' tokens (the float64 route's: 1). Logits grow as its square,
+#: and a box whose logits bend away from a bilinear form where they are large (soft-capped,
+#: ``cap tanh(s / cap)``) shows there: a soft-capped head (cap 100, d = 16, Gaussian noise 5e-6
+#: per answer entry) was 2.6 to 7.2 units off on tokens of norm 1, within VERIFY_UNITS, and
+#: 139 to 296 units off on tokens of norm 2, where the same head without the cap stays at 0.45
+#: to 0.61 units (docs/notes/2026-12-05-noisy-checks.md)
+VERIFY_SCALE = 2.0
 #: a layer's split (:mod:`._split`) under float32 rounding: a change of the saturated
 #: answers beyond SPLIT_CHANGE_UNITS noise units is a jump; nearby key differences
 #: ``Delta_0 + SPLIT_PERTURB Delta_j`` (float64: 1e-5, whose division amplifies the rounding
@@ -294,6 +303,10 @@ class ServedVectorLearner(VectorLayerRoute):
     def _verify_tol(self) -> float:
         """:data:`VERIFY_UNITS` units of the answers' noise: heads and layers alike."""
         return VERIFY_UNITS * self.noise_unit_
+
+    def _verify_scale(self) -> float:
+        """Check queries of tokens of norm :data:`VERIFY_SCALE`."""
+        return VERIFY_SCALE
 
     def _split_values(self, ledger, V_sum, beta, H: int, rng) -> np.ndarray:
         """The split with the format's tolerances; in float16, the wide split first and the
