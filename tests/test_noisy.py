@@ -117,8 +117,10 @@ def test_norm_bound_violation_is_detected():
     big = AttentionHead(head.v, W=head.W * 6)  # ||W||_F = 24 > W_bound = 4
     with pytest.raises(AssumptionViolation, match="W_bound"):
         NoisyValueQueryLearner(W_bound=4.0, mu=0.1).fit(ApproximateValueOracle(big, 4, 1e-6))
-    # non-strict: clipped and counted, and the clipped estimate fails its check
-    est = NoisyValueQueryLearner(W_bound=4.0, mu=0.1, strict=False)
+    # non-strict: clipped and counted, and the clipped estimate fails its check (seeded: about
+    # 1 draw in 150 of the check's queries leaves the clipped estimate's check vacuous, and the
+    # fit returns with a VacuousCheckWarning instead)
+    est = NoisyValueQueryLearner(W_bound=4.0, mu=0.1, strict=False, random_state=0)
     with pytest.raises(ModelMismatchError, match="tau = 1e-06"):
         est.fit(ApproximateValueOracle(big, 4, 1e-6))
     assert est.n_out_of_range_ > 0 and est.verify_error_ > 0.01
