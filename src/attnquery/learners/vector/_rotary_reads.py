@@ -3,19 +3,37 @@ RotaryVectorLearner`, :class:`~attnquery.learners.vector.rotary_layer.RotaryLaye
 every head's attention weights in one row of a vector answer, the heads' query and key row
 spaces, their rotary forms in those spaces (see that module's docstring), and what both routes
 share: the offsets their form queries reach (:func:`form_offset`, every offset the check asks),
-their parameters' refusals and their query plan (:func:`rotary_plan`), long queries asked in
+their parameters (:data:`ROTARY_PARAMS`), their refusals and their query plan
+(:func:`rotary_plan`), long queries asked in
 blocks (:func:`ask_blocks`) and ``fit_bias=False`` (:func:`drop_biases`)."""
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
 from ...errors import ConfigError, ModelMismatchError, NotIdentifiableError
+from .._base import CHECK_LENGTH_PARAM, VERIFY_PARAM, BaseLearner
+from .._params import Interval
 from ._attention import ATTENTION_TOL, MIN_WEIGHT
 
 __all__ = ["head_weights", "whitened_solve", "row_space", "rotary_basis", "solve_forms",
            "FORMS_RCOND", "SPACE_RTOL", "BLOCK_BYTES", "vanishing", "ask_blocks", "form_offset",
-           "rotary_plan", "BIAS_RTOL", "drop_biases"]
+           "rotary_plan", "BIAS_RTOL", "drop_biases", "ROTARY_PARAMS"]
+
+#: the parameters both rotary routes take, and their constraints (each route adds its own)
+ROTARY_PARAMS = {
+    "random_state": BaseLearner._parameter_constraints["random_state"],
+    "rope_base": [Interval(numbers.Real, 1, None, closed="neither")],
+    "head_dim": [Interval(numbers.Integral, 2, None, closed="left"), None],
+    "causal": ["boolean"],
+    "max_offset": [Interval(numbers.Integral, 1, None, closed="left"), None],
+    "verify": [VERIFY_PARAM],
+    "check_length": [CHECK_LENGTH_PARAM],
+    "fit_bias": ["boolean"],
+    "n_queries": [Interval(numbers.Integral, 1, None, closed="left"), None],
+}
 
 #: float64 bytes of query tokens per call of the oracle when the form stages ask long queries
 #: (a layer at d = 256 asks thousands of queries of 4,096 tokens: gigabytes at once otherwise)

@@ -41,9 +41,7 @@ from ...errors import ConfigError, NotIdentifiableError
 from ...models import rope_frequencies
 from .._base import (
     CHECK_LENGTH,
-    CHECK_LENGTH_PARAM,
     DEFAULT_VERIFY,
-    VERIFY_PARAM,
     BaseLearner,
     check_lengths,
     check_oracle,
@@ -53,6 +51,7 @@ from .._registry import LearnerSpec
 from ._attention import ATTENTION_TOL  # noqa: F401 (importable from here as before)
 from ._check import CHECK_LENGTHS, VERIFY_RTOL, verify_fit  # noqa: F401 (VERIFY_RTOL: importable from here)
 from ._rotary_reads import (
+    ROTARY_PARAMS,
     ask_blocks,
     drop_biases,
     form_offset,
@@ -151,17 +150,9 @@ class RotaryVectorLearner(BaseLearner):
         self.random_state = random_state
 
     _parameter_constraints = {
-        "random_state": BaseLearner._parameter_constraints["random_state"],
-        "rope_base": [Interval(numbers.Real, 1, None, closed="neither")],
-        "head_dim": [Interval(numbers.Integral, 2, None, closed="left"), None],
+        **ROTARY_PARAMS,
         "rotary_dim": [Interval(numbers.Integral, 2, None, closed="left"), None],
-        "causal": ["boolean"],
-        "max_offset": [Interval(numbers.Integral, 1, None, closed="left"), None],
         "n_key_sets": [Interval(numbers.Integral, 1, None, closed="left"), None],
-        "verify": [VERIFY_PARAM],
-        "check_length": [CHECK_LENGTH_PARAM],
-        "fit_bias": ["boolean"],
-        "n_queries": [Interval(numbers.Integral, 1, None, closed="left"), None],
     }
     spec = LearnerSpec(
         name="vector_rotary", oracle="vector", returns="vector layer", stages=STAGES,

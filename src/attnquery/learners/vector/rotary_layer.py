@@ -51,9 +51,7 @@ from ...errors import ConfigError, ModelMismatchError
 from ...models import rope_frequencies
 from .._base import (
     CHECK_LENGTH,
-    CHECK_LENGTH_PARAM,
     DEFAULT_VERIFY,
-    VERIFY_PARAM,
     BaseLearner,
     check_lengths,
 )
@@ -63,6 +61,7 @@ from ._attention import ATTENTION_TOL, MIN_WEIGHT
 from ._check import CHECK_LENGTHS, VERIFY_RTOL, vector_oracle, verify_fit  # noqa: F401
 from ._rotary_last import last_plan, read_forms_last, read_spaces_last
 from ._rotary_reads import (
+    ROTARY_PARAMS,
     ask_blocks,
     drop_biases,
     form_offset,
@@ -195,17 +194,9 @@ class RotaryLayerVectorLearner(BaseLearner):
         self.random_state = random_state
 
     _parameter_constraints = {
-        "random_state": BaseLearner._parameter_constraints["random_state"],
+        **ROTARY_PARAMS,
         "n_heads": [Interval(numbers.Integral, 1, None, closed="left")],
         "n_kv_heads": [Interval(numbers.Integral, 1, None, closed="left"), None],
-        "rope_base": [Interval(numbers.Real, 1, None, closed="neither")],
-        "head_dim": [Interval(numbers.Integral, 2, None, closed="left"), None],
-        "causal": ["boolean"],
-        "max_offset": [Interval(numbers.Integral, 1, None, closed="left"), None],
-        "verify": [VERIFY_PARAM],
-        "check_length": [CHECK_LENGTH_PARAM],
-        "fit_bias": ["boolean"],
-        "n_queries": [Interval(numbers.Integral, 1, None, closed="left"), None],
     }
     spec = LearnerSpec(
         name="vector_rotary_layer", oracle="vector", returns="vector layer", stages=STAGES,
