@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from . import errors as _errors
 
-__all__ = ["OK", "REFUSED", "FAILED", "WORDS", "Refusal", "error_type", "outcome",
+__all__ = ["OK", "REFUSED", "FAILED", "WORDS", "Refusal", "error_type", "find_refusal", "outcome",
            "Outcomes", "count_outcomes", "summary_line"]
 
 OK, REFUSED, FAILED = "ok", "refused as designed", "failed"
@@ -76,8 +76,10 @@ def error_type(message: str | None) -> type[BaseException] | None:
     return None
 
 
-def _refusal(refusals: Iterable[Refusal], cell: Mapping,
-             error: type[BaseException] | None) -> Refusal | None:
+def find_refusal(refusals: Iterable[Refusal], cell: Mapping,
+                 error: type[BaseException] | None) -> Refusal | None:
+    """The first of ``refusals`` that covers an ``error`` (type) raised by ``cell``, or None
+    (a failure)."""
     return next((r for r in refusals if r.covers(cell, error)), None)
 
 
@@ -88,7 +90,7 @@ def outcome(row: Mapping, refusals: Iterable[Refusal] = ()) -> tuple[str, str]:
     if status in ("ok", "not_identifiable"):
         return OK, ""
     if status == "error":
-        r = _refusal(refusals, row, error_type(row.get("message")))
+        r = find_refusal(refusals, row, error_type(row.get("message")))
         if r is not None:
             return REFUSED, r.reason
     return FAILED, ""

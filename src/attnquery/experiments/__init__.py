@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, NotIdentifiableError
+from ..outcomes import find_refusal
 
 __all__ = [
     "Experiment",
@@ -142,7 +143,7 @@ class Experiment:
     def refusal(self, cell: Mapping, error: type[BaseException] | None):
         """The declared :class:`~attnquery.outcomes.Refusal` an ``error`` (type) raised by
         ``cell`` is, or None when it is a failure."""
-        return next((r for r in self.refusals if r.covers(cell, error)), None)
+        return find_refusal(self.refusals, cell, error)
 
 
 EXPERIMENTS: dict[str, Experiment] = {}
