@@ -226,7 +226,7 @@ def _run_case(cell, model_rng, learner_rng, eval_rng) -> dict:
     m = fit_and_measure(est, oracle, truth,
                         measure=_value_measure if rotary else _layer_measure)
     # a rotary case's function also at the longest sequence its learner checks (its claim)
-    longest = (int(cell.get("check_length") or est.check_length),) if rotary else ()
+    longest = (int(est.check_length),) if rotary else ()
     lengths = tuple(sorted(set(CHECK_LENGTHS + CASE_LENGTHS + longest))) if rotary \
         else CHECK_LENGTHS
     m["func_err"] = _function_error(truth, est.predict, d, eval_rng, lengths)
