@@ -124,7 +124,7 @@ def test_every_readme_command_succeeds(readme_run):
 def test_make_targets_exist_and_name_their_commands(readme_run):
     _, _, results, _ = readme_run
     expected = {"make reproduce": "snakemake --cores", "make test": '-m "not e2e and not slow"',
-                "make test-e2e": "-m e2e",
+                "make test-e2e": '-m "e2e or slow"',
                 "make figures": "snakemake figures", "make report": "--report report.html",
                 "make findings": "attnquery.findings publish",
                 "make appendix": "attnquery.appendix",
