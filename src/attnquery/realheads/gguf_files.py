@@ -252,8 +252,8 @@ def load_gguf(path, layers=None, dtype=np.float64) -> LlamaCheckpoint:
     Raises
     ------
     ModelError
-        A missing or unreadable file, another architecture, a missing key or tensor, or a
-        tensor of another shape than the metadata says.
+        A missing or unreadable file, another architecture, a missing key or tensor, a
+        tensor of another shape than the metadata says, or attention biases (not read).
     """
     p, reader = _reader(path)
     arch = _field(reader, "general.architecture", p)
@@ -274,9 +274,15 @@ def load_gguf(path, layers=None, dtype=np.float64) -> LlamaCheckpoint:
     shapes = {"q": (H * dh, d), "k": (G * dh, d), "v": (G * dh, d), "o": (d, H * dh),
               "attn_norm": (d,)}
     out, types = {}, {}
+    names = {t.name for t in reader.tensors}
     for L in ids:
         if not 0 <= L < n_layers:
             raise ModelError(f"{p}: layer {L} out of range (the model has {n_layers} layers)")
+        biases = sorted(n for n in names if n.startswith(f"blk.{L}.attn_")
+                        and n.endswith(".bias"))
+        if biases:  # read without them, the module would not be the file's
+            raise ModelError(f"{p}: layer {L} has attention biases ({', '.join(biases)}); the "
+                             "GGUF reader reads bias-free Llama attention only")
         arrays = {}
         for key, pattern in _TENSORS.items():
             name = pattern.format(L=L)
@@ -345,7 +351,8 @@ def named_checkpoint_path(name: str, check_hash: bool = True) -> Path:
 
 def write_test_gguf(path, *, n_layers: int = 2, d: int = 32, n_heads: int = 4,
                     n_kv_heads: int = 2, head_dim: int | None = None, rope_base: float = 1e5,
-                    rms_eps: float = 1e-5, quantization: str = "F32", seed=0) -> Path:
+                    rms_eps: float = 1e-5, quantization: str = "F32", seed=0,
+                    attn_biases: bool = False) -> Path:
     """Write a small seeded Llama-architecture GGUF file with ``gguf``'s writer.
 
     The attention weights of every layer (W_Q and W_K's rows permuted as llama.cpp's converter
@@ -353,7 +360,8 @@ def write_test_gguf(path, *, n_layers: int = 2, d: int = 32, n_heads: int = 4,
     reader needs; the weight matrices stored as ``quantization`` (``"F32"``, ``"F16"``,
     ``"Q8_0"`` or ``"Q4_1"``), the gains as F32. Weights are i.i.d. Gaussian with standard
     deviation ``2 / sqrt(d)`` for q and k and ``1 / sqrt(d)`` for v and o; gains ``1 + 0.2 N(0,
-    1)``. Returns the path written.
+    1)``. ``attn_biases=True`` adds query, key and value biases (``blk.L.attn_q.bias``, ...),
+    which :func:`load_gguf` refuses. Returns the path written.
     """
     gguf = _gguf()
     rng = as_rng(seed)
@@ -396,6 +404,9 @@ def write_test_gguf(path, *, n_layers: int = 2, d: int = 32, n_heads: int = 4,
         put(_TENSORS["k"].format(L=L), permute_rows(k, G))
         put(_TENSORS["v"].format(L=L), v)
         put(_TENSORS["o"].format(L=L), o)
+        if attn_biases:
+            for key, rows in (("q", H * dh), ("k", G * dh), ("v", G * dh)):
+                put(f"blk.{L}.attn_{key}.bias", 0.1 * rng.standard_normal(rows))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
