@@ -101,6 +101,9 @@ def main(argv=None):
     parser.add_argument("--fit-bias", action="store_true",
                         help="read query/key biases and beta (default: fit_bias=False, as "
                         "SmolLM2 has none: the biases read must be noise and are returned as 0)")
+    parser.add_argument("--measure-base", action="store_true",
+                        help="rope_base=None: the learner measures the RoPE base from the "
+                        "answers (default: the file's base is declared)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the fit (default 0)")
     parser.add_argument("--json", default=None, help="also write the numbers to this file")
     args = parser.parse_args(argv)
@@ -115,7 +118,8 @@ def main(argv=None):
           f"{ckpt.rope_base:g} ({time.perf_counter() - t0:.1f} s to read)")
     oracle = VectorOracle(box, ckpt.d, outputs=args.answers)
     learner = RotaryLayerVectorLearner(n_heads=ckpt.n_heads, n_kv_heads=ckpt.n_kv_heads,
-                                       rope_base=ckpt.rope_base, causal=True,
+                                       rope_base=None if args.measure_base else
+                                       ckpt.rope_base, causal=True,
                                        fit_bias=args.fit_bias, random_state=args.seed,
                                        **({} if args.check_length is None else
                                           {"check_length": args.check_length}))
@@ -132,7 +136,12 @@ def main(argv=None):
         record.update(status="fitted", queries=int(learner.n_queries_),
                       tokens=int(learner.n_tokens_),
                       by_stage={k: int(v) for k, v in learner.n_queries_by_stage_.items()},
-                      verify_error=float(learner.verify_error_))
+                      verify_error=float(learner.verify_error_),
+                      rope_base=float(learner.rope_base_))
+        if args.measure_base:
+            record["base_residual"] = float(learner.base_residual_)
+            print(f"measured RoPE base {learner.rope_base_!r} (the file's {ckpt.rope_base:g}; "
+                  f"residual {learner.base_residual_:.2g})")
     record["fit_seconds"] = time.perf_counter() - t1
     print(f"{record['status']}: {record['queries']} queries in {record['fit_seconds']:.0f} s"
           + (f" (by stage {record['by_stage']}; check {record['verify_error']:.2g})"

@@ -154,7 +154,8 @@ NOT_APPLYING = {
     "eps": [(ORACLE + ["--eps", "0.1"], "a learner with an eps parameter (membership)")],
     "probes": [(ORACLE + ["--method", "sketch", "--probes", "gaussian"],
                 "a learner with a probes parameter (exact)")],
-    "layer": [(ORACLE + ["--layer", "0"], "--module (a checkpoint's attention module)")],
+    "layer": [(ORACLE + ["--layer", "0"],
+               "--module or --checkpoint (a checkpoint's attention module)")],
     "head": [(ORACLE + ["--head", "0"], "--module (a checkpoint's attention module)")],
     "no_biases": [(ORACLE + ["--no-biases"], "--module (a checkpoint's attention module)")],
     "n_heads": [(ORACLE + ["--n-heads", "2"], "--module, or --oracle with a learner that has "

@@ -95,8 +95,12 @@ class VectorLayerLearner(VectorLayerRoute):
         to ``check_length - 1``) and plan their queries before the first.
     rope_base : float, optional
         Base of the rotary frequencies ``rope_base^(-2j/dh)`` with ``positions="rotary"``
-        (default None: 10000, Qwen2 0.5B's config family; 1e6 in later ones); given without
-        rotary positions it is refused (ConfigError).
+        (10000 in Llama 2 and Qwen2 0.5B's config family, 1e5 in SmolLM2, 1e6 in later Qwen2);
+        given without rotary positions it is refused (ConfigError). None (the default): a
+        layer from every token's outputs has its base measured from the form queries' answers
+        (``rope_base_``, ``base_residual_``; no query of its own; a box whose frequencies are of
+        no base is refused by name); the other rotary routes (one head, the last token's
+        outputs) assume 10000 and their check refuses a box of another base.
     fit_bias : bool
         Fit the key bias c and the output offset beta (default True); False assumes both 0 and
         saves one query and d unknowns. The rotary routes read the biases as part of their
@@ -230,12 +234,15 @@ class VectorLayerLearner(VectorLayerRoute):
         from .rotary_layer import RotaryLayerVectorLearner
 
         H = self.n_heads or 1
-        shared = dict(causal=self.causal, rope_base=10000.0 if self.rope_base is None else
-                      self.rope_base, verify=self.verify, check_length=self.check_length,
+        layer = not (H == 1 and (self.n_kv_heads or 1) == 1)
+        measured = layer and getattr(oracle, "outputs", None) == "all"
+        base = self.rope_base if self.rope_base is not None or measured else 10000.0
+        shared = dict(causal=self.causal, rope_base=base, verify=self.verify,
+                      check_length=self.check_length,
                       fit_bias=self.fit_bias, n_queries=self.n_queries,
                       random_state=self.random_state)
-        route = (RotaryVectorLearner(**shared) if H == 1 and (self.n_kv_heads or 1) == 1 else
-                 RotaryLayerVectorLearner(n_heads=H, n_kv_heads=self.n_kv_heads, **shared))
+        route = (RotaryLayerVectorLearner(n_heads=H, n_kv_heads=self.n_kv_heads, **shared)
+                 if layer else RotaryVectorLearner(**shared))
         self.rotary_ = route.fit(oracle)
         for k, v in vars(self.rotary_).items():
             if k.endswith("_"):

@@ -133,8 +133,7 @@ def read_spaces_last(est, oracle, rng, d: int, oversample: float, vectors: float
                 kv[h].append(u[h:h + 1, :d])
     est.query_bases_ = np.stack([row_space(np.concatenate(v), dh, "query row space")
                                  for v in qv])
-    est.key_bases_ = np.stack([row_space(np.concatenate(v), dh, "key row space")
-                               for v in kv])
+    est.key_bases_ = est._group_bases(kv, dh)
 
 
 def read_forms_last(est, oracle, rng, d: int, extra_probes: int) -> None:
@@ -165,13 +164,17 @@ def read_forms_last(est, oracle, rng, d: int, extra_probes: int) -> None:
                         np.broadcast_to(probes[:, None, None], (n_probes, n_sets, 1, d))], 2)
     ell = last_log_weights(est, T.reshape(n_probes * n_sets, k + 1, d), O)[..., :k]
     ell = ell.reshape(H, n_probes, n_sets, k)
-    forms, est.forms_rank_ = [], np.zeros(H, dtype=int)
-    for h in range(H):
-        kappa = np.concatenate([keys @ est.key_bases_[h].T, np.ones((n_sets, k, 1))], 2)
-        F, est.forms_rank_[h] = solve_forms(kappa, (pos - L).astype(np.float64), ell[h],
-                                            est.frequencies_)
-        zeta = np.concatenate([probes @ est.query_bases_[h].T, np.ones((n_probes, 1))], 1)
-        forms.append(F @ np.linalg.pinv(zeta.T))
+    forms, est.forms_rank_ = [None] * H, np.zeros(H, dtype=int)
+    for g in np.unique(est.head_groups_):  # one solve per key/value head: shared keys
+        heads = np.flatnonzero(est.head_groups_ == g)
+        kappa = np.concatenate([keys @ est.key_bases_[heads[0]].T, np.ones((n_sets, k, 1))],
+                               2)
+        F, rank = solve_forms(kappa, (pos - L).astype(np.float64),
+                              np.concatenate([ell[h] for h in heads]), est.frequencies_)
+        for i, h in enumerate(heads):
+            zeta = np.concatenate([probes @ est.query_bases_[h].T, np.ones((n_probes, 1))], 1)
+            forms[h] = F[..., i * n_probes:(i + 1) * n_probes] @ np.linalg.pinv(zeta.T)
+            est.forms_rank_[h] = rank
     F = np.stack(forms)  # (H, nb, e, e)
     j = est.frequencies_.size
     est.cos_forms_, est.sin_forms_, est.const_form_ = F[:, :j], F[:, j:2 * j], F[:, -1]

@@ -25,7 +25,7 @@ __all__ = ["head_weights", "whitened_solve", "row_space", "rotary_basis", "solve
 #: the parameters both rotary routes take, and their constraints (each route adds its own)
 ROTARY_PARAMS = {
     "random_state": BaseLearner._parameter_constraints["random_state"],
-    "rope_base": [Interval(numbers.Real, 1, None, closed="neither")],
+    "rope_base": [Interval(numbers.Real, 1, None, closed="neither"), None],
     "head_dim": [Interval(numbers.Integral, 2, None, closed="left"), None],
     "causal": ["boolean"],
     "max_offset": [Interval(numbers.Integral, 1, None, closed="left"), None],
@@ -63,7 +63,7 @@ def head_weights(vals: np.ndarray, y: np.ndarray, what: str) -> tuple[np.ndarray
     unit = max(float(np.max(np.abs(vals))), 1.0)
     P = np.concatenate([vals, np.full((n, s, 1), unit)], axis=2)
     Y = np.concatenate([y, np.full(y.shape[:2] + (1,), unit)], axis=2)
-    a = Y @ np.linalg.pinv(P)
+    a = _right_solve(P, Y)
     res = float(np.max(np.abs(a @ P - Y))) / float(np.max(np.abs(Y)))
     if res > ATTENTION_TOL or np.min(a) < -ATTENTION_TOL:
         raise ModelMismatchError(
@@ -72,6 +72,17 @@ def head_weights(vals: np.ndarray, y: np.ndarray, what: str) -> tuple[np.ndarray
             f"rounding explains {ATTENTION_TOL:g}: the box is not {what}",
             error=max(res, float(-np.min(a))), allowed=ATTENTION_TOL)
     return a, res
+
+
+def _right_solve(P: np.ndarray, Y: np.ndarray) -> np.ndarray:
+    """``Y @ pinv(P)`` for a stack of P (n, s, c) of full row rank s <= c: from the QR
+    factorization of P^T (a third of the pseudo-inverse's SVD work), by the pseudo-inverse
+    where a P is numerically of lower rank."""
+    Q, R = np.linalg.qr(np.swapaxes(P, 1, 2))
+    diag = np.abs(np.diagonal(R, axis1=1, axis2=2))
+    if P.shape[1] > P.shape[2] or np.any(diag <= 1e-10 * np.max(diag, axis=1, keepdims=True)):
+        return Y @ np.linalg.pinv(P)
+    return np.swapaxes(np.linalg.solve(R, np.swapaxes(Y @ Q, 1, 2)), 1, 2)
 
 
 def whitened_solve(Z: np.ndarray, rhs: np.ndarray) -> np.ndarray:

@@ -200,6 +200,10 @@ class RotaryVectorLearner(BaseLearner):
         R = dh if self.rotary_dim is None else int(self.rotary_dim)
         if R > dh:
             raise ConfigError(f"rotary_dim={R} exceeds the head dimension {dh}")
+        if self.rope_base is None:
+            raise ConfigError("rope_base=None (the base measured from the answers) is read by "
+                              "the rotary layer route (RotaryLayerVectorLearner, every token's "
+                              "outputs); for one head give rope_base")
         self.frequencies_ = rope_frequencies(R, float(self.rope_base))
         rng = self._rng()
         tokens0 = int(getattr(oracle, "n_tokens", 0))

@@ -37,7 +37,9 @@ where the box's answers call for it, so its count depends on the box): ``n_queri
 oracle budget below the plan is refused before any query, and below what is left after the
 split before any further query.
 
-The frequencies are those of the declared ``rope_base`` over the whole head (Qwen2's).
+The frequencies are those of the declared ``rope_base`` over the whole head (Qwen2's), or,
+with ``rope_base=None`` and every token's outputs, of the base measured from stage 4's answers
+(:mod:`._rotary_base`).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from .._params import Interval
 from .._registry import LearnerSpec
 from ._attention import ATTENTION_TOL, MIN_WEIGHT
 from ._check import CHECK_LENGTHS, VERIFY_RTOL, vector_oracle, verify_fit  # noqa: F401
+from ._rotary_base import measure_base
 from ._rotary_last import last_plan, read_forms_last, read_spaces_last
 from ._rotary_reads import (
     ROTARY_PARAMS,
@@ -126,9 +129,11 @@ class RotaryLayerVectorLearner(BaseLearner):
         Number H of query heads; their output subspaces must fill d_out (``H dh = d_out``).
     n_kv_heads : int, optional
         Number G of key/value heads (default H); checked against the heads' value maps.
-    rope_base : float
-        Base of the rotary frequencies ``rope_base^(-2j/dh)`` (10000 in Qwen2 0.5B's config
-        family; 1e6 in later ones).
+    rope_base : float or None
+        Base of the rotary frequencies ``rope_base^(-2j/dh)`` (10000, the default, in Qwen2
+        0.5B's config family; 1e6 in later ones; 1e5 in SmolLM2). None: measured from the form
+        queries' answers, no query of its own (:mod:`._rotary_base`; every token's outputs
+        only); a box whose frequencies are of no base is refused (ModelMismatchError).
     head_dim : int, optional
         dh of the queries and keys (rotated whole); default the rank of a head's value map.
     causal : bool
@@ -166,6 +171,11 @@ class RotaryLayerVectorLearner(BaseLearner):
         Orthonormal bases of each head's query and key row spaces (``zeta = [Bq x; 1]``,
         ``kappa = [Bk x; 1]``).
     frequencies_ : ndarray (dh/2,)
+    rope_base_ : float
+        The base of ``frequencies_``: ``rope_base``, or the measured one.
+    base_residual_ : float or None
+        With ``rope_base=None``, the relative residual the measured base leaves in the form
+        equations (float64 answers: about 1e-12 to 1e-10); else None.
     cos_forms_, sin_forms_ : ndarray (H, dh/2, dh+1, dh+1)
         P_j and S_j per head, in the bases' coordinates (:meth:`M` gives the full form).
     const_form_ : ndarray (H, dh+1, dh+1)
@@ -212,6 +222,13 @@ class RotaryLayerVectorLearner(BaseLearner):
         if self.head_dim is not None and self.head_dim % 2:
             raise ConfigError(f"head_dim={self.head_dim} must be even (rotated pairs)")
         self._form_offset()
+
+    def _check_base(self, last: bool) -> None:
+        """``rope_base=None`` is measured from every token's outputs only (ConfigError before
+        any query otherwise)."""
+        if self.rope_base is None and last:
+            raise ConfigError("rope_base=None (the base measured from the answers) needs every "
+                              "token's outputs; from the last token's, give rope_base")
 
     def _form_offset(self) -> int:
         """The longest offset the form queries ask (:func:`~._rotary_reads.
@@ -264,6 +281,7 @@ class RotaryLayerVectorLearner(BaseLearner):
         tokens0 = int(oracle.n_tokens)
         self.outputs_ = outputs
         last = outputs == "last"  # one row per answer: the stages of ._rotary_last
+        self._check_base(last)
         H = int(self.n_heads)
         d_out = getattr(oracle, "d_out", None) or d  # the heads' rank, if they fill d_out
         with self._open_ledger(oracle, STAGES, cap=self.n_queries) as ledger:
@@ -403,8 +421,20 @@ class RotaryLayerVectorLearner(BaseLearner):
                     kv[h].append(u[h, :, :d])
         self.query_bases_ = np.stack([row_space(np.concatenate(v), dh, "query row space")
                                       for v in qv])
-        self.key_bases_ = np.stack([row_space(np.concatenate(v), dh, "key row space")
-                                    for v in kv])
+        self.key_bases_ = self._group_bases(kv, dh)
+
+    def _group_bases(self, kv: list, dh: int) -> np.ndarray:
+        """One key row space basis per key/value head (``head_groups_``), from the vectors
+        ``kv`` every head of the group collected: the heads of a group read the same keys, so
+        their forms share one set of key coordinates (and one form solve, :meth:`_read_forms`).
+        Vectors of a group's heads that span more than dh dimensions are refused by name (the
+        heads do not share their keys)."""
+        bases = np.empty((len(kv), dh, kv[0][0].shape[1]))
+        for g in np.unique(self.head_groups_):
+            heads = np.flatnonzero(self.head_groups_ == g)
+            bases[heads] = row_space(np.concatenate([u for h in heads for u in kv[h]]), dh,
+                                     f"key row space of key/value head {g}")
+        return bases
 
     def _read_forms(self, oracle, rng, d: int) -> None:
         """The forms in the bases (stage 4 of the module's docstring): the key sets of
@@ -416,7 +446,6 @@ class RotaryLayerVectorLearner(BaseLearner):
             raise ModelMismatchError(
                 f"the heads' query/key dimension {r} is odd: not rotated pairs",
                 error=float(r), allowed=float(r - 1))
-        self.frequencies_ = rope_frequencies(r, float(self.rope_base))
         L = self._form_offset()
         k = self._slots() - 1  # keys per query; the padding's lumped weight is the last slot
         e = r + 1
@@ -429,15 +458,26 @@ class RotaryLayerVectorLearner(BaseLearner):
         if L > short:
             groups.append((L + 1, long_sets(e, k)))
         eqs = [self._form_equations(oracle, rng, d, probes, N, n_sets) for N, n_sets in groups]
+        if self.rope_base is None:  # measured from these answers (no query of its own)
+            self.rope_base_, self.base_residual_ = measure_base(
+                [(q[0], q[2], n_sets) for q, (_, n_sets) in zip(eqs, groups, strict=True)],
+                r, L)
+        else:
+            self.rope_base_, self.base_residual_ = float(self.rope_base), None
+        self.frequencies_ = rope_frequencies(r, self.rope_base_)
         offsets = np.concatenate([q[0] for q in eqs])
-        forms, self.forms_rank_ = [], np.zeros(H, dtype=int)
-        for h in range(H):
-            kappa = np.concatenate([q[1][h] for q in eqs])
-            ell = np.concatenate([q[2][h] for q in eqs], axis=1)
-            T, self.forms_rank_[h] = solve_forms(kappa, offsets, ell, self.frequencies_)
-            zeta = np.concatenate([probes @ self.query_bases_[h].T,
-                                   np.ones((probes.shape[0], 1))], 1)
-            forms.append(T @ np.linalg.pinv(zeta.T))
+        forms, self.forms_rank_ = [None] * H, np.zeros(H, dtype=int)
+        P = probes.shape[0]
+        for g in np.unique(self.head_groups_):  # one solve per key/value head: shared keys
+            heads = np.flatnonzero(self.head_groups_ == g)
+            kappa = np.concatenate([q[1][heads[0]] for q in eqs])
+            ell = np.concatenate([np.concatenate([q[2][h] for q in eqs], axis=1)
+                                  for h in heads])
+            T, rank = solve_forms(kappa, offsets, ell, self.frequencies_)
+            for i, h in enumerate(heads):
+                zeta = np.concatenate([probes @ self.query_bases_[h].T, np.ones((P, 1))], 1)
+                forms[h] = T[..., i * P:(i + 1) * P] @ np.linalg.pinv(zeta.T)
+                self.forms_rank_[h] = rank
         F = np.stack(forms)  # (H, nb, e, e)
         j = self.frequencies_.size
         self.cos_forms_, self.sin_forms_, self.const_form_ = F[:, :j], F[:, j:2 * j], F[:, -1]
@@ -471,7 +511,7 @@ class RotaryLayerVectorLearner(BaseLearner):
         O = ask_blocks(oracle, n_probes * n_sets, queries, lambda O: O[:, rows])
         O = O - self.output_bias_
         offsets = np.tile((pos[None, :] - rows[:, None]).astype(np.float64), (n_sets, 1))
-        kappas, ells = [], []
+        kappas, ells, shared = [], [], {}
         for h in range(H):
             vals = np.concatenate([
                 np.broadcast_to(keys @ self._values[h], (n_probes, n_sets, k, r)),
@@ -479,8 +519,12 @@ class RotaryLayerVectorLearner(BaseLearner):
             a = head_weights(vals.reshape(n_probes * n_sets, k + 1, r), O @ self._reads[h],
                              "a layer of rotary heads as declared")[0][..., :k]
             ells.append(np.log(np.where(a > MIN_WEIGHT, a, np.nan)).reshape(n_probes, -1, k))
-            kappa = np.concatenate([keys @ self.key_bases_[h].T, np.ones((n_sets, k, 1))], 2)
-            kappas.append(np.repeat(kappa, rows.size, axis=0))
+            g = self.head_groups_[h]
+            if g not in shared:  # the heads of a key/value head share their key coordinates
+                kappa = np.concatenate([keys @ self.key_bases_[h].T, np.ones((n_sets, k, 1))],
+                                       2)
+                shared[g] = np.repeat(kappa, rows.size, axis=0)
+            kappas.append(shared[g])
         return offsets, kappas, ells
 
     def _verify(self, oracle, rng) -> None:
