@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from attnquery.findings import README_BEGIN, README_END, render_template
+from attnquery.study.findings import README_BEGIN, README_END, render_template
 
 from .fresh import REPO
 
