@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 CORES ?= all
 CONFIG ?= config/config.yaml
 
-.PHONY: reproduce test test-e2e figures findings appendix docs report bench check-reproducible lint clean install help
+.PHONY: reproduce test test-e2e figures findings appendix docs report bench check-reproducible lint imports clean install help
 
 help:
 	@echo "make reproduce           create $(VENV) if missing, install, run the default study (every figure, table, report.html)"
@@ -19,6 +19,7 @@ help:
 	@echo "make docs                build the documentation site into site/ (user pages, API reference, notes)"
 	@echo "make report              build report.html and report.zip from the last run"
 	@echo "make bench               run the benchmarks (counted queries, errors, wall time)"
+	@echo "make imports             print the package's import graph and every break of its rules"
 	@echo "make check-reproducible  run config/quick.yaml twice (1 core, all cores) and compare bytes"
 	@echo "make cluster-test        start a one-node SLURM cluster and run config/quick.yaml on it"
 	@echo "make cluster-test-light  check the SLURM profile without SLURM (part of make test)"
@@ -91,6 +92,11 @@ check-reproducible: install
 lint: install
 	$(BIN)/ruff check src tests workflow
 	$(BIN)/snakemake --lint
+
+# The import graph of each package level and every break of the import rules (docs/design.md,
+# "The import check"; tests/test_architecture.py asserts there is none).
+imports: install
+	$(BIN)/python -m attnquery._imports
 
 clean:
 	rm -rf results figures logs appendix site report.html report.zip .snakemake
