@@ -44,7 +44,7 @@ PAIR_SCALE_MAX = 1e3
 #: that are exact in float64 (exact, sketch, polished nuclear-norm): the default study's exact
 #: grid and the 72 MiniLM heads stay below 1.1e-11 (Gaussian probes at d = 512; 6e-14 with
 #: the default basis probes), answers rounded to float32 (relative error 6e-8) give more than
-#: 2e-7 (``python -m attnquery.study.bench probes``)
+#: 2e-7 (``python -m attnquery.bench probes``)
 ROUNDING_RTOL = 1e-9
 #: what a failed check may mean, unless a learner says better
 MISMATCH_HINT = ("the box may have several heads, biases, noise or lower precision than "
