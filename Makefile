@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 CORES ?= all
 CONFIG ?= config/config.yaml
 
-.PHONY: reproduce test test-e2e figures findings appendix docs report bench check-reproducible lint clean install help
+.PHONY: reproduce test test-e2e figures findings appendix docs report bench check-reproducible lint imports clean install help
 
 help:
 	@echo "make reproduce           create $(VENV) if missing, install, run the default study (every figure, table, report.html)"
@@ -19,6 +19,7 @@ help:
 	@echo "make docs                build the documentation site into site/ (user pages, API reference, notes)"
 	@echo "make report              build report.html and report.zip from the last run"
 	@echo "make bench               run the benchmarks (counted queries, errors, wall time)"
+	@echo "make imports             print the package's import graph and every break of its rules"
 	@echo "make check-reproducible  run config/quick.yaml twice (1 core, all cores) and compare bytes"
 	@echo "make cluster-test        start a one-node SLURM cluster and run config/quick.yaml on it"
 	@echo "make cluster-test-light  check the SLURM profile without SLURM (part of make test)"
@@ -44,7 +45,7 @@ install: $(VENV)/.installed
 reproduce: install
 	$(BIN)/snakemake --cores $(CORES) --configfile $(CONFIG) --report report.html --report-after-run
 	$(BIN)/snakemake --cores 1 --configfile $(CONFIG) --report report.zip
-	@$(BIN)/python -m attnquery.findings compare docs/numbers.json results/numbers.json
+	@$(BIN)/python -m attnquery.study.findings compare docs/numbers.json results/numbers.json
 
 # The suite for a laptop: every test but the end-to-end ones (marker e2e), which clone the
 # repository, install it and run a real study, and the long ones (marker slow: a study's
@@ -65,13 +66,13 @@ figures: install
 # docs/findings.md and docs/numbers.json, rendered from docs/templates/ by the findings rule.
 findings: install
 	$(BIN)/snakemake figures results/numbers.json results/findings/readme_table.md results/findings/findings.md --cores $(CORES) --configfile $(CONFIG)
-	$(BIN)/python -m attnquery.findings publish
+	$(BIN)/python -m attnquery.study.findings publish
 
 # appendix/appendix.tex (figures with their claims, tables, numbers, configuration, versions),
 # compiled to appendix/appendix.pdf when latexmk is installed.
 appendix: install
 	$(BIN)/snakemake appendix --cores $(CORES) --configfile $(CONFIG)
-	$(BIN)/python -m attnquery.appendix appendix/appendix.tex
+	$(BIN)/python -m attnquery.study.appendix appendix/appendix.tex
 
 # The documentation site (mkdocs.yml): docs/ and the API reference from the docstrings, built
 # offline into site/; --strict fails on any warning (a broken link, a docstring it cannot read).
@@ -83,14 +84,19 @@ report: install
 	$(BIN)/snakemake --cores 1 --configfile $(CONFIG) --report report.zip
 
 bench: install
-	$(BIN)/python -m attnquery.bench all
+	$(BIN)/python -m attnquery.study.bench all
 
 check-reproducible: install
-	$(BIN)/python -m attnquery.reproducible --config config/quick.yaml $(if $(filter all,$(CORES)),,--cores $(CORES))
+	$(BIN)/python -m attnquery.study.reproducible --config config/quick.yaml $(if $(filter all,$(CORES)),,--cores $(CORES))
 
 lint: install
 	$(BIN)/ruff check src tests workflow
 	$(BIN)/snakemake --lint
+
+# The import graph of each package level and every break of the import rules (docs/design.md,
+# "The import check"; tests/test_architecture.py asserts there is none).
+imports: install
+	$(BIN)/python -m attnquery._imports
 
 clean:
 	rm -rf results figures logs appendix site report.html report.zip .snakemake

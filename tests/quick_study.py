@@ -12,7 +12,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from attnquery.reproducible import REPO, run_study
+from attnquery.study.reproducible import REPO, run_study
 
 QUICK = REPO / "config" / "quick.yaml"
 _RUNS: dict[str, Path] = {}

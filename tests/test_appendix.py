@@ -10,8 +10,8 @@ import subprocess
 
 import pytest
 
-from attnquery.appendix import TABLE_WIDTH_PT, appendix_body, appendix_document, fit_table
 from attnquery.figures import PAPER_ORDER, all_figures, paper_order
+from attnquery.study.appendix import TABLE_WIDTH_PT, appendix_body, appendix_document, fit_table
 
 from .quick_study import given_study, quick_study
 

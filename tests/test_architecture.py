@@ -1,103 +1,127 @@
-"""The package's shape, measured from its sources: no import cycle, experiments that never
-import each other (nor figure modules each other), learner registries that match the schema,
-and configuration defaults that live in the schema only."""
+"""The package's shape, measured from its sources: the import rules of attnquery._imports (no
+cycle at any package level, no import back up to an enclosing package, a library that never
+imports the study or the command line, modules and learner classes of bounded size), no import
+cycle at all, experiments that never import each other (nor figure modules each other),
+learner registries that match the schema, and configuration defaults that live in the schema
+only."""
 
 from __future__ import annotations
 
 import ast
 import pkgutil
+import subprocess
+import sys
 
 import pytest
 
-import attnquery
+from attnquery import _imports
+from attnquery._imports import Import, cycles, import_breaks, imports, level_graph
 from attnquery.experiments import FAMILIES, get_experiment
 from attnquery.schema import load_schema
-from attnquery.study import PACKAGE_DIR, _dependencies, _module_path, module_closure
+from attnquery.study.bookkeeping import PACKAGE_DIR, _dependencies, module_closure
 
-MODULES = sorted(["attnquery"] + [m.name for m in pkgutil.walk_packages(attnquery.__path__,
-                                                                         "attnquery.")])
-
-
-def _module_level_imports(modname: str) -> set[str]:
-    """Modules of the package that ``modname`` imports when it is imported (its top-level
-    ``import`` statements, those under a top-level ``if``/``try`` included)."""
-    path = _module_path(modname)
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    package = modname if path.name == "__init__.py" else modname.rsplit(".", 1)[0]
-    out: set[str] = set()
-    todo = list(tree.body)
-    while todo:
-        node = todo.pop()
-        if isinstance(node, ast.If | ast.Try):
-            todo.extend(node.body + node.orelse + getattr(node, "finalbody", [])
-                        + [s for h in getattr(node, "handlers", []) for s in h.body])
-        elif isinstance(node, ast.Import):
-            out.update(a.name for a in node.names if a.name.startswith("attnquery"))
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                source = ".".join(base + ([node.module] if node.module else []))
-            else:
-                source = node.module or ""
-            if not source.startswith("attnquery"):
-                continue
-            for a in node.names:
-                sub = f"{source}.{a.name}"
-                out.add(sub if _module_path(sub) is not None else source)
-    out.discard(modname)
-    return out
+MODULES = _imports.modules()
 
 
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one module (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on: set[str] = set()
-    out: list[list[str]] = []
+def _report(breaks: list[str]) -> str:
+    return "\n".join(breaks)
 
-    def visit(v):
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in sorted(graph.get(v, ())):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                out.append(sorted(comp))
 
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return out
+# ---------------------------------------------------------------------------------------------
+# the rules of attnquery._imports, on the package's sources
+# ---------------------------------------------------------------------------------------------
+def test_the_walker_reads_every_kind_of_import():
+    assert len(MODULES) > 150 and "attnquery.study.pipeline" in MODULES
+    run_shard = imports("attnquery.study.pipeline")
+    # relative, inside a function, to a sibling of the study package
+    assert Import("attnquery.study.pipeline", "attnquery.study.bookkeeping",
+                  next(i.line for i in run_shard if i.target.endswith(".bookkeeping")),
+                  True) in run_shard
+    # relative two floors up, at module level, to a package's __init__
+    assert any(i.target == "attnquery.experiments" and not i.in_function for i in run_shard)
+    # an old path of attnquery._moved is read as the module it names now
+    own = _imports._own("attnquery.vector_models.VectorAttentionLayer")
+    assert own == "attnquery.models.vector"
+
+
+@pytest.mark.parametrize("rule", ["levels", "up", "library"])
+def test_the_package_keeps_the_import_rule(rule):
+    # levels: no cycle among the direct children of any package (a subpackage one node);
+    # up: no module imports the __init__ of a package it sits in;
+    # library: nothing but study/, cli/ and __main__ imports study/ or cli/
+    found = {m: imports(m) for m in MODULES}
+    breaks = import_breaks(found, {m for m in MODULES if _imports.is_package(m)})[rule]
+    assert breaks == [], f"{len(breaks)} imports break rule {rule}:\n{_report(breaks)}"
+
+
+@pytest.mark.parametrize("rule", ["lines", "learners"])
+def test_the_package_keeps_the_size_rule(rule):
+    # lines: no module over 700 lines; learners: no class of learners/ over 400
+    breaks = _imports.size_breaks()[rule]
+    assert breaks == [], f"over the limit:\n{_report(breaks)}"
+
+
+def test_the_command_line_script_prints_the_graph_and_no_violation():
+    out = subprocess.run([sys.executable, "-m", "attnquery._imports"], capture_output=True,
+                         text=True, check=False)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr
+    assert "attnquery.learners:" in out.stdout and out.stdout.rstrip().endswith(
+        "0 violation(s)")
+
+
+def _made_up(edges: dict[str, list[str]], in_function=False) -> dict[str, tuple[Import, ...]]:
+    return {m: tuple(Import(m, t, n + 1, in_function) for n, t in enumerate(ts))
+            for m, ts in edges.items()}
+
+
+def test_the_rules_find_a_cycle_between_two_subpackages_and_name_its_imports():
+    # learners/vector -> learners/_base at module level, learners/_base -> learners/vector/_x
+    # inside a function: a cycle at the level of attnquery.learners, whatever the depth
+    found = _made_up({"attnquery.learners.vector._layer": ["attnquery.learners._base"],
+                      "attnquery.learners._base": ["attnquery.learners.vector._heads"],
+                      "attnquery.learners.vector._heads": []}, in_function=True)
+    breaks = import_breaks(found, {"attnquery", "attnquery.learners",
+                                   "attnquery.learners.vector"})
+    assert breaks["levels"] == [
+        "attnquery.learners: cycle attnquery.learners._base <-> attnquery.learners.vector: "
+        "attnquery.learners._base:1 -> attnquery.learners.vector._heads (in a function); "
+        "attnquery.learners.vector._layer:1 -> attnquery.learners._base (in a function)"]
+    assert breaks["up"] == breaks["library"] == []
+    assert level_graph("attnquery.learners", {"attnquery.learners.vector._layer":
+                                              {"attnquery.learners._base"}}) == {
+        "attnquery.learners.vector": {"attnquery.learners._base"}}
+
+
+def test_the_rules_find_an_import_up_and_a_library_module_importing_the_study():
+    found = _made_up({"attnquery.learners.vector._layer": ["attnquery.learners",
+                                                           "attnquery.learners.vector"],
+                      "attnquery.experiments.noise": ["attnquery.study.bookkeeping"],
+                      "attnquery.cli.app": ["attnquery.study"],
+                      "attnquery.study.pipeline": ["attnquery.cli._common"]})
+    breaks = import_breaks(found, {"attnquery", "attnquery.learners", "attnquery.learners.vector",
+                                   "attnquery.study", "attnquery.cli"})
+    assert breaks["up"] == ["attnquery.learners.vector._layer:1 -> attnquery.learners",
+                            "attnquery.learners.vector._layer:2 -> attnquery.learners.vector"]
+    assert breaks["library"] == ["attnquery.experiments.noise:1 -> attnquery.study.bookkeeping"]
 
 
 def test_the_package_has_no_import_cycle():
-    graph = {m: _module_level_imports(m) for m in MODULES}
-    assert graph["attnquery.experiments.noise"], "the walker finds no import at all"
-    assert _cycles(graph) == []
+    # among the imports a module runs when it is imported, and among all of them
+    module_level = {m: {i.target for i in imports(m) if not i.in_function} for m in MODULES}
+    assert module_level["attnquery.experiments.noise"], "the walker finds no import at all"
+    assert cycles(module_level) == []
+    assert cycles(_imports.graph()) == []
 
 
 def test_the_code_version_graph_has_no_cycle():
-    # every import, those inside functions too: what a cell's code version follows
-    # (attnquery.study.module_closure)
+    # every import, those inside functions too, each name read at the module that defines it:
+    # what a cell's code version follows (attnquery.study.module_closure)
     graph = {m: set(_dependencies(m)) for m in MODULES}
-    assert _cycles(graph) == []
+    assert cycles(graph) == []
 
 
 def test_the_cycle_finder_finds_a_cycle():
-    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -156,7 +180,7 @@ def test_a_learner_registry_is_what_the_schema_allows(name):
 def test_every_learner_a_grid_names_is_registered():
     import importlib
 
-    from attnquery.config import check_config, load_config
+    from attnquery.study.config import check_config, load_config
 
     cells = check_config(load_config(PACKAGE_DIR.parents[1] / "config" / "quick.yaml"))
     for name, cs in cells.items():
@@ -187,7 +211,7 @@ def _literal_get_defaults(path) -> list[str]:
 def test_config_defaults_live_in_the_schema_only():
     found = [hit for p in sorted((PACKAGE_DIR / "experiments").glob("*.py"))
              for hit in _literal_get_defaults(p)]
-    found += _literal_get_defaults(PACKAGE_DIR / "config.py")
+    found += _literal_get_defaults(PACKAGE_DIR / "study" / "config.py")
     assert found == []
 
 
@@ -212,8 +236,8 @@ def test_a_learner_name_the_command_line_and_an_experiment_share_is_one_class():
 
     import numpy as np
 
-    from attnquery.config import check_config, load_config
     from attnquery.extraction import METHODS
+    from attnquery.study.config import check_config, load_config
 
     cells = check_config(load_config(PACKAGE_DIR.parents[1] / "config" / "quick.yaml"))
     shared = []

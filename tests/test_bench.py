@@ -4,8 +4,9 @@ other cells still run), and a table shows every row's columns."""
 import dataclasses
 import io
 
-from attnquery import bench, experiments
+from attnquery import experiments
 from attnquery.errors import ModelMismatchError
+from attnquery.study import bench
 
 
 def test_a_table_shows_every_rows_columns_and_a_dash_where_a_row_has_none():

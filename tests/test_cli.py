@@ -300,7 +300,7 @@ def test_console_script_runs_from_the_repo_root(repo):
 
 
 def test_bench_subcommand_runs_the_named_benchmarks(capsys, monkeypatch):
-    from attnquery import bench
+    from attnquery.study import bench
 
     ran = []
     monkeypatch.setitem(bench.BENCHMARKS, "tiny", lambda: ran.append("tiny") or [{"d": 4}])
@@ -316,7 +316,7 @@ def test_bench_subcommand_runs_the_named_benchmarks(capsys, monkeypatch):
 def test_check_reproducible_subcommand(tmp_path, capsys, monkeypatch, repo):
     import subprocess
 
-    from attnquery import reproducible
+    from attnquery.study import reproducible
 
     monkeypatch.chdir(repo)
     outputs = {"cores1": b"same", "cores3": b"same"}
@@ -377,7 +377,8 @@ def test_extraction_spec_and_expected_queries():
 
 
 def test_the_library_never_imports_the_command_line():
-    code = ("import sys, attnquery.extraction, attnquery.bench, attnquery.reproducible; "
+    code = ("import sys, attnquery.extraction, attnquery.study.bench, "
+            "attnquery.study.reproducible; "
             "print(sorted(m for m in sys.modules if m.startswith('attnquery.cli')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)

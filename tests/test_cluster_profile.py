@@ -261,8 +261,8 @@ def test_every_job_of_the_paper_study_requests_sane_resources(tmp_path):
     """A dry run of config/paper.yaml with the SLURM profile, from the root of a fresh clone: every
     job asks for between 1 minute and the cap (24 h), the compute jobs for what the cost model
     estimates (safety factor included) and the memory of the config."""
-    from attnquery.config import load_config
     from attnquery.study import resource_settings, study_size
+    from attnquery.study.config import load_config
 
     from .fresh import fresh_clone, planned_jobs, shell, user_env
 

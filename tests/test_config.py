@@ -6,8 +6,8 @@ import sys
 import pytest
 import yaml
 
-from attnquery.config import load_config
 from attnquery.errors import ConfigError
+from attnquery.study.config import load_config
 
 
 def _write(tmp_path, cfg):

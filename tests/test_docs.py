@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from attnquery.findings import README_BEGIN, README_END, render_template
+from attnquery.study.findings import README_BEGIN, README_END, render_template
 
 from .fresh import REPO
 
@@ -244,6 +244,7 @@ def test_every_public_module_has_an_api_reference_page():
     import yaml
 
     import attnquery
+    import attnquery.study as study
 
     class _Loader(yaml.SafeLoader):  # mkdocs.yml may hold !!python tags; the nav has none
         pass
@@ -255,6 +256,9 @@ def test_every_public_module_has_an_api_reference_page():
     pages = {title: page for entry in api for title, page in entry.items()}
     modules = {f"attnquery.{m.name}" for m in pkgutil.iter_modules(attnquery.__path__)
                if not m.name.startswith("_")}
+    # every module of the study package (which was modules of attnquery itself)
+    modules |= {f"attnquery.study.{m.name}" for m in pkgutil.iter_modules(study.__path__)
+                if not m.name.startswith("_")}
     # and a page of their own for the plug-in contract, the route learners the pages name, the
     # vector-output layers and the rotary checkpoints
     modules |= {"attnquery.learners.base", "attnquery.learners.vector.served",

@@ -16,7 +16,8 @@ from attnquery.claims import (
     format_number,
     number_name,
 )
-from attnquery.findings import (
+from attnquery.metrics import fit_power_law
+from attnquery.study.findings import (
     README_BEGIN,
     README_END,
     collect_numbers,
@@ -30,7 +31,6 @@ from attnquery.findings import (
     publish,
     render_template,
 )
-from attnquery.metrics import fit_power_law
 
 
 def _claims():
@@ -320,7 +320,7 @@ def test_publish_writes_readme_table_findings_page_and_committed_numbers(tmp_pat
 
 
 def test_captions_and_claims_become_latex():
-    from attnquery.appendix import latex_text
+    from attnquery.study.appendix import latex_text
 
     assert latex_text("**Exact.** ``fit_bias`` costs d^2 + 2d + 1 (50% of |v_i|) & *more*") == (
         r"\textbf{Exact.} \texttt{fit\_bias} costs $d^{2}$ + 2d + 1 (50\% of $|$$v_{i}$$|$) \& "

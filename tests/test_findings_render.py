@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from attnquery.findings import (
+from attnquery.study.findings import (
     collapse_ranges,
     compare_numbers,
     load_machine,
@@ -19,7 +19,7 @@ from attnquery.findings import (
     render_template,
     write_numbers,
 )
-from attnquery.provenance import machine, machine_text
+from attnquery.study.provenance import machine, machine_text
 
 REPO = Path(__file__).resolve().parents[1]
 NUMBERS = REPO / "docs" / "numbers.json"

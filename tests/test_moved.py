@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
+from attnquery._imports import module_path as _module_path
 from attnquery._moved import MOVED
-from attnquery.study import _module_path
 
 #: names users import from each old path (its public names then)
 NAMES = {
@@ -23,6 +23,17 @@ NAMES = {
     "attnquery.learners.vector_rotary_layer": ["RotaryLayerVectorLearner", "VERIFY_RTOL"],
     "attnquery.learners.rotary_layer": ["RotaryLayerLearner", "fit_rotary_layer",
                                         "rotary_layer_probe_count", "ROTARY_VERIFY_LENGTHS"],
+    # the study's machinery, in attnquery.study (every name of each module's __all__ is
+    # checked too)
+    "attnquery.pipeline": ["run_shard", "aggregate", "render_figure", "validate_study"],
+    "attnquery.validate": ["validate_results", "check_table_schema"],
+    "attnquery.findings": ["figure_record", "compare_numbers", "publish", "main"],
+    "attnquery.appendix": ["write_appendix", "appendix_body", "main"],
+    "attnquery.reproducible": ["check_reproducible", "run_study", "main"],
+    "attnquery.tables": ["latex_table", "write_table_tex"],
+    "attnquery.provenance": ["provenance", "versions", "machine", "_version"],
+    "attnquery.bench": ["BENCHMARKS", "run_benchmarks", "main"],
+    "attnquery.config": ["load_config", "check_config", "validate_config"],
 }
 
 
@@ -76,3 +87,19 @@ def test_the_vector_package_keeps_the_old_vector_module_names():
 def test_an_unknown_path_is_still_an_import_error():
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("attnquery.learners.vector_nothing")
+
+
+@pytest.mark.parametrize("old", ["attnquery.findings", "attnquery.bench"])
+def test_python_dash_m_on_an_old_path_runs_the_new_module(old):
+    # ``python -m attnquery.findings`` (a command the docs once gave) runs
+    # attnquery.study.findings as the main module: its own command line, under its new name
+    out = subprocess.run([sys.executable, "-m", old, "--help"], capture_output=True, text=True,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"usage: python -m {MOVED[old]}"), out.stdout
+
+
+def test_python_dash_m_on_an_old_path_passes_its_arguments_and_exit_status():
+    out = subprocess.run([sys.executable, "-m", "attnquery.bench", "no_such_benchmark"],
+                         capture_output=True, text=True, check=False)
+    assert out.returncode == 2 and "unknown benchmark 'no_such_benchmark'" in out.stderr

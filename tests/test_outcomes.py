@@ -21,8 +21,8 @@ from attnquery.outcomes import (
     outcome,
     summary_line,
 )
-from attnquery.pipeline import aggregate, run_shard, validate_study
 from attnquery.study import keyed_cells
+from attnquery.study.pipeline import aggregate, run_shard, validate_study
 
 #: a small noise grid: the exact learner refuses the larger tau, Theorem 6.1's learner never
 NOISE = {"seeds": 2, "d": [4], "tau": [1.0e-9, 1.0e-2], "mu": [0.2], "W_bound": [2.0],
@@ -155,7 +155,7 @@ def test_an_unexpected_error_reaches_the_console_with_its_traceback(tmp_path, ca
 @pytest.mark.parametrize("name", ["noise", "rotary", "multihead", "multihead_generic"])
 def test_the_declared_refusals_name_cells_of_the_experiment(name):
     """Each declared refusal covers some cells of the default study and not all of them."""
-    from attnquery.config import load_config
+    from attnquery.study.config import load_config
 
     cfg = load_config("config/config.yaml")
     exp = get_experiment(name)
@@ -171,9 +171,9 @@ def test_the_rotary_refusals_are_the_failure_maps_refused_side():
     recovered; a served head exactly where rotary_served_map predicts the goal is missed."""
     import pandas as pd
 
-    from attnquery.config import load_config
     from attnquery.experiments.rotary import refused_layer, refused_served
     from attnquery.figures import rotary as fig
+    from attnquery.study.config import load_config
 
     cfg = load_config("config/config.yaml")
     cells = pd.DataFrame(expand_cells("rotary", cfg["experiments"]["rotary"]))

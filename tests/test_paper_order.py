@@ -11,7 +11,6 @@ import re
 import pytest
 
 import attnquery.figures as figures_pkg
-from attnquery.appendix import appendix_body
 from attnquery.errors import ConfigError
 from attnquery.figures import (
     FIGURES,
@@ -22,7 +21,8 @@ from attnquery.figures import (
     paper_section,
     register_figure,
 )
-from attnquery.findings import macro_name
+from attnquery.study.appendix import appendix_body
+from attnquery.study.findings import macro_name
 
 from .fresh import REPO
 

@@ -23,12 +23,12 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from attnquery.config import check_config, load_config
 from attnquery.figures import figures_for
 from attnquery.figures.exact import exact_claims
-from attnquery.findings import macro_name
-from attnquery.reproducible import compared_files
 from attnquery.results import RESULT_SCHEMA, TIMING_SCHEMA, read_results
+from attnquery.study.config import check_config, load_config
+from attnquery.study.findings import macro_name
+from attnquery.study.reproducible import compared_files
 
 from .fresh import REPO, fresh_clone, planned_jobs, shell, user_env
 
@@ -126,9 +126,9 @@ def test_make_targets_exist_and_name_their_commands(readme_run):
     expected = {"make reproduce": "snakemake --cores", "make test": '-m "not e2e and not slow"',
                 "make test-e2e": '-m "e2e or slow"',
                 "make figures": "snakemake figures", "make report": "--report report.html",
-                "make findings": "attnquery.findings publish",
-                "make appendix": "attnquery.appendix",
-                "make bench": "attnquery.bench", "make check-reproducible": "reproducible",
+                "make findings": "attnquery.study.findings publish",
+                "make appendix": "attnquery.study.appendix",
+                "make bench": "attnquery.study.bench", "make check-reproducible": "reproducible",
                 "make cluster-test": "run_cluster_test.sh"}
     for target, text in expected.items():
         assert text in results[target].stdout, (target, results[target].stdout[-2000:])
@@ -223,7 +223,7 @@ def test_the_numbers_of_the_findings_come_from_the_claims(readme_run):
 def test_the_appendix_names_only_files_the_run_produced(readme_run):
     """`snakemake appendix` writes appendix/appendix.tex and body.tex (no TeX needed): every
     \\includegraphics and \\input names a file of the run, every macro used is defined."""
-    from attnquery.appendix import PREAMBLE_PACKAGES
+    from attnquery.study.appendix import PREAMBLE_PACKAGES
 
     clone, env, _, _ = readme_run
     out = shell("snakemake appendix --cores 2 --configfile config/quick.yaml", clone, env)

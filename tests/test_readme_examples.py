@@ -120,7 +120,7 @@ def test_make_uses_every_core_unless_cores_is_given():
     assert "snakemake --cores 3 --configfile" in _make_n("reproduce", "CORES=3")
     # the reproducibility check's second run takes every core by default (os.cpu_count)
     check = [line for line in _make_n("check-reproducible").splitlines()
-             if "attnquery.reproducible" in line]
+             if "attnquery.study.reproducible" in line]
     assert check and "--cores" not in check[0]
     assert "--cores 3" in _make_n("check-reproducible", "CORES=3")
     # the README's commands say so

@@ -106,7 +106,7 @@ def test_a_plugins_source_is_in_its_cells_code_version(plugin):
 
 
 def test_a_shard_planned_with_another_code_version_stops_before_computing(tmp_path):
-    from attnquery.pipeline import run_shard
+    from attnquery.study.pipeline import run_shard
 
     cells = expand_cells("lowrank_scale", {"d": [8], "rank": [1], "seeds": 1,
                                            "learners": ["sketch"]})

@@ -6,7 +6,6 @@ import pytest
 import yaml
 
 from attnquery.cli import main
-from attnquery.config import check_config, load_config
 from attnquery.experiments import run_cells
 from attnquery.results import (
     RESULT_SCHEMA,
@@ -15,7 +14,8 @@ from attnquery.results import (
     write_rows,
     write_table,
 )
-from attnquery.validate import validate_results
+from attnquery.study.config import check_config, load_config
+from attnquery.study.validate import validate_results
 
 CONFIG = {
     "seed": 1,
@@ -141,7 +141,7 @@ def test_missing_table_and_stale_rows(study, tmp_path):
 def test_a_table_without_one_successful_cell_fails(study, tmp_path, capsys):
     """No evidence, no success: every cell error or timeout is a violation, for the library, the
     command line and the workflow's rule."""
-    from attnquery.pipeline import validate_study
+    from attnquery.study.pipeline import validate_study
 
     cfg, cfg_path, rows, timings = study
     failed = [dict(r, status="error" if i % 2 else "timeout", message="RuntimeError: boom")

@@ -172,8 +172,8 @@ def test_case_claims_fail_on_contrary_data():
 
 
 def test_the_benchmark_runs_the_default_studys_cases():
-    from attnquery.bench import VECTOR_CASES
-    from attnquery.config import load_config
+    from attnquery.study.bench import VECTOR_CASES
+    from attnquery.study.config import load_config
 
     def case_cells(cases):
         cells = expand_cells("vector", {"heads": {"all": [8]}, "cases": cases})

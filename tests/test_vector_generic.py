@@ -55,8 +55,8 @@ def test_eight_heads_of_four_whose_approximate_parts_are_rounded_to_1e8():
     benchmark's seed 0: the split's approximate parts (perturbed differences over 1e-5) span a
     fifth direction at 1.1e-8 of the first, which the exact parts' tolerance (1e-8) refused;
     the approximate parts are held to 1e-6 (they only read the 0/1 patterns)."""
-    from attnquery.bench import VECTOR_CASES
     from attnquery.experiments import cell_rng, expand_cells, get_experiment
+    from attnquery.study.bench import VECTOR_CASES
 
     case = [c for c in VECTOR_CASES if c["name"] == "generic_h8"]
     cell = [c for c in expand_cells("vector", {"heads": {"all": [8]}, "cases": case})

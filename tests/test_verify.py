@@ -279,7 +279,7 @@ MINILM = Path(__file__).resolve().parents[1] / "data" / "minilm" / "model.safete
 @pytest.mark.parametrize("layer, head", [(4, 0), (4, 10), (0, 0)])
 def test_default_exact_learner_on_real_minilm_heads(layer, head):
     """The default probes reach 1e-12 on real heads (the two worst of the 72 and one more;
-    ``python -m attnquery.bench probes`` runs all 72), and the check passes."""
+    ``python -m attnquery.study.bench probes`` runs all 72), and the check passes."""
     from attnquery.metrics import relative_error
     from attnquery.realheads import head_from_checkpoint
 

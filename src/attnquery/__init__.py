@@ -4,14 +4,8 @@ The first implementation, and an empirical study, of "Provably Learning Attentio
 (Bhattamishra, Shah, Hahn, Kanade; ICML 2026, arXiv 2601.16873).
 """
 
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    __version__ = version("attnquery")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree
-    __version__ = "0.0.0+unknown"
-
 from ._moved import install as _install_old_paths
+from ._version import __version__
 
 # modules moved into the folder of their family keep their old import paths (attnquery._moved)
 _install_old_paths()

@@ -9,7 +9,8 @@ through either path, and no code is copied.
 How: :class:`OldPaths`, a finder on :data:`sys.meta_path` (installed when ``attnquery`` is
 imported, after the ordinary finders, which find no file at an old path), answers an old path
 with the new module, imported on demand: an old path costs nothing until it is imported, and
-the tree holds no stand-in files. This is the one place the old paths are listed.
+the tree holds no stand-in files. ``python -m <old path>`` runs the new module (its ``main``).
+This is the one place the old paths are listed.
 """
 
 from __future__ import annotations
@@ -29,6 +30,16 @@ MOVED = {
     "attnquery.learners.vector_rotary": "attnquery.learners.vector.rotary",
     "attnquery.learners.vector_rotary_layer": "attnquery.learners.vector.rotary_layer",
     "attnquery.learners.rotary_layer": "attnquery.learners.multihead_generic.rotary_layer",
+    # the study's machinery, apart from the library (attnquery.study)
+    "attnquery.pipeline": "attnquery.study.pipeline",
+    "attnquery.validate": "attnquery.study.validate",
+    "attnquery.findings": "attnquery.study.findings",
+    "attnquery.appendix": "attnquery.study.appendix",
+    "attnquery.reproducible": "attnquery.study.reproducible",
+    "attnquery.tables": "attnquery.study.tables",
+    "attnquery.provenance": "attnquery.study.provenance",
+    "attnquery.bench": "attnquery.study.bench",
+    "attnquery.config": "attnquery.study.config",
 }
 
 
@@ -51,6 +62,11 @@ class OldPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         # the module was executed when it was imported under its new path: only its own spec
         # (which the import machinery replaced with the old path's) is restored
         module.__spec__ = module.__spec__.loader_state
+
+    def get_code(self, fullname):
+        """What ``python -m <old path>`` runs: the new module, as the main module."""
+        return compile(f"import runpy\nrunpy.run_module({MOVED[fullname]!r}, "
+                       "run_name='__main__', alter_sys=True)\n", f"<{fullname}>", "exec")
 
 
 def install() -> None:

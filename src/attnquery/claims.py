@@ -7,7 +7,7 @@ whatever its check says.
 
 A claim also carries the numbers its check computed (:class:`Number`: an exponent with its
 interval, a worst error, a count of runs). They are what the findings state: the workflow collects
-them into ``results/numbers.json`` and ``results/numbers.tex`` (:mod:`attnquery.findings`), so
+them into ``results/numbers.json`` and ``results/numbers.tex`` (:mod:`attnquery.study.findings`), so
 every number a reader sees comes from the code that checked the claim.
 
 Each claim is one small function named as the claim, registered with its figure module's
@@ -54,7 +54,7 @@ class Number:
     ----------
     name : str
         Identifier in camelCase, letters and digits (``exactQueryExponent``); the LaTeX macro is
-        this name with digits spelt out (:func:`attnquery.findings.macro_name`).
+        this name with digits spelt out (:func:`attnquery.study.findings.macro_name`).
     value : float or int
         The number itself, unrounded.
     unit : str
@@ -67,7 +67,7 @@ class Number:
         Which rows of the figure's tables it is computed from.
     timing : bool
         A wall-clock measurement: not reproducible bit for bit, excluded from the comparison with
-        the committed findings (:func:`attnquery.findings.compare_numbers`).
+        the committed findings (:func:`attnquery.study.findings.compare_numbers`).
     tol : float, optional
         The largest difference from the committed value (in the number's unit, for the value and
         each end of the interval) that still counts as reproduced when the printed digits differ.

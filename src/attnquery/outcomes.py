@@ -16,7 +16,7 @@ which named errors, and why); every other error or timeout is a failure.
 
 The workflow logs a traceback only for failures; a refusal as designed is one line of the
 shard's log. :func:`summary_line` is the line the console shows for each experiment, and
-``results/validation.txt`` (:func:`attnquery.pipeline.validate_study`) uses the same words.
+``results/validation.txt`` (:func:`attnquery.study.pipeline.validate_study`) uses the same words.
 """
 
 from __future__ import annotations

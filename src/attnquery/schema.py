@@ -7,7 +7,7 @@ while it validates it. Unlike Snakemake's, this one follows ``$ref``: a property
 reference (``enabled: {$ref: "#/$defs/common/enabled"}``) gets the default of the definition it
 names.
 
-:func:`attnquery.config.validate_config` fills the whole config;
+:func:`attnquery.study.config.validate_config` fills the whole config;
 :func:`section_with_defaults` fills one experiment's section (what
 :func:`attnquery.experiments.expand_cells` expands, so that a section given in code, as the
 tests do, gets the same defaults as one read from a file).

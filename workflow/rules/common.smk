@@ -4,11 +4,11 @@
 import json
 from pathlib import Path
 
-from attnquery.config import check_config, enabled_experiments
+from attnquery.study.config import check_config, enabled_experiments
 from attnquery.errors import ConfigError
 from attnquery.experiments import get_experiment
 from attnquery.figures import figures_for, get_spec
-from attnquery.pipeline import ClaimsText
+from attnquery.study.pipeline import ClaimsText
 from attnquery.results import experiment_tables, timing_path
 from attnquery.study import (
     figure_sources,
@@ -98,7 +98,7 @@ FINDINGS_TEMPLATES = [
 ]
 
 
-TABLE_CODE = source_digest(module_closure(["attnquery.tables"]))
+TABLE_CODE = source_digest(module_closure(["attnquery.study.tables"]))
 
 
 def final_outputs():

@@ -1,6 +1,7 @@
-"""Assemble an experiment's table from its shards (shim around attnquery.pipeline.aggregate)."""
-from attnquery.pipeline import aggregate
+"""Assemble an experiment's table from its shards (shim around
+attnquery.study.pipeline.aggregate)."""
 from attnquery.results import is_timing_table
+from attnquery.study.pipeline import aggregate
 
 aggregate(
     [p for p in snakemake.input if not is_timing_table(p)],

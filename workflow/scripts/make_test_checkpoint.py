@@ -1,6 +1,6 @@
 """Write a small seeded BERT-style checkpoint (thin shim around attnquery.realheads)."""
-from attnquery.pipeline import Logger
 from attnquery.realheads import write_test_checkpoint
+from attnquery.study.pipeline import Logger
 
 log = Logger(snakemake.log[0])
 try:

@@ -1,5 +1,5 @@
 """Merge every experiment's table into results/all.parquet."""
-from attnquery.pipeline import Logger, merge_all
+from attnquery.study.pipeline import Logger, merge_all
 
 n = merge_all(snakemake.input, snakemake.output[0])
 log = Logger(snakemake.log[0])

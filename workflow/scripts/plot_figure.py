@@ -1,6 +1,7 @@
-"""Render one figure from result tables (thin shim around attnquery.pipeline.render_figure)."""
-from attnquery.pipeline import render_figure
+"""Render one figure from result tables (thin shim around
+attnquery.study.pipeline.render_figure)."""
 from attnquery.results import is_timing_table
+from attnquery.study.pipeline import render_figure
 
 render_figure(
     snakemake.wildcards.figure,

@@ -1,7 +1,7 @@
-"""Render the findings templates from results/numbers.json (attnquery.findings)."""
+"""Render the findings templates from results/numbers.json (attnquery.study.findings)."""
 from pathlib import Path
 
-from attnquery.findings import render_findings
+from attnquery.study.findings import render_findings
 
 missing = render_findings(snakemake.input.numbers, snakemake.input.templates, snakemake.output)
 Path(snakemake.log[0]).write_text(

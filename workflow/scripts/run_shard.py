@@ -1,5 +1,5 @@
-"""Compute one shard of one experiment (thin shim around attnquery.pipeline.run_shard)."""
-from attnquery.pipeline import run_shard
+"""Compute one shard of one experiment (thin shim around attnquery.study.pipeline.run_shard)."""
+from attnquery.study.pipeline import run_shard
 
 run_shard(
     snakemake.wildcards.experiment,

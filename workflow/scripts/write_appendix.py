@@ -1,8 +1,8 @@
-"""Write appendix/appendix.tex and appendix/body.tex from a run (attnquery.appendix)."""
+"""Write appendix/appendix.tex and appendix/body.tex from a run (attnquery.study.appendix)."""
 import json
 from pathlib import Path
 
-from attnquery.appendix import write_appendix
+from attnquery.study.appendix import write_appendix
 
 out = write_appendix(snakemake.input.records, snakemake.input.tables, snakemake.input.numbers,
                      snakemake.input.results, json.loads(snakemake.params.config),

@@ -10,8 +10,8 @@ Subcommands, one module each:
 * ``attnquery validate`` (:mod:`.validate`): check a results folder against the schema and the
   configured grid;
 * ``attnquery info`` (:mod:`.info`): versions, learners available, configured experiments;
-* ``attnquery bench`` (:mod:`.bench`): the benchmarks of :mod:`attnquery.bench`;
-* ``attnquery check-reproducible`` (:mod:`.reproducible`): :mod:`attnquery.reproducible`.
+* ``attnquery bench`` (:mod:`.bench`): the benchmarks of :mod:`attnquery.study.bench`;
+* ``attnquery check-reproducible`` (:mod:`.reproducible`): :mod:`attnquery.study.reproducible`.
 
 The extraction itself (the learners by name, black boxes, oracles, :func:`run_extraction`) is
 the library module :mod:`attnquery.extraction`; this package only parses, reports and maps

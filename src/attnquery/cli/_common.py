@@ -118,11 +118,11 @@ def os_reason(exc: OSError) -> str:
 
 
 def load_config(path):
-    """:func:`attnquery.config.load_config` (a missing file is a ConfigError), with a malformed
-    or unreadable file as a ConfigError too (a usage error)."""
+    """:func:`attnquery.study.config.load_config` (a missing file is a ConfigError), with a
+    malformed or unreadable file as a ConfigError too (a usage error)."""
     import yaml
 
-    from ..config import load_config as load
+    from ..study.config import load_config as load
 
     kind = special_file_kind(path)
     if kind is not None:  # reading a FIFO would block

@@ -25,7 +25,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``attnquery`` argument parser, every subcommand included."""
-    from .. import __version__
+    from .._version import __version__
 
     p = _Parser(
         prog="attnquery",

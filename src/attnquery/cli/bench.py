@@ -1,5 +1,5 @@
-"""``attnquery bench``: the benchmarks of :mod:`attnquery.bench` (pinned configurations, queries
-counted by the oracle, errors and wall time), printed as Markdown tables."""
+"""``attnquery bench``: the benchmarks of :mod:`attnquery.study.bench` (pinned configurations,
+queries counted by the oracle, errors and wall time), printed as Markdown tables."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ __all__ = ["register", "run"]
 
 def register(sub) -> None:
     """Add the ``bench`` subcommand to the subparsers ``sub``."""
-    from ..bench import BENCHMARKS
+    from ..study.bench import BENCHMARKS
 
     b = sub.add_parser(
         "bench", help="run the benchmarks (counted queries, errors, wall time)",
@@ -22,7 +22,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     """Run ``attnquery bench``; an unknown name is a usage error, found before any runs."""
-    from ..bench import run_benchmarks
+    from ..study.bench import run_benchmarks
 
     run_benchmarks(args.names)
     return 0

@@ -29,8 +29,8 @@ def register(sub) -> None:
 def run(args) -> int:
     """Run ``attnquery info``."""
     from ..extraction import methods
-    from ..provenance import versions
     from ..results import SCHEMA_VERSION
+    from ..study.provenance import versions
 
     info = {
         "versions": versions(),
@@ -63,8 +63,8 @@ def _method(m) -> dict:
 
 def _experiments(cfg) -> dict:
     """Each configured experiment: enabled or not, its cells, jobs and estimated cost."""
-    from ..config import check_config, enabled_experiments
     from ..study import study_size
+    from ..study.config import check_config, enabled_experiments
 
     cells = check_config(cfg)
     enabled = enabled_experiments(cfg)

@@ -1,5 +1,5 @@
 """``attnquery check-reproducible``: run a study twice (1 core, then several) and compare every
-result table and figure byte for byte (:mod:`attnquery.reproducible`)."""
+result table and figure byte for byte (:mod:`attnquery.study.reproducible`)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def run(args) -> int:
     """Run ``attnquery check-reproducible``; 1 when the two runs differ or one failed."""
     import subprocess
 
-    from .. import reproducible
+    from ..study import reproducible
 
     load_config(args.config)  # a missing or malformed configuration: a usage error, first
     try:

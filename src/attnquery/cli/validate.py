@@ -42,9 +42,9 @@ def run(args) -> int:
 
 
 def _validate(results_dir, cfg) -> list[str]:
-    """:func:`attnquery.validate.validate_results`; a table too damaged for its row checks is
+    """:func:`attnquery.study.validate.validate_results`; a table too damaged for its row checks is
     reported by its schema problems instead of stopping the command."""
-    from ..validate import validate_results
+    from ..study.validate import validate_results
 
     try:
         return validate_results(results_dir, cfg)
@@ -52,7 +52,7 @@ def _validate(results_dir, cfg) -> list[str]:
         import pyarrow.parquet as pq
 
         from ..results import RESULT_SCHEMA, TIMING_SCHEMA, is_timing_table
-        from ..validate import check_table_schema
+        from ..study.validate import check_table_schema
 
         problems = []
         for path in sorted(Path(results_dir).glob("*.parquet")):

@@ -13,7 +13,7 @@ from ..learners import ExactValueQueryLearner
 from ..models import random_head
 from ..oracles import ValueOracle
 from ..theory import EXACT_TOL
-from . import Experiment, grid, register
+from ._core import Experiment, grid, register
 from ._costs import exact_learner_seconds
 from ._recipe import fit_and_measure
 

@@ -23,7 +23,7 @@ from ..oracles import RoundingOracle
 from ..realheads import head_from_checkpoint
 from ..theory import LOWPRECISION_TARGET as TARGET_REL_ERR
 from ..theory import budget_queries, parse_rounding, precision_digits, precision_relative_tau
-from . import Experiment, checkpoint_source, grid, readout_args, register
+from ._core import Experiment, checkpoint_source, grid, readout_args, register
 from ._recipe import fit_and_measure
 
 __all__ = ["LEARNERS", "cells", "run", "seconds"]

@@ -29,7 +29,7 @@ from ..learners._registry import REQUIRED, get_entry, registry
 from ..metrics import absolute_error, relative_error
 from ..models import random_head
 from ..theory import PHASE_TOL, SKETCH_TOL, lowrank_floor
-from . import Experiment, grid, register
+from ._core import Experiment, grid, register
 from ._costs import exact_learner_seconds
 from ._recipe import fit_and_measure, head_measure
 

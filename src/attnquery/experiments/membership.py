@@ -23,7 +23,7 @@ from ..learners import MembershipLearner
 from ..models import membership_head
 from ..oracles import MembershipOracle
 from ..theory import membership_target
-from . import Experiment, grid, register
+from ._core import Experiment, grid, register
 from ._recipe import fit_and_measure
 
 __all__ = ["LEARNERS", "SAMPLE_BUDGET", "cells", "run", "seconds"]

@@ -37,7 +37,7 @@ from ..models import (
 from ..oracles import ValueOracle
 from ..outcomes import Refusal
 from ..theory import DISCOVER_TOL, KNOWN_TOL
-from . import Experiment, grid, register
+from ._core import Experiment, grid, register
 from ._recipe import fit_and_measure
 
 __all__ = ["non_identifiability_demo", "CONSTRUCTIONS"]

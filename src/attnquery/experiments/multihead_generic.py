@@ -37,7 +37,7 @@ from ..models import (
 from ..oracles import ValueOracle
 from ..outcomes import Refusal
 from ..theory import MULTIHEAD_GENERIC_TOL as SUCCESS_TOL
-from . import Experiment, grid, register
+from ._core import Experiment, grid, register
 from ._recipe import fit_and_measure
 
 #: the learners of this experiment, by name: a factory (cell, d, rng) -> estimator

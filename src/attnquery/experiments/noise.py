@@ -23,7 +23,7 @@ from ..models import assumptions_met, theorem_head
 from ..oracles import ApproximateValueOracle
 from ..outcomes import Refusal
 from ..theory import theorem61_guarantee, theorem61_required_tau
-from . import Experiment, grid, register
+from ._core import Experiment, grid, register
 from ._recipe import fit_and_measure, head_measure
 
 __all__ = ["LEARNERS", "REFUSALS", "within", "cells", "run", "seconds"]

@@ -41,7 +41,7 @@ from ..realheads import head_from_checkpoint, head_summary
 from ..theory import BIAS_EXACT_TOL, BIAS_PARAM_TOL, BIAS_SKETCH_TOL
 from ..theory import REALHEADS_EXACT_TOL as EXACT_TOL
 from ..theory import REALHEADS_SKETCH_TOL as SKETCH_TOL
-from . import Experiment, checkpoint_source, grid, readout_args, register
+from ._core import Experiment, checkpoint_source, grid, readout_args, register
 from ._recipe import bias_measure, fit_and_measure, head_measure
 
 

@@ -34,7 +34,7 @@ from ..oracles import ValueOracle
 from ..realheads import layer_from_checkpoint
 from ..theory import LAYER_FUNC_TOL as FUNC_TOL
 from ..theory import LAYER_HEAD_TOL as HEAD_TOL
-from . import Experiment, checkpoint_source, grid, readout_args, register
+from ._core import Experiment, checkpoint_source, grid, readout_args, register
 from ._recipe import fit_and_measure, layer_measure
 
 #: the learner of this experiment

@@ -50,7 +50,7 @@ from ..metrics import max_error_by_length, relative_error
 from ..models import RotaryAttentionHead, random_rotary_head, random_rotary_layer
 from ..oracles import ValueOracle
 from ..outcomes import Refusal
-from . import Experiment, grid, register
+from ._core import Experiment, grid, register
 from ._recipe import fit_and_measure
 
 #: sequence lengths of the functional error, and how many held-out sequences of each

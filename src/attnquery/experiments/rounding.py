@@ -21,7 +21,7 @@ from ..learners import (
 from ..models import theorem_head
 from ..oracles import RoundingOracle
 from ..theory import USEFUL_REL_ERR, budget_queries
-from . import Experiment, grid, register
+from ._core import Experiment, grid, register
 from ._recipe import fit_and_measure
 
 __all__ = ["LEARNERS", "BUDGET_AXES", "cells", "run", "seconds"]

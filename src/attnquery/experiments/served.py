@@ -22,7 +22,7 @@ from ..metrics import relative_error
 from ..oracles import ValueOracle
 from ..precision import PRECISIONS, Arithmetic
 from ..realheads import ModuleBlackBox, cached_checkpoint, head_from_checkpoint
-from . import Experiment, checkpoint_source, grid, readout_args, register
+from ._core import Experiment, checkpoint_source, grid, readout_args, register
 from ._recipe import fit_and_measure, layer_measure, relative_bias_measure
 
 __all__ = ["cells", "run", "floor_W", "floor_cv", "GOALS", "FLOAT32_GOAL", "layer_cells",

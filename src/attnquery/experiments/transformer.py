@@ -26,7 +26,7 @@ from ..models import random_transformer
 from ..oracles import ValueOracle
 from ..theory import FFN_TOL
 from ..theory import TRANSFORMER_W_TOL as W_TOL
-from . import Experiment, grid, register
+from ._core import Experiment, grid, register
 from ._recipe import fit_and_measure
 
 

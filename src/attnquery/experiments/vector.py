@@ -28,7 +28,7 @@ import pyarrow as pa
 
 from ..errors import ConfigError
 from ..metrics import relative_error
-from . import Experiment, grid, register
+from ._core import Experiment, grid, register
 from ._recipe import fit_and_measure, relative_bias_measure
 
 __all__ = ["cells", "run", "VARIANTS", "degrees_of_freedom", "floor_queries", "CHECK_LENGTHS",

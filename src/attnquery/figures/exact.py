@@ -18,7 +18,7 @@ from ..claims import (
 )
 from ..metrics import fit_power_law
 from ..theory import EXACT_TOL
-from . import log2_ticks, register_figure
+from ._core import log2_ticks, register_figure
 
 #: exponent interval the claim accepts
 EXPONENT_RANGE = (1.95, 2.05)

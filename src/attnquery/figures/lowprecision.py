@@ -28,8 +28,8 @@ from ..claims import (
 from ..theory import LOWPRECISION_GOAL_QUERIES_PER_UNKNOWN as GOAL_QUERIES_PER_UNKNOWN
 from ..theory import LOWPRECISION_GOALS as GOALS
 from ..theory import LOWPRECISION_TARGET as TARGET_REL_ERR
-from . import register_figure, tight_layout
 from ._common import SLOPE_FROM_PASSES, queries_needed, slope_fits
+from ._core import register_figure, tight_layout
 
 __all__ = ["CLAIMS", "lowprecision_claims", "lowprecision_frame", "slope_fits", "queries_needed",
            "lowprecision", "SLOPE_RANGE", "PRECISION_SLOPE_RANGE", "ESTIMATE_RANGE",

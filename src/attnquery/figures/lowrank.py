@@ -21,7 +21,7 @@ from ..claims import (
 )
 from ..metrics import fit_power_law
 from ..theory import PHASE_TOL, SKETCH_TOL, lowrank_floor
-from . import register_figure
+from ._core import register_figure
 
 #: interval the fitted exponent of the smallest successful m against r d must fall in
 LINEAR_RANGE = (0.85, 1.15)

@@ -8,7 +8,7 @@ import numpy as np
 from ..claims import Claim, ClaimSet, Number, ok_rows
 from ..metrics import fit_linear
 from ..theory import membership_target as target_queries
-from . import register_figure, tight_layout
+from ._core import register_figure, tight_layout
 
 #: the target: counted queries within this factor of d^2 log2(2 W d / eps) + d log2(1/eps)
 TARGET_FACTOR = 1.2

@@ -8,7 +8,7 @@ import numpy as np
 from ..claims import ROUNDING_FACTOR, Claim, ClaimSet, Number, ok_rows, threshold_claim
 from ..theory import AGREE_TOL, DISCOVER_TOL, DISTANCE_MIN, KNOWN_TOL
 from ..theory import NON_IDENTIFIABLE_CONSTRUCTIONS as CONSTRUCTIONS
-from . import log2_ticks, register_figure
+from ._core import log2_ticks, register_figure
 
 #: the learner's default finite-difference step, at which the discovery claim is checked
 DEFAULT_STEP = 1e-2

@@ -17,7 +17,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
 from ..claims import ROUNDING_FACTOR, Claim, ClaimSet, Number, threshold_claim
 from ..theory import MULTIHEAD_GENERIC_TOL as SUCCESS_TOL
-from . import log2_ticks, register_figure
+from ._core import log2_ticks, register_figure
 
 #: the claim on random heads covers grid points with d and H up to these
 SMALL_D, SMALL_H = 12, 3

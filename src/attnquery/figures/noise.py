@@ -8,8 +8,8 @@ import numpy as np
 from ..claims import Claim, ClaimSet, Number, extra_values, fit_number, number_name, ok_rows
 from ..theory import oversample_exponent_range, theorem61_guarantee
 from ..theory import theorem61_premise as cell_meets_assumptions
-from . import register_figure, tight_layout
 from ._common import fit_within
+from ._core import register_figure, tight_layout
 
 #: interval the fitted slope of error against tau must fall in
 SLOPE_RANGE = (0.9, 1.1)

@@ -17,7 +17,7 @@ from ..claims import ROUNDING_FACTOR, Claim, ClaimSet, Number, extra_values, ok_
 from ..theory import BIAS_EXACT_TOL, BIAS_PARAM_TOL, BIAS_SKETCH_TOL, exact_queries, lowrank_floor
 from ..theory import REALHEADS_EXACT_TOL as EXACT_TOL
 from ..theory import REALHEADS_SKETCH_TOL as SKETCH_TOL
-from . import register_figure
+from ._core import register_figure
 
 #: the sketch may spend at most this factor over r(2d - r) + d (the project's target for the sketch)
 SKETCH_QUERY_FACTOR = 1.05

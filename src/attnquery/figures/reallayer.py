@@ -13,7 +13,7 @@ import numpy as np
 from ..claims import ROUNDING_FACTOR, Claim, ClaimSet, Number, extra_values
 from ..theory import LAYER_FUNC_TOL as FUNC_TOL
 from ..theory import LAYER_HEAD_TOL as HEAD_TOL
-from . import register_figure
+from ._core import register_figure
 
 #: at d >= DOF_MIN_D the learner may spend at most this factor over the layer's degrees of
 #: freedom (at small d the circle scan's (H + 1)(2d + 1) gradient queries weigh more)

@@ -25,8 +25,8 @@ from ..claims import (
     threshold_claim,
 )
 from ..metrics import fit_power_law
-from . import log2_ticks, register_figure
 from ._common import label_points
+from ._core import log2_ticks, register_figure
 
 #: exponent interval the claim accepts (dense route, d >= FIT_MIN_D)
 EXPONENT_RANGE = (1.95, 2.05)

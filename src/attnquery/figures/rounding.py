@@ -10,8 +10,8 @@ import numpy as np
 from ..claims import Claim, ClaimSet, Number, extra_values
 from ..metrics import fit_linear
 from ..theory import USEFUL_REL_ERR, precision_digits
-from . import register_figure, tight_layout
 from ._common import inf_to, queries_needed, slope_fits
+from ._core import register_figure, tight_layout
 
 __all__ = ["CLAIMS", "rounding_claims", "useful_digits", "rounding_costs", "defence_rounding"]
 

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from ..claims import NOISE_FACTOR, Claim, ClaimSet, Number, extra_values, number_name
-from . import register_figure
+from ._core import register_figure
 
 #: the issue's goals: precision -> (largest budget in (d^2 + 2d + 1), goal on W). float32: the
 #: error itself; float16 and bfloat16: the error over the format's floor

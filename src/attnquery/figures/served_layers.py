@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from ..claims import NOISE_FACTOR, Claim, ClaimSet, Number, extra_values
-from . import register_figure
+from ._core import register_figure
 
 #: the issue's goal for float32-served layers: every head's W and the function within GOAL at
 #: at most BUDGET times the layer's degrees of freedom

@@ -8,7 +8,7 @@ import numpy as np
 from ..claims import ROUNDING_FACTOR, Claim, ClaimSet, Number, ok_rows, threshold_claim
 from ..theory import FFN_TOL
 from ..theory import TRANSFORMER_W_TOL as W_TOL
-from . import log2_ticks, register_figure
+from ._core import log2_ticks, register_figure
 
 FLOOR = 1e-17  # errors of exactly 0 are drawn here on log axes
 

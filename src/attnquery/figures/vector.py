@@ -20,8 +20,8 @@ from ..claims import (
     extra_values,
     number_name,
 )
-from . import log2_ticks, register_figure
 from ._common import label_points
+from ._core import log2_ticks, register_figure
 
 #: the issue's goal for float64 fits (W, V, c, beta and the function, relative)
 GOAL = 1e-9

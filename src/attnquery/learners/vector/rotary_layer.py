@@ -65,7 +65,6 @@ from ._rotary_base import measure_base
 from ._rotary_last import last_plan, read_forms_last, read_spaces_last
 from ._rotary_reads import (
     ROTARY_PARAMS,
-    ask_blocks,
     drop_biases,
     form_offset,
     head_weights,
@@ -75,6 +74,7 @@ from ._rotary_reads import (
     solve_forms,
     whitened_solve,
 )
+from ._rotary_rows import NEAR_ROWS, ROW_OVERSAMPLE, FormEquationsMixin  # noqa: F401
 from ._split import split_outputs
 
 __all__ = ["RotaryLayerVectorLearner", "STAGES"]
@@ -89,10 +89,6 @@ SPACE_VECTORS = 1.5
 KEY_OVERSAMPLE = 5.0
 #: probes of the form stage beyond the dh + 1 coordinates of a query token
 EXTRA_PROBES = 4
-#: form equations per unknown of one probe (the padding rows used are spread evenly)
-ROW_OVERSAMPLE = 8
-#: padding rows right after the keys all used (the short offsets), beyond ROW_OVERSAMPLE's
-NEAR_ROWS = 32
 #: distinct values a row's weights are read on, per dimension of a head's values
 SLOT_SHARE = 0.75
 #: input spaces of two heads' value maps closer than this share a key/value head
@@ -115,7 +111,7 @@ def long_sets(e: int, k: int) -> int:
     return math.ceil(e / k) + 1
 
 
-class RotaryLayerVectorLearner(BaseLearner):
+class RotaryLayerVectorLearner(FormEquationsMixin, BaseLearner):
     """Recover a layer of rotary heads (RoPE, biases, grouped-query attention) from a
     :class:`~attnquery.oracles.VectorOracle` answering every token's outputs or the last
     token's.
@@ -481,51 +477,6 @@ class RotaryLayerVectorLearner(BaseLearner):
         F = np.stack(forms)  # (H, nb, e, e)
         j = self.frequencies_.size
         self.cos_forms_, self.sin_forms_, self.const_form_ = F[:, :j], F[:, j:2 * j], F[:, -1]
-
-    def _form_equations(self, oracle, rng, d: int, probes, L: int, n_sets: int):
-        """The form equations of ``n_sets`` key sets asked with every probe in queries of L
-        tokens (the probe's copies the padding): the offsets (E, k) of the E rows read, and
-        per head the keys' coordinates (E, k, e) and the probes' log-weights (P, E, k)."""
-        H, r = self.query_bases_.shape[:2]
-        k, e, n_probes = self._slots() - 1, r + 1, probes.shape[0]
-        pos = (np.arange(k) if self.causal else
-               np.concatenate([np.arange(k - k // 2), L - 1 - np.arange(k // 2)[::-1]]))
-        pad = np.setdiff1d(np.arange(L), pos)
-        nb = r + 1
-        # rows at most k apart (every offset asked), and ROW_OVERSAMPLE equations per unknown
-        used = min(pad.size, max(math.ceil(ROW_OVERSAMPLE * nb * e / (n_sets * k)),
-                                 math.ceil(pad.size / k)))
-        # the first padding rows see the keys at the short offsets, the rest spread evenly
-        near = min(pad.size, NEAR_ROWS)
-        rows = pad[np.unique(np.concatenate([
-            np.arange(near), np.linspace(0, pad.size - 1, max(used - near, 2)).round()
-        ]).astype(int))]
-        keys = rng.standard_normal((n_sets, k, d)) / np.sqrt(d)
-
-        def queries(lo, hi):  # query q: probe q // n_sets with key set q % n_sets
-            q = np.arange(lo, hi)
-            X = np.broadcast_to(probes[q // n_sets][:, None], (hi - lo, L, d)).copy()
-            X[:, pos] = keys[q % n_sets]
-            return X
-
-        O = ask_blocks(oracle, n_probes * n_sets, queries, lambda O: O[:, rows])
-        O = O - self.output_bias_
-        offsets = np.tile((pos[None, :] - rows[:, None]).astype(np.float64), (n_sets, 1))
-        kappas, ells, shared = [], [], {}
-        for h in range(H):
-            vals = np.concatenate([
-                np.broadcast_to(keys @ self._values[h], (n_probes, n_sets, k, r)),
-                (probes @ self._values[h])[:, None, None, :].repeat(n_sets, 1)], axis=2)
-            a = head_weights(vals.reshape(n_probes * n_sets, k + 1, r), O @ self._reads[h],
-                             "a layer of rotary heads as declared")[0][..., :k]
-            ells.append(np.log(np.where(a > MIN_WEIGHT, a, np.nan)).reshape(n_probes, -1, k))
-            g = self.head_groups_[h]
-            if g not in shared:  # the heads of a key/value head share their key coordinates
-                kappa = np.concatenate([keys @ self.key_bases_[h].T, np.ones((n_sets, k, 1))],
-                                       2)
-                shared[g] = np.repeat(kappa, rows.size, axis=0)
-            kappas.append(shared[g])
-        return offsets, kappas, ells
 
     def _verify(self, oracle, rng) -> None:
         """``verify`` fresh queries up to ``check_length`` tokens

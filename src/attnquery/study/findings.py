@@ -7,14 +7,14 @@ them into ``results/numbers.json`` and ``results/numbers.tex`` (:func:`write_num
 macro per number), and its ``findings`` rule renders the findings pages from their templates
 (:func:`render_template`). So every number a reader sees comes from the code that checked it.
 
-From the command line (``python -m attnquery.findings``):
+From the command line (``python -m attnquery.study.findings``):
 
 ``compare COMMITTED NEW [--strict]``
     Whether a run (``results/numbers.json``) reproduced every number of the committed findings
     (``docs/numbers.json``) as the findings print it (:func:`compare_numbers`): timing numbers
     (wall clock) are not compared but listed apart, each as measured on the machine of the
     committed findings and as measured here (the machine each ``numbers.json`` records,
-    :func:`attnquery.provenance.machine`); numbers that print differently, are missing or are
+    :func:`attnquery.study.provenance.machine`); numbers that print differently, are missing or are
     new are named, those that differ only below their printed digits listed apart.
     ``make reproduce`` ends with it; with ``--strict`` the exit status is 0 when reproduced,
     1 when not.
@@ -33,7 +33,7 @@ import re
 import sys
 from pathlib import Path
 
-from .claims import format_interval, format_number
+from ..claims import format_interval, format_number
 
 __all__ = ["figure_record", "collect_numbers", "write_numbers", "macro_name", "numbers_tex",
            "render_template", "compare_numbers", "printed_format", "last_digit", "publish",
@@ -119,8 +119,8 @@ def numbers_tex(numbers: dict[str, dict], machine: dict | None = None) -> str:
 def write_numbers(record_paths, json_out, tex_out, log=None) -> dict:
     """Collect the numbers of the figure records at ``record_paths`` into ``json_out`` and
     ``tex_out`` (written atomically); returns them."""
+    from ..results import atomic_write_bytes
     from .provenance import machine
-    from .results import atomic_write_bytes
 
     records = [json.loads(Path(p).read_text(encoding="utf-8")) for p in record_paths]
     numbers = collect_numbers(records)
@@ -148,7 +148,7 @@ def load_numbers(path) -> dict[str, dict]:
 
 
 def load_machine(path) -> dict | None:
-    """The machine a ``numbers.json`` records (:func:`attnquery.provenance.machine`; None when
+    """The machine a ``numbers.json`` records (:func:`attnquery.study.provenance.machine`; None when
     the file does not exist or names none)."""
     p = Path(path)
     if not p.is_file():
@@ -179,7 +179,7 @@ def render_template(text: str, numbers: dict[str, dict],
                     machine: dict | None = None) -> tuple[str, list[str]]:
     """``text`` with every ``{{name}}`` replaced by the number's printed value (``{{name.lo}}``,
     ``{{name.hi}}``, ``{{name.interval}}`` its interval) and ``{{machine}}`` by the machine
-    the wall-clock numbers were measured on (:func:`attnquery.provenance.machine_text`), then
+    the wall-clock numbers were measured on (:func:`attnquery.study.provenance.machine_text`), then
     degenerate ranges collapsed (:func:`collapse_ranges`); returns the text and the names the
     numbers lack, each rendered as ``(missing: name)``."""
     from .provenance import machine_text
@@ -330,7 +330,7 @@ def compare_numbers(committed: dict[str, dict], new: dict[str, dict],
     listed apart, as information; wall-clock numbers (``timing``) are not compared: they are
     listed apart, each as the committed findings measured it, on the machine ``machines[0]``
     they record, and as measured here, on ``machines[1]``
-    (:func:`attnquery.provenance.machine`).
+    (:func:`attnquery.study.provenance.machine`).
 
     Returns
     -------
@@ -482,7 +482,7 @@ def publish(root=".", numbers_json="results/numbers.json",
 def render_findings(numbers_json, templates, outputs) -> list[str]:
     """Render each template in ``templates`` to the matching path in ``outputs``; returns the
     names the numbers lack."""
-    from .results import atomic_write_bytes
+    from ..results import atomic_write_bytes
 
     numbers = load_numbers(numbers_json)
     machine = load_machine(numbers_json)
@@ -495,7 +495,7 @@ def render_findings(numbers_json, templates, outputs) -> list[str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m attnquery.findings",
+    parser = argparse.ArgumentParser(prog="python -m attnquery.study.findings",
                                      description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     c = sub.add_parser("compare", help="were the committed findings' numbers reproduced as "
@@ -523,7 +523,7 @@ def main(argv=None) -> int:
         for line in publish(args.root):
             print(line)
     except (FileNotFoundError, ValueError) as exc:
-        print(f"python -m attnquery.findings publish: error: {exc}", file=sys.stderr)
+        print(f"python -m attnquery.study.findings publish: error: {exc}", file=sys.stderr)
         return 1
     return 0
 

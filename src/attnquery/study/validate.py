@@ -30,7 +30,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .results import (
+from ..results import (
     METRIC_COLUMNS,
     RESULT_SCHEMA,
     SCHEMA_VERSION,
@@ -168,7 +168,7 @@ def validate_results(results_dir, config, files=None) -> list[str]:
         The study's ``results/`` folder (``<experiment>.parquet``, ``<experiment>.timing.parquet``
         and ``all.parquet``; shard folders are not checked).
     config : dict
-        A validated study configuration (:func:`attnquery.config.load_config`).
+        A validated study configuration (:func:`attnquery.study.config.load_config`).
     files : list of paths, optional
         Check exactly these tables (the workflow passes the files its rule declares as inputs);
         by default every table in ``results_dir``.
@@ -262,7 +262,7 @@ def _check_rows(table: pa.Table, fname: str, expected: dict, check: bool = True)
 
 def error_shares(df) -> dict[str, tuple[int, int]]:
     """``experiment -> (cells without an answer, cells)``: cells with status error or timeout,
-    refusals as designed included (:func:`attnquery.pipeline.table_outcomes` tells the cells
+    refusals as designed included (:func:`attnquery.study.pipeline.table_outcomes` tells the cells
     refused as designed from those that failed)."""
     out = {}
     for name, g in df.groupby("experiment", sort=True):

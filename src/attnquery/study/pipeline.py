@@ -9,10 +9,9 @@ import sys
 import warnings
 from pathlib import Path
 
-from .experiments import get_experiment, run_cells
-from .outcomes import count_outcomes, summary_line
-from .provenance import provenance
-from .results import (
+from ..experiments import get_experiment, run_cells
+from ..outcomes import count_outcomes, summary_line
+from ..results import (
     RESULT_SCHEMA,
     TIMING_SCHEMA,
     is_timing_table,
@@ -21,6 +20,7 @@ from .results import (
     write_rows,
     write_table,
 )
+from .provenance import provenance
 
 __all__ = ["run_shard", "aggregate", "render_figure", "merge_all", "Logger",
            "ClaimsText", "claims_path", "claims_rst", "validate_study", "make_tables"]
@@ -69,8 +69,8 @@ def run_shard(name: str, cells, seed: int, time_limit: float | None, out, timing
     experiment does not declare as a refusal, or a timeout: :mod:`attnquery.outcomes`).
     Returns the number of rows written.
     """
-    from .errors import AttnQueryError, VacuousCheckWarning
-    from .study import code_version
+    from ..errors import AttnQueryError, VacuousCheckWarning
+    from .bookkeeping import code_version
 
     logger = Logger(log)
     try:
@@ -122,7 +122,7 @@ def aggregate(inputs, keys, out, timing_out, log=None) -> int:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from .errors import AttnQueryError
+    from ..errors import AttnQueryError
 
     logger = Logger(log)
     try:
@@ -192,7 +192,7 @@ def make_tables(inputs, outputs, log=None) -> None:
 
 
 def validate_study(inputs, config, out, log=None) -> None:
-    """Validate a study's result tables (:func:`attnquery.validate.validate_results`).
+    """Validate a study's result tables (:func:`attnquery.study.validate.validate_results`).
 
     ``inputs`` are the tables to check (``results/<experiment>.parquet``, their timing tables
     and ``results/all.parquet``). When the results are valid, writes to ``out`` one line per
@@ -201,8 +201,8 @@ def validate_study(inputs, config, out, log=None) -> None:
     (:mod:`attnquery.outcomes`); raises :class:`~attnquery.errors.AttnQueryError` listing every
     problem otherwise (so the workflow fails), without writing ``out``.
     """
-    from .errors import AttnQueryError
-    from .results import atomic_write_bytes
+    from ..errors import AttnQueryError
+    from ..results import atomic_write_bytes
     from .validate import validate_results
 
     logger = Logger(log)
@@ -283,12 +283,12 @@ def render_figure(name: str, inputs, pdf, png, claims_out=None, log=None, number
     """Render figure ``name`` from result files; log its claims and write them to
     ``claims_out`` (by default ``figures/claims/<name>.rst`` beside the figure), and the claims
     with the numbers their checks computed to ``numbers_out`` (JSON,
-    :func:`attnquery.findings.figure_record`; by default ``figures/claims/<name>.json``)."""
+    :func:`attnquery.study.findings.figure_record`; by default ``figures/claims/<name>.json``)."""
     import json
 
-    from .figures import get_spec, render
+    from ..figures import get_spec, render
+    from ..results import atomic_write_bytes
     from .findings import figure_record
-    from .results import atomic_write_bytes
 
     logger = Logger(log)
     try:

@@ -57,7 +57,7 @@ REPORTED_PACKAGES = ("numpy", "scipy", "cvxpy", "pyarrow", "pandas", "safetensor
 
 def versions(packages=REPORTED_PACKAGES) -> dict[str, str]:
     """attnquery's, Python's and ``packages``' versions, by name ("not installed" if absent)."""
-    from . import __version__
+    from .._version import __version__
 
     return {"attnquery": __version__, "python": platform.python_version(),
             **{pkg: _version(pkg) for pkg in packages}}

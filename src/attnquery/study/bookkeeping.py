@@ -35,7 +35,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ConfigError
+from .._imports import PACKAGE, PACKAGE_DIR
+from .._imports import absolute as _absolute
+from .._imports import is_package as _is_package
+from .._imports import module_path as _module_path
+from .._imports import parsed as _parsed
+from ..errors import ConfigError
 
 __all__ = [
     "PACKAGE_DIR",
@@ -59,8 +64,6 @@ __all__ = [
     "study_size",
 ]
 
-PACKAGE = "attnquery"
-PACKAGE_DIR = Path(__file__).resolve().parent
 
 #: libraries whose version is part of every code version (their arithmetic is in every result)
 LIBRARIES = ("numpy", "scipy", "cvxpy", "scs", "clarabel")
@@ -73,43 +76,6 @@ _TIMEOUT_LIMIT = re.compile(r"time limit of ([0-9.eE+-]+) s")
 # ---------------------------------------------------------------------------------------------
 # code versions
 # ---------------------------------------------------------------------------------------------
-def _module_path(modname: str) -> Path | None:
-    """The source file of module ``modname`` of this package (None if it is not one)."""
-    parts = modname.split(".")
-    if parts[0] != PACKAGE:
-        return None
-    base = PACKAGE_DIR.joinpath(*parts[1:])
-    if base.with_suffix(".py").is_file():
-        return base.with_suffix(".py")
-    if (base / "__init__.py").is_file():
-        return base / "__init__.py"
-    return None
-
-
-def _is_package(modname: str) -> bool:
-    p = _module_path(modname)
-    return p is not None and p.name == "__init__.py"
-
-
-@functools.cache
-def _parsed(path: Path) -> ast.Module:
-    # parsed once per process: the workflow computes many closures over the same modules
-    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-
-
-def _absolute(modname: str, node: ast.ImportFrom, is_package: bool | None = None) -> str:
-    """The absolute module named by a (possibly relative) ``from ... import`` in ``modname`` (a
-    package's ``__init__`` when ``is_package``; default: whether it is one of this package)."""
-    if node.level == 0:
-        return node.module or ""
-    is_package = _is_package(modname) if is_package is None else is_package
-    package = modname if is_package else modname.rsplit(".", 1)[0]
-    base = package.split(".")
-    if node.level > 1:
-        base = base[: len(base) - (node.level - 1)]
-    return ".".join(base + ([node.module] if node.module else []))
-
-
 def _binding(package: str, name: str, seen: frozenset = frozenset()) -> str | None:
     """The module that defines ``name`` re-exported by ``package``'s ``__init__`` (or None)."""
     if (package, name) in seen:
@@ -258,7 +224,7 @@ def outside_closure(modname: str) -> tuple[dict[str, Path], set[str]]:
 
 def experiment_module(name: str) -> str:
     """The module that defines experiment ``name`` (``attnquery.experiments.<family>``)."""
-    from .experiments import get_experiment
+    from ..experiments import get_experiment
 
     return get_experiment(name).run.__module__
 
@@ -276,7 +242,7 @@ def code_version(name: str, learner: str | None = None) -> str:
     module = experiment_module(name)
     modules, outside = [module], {}
     if learner is not None and REGISTRY_MODULES & _dependencies(module):
-        from .learners._registry import registry
+        from ..learners._registry import registry
 
         entry = registry().get(learner)
         if entry is not None and _module_path(entry.module) is not None:
@@ -289,7 +255,7 @@ def code_version(name: str, learner: str | None = None) -> str:
 
 def figure_sources(name: str) -> list[Path]:
     """Source files figure ``name`` is drawn by: its module's closure and the style sheet."""
-    from .figures import STYLE, get_figure
+    from ..figures import STYLE, get_figure
 
     return [*module_closure([get_figure(name).__module__]), Path(STYLE)]
 
@@ -318,7 +284,7 @@ def keyed_cells(name: str, cells: list[dict], section: Mapping, study_seed: int,
     """``cells`` with their provenance keys ``config_hash``, ``code_version`` (that of the cell's
     learner, :func:`code_version`; ``version`` for every cell where given) and ``cell_key`` (new
     dicts; the cells keep their order)."""
-    from .experiments import get_experiment
+    from ..experiments import get_experiment
 
     versions: dict = {}  # the cells' learners' code versions (code_version)
     data = data_identity(get_experiment(name).data(section))
@@ -337,7 +303,7 @@ def keyed_cells(name: str, cells: list[dict], section: Mapping, study_seed: int,
 def _checkpoint_sha256(path: str, size: int, mtime_ns: int) -> str:
     """Hex sha256 of the file at (resolved) ``path``, once per process for a given size and
     modification time (which are part of the key so that a rewritten file is hashed again)."""
-    from .realheads import sha256_file
+    from ..realheads import sha256_file
 
     return sha256_file(path)
 
@@ -378,7 +344,7 @@ def data_identity(sources: Mapping[str, Mapping]) -> dict:
 def data_sources(config: Mapping, names: Iterable[str]) -> dict[str, dict]:
     """``{path: source}`` of the files the experiments ``names`` read, merged; raises
     :class:`ConfigError` when two experiments give one path different sources."""
-    from .experiments import get_experiment
+    from ..experiments import get_experiment
 
     out: dict[str, dict] = {}
     for name in names:
@@ -395,7 +361,7 @@ def read_shard_keys(path) -> dict[str, tuple[str, str]] | None:
     a cache (unreadable, without keys, or without its timing table)."""
     import pyarrow.parquet as pq
 
-    from .results import timing_path
+    from ..results import timing_path
 
     p = Path(path)
     if not timing_path(p).is_file():
@@ -437,7 +403,7 @@ class ShardPlan:
         return sorted(c["cell_key"] for c in self.cells)
 
     def shard_path(self, digest: str, results_dir="results") -> str:
-        from .results import shard_path
+        from ..results import shard_path
 
         return shard_path(self.name, digest, results_dir)
 
@@ -471,8 +437,8 @@ def plan_experiment(name: str, cells: list[dict], section: Mapping, study_seed: 
     stored shard holds are cut into new shards of at most ``cells_per_shard`` cells, in cell-id
     order, each within the runtime cap; a new shard is named by the digest of its cells' keys.
     """
-    from .experiments import get_experiment
-    from .results import is_timing_table, shard_path
+    from ..experiments import get_experiment
+    from ..results import is_timing_table, shard_path
 
     exp = get_experiment(name)
     keyed = sorted(keyed_cells(name, cells, section, study_seed), key=lambda c: c["cell_id"])
@@ -499,7 +465,7 @@ def plan_experiment(name: str, cells: list[dict], section: Mapping, study_seed: 
 # ---------------------------------------------------------------------------------------------
 def resource_settings(resources: Mapping | None) -> dict:
     """The config's ``resources`` section with the schema's defaults filled in, checked."""
-    from .schema import fill_defaults
+    from ..schema import fill_defaults
 
     res = copy.deepcopy(dict(resources or {}))
     fill_defaults({"seed": 0, "experiments": {}, "resources": res})
@@ -521,7 +487,7 @@ def _cell_budget_s(res: Mapping) -> float:
 def shard_runtime_min(name: str, cells: list[dict], resources: Mapping | None = None) -> int:
     """Runtime request in minutes of a shard of ``cells``: a job's start-up plus the estimated
     seconds times the safety factor, within [1, ``max_runtime_min``]."""
-    from .experiments import get_experiment
+    from ..experiments import get_experiment
 
     res = resource_settings(resources)
     seconds = sum(float(get_experiment(name).seconds(c)) for c in cells)
@@ -533,8 +499,8 @@ def study_size(config: Mapping, cells_by_experiment: Mapping[str, list[dict]] | 
                ) -> dict[str, dict]:
     """Jobs, estimated CPU-hours and the largest runtime request of each experiment of a study
     run from scratch (``attnquery info --config``)."""
+    from ..experiments import get_experiment
     from .config import check_config
-    from .experiments import get_experiment
 
     cells_by_experiment = cells_by_experiment or check_config(dict(config))
     res = resource_settings(config.get("resources"))

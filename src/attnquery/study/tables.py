@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from .results import METRIC_COLUMNS, PARAM_COLUMNS, atomic_write_bytes
+from ..results import METRIC_COLUMNS, PARAM_COLUMNS, atomic_write_bytes
 
 __all__ = ["summary_frame", "latex_table", "write_table_tex"]
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import yaml
 
-from .errors import ConfigError
-from .schema import default_schema_path, fill_defaults, section_with_defaults
+from ..errors import ConfigError
+from ..schema import default_schema_path, fill_defaults, section_with_defaults
 
 __all__ = ["load_config", "validate_config", "check_config", "enabled_experiments",
            "default_schema_path"]
@@ -44,7 +44,7 @@ def load_config(path) -> dict:
 def validate_config(cfg: dict, schema_path=None) -> dict:
     """Validate ``cfg`` against the JSON schema, filling its defaults in place
     (:mod:`attnquery.schema`: the schema is the one home of the defaults); return it."""
-    from .schema import defaults_validator, load_schema
+    from ..schema import defaults_validator, load_schema
 
     validator = defaults_validator(load_schema(schema_path))
     errors = sorted(validator.iter_errors(cfg), key=lambda e: list(e.absolute_path))
@@ -70,7 +70,7 @@ def check_config(cfg: dict) -> dict[str, list]:
     complete, ``$ref``-defined defaults included, which ``snakemake.utils.validate`` leaves out).
     Returns the cells of each enabled experiment.
     """
-    from .experiments import expand_cells
+    from ..experiments import expand_cells
 
     fill_defaults(cfg)
     out = {}

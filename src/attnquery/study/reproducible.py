@@ -1,8 +1,8 @@
 """Reproducibility check: run a study twice and compare every output byte for byte.
 
 ``attnquery check-reproducible --config config/quick.yaml`` (or ``python -m
-attnquery.reproducible``; ``make check-reproducible``) runs the workflow once on 1 core and once
-on all cores, into two fresh folders, and compares every result table and every figure. Timing
+attnquery.study.reproducible``; ``make check-reproducible``) runs the workflow once on 1 core and
+once on all cores, into two fresh folders, and compares every result table and every figure. Timing
 tables (``*.timing.parquet``) and the figures drawn from them
 (:func:`attnquery.figures.timing_figures`) hold wall-clock measurements and are excluded, as
 are the wall-clock numbers of ``results/numbers.json`` (and the files rendered from it:
@@ -47,8 +47,8 @@ def run_study(config, directory, cores: int, *extra: str, log=None) -> None:
 
 def compared_files(directory) -> list[str]:
     """Result tables and figures under ``directory`` that must be bit-identical."""
-    from .figures import timing_figures
-    from .results import is_timing_table
+    from ..figures import timing_figures
+    from ..results import is_timing_table
 
     timed = timing_figures()
     d = Path(directory)
@@ -69,7 +69,7 @@ def compared_files(directory) -> list[str]:
 
 def _digest(p: Path) -> str:
     if p.name == "numbers.json" and p.parent.name == "results":
-        # the findings' numbers, less the wall-clock ones (attnquery.findings)
+        # the findings' numbers, less the wall-clock ones (attnquery.study.findings)
         import json
 
         doc = json.loads(p.read_text(encoding="utf-8"))
@@ -119,8 +119,8 @@ def report(problems: list[str], n_compared: int) -> int:
 
 
 def main(argv=None) -> int:
-    """``python -m attnquery.reproducible`` (also ``attnquery check-reproducible``)."""
-    parser = argparse.ArgumentParser(prog="python -m attnquery.reproducible",
+    """``python -m attnquery.study.reproducible`` (also ``attnquery check-reproducible``)."""
+    parser = argparse.ArgumentParser(prog="python -m attnquery.study.reproducible",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="config/quick.yaml", help="study config")
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 2,

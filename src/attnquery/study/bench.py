@@ -3,9 +3,9 @@
 "queries (counted)" are the queries that learnt the parameters, as the oracle counted them; each
 learner also spends its check queries after them (8 by default), counted apart.
 
-Run ``attnquery bench NAME`` or ``python -m attnquery.bench NAME`` (or ``all``); ``make bench``
-runs them all. Each benchmark
-prints a table; the README reproduces the tables measured on a 2-core machine.
+Run ``attnquery bench NAME`` or ``python -m attnquery.study.bench NAME`` (or ``all``); ``make
+bench`` runs them all. Each benchmark prints a table; the README reproduces the tables measured
+on a 2-core machine.
 """
 
 from __future__ import annotations
@@ -56,11 +56,11 @@ def print_table(name: str, rows: list[dict], file=sys.stdout) -> None:
 @register_benchmark("exact")
 def bench_exact() -> list[dict]:
     """Theorem 4.1 at d in {64, 256, 1024}, every probe design, default-scale dense heads."""
-    from .learners import ExactValueQueryLearner
-    from .learners.exact import PROBE_DESIGNS
-    from .metrics import fit_counted, relative_error
-    from .models import random_head
-    from .oracles import ValueOracle
+    from ..learners import ExactValueQueryLearner
+    from ..learners.exact import PROBE_DESIGNS
+    from ..metrics import fit_counted, relative_error
+    from ..models import random_head
+    from ..oracles import ValueOracle
 
     rows = []
     for d in (64, 256, 1024):
@@ -90,10 +90,10 @@ def bench_probes() -> list[dict]:
     zero, 3 seeds) and all 72 heads of all-MiniLM-L6-v2 at d = 384 (Gaussian readout, seed 0;
     data/minilm/model.safetensors, skipped when absent). The default design is the one with the
     smallest error on both."""
+    from ..experiments import cell_rng, expand_cells, get_experiment
+    from ..learners.exact import PROBE_DESIGNS
+    from ..realheads import head_from_checkpoint
     from .config import load_config
-    from .experiments import cell_rng, expand_cells, get_experiment
-    from .learners.exact import PROBE_DESIGNS
-    from .realheads import head_from_checkpoint
 
     root = Path(__file__).resolve().parents[2]
     cfg = load_config(root / "config" / "config.yaml")
@@ -134,9 +134,9 @@ def bench_probes() -> list[dict]:
 
 
 def _fit_exact(head, probes: str, seed) -> dict:
-    from .learners import ExactValueQueryLearner
-    from .metrics import fit_counted, relative_error
-    from .oracles import ValueOracle
+    from ..learners import ExactValueQueryLearner
+    from ..metrics import fit_counted, relative_error
+    from ..oracles import ValueOracle
 
     t0 = time.perf_counter()
     est = ExactValueQueryLearner(probes=probes, random_state=seed)
@@ -148,12 +148,12 @@ def _fit_exact(head, probes: str, seed) -> dict:
 @register_benchmark("sketch")
 def bench_sketch() -> list[dict]:
     """Sketch learner (rank found from the answers) on factored heads up to d = 4096, r = 128."""
-    from .experiments.lowrank import factored_error
-    from .learners import SketchLowRankLearner
-    from .learners.lowrank import lowrank_floor
-    from .metrics import fit_counted
-    from .models import random_head
-    from .oracles import ValueOracle
+    from ..experiments.lowrank import factored_error
+    from ..learners import SketchLowRankLearner
+    from ..learners.lowrank import lowrank_floor
+    from ..metrics import fit_counted
+    from ..models import random_head
+    from ..oracles import ValueOracle
 
     rows = []
     for d, r in ((1024, 32), (1024, 128), (4096, 128)):
@@ -199,11 +199,11 @@ class _TimedBox:
 def bench_nuclear() -> list[dict]:
     """Nuclear-norm learner (Theorem 5.1) at r = 1, m = 4 r (2d), d from 8 to 64, with SCS and
     with Clarabel (an interior-point method: about a minute at d = 48 and five at d = 64 here)."""
-    from .learners import NuclearNormROPLearner
-    from .learners.lowrank import lowrank_floor
-    from .metrics import fit_counted, relative_error
-    from .models import random_head
-    from .oracles import ValueOracle
+    from ..learners import NuclearNormROPLearner
+    from ..learners.lowrank import lowrank_floor
+    from ..metrics import fit_counted, relative_error
+    from ..models import random_head
+    from ..oracles import ValueOracle
 
     rows = []
     r = 1
@@ -242,10 +242,10 @@ def bench_lowprecision() -> list[dict]:
     matrix-vector products in the simulated head slow down tenfold when the cores are shared."""
     import os
 
-    from .learners import LowPrecisionValueQueryLearner
-    from .metrics import relative_error
-    from .oracles import RoundingOracle
-    from .realheads import head_from_checkpoint
+    from ..learners import LowPrecisionValueQueryLearner
+    from ..metrics import relative_error
+    from ..oracles import RoundingOracle
+    from ..realheads import head_from_checkpoint
 
     path = Path("data/minilm/model.safetensors")
     if not path.exists():
@@ -282,12 +282,12 @@ def bench_lowprecision() -> list[dict]:
 def bench_layer() -> list[dict]:
     """AttentionLayerLearner on random layers with biases, H heads of rank r = d / H, over d and H:
     where it recovers every head (the failure map), its errors, queries and wall time."""
-    from .errors import AttnQueryError
-    from .learners import AttentionLayerLearner
-    from .learners.multihead_generic import layer_dof
-    from .metrics import functional_error, match_heads
-    from .models import MultiHeadAttention, random_head
-    from .oracles import ValueOracle
+    from ..errors import AttnQueryError
+    from ..learners import AttentionLayerLearner
+    from ..learners.multihead_generic import layer_dof
+    from ..metrics import functional_error, match_heads
+    from ..models import MultiHeadAttention, random_head
+    from ..oracles import ValueOracle
 
     rows = []
     for d in (64, 128, 384):
@@ -325,10 +325,10 @@ def bench_rotary() -> list[dict]:
     """RotaryValueQueryLearner on random rotary heads (beyond the paper): dense route at
     d_h = d / 2 and d_h = d, low-rank route at Llama-like shapes; queries counted, frequency
     errors, functional errors on 1, 64 and 4,096 tokens and wall time."""
-    from .learners import RotaryValueQueryLearner
-    from .metrics import max_error_by_length
-    from .models import random_rotary_head
-    from .oracles import ValueOracle
+    from ..learners import RotaryValueQueryLearner
+    from ..metrics import max_error_by_length
+    from ..models import random_rotary_head
+    from ..oracles import ValueOracle
 
     rows = []
     cases = [("dense", d, d // 2, 1e4) for d in (16, 32, 64, 128)]
@@ -361,10 +361,10 @@ def bench_rotary_layer() -> list[dict]:
     paper), heads of d / H, base 1e4: issue 23's goal shapes (d = 128, 8 query heads over 2
     key/value heads; d = 512, 8 heads of 64 over 1) and one between; queries counted by stage,
     frequency error, functional error on 1, 64 and 4,096 tokens, wall and CPU time."""
-    from .learners import AttentionLayerLearner
-    from .metrics import max_error_by_length
-    from .models import random_rotary_layer
-    from .oracles import ValueOracle
+    from ..learners import AttentionLayerLearner
+    from ..metrics import max_error_by_length
+    from ..models import random_rotary_layer
+    from ..oracles import ValueOracle
 
     rows = []
     for d, H, G in ((128, 8, 2), (256, 8, 2), (512, 8, 1)):
@@ -413,8 +413,8 @@ def bench_vector() -> list[dict]:
     fill d. Each case is a cell of the ``vector`` experiment (:mod:`attnquery.experiments.vector`):
     queries counted by the oracle (learning, and the check), tokens, the floor, the largest
     error of W, V (v), c, beta and the function on 1 to 256 tokens, and wall time."""
-    from .errors import AttnQueryError
-    from .experiments import cell_rng, expand_cells, get_experiment
+    from ..errors import AttnQueryError
+    from ..experiments import cell_rng, expand_cells, get_experiment
 
     cfg = {"heads": {"scalar": [32, 64], "last": [32, 64], "all": [32, 64]},
            "layers": {"answers": ["all", "last"], "d": [16, 32], "n_heads": [2, 4]},
@@ -455,7 +455,7 @@ def run_benchmarks(names=None, file=None) -> None:
 
     An unknown name is a :class:`~attnquery.errors.ConfigError`, raised before any runs.
     """
-    from .errors import ConfigError
+    from ..errors import ConfigError
 
     names = sorted(BENCHMARKS) if not names or list(names) == ["all"] else list(names)
     unknown = [n for n in names if n not in BENCHMARKS]
@@ -467,10 +467,10 @@ def run_benchmarks(names=None, file=None) -> None:
 
 
 def main(argv=None) -> int:
-    """``python -m attnquery.bench [NAME]`` (also ``attnquery bench``)."""
-    from .errors import ConfigError
+    """``python -m attnquery.study.bench [NAME]`` (also ``attnquery bench``)."""
+    from ..errors import ConfigError
 
-    parser = argparse.ArgumentParser(prog="python -m attnquery.bench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m attnquery.study.bench", description=__doc__)
     parser.add_argument("name", nargs="?", default="all",
                         help=f"benchmark to run: all, {', '.join(sorted(BENCHMARKS))}")
     args = parser.parse_args(argv)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from .figures import experiment_order, paper_order, paper_section
+from ..figures import experiment_order, paper_order, paper_section
 from .findings import load_numbers, macro_name
 
 __all__ = ["latex_text", "fit_table", "appendix_body", "appendix_document", "write_appendix",
@@ -246,7 +246,7 @@ def write_appendix(records, tables, numbers_json, results_all, config: dict, out
     """Write ``out_dir/body.tex`` and ``out_dir/appendix.tex``; returns the latter."""
     import pyarrow.parquet as pq
 
-    from .results import atomic_write_bytes
+    from ..results import atomic_write_bytes
 
     recs = [json.loads(Path(p).read_text(encoding="utf-8")) if not isinstance(p, dict) else p
             for p in records]
@@ -287,7 +287,7 @@ def compile_appendix(tex="appendix/appendix.tex", cwd=".") -> tuple[bool, str]:
 def main(argv=None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m attnquery.appendix",
+    parser = argparse.ArgumentParser(prog="python -m attnquery.study.appendix",
                                      description="compile appendix/appendix.tex with latexmk")
     parser.add_argument("tex", nargs="?", default="appendix/appendix.tex")
     args = parser.parse_args(argv)
