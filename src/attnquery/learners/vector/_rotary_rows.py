@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from ._attention import MIN_WEIGHT
-from ._rotary_reads import ask_blocks, head_weights
+from ._rotary_reads import ask_blocks, head_weights, row_space
 
 __all__ = ["FormEquationsMixin", "ROW_OVERSAMPLE", "NEAR_ROWS"]
 
@@ -25,7 +25,21 @@ NEAR_ROWS = 32
 
 class FormEquationsMixin:
     """The form equations of a rotary layer read from every token's outputs (the learner's
-    ``_form_equations``, over its ``query_bases_``, ``key_bases_``, value reads and slots)."""
+    ``_form_equations``, over its ``query_bases_``, ``key_bases_``, value reads and slots),
+    and the key bases they share per key/value head (``_group_bases``)."""
+
+    def _group_bases(self, kv: list, dh: int) -> np.ndarray:
+        """One key row space basis per key/value head (``head_groups_``), from the vectors
+        ``kv`` every head of the group collected: the heads of a group read the same keys, so
+        their forms share one set of key coordinates (and one form solve, :meth:`_read_forms`).
+        Vectors of a group's heads that span more than dh dimensions are refused by name (the
+        heads do not share their keys)."""
+        bases = np.empty((len(kv), dh, kv[0][0].shape[1]))
+        for g in np.unique(self.head_groups_):
+            heads = np.flatnonzero(self.head_groups_ == g)
+            bases[heads] = row_space(np.concatenate([u for h in heads for u in kv[h]]), dh,
+                                     f"key row space of key/value head {g}")
+        return bases
 
     def _form_equations(self, oracle, rng, d: int, probes, L: int, n_sets: int):
         """The form equations of ``n_sets`` key sets asked with every probe in queries of L

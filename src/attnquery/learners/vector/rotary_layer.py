@@ -419,19 +419,6 @@ class RotaryLayerVectorLearner(FormEquationsMixin, BaseLearner):
                                       for v in qv])
         self.key_bases_ = self._group_bases(kv, dh)
 
-    def _group_bases(self, kv: list, dh: int) -> np.ndarray:
-        """One key row space basis per key/value head (``head_groups_``), from the vectors
-        ``kv`` every head of the group collected: the heads of a group read the same keys, so
-        their forms share one set of key coordinates (and one form solve, :meth:`_read_forms`).
-        Vectors of a group's heads that span more than dh dimensions are refused by name (the
-        heads do not share their keys)."""
-        bases = np.empty((len(kv), dh, kv[0][0].shape[1]))
-        for g in np.unique(self.head_groups_):
-            heads = np.flatnonzero(self.head_groups_ == g)
-            bases[heads] = row_space(np.concatenate([u for h in heads for u in kv[h]]), dh,
-                                     f"key row space of key/value head {g}")
-        return bases
-
     def _read_forms(self, oracle, rng, d: int) -> None:
         """The forms in the bases (stage 4 of the module's docstring): the key sets of
         queries of ``min(max_offset, SHORT_OFFSET) + 1`` tokens, and where ``max_offset`` is
