@@ -281,3 +281,20 @@ def test_the_registry_table_in_library_md_is_the_registry():
     builtin = "\n".join(line for line in learner_table().splitlines()
                         if "(plug-in " not in line)
     assert table == builtin
+
+
+def test_user_pages_do_not_link_the_measurement_logs():
+    """The user guide says how and what, with numbers from results; the dated measurement logs
+    (docs/notes/) are linked from the contributor guide only."""
+    import yaml
+
+    class _Loader(yaml.SafeLoader):
+        pass
+
+    _Loader.add_multi_constructor("tag:yaml.org,2002:python/", lambda *a: None)
+    nav = yaml.load((REPO / "mkdocs.yml").read_text(encoding="utf-8"), Loader=_Loader)["nav"]
+    user = next(item["User guide"] for item in nav
+                if isinstance(item, dict) and "User guide" in item)
+    pages = [p if isinstance(p, str) else next(iter(p.values())) for p in user]
+    linking = [p for p in pages if "notes/" in (REPO / "docs" / p).read_text(encoding="utf-8")]
+    assert pages and not linking, linking
