@@ -6,7 +6,7 @@ frequencies are of no base (dynamic NTK scaling) by name. The boxes are formula-
 import numpy as np
 import pytest
 
-from attnquery.errors import ConfigError, ModelMismatchError
+from attnquery.errors import ConfigError, ModelMismatchError, NotIdentifiableError
 from attnquery.learners import VectorLayerLearner
 from attnquery.learners.vector.rotary import RotaryVectorLearner
 from attnquery.learners.vector.rotary_layer import RotaryLayerVectorLearner
@@ -43,6 +43,16 @@ def test_the_base_is_measured_to_4096_tokens_on_gqa():
     est, _ = fit(box, check_length=4096)
     assert est.rope_base_ == pytest.approx(1e5, rel=1e-11)
     assert function_error(est, box, (1, 5, 64, 512, 4096)) < 1e-9
+
+
+def test_a_base_the_offsets_read_do_not_tell_is_not_identified():
+    """Heads of 32 dimensions, base 1e5, forms read to offset 511: base 316 (whose frequencies
+    hold every other one of base 1e5) fits those offsets as well: refused by name, not
+    answered with either."""
+    box = Layer(64, 2, 1, seed=1, base=1e5)
+    with pytest.raises(NotIdentifiableError, match=r"the bases 316\.228 and 100000 fit the "
+                       r"form queries to offset 511 alike"):
+        fit(box)
 
 
 def test_frequencies_of_no_base_are_refused_by_name():

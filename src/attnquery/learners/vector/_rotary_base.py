@@ -9,7 +9,11 @@ small least squares (rows by ``r + 1`` basis functions) fits every such signal a
 relative residual is zero at the box's base and nowhere else. The base is found by a scan of
 ``ln(base)`` over :data:`BASE_RANGE` on the rows up to offset 511 (the minima of the scan
 refined, the best kept), then refined on every row read (to offset ``check_length - 1``, where
-the frequencies turn furthest). No query is asked for it: the form stage's answers serve.
+the frequencies turn furthest). To offset 511 a base and its roots can fit alike (for a head
+of 64 dimensions and base 1e5, base 316 fits the rows to offset 511 to 1e-11): every minimum
+that fits as well as the best is refined, and the one that fits every row read is kept; where
+two far apart fit every row read alike the base is not identified from those offsets
+(NotIdentifiableError). No query is asked for it: the form stage's answers serve.
 
 A box whose frequencies are not ``base^(-2j/r)`` for any base (scaled RoPE, partial rotary
 dimensions) leaves a residual above :data:`BASE_RTOL` and is refused by name.
@@ -22,7 +26,7 @@ import math
 import numpy as np
 from scipy.optimize import minimize_scalar
 
-from ...errors import ModelMismatchError
+from ...errors import ModelMismatchError, NotIdentifiableError
 from ...models import rope_frequencies
 from ._rotary_reads import FORMS_RCOND, rotary_basis
 
@@ -34,8 +38,17 @@ BASE_RANGE = (2.0, 1e9)
 #: step of the scan in ln(base): a tenth of the narrowest minimum's width at offset 511 (the
 #: phase of theta_j rho moves by at most rho / (e ln base) per unit of ln(base))
 SCAN_STEP = 0.002
-#: local minima of the scan refined (the box's base is the one whose residual vanishes)
+#: local minima of the scan refined at least (the box's base is the one whose residual
+#: vanishes on every row read)
 CANDIDATES = 12
+#: every minimum of the scan whose squared relative residual is below this is a candidate
+#: (and at least CANDIDATES): half a step from the box's base the fast frequencies' phases at
+#: offset 511 are off by up to 0.016 radian; to offset 511 a head of 32 dimensions fits bases
+#: from 20 to 300 and 1e5 alike (hundreds of minima)
+CANDIDATE_RES = 1e-3
+#: a refined candidate far from the best whose relative residual on every row read is within
+#: this factor of the best one's is a rival: the base is not identified
+FIT_SPREAD = 1e2
 #: signals (key pairs of a probe and key set, per head) used, evenly drawn
 MAX_SIGNALS = 600
 #: the largest relative residual a measured base may leave (float64 answers leave 1e-12 to
@@ -94,7 +107,8 @@ def measure_base(groups: list, r: int, longest: int) -> tuple[float, float]:
     dimensions; ``longest`` is the longest offset read (for the message). Returns the base and
     the relative residual it leaves.
 
-    Raises ModelMismatchError when no base in :data:`BASE_RANGE` fits the signals to
+    Raises NotIdentifiableError when bases far apart fit every row read alike, and
+    ModelMismatchError when no base in :data:`BASE_RANGE` fits the signals to
     :data:`BASE_RTOL` (the frequencies are not ``base^(-2j/r)``)."""
     sig = [_Signals(*g) for g in groups]
     sig = [s for s in sig if s.G.shape[1] and s.norm2 > 0]
@@ -107,14 +121,19 @@ def measure_base(groups: list, r: int, longest: int) -> tuple[float, float]:
     res = np.array([short(x) for x in xs])
     inner = (res[1:-1] <= res[:-2]) & (res[1:-1] <= res[2:])
     minima = np.flatnonzero(inner) + 1
-    minima = minima[np.argsort(res[minima])][:CANDIDATES]
-    refined = [_refine(short, xs[i], SCAN_STEP) for i in minima]
-    if not refined:
+    minima = minima[np.argsort(res[minima])]
+    if not minima.size:
         raise ModelMismatchError("rope_base=None: the residual has no minimum over the bases "
                                  f"{BASE_RANGE[0]:g} to {BASE_RANGE[1]:g}", error=1.0,
                                  allowed=BASE_RTOL)
-    x0 = min(refined, key=short)
+    # to offset 511 a base and its roots can fit alike (base^(1/2) holds every other frequency
+    # of base, and its extra slow ones span the missing slow ones there): every minimum that
+    # fits well enough is a candidate, told apart on every row read
+    minima = minima[:max(CANDIDATES, np.count_nonzero(res[minima] <= CANDIDATE_RES))]
+    refined = [_refine(short, xs[i], SCAN_STEP) for i in minima]
     full = _total(sig, r)
+    fit = np.array([full(x) for x in refined])
+    x0 = refined[int(np.argmin(fit))]
     x = _refine(full, x0, SCAN_STEP * 512 / max(longest, 512))
     x = x if full(x) <= full(x0) else x0
     rel = math.sqrt(full(x) / len(sig))
@@ -125,4 +144,13 @@ def measure_base(groups: list, r: int, longest: int) -> tuple[float, float]:
             f"residual of {rel:.2g} where {BASE_RTOL:g} is allowed; the box's frequencies are "
             "of another form (scaled RoPE, partial rotary dimensions): give rope_base, or "
             "check the box", error=rel, allowed=BASE_RTOL)
+    rivals = [y for y, f in zip(refined, fit, strict=True)
+              if math.sqrt(f / len(sig)) <= max(FIT_SPREAD * rel, 1e-12)
+              and abs(y - x) > SCAN_STEP]
+    if rivals:
+        raise NotIdentifiableError(
+            f"rope_base=None: the bases {math.exp(min(x, rivals[0])):.6g} and "
+            f"{math.exp(max(x, rivals[0])):.6g} fit the form queries to offset {longest} alike: "
+            "the base is not identified from those offsets (a longer check_length reads "
+            "further ones) - give rope_base")
     return math.exp(x), rel
