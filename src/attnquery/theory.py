@@ -51,6 +51,7 @@ __all__ = [
     "BIAS_PARAM_TOL",
     "LAYER_HEAD_TOL",
     "LAYER_FUNC_TOL",
+    "LLM_FUNC_TOL",
     "KNOWN_TOL",
     "DISCOVER_TOL",
     "AGREE_TOL",
@@ -377,6 +378,9 @@ BIAS_PARAM_TOL = 1e-9
 LAYER_HEAD_TOL = 1e-6
 #: a layer's functional relative error on held-out inputs must be at most this
 LAYER_FUNC_TOL = 1e-8
+#: the llm experiment's goal for a real decoder layer's attention module read from its output
+#: vectors in float64: the function within this (relative) at every length up to the check's
+LLM_FUNC_TOL = 1e-9
 
 # ---------------------------------------------------------------------------------------------
 # Section 7 and Appendix C: multi-head attention

@@ -18,7 +18,8 @@ import numpy as np
 from ..errors import UndefinedEstimate
 from ..metrics import fit_counted, functional_error, head_errors, layer_errors, relative_error
 
-__all__ = ["fit_and_measure", "head_measure", "bias_measure", "relative_bias_measure",
+__all__ = ["value_measure", "match_heads", "sequence_error",
+           "fit_and_measure", "head_measure", "bias_measure", "relative_bias_measure",
            "layer_measure"]
 
 
@@ -117,3 +118,36 @@ def fit_and_measure(est, oracle, truth, d: int | None = None,
         m["func_err"] = functional_error(truth, f_hat, truth.d if d is None else d, eval_rng,
                                          n=n_eval)
     return m
+
+
+def value_measure(est, layer, perm=None) -> dict:
+    """A layer's heads, matched by their value maps (or ``perm``): the largest relative error
+    of the value maps and of the output bias, and the rank found (a rotary layer's measure: its
+    logits are rotary forms, measured by the function alone)."""
+    perm = match_heads(est.V_, layer.value_maps()) if perm is None else perm
+    V = layer.value_maps()[perm]
+    return {"rel_err_v": max(relative_error(est.V_[h], V[h]) for h in range(len(V))),
+            "rel_err_offset": relative_error(est.output_bias_, layer.output_bias),
+            "rank_found": int(getattr(est, "rank_", 0)) or None}
+
+
+def match_heads(V_est, V_true) -> np.ndarray:
+    """For each learned head, the true head with the nearest value map (a one-to-one
+    assignment)."""
+    from scipy.optimize import linear_sum_assignment
+
+    cost = np.array([[relative_error(a, b) for b in V_true] for a in V_est])
+    rows, cols = linear_sum_assignment(cost)
+    return cols[np.argsort(rows)]
+
+
+def sequence_error(truth, predict, d: int, rng, lengths) -> float:
+    """``max |f_hat - f| / max |f|`` over 16 fresh sequences of each of ``lengths`` tokens,
+    tokens ~ N(0, I_d / d) (the vector experiments' functional error)."""
+    worst, scale = 0.0, 0.0
+    for N in lengths:
+        X = rng.standard_normal((16, N, d)) / np.sqrt(d)
+        y = np.asarray(truth(X), dtype=float)
+        worst = max(worst, float(np.max(np.abs(np.asarray(predict(X)) - y))))
+        scale = max(scale, float(np.max(np.abs(y))))
+    return worst / scale if scale > 0 else worst

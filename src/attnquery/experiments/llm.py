@@ -30,13 +30,14 @@ import pyarrow as pa
 
 from ..errors import ConfigError, ModelMismatchError
 from ..outcomes import Refusal
+from ..theory import LLM_FUNC_TOL
 from ._core import Experiment, grid, register
-from ._recipe import fit_and_measure
+from ._recipe import fit_and_measure, sequence_error, value_measure
 
 __all__ = ["cells", "run", "GOAL", "BOXES", "LENGTHS", "REFUSALS"]
 
-#: the function's goal (relative), every token's outputs, float64
-GOAL = 1e-9
+#: the function's goal (relative), float64 (:data:`attnquery.theory.LLM_FUNC_TOL`)
+GOAL = LLM_FUNC_TOL
 #: the boxes a cell may ask: the attention module, or the attention half of the decoder layer
 BOXES = ("module", "half")
 #: lengths of the fresh sequences of the function's error, with the cell's check_length
@@ -84,7 +85,6 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     from ..learners import VectorLayerLearner
     from ..oracles import VectorOracle
     from ..realheads import attention_half, attention_module, cached_gguf
-    from .vector import _function_error, _value_measure
 
     learner_rng, eval_rng = rng.spawn(2)
     L, variant = int(cell["layer"]), cell["variant"]
@@ -96,9 +96,9 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     est = VectorLayerLearner(n_heads=ckpt.n_heads, n_kv_heads=ckpt.n_kv_heads, causal=True,
                              positions="rotary", rope_base=base, fit_bias=False,
                              check_length=int(cell["check_length"]), random_state=learner_rng)
-    m = fit_and_measure(est, oracle, box, measure=_value_measure)
+    m = fit_and_measure(est, oracle, box, measure=value_measure)
     lengths = LENGTHS + (int(cell["check_length"]),)
-    m["func_err"] = _function_error(box, est.predict, ckpt.d, eval_rng, lengths)
+    m["func_err"] = sequence_error(box, est.predict, ckpt.d, eval_rng, lengths)
     m.update({
         "success": bool(m["func_err"] <= GOAL),
         "extra": {"queries_by_stage": dict(est.n_queries_by_stage_),

@@ -29,7 +29,9 @@ import pyarrow as pa
 from ..errors import ConfigError
 from ..metrics import relative_error
 from ._core import Experiment, grid, register
-from ._recipe import fit_and_measure, relative_bias_measure
+from ._recipe import fit_and_measure, relative_bias_measure, sequence_error
+from ._recipe import match_heads as _match_heads  # noqa: F401 (importable from here)
+from ._recipe import value_measure as _value_measure
 
 __all__ = ["cells", "run", "VARIANTS", "degrees_of_freedom", "floor_queries", "CHECK_LENGTHS",
            "BIAS", "GOAL"]
@@ -175,7 +177,7 @@ def _run_scalar(layer, learner_rng, eval_rng) -> dict:
     oracle = ValueOracle(head, d)
     est = ExactValueQueryLearner(fit_bias=True, random_state=learner_rng)
     m = fit_and_measure(est, oracle, head, measure=relative_bias_measure)
-    m["func_err"] = _function_error(head, est.predict, d, eval_rng)
+    m["func_err"] = sequence_error(head, est.predict, d, eval_rng, CHECK_LENGTHS)
     dof = degrees_of_freedom(d, 1, layer.d_out, "scalar")
     return _metrics(m, dof, 1, n_tokens=None, tokens_per_query=None)
 
@@ -189,7 +191,7 @@ def _run_vector(layer, variant, learner_rng, eval_rng) -> dict:
     oracle = VectorOracle(layer, d, outputs=variant)
     est = VectorLayerLearner(n_heads=H, random_state=learner_rng)
     m = fit_and_measure(est, oracle, layer, measure=_layer_measure)
-    m["func_err"] = _function_error(layer, est.predict, d, eval_rng)
+    m["func_err"] = sequence_error(layer, est.predict, d, eval_rng, CHECK_LENGTHS)
     N = int(est.tokens_per_query_)
     per_answer = layer.d_out * (N if variant == "all" else 1)
     dof = degrees_of_freedom(d, H, layer.d_out, variant)
@@ -229,7 +231,7 @@ def _run_case(cell, model_rng, learner_rng, eval_rng) -> dict:
     longest = (int(est.check_length),) if rotary else ()
     lengths = tuple(sorted(set(CHECK_LENGTHS + CASE_LENGTHS + longest))) if rotary \
         else CHECK_LENGTHS
-    m["func_err"] = _function_error(truth, est.predict, d, eval_rng, lengths)
+    m["func_err"] = sequence_error(truth, est.predict, d, eval_rng, lengths)
     N = getattr(est, "tokens_per_query_", None)
     per_answer = truth.d_out * (int(N) if N and variant == "all" else 1)
     dof = layer_parameters(truth)
@@ -257,17 +259,6 @@ def layer_parameters(layer) -> int:
                    ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")))
 
 
-def _value_measure(est, layer, perm=None) -> dict:
-    """A layer's heads, matched by their value maps (or ``perm``): the largest relative error
-    of the value maps and of the output bias, and the rank found (a rotary layer's measure: its
-    logits are rotary forms, measured by the function alone)."""
-    perm = _match_heads(est.V_, layer.value_maps()) if perm is None else perm
-    V = layer.value_maps()[perm]
-    return {"rel_err_v": max(relative_error(est.V_[h], V[h]) for h in range(len(V))),
-            "rel_err_offset": relative_error(est.output_bias_, layer.output_bias),
-            "rank_found": int(getattr(est, "rank_", 0)) or None}
-
-
 def _layer_measure(est, layer) -> dict:
     """:func:`_value_measure` and the largest relative errors of W and the key bias over the
     heads (matched by their value maps)."""
@@ -278,28 +269,6 @@ def _layer_measure(est, layer) -> dict:
         **_value_measure(est, layer, perm),
         "rel_err_c": max(relative_error(est.key_bias_[h], c[h]) for h in range(len(c))),
     }
-
-
-def _match_heads(V_est, V_true) -> np.ndarray:
-    """For each learned head, the true head with the nearest value map (a one-to-one
-    assignment)."""
-    from scipy.optimize import linear_sum_assignment
-
-    cost = np.array([[relative_error(a, b) for b in V_true] for a in V_est])
-    rows, cols = linear_sum_assignment(cost)
-    return cols[np.argsort(rows)]
-
-
-def _function_error(truth, predict, d: int, rng, lengths=CHECK_LENGTHS) -> float:
-    """``max |f_hat - f| / max |f|`` over 16 fresh sequences of each of ``lengths`` tokens
-    (default :data:`CHECK_LENGTHS`), tokens ~ N(0, I_d / d)."""
-    worst, scale = 0.0, 0.0
-    for N in lengths:
-        X = rng.standard_normal((16, N, d)) / np.sqrt(d)
-        y = np.asarray(truth(X), dtype=float)
-        worst = max(worst, float(np.max(np.abs(np.asarray(predict(X)) - y))))
-        scale = max(scale, float(np.max(np.abs(y))))
-    return worst / scale if scale > 0 else worst
 
 
 #: the errors a cell's success asks to be at most GOAL

@@ -12,8 +12,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from ..claims import ROUNDING_FACTOR, Claim, ClaimSet, Number, extra_values
-from ..experiments.llm import GOAL
 from ..outcomes import error_type
+from ..theory import LLM_FUNC_TOL as GOAL
 from ._core import register_figure
 
 #: the route's stages, in the order they run, as stacked in the queries panel
