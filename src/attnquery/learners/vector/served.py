@@ -192,7 +192,7 @@ class ServedVectorLearner(VectorLayerRoute):
         How the answers' measured noise is judged against their format (default
         ``"format"``: more than ``NOISE_FORMAT_FACTOR`` times the format's floor is refused by
         name; ``"measured"``: warned about, and the tolerances follow the measured noise).
-    n_queries : int, optional
+    n_attention_queries : int, optional
         Queries of the attention stage (default :data:`SERVED_OVERSAMPLE` times the float64
         route's).
 
@@ -215,10 +215,12 @@ class ServedVectorLearner(VectorLayerRoute):
     """
 
     def __init__(self, *, n_heads=None, n_kv_heads=None, causal=False, positions="none",
-                 fit_bias=True, n_queries=None, verify=DEFAULT_VERIFY, check_length=CHECK_LENGTH,
-                 noise="format", random_state=None):
+                 fit_bias=True, n_attention_queries=None, n_queries=None,
+                 verify=DEFAULT_VERIFY, check_length=CHECK_LENGTH, noise="format",
+                 random_state=None):
         super().__init__(n_heads=n_heads, n_kv_heads=n_kv_heads, causal=causal,
-                         positions=positions, fit_bias=fit_bias, n_queries=n_queries,
+                         positions=positions, fit_bias=fit_bias,
+                         n_attention_queries=n_attention_queries, n_queries=n_queries,
                          verify=verify, check_length=check_length, random_state=random_state)
         self.noise = noise
 
@@ -288,7 +290,7 @@ class ServedVectorLearner(VectorLayerRoute):
         return super()._fit_layer(ledger, rng, d, outputs)
 
     def _plan(self, d: int, V: np.ndarray, H: int, outputs: str) -> tuple[int, int]:
-        if self.n_queries is not None:
+        if self.n_attention_queries is not None:
             return super()._plan(d, V, H, outputs)
         N, n = super()._plan(d, V, H, outputs)
         return N, int(SERVED_OVERSAMPLE * n)
