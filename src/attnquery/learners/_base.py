@@ -146,7 +146,11 @@ def _capped_fit(fit):
         if cap is None or (isinstance(cap, str) and cap == DEPRECATED) or \
                 getattr(self, "_capping", False) or not hasattr(oracle, "n_queries"):
             return fit(self, oracle, *args, **kwargs)
-        validate_parameter_constraints({"n_queries": [N_QUERIES_PARAM]}, {"n_queries": cap})
+        with warnings.catch_warnings():  # fit validates again, and warns then
+            warnings.simplefilter("ignore")
+            self.validate_params()  # a bad parameter is refused by its own name first
+        validate_parameter_constraints({"n_queries": [N_QUERIES_PARAM, None]},
+                                       {"n_queries": cap})  # a plug-in's, undeclared
         least = self._least_queries(oracle)
         if cap < least:
             raise ConfigError(
@@ -379,7 +383,7 @@ def renamed_parameter(learner, old: str, new: str, *, warn: bool = True):
         warnings.warn(f"{type(learner).__name__}'s {old} is deprecated and will be removed in "
                       f"a future release: pass {new}={value!r} instead (the fit's query "
                       "budget, the name every learner's budget has)", FutureWarning,
-                      stacklevel=5)
+                      stacklevel=6)  # fit, its n_queries wrapper, the caller
     return value
 
 

@@ -302,8 +302,8 @@ class AttentionLayerLearner(DenseScores, BaseLearner):
         positions: str = "none",
         n_queries: int | None = None,
         noise: str = "format",
-        random_state=None,
         route: str = "auto",
+        random_state=None,
     ):
         self.n_heads = n_heads
         self.rank = rank

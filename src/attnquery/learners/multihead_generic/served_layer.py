@@ -122,7 +122,7 @@ class ServedLayerLearner(LayerRoute):
                 # this noise, then stays within the format's floor in "format" mode (the
                 # warning names the line that called AttentionLayerLearner.fit, the entry)
                 judge_noise(self, noise, reader.formats.format, d,
-                            f"an attention layer of {int(self.n_heads)} heads", stacklevel=4)
+                            f"an attention layer of {int(self.n_heads)} heads", stacklevel=5)
                 V, beta = self._constants(ledger, d, rng)
             run = _Layer(ledger, V, beta, None if base is None else base / np.linalg.norm(base),
                          noise=noise)

@@ -209,8 +209,8 @@ class VectorLayerLearner(VectorLayerRoute):
 
     def __init__(self, *, n_heads=None, n_kv_heads=None, causal=False, positions="none",
                  rope_base=None, fit_bias=True, n_attention_queries=None, n_queries=None,
-                 verify=DEFAULT_VERIFY, check_length=CHECK_LENGTH, random_state=None,
-                 route="auto"):
+                 verify=DEFAULT_VERIFY, check_length=CHECK_LENGTH, route="auto",
+                 random_state=None):
         super().__init__(n_heads=n_heads, n_kv_heads=n_kv_heads, causal=causal,
                          positions=positions, fit_bias=fit_bias,
                          n_attention_queries=n_attention_queries, n_queries=n_queries,

@@ -277,7 +277,7 @@ class ServedVectorLearner(VectorLayerRoute):
         spread = float(np.std(even - even.mean(axis=0)) * np.sqrt(2.0))
         noise = max(spread / max(rms, np.finfo(float).tiny), float(np.finfo(float).eps))
         fmt = answer_format(y)
-        judge_noise(self, noise, fmt, d, "a vector attention head", stacklevel=5)
+        judge_noise(self, noise, fmt, d, "a vector attention head", stacklevel=6)
         self.noise_level_ = noise
         self.noise_unit_ = max(noise, self.noise_floor_ or 0.0)
         if not np.any(np.abs(V) > self.noise_unit_ * rms):
