@@ -85,7 +85,7 @@ def test_max_queries_is_n_queries_under_its_old_name():
 def test_the_ffn_cap_is_its_ledgers():
     tf = random_transformer(4, 3, seed=0)
     free = ReLUNetworkLearner(random_state=0).fit(ValueOracle(tf, 4))
-    spent = free.n_queries_ - free.n_verify_queries_
+    spent = free.n_queries_  # the check's queries included: n_queries caps the whole fit
     # exactly what the fit needs is enough, and gives the same network; one less is refused
     est = ReLUNetworkLearner(random_state=0, n_queries=spent).fit(ValueOracle(tf, 4))
     assert est.query_cap_ == spent and est.n_queries_ == free.n_queries_
@@ -133,8 +133,11 @@ def test_membership_n_queries_caps_the_whole_fit_before_any_query():
     # a sample too large for the default bound is one the fit's budget may allow
     big = MembershipLearner(eps=1e-3, v_method="sampling", W_bound=4.0, mu=0.1, n_queries=10)
     assert big.max_samples() is None and MembershipLearner().max_samples() == 10**7
-    with pytest.raises(BudgetExceededError, match="budget of 10 remain"):
-        big.fit(MembershipOracle(membership_head(4, 0, 4.0, 0.1), 4))
+    small = MembershipOracle(membership_head(4, 0, 4.0, 0.1), 4)
+    with pytest.raises(ConfigError, match="n_queries=10 is below the 65 queries every fit of "
+                       r"MembershipLearner asks at the least \(verify=64 check queries"):
+        big.fit(small)
+    assert small.n_queries == 0
 
 
 @pytest.mark.parametrize("make,old", [

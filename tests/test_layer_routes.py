@@ -48,12 +48,14 @@ def _same(a: dict, b: dict):
 
 @pytest.mark.parametrize("kw, cls", [
     ({}, ExactLayerLearner),
-    ({"n_queries": 5000, "noise": "measured"}, ServedLayerLearner),
+    ({"route": "exact", "n_queries": 5000}, ExactLayerLearner),
+    ({"route": "served", "n_queries": 5000, "noise": "measured"}, ServedLayerLearner),
     ({"positions": "rotary", "fit_bias": False, "n_kv_heads": 2}, RotaryLayerLearner),
+    ({"route": "rotary", "positions": "rotary", "fit_bias": False}, RotaryLayerLearner),
 ])
-def test_the_parameters_pick_the_route(kw, cls):
+def test_the_route_parameter_picks_the_route(kw, cls):
     est = AttentionLayerLearner(n_heads=4, rank=3, n_grid=100, random_state=7, **kw)
-    route = est.route()
+    route = est.route_estimator()
     assert type(route) is cls
     params = est.get_params()
     assert route.get_params() == {k: params[k] for k in route.get_params()}
@@ -63,11 +65,34 @@ def test_the_parameters_pick_the_route(kw, cls):
     assert ("fit_bias" in route.get_params()) == (cls is not RotaryLayerLearner)
 
 
+@pytest.mark.parametrize("kw, match", [
+    ({"route": "served"}, "route='served' spends a budget: give n_queries"),
+    ({"route": "rotary"}, "route='rotary' does not apply with positions='none'"),
+    ({"route": "exact", "positions": "rotary", "fit_bias": False},
+     "route='exact' does not apply with positions='rotary'"),
+    ({"route": "served", "n_queries": 5000, "positions": "rotary", "fit_bias": False},
+     "route='served' does not apply with positions='rotary'"),
+    ({"route": "dense"}, "route must be one of"),
+])
+def test_a_route_that_does_not_apply_is_refused_by_name(kw, match):
+    oracle = ValueOracle(_layer(8, 2, 0), 8)
+    with pytest.raises(ConfigError, match=match):
+        AttentionLayerLearner(n_heads=2, random_state=0, **kw).fit(oracle)
+    assert oracle.n_queries == 0
+
+
 def test_exact_route_fits_as_the_entry_bit_for_bit():
     model = _layer(24, 3, 1)
     direct = ExactLayerLearner(n_heads=3, random_state=2).fit(ValueOracle(model, 24))
     entry = AttentionLayerLearner(n_heads=3, random_state=2).fit(ValueOracle(model, 24))
-    _same(fitted_attributes(direct), fitted_attributes(entry))
+    assert entry.route_ == "exact"
+    _same({k: v for k, v in fitted_attributes(entry).items() if k != "route_"},
+          fitted_attributes(direct))
+    # n_queries caps the exact route (it no longer picks the served one): the same fit
+    capped = AttentionLayerLearner(n_heads=3, random_state=2, n_queries=direct.n_queries_)
+    capped.fit(ValueOracle(model, 24))
+    assert capped.route_ == "exact" and capped.n_queries_ == direct.n_queries_
+    _same(fitted_attributes(capped), fitted_attributes(entry))
     assert direct.n_queries_ == sum(direct.n_queries_by_stage_.values())
     assert direct.n_passes_ == direct.n_missing_passes_ == 1 and direct.noise_level_ is None
     X = np.random.default_rng(0).standard_normal((4, 5, 24))
@@ -84,8 +109,10 @@ def test_served_route_spends_its_ledger_and_plans_from_what_it_leaves(layer_ckpt
         assert fits[k].n_queries_by_stage_["verify"] == fits[k].n_verify_queries_ == 8
     # twice the budget pays for more passes over the same probes
     assert fits[20].n_passes_ > fits[10].n_passes_ >= 1
-    entry = AttentionLayerLearner(n_heads=H, n_queries=10 * DOF, random_state=0)
-    _same(fitted_attributes(fits[10]), fitted_attributes(entry.fit(_served(layer_ckpt))))
+    entry = AttentionLayerLearner(n_heads=H, route="served", n_queries=10 * DOF, random_state=0)
+    got = fitted_attributes(entry.fit(_served(layer_ckpt)))
+    assert got.pop("route_") == "served"
+    _same(fitted_attributes(fits[10]), got)
 
 
 def test_served_budget_is_the_ledgers_cap(layer_ckpt):
@@ -94,10 +121,11 @@ def test_served_budget_is_the_ledgers_cap(layer_ckpt):
     oracle = _served(layer_ckpt)
     with pytest.raises(ConfigError, match=f"n_queries = {least - 1} does not pay .* at least "
                        f"{least} queries besides the circle scan's"):
-        AttentionLayerLearner(n_heads=H, n_queries=least - 1, random_state=0).fit(oracle)
+        AttentionLayerLearner(n_heads=H, route="served", n_queries=least - 1,
+                              random_state=0).fit(oracle)
     assert oracle.n_queries == 0
     # enough for that, not for the scan too: refused when the scan has spent it
-    est = AttentionLayerLearner(n_heads=H, n_queries=least, random_state=0)
+    est = AttentionLayerLearner(n_heads=H, route="served", n_queries=least, random_state=0)
     with pytest.raises(BudgetExceededError, match=f"of the layer's budget of {least} remain|"
                        "queries are left after the circle scan"):
         est.fit(oracle)
@@ -110,7 +138,8 @@ def test_served_budget_is_the_ledgers_cap(layer_ckpt):
 def test_served_route_refuses_an_oracle_budget_below_n_queries(layer_ckpt):
     oracle = _served(layer_ckpt, budget=5000)
     with pytest.raises(BudgetExceededError,
-                       match=rf"AttentionLayerLearner\(n_queries={10 * DOF}\) needs"):
+                       match=rf"AttentionLayerLearner\(route='served', n_queries={10 * DOF}\) "
+                       "needs"):
         ServedLayerLearner(n_heads=H, n_queries=10 * DOF, random_state=0).fit(oracle)
     assert oracle.n_queries == D + 1  # V and beta only: refused before the noise is measured
 
@@ -120,7 +149,9 @@ def test_rotary_route_fits_as_the_entry_and_the_former_function():
     kw = {"n_heads": 4, "n_kv_heads": 2, "random_state": 0}
     direct = RotaryLayerLearner(**kw).fit(ValueOracle(L, 24))
     entry = AttentionLayerLearner(positions="rotary", fit_bias=False, **kw)
-    _same(fitted_attributes(direct), fitted_attributes(entry.fit(ValueOracle(L, 24))))
+    got = fitted_attributes(entry.fit(ValueOracle(L, 24)))
+    assert got.pop("route_") == "rotary"
+    _same(fitted_attributes(direct), got)
     former = AttentionLayerLearner(positions="rotary", fit_bias=False, **kw)
     fit_rotary_layer(former, ValueOracle(L, 24), 24, 4, 6)
     _same(fitted_attributes(direct), fitted_attributes(former))

@@ -130,14 +130,14 @@ def test_rotary_verify_lengths_valid_forms():
 @pytest.mark.parametrize("kw, name", [({"verify": None}, "verify"),
                                       ({"block_bytes": None}, "block_bytes")])
 def test_layer_none_parameters(kw, name):
-    est = AttentionLayerLearner(n_heads=2, n_queries=20000, **kw)
+    est = AttentionLayerLearner(n_heads=2, route="served", n_queries=20000, **kw)
     _refused(est, _oracle(), name, kw[name])
 
 
 @pytest.mark.parametrize("make, name", [
     (lambda: LowPrecisionValueQueryLearner(n_queries=HUGE), "n_queries"),
     (lambda: AttentionLayerLearner(n_heads=HUGE), "n_heads"),
-    (lambda: AttentionLayerLearner(n_heads=2, n_queries=HUGE), "n_queries"),
+    (lambda: AttentionLayerLearner(n_heads=2, route="served", n_queries=HUGE), "n_queries"),
     (lambda: ExactValueQueryLearner(block_bytes=HUGE), "block_bytes"),
     (lambda: ExactValueQueryLearner(verify=HUGE), "verify"),
     (lambda: NoisyValueQueryLearner(W_bound=4.0, mu=0.1, oversample=HUGE), "oversample"),

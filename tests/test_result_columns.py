@@ -16,11 +16,11 @@ from attnquery.results import (
     make_row,
 )
 
-# The result schema (version 6): version 4 as the central column lists of results.py wrote it
+# The result schema (version 7): version 4 as the central column lists of results.py wrote it
 # before the experiments declared their own columns, the vector experiment's named cases'
-# four parameters (version 5) and their check_length (version 6): the stored tables change
-# only with the version.
-SCHEMA_V6 = [
+# four parameters (version 5), their check_length (version 6) and total_queries, every query
+# the oracle counted (version 7): the stored tables change only with the version.
+SCHEMA_V7 = [
     ("experiment", "string"), ("cell_id", "string"), ("learner", "string"), ("seed", "int64"),
     ("d", "int64"), ("rank", "int64"), ("n_heads", "int64"), ("width", "int64"),
     ("probes", "string"), ("W_spectral", "double"), ("W_fro", "double"),
@@ -33,7 +33,7 @@ SCHEMA_V6 = [
     ("readout", "string"), ("biases", "bool"), ("rope_base", "double"),
     ("n_kv_heads", "int64"), ("head_dim", "int64"), ("key_dim", "int64"), ("causal", "bool"),
     ("goal", "double"), ("check_length", "int64"), ("n_queries", "int64"),
-    ("verify_queries", "int64"),
+    ("verify_queries", "int64"), ("total_queries", "int64"),
     ("verify_error", "double"), ("verified", "bool"), ("verify_vacuous", "bool"),
     ("n_queries_attention", "int64"), ("n_queries_ffn", "int64"), ("n_queries_v", "int64"),
     ("n_queries_W", "int64"), ("queries_computed", "bool"), ("rel_err_W", "double"),
@@ -59,11 +59,11 @@ def _exp(name, params=None, metrics=None):
 
 
 def test_the_assembled_schema_is_the_stored_one():
-    assert SCHEMA_VERSION == 6
-    assert [(f.name, str(f.type)) for f in RESULT_SCHEMA] == SCHEMA_V6
-    assert RESULT_SCHEMA.metadata == {b"attnquery_schema_version": b"6"}
-    assert list(PARAM_COLUMNS) == [n for n, _ in SCHEMA_V6[4:41]]
-    assert list(METRIC_COLUMNS) == [n for n, _ in SCHEMA_V6[41:77]]
+    assert SCHEMA_VERSION == 7
+    assert [(f.name, str(f.type)) for f in RESULT_SCHEMA] == SCHEMA_V7
+    assert RESULT_SCHEMA.metadata == {b"attnquery_schema_version": b"7"}
+    assert list(PARAM_COLUMNS) == [n for n, _ in SCHEMA_V7[4:41]]
+    assert list(METRIC_COLUMNS) == [n for n, _ in SCHEMA_V7[41:78]]
 
 
 def test_every_experiment_column_is_declared_by_an_experiment_or_shared():
@@ -123,3 +123,22 @@ def test_an_undeclared_column_of_an_experiment_is_refused_by_name():
 def test_conflicting_declarations_are_refused_by_name(bad, match):
     with pytest.raises(ConfigError, match=match):
         assemble_columns([*all_experiments(), bad])
+
+
+def test_total_queries_is_every_query_the_oracle_counted_as_the_learner_counts():
+    from attnquery.learners import ExactValueQueryLearner
+    from attnquery.metrics import fit_counted
+    from attnquery.models import random_head
+    from attnquery.oracles import ValueOracle
+
+    d = 4
+    oracle = ValueOracle(random_head(d, 0), d)
+    est = ExactValueQueryLearner(random_state=0)
+    metrics = fit_counted(est, oracle)
+    cell = {"experiment": "exact", "cell_id": "c", "learner": "exact", "seed": 0, "d": d}
+    row, _ = make_row(cell, metrics, "ok")
+    assert row["n_queries"] == d * d + d and row["verify_queries"] == est.n_verify_queries_ > 0
+    assert row["total_queries"] == est.n_queries_ == oracle.n_queries == \
+        row["n_queries"] + row["verify_queries"]
+    # a row without the check's part has no total
+    assert make_row(cell, {"n_queries": 12}, "ok")[0].get("total_queries") is None

@@ -1,5 +1,6 @@
-"""AttentionLayerLearner(n_queries=...): whole layers with their biases extracted from served
-answers (float32, ours and onnxruntime's), within the budget, and named refusals."""
+"""AttentionLayerLearner(route="served", n_queries=...): whole layers with their biases
+extracted from served answers (float32, ours and onnxruntime's), within the budget, and named
+refusals."""
 
 import numpy as np
 import pytest
@@ -44,7 +45,8 @@ def _fit_engine(path, engine, precision, seed):
            else module_box(path, 0, None, precision))
     oracle = ValueOracle(box, D)
     budget = 20 * DOF
-    est = AttentionLayerLearner(n_heads=H, n_queries=budget, random_state=seed).fit(oracle)
+    est = AttentionLayerLearner(n_heads=H, route="served",
+                                n_queries=budget, random_state=seed).fit(oracle)
     return est, oracle, budget
 
 
@@ -84,7 +86,8 @@ def test_float32_layer_from_seed_to_seed(layer_ckpt):
     truth = checkpoint_layer(layer_ckpt)
     for seed in (1, 2, 3):
         oracle = ValueOracle(ModuleBlackBox(layer_ckpt, 0, precision="float32"), D)
-        est = AttentionLayerLearner(n_heads=H, n_queries=20 * DOF, random_state=seed).fit(oracle)
+        est = AttentionLayerLearner(n_heads=H, route="served",
+                                    n_queries=20 * DOF, random_state=seed).fit(oracle)
         eW, ev, _ = _errors(est, truth)
         assert eW <= 3e-6 and ev <= 1e-6
         assert functional_error(truth, est.predict, D, np.random.default_rng(seed)) <= 1e-6
@@ -95,7 +98,8 @@ def test_small_budget_plans_every_stage_within_it(layer_ckpt):
     # missing directions a multiple of them; every stage's queries as planned and the whole
     # within the budget
     oracle = ValueOracle(ModuleBlackBox(layer_ckpt, 0, precision="float32"), D)
-    est = AttentionLayerLearner(n_heads=H, n_queries=10 * DOF, random_state=0).fit(oracle)
+    est = AttentionLayerLearner(n_heads=H, route="served",
+                                n_queries=10 * DOF, random_state=0).fit(oracle)
     r = D // H
     assert est.n_missing_passes_ % est.n_passes_ == 0 and est.n_passes_ >= 2
     assert est.n_queries_by_stage_["missing"] == (1 + est.n_missing_passes_) * 2 * H * (H - 1) * (
@@ -106,7 +110,7 @@ def test_small_budget_plans_every_stage_within_it(layer_ckpt):
 
 
 def test_exact_mode_still_refuses_served_answers(layer_ckpt):
-    # n_queries=None is the exact learner: float32 answers fail its circle scan, as before
+    # route="auto" is the exact learner: float32 answers fail its circle scan, as before
     oracle = ValueOracle(ModuleBlackBox(layer_ckpt, 0, precision="float32"), D)
     with pytest.raises(SearchLimitError):
         AttentionLayerLearner(n_heads=H, random_state=0).fit(oracle)
@@ -114,7 +118,7 @@ def test_exact_mode_still_refuses_served_answers(layer_ckpt):
 
 def test_served_mode_on_exact_answers(layer_ckpt):
     truth = checkpoint_layer(layer_ckpt)
-    est = AttentionLayerLearner(n_heads=H, n_queries=20 * DOF, random_state=0)
+    est = AttentionLayerLearner(n_heads=H, route="served", n_queries=20 * DOF, random_state=0)
     est.fit(ValueOracle(ModuleBlackBox(layer_ckpt, 0), D))
     assert est.noise_level_ < 1e-14
     assert max(_errors(est, truth)) <= 1e-9
@@ -123,7 +127,7 @@ def test_served_mode_on_exact_answers(layer_ckpt):
 def test_budget_too_small_is_refused_before_the_first_query(layer_ckpt):
     # 4 DOF (8,196) is below the 8,289 queries any fit asks besides its circle scan at d = 32
     oracle = ValueOracle(ModuleBlackBox(layer_ckpt, 0, precision="float32"), D)
-    est = AttentionLayerLearner(n_heads=H, n_queries=4 * DOF, random_state=0)
+    est = AttentionLayerLearner(n_heads=H, route="served", n_queries=4 * DOF, random_state=0)
     with pytest.raises(ConfigError, match=f"n_queries = {4 * DOF} does not pay"):
         est.fit(oracle)
     assert oracle.n_queries == 0
@@ -161,7 +165,8 @@ def test_bfloat16_layer_is_refused_by_name_at_once(layer_ckpt):
     # learner now says so after reading V, beta and the noise (LAYER_MAX_NOISE)
     oracle = ValueOracle(ModuleBlackBox(layer_ckpt, 0, precision="bfloat16"), D)
     with pytest.raises(AssumptionViolation, match="bfloat16"):
-        AttentionLayerLearner(n_heads=H, n_queries=20 * DOF, random_state=0).fit(oracle)
+        AttentionLayerLearner(n_heads=H, route="served",
+                              n_queries=20 * DOF, random_state=0).fit(oracle)
     assert oracle.n_queries <= 2 * (D + 1 + 2 * NOISE_QUERIES)
 
 
@@ -179,7 +184,8 @@ def test_noisy_soft_capped_float32_layer_is_refused_by_its_noise(layer_ckpt):
     the noise is measured."""
     for seed in (0, 1, 2):
         oracle = ValueOracle(_noisy_soft_capped(layer_ckpt), D)
-        est = AttentionLayerLearner(n_heads=H, n_queries=20 * DOF, random_state=seed)
+        est = AttentionLayerLearner(n_heads=H, route="served",
+                                    n_queries=20 * DOF, random_state=seed)
         with pytest.raises(ModelMismatchError, match="float32 values"):
             est.fit(oracle)
         assert est.answer_format_ == "float32"
@@ -190,7 +196,7 @@ def test_noisy_soft_capped_float32_layer_is_refused_by_its_noise(layer_ckpt):
 def test_declared_noisy_layer_answers_warn_instead(layer_ckpt):
     """``noise="measured"``: the same box, its noise declared, is fitted as before (learner
     seed 1 passes the check, which stays 1e3 units of the noise), with a warning by name."""
-    est = AttentionLayerLearner(n_heads=H, n_queries=20 * DOF, random_state=1,
+    est = AttentionLayerLearner(n_heads=H, route="served", n_queries=20 * DOF, random_state=1,
                                 noise="measured")
     with pytest.warns(NoiseAboveFormatWarning, match="float32 values"):
         est.fit(ValueOracle(_noisy_soft_capped(layer_ckpt), D))
@@ -200,17 +206,20 @@ def test_declared_noisy_layer_answers_warn_instead(layer_ckpt):
 def test_wrong_number_of_heads_is_refused(layer_ckpt):
     oracle = ValueOracle(ModuleBlackBox(layer_ckpt, 0, precision="float32"), D)
     with pytest.raises(NAMED):
-        AttentionLayerLearner(n_heads=3, n_queries=20 * DOF, random_state=0).fit(oracle)
+        AttentionLayerLearner(n_heads=3, route="served",
+                              n_queries=20 * DOF, random_state=0).fit(oracle)
 
 
 def test_n_queries_is_checked():
     for bad in (0, -5, 2.5):
         with pytest.raises(ConfigError):
-            AttentionLayerLearner(n_heads=H, n_queries=bad)._validate_params()
+            AttentionLayerLearner(n_heads=H, route="served", n_queries=bad)._validate_params()
     with pytest.raises(ConfigError):
-        AttentionLayerLearner(n_heads=H, n_queries=10**6, positions="rotary")._validate_params()
+        AttentionLayerLearner(n_heads=H, route="served", n_queries=10**6,
+                              positions="rotary")._validate_params()
     with pytest.raises(ConfigError, match="noise"):
-        AttentionLayerLearner(n_heads=H, n_queries=10**6, noise=1e-6)._validate_params()
+        AttentionLayerLearner(n_heads=H, route="served", n_queries=10**6,
+                              noise=1e-6)._validate_params()
 
 
 def test_spare_passes_go_to_the_noisiest_heads():
@@ -242,6 +251,7 @@ def test_float32_fits_read_v_and_beta_again(layer_ckpt):
     from attnquery.learners.multihead_generic.served import constant_queries
 
     oracle = ValueOracle(ModuleBlackBox(layer_ckpt, 0, precision="float32"), D)
-    est = AttentionLayerLearner(n_heads=H, n_queries=10 * DOF, random_state=0).fit(oracle)
+    est = AttentionLayerLearner(n_heads=H, route="served",
+                                n_queries=10 * DOF, random_state=0).fit(oracle)
     assert est.n_queries_by_stage_["v_sum"] >= D + 1 + 2 * NOISE_QUERIES + constant_queries(D)
     assert len(est.head_passes_) == H and min(est.head_passes_) >= est.n_passes_

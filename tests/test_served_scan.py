@@ -72,7 +72,8 @@ def _corrupting(monkeypatch, calls):
 def test_scan_refuses_a_leaky_circle_and_tries_the_next(layer_ckpt, monkeypatch):
     seen = _corrupting(monkeypatch, 1)
     oracle = ValueOracle(ModuleBlackBox(layer_ckpt, 0, precision="float32"), D)
-    est = AttentionLayerLearner(n_heads=H, n_queries=20 * DOF, random_state=0).fit(oracle)
+    est = AttentionLayerLearner(n_heads=H, route="served",
+                                n_queries=20 * DOF, random_state=0).fit(oracle)
     assert len(seen) == 2 and seen[0] > 10 * S.ISOLATION_TOL and seen[1] <= 1e-3
     assert est.scan_["rejected"] == 1 and est.scan_["planes"] >= 2
     assert est.scan_["isolation"] == seen[1]
@@ -86,7 +87,8 @@ def test_scan_refuses_a_leaky_circle_and_tries_the_next(layer_ckpt, monkeypatch)
 def test_no_isolating_circle_is_a_search_limit(layer_ckpt, monkeypatch):
     seen = _corrupting(monkeypatch, 10**6)
     oracle = ValueOracle(ModuleBlackBox(layer_ckpt, 0, precision="float32"), D)
-    est = AttentionLayerLearner(n_heads=H, n_queries=20 * DOF, max_planes=2, random_state=0)
+    est = AttentionLayerLearner(n_heads=H, route="served",
+                                n_queries=20 * DOF, max_planes=2, random_state=0)
     with pytest.raises(SearchLimitError, match="did not isolate the heads"):
         est.fit(oracle)
     assert 1 <= len(seen) <= 2 and min(seen) > S.ISOLATION_TOL
@@ -131,7 +133,7 @@ def test_minilm_layer_2_leaky_circle_is_refused(monkeypatch):
     monkeypatch.setattr(ServedLayerLearner, "_heads", stop)
     d = 384
     learner_rng = np.random.default_rng(0).spawn(2)[0]
-    est = AttentionLayerLearner(n_heads=12, n_queries=4 * layer_dof(d, 12, 32),
+    est = AttentionLayerLearner(n_heads=12, route="served", n_queries=4 * layer_dof(d, 12, 32),
                                 random_state=learner_rng)
     with pytest.raises(Stop):
         est.fit(ValueOracle(box, d))

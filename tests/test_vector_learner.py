@@ -115,7 +115,7 @@ def test_same_seed_same_fit_other_seed_other_queries():
     a = fitted(8, "all", seed=6)[2]
     b = fitted(8, "all", seed=6)[2]
     np.testing.assert_array_equal(a.W_, b.W_)
-    c = fitted(8, "all", seed=6, n_queries=9)[2]
+    c = fitted(8, "all", seed=6, n_attention_queries=9)[2]
     assert c.n_queries_by_stage_["attention"] == 9 and rel(c.W_, a.W_) < GOAL
 
 
@@ -186,8 +186,15 @@ def test_a_budget_below_the_fits_plan_is_refused_before_the_first_query():
     (dict(positions="rotary", n_heads=4, n_kv_heads=3), "n_kv_heads=3 must divide n_heads=4"),
     (dict(causal=1), "causal must be True or False"),
     (dict(fit_bias="yes"), "fit_bias must be True or False"),
+    (dict(n_attention_queries=0), "n_attention_queries must be an integer >= 1"),
+    (dict(n_attention_queries=2),
+     "n_attention_queries=2 queries of 4 tokens give 24 logit differences for 72"),
     (dict(n_queries=0), "n_queries must be an integer >= 1"),
-    (dict(n_queries=2), "n_queries=2 queries of 4 tokens give 24 logit differences for 72"),
+    (dict(route="dense"), "route must be one of"),
+    (dict(route="rotary"), "route='rotary' does not apply with positions='none'"),
+    (dict(route="served", positions="rotary"), "route='served' does not apply with positions="),
+    (dict(positions="rotary", n_attention_queries=50),
+     "n_attention_queries=50 applies to the float64 and served routes only"),
     (dict(verify=-1), "verify must be an integer in"),
     (dict(verify=1.5), "verify must be an integer in"),
     (dict(check_length=0), "check_length must be an integer >= 1"),
@@ -335,7 +342,7 @@ def test_layer_beyond_the_dense_least_squares_d96():
     layer = random_vector_layer(d, H, seed=21, bias=0.3)
     oracle = VectorOracle(layer, d)
     est = VectorLayerLearner(n_heads=H, random_state=0).fit(oracle)
-    assert est.route_ == "shared"
+    assert est.attention_route_ == "shared" and est.route_ == "float64"
     np.testing.assert_array_equal(est.head_ranks_, np.full(H, d // H))
     assert_layer_recovered(layer, est, oracle)
     assert est.n_queries_ < 1_000
@@ -385,8 +392,9 @@ def test_shared_route_refuses_boxes_that_are_not_such_layers():
 def test_shared_route_query_cap_and_dense_limit():
     d = 96
     layer = random_vector_layer(d, 6, seed=24, bias=0.3)
-    with pytest.raises(ConfigError, match="n_queries=50: the shared-token route"):
-        VectorLayerLearner(n_heads=6, n_queries=50, random_state=0).fit(VectorOracle(layer, d))
+    with pytest.raises(ConfigError, match="n_attention_queries=50: the shared-token route"):
+        VectorLayerLearner(n_heads=6, n_attention_queries=50, random_state=0).fit(
+            VectorOracle(layer, d))
     # the last token's outputs go the dense way, which holds at most 128 x 129 unknowns
     big = VectorOracle(random_vector_layer(130, 1, seed=0, outputs="last"), 130, outputs="last")
     with pytest.raises(ConfigError, match="17030 unknowns at d = 130"):

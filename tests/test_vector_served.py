@@ -152,9 +152,12 @@ def test_budget_and_bad_parameters_before_queries():
     with pytest.raises(ConfigError, match="noise must be one of"):
         ServedVectorLearner(noise="loud").fit(VectorOracle(box, d))
     few = VectorOracle(box, d)
-    with pytest.raises(ConfigError, match=r"n_queries=2 queries of \d+ tokens"):
-        ServedVectorLearner(n_queries=2, random_state=0).fit(few)
+    with pytest.raises(ConfigError, match=r"n_attention_queries=2 queries of \d+ tokens"):
+        ServedVectorLearner(n_attention_queries=2, random_state=0).fit(few)
     assert few.n_queries == 0  # refused before the first query
+    with pytest.raises(BudgetExceededError, match=r"n_queries=100\b"):
+        ServedVectorLearner(n_queries=100, random_state=0).fit(few)
+    assert few.n_queries == 0  # the whole fit's cap: refused before the first query too
 
 
 def narrow_layer(d, n_heads, precision, outputs="all", seed=1, engine=True, **options):
@@ -294,7 +297,8 @@ def test_float32_layer_beyond_the_dense_least_squares_d96():
     exact = random_vector_layer(d, H, seed=22, head_dim=16, bias=0.3)
     oracle = VectorOracle(engines.vector_box(layer, "float32", "all"), d)
     est = VectorLayerLearner(n_heads=H, random_state=0).fit(oracle)
-    assert est.route_ == "shared" and est.n_queries_ <= 20_000
+    assert est.attention_route_ == "shared" and est.route_ == "served"
+    assert est.n_queries_ <= 20_000
     W, V = exact.head_W(), exact.value_maps()
     order = [int(np.argmin([rel(est.V_[h], V[g]) for g in range(H)])) for h in range(H)]
     assert sorted(order) == list(range(H))
@@ -421,3 +425,22 @@ def test_soft_capped_layer_with_noise_is_refused_by_its_check(seed):
     truth = Layer(d, 1, seed=seed, base=None, causal=False, outputs="last", scale=2.0)
     assert est.verify_error_ <= VERIFY_UNITS * est.noise_unit_
     assert rel(est.predict(X), truth(X)) < est.noise_unit_  # measured 0.17 to 0.31 units
+
+
+def test_the_route_parameter_picks_the_served_route_or_refuses_it():
+    """route="served" fits the served route from the first query: the same estimate as "auto"
+    hands over after its d + 1 float64 one-token queries, which it does not ask; "float64"
+    reads the float32 answers as float64 ones, and its check refuses them by name."""
+    d = 8
+    box, exact = served(d, "float32")
+    auto_oracle, served_oracle = VectorOracle(box, d), VectorOracle(box, d)
+    auto = VectorLayerLearner(random_state=0).fit(auto_oracle)
+    direct = VectorLayerLearner(route="served", random_state=0).fit(served_oracle)
+    assert auto.route_ == direct.route_ == "served"
+    assert isinstance(direct.served_, ServedVectorLearner)
+    for name in ("W_", "key_bias_", "V_", "output_bias_"):
+        np.testing.assert_array_equal(getattr(direct, name), getattr(auto, name), err_msg=name)
+    assert direct.n_queries_ == served_oracle.n_queries == auto.n_queries_ - (d + 1)
+    assert rel(direct.W_[0], exact.head_W()[0]) < FLOORS * rounding_floor("float32", d)
+    with pytest.raises(ModelMismatchError):
+        VectorLayerLearner(route="float64", random_state=0).fit(VectorOracle(box, d))

@@ -461,7 +461,7 @@ def _windowed(kind, served_layer):
     if kind == "lowprecision float16":
         return (LowPrecisionValueQueryLearner(n_queries=20 * (8 * 8 + 8), random_state=0),
                 in_dtype(sliding_window(8, 0, 200), np.float16), 8)
-    return (AttentionLayerLearner(n_heads=4, n_queries=20 * layer_dof(32, 4, 8),
+    return (AttentionLayerLearner(n_heads=4, route="served", n_queries=20 * layer_dof(32, 4, 8),
                                   random_state=0), last_tokens(served_layer, 200), 32)
 
 

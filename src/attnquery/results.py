@@ -17,7 +17,9 @@ Columns come in groups:
   ``n_queries`` counts the queries that learnt the parameters and ``verify_queries`` the
   check queries the learner spent afterwards (``verified``: whether the estimate passed its
   check, ``verify_error`` the disagreement seen), so the learning count stays what the paper
-  states (``d^2 + d`` for Theorem 4.1);
+  states (``d^2 + d`` for Theorem 4.1); ``total_queries`` is their sum, every query the
+  oracle counted: what a learner counts in ``n_queries_`` and caps with its parameter
+  ``n_queries`` (:func:`make_row` fills it where a row has both parts);
 * outcome: ``status`` (one of :data:`STATUSES`) and ``message``;
 * provenance: package version, git commit, library versions, ``config_hash`` (the cell's
   parameters, the study seed and the identity of the data it reads), ``code_version`` (the
@@ -83,8 +85,10 @@ __all__ = [
 #: version 3 added ``verify_vacuous`` (the check could not have failed); version 4 added the
 #: parameter ``n_kv_heads`` (key/value heads of a grouped-query layer); version 5 the vector
 #: experiment's named cases' ``head_dim``, ``key_dim``, ``causal`` and ``goal``; version 6 their
-#: ``check_length`` (the longest sequence the learner's check asks)
-SCHEMA_VERSION = 6
+#: ``check_length`` (the longest sequence the learner's check asks); version 7 added
+#: ``total_queries`` (every query the oracle counted, the check's included: a learner's
+#: ``n_queries_``, and what its ``n_queries`` caps)
+SCHEMA_VERSION = 7
 
 #: every status a row can have
 STATUSES = ("ok", "not_identifiable", "error", "timeout", "skipped")
@@ -134,6 +138,7 @@ SHARED_PARAM_COLUMNS: dict[str, pa.DataType] = {
 SHARED_METRIC_COLUMNS: dict[str, pa.DataType] = {
     "n_queries": pa.int64(),
     "verify_queries": pa.int64(),
+    "total_queries": pa.int64(),
     "verify_error": pa.float64(),
     "verified": pa.bool_(),
     "verify_vacuous": pa.bool_(),
@@ -158,7 +163,7 @@ SHARED_METRIC_COLUMNS: dict[str, pa.DataType] = {
     "param_distance": pa.float64(),
 }
 
-#: where the parameter and metric columns stand in the stored tables (schema version 6); a
+#: where the parameter and metric columns stand in the stored tables (schema version 7); a
 #: column declared later and not named here follows them, in the order the experiments are
 #: registered
 _STORED_ORDER = (
@@ -166,8 +171,9 @@ _STORED_ORDER = (
     "mu", "zero_frac", "tau", "noise", "rounding", "oversample", "queries_per_unknown", "eps",
     "v_method", "c", "n_measurements", "solver", "separation", "fd_step", "family", "variant",
     "layer", "head", "checkpoint", "readout", "biases", "rope_base", "n_kv_heads",
-    "n_queries", "verify_queries", "verify_error", "verified", "verify_vacuous",
-    "n_queries_attention", "n_queries_ffn", "n_queries_v", "n_queries_W", "queries_computed",
+    "n_queries", "verify_queries", "total_queries", "verify_error", "verified",
+    "verify_vacuous", "n_queries_attention", "n_queries_ffn", "n_queries_v", "n_queries_W",
+    "queries_computed",
     "rel_err_W", "abs_err_W", "rel_err_v", "err_v", "rel_err_c", "rel_err_offset", "func_err",
     "success", "rank_found", "n_heads_found", "solver_status", "solver_iterations",
     "required_tau", "bound_W", "bound_v", "within_bound", "param_distance", "output_difference",
@@ -326,6 +332,10 @@ def make_row(cell: Mapping, metrics: Mapping | None, status: str, message: str =
                 "declare it in the experiment's metrics (or add it to "
                 "attnquery.results.SHARED_METRIC_COLUMNS or TIMING_COLUMNS)"
             )
+    if row.get("total_queries") is None and None not in (row.get("n_queries"),
+                                                         row.get("verify_queries")):
+        # the learner's count (n_queries_): the learning queries and the check's
+        row["total_queries"] = int(row["n_queries"]) + int(row["verify_queries"])
     row["status"] = status
     row["message"] = message
     row.update(provenance or {})

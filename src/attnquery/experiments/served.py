@@ -135,7 +135,7 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     return m
 
 
-# -- whole layers (AttentionLayerLearner(n_queries=...)) -----------------------------------------
+# -- whole layers (AttentionLayerLearner(route="served", n_queries=...)) --------------------------
 #: the issue's goal for a float32-served layer: every head's W and the function within this
 LAYER_GOAL = 1e-5
 #: ... at most this many times the layer's degrees of freedom (layer_dof) in queries
@@ -174,7 +174,8 @@ def run_layer(cell: dict, rng: np.random.Generator) -> dict:
     d, H = truth.heads[0].d, truth.n_heads
     dof = layer_dof(d, H, d // H)
     oracle = ValueOracle(box, d)
-    est = AttentionLayerLearner(n_heads=H, n_queries=int(round(cell["queries_per_unknown"] * dof)),
+    est = AttentionLayerLearner(n_heads=H, route="served",
+                                n_queries=int(round(cell["queries_per_unknown"] * dof)),
                                 random_state=learner_rng)
     m = fit_and_measure(est, oracle, truth, d, eval_rng, n_eval=32, measure=layer_measure)
     per = {k: m.pop(f"err_{k}_heads") for k in ("W", "v", "c")}

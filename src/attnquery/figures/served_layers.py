@@ -129,10 +129,11 @@ def _goal_claim(f32, ok32) -> Claim:
 SERVED_LAYERS_CAPTION = """\
 **Whole layers served in float32 (beyond the paper).** Every layer of the checkpoint (all
 heads, every bias, read out at the last token) computed as an engine computes it, extracted by
-``AttentionLayerLearner(n_queries=...)``. (a) Each head's relative error of W (matched up to a
-permutation) against the queries spent per degree of freedom of the layer; dotted: the goal
-(1e-5), dashed: the budget it is stated at (4 queries per degree of freedom). (b) Each layer's
-functional relative error; with a single layer in the study, drawn in (a) instead (a star).
+``AttentionLayerLearner(route="served", n_queries=...)``. (a) Each head's relative error of W
+(matched up to a permutation) against the queries spent per degree of freedom of the layer;
+dotted: the goal (1e-5), dashed: the budget it is stated at (4 queries per degree of freedom).
+(b) Each layer's functional relative error; with a single layer in the study, drawn in (a)
+instead (a star).
 """
 
 

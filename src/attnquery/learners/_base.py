@@ -19,6 +19,7 @@ from ..errors import (
     NotFittedError,
     VacuousCheckWarning,
 )
+from ..oracles._base import CappedOracle
 from ..rng import as_rng
 from ._check import (
     CHECK_LENGTH,
@@ -50,7 +51,8 @@ __all__ = ["BaseLearner", "QueryLedger", "check_is_fitted", "clone", "FITTED_MET
            "MAX_VERIFY", "VERIFY_PARAM", "BLOCK_BYTES_PARAM", "CHECK_LENGTH_PARAM",
            "CHECK_LENGTHS", "CHECK_LENGTH", "check_lengths", "ROUNDING_RTOL", "pair_token_scale",
            "output_error_bound", "NOISE_FORMAT_FACTOR", "NOISE_MODES",
-           "check_noise_mode", "judge_noise", "renamed_parameter", "ForwardingOracle"]
+           "check_noise_mode", "judge_noise", "renamed_parameter", "ForwardingOracle",
+           "N_QUERIES_PARAM", "CappedOracle"]
 
 #: check queries a learner spends after fitting, unless told otherwise (``verify=0`` turns it off):
 #: with the position-free learners' lengths (:func:`check_lengths`, ``check_length`` 4096), 6
@@ -69,13 +71,17 @@ VERIFY_PARAM = Interval(numbers.Integral, 0, MAX_VERIFY, closed="both",
 #: the ``check_length`` parameter's constraint (the position-free learners')
 CHECK_LENGTH_PARAM = Interval(numbers.Integral, 1, None, closed="left",
                               note="the tokens of the longest check queries")
+#: the ``n_queries`` parameter's constraint (every learner's: the whole fit's cap, check
+#: queries included; None, the default of most, sets none)
+N_QUERIES_PARAM = Interval(numbers.Integral, 1, None, closed="left",
+                           note="the most queries the whole fit asks, the check's included")
 #: the methods that need a fitted learner: :class:`BaseLearner` makes each one a subclass
 #: defines call :func:`check_is_fitted` first
 FITTED_METHODS = ("predict", "predict_sign", "transform", "score")
 #: fitted attributes a ``fit`` sets also when it fails (the query counts and the check's
-#: outcome): on their own they do not make a learner fitted
+#: outcome, the route taken): on their own they do not make a learner fitted
 _BOOKKEEPING = frozenset({"n_queries_", "n_queries_by_stage_", "verify_error_",
-                          "n_verify_queries_", "verify_vacuous_"})
+                          "n_verify_queries_", "verify_vacuous_", "route_"})
 
 
 def check_is_fitted(estimator, attributes=None) -> None:
@@ -130,6 +136,36 @@ def _needs_fit(method):
     return checked
 
 
+def _capped_fit(fit):
+    """``fit`` asking its oracle through a :class:`~attnquery.oracles.CappedOracle` of the
+    learner's ``n_queries`` (when it is set): the one place the whole fit's cap is held."""
+
+    @functools.wraps(fit)
+    def capped(self, oracle, *args, **kwargs):
+        cap = getattr(self, "n_queries", None)
+        if cap is None or (isinstance(cap, str) and cap == DEPRECATED) or \
+                getattr(self, "_capping", False) or not hasattr(oracle, "n_queries"):
+            return fit(self, oracle, *args, **kwargs)
+        with warnings.catch_warnings():  # fit validates again, and warns then
+            warnings.simplefilter("ignore")
+            self.validate_params()  # a bad parameter is refused by its own name first
+        validate_parameter_constraints({"n_queries": [N_QUERIES_PARAM, None]},
+                                       {"n_queries": cap})  # a plug-in's, undeclared
+        least = self._least_queries(oracle)
+        if cap < least:
+            raise ConfigError(
+                f"n_queries={cap} is below the {least} queries every fit of "
+                f"{type(self).__name__} asks at the least ({self._least_reason(oracle)})")
+        self._capping = True
+        try:
+            return fit(self, CappedOracle(oracle, cap), *args, **kwargs)
+        finally:
+            del self._capping
+
+    capped.caps_queries = True
+    return capped
+
+
 
 class BaseLearner:
     """The base class of every learner: parameters live in ``__init__``; ``fit(oracle)``
@@ -144,6 +180,14 @@ class BaseLearner:
     :meth:`open_ledger`, draws its queries from :meth:`make_rng` and checks its estimate last
     with :meth:`verify_fit`. ``_parameter_errors`` maps a parameter to the ConfigError subclass
     its bad value raises, where that is more specific.
+
+    ``n_queries``, every registered learner's parameter, is the whole fit's cap (the check
+    queries included; None: none). A subclass's ``fit`` given it asks its oracle through a
+    :class:`~attnquery.oracles.CappedOracle` of that cap (this class wraps every ``fit``), so
+    its ledger, its planning checks and every batch see the cap: a plan that does not fit is
+    refused before the first query, and no batch beyond the cap is asked
+    (:class:`~attnquery.errors.BudgetExceededError` naming ``n_queries``). A cap below
+    :meth:`_least_queries` is a :class:`~attnquery.errors.ConfigError` before any query.
 
     The methods of :data:`FITTED_METHODS` (``predict``, ...) that a subclass defines call
     :func:`check_is_fitted` first: before ``fit`` they raise
@@ -161,6 +205,9 @@ class BaseLearner:
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
+        fit = cls.__dict__.get("fit")
+        if inspect.isfunction(fit) and not getattr(fit, "caps_queries", False):
+            cls.fit = _capped_fit(fit)  # n_queries: the whole fit's cap, held by the oracle
         for name in FITTED_METHODS:  # predict before fit: NotFittedError, not 'v_'
             method = cls.__dict__.get(name)
             if inspect.isfunction(method) and not getattr(method, "checks_fitted", False):
@@ -186,6 +233,18 @@ class BaseLearner:
         self._validate_extra()
 
     _validate_params = validate_params  # the name the built-in learners call
+
+    def _least_queries(self, oracle) -> int:
+        """The fewest queries any fit of this learner asks on ``oracle`` (read before the
+        first query): a cap ``n_queries`` below it is refused by name. The default is
+        ``verify`` check queries and one query besides; a learner that knows more of its plan
+        says so (and :meth:`_least_reason` why)."""
+        return check_verify_param(getattr(self, "verify", DEFAULT_VERIFY)) + 1
+
+    def _least_reason(self, oracle) -> str:
+        """:meth:`_least_queries` in words, for its refusal."""
+        return (f"verify={check_verify_param(getattr(self, 'verify', DEFAULT_VERIFY))} check "
+                "queries and at least one more")
 
     def _validate_extra(self) -> None:
         """Rules joining several parameters (each declared parameter already has a valid
@@ -324,7 +383,7 @@ def renamed_parameter(learner, old: str, new: str, *, warn: bool = True):
         warnings.warn(f"{type(learner).__name__}'s {old} is deprecated and will be removed in "
                       f"a future release: pass {new}={value!r} instead (the fit's query "
                       "budget, the name every learner's budget has)", FutureWarning,
-                      stacklevel=5)
+                      stacklevel=6)  # fit, its n_queries wrapper, the caller
     return value
 
 

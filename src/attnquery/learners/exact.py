@@ -42,6 +42,7 @@ from ._base import (
     CHECK_LENGTH,
     CHECK_LENGTH_PARAM,
     DEFAULT_VERIFY,
+    N_QUERIES_PARAM,
     ROUNDING_RTOL,
     BaseLearner,
     check_oracle,
@@ -126,6 +127,12 @@ class ExactValueQueryLearner(BaseLearner):
         :data:`~attnquery.learners._base.CHECK_LENGTH`; the others have 2 to 64 tokens,
         :func:`~attnquery.learners._base.check_lengths`). A box that is a head on every
         input of up to ``check_length`` tokens, such as a wider sliding window, passes.
+    n_queries : int, optional
+        The most queries the whole fit asks, its check's included (default None: no cap). A
+        fit never asks more: a cap below what the fit needs raises
+        :class:`~attnquery.errors.BudgetExceededError` (or ConfigError) naming it, before the
+        first query where the plan is known then (:class:`~attnquery.learners.base.
+        BaseLearner`).
     random_state : int, sequence of ints, Generator or None
         Seed of the Gaussian probes.
 
@@ -158,6 +165,7 @@ class ExactValueQueryLearner(BaseLearner):
     _parameter_constraints = {
         **BaseLearner._parameter_constraints,
         "check_length": [CHECK_LENGTH_PARAM],
+        "n_queries": [N_QUERIES_PARAM, None],
         **PROBE_PARAMS,
         "probes": [Options(PROBE_DESIGNS)],
         "zero_tol": [ZERO_TOL_PARAM],
@@ -181,6 +189,7 @@ class ExactValueQueryLearner(BaseLearner):
         fit_bias: bool = False,
         verify: int = DEFAULT_VERIFY,
         check_length: int = CHECK_LENGTH,
+        n_queries: int | None = None,
         random_state=None,
     ):
         self.probes = probes
@@ -192,6 +201,7 @@ class ExactValueQueryLearner(BaseLearner):
         self.fit_bias = fit_bias
         self.verify = verify
         self.check_length = check_length
+        self.n_queries = n_queries
         self.random_state = random_state
 
     # ------------------------------------------------------------------------------------------

@@ -89,7 +89,8 @@ class _OneRowFunction:
     def __call__(self, Z) -> np.ndarray:
         Z = np.ascontiguousarray(Z, dtype=np.float64)
         n = Z.shape[0]
-        self.ledger.need(n, f"a batch of {n} queries", reserved=True, refusal=_cap_refusal)
+        # the check's queries are kept back: the cap is the whole fit's (n_queries)
+        self.ledger.need(n, f"a batch of {n} queries", refusal=_cap_refusal)
         return self.ledger.ask(Z[:, None, :])
 
 
@@ -149,9 +150,10 @@ class ReLUNetworkLearner(BaseLearner):
         than ``n_grid + 2 max_kinks`` unresolved intervals at once raises
         :class:`~attnquery.errors.SearchLimitError`.
     n_queries : int, optional
-        The fit's query budget: the cap of its query ledger, which the search, the gradient
-        jumps, the refinement and the least-squares fit may not pass (a batch that would
-        raises :class:`~attnquery.errors.SearchLimitError` before it is asked); default
+        The fit's query budget, the check's queries included: the cap of its query ledger,
+        which the search, the gradient jumps, the refinement and the least-squares fit may not
+        pass with the ``verify`` check queries kept back (a batch that would raises
+        :class:`~attnquery.errors.SearchLimitError` before it is asked); default
         :meth:`query_cap`. The oracle's own budget applies too
         (:class:`~attnquery.errors.BudgetExceededError`).
     max_queries : int, optional
@@ -306,7 +308,8 @@ class ReLUNetworkLearner(BaseLearner):
         rng = self._rng()
         n0 = oracle.n_queries
         self.query_cap_ = self.query_cap(d)
-        with self._open_ledger(oracle, STAGES, cap=self.query_cap_) as ledger:
+        with self._open_ledger(oracle, STAGES, cap=self.query_cap_,
+                               reserve=check_verify_param(self.verify)) as ledger:
             f = _OneRowFunction(ledger)
             with ledger.stage("lines"):
                 lines, self.n_rounds_ = search_lines(f, d, rng, SearchPlan(

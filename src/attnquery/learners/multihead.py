@@ -23,6 +23,7 @@ from ._base import (
     CHECK_LENGTH,
     CHECK_LENGTH_PARAM,
     DEFAULT_VERIFY,
+    N_QUERIES_PARAM,
     ROUNDING_RTOL,
     BaseLearner,
     ForwardingOracle,
@@ -138,6 +139,12 @@ class OrthogonalSubspaceLearner(BaseLearner):
         :func:`~attnquery.learners._base.check_lengths`). A box that is a layer of such heads
         on every input of up to ``check_length`` tokens, such as one with a wider sliding
         window, passes.
+    n_queries : int, optional
+        The most queries the whole fit asks, its check's included (default None: no cap). A
+        fit never asks more: a cap below what the fit needs raises
+        :class:`~attnquery.errors.BudgetExceededError` (or ConfigError) naming it, before the
+        first query where the plan is known then (:class:`~attnquery.learners.base.
+        BaseLearner`).
     random_state : int, sequence of ints, Generator or None
         Seed of the anchors, the per-head learners and the check queries.
 
@@ -166,6 +173,7 @@ class OrthogonalSubspaceLearner(BaseLearner):
     _parameter_constraints = {
         **BaseLearner._parameter_constraints,
         "check_length": [CHECK_LENGTH_PARAM],
+        "n_queries": [N_QUERIES_PARAM, None],
         "n_heads": [Interval(Integral, 1, None, closed="left")],
         "bases": ["array-like", None],
         "n_anchors": [Interval(Integral, 1, None, closed="left"), None],
@@ -179,7 +187,7 @@ class OrthogonalSubspaceLearner(BaseLearner):
 
     def __init__(self, *, n_heads: int, bases=None, n_anchors: int | None = None,
                  fd_step: float = 1e-2, probes: str = "basis", verify: int = DEFAULT_VERIFY,
-                 check_length: int = CHECK_LENGTH, random_state=None):
+                 check_length: int = CHECK_LENGTH, n_queries: int | None = None, random_state=None):
         self.n_heads = n_heads
         self.bases = bases
         self.n_anchors = n_anchors
@@ -187,6 +195,7 @@ class OrthogonalSubspaceLearner(BaseLearner):
         self.probes = probes
         self.verify = verify
         self.check_length = check_length
+        self.n_queries = n_queries
         self.random_state = random_state
 
     @property

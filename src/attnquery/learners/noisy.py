@@ -42,6 +42,7 @@ from ._base import (
     CHECK_LENGTH_PARAM,
     CHECK_LENGTHS,
     DEFAULT_VERIFY,
+    N_QUERIES_PARAM,
     BaseLearner,
     check_oracle,
     check_verify_param,
@@ -153,6 +154,12 @@ class NoisyValueQueryLearner(BaseLearner):
         :data:`~attnquery.learners._base.CHECK_LENGTH`; the others have 1 to 64 tokens,
         :func:`~attnquery.learners._base.check_lengths`). A box that is a head on every
         input of up to ``check_length`` tokens, such as a wider sliding window, passes.
+    n_queries : int, optional
+        The most queries the whole fit asks, its check's included (default None: no cap). A
+        fit never asks more: a cap below what the fit needs raises
+        :class:`~attnquery.errors.BudgetExceededError` (or ConfigError) naming it, before the
+        first query where the plan is known then (:class:`~attnquery.learners.base.
+        BaseLearner`).
     random_state : int, Generator or None
         Seed of the extra probe scales (only used when ``oversample > 1``) and of the check
         queries.
@@ -200,6 +207,7 @@ class NoisyValueQueryLearner(BaseLearner):
     _parameter_constraints = {
         **BaseLearner._parameter_constraints,
         "check_length": [CHECK_LENGTH_PARAM],
+        "n_queries": [N_QUERIES_PARAM, None],
         "W_bound": [Interval(Real, 2, None, closed="left", note="Theorem 6.1")],
         "mu": [Interval(Real, 0, 1, closed="right")],
         "eps_W": [Interval(Real, 0, None, closed="neither")],
@@ -219,7 +227,7 @@ class NoisyValueQueryLearner(BaseLearner):
     def __init__(self, *, W_bound: float, mu: float, eps_W: float = 1e-2, eps_v: float = 1e-2,
                  oversample: int = 1, clip: bool = True, tau: float | None = None,
                  strict: bool = True, verify: int = DEFAULT_VERIFY,
-                 check_length: int = CHECK_LENGTH, random_state=None):
+                 check_length: int = CHECK_LENGTH, n_queries: int | None = None, random_state=None):
         self.W_bound = W_bound
         self.mu = mu
         self.eps_W = eps_W
@@ -230,6 +238,7 @@ class NoisyValueQueryLearner(BaseLearner):
         self.strict = strict
         self.verify = verify
         self.check_length = check_length
+        self.n_queries = n_queries
         self.random_state = random_state
 
     # ------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from ._base import (
     CHECK_LENGTH,
     CHECK_LENGTH_PARAM,
     DEFAULT_VERIFY,
+    N_QUERIES_PARAM,
     BaseLearner,
     check_oracle,
     check_verify_param,
@@ -69,6 +70,12 @@ class TransformerLearner(BaseLearner):
         :func:`~attnquery.learners._base.check_lengths`). A box that is such a transformer on
         every input of up to ``check_length`` tokens, such as one with a wider sliding window,
         passes.
+    n_queries : int, optional
+        The most queries the whole fit asks, its check's included (default None: no cap). A
+        fit never asks more: a cap below what the fit needs raises
+        :class:`~attnquery.errors.BudgetExceededError` (or ConfigError) naming it, before the
+        first query where the plan is known then (:class:`~attnquery.learners.base.
+        BaseLearner`).
     random_state : int, sequence of ints, Generator or None
         Seed of the attention part's probes, the FFN learner and the check queries.
 
@@ -99,6 +106,7 @@ class TransformerLearner(BaseLearner):
     _parameter_constraints = {
         **BaseLearner._parameter_constraints,
         "check_length": [CHECK_LENGTH_PARAM],
+        "n_queries": [N_QUERIES_PARAM, None],
         "ffn": [Options(FFN_LEARNERS)],
         "probes": [Options(PROBE_DESIGNS)],
         "ffn_params": [dict, None],
@@ -110,12 +118,13 @@ class TransformerLearner(BaseLearner):
 
     def __init__(self, *, ffn: str = "kinks", probes: str = "basis",
                  ffn_params: dict | None = None, verify: int = DEFAULT_VERIFY,
-                 check_length: int = CHECK_LENGTH, random_state=None):
+                 check_length: int = CHECK_LENGTH, n_queries: int | None = None, random_state=None):
         self.ffn = ffn
         self.probes = probes
         self.ffn_params = ffn_params
         self.verify = verify
         self.check_length = check_length
+        self.n_queries = n_queries
         self.random_state = random_state
 
     def _validate_extra(self):

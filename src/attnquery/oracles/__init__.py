@@ -26,6 +26,7 @@ from ..errors import (  # noqa: F401
 from ..rng import seed_int
 from ..theory import FORMAT_BITS, ROUNDING_DTYPES, parse_rounding, relative_rounding_error  # noqa: F401
 from ._base import (  # noqa: F401 (the helpers of the oracles' base, importable from here as before)
+    CappedOracle,
     ForwardingOracle,
     Oracle,
     _BoxOracle,
@@ -39,7 +40,8 @@ from ._base import (  # noqa: F401 (the helpers of the oracles' base, importable
 
 __all__ = ["Oracle", "ValueOracle", "VectorOracle", "AntisymmetricOracle", "ApproximateValueOracle",
            "RoundingOracle", "MembershipOracle", "ToleranceError", "query_hash",
-           "relative_rounding_error", "ROUNDING_DTYPES", "FORMAT_BITS", "ForwardingOracle"]
+           "relative_rounding_error", "ROUNDING_DTYPES", "FORMAT_BITS", "ForwardingOracle",
+           "CappedOracle"]
 
 
 class ValueOracle(_BoxOracle):

@@ -1,7 +1,8 @@
 """The oracles' bases: :class:`Oracle` (query validation, counting and budget), the base of
 the oracles that wrap a black box, and :class:`ForwardingOracle`, the base of an oracle that
 wraps another oracle query for query, with :func:`check_budget`, the one way to an oracle's
-budget. Every public name is importable from :mod:`attnquery.oracles`."""
+budget, and :class:`CappedOracle`, the forwarding oracle that holds a fit's ``n_queries``.
+Every public name is importable from :mod:`attnquery.oracles`."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from ..errors import (
     QueryError,
 )
 
-__all__ = ["Oracle", "ForwardingOracle", "check_budget"]
+__all__ = ["Oracle", "ForwardingOracle", "CappedOracle", "check_budget"]
 
 
 class Oracle:
@@ -266,6 +267,93 @@ class ForwardingOracle:
     def check_budget(self, n: int, what: str = "this step") -> None:
         """The wrapped oracle's check (:func:`check_budget`)."""
         check_budget(self._inner, n, what)
+
+
+class CappedOracle(ForwardingOracle):
+    """An oracle that asks ``oracle`` at most ``cap`` queries more than it had answered when
+    the wrapper was made: the whole-fit cap ``n_queries`` every learner takes.
+
+    A learner's ``fit`` given ``n_queries`` asks its oracle through one of these
+    (:class:`~attnquery.learners.base.BaseLearner` wraps it), so the cap is counted and refused
+    in one place: its :attr:`remaining` is the least of what the cap and the wrapped oracle's
+    own budget leave, which every planning check of the fit reads (a
+    :class:`~attnquery.learners.base.QueryLedger` around it, :func:`check_budget`), and a batch
+    the cap does not pay for raises :class:`~attnquery.errors.BudgetExceededError` naming
+    ``n_queries`` before it is asked. The count is the wrapped oracle's (check queries
+    included); every other attribute (``outputs``, ``n_tokens``, ``tau``, ...) is the wrapped
+    oracle's.
+
+    Parameters
+    ----------
+    oracle : oracle
+        The oracle asked (any object with ``__call__``, ``d`` and ``n_queries``).
+    cap : int
+        The most queries asked through the wrapper (>= 0).
+    name : str
+        The parameter that set the cap, for messages (default ``"n_queries"``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from attnquery.oracles import CappedOracle, ValueOracle
+    >>> capped = CappedOracle(ValueOracle(lambda X: X[:, -1, 0], 2), 3)
+    >>> capped(np.ones((2, 1, 2))).shape, capped.remaining
+    ((2,), 1)
+    """
+
+    own_budget = True
+
+    def __init__(self, oracle, cap: int, name: str = "n_queries"):
+        if not _is_int(cap) or cap < 0:
+            raise QueryError(f"{name} must be a non-negative integer; got {cap!r}")
+        self.oracle = oracle
+        self.cap = int(cap)
+        self.name = name
+        self.n0 = int(oracle.n_queries)
+
+    @property
+    def _inner(self):
+        return self.oracle
+
+    def __getattr__(self, attr):
+        # only reached for attributes the wrapper lacks: the wrapped oracle's (outputs, ...)
+        if attr == "oracle" or attr.startswith("__"):
+            raise AttributeError(attr)
+        return getattr(self.oracle, attr)
+
+    @property
+    def spent(self) -> int:
+        """Queries asked through the wrapper so far (the wrapped oracle's count since)."""
+        return int(self.oracle.n_queries) - self.n0
+
+    @property
+    def remaining(self) -> int:
+        """What the cap leaves, or the wrapped oracle's ``remaining`` where that is less."""
+        left = self.cap - self.spent
+        inner = getattr(self.oracle, "remaining", None)
+        return left if inner is None else min(left, int(inner))
+
+    def check_budget(self, n: int, what: str = "this step") -> None:
+        """Raise :class:`~attnquery.errors.BudgetExceededError` when ``n`` more queries exceed
+        the cap (naming it) or the wrapped oracle's budget, before any of them is asked."""
+        n, spent = int(n), self.spent
+        if n > self.cap - spent:
+            raise BudgetExceededError(
+                f"{what} needs {n} queries but only {max(self.cap - spent, 0)} of "
+                f"{self.name}={self.cap} remain ({spent} spent)")
+        check_budget(self.oracle, n, what)
+
+    def __call__(self, X) -> np.ndarray:
+        """Ask the batch ``X`` after checking that the cap pays for it."""
+        shape = getattr(X, "shape", None)
+        if shape and len(shape) == 3:  # else the wrapped oracle refuses it by name
+            self.check_budget(int(shape[0]), f"a batch of {int(shape[0])} queries")
+        return self.oracle(X)
+
+    query = __call__
+
+    def __repr__(self) -> str:
+        return f"CappedOracle({self.oracle!r}, {self.name}={self.cap})"
 
 
 def check_budget(oracle, n: int, what: str) -> None:

@@ -15,6 +15,7 @@ from .._base import (
     CHECK_LENGTH,
     CHECK_LENGTH_PARAM,
     DEFAULT_VERIFY,
+    N_QUERIES_PARAM,
     ROUNDING_RTOL,
     BaseLearner,
     check_oracle,
@@ -95,6 +96,12 @@ class NuclearNormROPLearner(BaseLearner):
         :data:`~attnquery.learners._base.CHECK_LENGTH`; the others have 2 to 64 tokens,
         :func:`~attnquery.learners._base.check_lengths`). A box that is a head on every
         input of up to ``check_length`` tokens, such as a wider sliding window, passes.
+    n_queries : int, optional
+        The most queries the whole fit asks, its check's included (default None: no cap). A
+        fit never asks more: a cap below what the fit needs raises
+        :class:`~attnquery.errors.BudgetExceededError` (or ConfigError) naming it, before the
+        first query where the plan is known then (:class:`~attnquery.learners.base.
+        BaseLearner`).
     random_state : int, sequence of ints, Generator or None
         Seed of the Gaussian probes.
 
@@ -135,6 +142,7 @@ class NuclearNormROPLearner(BaseLearner):
     _parameter_constraints = {
         **BaseLearner._parameter_constraints,
         "check_length": [CHECK_LENGTH_PARAM],
+        "n_queries": [N_QUERIES_PARAM, None],
         **PROBE_PARAMS,
         "n_measurements": [Interval(Integral, 1, None, closed="left"), None],
         "rank": [Interval(Integral, 1, None, closed="left"), None],
@@ -166,6 +174,7 @@ class NuclearNormROPLearner(BaseLearner):
         initial_logit_scale: float = 1e-2,
         verify: int = DEFAULT_VERIFY,
         check_length: int = CHECK_LENGTH,
+        n_queries: int | None = None,
         random_state=None,
     ):
         self.n_measurements = n_measurements
@@ -181,6 +190,7 @@ class NuclearNormROPLearner(BaseLearner):
         self.initial_logit_scale = initial_logit_scale
         self.verify = verify
         self.check_length = check_length
+        self.n_queries = n_queries
         self.random_state = random_state
 
     def _validate_extra(self):

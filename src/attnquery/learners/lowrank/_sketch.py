@@ -15,6 +15,7 @@ from .._base import (
     CHECK_LENGTH,
     CHECK_LENGTH_PARAM,
     DEFAULT_VERIFY,
+    N_QUERIES_PARAM,
     ROUNDING_RTOL,
     BaseLearner,
     check_oracle,
@@ -146,6 +147,12 @@ class SketchLowRankLearner(BaseLearner):
         :data:`~attnquery.learners._base.CHECK_LENGTH`; the others have 2 to 64 tokens,
         :func:`~attnquery.learners._base.check_lengths`). A box that is a head on every
         input of up to ``check_length`` tokens, such as a wider sliding window, passes.
+    n_queries : int, optional
+        The most queries the whole fit asks, its check's included (default None: no cap). A
+        fit never asks more: a cap below what the fit needs raises
+        :class:`~attnquery.errors.BudgetExceededError` (or ConfigError) naming it, before the
+        first query where the plan is known then (:class:`~attnquery.learners.base.
+        BaseLearner`).
     random_state : int, sequence of ints, Generator or None
         Seed of the sketches.
 
@@ -180,6 +187,7 @@ class SketchLowRankLearner(BaseLearner):
     _parameter_constraints = {
         **BaseLearner._parameter_constraints,
         "check_length": [CHECK_LENGTH_PARAM],
+        "n_queries": [N_QUERIES_PARAM, None],
         **PROBE_PARAMS,
         "rank": [Interval(Integral, 0, None, closed="left"), None],
         "oversample": [Interval(Integral, 0, None, closed="left"), None],
@@ -208,6 +216,7 @@ class SketchLowRankLearner(BaseLearner):
         fit_bias: bool = False,
         verify: int = DEFAULT_VERIFY,
         check_length: int = CHECK_LENGTH,
+        n_queries: int | None = None,
         random_state=None,
     ):
         self.rank = rank
@@ -222,6 +231,7 @@ class SketchLowRankLearner(BaseLearner):
         self.fit_bias = fit_bias
         self.verify = verify
         self.check_length = check_length
+        self.n_queries = n_queries
         self.random_state = random_state
 
     # ------------------------------------------------------------------------------------------

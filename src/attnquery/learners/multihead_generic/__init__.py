@@ -7,7 +7,8 @@
   heads of rank ``d / n_heads`` with their biases; each head is isolated by its value vector and
   measured with the single-head probes. It picks one estimator per route from its parameters
   and fits it: :class:`ExactLayerLearner` (:mod:`.exact_layer`, exact answers),
-  :class:`ServedLayerLearner` (:mod:`.served_layer`, served answers within ``n_queries``) and
+  :class:`ServedLayerLearner` (:mod:`.served_layer`, served answers within ``n_queries``,
+  ``route="served"``) and
   :class:`~.rotary_layer.RotaryLayerLearner` (``positions="rotary"``), over
   the shared measurement modules :mod:`.scan` (the circle scan) and :mod:`.heads` (the
   isolated heads and their missing directions).

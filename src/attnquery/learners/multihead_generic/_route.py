@@ -5,7 +5,7 @@ from another.
 The routes are :class:`~.exact_layer.ExactLayerLearner` (exact answers),
 :class:`~.served_layer.ServedLayerLearner` (served answers within ``n_queries``) and
 :class:`~.rotary_layer.RotaryLayerLearner` (rotary positions, grouped-query
-attention); :class:`~.layer.AttentionLayerLearner` picks one from its parameters.
+attention); :class:`~.layer.AttentionLayerLearner` picks one by its parameter ``route``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The layer learner's exact route: a whole attention layer from exact answers (beyond the paper).
 
-:class:`ExactLayerLearner` is what :class:`~.layer.AttentionLayerLearner` fits when
-``n_queries`` is None and ``positions="none"``: V and beta from ``d + 1`` one-row queries, every
-``v_h`` from the circle scan (:mod:`.scan`), each head isolated by its value vector and its
-missing directions measured once (:mod:`.heads`), then the check. The method and its query
-count are :mod:`.layer`'s.
+:class:`ExactLayerLearner` is what :class:`~.layer.AttentionLayerLearner` fits with
+``route="exact"`` (the default with ``positions="none"``): V and beta from ``d + 1`` one-row
+queries, every ``v_h`` from the circle scan (:mod:`.scan`), each head isolated by its value
+vector and its missing directions measured once (:mod:`.heads`), then the check. The method and
+its query count are :mod:`.layer`'s.
 """
 
 from __future__ import annotations
@@ -55,8 +55,9 @@ class ExactLayerLearner(LayerRoute):
     _parameter_constraints = {**LAYER_PARAMS, **BIAS_PARAMS}
     spec = LearnerSpec(
         name="layer_exact", oracle="value", returns="layer", fits_bias=True, stages=STAGES,
-        description="the layer learner's exact route (AttentionLayerLearner with n_queries "
-        "None)", label="attention layer (exact)", command_line=False)
+        description="the layer learner's exact route (AttentionLayerLearner with route "
+        "'exact', the default without positions)", label="attention layer (exact)",
+        command_line=False)
 
     def __init__(self, *, n_heads: int, rank: int | None = None, fit_bias: bool = True,
                  n_grid: int = 720, max_planes: int = 6, oversample: int = 2,

@@ -52,6 +52,7 @@ from .._base import (
     CHECK_LENGTH,
     CHECK_LENGTH_PARAM,
     DEFAULT_VERIFY,
+    N_QUERIES_PARAM,
     BaseLearner,
     QueryLedger,
     check_oracle,
@@ -123,6 +124,12 @@ class MultiHeadLearner(BaseLearner):
         :func:`~attnquery.learners._base.check_lengths`). A box that is a sum of heads on
         every input of up to ``check_length`` tokens, such as one with a wider sliding window,
         passes.
+    n_queries : int, optional
+        The most queries the whole fit asks, its check's included (default None: no cap). A
+        fit never asks more: a cap below what the fit needs raises
+        :class:`~attnquery.errors.BudgetExceededError` (or ConfigError) naming it, before the
+        first query where the plan is known then (:class:`~attnquery.learners.base.
+        BaseLearner`).
     random_state : int, sequence of ints, Generator or None
         Seed of the random anchors, directions and refit queries.
 
@@ -176,6 +183,7 @@ class MultiHeadLearner(BaseLearner):
     _parameter_constraints = {
         **BaseLearner._parameter_constraints,
         "check_length": [CHECK_LENGTH_PARAM],
+        "n_queries": [N_QUERIES_PARAM, None],
         "n_heads": [Interval(Integral, 1, None, closed="left"), None],
         "three_row_queries": ["boolean"],
         "max_heads": [Interval(Integral, 1, None, closed="left")],
@@ -206,6 +214,7 @@ class MultiHeadLearner(BaseLearner):
         max_line_rounds: int = 4,
         verify: int = DEFAULT_VERIFY,
         check_length: int = CHECK_LENGTH,
+        n_queries: int | None = None,
         random_state=None,
     ):
         self.n_heads = n_heads
@@ -221,6 +230,7 @@ class MultiHeadLearner(BaseLearner):
         self.max_line_rounds = max_line_rounds
         self.verify = verify
         self.check_length = check_length
+        self.n_queries = n_queries
         self.random_state = random_state
 
     # -- queries ---------------------------------------------------------------------------------

@@ -51,8 +51,9 @@ size (d = 384, H = 12, r = 32) that is about 1.1 times the layer's degrees of fr
 Routes: :class:`AttentionLayerLearner` fits one estimator per route, over the shared
 measurement modules :mod:`.scan` (the circle) and :mod:`.heads` (the isolated heads and the
 missing directions): :class:`~.exact_layer.ExactLayerLearner` on exact answers,
-:class:`~.served_layer.ServedLayerLearner` on served ones within ``n_queries`` (its budget is
-the fit's query ledger, ``cap=n_queries``, the check kept in reserve) and
+:class:`~.served_layer.ServedLayerLearner` on served ones (``route="served"``) within
+``n_queries`` (its budget is the fit's query ledger, ``cap=n_queries``, the check kept in
+reserve) and
 :class:`~.rotary_layer.RotaryLayerLearner` for rotary layers.
 
 Limits: the value vectors must be linearly independent (``H <= d``) and every head's query
@@ -78,6 +79,7 @@ from .._base import (
     CHECK_LENGTH,
     CHECK_LENGTH_PARAM,
     DEFAULT_VERIFY,
+    N_QUERIES_PARAM,
     NOISE_MODES,
     BaseLearner,
 )
@@ -100,18 +102,27 @@ from .rotary_layer import RotaryLayerLearner, is_rotary_fit, predict_rotary_laye
 from .scan import CLEAN_TOL, GRADIENT_SCALE
 from .served_layer import ServedLayerLearner
 
-__all__ = ["AttentionLayerLearner", "layer_dof", "layer_probe_count", "missing_probe_count",
-           "STAGES", "SERVED_STAGES", "ExactLayerLearner", "ServedLayerLearner",
-           "RotaryLayerLearner", "SILENCE", "CLEAN_TOL", "GRADIENT_SCALE", "PILOT"]
+__all__ = ["AttentionLayerLearner", "ROUTES", "layer_dof", "layer_probe_count",
+           "missing_probe_count", "STAGES", "SERVED_STAGES", "ExactLayerLearner",
+           "ServedLayerLearner", "RotaryLayerLearner", "SILENCE", "CLEAN_TOL",
+           "GRADIENT_SCALE", "PILOT"]
+
+
+#: the routes ``route`` names, their estimators (``route_``: the name of the one that ran)
+ROUTE_CLASSES = {"exact": ExactLayerLearner, "served": ServedLayerLearner,
+                 "rotary": RotaryLayerLearner}
+ROUTE_NAMES = {cls: name for name, cls in ROUTE_CLASSES.items()}
+#: the values of ``route``
+ROUTES = ("auto", *ROUTE_CLASSES)
 
 
 class AttentionLayerLearner(DenseScores, BaseLearner):
     """Recover a whole attention layer, every head with its biases, up to a permutation.
 
     See the module docstring for the method and the query count. The fit is one of three
-    estimators, picked from the parameters (:meth:`route`), whose fitted attributes it takes:
-    :class:`~.exact_layer.ExactLayerLearner` (exact answers), :class:`~.served_layer.
-    ServedLayerLearner` (``n_queries`` set) and :class:`~.rotary_layer.
+    estimators, picked by the parameter ``route`` (:meth:`route_estimator`), whose fitted
+    attributes it takes: :class:`~.exact_layer.ExactLayerLearner` (exact answers),
+    :class:`~.served_layer.ServedLayerLearner` (served answers) and :class:`~.rotary_layer.
     RotaryLayerLearner` (``positions="rotary"``).
 
     Parameters
@@ -158,19 +169,30 @@ class AttentionLayerLearner(DenseScores, BaseLearner):
         :class:`~attnquery.models.RotaryAttentionHead` s and ``kv_groups_``,
         ``frequencies_`` are set).
     n_queries : int, optional
-        Served mode (beyond the paper; docs/served.md): a budget for answers that are not exact
-        (a layer computed in float32, say). The answers' relative noise is measured first and
-        every tolerance (the scan's saturation test, the finite differences, the check) is tied
-        to it; the arcs' gradients and every isolated and missing-direction probe are averaged
-        over as many distinct queries as the budget pays for (:mod:`.served`); no query beyond
-        ``n_queries`` is asked (:class:`~attnquery.errors.BudgetExceededError` instead); V and
-        beta are read again by least squares (:func:`.served.constants`). Narrow formats
-        (noise above :data:`.served.NARROW_NOISE`, float16) get the scan's own constants
-        (:func:`.served.scan_settings`); float32 the left sketch read in full and each probe at
-        its own scale (:func:`.served.full_sketch`, docs/served.md); answers noisier
-        than :data:`.served.LAYER_MAX_NOISE` (bfloat16's) are refused with
-        :class:`~attnquery.errors.AssumptionViolation`. None (default): the exact learner, bit
-        for bit as before.
+        The most queries the whole fit asks, its check's included (default None: no cap), on
+        every route: no query beyond it is asked (:class:`~attnquery.errors.
+        BudgetExceededError` naming it instead). The served route spends it: see ``route``.
+    route : {"auto", "exact", "served", "rotary"}
+        The route the fit takes (``route_`` says which ran). "auto" (default): "rotary" with
+        ``positions="rotary"``, else "exact"; whether the answers are served (rounded to a
+        narrow format or otherwise inexact) cannot be told before they are read, so served
+        answers need ``route="served"``. "exact": :class:`~.exact_layer.ExactLayerLearner`,
+        exact answers. "rotary": :class:`~.rotary_layer.RotaryLayerLearner`, with
+        ``positions="rotary"``. "served" (beyond the paper; docs/served.md): answers that are
+        not exact (a layer computed in float32, say), within the budget ``n_queries`` (which it
+        needs, and spends). The answers' relative noise is measured first and every tolerance
+        (the scan's saturation test, the finite differences, the check) is tied to it; the
+        arcs' gradients and every isolated and missing-direction probe are averaged over as
+        many distinct queries as the budget pays for (:mod:`.served`); V and beta are read
+        again by least squares (:func:`.served.constants`). Narrow formats (noise above
+        :data:`.served.NARROW_NOISE`, float16) get the scan's own constants
+        (:func:`.served.scan_settings`); float32 the left sketch read in full and each probe
+        at its own scale (:func:`.served.full_sketch`, docs/served.md); answers noisier than
+        :data:`.served.LAYER_MAX_NOISE` (bfloat16's) are refused with
+        :class:`~attnquery.errors.AssumptionViolation`. A route that does not apply to the
+        parameters (``"exact"`` or ``"served"`` with ``positions="rotary"``, ``"rotary"``
+        without, ``"served"`` without ``n_queries``) is a ConfigError naming it, before any
+        query.
     noise : {"format", "measured"}
         Served mode: how the answers' measured noise is judged when every answer is a float32,
         float16 or bfloat16 value (``answer_format_``). "format" (default): at most
@@ -251,7 +273,8 @@ class AttentionLayerLearner(DenseScores, BaseLearner):
         "block_bytes": [BLOCK_BYTES_PARAM],
         "n_kv_heads": [Interval(Integral, 1, None, closed="left"), None],
         "positions": [Options({"none", "rotary"})],
-        "n_queries": [Interval(Integral, 1, None, closed="left"), None],
+        "n_queries": [N_QUERIES_PARAM, None],
+        "route": [Options(ROUTES)],
     }
     spec = LearnerSpec(
         name="layer", oracle="value", returns="layer", fits_bias=True,
@@ -279,6 +302,7 @@ class AttentionLayerLearner(DenseScores, BaseLearner):
         positions: str = "none",
         n_queries: int | None = None,
         noise: str = "format",
+        route: str = "auto",
         random_state=None,
     ):
         self.n_heads = n_heads
@@ -299,6 +323,7 @@ class AttentionLayerLearner(DenseScores, BaseLearner):
         self.n_queries = n_queries
         self.noise = noise
         self.random_state = random_state
+        self.route = route
 
     # ------------------------------------------------------------------------------------------
     def _validate_extra(self):
@@ -309,29 +334,39 @@ class AttentionLayerLearner(DenseScores, BaseLearner):
                                   f"n_kv_heads={self.n_kv_heads!r} with positions="
                                   f"{self.positions!r}")
             check_kv_heads(self.n_heads, self.n_kv_heads)
-        if self.n_queries is not None and self.positions != "none":
-            raise ConfigError("n_queries (served answers) is available with positions='none' "
-                              "only")
+        self._route_class()  # a route that does not apply: ConfigError naming it
         if self.positions == "rotary" and self.fit_bias:
             raise ConfigError("positions='rotary' learns layers without biases: fit_bias=False")
 
-    def route(self) -> BaseLearner:
-        """The route estimator these parameters pick, unfitted, with the parameters it takes:
-        :class:`~.rotary_layer.RotaryLayerLearner` (``positions="rotary"``),
-        :class:`~.served_layer.ServedLayerLearner` (``n_queries`` set) or
-        :class:`~.exact_layer.ExactLayerLearner`."""
-        if self.positions == "rotary":
-            cls = RotaryLayerLearner
-        else:
-            cls = ExactLayerLearner if self.n_queries is None else ServedLayerLearner
+    def _route_class(self) -> type:
+        """The route class ``route`` names ("auto": from ``positions``); ConfigError naming
+        the route where it does not apply."""
+        rotary = self.positions == "rotary"
+        name = self.route if self.route != "auto" else ("rotary" if rotary else "exact")
+        if (name == "rotary") != rotary:
+            raise ConfigError(f"route={self.route!r} does not apply with positions="
+                              f"{self.positions!r}: the rotary route reads positions='rotary' "
+                              "layers, the exact and served routes positions='none' ones")
+        if name == "served" and self.n_queries is None:
+            raise ConfigError("route='served' spends a budget: give n_queries (the most "
+                              "queries the fit asks, the check's included)")
+        return ROUTE_CLASSES[name]
+
+    def route_estimator(self) -> BaseLearner:
+        """The route estimator ``route`` picks, unfitted, with the parameters it takes:
+        :class:`~.rotary_layer.RotaryLayerLearner` (``"rotary"``; "auto" with
+        ``positions="rotary"``), :class:`~.served_layer.ServedLayerLearner` (``"served"``) or
+        :class:`~.exact_layer.ExactLayerLearner` (``"exact"``; "auto" without positions)."""
+        cls = self._route_class()
         params = self.get_params()
         names = inspect.signature(cls.__init__).parameters
         return cls(**{k: v for k, v in params.items() if k in names})
 
     def fit(self, oracle):
         """Recover the layer behind ``oracle`` with the route its parameters pick
-        (:meth:`route`); returns self, with the route's fitted attributes (also those it had
-        set when it raised).
+        (:meth:`route_estimator`); returns self, with the route's fitted attributes (also those
+        it had set when it raised) and ``route_``, the route that ran ("exact", "served" or
+        "rotary").
 
         Raises
         ------
@@ -347,12 +382,13 @@ class AttentionLayerLearner(DenseScores, BaseLearner):
             mode, ``noise="format"``) the answers are float32, float16 or bfloat16 values
             carrying more than ``NOISE_FORMAT_FACTOR`` times the noise their format explains.
         BudgetExceededError
-            Served mode: when a step does not fit in ``n_queries``.
+            When a step does not fit in ``n_queries`` (or the oracle's budget).
         NotIdentifiableError
             If every one-row answer is the same (V = 0).
         """
         self._validate_params()
-        route = self.route()
+        route = self.route_estimator()
+        self.route_ = ROUTE_NAMES[type(route)]
         try:
             route.fit(oracle)
         finally:

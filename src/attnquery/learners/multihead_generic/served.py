@@ -1,6 +1,6 @@
 """The layer learner on answers that are not exact: a layer as it is served (beyond the paper).
 
-:class:`~attnquery.learners.AttentionLayerLearner` with ``n_queries`` set reads a layer whose
+:class:`~attnquery.learners.AttentionLayerLearner` with ``route="served"`` reads a layer whose
 answers carry rounding (a module computed in float32, float16 or bfloat16, docs/served.md). Its
 exact-mode tolerances (the circle scan's saturation test at ``1e-13`` of the answers, the finite
 differences' ``64 eps``, the check's ``rtol``) become multiples of the answers' relative noise,

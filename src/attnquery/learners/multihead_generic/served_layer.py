@@ -1,8 +1,8 @@
 """The layer learner's served route: a whole attention layer from answers that are not exact,
 within a budget (beyond the paper; docs/served.md).
 
-:class:`ServedLayerLearner` is what :class:`~.layer.AttentionLayerLearner` fits when
-``n_queries`` is set. Its budget is the fit's query ledger
+:class:`ServedLayerLearner` is what :class:`~.layer.AttentionLayerLearner` fits with
+``route="served"``. Its budget is the fit's query ledger
 (:class:`~attnquery.learners._base.QueryLedger`), opened with ``cap=n_queries`` and the check's
 queries as its ``reserve``: every plan below reads ``ledger.left()``, and no query beyond
 ``n_queries`` is asked (:class:`~attnquery.errors.BudgetExceededError` instead). The served
@@ -72,7 +72,7 @@ class ServedLayerLearner(LayerRoute):
     spec = LearnerSpec(
         name="layer_served", oracle="value", returns="layer", fits_bias=True,
         stages=SERVED_STAGES, description="the layer learner's served route "
-        "(AttentionLayerLearner with n_queries set)", label="attention layer (served)",
+        "(AttentionLayerLearner with route='served')", label="attention layer (served)",
         command_line=False)
 
     def __init__(self, *, n_heads: int, n_queries: int, rank: int | None = None,
@@ -86,7 +86,7 @@ class ServedLayerLearner(LayerRoute):
     @property
     def _what(self) -> str:
         """The fit's name in budget refusals."""
-        return f"AttentionLayerLearner(n_queries={int(self.n_queries)})"
+        return f"AttentionLayerLearner(route='served', n_queries={int(self.n_queries)})"
 
     def fit(self, oracle):
         """Recover the layer behind ``oracle`` within ``n_queries``; returns self.
@@ -122,7 +122,7 @@ class ServedLayerLearner(LayerRoute):
                 # this noise, then stays within the format's floor in "format" mode (the
                 # warning names the line that called AttentionLayerLearner.fit, the entry)
                 judge_noise(self, noise, reader.formats.format, d,
-                            f"an attention layer of {int(self.n_heads)} heads", stacklevel=4)
+                            f"an attention layer of {int(self.n_heads)} heads", stacklevel=5)
                 V, beta = self._constants(ledger, d, rng)
             run = _Layer(ledger, V, beta, None if base is None else base / np.linalg.norm(base),
                          noise=noise)

@@ -39,7 +39,7 @@ import numpy as np
 
 from ...errors import ConfigError
 from .._base import CHECK_LENGTH, DEFAULT_VERIFY
-from .._params import Interval
+from .._params import Interval, Options
 from .._registry import LearnerSpec
 from ._check import CHECK_LENGTHS, VERIFY_RTOL
 from ._layer import (
@@ -55,7 +55,10 @@ from ._layer import (
     VectorLayerRoute,
 )
 
-__all__ = ["VectorLayerLearner", "STAGES", "POSITIONS", "CHECK_LENGTHS", "VERIFY_RTOL",
+#: the values of ``route``
+ROUTES = ("auto", "float64", "served", "rotary")
+
+__all__ = ["VectorLayerLearner", "ROUTES", "STAGES", "POSITIONS", "CHECK_LENGTHS", "VERIFY_RTOL",
            "OVERSAMPLE", "PILOT_SHARE", "TARGET_SPREAD", "MAX_RESCALE", "DENSE_UNKNOWNS",
            "SHARED_FILL", "DENSE_MAX_UNKNOWNS"]
 
@@ -106,12 +109,30 @@ class VectorLayerLearner(VectorLayerRoute):
         saves one query and d unknowns. The rotary routes read the biases as part of their
         forms and ask the same queries either way: with False the biases read must be noise
         (else ModelMismatchError naming their size) and are returned as exactly 0.
+    n_attention_queries : int, optional
+        Queries of the attention stage (the float64 and served routes); default
+        ``OVERSAMPLE`` times the unknowns of (W, c) divided by the logit differences a query
+        gives (and at least d + 1 for last-token answers; the served route
+        ``SERVED_OVERSAMPLE`` times that). On the shared-token route, the most that stage may
+        ask (it adds groups of queries until the heads' row spaces stop growing). Too few for
+        the unknowns: ConfigError before any query. The rotary routes plan their own stages
+        (given with ``positions="rotary"``: ConfigError).
     n_queries : int, optional
-        Queries of the attention stage; default ``OVERSAMPLE`` times the unknowns of (W, c)
-        divided by the logit differences a query gives (and at least d + 1 for last-token
-        answers). On the shared-token route, the most it may ask (it adds groups of queries
-        until the heads' row spaces stop growing). On the rotary routes, the most the whole
-        fit may ask: below its plan it is refused (ConfigError) before any query.
+        The most queries the whole fit asks, its check's included (default None: no cap), on
+        every route. The fit plans its queries before the first (the float64 route: exactly;
+        the rotary routes: exactly; the shared-token and served routes: their least), so a
+        cap below the plan is refused then (BudgetExceededError or ConfigError naming it);
+        no batch beyond it is asked.
+    route : {"auto", "float64", "served", "rotary"}
+        The route the fit takes (``route_`` says which ran). "auto" (default): "rotary" with
+        ``positions="rotary"``; else the float64 route, which hands answers in a narrow
+        format (read from its first one-token answers) to the served route. "float64": the
+        float64 route only (answers in a narrow format are read as float64 ones, and its check
+        refuses them). "served": the served route from the first query
+        (:class:`~attnquery.learners.vector.served.ServedVectorLearner`, as "auto" hands it
+        over, without the float64 route's one-token queries first). "rotary": the rotary
+        routes, with ``positions="rotary"``. A route that does not apply to ``positions`` is a
+        ConfigError naming it, before any query.
     verify : int
         Fresh check queries after the fit (default 8: one of each of 1, 2, 3, 8, 64, 256,
         1024 and ``check_length`` tokens, :data:`CHECK_LENGTHS`; more are spread over these
@@ -158,8 +179,10 @@ class VectorLayerLearner(VectorLayerRoute):
         Largest weighted residual of the logit equations, relative to their largest right-hand
         side.
     route_ : str
-        How (W, c) was read: ``"dense"`` (one least squares of d (d + 1) unknowns per head) or
-        ``"shared"`` (the shared-token route, :mod:`._heads`).
+        The route that ran: ``"float64"``, ``"served"`` or ``"rotary"`` (see ``route``).
+    attention_route_ : str
+        The float64 and served routes: how (W, c) was read, ``"dense"`` (one least squares of
+        d (d + 1) unknowns per head) or ``"shared"`` (the shared-token route, :mod:`._heads`).
     head_ranks_ : ndarray (H,)
         Rank of each head's W (measured by the shared-token route; of the estimate on the
         dense one).
@@ -189,22 +212,35 @@ class VectorLayerLearner(VectorLayerRoute):
         label="vector answers")
 
     def __init__(self, *, n_heads=None, n_kv_heads=None, causal=False, positions="none",
-                 rope_base=None, fit_bias=True, n_queries=None, verify=DEFAULT_VERIFY,
-                 check_length=CHECK_LENGTH, random_state=None):
+                 rope_base=None, fit_bias=True, n_attention_queries=None, n_queries=None,
+                 verify=DEFAULT_VERIFY, check_length=CHECK_LENGTH, route="auto",
+                 random_state=None):
         super().__init__(n_heads=n_heads, n_kv_heads=n_kv_heads, causal=causal,
-                         positions=positions, fit_bias=fit_bias, n_queries=n_queries,
+                         positions=positions, fit_bias=fit_bias,
+                         n_attention_queries=n_attention_queries, n_queries=n_queries,
                          verify=verify, check_length=check_length, random_state=random_state)
         self.rope_base = rope_base
+        self.route = route
 
     _parameter_constraints = {**VectorLayerRoute._parameter_constraints,
                               "rope_base": [Interval(numbers.Real, 1, None, closed="neither"),
-                                            None]}
+                                            None],
+                              "route": [Options(ROUTES)]}
 
     def _validate_extra(self) -> None:
         super()._validate_extra()
         if self.rope_base is not None and self.positions != "rotary":
             raise ConfigError(f"rope_base={self.rope_base!r} applies to positions='rotary' only "
                               f"(positions={self.positions!r})")
+        rotary = self.positions == "rotary"
+        if self.route != "auto" and (self.route == "rotary") != rotary:
+            raise ConfigError(f"route={self.route!r} does not apply with positions="
+                              f"{self.positions!r}: the rotary route reads positions='rotary' "
+                              "heads, the float64 and served routes positions='none' ones")
+        if rotary and self.n_attention_queries is not None:
+            raise ConfigError(f"n_attention_queries={self.n_attention_queries!r} applies to the "
+                              "float64 and served routes only: the rotary routes plan their "
+                              "own stages (n_queries caps the whole fit)")
 
     def fit(self, oracle):
         """Recover the head behind ``oracle``; returns self.
@@ -228,8 +264,14 @@ class VectorLayerLearner(VectorLayerRoute):
             served route: multiples of the answers' format's floor, and noise beyond it).
         """
         self._validate_params()
+        if self.route == "served":
+            return self._fit_served(oracle)
         if self.positions != "rotary":  # the float64 route, or the served one
-            return super().fit(oracle)
+            try:
+                return super().fit(oracle)
+            finally:
+                self.route_ = "float64" if getattr(self, "served_", None) is None else "served"
+        self.route_ = "rotary"
         from .rotary import RotaryVectorLearner  # routes of their own: rotary forms
         from .rotary_layer import RotaryLayerVectorLearner
 
@@ -251,12 +293,29 @@ class VectorLayerLearner(VectorLayerRoute):
 
     def _served_route(self):
         """:class:`~attnquery.learners.vector.served.ServedVectorLearner` with this learner's
-        parameters."""
+        parameters (None with ``route="float64"``: that route reads every answer as float64)."""
+        if self.route == "float64":
+            return None
         from .served import ServedVectorLearner
 
         params = self.get_params()
         params.pop("rope_base")  # refused without rotary positions, which have their routes
+        params.pop("route")
         return ServedVectorLearner(**params)
+
+    def _fit_served(self, oracle):
+        """``route="served"``: the served route fitted from the first query; its fitted
+        attributes become this learner's (``served_`` the fitted route)."""
+        self.rotary_, self.route_ = None, "served"
+        served = self._served_route()
+        try:
+            served.fit(oracle)
+        finally:
+            for k, v in vars(served).items():
+                if k.endswith("_") and not k.startswith("_"):
+                    setattr(self, k, v)
+            self.served_, self.route_ = served, "served"
+        return self
 
     def predict(self, X) -> np.ndarray:
         """The recovered layer's outputs on X (B, N, d), in the oracle's shape: (B, N, d_out)

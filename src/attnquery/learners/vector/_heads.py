@@ -68,7 +68,7 @@ def group_size(d: int, N: int, oversample: float = GROUP_OVERSAMPLE) -> int:
 def fit_shared(oracle, rng: np.random.Generator, d: int, H: int, N: int, attention, spreads,
                fit_bias: bool = True, target_spread: float = SHARED_SPREAD,
                max_rescale: float = 100.0, min_weight: float = 1e-12,
-               n_queries: int | None = None, need=None,
+               n_attention_queries: int | None = None, need=None,
                group_oversample: float = GROUP_OVERSAMPLE, row_rtol: float = ROW_RTOL,
                rank_samples: float = 1.0, refine: int = 0, answer_steps: int = 0,
                values=None):
@@ -90,8 +90,8 @@ def fit_shared(oracle, rng: np.random.Generator, d: int, H: int, N: int, attenti
     target_spread, max_rescale, min_weight : float
         The token scale aims at rows whose logits spread over ``target_spread``, within a
         factor ``max_rescale`` of norm 1; weights below ``min_weight`` count as that.
-    n_queries : int, optional
-        The most queries the route may ask (pilot and groups).
+    n_attention_queries : int, optional
+        The most queries the route may ask (pilot and groups): the attention stage's.
     need : callable, optional
         The fit's ledger's ``need(n, what)``, called before each batch (refuses a batch its
         budget cannot pay for, before it is asked).
@@ -131,7 +131,7 @@ def fit_shared(oracle, rng: np.random.Generator, d: int, H: int, N: int, attenti
     scale = _pilot_scale(lambda X, what: ask(X, what)[1], rng, N, d, spreads, target_spread,
                          max_rescale)
     keep = (bool(refine or answer_steps), bool(refine), bool(answer_steps))
-    groups, ranks, L = _ask_groups(ask, rng, d, H, N, Q, scale, n_queries, min_weight,
+    groups, ranks, L = _ask_groups(ask, rng, d, H, N, Q, scale, n_attention_queries, min_weight,
                                    row_rtol, rank_samples, keep)
     W, c, residual = _assemble(np.concatenate([g.Z for g in groups]),
                                np.concatenate([g.m for g in groups], axis=2), L, ranks, fit_bias)
@@ -146,7 +146,7 @@ def fit_shared(oracle, rng: np.random.Generator, d: int, H: int, N: int, attenti
     return W, c, info
 
 
-def _ask_groups(ask, rng, d: int, H: int, N: int, Q: int, scale: float, n_queries,
+def _ask_groups(ask, rng, d: int, H: int, N: int, Q: int, scale: float, n_attention_queries,
                 min_weight: float, row_rtol: float, rank_samples: float, keep):
     """The route's groups of Q queries (:class:`_Group`), asked until the heads' row spaces
     stop growing and their samples number ``rank_samples`` times the largest rank; with the
@@ -156,11 +156,11 @@ def _ask_groups(ask, rng, d: int, H: int, N: int, Q: int, scale: float, n_querie
     asked = PILOT_QUERIES
     groups = []
     while True:
-        if n_queries is not None and asked + Q > n_queries:
+        if n_attention_queries is not None and asked + Q > n_attention_queries:
             raise ConfigError(
-                f"n_queries={n_queries}: the shared-token route asks groups of {Q} queries "
-                f"until the heads' row spaces stop growing ({len(groups)} groups asked, ranks "
-                "still growing); give more or None")
+                f"n_attention_queries={n_attention_queries}: the shared-token route asks "
+                f"groups of {Q} queries until the heads' row spaces stop growing "
+                f"({len(groups)} groups asked, ranks still growing); give more or None")
         Z, X = _group_queries(rng, Q, N, F, d, scale)
         O, A = ask(X, f"group {len(groups) + 1} of the shared-token queries ({Q} of {N} tokens)")
         asked += Q

@@ -15,6 +15,7 @@ from .._base import (
     CHECK_LENGTH,
     CHECK_LENGTH_PARAM,
     DEFAULT_VERIFY,
+    N_QUERIES_PARAM,
     VERIFY_PARAM,
     BaseLearner,
     check_lengths,
@@ -85,13 +86,14 @@ class VectorLayerRoute(BaseLearner):
     _spend_split_plan = True
 
     def __init__(self, *, n_heads=None, n_kv_heads=None, causal=False, positions="none",
-                 fit_bias=True, n_queries=None, verify=DEFAULT_VERIFY,
+                 fit_bias=True, n_attention_queries=None, n_queries=None, verify=DEFAULT_VERIFY,
                  check_length=CHECK_LENGTH, random_state=None):
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads
         self.causal = causal
         self.positions = positions
         self.fit_bias = fit_bias
+        self.n_attention_queries = n_attention_queries
         self.n_queries = n_queries
         self.verify = verify
         self.check_length = check_length
@@ -104,7 +106,8 @@ class VectorLayerRoute(BaseLearner):
         "causal": ["boolean"],
         "positions": [Options(POSITIONS)],
         "fit_bias": ["boolean"],
-        "n_queries": [Interval(numbers.Integral, 1, None, closed="left"), None],
+        "n_attention_queries": [Interval(numbers.Integral, 1, None, closed="left"), None],
+        "n_queries": [N_QUERIES_PARAM, None],
         "verify": [VERIFY_PARAM],
         "check_length": [CHECK_LENGTH_PARAM],
     }
@@ -150,7 +153,8 @@ class VectorLayerRoute(BaseLearner):
         ledger) where the one-token answers are in a narrow format, else None."""
         shared = self._shared(d, outputs)
         H = self.n_heads or 1
-        self._check_plan(ledger, d, outputs)  # n_queries and the budget, before any query
+        self._check_plan(ledger, d, outputs)  # n_attention_queries and the budget, before any
+        # query (the budget: the oracle's and n_queries, the whole fit's cap)
         with ledger.stage("V"):
             V_sum, beta = self._read_values(ledger, d)
         served = self._served_route() if self._served_answers is not None else None
@@ -191,9 +195,9 @@ class VectorLayerRoute(BaseLearner):
 
     def _check_plan(self, ledger, d: int, outputs: str) -> None:
         """Refuse, before any query, what the fit's plan cannot do: heads beyond the dense least
-        squares where the shared-token route does not apply, ``n_queries`` too few for the
-        unknowns (ConfigError), and a budget below what the fit spends
-        (BudgetExceededError).
+        squares where the shared-token route does not apply, ``n_attention_queries`` too few for
+        the unknowns (ConfigError), and a budget (the oracle's, or ``n_queries``) below what the
+        fit spends (BudgetExceededError).
 
         The plan is the float64 route's for a summed value map of rank d (a layer's split
         needs it; a single head's map of lower rank gives shorter queries, and so more of
@@ -214,9 +218,10 @@ class VectorLayerRoute(BaseLearner):
         if shared:
             N = shared_tokens(d, d, H)
             least = PILOT_QUERIES + 2 * group_size(d, N)
-            if self.n_queries is not None and self.n_queries < least:
+            if self.n_attention_queries is not None and self.n_attention_queries < least:
                 raise ConfigError(
-                    f"n_queries={self.n_queries}: the shared-token route asks {PILOT_QUERIES} "
+                    f"n_attention_queries={self.n_attention_queries}: the shared-token route "
+                    f"asks {PILOT_QUERIES} "
                     f"pilot queries and at least two groups of {group_size(d, N)} queries of "
                     f"{N} tokens at d = {d}; at least {least} are needed")
             attention, what = least, f"at least {least} attention queries of {N} tokens"
@@ -240,7 +245,7 @@ class VectorLayerRoute(BaseLearner):
         """The attention stage's n random queries of N tokens and each head's (W, c) from the
         dense least squares of its d (d + 1) unknowns."""
         H = V.shape[0]
-        self.route_, self.n_groups_, self.refine_iterations_ = "dense", 0, 0
+        self.attention_route_, self.n_groups_, self.refine_iterations_ = "dense", 0, 0
         with ledger.stage("attention"):
             X, A = self._ask_attention(ledger, rng, n, N, V, beta, outputs)
         fits = [solve_logits(X, A[h], outputs, bool(self.causal), bool(self.fit_bias),
@@ -258,7 +263,7 @@ class VectorLayerRoute(BaseLearner):
         s = np.linalg.svd(V_sum, compute_uv=False)
         r = int(np.count_nonzero(s > RANK_RTOL * s[0]))
         N = shared_tokens(d, d_out, H, r)
-        self.route_, self.rank_, self.tokens_per_query_ = "shared", r, N
+        self.attention_route_, self.rank_, self.tokens_per_query_ = "shared", r, N
 
         def budget(n, what):
             ledger.check_budget(n + int(self.verify), f"{what} and the check")
@@ -269,7 +274,7 @@ class VectorLayerRoute(BaseLearner):
                                                                              "all"),
                 lambda A: spreads(A, "all", bool(self.causal)), fit_bias=bool(self.fit_bias),
                 max_rescale=MAX_RESCALE, min_weight=self._min_weight(),
-                n_queries=self.n_queries, need=budget, values=(V, beta),
+                n_attention_queries=self.n_attention_queries, need=budget, values=(V, beta),
                 **self._shared_options())
         self.W_, self.key_bias_ = W, c
         self.logit_residual_ = info["residual"]
@@ -308,7 +313,7 @@ class VectorLayerRoute(BaseLearner):
                    last_fill: float) -> tuple[int, int]:
         """Tokens per query N and queries n of the attention stage for a summed value map of
         rank r, with queries of ``all_fill`` (every token's outputs) or ``last_fill`` (the last
-        token's) of d / H tokens; ConfigError where ``n_queries`` is too few for the
+        token's) of d / H tokens; ConfigError where ``n_attention_queries`` is too few for the
         unknowns."""
         if outputs == "all":
             # half of d: at d = 64, W to 8e-14 from 7 queries of 32 tokens (3e-13 from 3 of 48,
@@ -321,7 +326,7 @@ class VectorLayerRoute(BaseLearner):
             N = max(2, min(r // H + 1, math.ceil(last_fill * d / H)))
             per_query = N - 1
         unknowns = d * (d + int(self.fit_bias))
-        n = self.n_queries
+        n = self.n_attention_queries
         if n is None:
             n = math.ceil(OVERSAMPLE * unknowns / per_query)
             if outputs == "last":
@@ -329,7 +334,7 @@ class VectorLayerRoute(BaseLearner):
         elif n * per_query < unknowns:
             rank = "" if r >= d else f" (the summed value map has rank {r} < d = {d})"
             raise ConfigError(
-                f"n_queries={n} queries of {N} tokens{rank} give {n * per_query} logit "
+                f"n_attention_queries={n} queries of {N} tokens{rank} give {n * per_query} logit "
                 f"differences for {unknowns} unknowns of (W, c); at least "
                 f"{math.ceil(unknowns / per_query)} are needed")
         return N, int(n)

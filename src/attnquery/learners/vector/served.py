@@ -192,7 +192,7 @@ class ServedVectorLearner(VectorLayerRoute):
         How the answers' measured noise is judged against their format (default
         ``"format"``: more than ``NOISE_FORMAT_FACTOR`` times the format's floor is refused by
         name; ``"measured"``: warned about, and the tolerances follow the measured noise).
-    n_queries : int, optional
+    n_attention_queries : int, optional
         Queries of the attention stage (default :data:`SERVED_OVERSAMPLE` times the float64
         route's).
 
@@ -215,10 +215,12 @@ class ServedVectorLearner(VectorLayerRoute):
     """
 
     def __init__(self, *, n_heads=None, n_kv_heads=None, causal=False, positions="none",
-                 fit_bias=True, n_queries=None, verify=DEFAULT_VERIFY, check_length=CHECK_LENGTH,
-                 noise="format", random_state=None):
+                 fit_bias=True, n_attention_queries=None, n_queries=None,
+                 verify=DEFAULT_VERIFY, check_length=CHECK_LENGTH, noise="format",
+                 random_state=None):
         super().__init__(n_heads=n_heads, n_kv_heads=n_kv_heads, causal=causal,
-                         positions=positions, fit_bias=fit_bias, n_queries=n_queries,
+                         positions=positions, fit_bias=fit_bias,
+                         n_attention_queries=n_attention_queries, n_queries=n_queries,
                          verify=verify, check_length=check_length, random_state=random_state)
         self.noise = noise
 
@@ -275,7 +277,7 @@ class ServedVectorLearner(VectorLayerRoute):
         spread = float(np.std(even - even.mean(axis=0)) * np.sqrt(2.0))
         noise = max(spread / max(rms, np.finfo(float).tiny), float(np.finfo(float).eps))
         fmt = answer_format(y)
-        judge_noise(self, noise, fmt, d, "a vector attention head", stacklevel=5)
+        judge_noise(self, noise, fmt, d, "a vector attention head", stacklevel=6)
         self.noise_level_ = noise
         self.noise_unit_ = max(noise, self.noise_floor_ or 0.0)
         if not np.any(np.abs(V) > self.noise_unit_ * rms):
@@ -288,7 +290,7 @@ class ServedVectorLearner(VectorLayerRoute):
         return super()._fit_layer(ledger, rng, d, outputs)
 
     def _plan(self, d: int, V: np.ndarray, H: int, outputs: str) -> tuple[int, int]:
-        if self.n_queries is not None:
+        if self.n_attention_queries is not None:
             return super()._plan(d, V, H, outputs)
         N, n = super()._plan(d, V, H, outputs)
         return N, int(SERVED_OVERSAMPLE * n)
