@@ -125,8 +125,9 @@ def test_a_shard_planned_with_another_code_version_stops_before_computing(tmp_pa
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name, why", [
     ("sketchy", "'sketchy' is not a registered learner"),
-    ("noisy", "'noisy' learns a head from the approximate value oracle"),
-    ("layer", "'layer' learns a layer from the value oracle"),
+    ("noisy", "'noisy' asks the approximate value oracle; lowrank_scale's box answers as "
+              "'value'"),
+    ("layer", "'layer' returns a layer; lowrank_scale measures a 'head'"),
     ("lowprecision", r"'lowprecision' needs \['n_queries'\]"),
 ])
 def test_lowrank_scale_refuses_a_learner_it_cannot_run_naming_those_it_can(name, why):
