@@ -218,3 +218,35 @@ def test_a_subclass_without_its_own_spec_is_drawn_under_its_name(plugins):
     # one cell per head (the exact learner's probe designs are not its parameter)
     mine = [c for c in cells if c["learner"] == "inherited"]
     assert len(mine) == 1 and "probes" not in mine[0]
+
+
+def test_the_figure_draws_plugins_apart_by_their_labels_and_its_claims_ignore_them(plugins):
+    import pandas as pd
+    from matplotlib import pyplot as plt
+
+    from attnquery.figures import STYLE, draw
+    from attnquery.figures._layout import collisions
+
+    cells = expand_cells("exact", {"seeds": 1, "d": [2, 4, 8], "probes": ["basis"],
+                                   "learners": ["value_head", "inherited"]})
+    rows, timings = run_cells(cells, SEED)
+    df = rows_to_table(rows).to_pandas().merge(pd.DataFrame(timings),
+                                               on=["experiment", "cell_id"], how="left")
+    own = df[df["learner"] == "exact"]
+    assert len(own) == 3 and len(df) == 9 and (df["status"] == "ok").all()
+    with plt.style.context(STYLE):
+        fig_own, claims_own = draw("exact_queries", own)
+        fig, claims = draw("exact_queries", df)
+    assert [(c.name, c.passed, c.detail, c.n_runs) for c in claims] == \
+        [(c.name, c.passed, c.detail, c.n_runs) for c in claims_own]
+    added = fig.axes[len(fig_own.axes):]
+    assert len(added) == 2
+    labels = [t.get_text() for t in added[0].get_legend().get_texts()]
+    assert labels == ["inherited (exact)", "value head (test plug-in) (exact)"]
+    assert not any("Thm 4.1" in t for t in labels)
+    # the queries drawn are the counted ones: the exact learner's d^2 + d (+ its check) each
+    for line in added[0].get_lines():
+        assert list(line.get_ydata()) == own.sort_values("d")["n_queries"].tolist()
+    assert collisions(fig) == []
+    plt.close(fig)
+    plt.close(fig_own)
