@@ -36,7 +36,7 @@ def cells(cfg) -> list[dict]:
         seed=list(range(cfg["seeds"])),
     ):
         out.append({"learner": "exact", **g})
-    return TAKES.join(out, cfg.get("learners", ()), "exact", drop=("probes",))
+    return TAKES.join(out, cfg["learners"], "exact", drop=("probes",))
 
 
 def run(cell: dict, rng: np.random.Generator) -> dict:

@@ -85,7 +85,7 @@ def cells(cfg) -> list[dict]:
                         "queries_per_unknown": float(g["queries_per_unknown"])})
     if not out:
         raise ConfigError("experiments.lowprecision: give random and/or real heads")
-    return TAKES.join(out, cfg.get("learners", ()), "lowprecision",
+    return TAKES.join(out, cfg["learners"], "lowprecision",
                       drop=("queries_per_unknown",))
 
 

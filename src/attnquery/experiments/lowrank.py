@@ -72,7 +72,7 @@ def phase_cells(cfg) -> list[dict]:
         out.append({"learner": "nuclear", **g, "n_measurements": m})
     if not out:
         raise ConfigError("no grid point has rank < d / 2")
-    return PHASE_TAKES.join(out, cfg.get("learners", ()), "nuclear",
+    return PHASE_TAKES.join(out, cfg["learners"], "nuclear",
                             drop=("c", "n_measurements", "solver"))
 
 

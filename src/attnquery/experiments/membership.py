@@ -69,7 +69,7 @@ def cells(cfg) -> list[dict]:
                       seed=list(range(cmp_cfg.get("seeds", cfg["seeds"])))):
             out.append({"learner": f"mq_{g['v_method']}", **g, "W_bound": float(cfg["W_bound"]),
                         "mu": float(cfg["mu"]), "variant": "v_compare"})
-    return TAKES.join(out, cfg.get("learners", ()), "mq_bisection", drop=("v_method",),
+    return TAKES.join(out, cfg["learners"], "mq_bisection", drop=("v_method",),
                       where=lambda c: c["variant"] == "count")
 
 

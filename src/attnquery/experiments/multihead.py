@@ -203,7 +203,7 @@ def cells(cfg) -> list[dict]:
                       seed=seeds):
             if g["n_heads"] <= g["d"]:
                 out.append({"learner": "orthogonal", "variant": "discover", **g})
-    return TAKES.join(out, cfg.get("learners", ()), "orthogonal", drop=("fd_step",))
+    return TAKES.join(out, cfg["learners"], "orthogonal", drop=("fd_step",))
 
 
 def _projector_distance(B_hat, B, perm) -> float:

@@ -82,7 +82,7 @@ def cells(cfg) -> list[dict]:
         for g in grid(d=cfg["orthogonal_d"], n_heads=cfg["orthogonal_n_heads"], seed=seeds,
                       learner=["multihead_generic", "orthogonal_subspace"]):
             out.append({"variant": "orthogonal", **g})
-    return TAKES.join(out, cfg.get("learners", ()), "multihead_generic",
+    return TAKES.join(out, cfg["learners"], "multihead_generic",
                       where=lambda c: c["variant"] == "grid")
 
 

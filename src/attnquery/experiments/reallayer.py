@@ -59,7 +59,7 @@ def cells(cfg) -> list[dict]:
               "biases": bool(cfg["biases"])}
     return TAKES.join([{**common, **g} for g in grid(layer=layers,
                                                      seed=list(range(cfg["seeds"])))],
-                      cfg.get("learners", ()), "attention_layer")
+                      cfg["learners"], "attention_layer")
 
 
 def run(cell: dict, rng: np.random.Generator) -> dict:

@@ -86,7 +86,7 @@ def cells(cfg) -> list[dict]:
         if g["variant"] == "lowrank" and dh > g["d"] // 2:
             continue  # the sketch route is for heads of low rank
         out.append({"learner": "rotary", "rank": dh, **g})
-    out = TAKES.join(out, cfg.get("learners", ()), "rotary", drop=("variant",))
+    out = TAKES.join(out, cfg["learners"], "rotary", drop=("variant",))
     return out + layer_cells(cfg.get("layers")) + served_cells(cfg.get("served"))
 
 

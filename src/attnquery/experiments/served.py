@@ -67,7 +67,7 @@ def cells(cfg) -> list[dict]:
             out.append({"learner": "lowprecision", "family": "real", "biases": True,
                         "checkpoint": cfg["checkpoint"], "n_heads": int(cfg["n_heads"]),
                         "readout": readout, **g, "queries_per_unknown": float(b)})
-    out = TAKES.join(out, cfg.get("learners", ()), "lowprecision",
+    out = TAKES.join(out, cfg["learners"], "lowprecision",
                      drop=("queries_per_unknown",))
     return out + layer_cells(cfg)
 

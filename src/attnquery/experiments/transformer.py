@@ -41,7 +41,7 @@ def cells(cfg) -> list[dict]:
     out = []
     for g in grid(d=cfg["d"], width=cfg["width"], seed=list(range(cfg["seeds"]))):
         out.append({"learner": "transformer", **g})
-    return TAKES.join(out, cfg.get("learners", ()), "transformer")
+    return TAKES.join(out, cfg["learners"], "transformer")
 
 
 def transformer_functional_errors(f_true, f_hat, d, rng, n=64, lengths=(1, 2, 4, 8)):

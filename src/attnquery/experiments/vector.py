@@ -79,7 +79,7 @@ def cells(cfg) -> list[dict]:
                 raise ConfigError(f"experiments.vector.layers: n_heads = {g['n_heads']} does "
                                   f"not divide d = {g['d']} (the heads must fill d)")
             out.append(_cell(g["variant"], g["d"], g["n_heads"], g["seed"]))
-    return TAKES.join(out, cfg.get("learners", ()), "vector",
+    return TAKES.join(out, cfg["learners"], "vector",
                       where=lambda c: not c.get("family"))
 
 
