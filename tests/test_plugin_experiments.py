@@ -250,3 +250,19 @@ def test_the_figure_draws_plugins_apart_by_their_labels_and_its_claims_ignore_th
     assert collisions(fig) == []
     plt.close(fig)
     plt.close(fig_own)
+
+
+def test_info_aligns_the_methods_to_the_longest_plugin_name(plugins, tmp_path, monkeypatch,
+                                                              capsys):
+    from attnquery.cli.app import main
+
+    monkeypatch.chdir(tmp_path)  # no config here: versions and methods only
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    rows = out.split("methods:\n", 1)[1].split("\nconfig:", 1)[0].splitlines()
+    names = [r.split()[0] for r in rows]
+    assert "membership_head" in names and "exact" in names
+    longest = max(map(len, names))
+    assert longest > 10
+    # every row's second column (the class) starts one place after the longest name
+    assert {len(r) - len(r[2:].split(None, 1)[1]) for r in rows} == {2 + longest + 2}, rows
