@@ -85,8 +85,11 @@ def test_a_built_in_learner_an_experiment_imports_keeps_its_code_version():
     assert code_version("lowrank_phase", "nuclear") == code_version("lowrank_phase")
     # a learner module the experiment does not import is added to its cells' version
     assert code_version("lowrank_scale", "multihead") != base
-    # an experiment that does not read the registry: the cell's learner changes nothing
-    assert code_version("exact", "multihead") == code_version("exact")
+    # every experiment reads the registry (a plug-in may join it): its own learners keep its
+    # version, those the registry does not name (its own configured learners) too
+    assert code_version("exact", "exact") == code_version("exact")
+    assert code_version("membership", "mq_bisection") == code_version("membership")
+    assert code_version("noise", "unclipped") == code_version("noise")
 
 
 def test_a_plugins_source_is_in_its_cells_code_version(plugin):
@@ -104,6 +107,17 @@ def test_a_plugins_source_is_in_its_cells_code_version(plugin):
     # the same plug-in with one helper file changed: another code version
     plugin("plugv2", label="another label")
     assert code_version("lowrank_scale", "plugged") not in (v1, code_version("lowrank_scale"))
+
+
+@pytest.mark.parametrize("experiment", ["exact", "noise", "realheads", "lowrank_phase"])
+def test_a_joined_plugins_source_is_in_its_cells_code_version(plugin, experiment):
+    # an experiment that a plug-in joins (experiments._learners) covers its source as
+    # lowrank_scale does
+    plugin("plugj1")
+    v1 = code_version(experiment, "plugged")
+    assert v1 != code_version(experiment)
+    plugin("plugj2", label="another label")
+    assert code_version(experiment, "plugged") not in (v1, code_version(experiment))
 
 
 def test_a_shard_planned_with_another_code_version_stops_before_computing(tmp_path):
