@@ -5,6 +5,7 @@ from value queries."""
 from __future__ import annotations
 
 import importlib.metadata
+import re
 import sys
 import textwrap
 
@@ -84,8 +85,11 @@ def test_a_built_in_learner_an_experiment_imports_keeps_its_code_version():
     assert code_version("lowrank_phase", "nuclear") == code_version("lowrank_phase")
     # a learner module the experiment does not import is added to its cells' version
     assert code_version("lowrank_scale", "multihead") != base
-    # an experiment that does not read the registry: the cell's learner changes nothing
-    assert code_version("exact", "multihead") == code_version("exact")
+    # every experiment reads the registry (a plug-in may join it): its own learners keep its
+    # version, those the registry does not name (its own configured learners) too
+    assert code_version("exact", "exact") == code_version("exact")
+    assert code_version("membership", "mq_bisection") == code_version("membership")
+    assert code_version("noise", "unclipped") == code_version("noise")
 
 
 def test_a_plugins_source_is_in_its_cells_code_version(plugin):
@@ -103,6 +107,17 @@ def test_a_plugins_source_is_in_its_cells_code_version(plugin):
     # the same plug-in with one helper file changed: another code version
     plugin("plugv2", label="another label")
     assert code_version("lowrank_scale", "plugged") not in (v1, code_version("lowrank_scale"))
+
+
+@pytest.mark.parametrize("experiment", ["exact", "noise", "realheads", "lowrank_phase"])
+def test_a_joined_plugins_source_is_in_its_cells_code_version(plugin, experiment):
+    # an experiment that a plug-in joins (experiments._learners) covers its source as
+    # lowrank_scale does
+    plugin("plugj1")
+    v1 = code_version(experiment, "plugged")
+    assert v1 != code_version(experiment)
+    plugin("plugj2", label="another label")
+    assert code_version(experiment, "plugged") not in (v1, code_version(experiment))
 
 
 def test_a_shard_planned_with_another_code_version_stops_before_computing(tmp_path):
@@ -125,15 +140,21 @@ def test_a_shard_planned_with_another_code_version_stops_before_computing(tmp_pa
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name, why", [
     ("sketchy", "'sketchy' is not a registered learner"),
-    ("noisy", "'noisy' learns a head from the approximate value oracle"),
-    ("layer", "'layer' learns a layer from the value oracle"),
+    ("noisy", "'noisy' asks the approximate value oracle; lowrank_scale's box answers as "
+              "'value'"),
+    ("layer", "'layer' returns a layer; lowrank_scale measures a 'head'"),
     ("lowprecision", r"'lowprecision' needs \['n_queries'\]"),
 ])
 def test_lowrank_scale_refuses_a_learner_it_cannot_run_naming_those_it_can(name, why):
     with pytest.raises(ConfigError, match=why + r".*runs the registered learners of one head "
-                       r"from value queries: \['exact', 'sketch', 'nuclear'\]"):
+                       r"from value queries: \[(.*)\]") as err:
         expand_cells("lowrank_scale", {"d": [8], "rank": [1], "seeds": 1,
                                        "learners": ["sketch", name]})
+    # the built-in ones, then any plug-in of the kind installed here
+    named = re.search(r"value queries: \[(.*)\]", str(err.value)).group(1)
+    named = [n.strip(" '") for n in named.split(",")]
+    reg = _registry.registry()
+    assert [n for n in named if not reg[n].plugin] == ["exact", "sketch", "nuclear"]
 
 
 def test_the_schema_leaves_the_learner_names_to_the_registry():

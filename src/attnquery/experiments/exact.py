@@ -2,6 +2,10 @@
 
 Claim checked: the queries counted by the oracle grow as d^2 (fitted log-log exponent in
 [1.95, 2.05]) and every head is recovered to relative error <= 1e-10.
+
+A plug-in learner of one head from value queries joins it through the section's ``learners``
+(:data:`TAKES`): it runs on the exact learner's heads (every probe design's cells are one
+cell of its own), judged by the same tolerance.
 """
 
 from __future__ import annotations
@@ -15,7 +19,11 @@ from ..oracles import ValueOracle
 from ..theory import EXACT_TOL
 from ._core import Experiment, grid, register
 from ._costs import exact_learner_seconds
+from ._learners import Takes
 from ._recipe import fit_and_measure
+
+#: the learners "exact" runs: Theorem 4.1's, and plug-ins of one head from value queries
+TAKES = Takes("exact", oracles=("value",), returns=("head",), own=("exact",))
 
 
 def cells(cfg) -> list[dict]:
@@ -28,7 +36,7 @@ def cells(cfg) -> list[dict]:
         seed=list(range(cfg["seeds"])),
     ):
         out.append({"learner": "exact", **g})
-    return out
+    return TAKES.join(out, cfg["learners"], "exact", drop=("probes",))
 
 
 def run(cell: dict, rng: np.random.Generator) -> dict:
@@ -36,7 +44,8 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     d = cell["d"]
     head = random_head(d, model_rng, W_spectral=cell["W_spectral"], zero_frac=cell["zero_frac"])
     oracle = ValueOracle(head, d)
-    est = ExactValueQueryLearner(probes=cell["probes"], random_state=learner_rng)
+    est = (TAKES.make(cell, learner_rng) if TAKES.is_joined(cell) else
+           ExactValueQueryLearner(probes=cell["probes"], random_state=learner_rng))
     m = fit_and_measure(est, oracle, head, d, eval_rng, n_eval=64)
     m["success"] = bool(m["rel_err_W"] <= EXACT_TOL and m["rel_err_v"] <= EXACT_TOL)
     return m

@@ -32,9 +32,10 @@ from ..errors import ConfigError, ModelMismatchError
 from ..outcomes import Refusal
 from ..theory import LLM_FUNC_TOL
 from ._core import Experiment, grid, register
+from ._learners import Takes
 from ._recipe import fit_and_measure, sequence_error, value_measure
 
-__all__ = ["cells", "run", "GOAL", "BOXES", "LENGTHS", "REFUSALS"]
+__all__ = ["cells", "run", "GOAL", "BOXES", "LENGTHS", "REFUSALS", "TAKES"]
 
 #: the function's goal (relative), float64 (:data:`attnquery.theory.LLM_FUNC_TOL`)
 GOAL = LLM_FUNC_TOL
@@ -61,6 +62,14 @@ def data(cfg) -> dict:
     return {} if cfg["checkpoint"] in NAMED_CHECKPOINTS else {cfg["checkpoint"]: {}}
 
 
+#: the learners the experiment takes: its own (the vector learner), and plug-ins of vector
+#: answers that return a vector layer (``learners``), joined on the same cells and given the
+#: file's heads, mask, positions, base and the cell's check_length where they take them
+TAKES = Takes("llm", oracles=("vector",), returns=("vector layer",), own=("vector",),
+              gives=("n_heads", "n_kv_heads", "causal", "positions", "rope_base", "fit_bias",
+                     "check_length"))
+
+
 def cells(cfg) -> list[dict]:
     """Cells: every layer, box, kind of answers and base (declared: the file's, or measured)
     of the section, at its ``check_length``."""
@@ -77,7 +86,7 @@ def cells(cfg) -> list[dict]:
                     "layer": int(g["layer"]), "family": g["family"], "variant": g["variant"],
                     "base_measured": g["base"] == "measured",
                     "check_length": int(cfg["check_length"]), "seed": g["seed"]})
-    return out
+    return TAKES.join(out, cfg.get("learners") or [], "vector")
 
 
 def run(cell: dict, rng: np.random.Generator) -> dict:
@@ -93,9 +102,11 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     box = module if cell["family"] == "module" else attention_half(ckpt, L, variant)
     base = None if cell["base_measured"] else ckpt.rope_base
     oracle = VectorOracle(box, ckpt.d, outputs=variant)
-    est = VectorLayerLearner(n_heads=ckpt.n_heads, n_kv_heads=ckpt.n_kv_heads, causal=True,
-                             positions="rotary", rope_base=base, fit_bias=False,
-                             check_length=int(cell["check_length"]), random_state=learner_rng)
+    params = dict(n_heads=ckpt.n_heads, n_kv_heads=ckpt.n_kv_heads, causal=True,
+                  positions="rotary", rope_base=base, fit_bias=False,
+                  check_length=int(cell["check_length"]))
+    est = (TAKES.make(cell, learner_rng, **params) if TAKES.is_joined(cell) else
+           VectorLayerLearner(random_state=learner_rng, **params))
     m = fit_and_measure(est, oracle, box, measure=value_measure)
     lengths = LENGTHS + (int(cell["check_length"]),)
     m["func_err"] = sequence_error(box, est.predict, ckpt.d, eval_rng, lengths)

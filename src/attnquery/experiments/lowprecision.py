@@ -24,6 +24,7 @@ from ..realheads import head_from_checkpoint
 from ..theory import LOWPRECISION_TARGET as TARGET_REL_ERR
 from ..theory import budget_queries, parse_rounding, precision_digits, precision_relative_tau
 from ._core import Experiment, checkpoint_source, grid, readout_args, register
+from ._learners import Takes
 from ._recipe import fit_and_measure
 
 __all__ = ["LEARNERS", "cells", "run", "seconds"]
@@ -34,6 +35,12 @@ LEARNERS = {
     "lowprecision": lambda cell, d, rng: LowPrecisionValueQueryLearner(
         n_queries=budget_queries(cell["queries_per_unknown"], d), random_state=rng),
 }
+
+
+#: the learners "lowprecision" runs: its own at each budget, and plug-ins of one head from value
+#: or approximate value queries on the same heads and precisions (with their own budget)
+TAKES = Takes("lowprecision", oracles=("value", "approximate value"), returns=("head",),
+              own=tuple(LEARNERS), box="(a value oracle rounding to a float format)")
 
 
 def _check_specs(specs, where):
@@ -78,7 +85,8 @@ def cells(cfg) -> list[dict]:
                         "queries_per_unknown": float(g["queries_per_unknown"])})
     if not out:
         raise ConfigError("experiments.lowprecision: give random and/or real heads")
-    return out
+    return TAKES.join(out, cfg["learners"], "lowprecision",
+                      drop=("queries_per_unknown",))
 
 
 def _head(cell, rng) -> AttentionHead:
@@ -94,6 +102,13 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     head = _head(cell, model_rng)
     d = head.d
     oracle = RoundingOracle.from_spec(head, d, cell["rounding"])
+    extra = {"d": d, "relative_tau": precision_relative_tau(cell["rounding"]),
+             "effective_digits": precision_digits(cell["rounding"])}
+    if TAKES.is_joined(cell):  # a plug-in: its own budget, its refusal recorded
+        m = fit_and_measure(TAKES.make(cell, learner_rng), oracle, head, d, eval_rng,
+                            n_eval=32, record_refusal=True)
+        extra["spent_per_unknown"] = oracle.n_queries / (d * d + d)
+        return {**m, "success": bool(m["rel_err_W"] <= TARGET_REL_ERR), "extra": extra}
     est = LEARNERS[cell["learner"]](cell, d, learner_rng)
     m = fit_and_measure(est, oracle, head, d, eval_rng, n_eval=32)
     m["rank_found"] = int(est.rank_)
@@ -124,10 +139,11 @@ def data(cfg) -> dict:
 # learner and the simulated head cost O(queries d); 33 s of CPU for a MiniLM head (d = 384) at
 # 50 (d^2 + d) queries (benchmark), plus loading the head.
 def seconds(cell) -> float:
-    """1.2e-8 s per query and dimension, plus 0.5 s for a real head (d = 384)."""
+    """1.2e-8 s per query and dimension, plus 0.5 s for a real head (d = 384); a joined learner
+    as at one query per unknown (not measured)."""
     d = cell.get("d") or 384
     extra = 0.5 if cell["family"] == "real" else 0.05
-    return extra + 1.2e-8 * cell["queries_per_unknown"] * (d * d + d) * d
+    return extra + 1.2e-8 * cell.get("queries_per_unknown", 1.0) * (d * d + d) * d
 
 
 #: the result columns of this module's cell parameters (beyond the shared ones of

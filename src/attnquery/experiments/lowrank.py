@@ -25,12 +25,13 @@ import pyarrow as pa
 
 from ..errors import ConfigError
 from ..learners import ExactValueQueryLearner, NuclearNormROPLearner, SketchLowRankLearner
-from ..learners._registry import REQUIRED, get_entry, registry
+from ..learners._registry import registry
 from ..metrics import absolute_error, relative_error
 from ..models import random_head
 from ..theory import PHASE_TOL, SKETCH_TOL, lowrank_floor
 from ._core import Experiment, grid, register
 from ._costs import exact_learner_seconds
+from ._learners import Takes
 from ._recipe import fit_and_measure, head_measure
 
 #: tag mixed into the seed of the heads (so they differ from other experiments' heads)
@@ -71,7 +72,8 @@ def phase_cells(cfg) -> list[dict]:
         out.append({"learner": "nuclear", **g, "n_measurements": m})
     if not out:
         raise ConfigError("no grid point has rank < d / 2")
-    return out
+    return PHASE_TAKES.join(out, cfg["learners"], "nuclear",
+                            drop=("c", "n_measurements", "solver"))
 
 
 def phase_run(cell: dict, rng: np.random.Generator) -> dict:
@@ -81,6 +83,11 @@ def phase_run(cell: dict, rng: np.random.Generator) -> dict:
     from ..oracles import ValueOracle
 
     oracle = ValueOracle(head, d)
+    if PHASE_TAKES.is_joined(cell):  # a plug-in on the same head, with its defaults
+        m = fit_and_measure(PHASE_TAKES.make(cell, learner_rng), oracle, head, d, eval_rng,
+                            n_eval=32, record_refusal=True)
+        return {**m, "success": bool(m["rel_err_W"] <= PHASE_TOL and
+                                     m["rel_err_v"] <= PHASE_TOL)}
     est = NuclearNormROPLearner(n_measurements=cell["n_measurements"], rank=r,
                                 solver=cell["solver"], random_state=learner_rng)
     # below the phase transition the program's solution is wrong and the learner says so
@@ -142,42 +149,30 @@ SCALE_LEARNERS = {
 
 def _registered(name: str) -> _ScaleLearner:
     """A registered learner built with its defaults (its spec checked by
-    :func:`_check_learner`); its error from the dense W."""
-    return _ScaleLearner(lambda rng: get_entry(name).load()(random_state=rng))
+    :data:`SCALE_TAKES`); its error from the dense W."""
+    return _ScaleLearner(lambda rng: SCALE_TAKES.make({"learner": name}, rng))
+
+
+#: the learners "lowrank_scale" runs: any registered learner of one head from value queries
+#: (built in or a plug-in) that needs no parameter but the cell's ``random_state``
+SCALE_TAKES = Takes("lowrank_scale", oracles=("value",), returns=("head",),
+                    own=tuple(SCALE_LEARNERS), registered=True)
+
+#: the learners "lowrank_phase" runs: the nuclear-norm learner on its grid of m, and plug-ins of
+#: one head from value queries on its heads (one cell per (d, r, seed), built with defaults)
+PHASE_TAKES = Takes("lowrank_phase", oracles=("value",), returns=("head",), own=("nuclear",))
 
 
 def scale_learners() -> list[str]:
     """The registered learners ``lowrank_scale`` can run: one head from value queries, no
     parameter needed (a plug-in is imported to read its spec; one that cannot be is left
     out)."""
-    return [name for name in registry() if _unfit(name) is None]
-
-
-def _unfit(name: str) -> str | None:
-    """Why ``lowrank_scale`` cannot run the learner ``name`` (None if it can): it must be
-    registered, learn one head from value queries and need no parameter but the cell's
-    ``random_state``."""
-    if name in SCALE_LEARNERS:
-        return None
-    if name not in registry():
-        return "is not a registered learner"
-    entry = get_entry(name)
-    try:
-        spec, params = entry.spec, entry.parameters()
-    except ConfigError as exc:
-        return f"cannot be loaded ({exc})"
-    if spec.oracle != "value" or spec.returns != "head":
-        return f"learns a {spec.returns} from the {spec.oracle} oracle"
-    needs = [k for k, p in params.items() if p["default"] is REQUIRED]
-    if needs or "random_state" not in params:
-        return (f"needs {needs or ['random_state']}, which lowrank_scale does not give (it "
-                "builds a learner with its defaults and the cell's random_state)")
-    return None
+    return [name for name in registry() if SCALE_TAKES.why_not(name) is None]
 
 
 def _check_learner(name: str) -> None:
     """ConfigError naming the learners ``lowrank_scale`` can run unless it can run ``name``."""
-    why = _unfit(name)
+    why = SCALE_TAKES.why_not(name)
     if why is not None:
         raise ConfigError(f"learners: {name!r} {why}; lowrank_scale runs the registered "
                           f"learners of one head from value queries: {scale_learners()}")
@@ -226,7 +221,10 @@ def scale_run(cell: dict, rng: np.random.Generator) -> dict:
 # with the benchmarks (README) to the sizes of config/paper.yaml.
 def phase_seconds(cell) -> float:
     """SCS: 1.2 s at d = 32 (default study), 7.5 s at d = 64 (benchmark); Clarabel: 7.6 s at
-    d = 32, 47 s at d = 48, 207 s at d = 64 (benchmark)."""
+    d = 32, 47 s at d = 48, 207 s at d = 64 (benchmark); a joined learner: as the exact
+    learner (not measured)."""
+    if PHASE_TAKES.is_joined(cell):
+        return exact_learner_seconds(cell["d"])
     x = cell["d"] / 32
     return 0.05 + (8.0 * x ** 4.5 if cell["solver"] == "CLARABEL" else 1.2 * x ** 3.5)
 

@@ -24,6 +24,7 @@ from ..models import membership_head
 from ..oracles import MembershipOracle
 from ..theory import membership_target
 from ._core import Experiment, grid, register
+from ._learners import Takes
 from ._recipe import fit_and_measure
 
 __all__ = ["LEARNERS", "SAMPLE_BUDGET", "cells", "run", "seconds"]
@@ -49,6 +50,12 @@ LEARNERS = {
 }
 
 
+#: the learners "membership" runs: its own, and plug-ins of one head from membership queries on
+#: the count grid's heads (given the cell's eps, W_bound and mu where they take them)
+TAKES = Takes("membership", oracles=("membership",), returns=("head",), own=tuple(LEARNERS),
+              gives=("eps", "W_bound", "mu"))
+
+
 def cells(cfg) -> list[dict]:
     """Cells of "membership": the count grid and the v-comparison grid."""
     out = []
@@ -62,7 +69,8 @@ def cells(cfg) -> list[dict]:
                       seed=list(range(cmp_cfg.get("seeds", cfg["seeds"])))):
             out.append({"learner": f"mq_{g['v_method']}", **g, "W_bound": float(cfg["W_bound"]),
                         "mu": float(cfg["mu"]), "variant": "v_compare"})
-    return out
+    return TAKES.join(out, cfg["learners"], "mq_bisection", drop=("v_method",),
+                      where=lambda c: c["variant"] == "count")
 
 
 def run(cell: dict, rng: np.random.Generator) -> dict:
@@ -71,6 +79,12 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     d, eps, Wb, mu = cell["d"], cell["eps"], cell["W_bound"], cell["mu"]
     head = membership_head(d, model_rng, Wb, mu)
     compare = cell["variant"] == "v_compare"
+    if TAKES.is_joined(cell):  # a plug-in: its errors as the bisection learner's
+        est = TAKES.make(cell, learner_rng, eps=eps, W_bound=Wb, mu=mu)
+        m = fit_and_measure(est, MembershipOracle(head, d), head, measure=_measure)
+        m["extra"] = {"err_v_inf": m.pop("err_v_inf"),
+                      "target_queries": membership_target(d, eps, Wb)}
+        return {**m, "queries_computed": False, "success": bool(m["abs_err_W"] <= eps)}
     learner = LEARNERS[cell["learner"]](cell, d, learner_rng)
     plan = learner.planned_queries(d)
     target = membership_target(d, eps, Wb)
@@ -122,7 +136,7 @@ def seconds(cell) -> float:
     """Bisection: 0.05 s at d = 32 (default study), d^2 log2(1/eps); sampling (up to 2e6
     queries): 0.65 s at most."""
     if cell["learner"] == "mq_sampling":
-        return 1.0
+        return 1.0  # a joined learner: as the bisection learner (not measured)
     return 0.01 + 4e-6 * cell["d"] ** 2 * max(1.0, math.log2(1.0 / cell["eps"]))
 
 

@@ -38,6 +38,7 @@ from ..oracles import ValueOracle
 from ..outcomes import Refusal
 from ..theory import DISCOVER_TOL, KNOWN_TOL
 from ._core import Experiment, grid, register
+from ._learners import Takes
 from ._recipe import fit_and_measure
 
 __all__ = ["non_identifiability_demo", "CONSTRUCTIONS"]
@@ -176,6 +177,13 @@ def _single_head_measure(est, model) -> dict:
     return {"param_distance": match_heads([est.W_], [est.v_], W, v)["param_distance"]}
 
 
+#: the learners "multihead" runs: its own, and plug-ins that learn several heads (lists ``W_``,
+#: ``v_``) from value queries, on the orthogonal-subspace layers (given ``n_heads`` where they
+#: take it, never the bases)
+TAKES = Takes("multihead", oracles=("value",), returns=("heads",), own=("demo", "exact",
+              "orthogonal"), gives=("n_heads",))
+
+
 def cells(cfg) -> list[dict]:
     out = []
     seeds = list(range(cfg["seeds"]))
@@ -195,7 +203,7 @@ def cells(cfg) -> list[dict]:
                       seed=seeds):
             if g["n_heads"] <= g["d"]:
                 out.append({"learner": "orthogonal", "variant": "discover", **g})
-    return out
+    return TAKES.join(out, cfg["learners"], "orthogonal", drop=("fd_step",))
 
 
 def _projector_distance(B_hat, B, perm) -> float:
@@ -236,6 +244,11 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     model_rng, learner_rng, eval_rng = rng.spawn(3)
     model, bases = orthogonal_subspace_multihead(d, H, model_rng, return_bases=True)
     oracle = ValueOracle(model, d)
+    if TAKES.is_joined(cell):  # a plug-in: the heads alone, its refusal recorded
+        out = fit_and_measure(TAKES.make(cell, learner_rng, n_heads=H), oracle, model, d,
+                              eval_rng, n_eval=64, record_refusal=True, measure=_measure)
+        tol = KNOWN_TOL if variant == "known" else DISCOVER_TOL
+        return {**out, "success": bool(max(out["rel_err_W"], out["rel_err_v"]) <= tol)}
     if variant == "known":
         est = OrthogonalSubspaceLearner(n_heads=H, bases=bases, random_state=learner_rng)
     elif variant == "discover":

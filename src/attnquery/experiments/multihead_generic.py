@@ -38,6 +38,7 @@ from ..oracles import ValueOracle
 from ..outcomes import Refusal
 from ..theory import MULTIHEAD_GENERIC_TOL as SUCCESS_TOL
 from ._core import Experiment, grid, register
+from ._learners import Takes
 from ._recipe import fit_and_measure
 
 #: the learners of this experiment, by name: a factory (cell, d, rng) -> estimator
@@ -53,6 +54,12 @@ LEARNERS = {
     "orthogonal_subspace": lambda cell, d, rng: OrthogonalSubspaceLearner(
         n_heads=cell["n_heads"], random_state=rng),
 }
+
+
+#: the learners "multihead_generic" runs: its own, and plug-ins that learn several heads (lists
+#: ``W_``, ``v_``) from value queries, on the grid's layers (given ``n_heads`` where they take it)
+TAKES = Takes("multihead_generic", oracles=("value",), returns=("heads",), own=tuple(LEARNERS),
+              gives=("n_heads",))
 
 
 def cells(cfg) -> list[dict]:
@@ -75,7 +82,8 @@ def cells(cfg) -> list[dict]:
         for g in grid(d=cfg["orthogonal_d"], n_heads=cfg["orthogonal_n_heads"], seed=seeds,
                       learner=["multihead_generic", "orthogonal_subspace"]):
             out.append({"variant": "orthogonal", **g})
-    return out
+    return TAKES.join(out, cfg["learners"], "multihead_generic",
+                      where=lambda c: c["variant"] == "grid")
 
 
 def _model(cell, rng):
@@ -103,10 +111,11 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     model = _model(cell, model_rng)
     oracle = ValueOracle(model, d)
     extra = {}
-    est = LEARNERS[cell["learner"]](cell, d, learner_rng)
+    est = (TAKES.make(cell, learner_rng, n_heads=H) if TAKES.is_joined(cell) else
+           LEARNERS[cell["learner"]](cell, d, learner_rng))
     out = fit_and_measure(est, oracle, model, d, eval_rng, n_eval=64, measure=_measure,
                           model=_estimate_function)
-    if isinstance(est, OrthogonalSubspaceLearner):
+    if TAKES.is_joined(cell) or isinstance(est, OrthogonalSubspaceLearner):
         n_found, sep = len(est.W_), None
     else:
         n_found, sep = est.n_heads_, est.head_separation_

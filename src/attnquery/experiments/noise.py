@@ -24,9 +24,10 @@ from ..oracles import ApproximateValueOracle
 from ..outcomes import Refusal
 from ..theory import theorem61_guarantee, theorem61_required_tau
 from ._core import Experiment, grid, register
+from ._learners import Takes
 from ._recipe import fit_and_measure, head_measure
 
-__all__ = ["LEARNERS", "REFUSALS", "within", "cells", "run", "seconds"]
+__all__ = ["LEARNERS", "TAKES", "REFUSALS", "within", "cells", "run", "seconds"]
 
 #: the learners of this experiment, by name: a factory (cell, d, rng) -> estimator
 LEARNERS = {
@@ -41,6 +42,12 @@ LEARNERS = {
     # Theorem 4.1's exact learner (float64 answers assumed)
     "exact": lambda cell, d, rng: ExactValueQueryLearner(probes="basis", random_state=rng),
 }
+
+#: the learners "noise" runs: its own, and plug-ins of one head from approximate value queries
+#: (or from value queries, as the exact baseline: a tau-approximate oracle answers as one)
+TAKES = Takes("noise", oracles=("approximate value", "value"), returns=("head",),
+              own=tuple(LEARNERS), gives=("W_bound", "mu"),
+              box="(a tau-approximate value oracle)")
 
 #: float64 slack on the guarantee: adversarial noise meets ||v_hat - v|| <= sqrt(d) tau with
 #: equality, up to the rounding of f(X) + tau (about 1e-16 absolute per answer)
@@ -59,7 +66,7 @@ def cells(cfg) -> list[dict]:
     """Cells of "noise": the tau grid (``variant="tau"``) and the oversampling grid."""
     out = []
     for g in grid(
-        learner=list(cfg["learners"]),
+        learner=TAKES.check(cfg["learners"]),
         noise=list(cfg["noise"]),
         d=cfg["d"],
         tau=cfg["tau"],
@@ -106,7 +113,9 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     extra = {"assumptions_met": met, "W_fro": float(np.linalg.norm(head.W)),
              "v_norm": float(np.linalg.norm(head.v))}
     learner = cell["learner"]
-    est = LEARNERS[learner](cell, d, learner_rng)
+    est = (TAKES.make(cell, learner_rng, W_bound=cell["W_bound"], mu=cell["mu"])
+           if TAKES.is_joined(cell) else
+           LEARNERS[learner](cell, d, learner_rng))
     # the exact learner (float64 answers assumed) refuses noisy answers, and so may the noisy
     # learner outside the theorem's assumptions: the row records verified = False and the
     # estimate's errors

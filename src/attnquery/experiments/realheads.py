@@ -42,6 +42,7 @@ from ..theory import BIAS_EXACT_TOL, BIAS_PARAM_TOL, BIAS_SKETCH_TOL
 from ..theory import REALHEADS_EXACT_TOL as EXACT_TOL
 from ..theory import REALHEADS_SKETCH_TOL as SKETCH_TOL
 from ._core import Experiment, checkpoint_source, grid, readout_args, register
+from ._learners import Takes
 from ._recipe import bias_measure, fit_and_measure, head_measure
 
 
@@ -70,27 +71,35 @@ def cells(cfg) -> list[dict]:
     readout = f"{cfg['readout']}:{cfg['readout_seed']}"
     common = {"checkpoint": cfg["checkpoint"], "n_heads": n_heads, "readout": readout}
     out = []
-    for learner in cfg["learners"]:
-        if learner not in LEARNERS:
-            raise ConfigError(f"learners: unknown learner {learner!r}; known: {list(LEARNERS)}")
-        axes, fixed = LEARNERS[learner].axes(cfg, heads)
+    for learner in TAKES.check(cfg["learners"]):
+        axes, fixed = (LEARNERS[learner].axes if learner in LEARNERS else _joined_axes)(
+            cfg, heads, learner)
         for g in grid(**axes, seed=list(range(cfg["seeds"]))):
             out.append({"learner": learner, **common, **g, **fixed})
     return out
 
 
-def _head_axes(cfg, heads):
+def _head_axes(cfg, heads, learner=None):
     """Every selected head, with and without the module's biases when ``biases`` is set."""
     return {"layer": _ints(cfg, "layers"), "head": heads,
             "biases": [False, True] if cfg["biases"] else [False]}, {}
 
 
-def _exact_axes(cfg, heads):
+def _joined_axes(cfg, heads, learner):
+    """A joined learner's heads: the exact learner's, with the biases only when its spec says
+    it fits them (``fits_bias``)."""
+    axes, _ = _head_axes(cfg, heads)
+    if not TAKES.spec({"learner": learner}).fits_bias:
+        axes["biases"] = [False]
+    return axes, {}
+
+
+def _exact_axes(cfg, heads, learner=None):
     axes, _ = _head_axes(cfg, heads)
     return axes, {"probes": cfg["probes"]}
 
 
-def _noisy_axes(cfg, heads):
+def _noisy_axes(cfg, heads, learner=None):
     """The heads of the section ``noisy`` (default: the section's own), at each tau."""
     sub = cfg.get("noisy") or {}
     if "tau" not in sub:
@@ -140,6 +149,14 @@ def _sketch(head, cell, learner_rng, oracle_rng, summary):
 
     return _on_values(partial(SketchLowRankLearner, rank=summary["rank"]),
                       (SKETCH_TOL, BIAS_SKETCH_TOL), head, cell, learner_rng)
+
+
+def _joined(head, cell, learner_rng, oracle_rng, summary):
+    """A joined learner (a plug-in), built with its defaults (and ``fit_bias`` when the cell
+    has the biases), judged by the exact learner's tolerances."""
+    return _on_values(lambda random_state, fit_bias: TAKES.make(cell, random_state,
+                                                                fit_bias=fit_bias),
+                      (EXACT_TOL, BIAS_EXACT_TOL), head, cell, learner_rng)
 
 
 def _requeried(est, cell):
@@ -204,6 +221,20 @@ LEARNERS = {
 }
 
 
+#: the learners "realheads" runs: its own, and plug-ins of one head from value queries (with the
+#: module's biases where their spec ``fits_bias``)
+TAKES = Takes("realheads", oracles=("value",), returns=("head",), own=tuple(LEARNERS),
+              gives=("fit_bias",))
+
+
+def _no_report(est, cell):
+    return {}, {}
+
+
+#: how a joined learner's cells are built and what they report (nothing beyond the errors)
+_JOINED = _Learner(_joined_axes, _joined, _no_report)
+
+
 def _as_head(est, biases: bool):
     """The estimate as a head (with its key bias and offset when ``biases``)."""
     from ..models import AttentionHead
@@ -218,9 +249,7 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     head = head_from_checkpoint(cell["checkpoint"], cell["layer"], cell["head"],
                                 n_heads=cell["n_heads"], **readout_args(cell), biases=biases)
     summary = head_summary(head)
-    if cell["learner"] not in LEARNERS:
-        raise ConfigError(f"unknown learner {cell['learner']!r}")
-    learner = LEARNERS[cell["learner"]]
+    learner = _JOINED if TAKES.is_joined(cell) else LEARNERS[cell["learner"]]
     oracle, est, tol = learner.build(head, cell, learner_rng, oracle_rng, summary)
     m = fit_and_measure(est, oracle, head, head.d, eval_rng, n_eval=32,
                         record_refusal=learner.record_refusal,
@@ -250,8 +279,9 @@ _SECONDS = {"exact": 2.0, "sketch": 0.4, "noisy": 6.0}
 
 
 def seconds(cell) -> float:
-    """Estimated seconds of a cell: per learner, at d = 384."""
-    return _SECONDS[cell["learner"]]
+    """Estimated seconds of a cell: per learner, at d = 384 (a joined learner as the exact
+    one, not measured)."""
+    return _SECONDS.get(cell["learner"], _SECONDS["exact"])  # a joined one: as exact
 
 
 #: the result columns of this module's cell parameters (beyond the shared ones of

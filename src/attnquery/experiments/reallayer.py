@@ -35,10 +35,17 @@ from ..realheads import layer_from_checkpoint
 from ..theory import LAYER_FUNC_TOL as FUNC_TOL
 from ..theory import LAYER_HEAD_TOL as HEAD_TOL
 from ._core import Experiment, checkpoint_source, grid, readout_args, register
+from ._learners import Takes
 from ._recipe import fit_and_measure, layer_measure
 
 #: the learner of this experiment
 LEARNERS = ("attention_layer",)
+
+#: the learners "reallayer" runs: the attention-layer learner, and plug-ins that learn a layer
+#: (``heads_``, ``offset_``) from value queries (given ``n_heads``, ``rank`` and ``fit_bias``
+#: where they take them)
+TAKES = Takes("reallayer", oracles=("value",), returns=("layer",), own=LEARNERS,
+              gives=("n_heads", "rank", "fit_bias"))
 
 
 def cells(cfg) -> list[dict]:
@@ -50,8 +57,9 @@ def cells(cfg) -> list[dict]:
     common = {"learner": "attention_layer", "checkpoint": cfg["checkpoint"],
               "n_heads": n_heads, "readout": readout,
               "biases": bool(cfg["biases"])}
-    return [{**common, **g} for g in grid(layer=layers,
-                                          seed=list(range(cfg["seeds"])))]
+    return TAKES.join([{**common, **g} for g in grid(layer=layers,
+                                                     seed=list(range(cfg["seeds"])))],
+                      cfg["learners"], "attention_layer")
 
 
 def run(cell: dict, rng: np.random.Generator) -> dict:
@@ -64,12 +72,26 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     d, H = layer.d, layer.n_heads
     r = int(layer.heads[0].K.shape[0])
     oracle = ValueOracle(layer, d)
-    est = AttentionLayerLearner(n_heads=H, rank=r, fit_bias=biases, random_state=learner_rng)
-    m = fit_and_measure(est, oracle, layer, d, eval_rng, n_eval=64, measure=layer_measure)
+    if TAKES.is_joined(cell):
+        est = TAKES.make(cell, learner_rng, n_heads=H, rank=r, fit_bias=biases)
+    else:
+        est = AttentionLayerLearner(n_heads=H, rank=r, fit_bias=biases,
+                                    random_state=learner_rng)
+    m = fit_and_measure(est, oracle, layer, d, eval_rng, n_eval=64, measure=layer_measure,
+                        record_refusal=TAKES.is_joined(cell))
     per = {k: np.asarray(m.pop(f"err_{k}_heads")) for k in ("W", "v", "c")}
     found = (per["W"] <= HEAD_TOL) & (per["v"] <= HEAD_TOL) & (per["c"] <= HEAD_TOL)
     from ..learners.multihead_generic import layer_dof, layer_probe_count
 
+    if TAKES.is_joined(cell):  # a plug-in: its heads and function, none of the learner's own
+        m.update(n_heads_found=int(found.sum()),
+                 success=bool(found.all() and m["func_err"] <= FUNC_TOL),
+                 extra={"d": d, "rank": r, "rel_err_W_heads": per["W"].tolist()})
+        if biases:
+            m["rel_err_offset"] = relative_error(est.offset_, layer.total_offset)
+        else:
+            del m["rel_err_c"]
+        return m
     m.update({
         "n_heads_found": int(found.sum()),
         "success": bool(found.all() and m["func_err"] <= FUNC_TOL),

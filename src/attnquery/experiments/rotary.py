@@ -51,6 +51,7 @@ from ..models import RotaryAttentionHead, random_rotary_head, random_rotary_laye
 from ..oracles import ValueOracle
 from ..outcomes import Refusal
 from ._core import Experiment, grid, register
+from ._learners import Takes
 from ._recipe import fit_and_measure
 
 #: sequence lengths of the functional error, and how many held-out sequences of each
@@ -70,6 +71,12 @@ def head_dim_of(d: int, fraction: float) -> int:
     return max(2, int(fraction * d) // 2 * 2)
 
 
+#: the learners "rotary" runs: its own, and plug-ins that learn a rotary head (``head_``) from
+#: value queries, on the random rotary heads (one cell per head, whatever the routes)
+TAKES = Takes("rotary", oracles=("value",), returns=("rotary head",),
+              own=("rotary", "rotary_layer"))
+
+
 def cells(cfg) -> list[dict]:
     out = []
     for g in grid(d=cfg["d"], head_fraction=cfg["head_fraction"],
@@ -79,6 +86,7 @@ def cells(cfg) -> list[dict]:
         if g["variant"] == "lowrank" and dh > g["d"] // 2:
             continue  # the sketch route is for heads of low rank
         out.append({"learner": "rotary", "rank": dh, **g})
+    out = TAKES.join(out, cfg["learners"], "rotary", drop=("variant",))
     return out + layer_cells(cfg.get("layers")) + served_cells(cfg.get("served"))
 
 
@@ -162,6 +170,8 @@ def _layer_measure(est, layer) -> dict:
 
 
 def run(cell: dict, rng: np.random.Generator) -> dict:
+    if TAKES.is_joined(cell):
+        return _run_joined(cell, rng)
     if cell["variant"] == "layer":
         return run_layer(cell, rng)
     if cell["variant"] == "served":
@@ -182,6 +192,21 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
         "rel_err_M_4095": relative_error(est.M(-4095), head.M(-4095)),
         "rotary_dim": int(est.rotary_dim_), "condition": float(est.condition_),
         "check_rtol": float(est.check_rtol_)}, sort_keys=True)
+    return m
+
+
+def _run_joined(cell: dict, rng: np.random.Generator) -> dict:
+    """A plug-in on the same random rotary head as the rotary learner's cells: its head's rank
+    and its function at every length (success: within 1e-9)."""
+    model_rng, learner_rng, eval_rng = rng.spawn(3)
+    d, dh = cell["d"], cell["rank"]
+    head = random_rotary_head(d, model_rng, head_dim=dh, rope_base=cell["rope_base"])
+    est = TAKES.make(cell, learner_rng)
+    m = fit_and_measure(est, ValueOracle(head, d), head, record_refusal=True,
+                        measure=_head_measure)
+    by_length = _func_err_by_length(head, est, d, eval_rng)
+    m["func_err"] = max(by_length.values())
+    m["success"] = bool(m["func_err"] <= 1e-9)
     return m
 
 
@@ -266,16 +291,16 @@ def seconds(cell) -> float:
     shorter, or they are refused early: 0.25 s at d = d_h = 32, 0.15 s at 64); 16-bit heads
     are refused after the d queries of v."""
     d = cell["d"]
-    if cell["variant"] == "served":  # 16-bit heads are refused after d queries
+    if cell.get("variant") == "served":  # 16-bit heads are refused after d queries
         if cell["rounding"] != "float32":
             return 0.05
         dh = cell["rank"]
         return 0.2 + 5e-6 * d * dh**3 * (0.1 if 2 * dh > d else 1.0)
-    if cell["variant"] == "layer":
+    if cell.get("variant") == "layer":
         return 0.3 + 0.5 * cell["n_heads"] * (d / 128) ** 3
-    if cell["variant"] == "lowrank":
+    if cell.get("variant") == "lowrank":
         return 1.0 + 50.0 * (d / 1024) ** 2 * (cell["rank"] / 128)
-    return 0.2 + 5.0 * (d / 128) ** 3
+    return 0.2 + 5.0 * (d / 128) ** 3  # the dense route (and a joined learner: not measured)
 
 
 #: the result columns of this module's cell parameters (beyond the shared ones of

@@ -22,9 +22,10 @@ from ..models import theorem_head
 from ..oracles import RoundingOracle
 from ..theory import USEFUL_REL_ERR, budget_queries
 from ._core import Experiment, grid, register
+from ._learners import Takes
 from ._recipe import fit_and_measure
 
-__all__ = ["LEARNERS", "BUDGET_AXES", "cells", "run", "seconds"]
+__all__ = ["LEARNERS", "TAKES", "BUDGET_AXES", "cells", "run", "seconds"]
 
 #: the learners of this experiment, by name: a factory (cell, d, rng) -> estimator
 LEARNERS = {
@@ -36,6 +37,12 @@ LEARNERS = {
     "lowprecision": lambda cell, d, rng: LowPrecisionValueQueryLearner(
         n_queries=budget_queries(cell["queries_per_unknown"], d), random_state=rng),
 }
+
+#: the learners "rounding" runs: its own, and plug-ins of one head from value or approximate
+#: value queries (a rounding oracle answers as either)
+TAKES = Takes("rounding", oracles=("value", "approximate value"), returns=("head",),
+              own=tuple(LEARNERS), gives=("W_bound", "mu"),
+              box="(a value oracle rounding its answers)")
 
 #: learners run at several budgets: name -> the config key of their budgets (queries per unknown)
 BUDGET_AXES = {"lowprecision": "lowprecision_queries_per_unknown"}
@@ -53,7 +60,7 @@ def cells(cfg) -> list[dict]:
         )
     out = []
     for g in grid(
-        learner=list(cfg["learners"]),
+        learner=TAKES.check(cfg["learners"]),
         rounding=specs,
         d=cfg["d"],
         seed=list(range(cfg["seeds"])),
@@ -76,7 +83,9 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     oracle = RoundingOracle.from_spec(head, d, cell["rounding"])
     extra = {"effective_digits": oracle.effective_digits, "relative_tau": oracle.relative_tau}
     learner = cell["learner"]
-    est = LEARNERS[learner](cell, d, learner_rng)
+    est = (TAKES.make(cell, learner_rng, W_bound=cell["W_bound"], mu=cell["mu"])
+           if TAKES.is_joined(cell) else
+           LEARNERS[learner](cell, d, learner_rng))
     # rounded answers are not float64 answers: the learners' checks refuse most estimates
     # (verified = False), and the row keeps their errors, which the defence is judged by
     m = fit_and_measure(est, oracle, head, d, record_refusal=True, finite_as=learner)

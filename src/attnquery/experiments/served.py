@@ -23,6 +23,7 @@ from ..oracles import ValueOracle
 from ..precision import PRECISIONS, Arithmetic
 from ..realheads import ModuleBlackBox, cached_checkpoint, head_from_checkpoint
 from ._core import Experiment, checkpoint_source, grid, readout_args, register
+from ._learners import Takes
 from ._recipe import fit_and_measure, layer_measure, relative_bias_measure
 
 __all__ = ["cells", "run", "floor_W", "floor_cv", "GOALS", "FLOAT32_GOAL", "layer_cells",
@@ -32,6 +33,14 @@ __all__ = ["cells", "run", "floor_W", "floor_cv", "GOALS", "FLOAT32_GOAL", "laye
 FLOAT32_GOAL = 3e-7
 #: precision -> largest error of W over its floor (float32: absolute, FLOAT32_GOAL)
 GOALS = {"float32": FLOAT32_GOAL, "float16": 2.0, "bfloat16": 1.5}
+
+
+#: the learners "served" runs: its own, and plug-ins that learn one head with its biases
+#: (``fits_bias``) from value or approximate value queries, on the same served heads (with their
+#: own budget; given ``fit_bias=True``)
+TAKES = Takes("served", oracles=("value", "approximate value"), returns=("head",),
+              own=("lowprecision", "layer"), gives=("fit_bias",),
+              box="(a head served in float32, float16 or bfloat16)")
 
 
 def cells(cfg) -> list[dict]:
@@ -58,6 +67,8 @@ def cells(cfg) -> list[dict]:
             out.append({"learner": "lowprecision", "family": "real", "biases": True,
                         "checkpoint": cfg["checkpoint"], "n_heads": int(cfg["n_heads"]),
                         "readout": readout, **g, "queries_per_unknown": float(b)})
+    out = TAKES.join(out, cfg["learners"], "lowprecision",
+                     drop=("queries_per_unknown",))
     return out + layer_cells(cfg)
 
 
@@ -111,11 +122,22 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     d = head.d
     unit = d * d + 2 * d + 1
     oracle = ValueOracle(box, d)
-    n = int(round(cell["queries_per_unknown"] * unit))
-    est = LowPrecisionValueQueryLearner(n_queries=n, fit_bias=True, random_state=learner_rng)
-    m = fit_and_measure(est, oracle, head, d, eval_rng, n_eval=32, measure=relative_bias_measure)
+    joined = TAKES.is_joined(cell)
+    if joined:  # a plug-in with its own budget; its refusal recorded
+        est = TAKES.make(cell, learner_rng, fit_bias=True)
+    else:
+        n = int(round(cell["queries_per_unknown"] * unit))
+        est = LowPrecisionValueQueryLearner(n_queries=n, fit_bias=True,
+                                            random_state=learner_rng)
+    m = fit_and_measure(est, oracle, head, d, eval_rng, n_eval=32, measure=relative_bias_measure,
+                        record_refusal=joined)
     eW = m["rel_err_W"]
     floor = floor_W(cell["checkpoint"], cell["layer"], cell["head"], cell["n_heads"], prec)
+    if joined:
+        goal = GOALS[prec] if prec == "float32" else GOALS[prec] * floor
+        return {**m, "success": bool(eW <= goal), "extra": {
+            "d": d, "floor_W": floor, "floor_ratio": eW / floor if floor > 0 else None,
+            "goal_W": goal, "spent_per_unknown": oracle.n_queries / unit}}
     floor_c, floor_v = floor_cv(cell["checkpoint"], cell["layer"], cell["head"],
                                 cell["n_heads"], prec, box.r)
     goal = GOALS[prec] if prec == "float32" else GOALS[prec] * floor
@@ -202,7 +224,8 @@ def seconds(cell) -> float:
         return layer_seconds(cell)
     d = 384 if "minilm" in str(cell["checkpoint"]) else 32
     per = 5e-8 if cell["rounding"] == "float32" else 6e-8
-    return 1.0 + per * cell["queries_per_unknown"] * (d * d + 2 * d + 1) * d
+    # a joined learner: as at one query per unknown (not measured)
+    return 1.0 + per * cell.get("queries_per_unknown", 1.0) * (d * d + 2 * d + 1) * d
 
 
 

@@ -27,14 +27,21 @@ from ..oracles import ValueOracle
 from ..theory import FFN_TOL
 from ..theory import TRANSFORMER_W_TOL as W_TOL
 from ._core import Experiment, grid, register
+from ._learners import Takes
 from ._recipe import fit_and_measure
+
+#: the learners "transformer" runs: the transformer learner, and plug-ins that learn a
+#: transformer block from value queries (its fitted attributes: ``W_``, ``v_``, ``A_``, ``w_o_``,
+#: ``ffn_``), on the same blocks
+TAKES = Takes("transformer", oracles=("value",), returns=("transformer",),
+              own=("transformer",))
 
 
 def cells(cfg) -> list[dict]:
     out = []
     for g in grid(d=cfg["d"], width=cfg["width"], seed=list(range(cfg["seeds"]))):
         out.append({"learner": "transformer", **g})
-    return out
+    return TAKES.join(out, cfg["learners"], "transformer")
 
 
 def transformer_functional_errors(f_true, f_hat, d, rng, n=64, lengths=(1, 2, 4, 8)):
@@ -67,12 +74,13 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     d, m = cell["d"], cell["width"]
     tf = random_transformer(d, m, model_rng)
     oracle = ValueOracle(tf, d)
-    est = TransformerLearner(random_state=learner_rng)
+    est = (TAKES.make(cell, learner_rng) if TAKES.is_joined(cell) else
+           TransformerLearner(random_state=learner_rng))
     out = fit_and_measure(est, oracle, tf, measure=_measure)
     r_ffn, r_tf = eval_rng.spawn(2)
     out.update({
-        "n_queries_attention": est.n_queries_attention_,
-        "n_queries_ffn": est.n_queries_ffn_,
+        "n_queries_attention": getattr(est, "n_queries_attention_", None),
+        "n_queries_ffn": getattr(est, "n_queries_ffn_", None),
         "func_err_ffn": ffn_error(tf, est.ffn_.predict, d, r_ffn),
     })
     out["func_err_max"], out["func_err_median"] = transformer_functional_errors(

@@ -29,6 +29,7 @@ import pyarrow as pa
 from ..errors import ConfigError
 from ..metrics import relative_error
 from ._core import Experiment, grid, register
+from ._learners import Takes
 from ._recipe import fit_and_measure, relative_bias_measure, sequence_error
 from ._recipe import match_heads as _match_heads  # noqa: F401 (importable from here)
 from ._recipe import value_measure as _value_measure
@@ -44,6 +45,12 @@ BIAS = 0.3
 GOAL = 1e-9
 #: lengths of the fresh sequences the functional error is measured on (16 of each)
 CHECK_LENGTHS = (1, 2, 8, 64, 256)
+
+
+#: the learners "vector" runs: its own, and plug-ins that learn a layer from vector answers
+#: (``returns="vector layer"``), on the random layers of vector answers (given ``n_heads``)
+TAKES = Takes("vector", oracles=("vector",), returns=("vector layer",),
+              own=("exact", "vector", "vector_rotary_layer"), gives=("n_heads",))
 
 
 def cells(cfg) -> list[dict]:
@@ -74,7 +81,8 @@ def cells(cfg) -> list[dict]:
                 raise ConfigError(f"experiments.vector.layers: n_heads = {g['n_heads']} does "
                                   f"not divide d = {g['d']} (the heads must fill d)")
             out.append(_cell(g["variant"], g["d"], g["n_heads"], g["seed"]))
-    return out
+    return TAKES.join(out, cfg["learners"], "vector",
+                      where=lambda c: not c.get("family"))
 
 
 def _cell(variant: str, d: int, n_heads: int, seed: int) -> dict:
@@ -160,7 +168,9 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
         if H != 1:
             raise ConfigError("scalar answers: single heads only (n_heads = 1)")
         return _run_scalar(layer, learner_rng, eval_rng)
-    return _run_vector(layer, variant, learner_rng, eval_rng)
+    return _run_vector(layer, variant, learner_rng, eval_rng,
+                       TAKES.make(cell, learner_rng, n_heads=H) if TAKES.is_joined(cell)
+                       else None)
 
 
 def _run_scalar(layer, learner_rng, eval_rng) -> dict:
@@ -182,14 +192,15 @@ def _run_scalar(layer, learner_rng, eval_rng) -> dict:
     return _metrics(m, dof, 1, n_tokens=None, tokens_per_query=None)
 
 
-def _run_vector(layer, variant, learner_rng, eval_rng) -> dict:
-    """VectorLayerLearner on the layer's vector answers."""
+def _run_vector(layer, variant, learner_rng, eval_rng, est=None) -> dict:
+    """VectorLayerLearner (or the joined learner ``est``) on the layer's vector answers."""
     from ..learners import VectorLayerLearner
     from ..oracles import VectorOracle
 
     d, H = layer.d, layer.n_heads
     oracle = VectorOracle(layer, d, outputs=variant)
-    est = VectorLayerLearner(n_heads=H, random_state=learner_rng)
+    if est is None:
+        est = VectorLayerLearner(n_heads=H, random_state=learner_rng)
     m = fit_and_measure(est, oracle, layer, measure=_layer_measure)
     m["func_err"] = sequence_error(layer, est.predict, d, eval_rng, CHECK_LENGTHS)
     N = int(est.tokens_per_query_)

@@ -249,9 +249,18 @@ def mark_empty_axes(fig) -> None:
 
 def draw(name: str, df):
     """Figure ``name`` drawn from ``df`` in the shared style, empty panels marked and laid out
-    (:func:`attnquery.figures._layout.tidy`): ``(figure, claims)``. Call it inside
-    ``plt.style.context(STYLE)`` to keep the style for saving."""
+    (:func:`attnquery.figures._layout.tidy`): ``(figure, claims)``. The rows of plug-in
+    learners a config added to an experiment are not the figure's nor its claims': they are
+    drawn in panels added below it, by their labels (:mod:`attnquery.figures._joined`). Call it
+    inside ``plt.style.context(STYLE)`` to keep the style for saving."""
+    from ._joined import add_joined_panels, split_joined
+
+    df, joined = split_joined(df)
     fig, claims = get_figure(name)(df)
+    spec = get_spec(name)
+    joined = joined[joined["experiment"].isin([*spec.experiments, *spec.optional])]
+    if not joined.empty:  # plug-ins a config added: below, by their own labels
+        add_joined_panels(fig, joined)
     mark_empty_axes(fig)
     tidy(fig)
     return fig, claims

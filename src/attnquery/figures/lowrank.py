@@ -22,6 +22,7 @@ from ..claims import (
 from ..metrics import fit_power_law
 from ..theory import PHASE_TOL, SKETCH_TOL, lowrank_floor
 from ._core import register_figure
+from ._joined import learner_label
 
 #: interval the fitted exponent of the smallest successful m against r d must fall in
 LINEAR_RANGE = (0.85, 1.15)
@@ -39,18 +40,6 @@ SKETCH_MIN_D = 256
 
 #: markers of the other registered learners a config lists (sketch and exact have their own)
 OTHER_MARKERS = "vDP*Xh<>p"
-
-
-def learner_label(name: str) -> str:
-    """The figure label of learner ``name``: its registry spec's (its name where it cannot be
-    loaded)."""
-    from ..errors import ConfigError
-    from ..learners._registry import get_entry
-
-    try:
-        return get_entry(name).spec.display
-    except ConfigError:
-        return name
 
 
 def _other_learners(sc) -> list[str]:

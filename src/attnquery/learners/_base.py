@@ -54,30 +54,30 @@ __all__ = ["BaseLearner", "QueryLedger", "check_is_fitted", "clone", "FITTED_MET
            "check_noise_mode", "judge_noise", "renamed_parameter", "ForwardingOracle",
            "N_QUERIES_PARAM", "CappedOracle"]
 
-#: check queries a learner spends after fitting, unless told otherwise (``verify=0`` turns it off):
-#: with the position-free learners' lengths (:func:`check_lengths`, ``check_length`` 4096), 6
-#: fresh queries of 2, 4, 8, 32, 64 and 4,096 tokens and prefix-permuted copies of the two
-#: longest, the 4,096- and 64-token ones (see :func:`check_plan`)
 DEFAULT_VERIFY = 8
-#: the most check queries a learner spends: 10,000 queries of 2 to 128 tokens at d = 384 hold
-#: about 1 GiB of float64 tokens
+"""Check queries a learner spends after fitting, unless told otherwise (``verify=0`` turns it
+off): with the position-free learners' lengths (:func:`check_lengths`, ``check_length`` 4096), 6
+fresh queries of 2, 4, 8, 32, 64 and 4,096 tokens and prefix-permuted copies of the two longest,
+the 4,096- and 64-token ones (see :func:`check_plan`)."""
 MAX_VERIFY = 10_000
+"""The most check queries a learner spends: 10,000 queries of 2 to 128 tokens at d = 384 hold
+about 1 GiB of float64 tokens."""
 #: the constraint of ``block_bytes``, the memory bound on one batch of queries
 BLOCK_BYTES_PARAM = Interval(numbers.Integral, 1, None, closed="left")
-#: the ``verify`` parameter's constraint (every learner's, :attr:`BaseLearner.
-#: _parameter_constraints`)
 VERIFY_PARAM = Interval(numbers.Integral, 0, MAX_VERIFY, closed="both",
                         note="0 turns the check off")
+"""The ``verify`` parameter's constraint (every learner's,
+:attr:`BaseLearner._parameter_constraints`)."""
 #: the ``check_length`` parameter's constraint (the position-free learners')
 CHECK_LENGTH_PARAM = Interval(numbers.Integral, 1, None, closed="left",
                               note="the tokens of the longest check queries")
-#: the ``n_queries`` parameter's constraint (every learner's: the whole fit's cap, check
-#: queries included; None, the default of most, sets none)
 N_QUERIES_PARAM = Interval(numbers.Integral, 1, None, closed="left",
                            note="the most queries the whole fit asks, the check's included")
-#: the methods that need a fitted learner: :class:`BaseLearner` makes each one a subclass
-#: defines call :func:`check_is_fitted` first
+"""The ``n_queries`` parameter's constraint (every learner's: the whole fit's cap, check
+queries included; None, the default of most, sets none)."""
 FITTED_METHODS = ("predict", "predict_sign", "transform", "score")
+"""The methods that need a fitted learner: :class:`BaseLearner` makes each one a subclass
+defines call :func:`check_is_fitted` first."""
 #: fitted attributes a ``fit`` sets also when it fails (the query counts and the check's
 #: outcome, the route taken): on their own they do not make a learner fitted
 _BOOKKEEPING = frozenset({"n_queries_", "n_queries_by_stage_", "verify_error_",

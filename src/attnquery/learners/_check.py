@@ -19,10 +19,10 @@ __all__ = ["check_answers", "check_signs", "check_queries", "check_plan", "CHECK
            "PERMUTED_SHARE", "MISMATCH_HINT", "check_length_param", "PAIR_LOGIT",
            "pair_token_scale"]
 
-#: sequence lengths of the fresh check queries (:func:`check_plan` spreads them over these, the
-#: shortest and the longest always included): long sequences are where a windowed or
-#: position-dependent box differs from a head (a 4-token window is exact on 2 and 4 tokens)
 CHECK_LENGTHS = (2, 4, 8, 16, 32, 64, 128)
+"""Sequence lengths of the fresh check queries (:func:`check_plan` spreads them over these, the
+shortest and the longest always included): long sequences are where a windowed or
+position-dependent box differs from a head (a 4-token window is exact on 2 and 4 tokens)."""
 #: the longest check query of the position-free learners, unless their ``check_length`` says
 #: otherwise (:func:`check_lengths`): a box that behaves like a head on every input of up to
 #: this many tokens (a sliding window this wide or wider, a logit scaling that starts beyond
@@ -40,12 +40,12 @@ PERMUTED_SHARE = 4
 PAIR_LOGIT = 64.0
 #: the largest token scale of the permuted pairs (an estimate with W = 0)
 PAIR_SCALE_MAX = 1e3
-#: relative disagreement of the check queries that float64 rounding explains, for the learners
-#: that are exact in float64 (exact, sketch, polished nuclear-norm): the default study's exact
-#: grid and the 72 MiniLM heads stay below 1.1e-11 (Gaussian probes at d = 512; 6e-14 with
-#: the default basis probes), answers rounded to float32 (relative error 6e-8) give more than
-#: 2e-7 (``python -m attnquery.bench probes``)
 ROUNDING_RTOL = 1e-9
+"""Relative disagreement of the check queries that float64 rounding explains, for the learners
+that are exact in float64 (exact, sketch, polished nuclear-norm): the default study's exact grid
+and the 72 MiniLM heads stay below 1.1e-11 (Gaussian probes at d = 512; 6e-14 with the default
+basis probes), answers rounded to float32 (relative error 6e-8) give more than 2e-7
+(``python -m attnquery.study.bench probes``)."""
 #: what a failed check may mean, unless a learner says better
 MISMATCH_HINT = ("the box may have several heads, biases, noise or lower precision than "
                  "float64")

@@ -20,8 +20,9 @@ The registry (:func:`registry`) finds the learners in two places:
   learner it subclasses; it is registered under the entry point's name either way, and an
   inherited spec gives it no label of its parent's (:attr:`LearnerEntry.spec`).
 
-The command line's ``--method`` (:data:`attnquery.extraction.METHODS`), the ``lowrank_scale``
-experiment's ``learners`` and :func:`learner_table` (the docs' table) read the registry. A
+The command line's ``--method`` (:data:`attnquery.extraction.METHODS`), every experiment's
+``learners`` (:mod:`attnquery.experiments._learners`: the plug-ins that fit an experiment join
+it) and :func:`learner_table` (the docs' table) read the registry. A
 cell's code version covers the module its learner's entry names
 (:func:`attnquery.study.code_version`), so a plug-in's source is part of its cells' identity.
 """
@@ -44,16 +45,17 @@ __all__ = ["LearnerSpec", "LearnerEntry", "ORACLES", "RETURNS", "ENTRY_POINT_GRO
            "registry", "get_learner", "get_entry", "learner_parameters", "learner_table",
            "REQUIRED"]
 
-#: the entry-point group plug-in learners are declared in
 ENTRY_POINT_GROUP = "attnquery.learners"
+"""The entry-point group plug-in learners are declared in."""
 
-#: the oracles a learner may need (the paper's Sections 3 and 6, Appendix B)
 ORACLES = ("value", "approximate value", "membership", "vector")
+"""The oracles a learner may need (the paper's Sections 3 and 6, Appendix B; vector answers)."""
 
-#: what a learner may return: one head (``W_``, ``v_``, and ``key_bias_``, ``offset_`` when it
-#: fits biases), a layer (``heads_``, ``offset_``), a rotary head (``head_``), several heads
-#: without biases (lists ``W_``, ``v_``), a transformer block, a ReLU network
 RETURNS = ("head", "layer", "rotary head", "heads", "transformer", "network", "vector layer")
+"""What a learner may return: one head (``W_``, ``v_``, and ``key_bias_``, ``offset_`` when it
+fits biases), a layer (``heads_``, ``offset_``), a rotary head (``head_``), several heads
+without biases (lists ``W_``, ``v_``), a transformer block, a ReLU network, a layer learnt from
+vector answers."""
 
 #: the package whose ``__all__`` lists the built-in learners
 _BUILTIN_PACKAGE = "attnquery.learners"

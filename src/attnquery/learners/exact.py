@@ -88,7 +88,7 @@ class ExactValueQueryLearner(BaseLearner):
         Probe directions u_1..u_d. "basis" (paper, the default): the deterministic set
         ``u_l = e_l``, or ``e_l + e_p`` where ``v_l = 0`` (also where ``|v_l|`` is below
         ``zero_tol * max|v|``, since a tiny ``u^T v`` costs precision), with
-        ``p = argmax |v_i|``; the most precise design measured (``python -m attnquery.bench
+        ``p = argmax |v_i|``; the most precise design measured (``python -m attnquery.study.bench
         probes``: on the 72 MiniLM heads at d = 384 its worst relative error of W is 3e-13,
         against 2e-12 for "orthogonal" and 6e-10 for "gaussian"). "gaussian" (the paper's
         Theorem 4.1): i.i.d. standard Gaussian directions

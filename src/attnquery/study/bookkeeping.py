@@ -139,6 +139,9 @@ def _dependencies(modname: str) -> frozenset[str]:
 #: modules import it for :class:`~attnquery.learners.LearnerSpec`); a cell's code version covers
 #: the module of the class its learner's name resolves to instead (:func:`code_version`)
 REGISTRY_MODULES = frozenset({f"{PACKAGE}.learners._registry"})
+#: modules through which an experiment builds a learner of the registry by name (a plug-in that
+#: joins it, :mod:`attnquery.experiments._learners`): as the registry, for :func:`code_version`
+JOINING_MODULES = frozenset({f"{PACKAGE}.experiments._learners"})
 
 
 def module_closure(modnames: Iterable[str]) -> list[Path]:
@@ -233,7 +236,8 @@ def code_version(name: str, learner: str | None = None) -> str:
     """The version of the code that experiment ``name``'s cells run: a digest of its module
     closure and of the numerical libraries' versions.
 
-    An experiment whose module imports the learner registry builds a cell's learner from its name
+    An experiment whose module imports the learner registry (or
+    :mod:`attnquery.experiments._learners`) builds a cell's learner from its name
     (``learner``, the cell's ``learner``): its cells' version then covers the module the
     registry's entry for that name names, too: a built-in learner's module closure (no file more
     where the experiment imports that learner already), or a plug-in's source files by module
@@ -241,7 +245,7 @@ def code_version(name: str, learner: str | None = None) -> str:
     """
     module = experiment_module(name)
     modules, outside = [module], {}
-    if learner is not None and REGISTRY_MODULES & _dependencies(module):
+    if learner is not None and (REGISTRY_MODULES | JOINING_MODULES) & _dependencies(module):
         from ..learners._registry import registry
 
         entry = registry().get(learner)
