@@ -150,7 +150,8 @@ def _with(section: dict, name: str) -> dict:
 
 
 def test_every_experiment_says_what_it_takes():
-    assert {e.name for e in all_experiments()} == set(JOINS)
+    # (experiments whose names start with "_" are registered by tests)
+    assert {e.name for e in all_experiments() if not e.name.startswith("_")} == set(JOINS)
     assert set(REFUSES) | {n for n, p in JOINS.items() if p == "value_head"} == set(JOINS)
 
 

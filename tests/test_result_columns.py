@@ -16,11 +16,12 @@ from attnquery.results import (
     make_row,
 )
 
-# The result schema (version 7): version 4 as the central column lists of results.py wrote it
+# The result schema (version 8): version 4 as the central column lists of results.py wrote it
 # before the experiments declared their own columns, the vector experiment's named cases'
 # four parameters (version 5), their check_length (version 6) and total_queries, every query
-# the oracle counted (version 7): the stored tables change only with the version.
-SCHEMA_V7 = [
+# the oracle counted (version 7), the llm experiment's base_measured (version 8): the stored
+# tables change only with the version.
+SCHEMA_V8 = [
     ("experiment", "string"), ("cell_id", "string"), ("learner", "string"), ("seed", "int64"),
     ("d", "int64"), ("rank", "int64"), ("n_heads", "int64"), ("width", "int64"),
     ("probes", "string"), ("W_spectral", "double"), ("W_fro", "double"),
@@ -32,7 +33,8 @@ SCHEMA_V7 = [
     ("variant", "string"), ("layer", "int64"), ("head", "int64"), ("checkpoint", "string"),
     ("readout", "string"), ("biases", "bool"), ("rope_base", "double"),
     ("n_kv_heads", "int64"), ("head_dim", "int64"), ("key_dim", "int64"), ("causal", "bool"),
-    ("goal", "double"), ("check_length", "int64"), ("n_queries", "int64"),
+    ("goal", "double"), ("check_length", "int64"), ("base_measured", "bool"),
+    ("n_queries", "int64"),
     ("verify_queries", "int64"), ("total_queries", "int64"),
     ("verify_error", "double"), ("verified", "bool"), ("verify_vacuous", "bool"),
     ("n_queries_attention", "int64"), ("n_queries_ffn", "int64"), ("n_queries_v", "int64"),
@@ -59,11 +61,11 @@ def _exp(name, params=None, metrics=None):
 
 
 def test_the_assembled_schema_is_the_stored_one():
-    assert SCHEMA_VERSION == 7
-    assert [(f.name, str(f.type)) for f in RESULT_SCHEMA] == SCHEMA_V7
-    assert RESULT_SCHEMA.metadata == {b"attnquery_schema_version": b"7"}
-    assert list(PARAM_COLUMNS) == [n for n, _ in SCHEMA_V7[4:41]]
-    assert list(METRIC_COLUMNS) == [n for n, _ in SCHEMA_V7[41:78]]
+    assert SCHEMA_VERSION == 8
+    assert [(f.name, str(f.type)) for f in RESULT_SCHEMA] == SCHEMA_V8
+    assert RESULT_SCHEMA.metadata == {b"attnquery_schema_version": b"8"}
+    assert list(PARAM_COLUMNS) == [n for n, _ in SCHEMA_V8[4:42]]
+    assert list(METRIC_COLUMNS) == [n for n, _ in SCHEMA_V8[42:79]]
 
 
 def test_every_experiment_column_is_declared_by_an_experiment_or_shared():

@@ -87,8 +87,9 @@ __all__ = [
 #: experiment's named cases' ``head_dim``, ``key_dim``, ``causal`` and ``goal``; version 6 their
 #: ``check_length`` (the longest sequence the learner's check asks); version 7 added
 #: ``total_queries`` (every query the oracle counted, the check's included: a learner's
-#: ``n_queries_``, and what its ``n_queries`` caps)
-SCHEMA_VERSION = 7
+#: ``n_queries_``, and what its ``n_queries`` caps); version 8 the llm experiment's
+#: ``base_measured`` (the RoPE base measured from the answers, not declared)
+SCHEMA_VERSION = 8
 
 #: every status a row can have
 STATUSES = ("ok", "not_identifiable", "error", "timeout", "skipped")
@@ -128,6 +129,8 @@ SHARED_PARAM_COLUMNS: dict[str, pa.DataType] = {
     # a layer of grouped-query heads with rotary positions
     "rope_base": pa.float64(),
     "n_kv_heads": pa.int64(),
+    # the longest sequence a learner's check asks (a rotary route also reads its forms to it)
+    "check_length": pa.int64(),
 }
 
 #: metrics every experiment may write (those of :func:`attnquery.metrics.fit_counted` and
@@ -163,14 +166,15 @@ SHARED_METRIC_COLUMNS: dict[str, pa.DataType] = {
     "param_distance": pa.float64(),
 }
 
-#: where the parameter and metric columns stand in the stored tables (schema version 7); a
+#: where the parameter and metric columns stand in the stored tables (schema version 8); a
 #: column declared later and not named here follows them, in the order the experiments are
 #: registered
 _STORED_ORDER = (
     "d", "rank", "n_heads", "width", "probes", "W_spectral", "W_fro", "logit_scale", "W_bound",
     "mu", "zero_frac", "tau", "noise", "rounding", "oversample", "queries_per_unknown", "eps",
     "v_method", "c", "n_measurements", "solver", "separation", "fd_step", "family", "variant",
-    "layer", "head", "checkpoint", "readout", "biases", "rope_base", "n_kv_heads",
+    "layer", "head", "checkpoint", "readout", "biases", "rope_base", "n_kv_heads", "head_dim",
+    "key_dim", "causal", "goal", "check_length", "base_measured",
     "n_queries", "verify_queries", "total_queries", "verify_error", "verified",
     "verify_vacuous", "n_queries_attention", "n_queries_ffn", "n_queries_v", "n_queries_W",
     "queries_computed",

@@ -149,7 +149,7 @@ def seconds(cell) -> float:
 
 
 #: the result columns of this module's cell parameters (beyond the shared ones)
-PARAMS: dict[str, pa.DataType] = {"check_length": pa.int64(), "base_measured": pa.bool_()}
+PARAMS: dict[str, pa.DataType] = {"base_measured": pa.bool_()}
 #: the result columns of this module's metrics (beyond the shared ones)
 METRICS: dict[str, pa.DataType] = {}
 

@@ -323,7 +323,6 @@ PARAMS: dict[str, pa.DataType] = {
     "key_dim": pa.int64(),
     "causal": pa.bool_(),
     "goal": pa.float64(),
-    "check_length": pa.int64(),
 }
 #: the result columns of this module's metrics (beyond the shared ones)
 METRICS: dict[str, pa.DataType] = {}
