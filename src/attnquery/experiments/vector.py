@@ -233,6 +233,8 @@ def _run_case(cell, model_rng, learner_rng, eval_rng) -> dict:
     oracle = VectorOracle(box, d, outputs=variant)
     rotary = bool(cell["rope_base"])
     check = {"check_length": int(cell["check_length"])} if cell.get("check_length") else {}
+    if rotary:  # the case's base, declared (None would measure it from the answers)
+        check["rope_base"] = float(cell["rope_base"])
     est = VectorLayerLearner(n_heads=H, n_kv_heads=cell["n_kv_heads"], causal=cell["causal"],
                              positions="rotary" if rotary else "none",
                              random_state=learner_rng, **check)
