@@ -97,11 +97,8 @@ class NuclearNormROPLearner(BaseLearner):
         :func:`~attnquery.learners._base.check_lengths`). A box that is a head on every
         input of up to ``check_length`` tokens, such as a wider sliding window, passes.
     n_queries : int, optional
-        The most queries the whole fit asks, its check's included (default None: no cap). A
-        fit never asks more: a cap below what the fit needs raises
-        :class:`~attnquery.errors.BudgetExceededError` (or ConfigError) naming it, before the
-        first query where the plan is known then (:class:`~attnquery.learners.base.
-        BaseLearner`).
+        The most queries the whole fit asks, its check's included (default None: no cap;
+        :class:`~attnquery.learners.base.BaseLearner` says how a cap is kept).
     random_state : int, sequence of ints, Generator or None
         Seed of the Gaussian probes.
 
