@@ -103,3 +103,11 @@ def test_python_dash_m_on_an_old_path_passes_its_arguments_and_exit_status():
     out = subprocess.run([sys.executable, "-m", "attnquery.bench", "no_such_benchmark"],
                          capture_output=True, text=True, check=False)
     assert out.returncode == 2 and "unknown benchmark 'no_such_benchmark'" in out.stderr
+
+
+def test_the_study_modules_find_the_repository():
+    """The study's modules sit a floor deeper than they did: the paths they build from their
+    own location still reach the repository's root (its config and Snakefile)."""
+    from attnquery.study.reproducible import REPO
+
+    assert (REPO / "config" / "quick.yaml").is_file() and (REPO / "Snakefile").is_file()

@@ -133,19 +133,24 @@ REFUSALS = (
             where=_half),
 )
 
-#: estimated seconds of a module layer with its check to 512 tokens on one core, and how it
-#: grows with check_length (its forms are read to every offset the check asks)
+#: estimated seconds of a module layer with its check to 512 tokens on one core (layer 0: 482 s
+#: on a core shared with another fit), and how it grows with check_length (its forms are read
+#: to every offset the check asks): layer 14 at 4,096 took 1,183 s of CPU, 300 (4096/512)^0.67
 LAYER_SECONDS = 300.0
-LENGTH_EXPONENT = 1.0
+LENGTH_EXPONENT = 0.67
+#: the last token's outputs: not measured on the real layers with this route (the old route's
+#: refusal of layer 0 took 264 s); taken as half as long again
+LAST_FACTOR = 1.5
 
 
 def seconds(cell) -> float:
-    """A module layer: LAYER_SECONDS at check_length 512, growing as (check_length / 512); the
-    attention half is refused within seconds."""
+    """A module layer: LAYER_SECONDS at check_length 512, growing as (check_length /
+    512)^LENGTH_EXPONENT (LAST_FACTOR for the last token's outputs); the attention half is
+    refused within seconds."""
     if _half(cell):
         return 10.0
     grow = (int(cell["check_length"]) / 512) ** LENGTH_EXPONENT
-    return LAYER_SECONDS * grow * (2.0 if cell["variant"] == "last" else 1.0)
+    return LAYER_SECONDS * grow * (LAST_FACTOR if cell["variant"] == "last" else 1.0)
 
 
 #: the result columns of this module's cell parameters (beyond the shared ones)

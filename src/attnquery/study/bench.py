@@ -95,7 +95,7 @@ def bench_probes() -> list[dict]:
     from ..realheads import head_from_checkpoint
     from .config import load_config
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     cfg = load_config(root / "config" / "config.yaml")
     runs: dict[tuple[str, str], list[dict]] = {}
     exact = get_experiment("exact")

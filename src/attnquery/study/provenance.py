@@ -28,7 +28,7 @@ def _version(pkg: str) -> str:
 @functools.lru_cache(maxsize=1)
 def git_commit() -> str:
     """The commit of the source tree attnquery is imported from ("unknown" outside git)."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     try:
         out = subprocess.run(
             ["git", "-C", str(root), "rev-parse", "HEAD"],

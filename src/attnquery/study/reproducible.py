@@ -22,7 +22,7 @@ from pathlib import Path
 __all__ = ["snakemake_command", "run_study", "compared_files", "compare_dirs",
            "check_reproducible", "report", "main"]
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def snakemake_command(config, directory, cores: int, *extra: str) -> list[str]:
