@@ -321,13 +321,11 @@ def _module_vector_source(args, choice: Choice, biases: bool) -> _Source:
 def _checkpoint_path(name) -> Path:
     """The file of ``--checkpoint``: a named checkpoint's (its package's file, hash checked) or
     the path given."""
-    from ..realheads import NAMED_CHECKPOINTS, named_checkpoint_path
+    from ..realheads import NAMED_CHECKPOINTS, gguf_file
 
-    if name in NAMED_CHECKPOINTS:
-        with model_usage("--checkpoint"):
-            return named_checkpoint_path(name)
-    path = Path(name)
-    if path.suffix != ".gguf" and not path.exists():
+    with model_usage("--checkpoint"):
+        path = gguf_file(name)
+    if name not in NAMED_CHECKPOINTS and path.suffix != ".gguf" and not path.exists():
         raise ConfigError(f"--checkpoint {name}: no such file, and not a named checkpoint "
                           f"(known: {', '.join(sorted(NAMED_CHECKPOINTS))})")
     return path

