@@ -26,8 +26,9 @@ From the repository root::
 Layer 0 with ``--check-length 1024`` took 20 minutes and 5.4 GB on one core of a 2-core
 machine; docs/llm.md gives the numbers.
 ``--box half`` asks the attention half of the decoder layer instead,
-``x -> x + self_attn(RMSNorm(x))`` (:func:`attnquery.realheads.attention_half`): the route
-refuses it today (its head split saturates attention, which the norm does not let through).
+``x -> x + self_attn(RMSNorm(x))`` (:func:`attnquery.realheads.attention_half`), read through
+its norm (``input_norm="rms"``, ``residual=True``: every token's outputs); its errors are of
+the attention's part of the answers (the answers less the residual).
 ``--gguf FILE`` reads another Llama-architecture GGUF file instead (the tests use a small one).
 """
 
@@ -121,6 +122,8 @@ def main(argv=None):
                                        rope_base=None if args.measure_base else
                                        ckpt.rope_base, causal=True,
                                        fit_bias=args.fit_bias, random_state=args.seed,
+                                       input_norm="rms" if args.box == "half" else None,
+                                       residual=args.box == "half",
                                        **({} if args.check_length is None else
                                           {"check_length": args.check_length}))
     t1 = time.perf_counter()
@@ -152,8 +155,17 @@ def main(argv=None):
                 range(int(part.split("-")[0]), int(part.split("-")[1]) + 1) if "-" in part
                 else (int(part),)))
         t2 = time.perf_counter()
-        record["errors"] = errors_at(box, learner.predict, ckpt.d, lengths, args.per_length,
-                                     seed=args.seed + 1)
+        if args.box == "half":  # the attention's part of the answers: less the residual
+            last = args.answers == "last"
+
+            def part(f):
+                return lambda X: f(X) - (X[:, -1] if last else X)
+
+            record["errors"] = errors_at(part(box), part(learner.predict), ckpt.d, lengths,
+                                         args.per_length, seed=args.seed + 1)
+        else:
+            record["errors"] = errors_at(box, learner.predict, ckpt.d, lengths,
+                                         args.per_length, seed=args.seed + 1)
         record["error_seconds"] = time.perf_counter() - t2
         for n, e in record["errors"].items():
             print(f"  error on {n} tokens: {e:.3g}")

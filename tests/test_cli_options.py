@@ -157,6 +157,8 @@ NOT_APPLYING = {
     "layer": [(ORACLE + ["--layer", "0"],
                "--module or --checkpoint (a checkpoint's attention module)")],
     "head": [(ORACLE + ["--head", "0"], "--module (a checkpoint's attention module)")],
+    "box": [(ORACLE + ["--box", "half"], "--checkpoint (a GGUF file's layer)"),
+            ("--module --box module", "--checkpoint (a GGUF file's layer)")],
     "no_biases": [(ORACLE + ["--no-biases"], "--module (a checkpoint's attention module)")],
     "n_heads": [(ORACLE + ["--n-heads", "2"], "--module, or --oracle with a learner that has "
                  "an n_heads parameter (layer or vector")],

@@ -268,7 +268,10 @@ def test_a_saved_rotary_layer_runs_in_simulation_with_its_errors(rotary_run, tmp
                          "--out", str(again)])
     assert status == 0
     assert "a layer of 4 rotary head(s) over 2 key/value head(s)" in text
-    assert f"head groups    {s['head_groups']}" in text and "frequencies    4, 1 to 0.001" in text
+    # the same groups (the heads' order is not identifiable: the refit may number them apart)
+    groups = json.loads(text.split("head groups")[1].split("(")[0])
+    assert sorted(np.bincount(groups)) == sorted(np.bincount(s["head_groups"]))
+    assert "frequencies    4, 1 to 0.001" in text
     errors = {line.split()[2]: float(line.split()[3]) for line in text.splitlines()
               if line.startswith("  rel. error M_") or line.startswith("  rel. error V ")}
     assert set(errors) == {"M_-1", "M_-511", "V"} and max(errors.values()) < ROTARY_TOL

@@ -138,9 +138,11 @@ def test_same_seed_same_fit():
     # no causal mask where one is declared, and the reverse
     (dict(H=2, d=16, causal=False), dict(causal=True), "not a layer of rotary heads"),
     (dict(H=2, d=16, causal=True), dict(causal=False), "the box has a causal mask"),
-    # soft-capped logits never saturate: the split's lines see no clean switches
+    # soft-capped logits: their query/key vectors are no rotary head's (the saturated split's
+    # lines see no clean switches)
     (dict(H=2, d=16, softcap=2.0), {},
-     "logits that do not saturate|answers that do not saturate|heads that do not fill"),
+     "span more than the head dimension|logits that do not saturate|answers that do not "
+     "saturate|heads that do not fill"),
     # another base than the declared one
     (dict(H=2, d=16, rope_base=500.0), {}, "not a layer of rotary heads of the declared base"),
 ])

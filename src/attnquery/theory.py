@@ -52,6 +52,7 @@ __all__ = [
     "LAYER_HEAD_TOL",
     "LAYER_FUNC_TOL",
     "LLM_FUNC_TOL",
+    "LLM_NORM_FUNC_TOL",
     "KNOWN_TOL",
     "DISCOVER_TOL",
     "AGREE_TOL",
@@ -381,6 +382,10 @@ LAYER_FUNC_TOL = 1e-8
 #: the llm experiment's goal for a real decoder layer's attention module read from its output
 #: vectors in float64: the function within this (relative) at every length up to the check's
 LLM_FUNC_TOL = 1e-9
+#: the same through the layer's RMSNorm (the attention half, ``input_norm="rms"``): the
+#: attention's part of the outputs within this (relative). The 1e-9 goal is not met there: the
+#: norm's gain reaches some input directions only weakly (SmolLM2's layer 0: 1.4e-9 to 4e-9)
+LLM_NORM_FUNC_TOL = 1e-8
 
 # ---------------------------------------------------------------------------------------------
 # Section 7 and Appendix C: multi-head attention

@@ -148,6 +148,8 @@ OPTIONS = (
            "a learner with a probes parameter ({probes})"),
     Option("layer", _given("layer"), lambda c, a: c.source in ("module", "checkpoint"),
            "--module or --checkpoint (a checkpoint's attention module)"),
+    Option("box", _given("box"), lambda c, a: c.source == "checkpoint",
+           "--checkpoint (a GGUF file's layer)"),
     Option("head", _given("head"), lambda c, a: c.source == "module", _MODULE),
     Option("no_biases", _given("no_biases"), lambda c, a: c.source == "module", _MODULE),
     Option("n_heads", _given("n_heads"),

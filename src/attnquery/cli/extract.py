@@ -100,6 +100,10 @@ def register(sub) -> None:
                    help="further learner parameter (repeatable)")
     m = e.add_argument_group("with --module or --checkpoint")
     m.add_argument("--layer", type=int_at_least(0), help="layer index (from 0); required")
+    m.add_argument("--box", choices=("module", "half"),
+                   help="with --checkpoint: the attention module, self_attn (the default), or "
+                   "the attention half of the decoder layer, x + self_attn(RMSNorm(x)), read "
+                   "through its norm (input_norm=rms, residual; every token's outputs)")
     m.add_argument("--head", type=int_at_least(0),
                    help="one head of the layer (the others removed); default: the whole layer")
     m.add_argument("--n-heads", type=int_at_least(1), help="heads per layer (default: "
@@ -337,19 +341,25 @@ def _checkpoint_source(args, choice: Choice) -> _Source:
     learner of vector answers chosen with the file's heads, key/value heads, RoPE base and
     causal mask, without biases (the reader refuses a file that has them); the ground truth is
     the module, from the dequantized weights in float64."""
-    from ..realheads import attention_module, cached_gguf
+    from ..realheads import attention_half, attention_module, cached_gguf
 
     if args.layer is None:
         raise ConfigError("--checkpoint needs --layer (the layer to extract, from 0)")
+    half = args.box == "half"
+    if half and args.answers != "all":
+        raise ConfigError("--box half is read from every token's outputs (--answers all): "
+                          "through the norm the last token's outputs are not read yet")
     path = _checkpoint_path(args.checkpoint)
     with model_usage("--checkpoint"):
         ckpt = cached_gguf(path, layers=[args.layer])
-        box = attention_module(ckpt, args.layer, args.answers)
+        box = (attention_half if half else attention_module)(ckpt, args.layer, args.answers)
     if args.d is not None and args.d != ckpt.d:
         raise ConfigError(f"--d {args.d} does not match the checkpoint (d = {ckpt.d})")
     params = {"n_heads": ckpt.n_heads, "n_kv_heads": ckpt.n_kv_heads, "positions": "rotary",
-              "rope_base": ckpt.rope_base, "causal": True, "fit_bias": False}
-    name = (f"{args.checkpoint} (layer {args.layer} of {ckpt.n_layers}: {ckpt.n_heads} query "
+              "rope_base": ckpt.rope_base, "causal": True, "fit_bias": False,
+              **({"input_norm": "rms", "residual": True} if half else {})}
+    what = "the attention half x + self_attn(RMSNorm(x)) of " if half else ""
+    name = (f"{what}{args.checkpoint} (layer {args.layer} of {ckpt.n_layers}: {ckpt.n_heads} query "
             f"heads over {ckpt.n_kv_heads} key/value heads of {ckpt.head_dim}, RoPE base "
             f"{ckpt.rope_base:g}, causal, no biases)")
     return _Source(box, ckpt.d, name, truth=box, method=choice.method, returns=choice.returns,

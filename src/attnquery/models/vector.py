@@ -247,16 +247,28 @@ class RotaryFormLayer:
         Token n attends to tokens i <= n only.
     outputs : {"all", "last"}
         Answer every token's output (B, N, d_out) or the last token's (B, d_out).
+    norm_eps : float, optional
+        A layer read through its input norm (``input_norm="rms"`` of the rotary layer route):
+        the tokens reach the forms and values as ``x / sqrt(mean(x^2) + norm_eps) /
+        norm_scale`` (the norm's gain is folded into the forms and V). None (default): as
+        they are.
+    norm_scale : float
+        The folded tokens' scale (with ``norm_eps``; default 1).
+    residual : bool
+        Add each answered token's input to its output (the attention half of a decoder layer,
+        ``x + attn(norm(x))``; needs ``d_out = d``).
     """
 
     #: the arrays that define the layer (the names of its attributes and of a layer file's
     #: members, :func:`attnquery.realheads.load_vector_layer`)
     FIELDS = ("V", "output_bias", "frequencies", "cos_forms", "sin_forms", "const_form",
               "query_bases", "key_bases", "head_groups")
+    #: what a layer read through its norm adds (a file's members where set)
+    NORM_FIELDS = ("norm_eps", "norm_scale", "residual")
 
     def __init__(self, V, output_bias, frequencies, cos_forms, sin_forms, const_form, *,
                  query_bases=None, key_bases=None, head_groups=None, causal: bool = True,
-                 outputs: str = "all"):
+                 outputs: str = "all", norm_eps=None, norm_scale=1.0, residual=False):
         V, beta, theta, P, S, C = (np.asarray(a, dtype=np.float64) for a in (
             V, output_bias, frequencies, cos_forms, sin_forms, const_form))
         if V.ndim != 3 or C.ndim != 3 or C.shape[0] != V.shape[0] or C.shape[1] != C.shape[2]:
@@ -290,6 +302,23 @@ class RotaryFormLayer:
         self.cos_forms, self.sin_forms, self.const_form = P, S, C
         self.query_bases, self.key_bases, self.head_groups = Bq, Bk, groups
         self.causal, self.outputs = bool(causal), outputs
+        if norm_eps is not None and not (np.isfinite(norm_eps) and float(norm_eps) > 0):
+            raise ModelError(f"norm_eps must be a positive number or None; got {norm_eps!r}")
+        if not (np.isfinite(norm_scale) and float(norm_scale) > 0):
+            raise ModelError(f"norm_scale must be a positive number; got {norm_scale!r}")
+        if bool(residual) and d_out != d:
+            raise ModelError(f"a residual needs d_out = d; the layer maps {d} to {d_out}")
+        self.norm_eps = None if norm_eps is None else float(norm_eps)
+        self.norm_scale, self.residual = float(norm_scale), bool(residual)
+
+    def norm_arrays(self) -> dict:
+        """The :data:`NORM_FIELDS` of a layer read through its norm or with a residual (what a
+        layer file adds), else {}."""
+        if self.norm_eps is None and not self.residual:
+            return {}
+        return {"norm_eps": np.asarray(np.nan if self.norm_eps is None else self.norm_eps),
+                "norm_scale": np.asarray(self.norm_scale),
+                "residual": np.asarray(float(self.residual))}
 
     @property
     def d(self) -> int:
@@ -331,6 +360,13 @@ class RotaryFormLayer:
 
     def __call__(self, X) -> np.ndarray:
         X = check_input(X, self.d)
+        out = self._attention(X if self.norm_eps is None else X / np.sqrt(
+            np.mean(X * X, axis=-1, keepdims=True) + self.norm_eps) / self.norm_scale)
+        if self.residual:
+            out = out + (X if self.outputs == "all" else X[:, -1])
+        return out
+
+    def _attention(self, X: np.ndarray) -> np.ndarray:
         B, N, _ = X.shape
         a = np.arange(N, dtype=np.float64)[:, None] * self.frequencies
         c, s = np.cos(a)[None, :, :, None], np.sin(a)[None, :, :, None]

@@ -99,6 +99,17 @@ class NormedResidualAttention:
         """``"all"`` or ``"last"``, as the module's."""
         return self.module.outputs
 
+    def folded(self, scale: float = 1.0) -> VectorAttentionLayer:
+        """The attention module with the gain folded into its input maps, ``W diag(gain)
+        scale``: what a fit through the norm recovers (the gauge), on tokens
+        ``x / sqrt(mean(x^2) + eps) / scale`` (``norm_scale_`` of the fit)."""
+        m, g = self.module, self.gain * float(scale)
+        return VectorAttentionLayer(m.W_Q * g, m.W_K * g, m.W_V * g, m.W_O, b_Q=m.b_Q,
+                                    b_K=m.b_K, b_V=m.b_V, b_O=m.b_O, causal=m.causal,
+                                    outputs=m.outputs, scale=m.scale, softcap=m.softcap,
+                                    frequencies=m.frequencies if m.rotary else None,
+                                    precision=m.precision)
+
     def __call__(self, X) -> np.ndarray:
         X = check_input(X, self.d)
         out = self.module(rms_norm(X, self.gain, self.eps))

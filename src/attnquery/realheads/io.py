@@ -256,6 +256,7 @@ def save_vector_layer(path, layer, /, **meta) -> None:
     extract --answers ... --out`` writes and :func:`load_vector_layer` reads back."""
     if getattr(layer, "rotary", False):  # a RotaryFormLayer: forms, bases, frequencies, groups
         arrays = {k: getattr(layer, k) for k in layer.FIELDS}
+        arrays.update(layer.norm_arrays())
     else:
         arrays = {"V": layer.value_maps(), "W": layer.head_W(), "key_bias": layer.key_bias(),
                   "output_bias": layer.output_bias}
@@ -283,7 +284,13 @@ def load_vector_layer(path, outputs: str | None = None):
         missing = [k for k in RotaryFormLayer.FIELDS if k not in data]
         if missing:
             raise ModelError(f"{path} is not a rotary vector layer's file: it lacks {missing}")
-        return RotaryFormLayer(**{k: data[k] for k in RotaryFormLayer.FIELDS}, **options), meta
+        norm = {k: data[k].item() for k in RotaryFormLayer.NORM_FIELDS if k in data}
+        if "norm_eps" in norm and not np.isfinite(norm["norm_eps"]):
+            norm["norm_eps"] = None
+        if "residual" in norm:
+            norm["residual"] = bool(norm["residual"])
+        return RotaryFormLayer(**{k: data[k] for k in RotaryFormLayer.FIELDS}, **options,
+                               **norm), meta
     missing = [k for k in ("W", "key_bias", "output_bias") if k not in data]
     if missing:
         raise ModelError(f"{path} is not a vector layer's file: it lacks {missing}")

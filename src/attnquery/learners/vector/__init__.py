@@ -54,6 +54,7 @@ from ._layer import (
     TARGET_SPREAD,
     VectorLayerRoute,
 )
+from ._normed import NORMS
 
 #: the values of ``route``
 ROUTES = ("auto", "float64", "served", "rotary")
@@ -109,6 +110,17 @@ class VectorLayerLearner(VectorLayerRoute):
         saves one query and d unknowns. The rotary routes read the biases as part of their
         forms and ask the same queries either way: with False the biases read must be noise
         (else ModelMismatchError naming their size) and are returned as exactly 0.
+    input_norm : {None, "rms"}
+        None (default): the box is the attention module. "rms": it reads its inputs through an
+        RMS norm of unknown gain and eps (a decoder layer's ``input_layernorm``), read by the
+        rotary layer route without saturating a head (``positions="rotary"``, every token's
+        outputs; see :class:`~attnquery.learners.vector.rotary_layer.
+        RotaryLayerVectorLearner`): ``norm_eps_`` is the measured eps and the gain is folded
+        into the fitted maps.
+    residual : bool
+        The box adds each token's input to its output (``x + attn(RMSNorm(x))``, the attention
+        half of a decoder layer; ``positions="rotary"``): subtracted from the answers and added
+        back by ``predict``.
     n_attention_queries : int, optional
         Queries of the attention stage (the float64 and served routes); default
         ``OVERSAMPLE`` times the unknowns of (W, c) divided by the logit differences a query
@@ -214,18 +226,22 @@ class VectorLayerLearner(VectorLayerRoute):
     def __init__(self, *, n_heads=None, n_kv_heads=None, causal=False, positions="none",
                  rope_base=None, fit_bias=True, n_attention_queries=None, n_queries=None,
                  verify=DEFAULT_VERIFY, check_length=CHECK_LENGTH, route="auto",
-                 random_state=None):
+                 input_norm=None, residual=False, random_state=None):
         super().__init__(n_heads=n_heads, n_kv_heads=n_kv_heads, causal=causal,
                          positions=positions, fit_bias=fit_bias,
                          n_attention_queries=n_attention_queries, n_queries=n_queries,
                          verify=verify, check_length=check_length, random_state=random_state)
         self.rope_base = rope_base
         self.route = route
+        self.input_norm = input_norm
+        self.residual = residual
 
     _parameter_constraints = {**VectorLayerRoute._parameter_constraints,
                               "rope_base": [Interval(numbers.Real, 1, None, closed="neither"),
                                             None],
-                              "route": [Options(ROUTES)]}
+                              "route": [Options(ROUTES)],
+                              "input_norm": [Options(NORMS)],
+                              "residual": ["boolean"]}
 
     def _validate_extra(self) -> None:
         super()._validate_extra()
@@ -237,6 +253,11 @@ class VectorLayerLearner(VectorLayerRoute):
             raise ConfigError(f"route={self.route!r} does not apply with positions="
                               f"{self.positions!r}: the rotary route reads positions='rotary' "
                               "heads, the float64 and served routes positions='none' ones")
+        if (self.input_norm is not None or self.residual) and not rotary:
+            raise ConfigError(
+                f"input_norm={self.input_norm!r} and residual={self.residual!r} apply to "
+                "positions='rotary' layers (the rotary layer route reads them; the float64 and "
+                "served routes saturate heads, which no token does through a norm)")
         if rotary and self.n_attention_queries is not None:
             raise ConfigError(f"n_attention_queries={self.n_attention_queries!r} applies to the "
                               "float64 and served routes only: the rotary routes plan their "
@@ -276,14 +297,17 @@ class VectorLayerLearner(VectorLayerRoute):
         from .rotary_layer import RotaryLayerVectorLearner
 
         H = self.n_heads or 1
-        layer = not (H == 1 and (self.n_kv_heads or 1) == 1)
+        normed = self.input_norm is not None or bool(self.residual)
+        layer = normed or not (H == 1 and (self.n_kv_heads or 1) == 1)
         measured = layer and getattr(oracle, "outputs", None) == "all"
         base = self.rope_base if self.rope_base is not None or measured else 10000.0
         shared = dict(causal=self.causal, rope_base=base, verify=self.verify,
                       check_length=self.check_length,
                       fit_bias=self.fit_bias, n_queries=self.n_queries,
                       random_state=self.random_state)
-        route = (RotaryLayerVectorLearner(n_heads=H, n_kv_heads=self.n_kv_heads, **shared)
+        route = (RotaryLayerVectorLearner(n_heads=H, n_kv_heads=self.n_kv_heads,
+                                          input_norm=self.input_norm,
+                                          residual=bool(self.residual), **shared)
                  if layer else RotaryVectorLearner(**shared))
         self.rotary_ = route.fit(oracle)
         for k, v in vars(self.rotary_).items():
@@ -301,6 +325,8 @@ class VectorLayerLearner(VectorLayerRoute):
         params = self.get_params()
         params.pop("rope_base")  # refused without rotary positions, which have their routes
         params.pop("route")
+        params.pop("input_norm")  # the rotary layer route's (refused here without positions)
+        params.pop("residual")
         return ServedVectorLearner(**params)
 
     def _fit_served(self, oracle):

@@ -1,9 +1,10 @@
-"""The form equations of
+"""The readings of
 :class:`~attnquery.learners.vector.rotary_layer.RotaryLayerVectorLearner` on every token's
-outputs (stage 4 of :mod:`attnquery.learners.vector.rotary_layer`): the padding rows of
-queries that hold a few fixed keys, each a query of the probe token that sees the keys at its
-own offsets, read as equations linear in the probe's forms. :class:`FormEquationsMixin` holds
-the method; the learner inherits it.
+outputs: every head's log-weights in the rows of a query, the heads' query and key row spaces
+(stage 3 of :mod:`attnquery.learners.vector.rotary_layer`), and the form equations (stage 4):
+the padding rows of queries that hold a few fixed keys, each a query of the probe token that
+sees the keys at its own offsets, read as equations linear in the probe's forms.
+:class:`FormEquationsMixin` holds the methods; the learner inherits them.
 """
 
 from __future__ import annotations
@@ -12,10 +13,17 @@ import math
 
 import numpy as np
 
-from ._attention import MIN_WEIGHT
-from ._rotary_reads import ask_blocks, head_weights, row_space
+from ...errors import ModelMismatchError
+from ._attention import ATTENTION_TOL, MIN_WEIGHT
+from ._rotary_reads import ask_blocks, head_weights, row_space, whitened_solve
 
-__all__ = ["FormEquationsMixin", "ROW_OVERSAMPLE", "NEAR_ROWS"]
+__all__ = ["FormEquationsMixin", "ROW_OVERSAMPLE", "NEAR_ROWS", "SPACE_OVERSAMPLE",
+           "SPACE_VECTORS"]
+
+#: queries of a subspace round per unknown of its least squares (d + 1)
+SPACE_OVERSAMPLE = 1.25
+#: fixed tokens' differences per dimension of a query/key row space
+SPACE_VECTORS = 1.3
 
 #: form equations per unknown of one probe (the padding rows used are spread evenly)
 ROW_OVERSAMPLE = 8
@@ -27,6 +35,63 @@ class FormEquationsMixin:
     """The form equations of a rotary layer read from every token's outputs (the learner's
     ``_form_equations``, over its ``query_bases_``, ``key_bases_``, value reads and slots),
     and the key bases they share per key/value head (``_group_bases``)."""
+
+    def _log_weights(self, X, O, rows, what) -> np.ndarray:
+        """log of every head's weights (H, n, M, N) of the rows ``rows`` of queries X whose
+        tokens are all distinct (NaN where a row does not see a token)."""
+        n, N, _ = X.shape
+        vals = np.einsum("bnd,hdr->hbnr", X, self._values)
+        ys = np.einsum("bno,hor->hbnr", O - self.output_bias_, self._reads)
+        out = np.full((vals.shape[0], n, len(rows), N), np.nan)
+        later = 0.0
+        for m, row in enumerate(rows):
+            seen = np.arange(row + 1 if self.causal else N)
+            for h in range(vals.shape[0]):
+                a = head_weights(vals[h][:, seen], ys[h][:, row:row + 1], what)[0][:, 0]
+                out[h, :, m, seen] = np.log(np.where(a > MIN_WEIGHT, a, np.nan)).T
+                later = max(later, float(np.max(a[:, row + 1:], initial=0.0)))
+        if not self.causal and later <= ATTENTION_TOL:
+            raise ModelMismatchError(
+                "no token attends to a later token: the box has a causal mask; fit it with "
+                "causal=True", error=1.0, allowed=ATTENTION_TOL)
+        return out
+
+    def _read_spaces(self, oracle, rng, d: int) -> None:
+        """``query_bases_`` and ``key_bases_`` (stage 3 of the module's docstring)."""
+        s = self._slots()
+        m = max(2, (s - 1) // 2)  # fixed keys f and fixed probes p per round
+        k = max(1, s - 2 * m)  # random tokens r
+        H, dh = self._values.shape[0], self.head_dim or self._values.shape[2]
+        # the slow frequencies barely turn over a query: their pairs' directions are spanned by
+        # the fixed tokens' differences (m - 1 per round), not by the rows' offsets
+        rounds = math.ceil(SPACE_VECTORS * dh / (m - 1))
+        n = math.ceil(SPACE_OVERSAMPLE * (d + 1))
+        oracle.need(rounds * n, "the subspace stage", reserved=True)
+        qv, kv = [[] for _ in range(H)], [[] for _ in range(H)]
+        for _ in range(rounds):
+            fixed = rng.standard_normal((2 * m, d)) / np.sqrt(d)
+            X = np.concatenate([np.broadcast_to(fixed[:m], (n, m, d)),
+                                rng.standard_normal((n, k, d)) / np.sqrt(d),
+                                np.broadcast_to(fixed[m:], (n, m, d))], axis=1)
+            O = np.asarray(oracle(X), dtype=np.float64)
+            rows = np.arange(m, 2 * m + k)
+            ell = self._log_weights(X, O, rows, "a layer of rotary heads as declared")
+            ones = np.ones((n, 1))
+            for j in range(k):  # row of r_j: fixed keys' differences, linear in y(r_j)
+                Z = np.concatenate([X[:, m + j], ones], axis=1)
+                rhs = (ell[:, :, j, 1:m] - ell[:, :, j, :1]).transpose(0, 2, 1)
+                w = whitened_solve(Z, rhs.reshape(H * (m - 1), n).T).reshape(H, m - 1, d + 1)
+                for h in range(H):
+                    qv[h].append(w[h, :, :d])
+            for i in range(k):  # key r_i in the rows of the p: linear in y(r_i)
+                Z = np.concatenate([X[:, m + i], ones], axis=1)
+                rhs = (ell[:, :, k:, m + i] - ell[:, :, k:, 0]).transpose(0, 2, 1)
+                u = whitened_solve(Z, rhs.reshape(H * m, n).T).reshape(H, m, d + 1)
+                for h in range(H):
+                    kv[h].append(u[h, :, :d])
+        self.query_bases_ = np.stack([row_space(np.concatenate(v), dh, "query row space")
+                                      for v in qv])
+        self.key_bases_ = self._group_bases(kv, dh)
 
     def _group_bases(self, kv: list, dh: int) -> np.ndarray:
         """One key row space basis per key/value head (``head_groups_``), from the vectors

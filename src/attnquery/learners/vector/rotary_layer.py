@@ -57,34 +57,37 @@ from .._base import (
     BaseLearner,
     check_lengths,
 )
-from .._params import Interval
+from .._params import Interval, Options
 from .._registry import LearnerSpec
-from ._attention import ATTENTION_TOL, MIN_WEIGHT
 from ._check import CHECK_LENGTHS, VERIFY_RTOL, vector_oracle, verify_fit  # noqa: F401
+from ._normed import EPS_QUERIES, NORMS, NormedInputs, measure_eps
 from ._rotary_base import measure_base
 from ._rotary_last import last_plan, read_forms_last, read_spaces_last
 from ._rotary_reads import (
     ROTARY_PARAMS,
     drop_biases,
     form_offset,
-    head_weights,
     rotary_basis,  # noqa: F401 (importable from here as before)
     rotary_plan,
-    row_space,
     solve_forms,
-    whitened_solve,
 )
-from ._rotary_rows import NEAR_ROWS, ROW_OVERSAMPLE, FormEquationsMixin  # noqa: F401
+from ._rotary_rows import (  # noqa: F401
+    NEAR_ROWS,
+    ROW_OVERSAMPLE,
+    SPACE_OVERSAMPLE,
+    SPACE_VECTORS,
+    FormEquationsMixin,
+)
+from ._spans import spans_queries, split_spans
 from ._split import split_outputs
 
 __all__ = ["RotaryLayerVectorLearner", "STAGES"]
 
 #: the stages of a fit, as ``n_queries_by_stage_`` counts them
 STAGES = ("V", "split", "subspaces", "forms", "verify")
-#: queries of a subspace round per unknown of its least squares (d + 1)
-SPACE_OVERSAMPLE = 1.25
-#: fixed tokens' differences per dimension of a query/key row space
-SPACE_VECTORS = 1.5
+#: the values of ``split``: "spans" reads the heads from unsaturated weights
+#: (:mod:`._spans`), "saturate" from saturated two-token lines (:mod:`._split`)
+SPLITS = ("auto", "spans", "saturate")
 #: distinct keys of the form stage per unknown key coordinate (dh + 1)
 KEY_OVERSAMPLE = 5.0
 #: probes of the form stage beyond the dh + 1 coordinates of a query token
@@ -152,8 +155,27 @@ class RotaryLayerVectorLearner(FormEquationsMixin, BaseLearner):
         (:data:`~._rotary_reads.BIAS_RTOL`, else ModelMismatchError naming their size)
         and the returned ones are exactly 0, checked so on the fresh queries.
     n_queries : int, optional
-        The most queries the fit may ask; below its plan (every stage but the split, whose
-        count depends on the box) it is refused (ConfigError) before any query.
+        The most queries the fit may ask; below its plan (every stage but the saturated
+        split's, whose count depends on the box) it is refused (ConfigError) before any query.
+    split : {"auto", "spans", "saturate"}
+        How the heads' output subspaces are read. "spans" (:mod:`._spans`): from every token's
+        outputs, with weights strictly between 0 and 1 (tokens of norm about 1.4 at most), in
+        ``2 (2 dh + 16) - 1 + 16`` queries of 64 tokens. "saturate" (:mod:`._split`): from
+        saturated two-token lines (key differences multiplied by 1e10 to 1e16), from every
+        token's outputs or the last token's. "auto" (default): "spans" from every token's
+        outputs, "saturate" from the last token's.
+    input_norm : {None, "rms"}
+        None (default): the box is the attention module. "rms": the box reads its inputs
+        through an RMS norm, ``g * x / sqrt(mean(x^2) + eps)`` with the gain g and eps unknown
+        (a decoder layer's ``input_layernorm``): eps is measured from 4 one-token queries
+        (``norm_eps_``), every query reaches the attention through the norm (no token is
+        scaled beyond it), and the gain is folded into the fitted forms and value maps (only
+        their products with it are identifiable). Every token's outputs only, with
+        ``split="spans"`` (or "auto").
+    residual : bool
+        The box adds each token's input to its output (the attention half of a decoder layer,
+        ``x + attn(RMSNorm(x))`` with ``input_norm="rms"``): subtracted from every answer,
+        and added back by :meth:`predict`.
     random_state : int, Generator or None
 
     Attributes
@@ -178,6 +200,13 @@ class RotaryLayerVectorLearner(FormEquationsMixin, BaseLearner):
         C (up to terms the softmax cancels).
     forms_rank_ : ndarray (H,)
         Numerical rank of each head's form equations.
+    split_ : str
+        The split that ran, ``"spans"`` or ``"saturate"`` (None with one head).
+    norm_eps_ : float or None
+        With ``input_norm="rms"``, the norm's eps as measured; else None.
+    norm_scale_ : float
+        The folded tokens' scale: the fitted forms and value maps read
+        ``x / sqrt(mean(x^2) + norm_eps_) / norm_scale_`` (1 without a norm).
     n_queries_, n_tokens_ : int
     n_queries_by_stage_ : dict
     verify_error_ : float
@@ -186,7 +215,8 @@ class RotaryLayerVectorLearner(FormEquationsMixin, BaseLearner):
 
     def __init__(self, *, n_heads=1, n_kv_heads=None, rope_base=10000.0, head_dim=None,
                  causal=True, max_offset=None, verify=DEFAULT_VERIFY,
-                 check_length=CHECK_LENGTH, fit_bias=True, n_queries=None, random_state=None):
+                 check_length=CHECK_LENGTH, fit_bias=True, n_queries=None, split="auto",
+                 input_norm=None, residual=False, random_state=None):
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads
         self.rope_base = rope_base
@@ -197,10 +227,16 @@ class RotaryLayerVectorLearner(FormEquationsMixin, BaseLearner):
         self.check_length = check_length
         self.fit_bias = fit_bias
         self.n_queries = n_queries
+        self.split = split
+        self.input_norm = input_norm
+        self.residual = residual
         self.random_state = random_state
 
     _parameter_constraints = {
         **ROTARY_PARAMS,
+        "split": [Options(SPLITS)],
+        "input_norm": [Options(NORMS)],
+        "residual": ["boolean"],
         "n_heads": [Interval(numbers.Integral, 1, None, closed="left")],
         "n_kv_heads": [Interval(numbers.Integral, 1, None, closed="left"), None],
     }
@@ -225,6 +261,25 @@ class RotaryLayerVectorLearner(FormEquationsMixin, BaseLearner):
         if self.rope_base is None and last:
             raise ConfigError("rope_base=None (the base measured from the answers) needs every "
                               "token's outputs; from the last token's, give rope_base")
+        if self.input_norm is not None and (last or self.split == "saturate"):
+            raise ConfigError(
+                f"input_norm={self.input_norm!r} is read from every token's outputs with "
+                "split='spans' or 'auto' (through the norm no token saturates a head; the "
+                "last token's outputs are not read through it yet)"
+                + (f"; got split={self.split!r}" if self.split == "saturate" else
+                   "; the oracle answers the last token's"))
+
+    def _split_kind(self, last: bool, H: int) -> str | None:
+        """The split that runs: None for one head, else ``split`` ("auto": "spans" from every
+        token's outputs, "saturate" from the last token's)."""
+        if H == 1:
+            return None
+        if self.split == "auto":
+            return "saturate" if last else "spans"
+        if self.split == "spans" and last:
+            raise ConfigError("split='spans' reads every token's outputs; the oracle answers "
+                              "the last token's (use split='saturate' or 'auto')")
+        return self.split
 
     def _form_offset(self) -> int:
         """The longest offset the form queries ask (:func:`~._rotary_reads.
@@ -280,9 +335,15 @@ class RotaryLayerVectorLearner(FormEquationsMixin, BaseLearner):
         self._check_base(last)
         H = int(self.n_heads)
         d_out = getattr(oracle, "d_out", None) or d  # the heads' rank, if they fill d_out
+        self.split_ = self._split_kind(last, H)
+        norm = self.input_norm is not None
+        first = {"V": d + 1 + (EPS_QUERIES if norm else 0)}
+        if self.split_ == "spans":
+            first["split"] = spans_queries(d_out, H)
         with self._open_ledger(oracle, STAGES, cap=self.n_queries) as ledger:
             rotary_plan(ledger, self.n_queries, bool(self.fit_bias),
-                        {"V": d + 1, **self._plan(d, max(d_out // H, 2), last)}, exact=H == 1)
+                        {**first, **self._plan(d, max(d_out // H, 2), last)},
+                        exact=self.split_ != "saturate")
             try:
                 self._stages(ledger, rng, d, H, last)
             finally:
@@ -294,13 +355,19 @@ class RotaryLayerVectorLearner(FormEquationsMixin, BaseLearner):
         """The fit's stages in order: the value maps, the split into heads, the value subspaces,
         the rotary forms and the check (each counted under its name by ``ledger``)."""
         with ledger.stage("V"):
+            eps = (measure_eps(ledger, d, bool(self.residual), rng)
+                   if self.input_norm is not None else None)
+            box = NormedInputs(ledger, eps, bool(self.residual))
+            self.norm_eps_, self.norm_scale_ = eps, float(box.scale)
             X = np.concatenate([np.zeros((1, 1, d)), np.eye(d)[:, None, :]])
-            y = np.asarray(ledger(X), dtype=np.float64)
+            y = np.asarray(box(X), dtype=np.float64)
             y = y if last else y[:, 0]
             V_sum, self.output_bias_ = y[1:] - y[0], y[0]
         with ledger.stage("split"):
-            if H > 1:
-                V, E = split_outputs(ledger, V_sum, self.output_bias_, H, rng)
+            if self.split_ == "spans":
+                V, E = split_spans(box, V_sum, self.output_bias_, H, rng)
+            elif self.split_ == "saturate":
+                V, E = split_outputs(box, V_sum, self.output_bias_, H, rng)
             else:
                 V, E = V_sum[None], np.eye(V_sum.shape[1])[None]
         self._heads(V, E)
@@ -313,14 +380,14 @@ class RotaryLayerVectorLearner(FormEquationsMixin, BaseLearner):
                         f"{spent + n}"))
         with ledger.stage("subspaces"):
             if last:
-                read_spaces_last(self, ledger, rng, d, SPACE_OVERSAMPLE, SPACE_VECTORS)
+                read_spaces_last(self, box, rng, d, SPACE_OVERSAMPLE, SPACE_VECTORS)
             else:
-                self._read_spaces(ledger, rng, d)
+                self._read_spaces(box, rng, d)
         with ledger.stage("forms"):
             if last:
-                read_forms_last(self, ledger, rng, d, EXTRA_PROBES)
+                read_forms_last(self, box, rng, d, EXTRA_PROBES)
             else:
-                self._read_forms(ledger, rng, d)
+                self._read_forms(box, rng, d)
         if not self.fit_bias:
             drop_biases(self, self.V_)
         with ledger.stage("verify"):
@@ -361,63 +428,6 @@ class RotaryLayerVectorLearner(FormEquationsMixin, BaseLearner):
     def _slots(self) -> int:
         """Distinct values a row's weights are read on (:func:`_slots`)."""
         return _slots(self._values.shape[2])
-
-    def _log_weights(self, X, O, rows, what) -> np.ndarray:
-        """log of every head's weights (H, n, M, N) of the rows ``rows`` of queries X whose
-        tokens are all distinct (NaN where a row does not see a token)."""
-        n, N, _ = X.shape
-        vals = np.einsum("bnd,hdr->hbnr", X, self._values)
-        ys = np.einsum("bno,hor->hbnr", O - self.output_bias_, self._reads)
-        out = np.full((vals.shape[0], n, len(rows), N), np.nan)
-        later = 0.0
-        for m, row in enumerate(rows):
-            seen = np.arange(row + 1 if self.causal else N)
-            for h in range(vals.shape[0]):
-                a = head_weights(vals[h][:, seen], ys[h][:, row:row + 1], what)[0][:, 0]
-                out[h, :, m, seen] = np.log(np.where(a > MIN_WEIGHT, a, np.nan)).T
-                later = max(later, float(np.max(a[:, row + 1:], initial=0.0)))
-        if not self.causal and later <= ATTENTION_TOL:
-            raise ModelMismatchError(
-                "no token attends to a later token: the box has a causal mask; fit it with "
-                "causal=True", error=1.0, allowed=ATTENTION_TOL)
-        return out
-
-    def _read_spaces(self, oracle, rng, d: int) -> None:
-        """``query_bases_`` and ``key_bases_`` (stage 3 of the module's docstring)."""
-        s = self._slots()
-        m = max(2, (s - 1) // 2)  # fixed keys f and fixed probes p per round
-        k = max(1, s - 2 * m)  # random tokens r
-        H, dh = self._values.shape[0], self.head_dim or self._values.shape[2]
-        # the slow frequencies barely turn over a query: their pairs' directions are spanned by
-        # the fixed tokens' differences (m - 1 per round), not by the rows' offsets
-        rounds = math.ceil(SPACE_VECTORS * dh / (m - 1))
-        n = math.ceil(SPACE_OVERSAMPLE * (d + 1))
-        oracle.need(rounds * n, "the subspace stage", reserved=True)
-        qv, kv = [[] for _ in range(H)], [[] for _ in range(H)]
-        for _ in range(rounds):
-            fixed = rng.standard_normal((2 * m, d)) / np.sqrt(d)
-            X = np.concatenate([np.broadcast_to(fixed[:m], (n, m, d)),
-                                rng.standard_normal((n, k, d)) / np.sqrt(d),
-                                np.broadcast_to(fixed[m:], (n, m, d))], axis=1)
-            O = np.asarray(oracle(X), dtype=np.float64)
-            rows = np.arange(m, 2 * m + k)
-            ell = self._log_weights(X, O, rows, "a layer of rotary heads as declared")
-            ones = np.ones((n, 1))
-            for j in range(k):  # row of r_j: fixed keys' differences, linear in y(r_j)
-                Z = np.concatenate([X[:, m + j], ones], axis=1)
-                rhs = (ell[:, :, j, 1:m] - ell[:, :, j, :1]).transpose(0, 2, 1)
-                w = whitened_solve(Z, rhs.reshape(H * (m - 1), n).T).reshape(H, m - 1, d + 1)
-                for h in range(H):
-                    qv[h].append(w[h, :, :d])
-            for i in range(k):  # key r_i in the rows of the p: linear in y(r_i)
-                Z = np.concatenate([X[:, m + i], ones], axis=1)
-                rhs = (ell[:, :, k:, m + i] - ell[:, :, k:, 0]).transpose(0, 2, 1)
-                u = whitened_solve(Z, rhs.reshape(H * m, n).T).reshape(H, m, d + 1)
-                for h in range(H):
-                    kv[h].append(u[h, :, :d])
-        self.query_bases_ = np.stack([row_space(np.concatenate(v), dh, "query row space")
-                                      for v in qv])
-        self.key_bases_ = self._group_bases(kv, dh)
 
     def _read_forms(self, oracle, rng, d: int) -> None:
         """The forms in the bases (stage 4 of the module's docstring): the key sets of
@@ -486,7 +496,9 @@ class RotaryLayerVectorLearner(FormEquationsMixin, BaseLearner):
         return RotaryFormLayer(self.V_, self.output_bias_, self.frequencies_, self.cos_forms_,
                                self.sin_forms_, self.const_form_, query_bases=self.query_bases_,
                                key_bases=self.key_bases_, head_groups=self.head_groups_,
-                               causal=bool(self.causal), outputs=self.outputs_)
+                               causal=bool(self.causal), outputs=self.outputs_,
+                               norm_eps=self.norm_eps_, norm_scale=self.norm_scale_,
+                               residual=bool(self.residual))
 
     def M(self, delta: int, head: int = 0) -> np.ndarray:
         """Head ``head``'s form at relative offset ``delta`` (key position minus query
