@@ -42,6 +42,7 @@ import numpy as np
 
 from ...errors import ModelMismatchError, NotIdentifiableError
 from ._parts import _from_bases
+from ._split import heads_fill
 
 __all__ = ["spans_queries", "split_spans", "n_vectors", "SPAN_TOKENS", "RATIO_TOKENS",
            "RATIO_PAIRS", "SPAN_RTOL", "SPAN_SCALE"]
@@ -142,11 +143,7 @@ def split_spans(oracle, V_sum: np.ndarray, beta: np.ndarray, n_heads: int,
         d_out / H.
     """
     d, d_out = V_sum.shape
-    H = int(n_heads)
-    if d_out % H:
-        raise NotIdentifiableError(
-            f"splitting the value maps by their outputs needs heads whose output subspaces "
-            f"fill d_out: H = {H} dividing d_out = {d_out}")
+    H = heads_fill(d_out, n_heads)
     dh = d_out // H
     K = n_vectors(dh)
     oracle.need(spans_queries(d_out, H), "the split by spans", reserved=True)

@@ -242,13 +242,20 @@ def split_outputs(oracle, V_sum: np.ndarray, beta: np.ndarray, n_heads: int,
         not fill d_out.
     """
     d, d_out = V_sum.shape
+    H = heads_fill(d_out, n_heads)
+    E = _split(oracle, lambda o, b: o - beta - b @ V_sum, V_sum, H, rng, tols)
+    return np.einsum("do,hoe->hde", V_sum, E), E
+
+
+def heads_fill(d_out: int, n_heads) -> int:
+    """H, where the heads' output subspaces can fill d_out (H divides it), else
+    NotIdentifiableError (the splits by outputs read no other layer)."""
     H = int(n_heads)
     if d_out % H:
         raise NotIdentifiableError(
             f"splitting the value maps by their outputs needs heads whose output subspaces "
             f"fill d_out: H = {H} dividing d_out = {d_out}")
-    E = _split(oracle, lambda o, b: o - beta - b @ V_sum, V_sum, H, rng, tols)
-    return np.einsum("do,hoe->hde", V_sum, E), E
+    return H
 
 
 def _split(oracle, read, embed, H: int, rng, tols: SplitTolerances = EXACT) -> np.ndarray:
