@@ -60,6 +60,7 @@ from .vector import (
     VectorAttentionLayer,
     bilinear_layer,
     random_vector_layer,
+    rms_norm,
 )
 
 # beside __all__, sparse_aware_matmul and _rotary_frequencies_arg are imported from here too
@@ -91,6 +92,7 @@ __all__ = [
     "VectorAttentionLayer",
     "RotaryFormLayer",
     "bilinear_layer",
+    "rms_norm",
     "random_vector_layer",
     "OUTPUTS",
 ]

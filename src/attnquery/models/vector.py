@@ -32,8 +32,8 @@ from .generators import _check_scales, _draw_gqa_biases, _draw_gqa_weights, _gqa
 from .heads import check_input, softmax_last
 from .rotary import _GroupedLayer, _rotary_frequencies_arg, rotate_half
 
-__all__ = ["VectorAttentionLayer", "RotaryFormLayer", "bilinear_layer", "random_vector_layer",
-           "OUTPUTS"]
+__all__ = ["VectorAttentionLayer", "RotaryFormLayer", "bilinear_layer", "rms_norm",
+           "random_vector_layer", "OUTPUTS"]
 
 #: what a layer answers: every token's output vector, or the last token's
 OUTPUTS = ("all", "last")
@@ -360,8 +360,8 @@ class RotaryFormLayer:
 
     def __call__(self, X) -> np.ndarray:
         X = check_input(X, self.d)
-        out = self._attention(X if self.norm_eps is None else X / np.sqrt(
-            np.mean(X * X, axis=-1, keepdims=True) + self.norm_eps) / self.norm_scale)
+        out = self._attention(X if self.norm_eps is None else
+                              rms_norm(X, 1.0, self.norm_eps) / self.norm_scale)
         if self.residual:
             out = out + (X if self.outputs == "all" else X[:, -1])
         return out
@@ -395,6 +395,14 @@ class RotaryFormLayer:
                     logits[:, np.arange(N)[None, :] > rows[rs][:, None]] = -np.inf
                 out[bs, rs] += softmax_last(logits) @ vals[bs]
         return out if self.outputs == "all" else out[:, 0]
+
+
+def rms_norm(X, gain, eps: float) -> np.ndarray:
+    """``gain * x / sqrt(mean(x^2) + eps)`` over the last axis (Llama's RMSNorm; with gain 1,
+    divided by ``norm_scale``, the tokens a :class:`RotaryFormLayer` read through its norm
+    reads)."""
+    X = np.asarray(X, dtype=np.float64)
+    return np.asarray(gain) * X / np.sqrt(np.mean(X * X, axis=-1, keepdims=True) + eps)
 
 
 def bilinear_layer(W, key_bias, V, output_bias, *, causal: bool = False,

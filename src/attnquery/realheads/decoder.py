@@ -25,15 +25,9 @@ import numpy as np
 
 from ..errors import ModelError
 from ..models import check_input
-from ..models.vector import OUTPUTS, VectorAttentionLayer
+from ..models.vector import OUTPUTS, VectorAttentionLayer, rms_norm
 
 __all__ = ["attention_module", "attention_half", "NormedResidualAttention", "rms_norm"]
-
-
-def rms_norm(X, gain, eps: float) -> np.ndarray:
-    """``gain * x / sqrt(mean(x^2) + eps)`` over the last axis (Llama's RMSNorm)."""
-    X = np.asarray(X, dtype=np.float64)
-    return np.asarray(gain) * X / np.sqrt(np.mean(X * X, axis=-1, keepdims=True) + eps)
 
 
 def _layer_arrays(ckpt, layer: int) -> dict:

@@ -21,7 +21,7 @@ import numpy as np
 
 from ...errors import ModelMismatchError, NotIdentifiableError
 
-__all__ = ["NormedInputs", "measure_eps", "fold", "EPS_SCALES", "FOLD_SCALE", "NORMS",
+__all__ = ["NormedInputs", "measure_eps", "EPS_SCALES", "FOLD_SCALE", "NORMS",
            "MAX_MEAN_SQUARE", "EPS_QUERIES"]
 
 #: the input norms a layer may be read through (None: the module's own inputs)
@@ -93,13 +93,6 @@ def measure_eps(oracle, d: int, residual: bool, rng: np.random.Generator) -> flo
             f"{EPS_SCALES[-1]:g}: the box is not attention behind an RMS norm",
             error=gap, allowed=EPS_RTOL)
     return float(eps[-1])
-
-
-def fold(X: np.ndarray, eps: float, scale: float) -> np.ndarray:
-    """The folded tokens z' a layer's inputs X reach the attention as: ``x / sqrt(mean(x^2) +
-    eps) / scale`` (what the fitted module reads)."""
-    X = np.asarray(X, dtype=np.float64)
-    return X / np.sqrt(np.mean(X * X, axis=-1, keepdims=True) + eps) / scale
 
 
 class NormedInputs:

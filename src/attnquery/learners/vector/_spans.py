@@ -6,12 +6,15 @@ attention with more than the norm's gain allows, so this split reads the heads f
 strictly between 0 and 1, with every token's outputs of a layer whose weights move with the
 relative positions (rotary heads).
 
-**Spans.** In a query ``[u + v, u, .., u]`` (N tokens) every row n >= 1 answers, less the
-answer ``u^T V_sum + beta`` of all-u tokens, ``r_n = sum_h a_hn w_h(v)``: the weights sum to one,
-so only token 0's extra value ``w_h(v) = v^T V_h`` is weighted, by head h's weight ``a_hn`` on
-token 0 in row n (which moves with n). The N - 1 answers span ``T(v) = span_h w_h(v)``, of
-dimension H exactly. ``w_h(v + v') = w_h(v) + w_h(v')``, so ``T(v_0 + v_k)`` inside
-``T(v_0) + T(v_k)`` is the graph of the map carrying each ``w_h(v_0)`` to ``w_h(v_k)``: bases
+**Spans.** In a query of N tokens that are all a background token u but for copies of
+``u + v`` (token 0 and a random :data:`COPY_SHARE` of the others), every row n >= 1 answers,
+less the answer ``u^T V_sum + beta`` of all-u tokens, ``r_n = sum_h a_hn w_h(v)``: the weights
+sum to one, so only the copies' extra value ``w_h(v) = v^T V_h`` is weighted, by head h's
+weight ``a_hn`` on the copies in row n (which moves with n). The answers of
+:data:`SPAN_BACKGROUNDS` backgrounds (in the value maps' null space where there is one) span
+``T(v) = span_h w_h(v)``, of dimension H exactly. ``w_h(v + v') = w_h(v) + w_h(v')``, so
+``T(v_0 + v_k)`` inside ``T(v_0) + T(v_k)`` is the graph of the map carrying each ``w_h(v_0)``
+to ``w_h(v_k)``: bases
 ``A_k`` of every ``T(v_k)`` aligned to one unknown H x H matrix ``Gamma``
 (``A_k Gamma = [w_1(v_k) .. w_H(v_k)]``).
 
@@ -27,11 +30,13 @@ a few Gauss-Newton steps on the equations polish each ``m_h``.
 
 **Heads.** Head h's vectors ``A_k Gamma e_h`` over :func:`n_vectors` differences ``v_k`` span its
 output subspace (dimension dh exactly), and the subspaces give the projectors and
-``V_h = V_sum E_h`` as the saturated split does. Queries: ``2 K - 1`` of :data:`SPAN_TOKENS`
-tokens and ``2`` :data:`RATIO_PAIRS` of :data:`RATIO_TOKENS`, planned before the first.
+``V_h = V_sum E_h`` as the saturated split does. Queries: :data:`SPAN_BACKGROUNDS` ``(2 K - 1)``
+of :data:`SPAN_TOKENS` tokens and ``2`` :data:`RATIO_PAIRS` of :data:`RATIO_TOKENS`, planned
+before the first (:func:`spans_queries`).
 
-Measured on SmolLM2-135M's layer 0 through its RMSNorm (d = 576, 9 heads over 3): 304 queries,
-every head's output subspace to 1.5e-11 to 5.2e-11 of the dequantized weights.
+Measured on SmolLM2-135M's layer 0 module (d = 576, 9 heads over 3): 590 queries, every
+head's value map to 2.1e-11 (relative to the largest entry; the saturated split: 2,200
+queries, 5.0e-12).
 """
 
 from __future__ import annotations
@@ -132,7 +137,7 @@ def split_spans(oracle, V_sum: np.ndarray, beta: np.ndarray, n_heads: int,
     layer of rotary heads whose output subspaces fill d_out, from every token's outputs,
     without saturating a head (see the module's docstring); the same as
     :func:`~attnquery.learners.vector._split.split_outputs` returns. Asks exactly
-    :func:`spans_queries` queries, of tokens of norm at most about 1.4.
+    :func:`spans_queries` queries, of tokens of norm about 1.2 at most.
 
     Raises
     ------

@@ -159,11 +159,11 @@ class RotaryLayerVectorLearner(FormEquationsMixin, BaseLearner):
         split's, whose count depends on the box) it is refused (ConfigError) before any query.
     split : {"auto", "spans", "saturate"}
         How the heads' output subspaces are read. "spans" (:mod:`._spans`): from every token's
-        outputs, with weights strictly between 0 and 1 (tokens of norm about 1.4 at most), in
-        ``2 (2 dh + 16) - 1 + 16`` queries of 64 tokens. "saturate" (:mod:`._split`): from
-        saturated two-token lines (key differences multiplied by 1e10 to 1e16), from every
-        token's outputs or the last token's. "auto" (default): "spans" from every token's
-        outputs, "saturate" from the last token's.
+        outputs, with weights strictly between 0 and 1 (tokens of norm about 1.2 at most), in
+        ``2 (2 (2 dh + 16) - 1) + 16`` queries of 64 tokens (:func:`._spans.spans_queries`).
+        "saturate" (:mod:`._split`): from saturated two-token lines (key differences
+        multiplied by 1e10 to 1e16), from every token's outputs or the last token's. "auto"
+        (default): "spans" from every token's outputs, "saturate" from the last token's.
     input_norm : {None, "rms"}
         None (default): the box is the attention module. "rms": the box reads its inputs
         through an RMS norm, ``g * x / sqrt(mean(x^2) + eps)`` with the gain g and eps unknown
